@@ -1,0 +1,54 @@
+# servescope: `make up` brings the stack up and runs the seed's comparison; `make test` runs the fast suite.
+# Ports and knobs live in .env.example (override in .env or the environment); Python reads them, not make.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: help install test e2e lint up down status report bench dashboards
+
+help:
+	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native) and run the comparison"
+	@echo "make down     stop what make up started"
+	@echo "make status   table of services: pid, URL, ready, memory"
+	@echo "make report   report on the latest run (RUN=<id> for another, BASELINE=<id> to compare two)"
+	@echo "make test     fast test suite;  make e2e: real-engine end-to-end suite"
+	@echo "make bench    proxy, exporter and load generator benchmarks"
+	@echo "make lint     ruff"
+
+# The project venv, rebuilt only when pyproject.toml changes.
+install: $(STAMP)
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+# pytest exits 5 when it collects nothing: that is a failure of the suite, not a pass.
+test: install
+	$(BIN)/python -m pytest -q -m "not e2e"
+
+e2e: install
+	$(BIN)/python -m pytest -q -m e2e -p no:cacheprovider --timeout 3600
+
+lint: install
+	$(BIN)/ruff check .
+
+up: install
+	$(BIN)/python -m stack up
+
+down: install
+	$(BIN)/python -m stack down
+
+status: install
+	$(BIN)/python -m stack status
+
+report: install
+	$(BIN)/python -m report $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE))
+
+bench: install
+	$(BIN)/python -m bench
+
+dashboards: install
+	$(BIN)/python -m dashboards.build

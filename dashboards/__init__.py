@@ -1,0 +1,1 @@
+"""Grafana dashboards as code: the generator that writes dashboards/*.json."""

@@ -1,0 +1,1 @@
+"""servescope's shared contracts: engine kinds, knobs, metric names and the run folder."""

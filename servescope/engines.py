@@ -1,0 +1,51 @@
+"""The one registry of engine kinds: API flavour, health and metrics paths, default port and its env var."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servescope import knobs
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    name: str  # the `engine` label value everywhere: vllm, llamacpp, ollama
+    title: str  # how reports and dashboards name it
+    api: str  # "openai" (SSE chat completions) or "ollama" (native NDJSON /api/chat)
+    health_path: str  # a GET that answers 200 once the engine can serve
+    metrics_path: str | None  # Prometheus text exposition, None when the engine has none
+    port_env: str  # the knob that moves its port
+    url_env: str  # the knob that points the exporter/loadgen at an existing instance
+    chat_path: str  # where chat requests go
+    accepts_ignore_eos: bool  # whether the engine honours `ignore_eos` in a request
+
+    @property
+    def default_port(self) -> int:
+        return knobs.get_int(self.port_env)
+
+    def default_url(self, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.default_port}"
+
+
+VLLM = EngineKind(
+    name="vllm", title="vLLM-CPU", api="openai", health_path="/v1/models", metrics_path="/metrics",
+    port_env="VLLM_PORT", url_env="VLLM_URL", chat_path="/v1/chat/completions", accepts_ignore_eos=True,
+)
+LLAMACPP = EngineKind(
+    name="llamacpp", title="llama.cpp server", api="openai", health_path="/health", metrics_path="/metrics",
+    port_env="LLAMACPP_PORT", url_env="LLAMACPP_URL", chat_path="/v1/chat/completions", accepts_ignore_eos=True,
+)
+# Ollama has no /metrics: the exporter bridges /api/ps, /api/tags and its own proxy.
+OLLAMA = EngineKind(
+    name="ollama", title="Ollama", api="ollama", health_path="/api/version", metrics_path=None,
+    port_env="OLLAMA_PORT", url_env="OLLAMA_URL", chat_path="/api/chat", accepts_ignore_eos=False,
+)
+
+ENGINES: dict[str, EngineKind] = {kind.name: kind for kind in (VLLM, LLAMACPP, OLLAMA)}
+
+
+def kind(name: str) -> EngineKind:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine kind {name!r}: expected one of {', '.join(ENGINES)}") from None

@@ -1,0 +1,60 @@
+"""The engine-neutral metric names and labels: exporter -> Prometheus rules -> dashboards -> report.
+
+Every engine series carries `engine` (vllm, llamacpp, ollama), `instance` (the configured name)
+and, where the engine reports one, `model`. Units are base units; ratios are 0..1.
+"""
+
+PREFIX = "servescope"
+
+ENGINE_LABELS = ("engine", "instance")
+MODEL_LABELS = ("engine", "instance", "model")
+
+# --- one set of gauges for every engine (exporter) ---
+ENGINE_UP = f"{PREFIX}_engine_up"  # 1 when the last scrape of the engine succeeded
+SCRAPE_DURATION = f"{PREFIX}_scrape_duration_seconds"  # per instance, this scrape
+REQUESTS_RUNNING = f"{PREFIX}_requests_running"  # sequences in the running batch
+REQUESTS_WAITING = f"{PREFIX}_requests_waiting"  # queued, not yet scheduled
+KV_CACHE_USAGE = f"{PREFIX}_kv_cache_usage_ratio"  # 0..1 of the paged KV pool in use
+GENERATED_TOKENS = f"{PREFIX}_generated_tokens_total"  # counter (exposed with _total)
+PROMPT_TOKENS = f"{PREFIX}_prompt_tokens_total"  # counter (exposed with _total)
+ENGINE_INFO = f"{PREFIX}_engine_info"  # version and kind as labels, value 1
+
+# --- the seed's section-3 KV arithmetic (vLLM cache_config_info; llama.cpp slots) ---
+KV_BLOCK_SIZE = f"{PREFIX}_kv_cache_block_size_tokens"
+KV_BLOCKS = f"{PREFIX}_kv_cache_blocks"
+KV_CAPACITY_TOKENS = f"{PREFIX}_kv_cache_capacity_tokens"
+KV_MAX_CONCURRENCY = f"{PREFIX}_kv_cache_max_concurrency"  # at the served max-model-len
+
+# --- Ollama bridge (on scrape: /api/ps, /api/tags) ---
+OLLAMA_MODEL_SIZE = f"{PREFIX}_ollama_model_size_bytes"
+OLLAMA_MODEL_VRAM = f"{PREFIX}_ollama_model_vram_bytes"
+OLLAMA_MODEL_CONTEXT = f"{PREFIX}_ollama_model_context_length_tokens"
+OLLAMA_MODEL_EXPIRES = f"{PREFIX}_ollama_model_expires_in_seconds"
+OLLAMA_MODEL_INFO = f"{PREFIX}_ollama_installed_model_info"
+
+# --- Ollama proxy (what passes through it) ---
+PROXY_IN_FLIGHT = f"{PREFIX}_proxy_requests_in_flight"
+PROXY_NUM_PARALLEL = f"{PREFIX}_proxy_num_parallel"  # the configured OLLAMA_NUM_PARALLEL
+PROXY_REQUESTS = f"{PREFIX}_proxy_requests_total"  # by outcome
+PROXY_GEN_TOKENS_PER_SECOND = f"{PREFIX}_proxy_generation_tokens_per_second"  # histogram
+PROXY_PROMPT_EVAL_SECONDS = f"{PREFIX}_proxy_prompt_eval_seconds"  # histogram
+PROXY_LOAD_SECONDS = f"{PREFIX}_proxy_load_seconds"  # histogram (cold loads show here)
+PROXY_FIRST_CHUNK_SECONDS = f"{PREFIX}_proxy_first_chunk_seconds"  # histogram
+
+# --- resource budget (process table or docker stats) ---
+ENGINE_CPU_SECONDS = f"{PREFIX}_engine_cpu_seconds_total"
+ENGINE_RESIDENT_BYTES = f"{PREFIX}_engine_resident_memory_bytes"
+ENGINE_MEMORY_LIMIT = f"{PREFIX}_engine_memory_limit_bytes"
+ENGINE_CPU_LIMIT = f"{PREFIX}_engine_cpu_limit_cores"
+
+# --- the load generator's client-side view (labels: engine, scenario) ---
+CLIENT_LABELS = ("engine", "scenario")
+CLIENT_TTFT = f"{PREFIX}_client_ttft_seconds"  # histogram
+CLIENT_ITL = f"{PREFIX}_client_itl_seconds"  # histogram
+CLIENT_E2E = f"{PREFIX}_client_e2e_seconds"  # histogram
+CLIENT_OUTPUT_TOKENS = f"{PREFIX}_client_output_tokens_total"
+CLIENT_REQUESTS = f"{PREFIX}_client_requests_total"  # + outcome label: ok / error reason
+CLIENT_USERS = f"{PREFIX}_client_users"  # gauge: Locust users running
+
+# The three gauges of the seed's section 4, in the order a person reads them.
+LEVER_GAUGES = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE)

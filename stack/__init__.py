@@ -1,0 +1,1 @@
+"""The native stack: real engines, Prometheus and the exporter as supervised local processes (or Compose)."""

@@ -1,0 +1,1 @@
+"""servescope's test suite (fast by default; `-m e2e` for the real-engine suite)."""

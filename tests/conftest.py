@@ -1,0 +1,104 @@
+"""Shared pytest fixtures: free ports, readiness waits, and a real Prometheus started per test."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+
+def free_port() -> int:
+    """A port the kernel says is free on loopback right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> requests.Response:
+    """Poll url until it answers 200; fail early if the process behind it exits."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process behind {url} exited with {proc.returncode}")
+        try:
+            resp = requests.get(url, timeout=2)
+            if resp.status_code == 200:
+                return resp
+            last = f"HTTP {resp.status_code}"
+        except requests.RequestException as exc:
+            last = str(exc)
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
+
+
+class PrometheusServer:
+    """A real Prometheus (Debian's package) on a free port with a config written by the test."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, config_yaml: str, extra_files: dict[str, str] | None = None, timeout: float = 60) -> "PrometheusServer":
+        for name, text in (extra_files or {}).items():
+            (self.workdir / name).write_text(text)
+        config = self.workdir / "prometheus.yml"
+        config.write_text(config_yaml)
+        self.log = open(self.workdir / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+                "--web.enable-lifecycle",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_http(f"{self.url}/-/ready", timeout=timeout, proc=self.proc)
+        return self
+
+    def query(self, promql: str) -> list[dict]:
+        resp = requests.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=10)
+        resp.raise_for_status()
+        return resp.json()["data"]["result"]
+
+    def wait_for(self, promql: str, timeout: float = 30.0) -> list[dict]:
+        """Poll an instant query until it returns at least one series."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.query(promql)
+            if result:
+                return result
+            time.sleep(0.5)
+        raise TimeoutError(f"no data for {promql!r} after {timeout}s; log: {self.workdir / 'prometheus.log'}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+
+
+@pytest.fixture
+def prometheus_server(tmp_path):
+    """Factory-free fixture: call .start(config_yaml) in the test; stopped afterwards."""
+    if shutil.which("prometheus") is None:
+        pytest.fail("prometheus is not on PATH: .ci/run installs Debian's package (apt-get install prometheus)")
+    server = PrometheusServer(tmp_path)
+    yield server
+    server.stop()

@@ -1,0 +1,1 @@
+"""Test doubles for what cannot run here (Ollama's binary) and exact-timing test servers; never shipped."""

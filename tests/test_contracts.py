@@ -1,0 +1,64 @@
+"""The shared contracts: knob precedence, the engine registry, the run folder round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servescope import engines, knobs, series
+from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, latest
+
+
+def test_knob_precedence_environment_over_env_over_example(tmp_path):
+    (tmp_path / ".env.example").write_text("VLLM_PORT=8009\nLLAMACPP_PORT=8081\n# comment\n\n")
+    (tmp_path / ".env").write_text("export LLAMACPP_PORT='9000'\n")
+    values = knobs.load(tmp_path, environ={"VLLM_PORT": "8010"})
+    assert values == {"VLLM_PORT": "8010", "LLAMACPP_PORT": "9000"}
+
+
+def test_malformed_env_line_names_file_and_line(tmp_path):
+    (tmp_path / ".env.example").write_text("VLLM_PORT=8009\nthis is not a knob\n")
+    with pytest.raises(ValueError, match=r"\.env\.example:2"):
+        knobs.load(tmp_path, environ={})
+
+
+def test_every_engine_port_knob_is_documented_in_env_example():
+    documented = knobs.parse_env_file(knobs.REPO_ROOT / ".env.example")
+    for kind in engines.ENGINES.values():
+        assert kind.port_env in documented, kind.name
+        assert kind.default_port > 0
+    assert documented["VLLM_PORT"] == "8009"  # the seed's port
+    assert documented["SERVESCOPE_BIND"] == "127.0.0.1"
+
+
+def test_unknown_engine_kind_is_one_clear_error():
+    with pytest.raises(ValueError, match="unknown engine kind 'tgi'"):
+        engines.kind("tgi")
+
+
+def test_series_share_one_prefix():
+    names = [v for k, v in vars(series).items() if k.isupper() and isinstance(v, str) and k != "PREFIX"]
+    assert names and all(n.startswith("servescope_") for n in names)
+
+
+def test_run_folder_round_trip_and_torn_last_line(tmp_path):
+    run = RunFolder.create(tmp_path, "20261130-000000-1")
+    record = RequestRecord(
+        engine="vllm", instance="vllm", scenario="burst", phase="burst-1", api="openai", model="m",
+        prompt_set="seed3", prompt_set_sha256="abc", prompt_id="p1", max_tokens=48, started_at=1.0,
+        ok=True, status=200, ttft_s=0.1, e2e_s=0.5, itl_s=[0.01, 0.02], output_tokens=3,
+    )
+    run.append_request(record)
+    run.append_phase(PhaseRecord("vllm", "vllm", "burst", "burst-1", 1.0, 3.5, 1, 3, "seed3", "abc", 48))
+    run.write_manifest({"run_id": "x"})
+    with open(run.path / "requests.jsonl", "a") as fh:
+        fh.write('{"engine": "vll')  # killed mid-write
+    with pytest.warns(UserWarning, match="torn last record"):
+        records = list(run.requests())
+    assert records == [record]
+    (phase,) = run.phases()
+    assert phase.wall_s == pytest.approx(2.5)
+    assert json.loads((run.path / "phases.jsonl").read_text())["wall_s"] == pytest.approx(2.5)
+    assert latest(tmp_path).path == run.path
+    assert run.manifest()["schema_version"] == 1
