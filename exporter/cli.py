@@ -1,0 +1,77 @@
+"""Command line of the exporter: `python -m exporter` / `servescope-exporter`; flags override env vars and the config file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from exporter import config as exporter_config
+from exporter import server
+from exporter.resources import ResourceCollector
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="servescope-exporter",
+        description="Prometheus exporter for vLLM, llama.cpp and Ollama (with Ollama's streaming proxy).",
+        epilog="Env: EXPORTER_PORT, SERVESCOPE_BIND, VLLM_URL, LLAMACPP_URL, OLLAMA_URL, OLLAMA_PROXY_PORT, "
+        "OLLAMA_NUM_PARALLEL. The config file format is described in `python -m pydoc exporter.config`. "
+        "Resource series: --process/--container, or processes:/containers: in the file.",
+    )
+    # Defaults are None so that "not given" falls through to the file, then the environment.
+    parser.add_argument("--config", metavar="FILE", help="YAML file listing engine instances (see exporter/config.py)")
+    parser.add_argument("--listen-address", metavar="ADDR", help="address to bind (default SERVESCOPE_BIND, 127.0.0.1)")
+    parser.add_argument("--port", metavar="N", help="port for / and /metrics (default EXPORTER_PORT, 9464)")
+    parser.add_argument("--vllm-url", metavar="URL", help="a vLLM server (default VLLM_URL)")
+    parser.add_argument("--llamacpp-url", metavar="URL", help="a llama.cpp llama-server (default LLAMACPP_URL)")
+    parser.add_argument("--ollama-url", metavar="URL", help="an Ollama server (default OLLAMA_URL)")
+    parser.add_argument("--proxy-port", metavar="N", help="port of the Ollama proxy (default OLLAMA_PROXY_PORT, 11435)")
+    parser.add_argument("--ollama-num-parallel", metavar="N",
+                        help="OLLAMA_NUM_PARALLEL that Ollama runs with (default OLLAMA_NUM_PARALLEL, 1)")
+    parser.add_argument("--timeout", metavar="SECONDS",
+                        help="budget per engine per scrape, below Prometheus' scrape_timeout (default 3)")
+    parser.add_argument("--process", action="append", metavar="NAME=PIDFILE",
+                        help="export CPU and memory of a native engine (and its children) against its limit; "
+                             "NAME is kind or kind:instance; repeatable")
+    parser.add_argument("--container", action="append", metavar="NAME=CONTAINER",
+                        help="the same for an engine container, through the Docker engine (docker stats); repeatable")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="servescope-exporter: %(message)s", stream=sys.stderr)
+    try:
+        config = exporter_config.load(args)
+    except exporter_config.ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    exporter = build(config)
+    try:
+        asyncio.run(server.run(exporter))
+    except server.PortInUse as exc:
+        print(f"servescope-exporter: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        exporter.resources.close()
+    return 0
+
+
+def build(config: exporter_config.Config) -> server.Exporter:
+    """The exporter of `server.build` plus the resource budget of the watched processes and containers."""
+    exporter = server.build(config)
+    exporter.resources = ResourceCollector(config.processes, config.containers, timeout=config.timeout)
+    exporter.registry.register(exporter.resources)  # has describe(): registering reads nothing
+    for watched in config.processes:
+        logging.getLogger("exporter").info("watching %s %s through pid file %s", watched.kind, watched.name, watched.pidfile)
+    for watched in config.containers:
+        logging.getLogger("exporter").info("watching %s %s in container %s", watched.kind, watched.name, watched.container)
+    return exporter
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""One collector over every configured engine instance: read them concurrently, merge families of the same name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from prometheus_client.core import Metric
+
+from exporter.collector import EngineCollector
+
+
+class FanoutCollector:
+    """Scrapes each instance in its own pool thread so one slow engine costs its timeout once, not per engine.
+
+    Several instances of one kind (or neutral series from different kinds) produce families of
+    the same name; Prometheus rejects a name exposed twice, so samples are merged into one family.
+    """
+
+    def __init__(self, collectors: Sequence[EngineCollector], *, max_workers: int | None = None):
+        self.collectors = list(collectors)
+        self._pool = ThreadPoolExecutor(
+            max_workers=max_workers or max(1, min(len(self.collectors), 16)), thread_name_prefix="scrape"
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        seen: set[str] = set()
+        for collector in self.collectors:
+            for family in collector.describe():
+                if family.name not in seen:
+                    seen.add(family.name)
+                    yield family
+
+    def collect(self) -> Iterator[Metric]:
+        results = list(self._pool.map(lambda collector: list(collector.collect()), self.collectors))
+        merged: dict[str, Metric] = {}
+        for families in results:
+            for family in families:
+                into = merged.get(family.name)
+                if into is None:
+                    merged[family.name] = family
+                else:
+                    into.samples.extend(family.samples)
+        yield from merged.values()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for collector in self.collectors:
+            collector.upstream.close()

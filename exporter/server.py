@@ -1,0 +1,143 @@
+"""The exporter process: builds the collectors from the config, serves / and /metrics, and runs the Ollama proxies."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import html
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+
+from exporter.collector import EngineCollector
+from exporter.config import Config, Instance
+from exporter.fanout import FanoutCollector
+from exporter.llamacpp import LlamacppCollector
+from exporter.observations import ProxyObservations
+from exporter.ollama import OllamaCollector
+from exporter.proxy import OllamaProxy, ProxyMetrics
+from exporter.upstream import Upstream
+from exporter.vllm import VllmCollector
+
+log = logging.getLogger("exporter")
+
+
+class PortInUse(Exception):
+    """A listener could not bind; str() is the one line shown to the user."""
+
+
+@dataclass
+class Exporter:
+    """Everything one exporter process serves; built without touching the network."""
+
+    config: Config
+    registry: CollectorRegistry
+    fanout: FanoutCollector
+    proxies: list[tuple[Instance, OllamaProxy]] = field(default_factory=list)
+
+
+def build(config: Config) -> Exporter:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)  # the exporter's own CPU and memory, for the budget
+    proxy_metrics = ProxyMetrics(registry)
+    collectors: list[EngineCollector] = []
+    proxies: list[tuple[Instance, OllamaProxy]] = []
+    for instance in config.instances:
+        upstream = Upstream(instance.url)
+        if instance.kind == "vllm":
+            collectors.append(VllmCollector(instance.name, upstream, timeout=instance.timeout))
+        elif instance.kind == "llamacpp":
+            collectors.append(LlamacppCollector(instance.name, upstream, timeout=instance.timeout))
+        else:
+            observations = None
+            if instance.proxy_port is not None:
+                observations = ProxyObservations(instance.num_parallel)
+                proxies.append((instance, OllamaProxy(instance.name, instance.url, observations, proxy_metrics)))
+            collectors.append(OllamaCollector(instance.name, upstream, timeout=instance.timeout, observations=observations))
+    fanout = FanoutCollector(collectors)
+    registry.register(fanout)
+    return Exporter(config=config, registry=registry, fanout=fanout, proxies=proxies)
+
+
+def metrics_app(exporter: Exporter) -> web.Application:
+    rows = "".join(
+        f"<li>{html.escape(i.kind)} <b>{html.escape(i.name)}</b>: {html.escape(i.url)}"
+        + (f" (proxy on port {i.proxy_port})" if i.proxy_port else "")
+        + "</li>"
+        for i in exporter.config.instances
+    ) or "<li>none configured: set VLLM_URL, LLAMACPP_URL, OLLAMA_URL or --config FILE</li>"
+    landing = (
+        "<!doctype html><html><head><title>servescope exporter</title></head><body>"
+        "<h1>servescope exporter</h1><p><a href=\"/metrics\">Metrics</a></p>"
+        f"<p>Engines:</p><ul>{rows}</ul></body></html>"
+    )
+
+    async def index(_request: web.Request) -> web.Response:
+        return web.Response(text=landing, content_type="text/html")
+
+    async def metrics(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        # Collectors block on engine HTTP calls: keep them off the event loop the proxies share.
+        body = await asyncio.get_running_loop().run_in_executor(None, encoder, exporter.registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def run(exporter: Exporter, *, on_ready: Callable[[], None] | None = None, stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (or SIGINT/SIGTERM); raises PortInUse with the knob that moves the port."""
+    config = exporter.config
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass  # not the main thread (tests): the caller sets `stop`
+    runner = web.AppRunner(metrics_app(exporter), access_log=None)
+    await runner.setup()
+    started_proxies: list[OllamaProxy] = []
+    try:
+        await _bind(web.TCPSite(runner, config.listen_address, config.port), config.listen_address, config.port,
+                    "EXPORTER_PORT or --port")
+        log.info("exporter listening on http://%s:%d/metrics", config.listen_address, config.port)
+        for instance, proxy in exporter.proxies:
+            try:
+                await proxy.start(config.listen_address, instance.proxy_port)
+            except OSError as exc:
+                raise _port_error(exc, config.listen_address, instance.proxy_port,
+                                  "OLLAMA_PROXY_PORT or --proxy-port (proxy_port in a config file)") from None
+            started_proxies.append(proxy)
+            log.info("ollama proxy %s listening on http://%s:%d -> %s",
+                     instance.name, config.listen_address, instance.proxy_port, instance.url)
+        if not config.instances:
+            log.warning("no engines configured: set VLLM_URL, LLAMACPP_URL, OLLAMA_URL or use --config FILE")
+        if on_ready:
+            on_ready()
+        await stop.wait()
+    finally:
+        for proxy in started_proxies:
+            await proxy.stop()
+        await runner.cleanup()
+        exporter.fanout.close()
+
+
+async def _bind(site: web.TCPSite, host: str, port: int, knob: str) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        raise _port_error(exc, host, port, knob) from None
+
+
+def _port_error(exc: OSError, host: str, port: int, knob: str) -> PortInUse:
+    if exc.errno == errno.EADDRINUSE:
+        return PortInUse(f"port {port} on {host} is already in use: set {knob} to another port")
+    return PortInUse(f"cannot listen on {host}:{port}: {exc.strerror or exc}")

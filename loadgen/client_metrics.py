@@ -1,0 +1,84 @@
+"""The load generator's client-side view for Prometheus: TTFT/ITL/E2E histograms, tokens, requests by outcome, users.
+
+  servescope_client_ttft_seconds_bucket{engine="vllm",scenario="burst",le="0.5"} 3.0
+  servescope_client_requests_total{engine="vllm",outcome="ok",scenario="burst"} 3.0
+  servescope_client_users{engine="vllm",scenario="burst"} 3.0
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from servescope import series
+from servescope.runfolder import RequestRecord
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+# Failure reasons collapse to a few outcome values: a label must not carry free text.
+OUTCOMES = (
+    ("connection refused", "connection_refused"),
+    ("HTTP 5", "http_5xx"),
+    ("HTTP 4", "http_4xx"),
+    ("timeout", "timeout"),
+    ("stream cut", "stream_cut"),
+    ("malformed chunk", "malformed_chunk"),
+    ("engine error", "engine_error"),
+    ("interrupted", "interrupted"),
+)
+
+
+def outcome(error: str | None) -> str:
+    if error is None:
+        return "ok"
+    for prefix, value in OUTCOMES:
+        if error.startswith(prefix):
+            return value
+    return "other_error"
+
+
+class ClientMetrics:
+    """Histograms and counters on their own registry; `serve()` exposes them on 127.0.0.1."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        labels = series.CLIENT_LABELS
+        self.ttft = Histogram(series.CLIENT_TTFT, "Client-side time to first non-empty content chunk.", labels,
+                              buckets=TTFT_BUCKETS, registry=self.registry)
+        self.itl = Histogram(series.CLIENT_ITL, "Client-side gap between consecutive content chunks.", labels,
+                             buckets=ITL_BUCKETS, registry=self.registry)
+        self.e2e = Histogram(series.CLIENT_E2E, "Client-side send to last content chunk.", labels,
+                             buckets=E2E_BUCKETS, registry=self.registry)
+        self.output_tokens = Counter(series.CLIENT_OUTPUT_TOKENS, "Output tokens received (usage / eval_count, else chunks).",
+                                     labels, registry=self.registry)
+        self.requests = Counter(series.CLIENT_REQUESTS, "Requests finished, by outcome.", (*labels, "outcome"),
+                                registry=self.registry)
+        self.users = Gauge(series.CLIENT_USERS, "Locust users running.", labels, registry=self.registry)
+        self.server = None
+
+    def observe(self, record: RequestRecord) -> None:
+        labels = (record.engine, record.scenario)
+        if record.ttft_s is not None:
+            self.ttft.labels(*labels).observe(record.ttft_s)
+        itl = self.itl.labels(*labels)
+        for gap in record.itl_s:
+            itl.observe(gap)
+        if record.ok and record.e2e_s is not None:
+            self.e2e.labels(*labels).observe(record.e2e_s)
+        if record.output_tokens:
+            self.output_tokens.labels(*labels).inc(record.output_tokens)
+        self.requests.labels(*labels, outcome(record.error)).inc()
+
+    def set_users(self, engine: str, scenario: str, users: int) -> None:
+        self.users.labels(engine, scenario).set(users)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Raises OSError when the port is taken; the caller turns that into one line and runs on."""
+        self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None

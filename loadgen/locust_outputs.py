@@ -1,0 +1,26 @@
+"""Locust's own stats into the run folder: locust_stats.csv, locust_failures.csv, locust_exceptions.csv, locust.html."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from locust.html import get_html_report
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
+
+
+def write_locust_outputs(environment, folder: Path) -> list[Path]:
+    """Locust rounds what it shows: these files are for reading alongside, never the source of a reported number."""
+    folder = Path(folder)
+    stats_csv = StatsCSV(environment, PERCENTILES_TO_REPORT)
+    written = []
+    for name, write in (("locust_stats.csv", stats_csv.requests_csv), ("locust_failures.csv", stats_csv.failures_csv),
+                        ("locust_exceptions.csv", stats_csv.exceptions_csv)):
+        path = folder / name
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            write(csv.writer(fh))
+        written.append(path)
+    html = folder / "locust.html"
+    html.write_text(get_html_report(environment, show_download_link=False), encoding="utf-8")
+    written.append(html)
+    return written

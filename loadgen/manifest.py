@@ -1,0 +1,51 @@
+"""The run manifest: engines as they described themselves, prompt set and its hash, flags, machine, start/end, status."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from typing import Any
+
+import psutil
+
+from loadgen.prompts import PromptSet
+from loadgen.targets import Target
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "cores": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+    }
+
+
+def build(*, command: str, scenario: str, targets: list[Target], prompt_sets: list[PromptSet], flags: dict[str, Any],
+          started_at: float, status: str = "running", ended_at: float | None = None,
+          phases: list[str] | None = None) -> dict[str, Any]:
+    """Everything a report needs to say what was run where; status is running -> complete | interrupted."""
+    from locust import __version__ as locust_version
+
+    return {
+        "tool": "servescope-loadgen",
+        "command": command,
+        "scenario": scenario,
+        "status": status,
+        "started_at": started_at,
+        "ended_at": ended_at,
+        "started_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started_at)),
+        "engines": {t.instance: t.manifest() for t in targets},
+        "prompt_sets": {p.name: {"sha256": p.sha256, "prompts": [{"id": x.id, "text": x.text} for x in p.prompts]}
+                        for p in prompt_sets},
+        "prompt_set": prompt_sets[0].name if prompt_sets else None,
+        "prompt_set_sha256": prompt_sets[0].sha256 if prompt_sets else None,
+        "flags": flags,
+        "phases": phases or [],
+        "machine": machine(),
+        "locust_version": locust_version,
+    }

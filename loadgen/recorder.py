@@ -1,0 +1,74 @@
+"""Where finished requests and phases go: the run folder (appended as they finish), client metrics, a progress line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from typing import TextIO
+
+from loadgen.client_metrics import ClientMetrics
+from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
+
+RECORD_MESSAGE = "servescope_record"  # worker -> master: one RequestRecord as JSON
+
+
+class Recorder:
+    def __init__(self, folder: RunFolder | None = None, metrics: ClientMetrics | None = None,
+                 out: TextIO | None = sys.stdout, t0: float | None = None):
+        self.folder = folder
+        self.metrics = metrics
+        self.out = out
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.tokens: dict[tuple[str, str], int] = defaultdict(int)
+        self.counts = {"ok": 0, "failed": 0}
+
+    def line(self, text: str) -> None:
+        if self.out is not None:
+            print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
+
+    def request(self, record: RequestRecord) -> None:
+        if self.folder is not None:
+            self.folder.append_request(record)
+        if self.metrics is not None:
+            self.metrics.observe(record)
+        self.counts["ok" if record.ok else "failed"] += 1
+        if record.ok and record.output_tokens:
+            self.tokens[(record.instance, record.phase)] += record.output_tokens
+        ttft = f"{record.ttft_s:.3f}s" if record.ttft_s is not None else "-"
+        e2e = f"{record.e2e_s:.3f}s" if record.e2e_s is not None else "-"
+        status = "ok" if record.ok else f"FAILED ({record.error})"
+        self.line(f"{record.instance} {record.phase} {record.prompt_id}: {status} ttft={ttft} e2e={e2e} "
+                  f"tokens={record.output_tokens if record.output_tokens is not None else '-'}")
+
+    def phase(self, record: PhaseRecord) -> None:
+        if self.folder is not None:
+            self.folder.append_phase(record)
+        tokens = self.tokens.get((record.instance, record.phase), 0)
+        rate = tokens / record.wall_s if record.wall_s > 0 else 0.0
+        self.line(f"{record.instance} {record.phase} done: {record.requests} requests, wall {record.wall_s:.3f}s, "
+                  f"{tokens} tokens, {rate:.1f} tok/s")
+
+    def users(self, engine: str, scenario: str, users: int) -> None:
+        if self.metrics is not None:
+            self.metrics.set_users(engine, scenario, users)
+
+    def write_record_json(self, text: str) -> None:
+        """A record forwarded by a distributed worker."""
+        self.request(RequestRecord.from_dict(json.loads(text)))
+
+
+class ForwardingRecorder(Recorder):
+    """On a distributed worker: records go to the master, which owns the run folder and the metrics."""
+
+    def __init__(self, runner, out: TextIO | None = sys.stdout):
+        super().__init__(folder=None, metrics=None, out=out)
+        self.runner = runner
+
+    def request(self, record: RequestRecord) -> None:
+        self.runner.send_message(RECORD_MESSAGE, record.to_json())
+        super().request(record)
+
+    def phase(self, record: PhaseRecord) -> None:
+        pass  # phases are timed by the master's load shape

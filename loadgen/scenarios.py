@@ -1,0 +1,382 @@
+"""Load phases (sequential, burst, ramp step, open-loop rate, sweep level) and the run that steps through them.
+
+A phase hands work to Locust users and knows when it is done; users pull work from the run's
+current phase, so the same user classes serve the headless CLI, the web UI's load shape and
+distributed workers. The burst barrier releases every user of a round in the same gevent hub
+iteration: sends go out within a millisecond or two, where `curl ... &` spawns processes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import gevent
+from gevent.event import Event
+
+from loadgen.prompts import Prompt, PromptSet
+from loadgen.targets import Target
+from servescope.runfolder import PhaseRecord, RequestRecord
+
+SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep")
+
+
+@dataclass
+class Settings:
+    """What every request of a phase shares."""
+
+    target: Target
+    prompt_set: PromptSet
+    max_tokens: int = 48
+    temperature: float = 0.0
+    timeout_s: float = 120.0
+
+
+@dataclass
+class Work:
+    prompt: Prompt
+    phase_name: str  # for bursts the round: burst-1, burst-2, ...
+    arrival_index: int | None = None
+
+
+class _Span:
+    """First send and last finish of a group of requests (a phase or one burst round)."""
+
+    def __init__(self) -> None:
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.requests = 0
+
+    def add(self, record: RequestRecord, elapsed_s: float) -> None:
+        end = record.started_at + elapsed_s
+        self.started_at = record.started_at if self.started_at is None else min(self.started_at, record.started_at)
+        self.ended_at = end if self.ended_at is None else max(self.ended_at, end)
+        self.requests += 1
+
+
+class Phase:
+    scenario = ""
+    user_class = "ClosedLoopUser"
+
+    def __init__(self, settings: Settings, name: str, users: int):
+        self.settings = settings
+        self.name = name
+        self.users = users
+        self.done = Event()
+        self.in_flight = 0
+        self.spans: dict[str, _Span] = {}
+        self.emitted: set[str] = set()
+        self.recorder = None  # set by LoadRun when the phase becomes current
+
+    # -- work hand-out (called from user greenlets) --
+    def next_work(self) -> Work | None:
+        raise NotImplementedError
+
+    def finished(self, work: Work, record: RequestRecord, elapsed_s: float) -> None:
+        self.in_flight -= 1
+        self.spans.setdefault(work.phase_name, _Span()).add(record, elapsed_s)
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if self.exhausted() and self.in_flight == 0:
+            self.done.set()
+
+    def exhausted(self) -> bool:
+        raise NotImplementedError
+
+    def finish_now(self) -> None:
+        """The time-based end as seen by a process that sends no requests itself (the distributed master)."""
+        self.done.set()
+
+    def emit(self, names: list[str] | None = None) -> None:
+        """Write the PhaseRecords of finished spans (each once)."""
+        for record in self.phase_records():
+            if record.phase in self.emitted or (names is not None and record.phase not in names):
+                continue
+            self.emitted.add(record.phase)
+            if self.recorder is not None:
+                self.recorder.phase(record)
+
+    def phase_records(self) -> list[PhaseRecord]:
+        s = self.settings
+        return [PhaseRecord(engine=s.target.kind, instance=s.target.instance, scenario=self.scenario, phase=name,
+                            started_at=span.started_at, ended_at=span.ended_at, requests=span.requests,
+                            concurrency=self.users, prompt_set=s.prompt_set.name, prompt_set_sha256=s.prompt_set.sha256,
+                            max_tokens=s.max_tokens)
+                for name, span in self.spans.items() if span.started_at is not None]
+
+    def describe(self) -> str:
+        return f"{self.settings.target.instance} {self.name}: {self.users} user(s)"
+
+
+class SequentialPhase(Phase):
+    """One user, the prompt set back to back (the seed's `while read p; do curl ...; done`)."""
+
+    scenario = "sequential"
+    user_class = "SequentialUser"
+
+    def __init__(self, settings: Settings, name: str = "sequential", repeat: int = 1):
+        super().__init__(settings, name, users=1)
+        self.queue = deque(Work(p, name) for _ in range(repeat) for p in settings.prompt_set.prompts)
+
+    def next_work(self) -> Work | None:
+        if not self.queue:
+            return None
+        self.in_flight += 1
+        return self.queue.popleft()
+
+    def exhausted(self) -> bool:
+        return not self.queue
+
+
+class BurstPhase(Phase):
+    """SIZE users released at the same instant, all awaited, ROUNDS times with PAUSE between (the seed's `&` + `wait`)."""
+
+    scenario = "burst"
+    user_class = "BurstUser"
+
+    def __init__(self, settings: Settings, size: int, rounds: int = 1, pause_s: float = 1.0, name: str = "burst"):
+        super().__init__(settings, name, users=size)
+        self.size, self.rounds, self.pause_s = size, rounds, pause_s
+        self.round = 0  # rounds released so far
+        self.arrived = 0
+        self.next_index = 0
+        self.gate = Event()
+        self.last_round_end: float | None = None
+
+    def next_work(self) -> Work | None:
+        if self.round >= self.rounds:
+            return None
+        round_no = self.round
+        self.arrived += 1
+        if self.arrived < self.size:
+            self.gate.wait()
+        else:
+            # The last user in: every request of the previous round has finished (all users are here).
+            if round_no > 0 and self.pause_s > 0:
+                gevent.sleep(max(0.0, self.last_round_end + self.pause_s - time.monotonic()))
+            self.arrived = 0
+            self.next_index = 0
+            self.round += 1
+            gate, self.gate = self.gate, Event()
+            gate.set()  # waiters wake in arrival order, all in this hub iteration
+        index = self.next_index
+        self.next_index += 1
+        self.in_flight += 1
+        return Work(self.settings.prompt_set[index], f"{self.name}-{round_no + 1}", arrival_index=index)
+
+    def finished(self, work: Work, record: RequestRecord, elapsed_s: float) -> None:
+        self.last_round_end = time.monotonic()
+        super().finished(work, record, elapsed_s)
+        if self.in_flight == 0:
+            self.emit([work.phase_name])  # the round is over: its wall time is known now
+
+    def exhausted(self) -> bool:
+        return self.round >= self.rounds
+
+    def describe(self) -> str:
+        return f"{self.settings.target.instance} {self.name}: {self.size} at once x {self.rounds}"
+
+
+class ClosedLoopPhase(Phase):
+    """USERS users each sending back to back for DURATION (or until REQUESTS were sent): a ramp step or sweep level."""
+
+    user_class = "ClosedLoopUser"
+
+    def __init__(self, settings: Settings, name: str, users: int, duration_s: float | None, requests: int | None,
+                 scenario: str):
+        super().__init__(settings, name, users)
+        if duration_s is None and requests is None:
+            raise ValueError("a closed-loop phase needs a duration or a request count")
+        self.scenario = scenario
+        self.duration_s, self.max_requests = duration_s, requests
+        self.t_start: float | None = None
+        self.issued = 0
+        self.closed = False
+
+    def start_clock(self) -> None:
+        if self.t_start is None:
+            self.t_start = time.monotonic()
+
+    def next_work(self) -> Work | None:
+        self.start_clock()
+        if self.exhausted():
+            self.closed = True
+            self._check_done()
+            return None
+        work = Work(self.settings.prompt_set[self.issued], self.name)
+        self.issued += 1
+        self.in_flight += 1
+        return work
+
+    def exhausted(self) -> bool:
+        if self.closed:
+            return True
+        if self.max_requests is not None and self.issued >= self.max_requests:
+            return True
+        return self.duration_s is not None and self.t_start is not None and time.monotonic() - self.t_start >= self.duration_s
+
+    def time_left(self) -> float | None:
+        if self.duration_s is None or self.t_start is None:
+            return None
+        return self.t_start + self.duration_s - time.monotonic()
+
+
+class RatePhase(Phase):
+    """Open loop: arrivals at RATE per second (constant gaps or Poisson), each sent without waiting for the others."""
+
+    scenario = "rate"
+    user_class = "RateUser"
+
+    def __init__(self, settings: Settings, rate: float, duration_s: float | None, requests: int | None,
+                 poisson: bool = False, max_in_flight: int = 256, seed: int = 0):
+        super().__init__(settings, f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
+        if rate <= 0:
+            raise ValueError("--rate must be > 0")
+        if duration_s is None and requests is None:
+            raise ValueError("an open-loop phase needs a duration or a request count")
+        self.rate, self.poisson = rate, poisson
+        self.duration_s, self.max_requests = duration_s, requests
+        self.max_in_flight = max_in_flight
+        self.rng = random.Random(seed)
+        self.issued = 0
+        self.stopped = False
+        self.slot_free = Event()
+
+    def arrivals(self) -> Iterator[Work]:
+        """Yields work at its scheduled instant (absolute schedule: a slow send never delays the next arrival)."""
+        t0 = time.monotonic()
+        due = t0
+        while not self.stopped:
+            if self.max_requests is not None and self.issued >= self.max_requests:
+                break
+            if self.duration_s is not None and due - t0 >= self.duration_s:
+                break
+            gevent.sleep(max(0.0, due - time.monotonic()))
+            while self.in_flight >= self.max_in_flight:  # the client's own ceiling: bounded memory
+                self.slot_free.clear()
+                self.slot_free.wait(1.0)
+            work = Work(self.settings.prompt_set[self.issued], self.name, arrival_index=self.issued)
+            self.issued += 1
+            self.in_flight += 1
+            yield work
+            due += self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
+        self.stopped = True
+        self._check_done()
+
+    def next_work(self) -> Work | None:  # the RateUser drives arrivals() instead
+        return None
+
+    def finished(self, work: Work, record: RequestRecord, elapsed_s: float) -> None:
+        super().finished(work, record, elapsed_s)
+        self.slot_free.set()
+
+    def exhausted(self) -> bool:
+        return self.stopped
+
+
+class LoadRun:
+    """The phases of one run in order, the current one, and where finished records go."""
+
+    def __init__(self, phases: list[Phase], recorder, warmup: dict[str, int] | None = None):
+        self.phases = phases
+        self.recorder = recorder
+        self.index = -1
+        self.changed = Event()
+        self.warmup = warmup or {}
+        # A distributed master hears of late records after a phase moved on: it writes PhaseRecords at the end.
+        self.emit_on_advance = True
+
+    @property
+    def phase(self) -> Phase | None:
+        return self.phases[self.index] if 0 <= self.index < len(self.phases) else None
+
+    def advance(self) -> Phase | None:
+        """Close the current phase (its PhaseRecords are written) and make the next one current."""
+        current = self.phase
+        if current is not None:
+            if self.emit_on_advance:
+                current.emit()
+            if isinstance(current, RatePhase):
+                current.stopped = True
+            if isinstance(current, ClosedLoopPhase):
+                current.closed = True
+        self.index += 1
+        changed, self.changed = self.changed, Event()
+        changed.set()
+        nxt = self.phase
+        if nxt is not None:
+            nxt.recorder = self.recorder
+            self.recorder.line(f"phase {nxt.describe()}")
+            self.recorder.users(nxt.settings.target.kind, nxt.scenario, nxt.users)
+        if current is not None and (nxt is None or nxt.scenario != current.scenario):
+            self.recorder.users(current.settings.target.kind, current.scenario, 0)
+        return nxt
+
+    def phase_named(self, name: str) -> Phase | None:
+        """The phase a record belongs to (burst rounds are named <phase>-<round>)."""
+        for phase in self.phases:
+            if name == phase.name or name.startswith(phase.name + "-"):
+                return phase
+        return None
+
+    def follow_master(self) -> None:
+        """On a distributed worker: phases end when the master says so, not by a local clock."""
+        for phase in self.phases:
+            if isinstance(phase, ClosedLoopPhase):
+                phase.duration_s, phase.max_requests = None, None
+
+    def wait_for_change(self, timeout: float = 1.0) -> None:
+        self.changed.wait(timeout)
+
+    @property
+    def finished(self) -> bool:
+        return self.index >= len(self.phases)
+
+
+def closed_loop_steps(settings: Settings, levels: list[int], hold_s: float | None, requests_per_level: int | None,
+                      scenario: str) -> list[Phase]:
+    name = (lambda n: f"ramp-{n}users") if scenario == "ramp" else (lambda n: f"sweep-c{n}")
+    # `requests_per_level` counts per user, so every level sees the same work per user.
+    return [ClosedLoopPhase(settings, name(n), n, hold_s, None if requests_per_level is None else requests_per_level * n,
+                            scenario) for n in levels]
+
+
+def parse_levels(text: str, what: str) -> list[int]:
+    try:
+        levels = [int(x) for x in str(text).replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ValueError(f"{what}: expected a comma-separated list of integers, got {text!r}") from None
+    if not levels or any(n < 1 for n in levels):
+        raise ValueError(f"{what}: expected positive integers, got {text!r}")
+    return levels
+
+
+def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
+    """The phases of one scenario for one engine, from CLI/web-UI options (same names in both)."""
+    if scenario == "sequential":
+        return [SequentialPhase(settings, repeat=max(1, int(getattr(options, "repeat", 1) or 1)))]
+    if scenario == "burst":
+        return [BurstPhase(settings, size=int(options.burst_size), rounds=int(options.bursts),
+                           pause_s=float(options.burst_pause))]
+    duration = float(options.duration) if getattr(options, "duration", None) else None
+    requests = int(options.requests) if getattr(options, "requests", None) else None
+    if scenario == "ramp":
+        return closed_loop_steps(settings, parse_levels(options.steps, "--steps"), duration, requests, "ramp")
+    if scenario == "sweep":
+        return closed_loop_steps(settings, parse_levels(options.concurrencies, "--concurrencies"), duration, requests, "sweep")
+    if scenario == "rate":
+        return [RatePhase(settings, rate=float(options.rate), duration_s=duration, requests=requests,
+                          poisson=(options.arrivals == "poisson"))]
+    raise ValueError(f"unknown scenario {scenario!r}: expected one of {', '.join(SCENARIOS)}")
+
+
+def spawn_rate_for(phase: Phase) -> float:
+    # All users of a phase at once: the barrier / the phase itself does the pacing, not Locust's ramp-up.
+    return float(max(1, phase.users))
+
+
+Progress = Callable[[str], None]

@@ -1,0 +1,134 @@
+"""Engine targets from `--engine NAME=URL`, and what each engine says about itself (version, models, settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+
+from servescope import engines, knobs
+
+PROBE_TIMEOUT_S = 5.0
+
+
+class TargetError(ValueError):
+    """A bad --engine value: the message is one line for the terminal."""
+
+
+@dataclass
+class Target:
+    kind: str  # engine kind: vllm, llamacpp, ollama (the `engine` label)
+    instance: str  # kind, or kind:name when several of one kind run
+    url: str  # base URL the chat path is appended to (may end in /v1 for Ollama's OpenAI API)
+    api: str  # "openai" or "ollama"
+    chat_path: str
+    model: str = ""
+    ignore_eos: bool | None = None  # None: the engine does not accept it (recorded as unavailable)
+    info: dict[str, Any] = field(default_factory=dict)  # what the engine reported about itself
+
+    @property
+    def root_url(self) -> str:
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}"
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "url": self.url, "api": self.api, "chat_path": self.chat_path, "model": self.model,
+            "ignore_eos": "unavailable" if self.ignore_eos is None else self.ignore_eos,
+            **self.info,
+        }
+
+
+def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
+    """`vllm=http://127.0.0.1:8009`, `llamacpp:small=URL`, `ollama=http://host:11434/v1` (OpenAI API), or just `vllm`."""
+    name, sep, url = spec.partition("=")
+    kind_name, _, label = name.strip().partition(":")
+    try:
+        kind = engines.kind(kind_name)
+    except ValueError as exc:
+        raise TargetError(f"--engine {spec!r}: {exc}") from None
+    if not sep:
+        url = knobs.get(kind.url_env, "") or kind.default_url()
+    url = url.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise TargetError(f"--engine {spec!r}: expected NAME=http://HOST:PORT")
+    api, chat_path = kind.api, kind.chat_path
+    if parts.path.endswith("/v1"):
+        # Ollama's (or any engine's) OpenAI-compatible API under /v1.
+        api, chat_path = "openai", "/chat/completions"
+    elif parts.path:
+        raise TargetError(f"--engine {spec!r}: the URL takes no path other than /v1")
+    return Target(kind=kind.name, instance=f"{kind.name}:{label}" if label else kind.name, url=url, api=api,
+                  chat_path=chat_path, ignore_eos=(ignore_eos if kind.accepts_ignore_eos else None))
+
+
+def _get_json(session: requests.Session, url: str) -> Any:
+    resp = session.get(url, timeout=PROBE_TIMEOUT_S)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def probe(target: Target, model_override: str | None = None, session: requests.Session | None = None) -> Target:
+    """Ask the engine its version, models and serving settings; fill target.model and target.info.
+
+    Never raises: an engine that doesn't answer is recorded as such and the run goes on.
+    """
+    session = session or requests.Session()
+    root = target.root_url
+    info: dict[str, Any] = {"version": None, "models": []}
+    errors: list[str] = []
+
+    def attempt(what: str, fn) -> None:
+        try:
+            fn()
+        except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError) as exc:
+            errors.append(f"{what}: {' '.join(str(exc).split())[:160]}")
+
+    if target.kind == "ollama":
+        def version():
+            info["version"] = _get_json(session, f"{root}/api/version")["version"]
+
+        def tags():
+            info["models"] = [m["name"] for m in _get_json(session, f"{root}/api/tags").get("models", [])]
+        attempt("/api/version", version)
+        attempt("/api/tags", tags)
+    else:
+        def models():
+            data = _get_json(session, f"{root}/v1/models").get("data", [])
+            info["models"] = [m["id"] for m in data]
+            if data and data[0].get("max_model_len"):
+                info.setdefault("settings", {})["max_model_len"] = data[0]["max_model_len"]
+        attempt("/v1/models", models)
+        if target.kind == "vllm":
+            def version():
+                info["version"] = _get_json(session, f"{root}/version")["version"]
+            attempt("/version", version)
+        elif target.kind == "llamacpp":
+            def props():
+                data = _get_json(session, f"{root}/props")
+                info["version"] = data.get("build_info") or data.get("version")
+                settings = info.setdefault("settings", {})
+                for key in ("total_slots", "model_path", "n_ctx"):
+                    if key in data:
+                        settings[key] = data[key]
+                n_ctx = (data.get("default_generation_settings") or {}).get("n_ctx")
+                if n_ctx is not None:
+                    settings["n_ctx"] = n_ctx
+            attempt("/props", props)
+    if errors:
+        info["probe_errors"] = errors
+    target.info = info
+    if model_override:
+        target.model = model_override
+    elif info["models"] and (target.kind != "ollama" or not _knob_model(target)):
+        target.model = info["models"][0]
+    else:
+        target.model = _knob_model(target)
+    return target
+
+
+def _knob_model(target: Target) -> str:
+    return knobs.get("OLLAMA_MODEL" if target.kind == "ollama" else "SERVED_MODEL_NAME", "")

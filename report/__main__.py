@@ -1,0 +1,7 @@
+"""Entry point for `python -m report`."""
+
+import sys
+
+from report.cli import main
+
+sys.exit(main())

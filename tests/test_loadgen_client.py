@@ -1,0 +1,125 @@
+"""Load generator measurement: TTFT/ITL/E2E/TPOT from raw stamps, token sources, every failure kind, prompt sets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loadgen import client as llm
+from loadgen import prompts
+from tests.doubles.synthetic_openai import SyntheticServer
+
+TRANSPORTS = list(llm.TRANSPORTS)
+
+
+def chat(server_url: str, transport: str, prompt: str = "Say OK.", max_tokens: int = 8, timeout: float = 5.0,
+         api: str = "openai", path: str = "/v1/chat/completions", model: str = "synthetic/model") -> llm.Measurement:
+    t = llm.make_transport(transport, server_url, timeout=timeout)
+    try:
+        return llm.stream_chat(t, path, api, llm.chat_payload(api, model, prompt, max_tokens, 0.0, api == "openai"))
+    finally:
+        t.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SyntheticServer(ttft=0.08, itl=0.01, tokens=64, timings=True) as s:
+        yield s
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ttft_skips_empty_role_chunk_and_itl_covers_every_gap(server, transport):
+    m = chat(server.url, transport, max_tokens=12)
+    assert m.ok, m.error
+    # The role chunk goes out at t0: counting it would give a TTFT of ~0. Content can't come before
+    # its deadline; upper bounds are loose because the test machine is shared (accuracy is in bench/).
+    assert 0.08 <= m.ttft_s < 0.08 + 0.5
+    assert len(m.content_times) == 12 and len(m.itl_s) == 11
+    assert all(0.0 <= gap < 0.5 for gap in m.itl_s)
+    assert sum(m.itl_s) == pytest.approx(m.e2e_s - m.ttft_s)
+    assert 0.08 + 11 * 0.01 - 0.002 <= m.e2e_s < 0.08 + 11 * 0.01 + 0.5
+    assert m.output_tokens == 12 and m.tokens_source == "usage"
+    assert m.prompt_tokens == 2  # the synthetic server counts words
+    assert m.tpot_s == pytest.approx((m.e2e_s - m.ttft_s) / 11)
+    assert m.engine_stats["timings"]["predicted_n"] == 12  # llama.cpp's timings object kept as sent
+
+
+def test_chunk_count_is_a_flagged_fallback_without_usage():
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=5, usage=False) as s:
+        m = chat(s.url, "geventhttpclient")
+    assert m.ok and m.output_tokens == 5 and m.tokens_source == "chunks"
+
+
+def test_payload_asks_for_usage_and_honours_ignore_eos_only_where_accepted():
+    openai = llm.chat_payload("openai", "m", "hi", 48, 0.0, True)
+    assert openai["stream_options"] == {"include_usage": True} and openai["ignore_eos"] is True
+    assert openai["max_tokens"] == 48 and openai["temperature"] == 0.0
+    assert "ignore_eos" not in llm.chat_payload("openai", "m", "hi", 48, 0.0, False)
+    ollama = llm.chat_payload("ollama", "m", "hi", 48, 0.0, True)
+    assert "ignore_eos" not in ollama and ollama["options"] == {"num_predict": 48, "temperature": 0.0}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(("fault", "reason", "chunks"), [
+    ("status=503", "HTTP 503: synthetic fault: HTTP 503", 0),
+    ("status=500", "HTTP 500: synthetic fault: HTTP 500", 0),
+    ("cut=3", "stream cut after 3 content chunks", 3),
+    ("malformed=2", "malformed chunk after 2 content chunks", 2),
+    ("error=4", "engine error mid-stream after 4 content chunks", 4),
+    ("stall=2", "timeout before the first content chunk", 0),
+])
+def test_each_failure_has_a_reason_and_keeps_partial_timings(server, transport, fault, reason, chunks):
+    m = chat(server.url, transport, prompt=f"Say OK. [[fault:{fault}]]", timeout=0.6)
+    assert not m.ok
+    assert m.error.startswith(reason), m.error
+    assert "\n" not in m.error
+    assert len(m.content_times) == chunks
+    if chunks:
+        assert m.ttft_s is not None and len(m.itl_s) == chunks - 1
+        assert m.tokens_source == "chunks"
+    # The same client goes on working after any failure.
+    after = chat(server.url, transport, max_tokens=3)
+    assert after.ok, after.error
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_connection_refused(transport):
+    from tests.conftest import free_port
+
+    m = chat(f"http://127.0.0.1:{free_port()}", transport)
+    assert m.error == "connection refused" and m.status == 0 and m.content_times == []
+
+
+def test_ollama_ndjson_keeps_engine_stats_in_nanoseconds():
+    sim_module = pytest.importorskip("tests.doubles.ollama_simulator")
+    with sim_module.OllamaSimulator(token_delay=0.005) as sim:
+        m = chat(sim.url, "geventhttpclient", api="ollama", path="/api/chat", model=sim.models[0], max_tokens=6)
+        sent = sim.last_request
+    assert m.ok, m.error
+    assert m.tokens_source == "eval_count" and m.output_tokens == m.engine_stats["eval_count"]
+    for key in ("eval_duration_ns", "prompt_eval_duration_ns", "load_duration_ns", "prompt_eval_count"):
+        assert key in m.engine_stats, m.engine_stats
+    assert isinstance(m.engine_stats["eval_duration_ns"], int)
+    assert m.ttft_s is not None and len(m.itl_s) == len(m.content_times) - 1
+    assert m.output_tokens == 6 and json.loads(sent["body"])["options"]["num_predict"] == 6
+
+
+def test_prompt_sets_shipped_synthetic_and_user_files(tmp_path):
+    seed3 = prompts.load("seed3")
+    assert [p.text for p in seed3.prompts] == ["Say OK.", "In one sentence, what is a container?", "Name two container runtimes."]
+    assert len(prompts.load("seed4")) == 4 and len(prompts.load("mixed")) >= 4
+    assert seed3.sha256 == prompts.load("seed3").sha256 != prompts.load("seed4").sha256
+    synthetic = prompts.load("synthetic:64x3")
+    assert len(synthetic) == 3 and all(len(p.text.split()) == 64 for p in synthetic.prompts)
+    assert synthetic.sha256 == prompts.load("synthetic:64x3").sha256
+    (tmp_path / "mine.txt").write_text("first\n\nsecond\n")
+    assert [p.text for p in prompts.load(str(tmp_path / "mine.txt")).prompts] == ["first", "second"]
+    (tmp_path / "mine.jsonl").write_text('{"id": "a", "prompt": "x"}\n"plain"\n')
+    loaded = prompts.load(str(tmp_path / "mine.jsonl"))
+    assert [(p.id, p.text) for p in loaded.prompts] == [("a", "x"), ("mine-2", "plain")]
+    (tmp_path / "bad.jsonl").write_text("{nope\n")
+    with pytest.raises(prompts.PromptSetError, match="bad.jsonl:1: not JSON"):
+        prompts.load(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(prompts.PromptSetError, match="not one of"):
+        prompts.load("no-such-set")

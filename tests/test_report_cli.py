@@ -1,0 +1,117 @@
+"""`python -m report` end to end on crafted runs: the files it writes, no Prometheus, bad input, comparison mode."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from report import cli, sections
+from report.load import load
+from tests.conftest import free_port
+
+RUNS = Path(__file__).parent / "fixtures" / "runs"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_full_report_without_prometheus(tmp_path, capsys):
+    run = tmp_path / "live"
+    shutil.copytree(RUNS / "live-failures", run)
+    url = f"http://127.0.0.1:{free_port()}"
+    assert cli.main(["--run", str(run), "--prometheus", url]) == 0
+    err = capsys.readouterr().err
+    assert f"no gauge data: Prometheus at {url} is unreachable" in err
+    assert "requests.jsonl:47: torn last record" in err
+
+    md = (run / "report.md").read_text()
+    for title in ("1. Setup", "2. The seed's comparison table", "3. Latency", "4. Engine-side cross-check",
+                  "5. Gauges over the run", "6. Verdict", "7. Sweeps and bursts", "8. Comparison"):
+        assert f"## {title}" in md
+    assert f"No gauge data: Prometheus at {url} is unreachable" in md
+    assert "no verdict can be made: the gauges had no data" in md
+    assert "1 x HTTP 503: server busy: no free slot; 1 x stream ended without [DONE]" in md
+    assert "refused: max_tokens differ (sequential 64, burst 48)" in md
+    assert "ignore_eos is not applied alike (vllm=unknown, llamacpp=on)" in md
+    assert "burst of 5 > LLAMACPP_PARALLEL=1" in md
+    assert "knee at concurrency 4" in md
+
+    html = (run / "report.html").read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:|//|[^"'#d][^"']*\.png)""", html)  # nothing external
+    pngs = sorted(p.name for p in run.glob("*.png"))
+    assert html.count("data:image/png;base64,") == len(pngs) >= 5
+    assert {"seed_table.png", "latency.png", "sweeps.png", "ttft_by_arrival.png"} <= set(pngs)
+
+    numbers = json.loads((run / "report.json").read_text())  # strict JSON: no NaN
+    assert numbers["plots"] == pngs
+    rows = {(r["instance"], r["phase"]): r for r in numbers["table"]["rows"]}
+    assert rows[("llamacpp", "burst-1")]["n_failed"] == 2
+    groups = {(g["instance"], g["scenario"]): g for g in numbers["latency"]["groups"]}
+    assert groups[("llamacpp", "burst")]["metrics"]["ttft_s"]["p50"] == pytest.approx(0.30)
+    assert numbers["gauges"]["available"] is False
+
+
+def test_bad_run_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "report", "--run", "nope", "--results", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"report: no run folder 'nope' (looked for the path and under {tmp_path})"]
+    proc = subprocess.run([sys.executable, "-m", "report", "--results", str(tmp_path / "none"), "--table-only"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "run `make up`" in proc.stderr
+
+
+def test_unreadable_manifest_is_one_line(tmp_path, capsys):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "manifest.json").write_text("{not json")
+    assert cli.main(["--run", str(tmp_path / "r")]) == 2
+    assert "unreadable manifest" in capsys.readouterr().err
+
+
+def slower_copy(src: Path, dst: Path, seconds: float) -> None:
+    """The same run with every vLLM request `seconds` slower end to end."""
+    shutil.copytree(src, dst)
+    lines = []
+    for line in (dst / "requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["engine"] == "vllm":
+            r["e2e_s"] += seconds
+        lines.append(json.dumps(r))
+    (dst / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["run_id"] = "slower"
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_comparison_mode_pairs_by_prompt(tmp_path):
+    slower_copy(RUNS / "seed-vllm-ollama", tmp_path / "slower", 1.0)
+    current, baseline = load(RUNS / "seed-vllm-ollama"), load(tmp_path / "slower")
+    url = f"http://127.0.0.1:{free_port()}"
+    _, numbers = sections.build(current, url, baseline, figures=False)
+    comp = numbers["comparison"]
+    assert comp["baseline"] == "slower" and comp["matching"] == "same engine instance and scenario in both runs"
+    deltas = {(d["current"], d["scenario"], d["metric"]): d for d in comp["deltas"]}
+    e2e = deltas[("seed-vllm-ollama/vllm", "burst", "e2e_s")]
+    assert e2e["paired"] and e2e["n_current"] == 3
+    # every prompt exactly 1 s faster than in the baseline: the paired interval collapses onto -1 s
+    assert e2e["delta"] == pytest.approx(-1.0) and e2e["ci_low"] == pytest.approx(-1.0)
+    assert e2e["ci_high"] == pytest.approx(-1.0) and e2e["ci_excludes_zero"]
+    ttft = deltas[("seed-vllm-ollama/vllm", "burst", "ttft_s")]
+    assert ttft["delta"] == 0 and not ttft["ci_excludes_zero"]
+    untouched = deltas[("seed-vllm-ollama/ollama", "burst", "e2e_s")]
+    assert untouched["delta"] == 0 and untouched["ci_low"] == 0 and untouched["ci_high"] == 0
+    assert not deltas[("seed-vllm-ollama/vllm", "sequential", "itl_s")]["paired"]  # pooled gaps never pair
+
+
+def test_within_run_comparison_of_two_engines():
+    url = f"http://127.0.0.1:{free_port()}"
+    _, numbers = sections.build(load(RUNS / "seed-vllm-ollama"), url, None, figures=False)
+    comp = numbers["comparison"]
+    assert comp["baseline"] is None and "each against vllm" in comp["matching"]
+    (e2e,) = [d for d in comp["deltas"] if d["scenario"] == "burst" and d["metric"] == "e2e_s"]
+    assert e2e["median_current"] == pytest.approx(1.116994) and e2e["median_baseline"] == pytest.approx(3.647941)
+    assert e2e["paired"]

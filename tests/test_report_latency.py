@@ -1,0 +1,56 @@
+"""Latency percentiles from the raw records of a crafted run, failures counted by reason and kept out of the stats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from report import latency
+from report.load import load
+
+RUNS = Path(__file__).parent / "fixtures" / "runs"
+
+
+def group(groups, instance, scenario):
+    (g,) = [g for g in groups if g.instance == instance and g.scenario == scenario]
+    return g
+
+
+def test_percentiles_from_the_seed_fixture():
+    groups = latency.build(load(RUNS / "seed-vllm-ollama"))
+    burst = group(groups, "vllm", "burst")
+    ttft = burst.metrics["ttft_s"]  # 0.2, 0.4, 0.6
+    assert (ttft["n"], ttft["p50"], ttft["mean"]) == (3, pytest.approx(0.4), pytest.approx(0.4))
+    assert ttft["p90"] == pytest.approx(0.56) and ttft["p99"] == pytest.approx(0.596)
+    itl = burst.metrics["itl_s"]  # pooled gaps: 0.04 0.06 | 0.08 0.10 | 0.12
+    assert itl["n"] == 5 and itl["p50"] == pytest.approx(0.08) and itl["p90"] == pytest.approx(0.112)
+    e2e = burst.metrics["e2e_s"]  # 1.6356 3.647941 3.951341; p90 rank 1.8
+    assert e2e["p50"] == pytest.approx(3.647941)
+    assert e2e["p90"] == pytest.approx(3.647941 + 0.8 * (3.951341 - 3.647941))
+    tpot = burst.metrics["tpot_s"]  # (e2e - ttft) / (tokens - 1) per request
+    expected = sorted([(1.6356 - 0.2) / 29, (3.647941 - 0.4) / 26, (3.951341 - 0.6) / 23])
+    assert tpot["p50"] == pytest.approx(expected[1]) and tpot["max"] == pytest.approx(expected[2])
+    assert burst.output_tokens["p50"] == 27 and burst.output_tokens["mean"] == pytest.approx(27.0)
+    assert burst.failures == {}
+
+
+def test_failures_are_counted_by_reason_and_left_out_of_the_percentiles():
+    groups = latency.build(load(RUNS / "live-failures"))
+    burst = group(groups, "llamacpp", "burst")
+    assert (burst.requests, burst.ok) == (5, 3)
+    assert burst.failures == {"HTTP 503: server busy: no free slot": 1, "stream ended without [DONE]": 1}
+    ttft = burst.metrics["ttft_s"]  # successful only: 0.02, 0.30, 0.60 (the cut-off one had 0.0005)
+    assert ttft["n"] == 3 and ttft["min"] == pytest.approx(0.02) and ttft["p50"] == pytest.approx(0.30)
+    assert burst.metrics["e2e_s"]["min"] == pytest.approx(0.28)
+    assert burst.metrics["itl_s"]["n"] == 3
+
+
+def test_tpot_is_computed_when_the_record_lacks_it():
+    from servescope.runfolder import RequestRecord
+
+    r = RequestRecord("vllm", "vllm", "burst", "b", "openai", "m", "s", "h", "p", 48, 0.0, True, 200,
+                      ttft_s=0.5, e2e_s=2.5, output_tokens=5)
+    assert latency.tpot(r) == pytest.approx(0.5)  # (2.5 - 0.5) / 4
+    r.output_tokens = 1
+    assert latency.tpot(r) is None

@@ -1,0 +1,71 @@
+"""Percentiles (type 7, hand-computed), summaries and the seeded bootstrap on medians."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from report import stats
+
+
+def test_percentile_by_hand():
+    data = [0.6, 0.2, 0.4]  # sorted: 0.2 0.4 0.6
+    assert stats.percentile(data, 50) == pytest.approx(0.4)
+    assert stats.percentile(data, 90) == pytest.approx(0.4 + 0.8 * 0.2)  # rank 1.8
+    assert stats.percentile(data, 95) == pytest.approx(0.58)  # rank 1.9
+    assert stats.percentile(data, 99) == pytest.approx(0.596)  # rank 1.98
+    assert stats.percentile([7.0], 99) == 7.0
+    assert stats.percentile([], 50) is None
+    ten = list(range(1, 11))  # rank for p90 = 8.1 -> 9 + 0.1 x 1
+    assert stats.percentile(ten, 90) == pytest.approx(9.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=40), st.sampled_from([0, 50, 90, 95, 99, 100]))
+def test_percentile_matches_numpy_linear(values, q):
+    assert stats.percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-9)
+
+
+def test_summary_ignores_missing_and_non_finite():
+    s = stats.summary([1.0, None, float("nan"), 3.0])
+    assert s["n"] == 2 and s["mean"] == 2.0 and s["p50"] == 2.0 and s["min"] == 1.0 and s["max"] == 3.0
+    empty = stats.summary([])
+    assert empty["n"] == 0 and empty["p99"] is None and empty["mean"] is None
+
+
+def test_paired_bootstrap_of_a_constant_shift_is_exact():
+    baseline = [0.5, 0.9, 1.7, 2.2, 3.1, 0.3]
+    current = [b + 1.0 for b in baseline]  # every prompt exactly 1 s slower
+    r = stats.bootstrap_median_delta(current, baseline, paired=True)
+    assert r["delta"] == pytest.approx(1.0)
+    assert r["ci_low"] == pytest.approx(1.0) and r["ci_high"] == pytest.approx(1.0)
+    assert r["resamples"] == 2000 and r["paired"] is True
+
+
+def test_unpaired_bootstrap_is_seeded_and_brackets_the_delta():
+    rng = np.random.default_rng(1)
+    a, b = list(rng.normal(2.0, 0.2, 60)), list(rng.normal(1.0, 0.2, 50))
+    r1 = stats.bootstrap_median_delta(a, b, paired=False)
+    r2 = stats.bootstrap_median_delta(a, b, paired=False)
+    assert r1 == r2  # same seed, same interval
+    assert r1["ci_low"] < r1["delta"] < r1["ci_high"]
+    assert 0.8 < r1["ci_low"] and r1["ci_high"] < 1.2
+    assert r1["delta_pct"] == pytest.approx(100 * r1["delta"] / r1["median_baseline"])
+
+
+def test_bootstrap_with_an_empty_side_gives_no_interval():
+    r = stats.bootstrap_median_delta([], [1.0], paired=False)
+    assert r["delta"] is None and r["ci_low"] is None
+    with pytest.raises(ValueError):
+        stats.bootstrap_median_delta([1.0, 2.0], [1.0], paired=True)
+
+
+def test_huge_pools_are_subsampled_and_stay_fast():
+    rng = np.random.default_rng(2)
+    a, b = list(rng.exponential(0.02, 300_000)), list(rng.exponential(0.01, 250_000))
+    r = stats.bootstrap_median_delta(a, b, paired=False, resamples=200)
+    assert r["subsampled"] and r["n_current"] == 300_000
+    true_delta = 0.02 * np.log(2) - 0.01 * np.log(2)
+    assert r["ci_low"] < true_delta < r["ci_high"]
