@@ -9,7 +9,6 @@ import sys
 
 from exporter import config as exporter_config
 from exporter import server
-from exporter.resources import ResourceCollector
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     except exporter_config.ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    exporter = build(config)
+    exporter = server.build(config)
     try:
         asyncio.run(server.run(exporter))
     except server.PortInUse as exc:
@@ -56,21 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         pass
-    finally:
-        exporter.resources.close()
     return 0
-
-
-def build(config: exporter_config.Config) -> server.Exporter:
-    """The exporter of `server.build` plus the resource budget of the watched processes and containers."""
-    exporter = server.build(config)
-    exporter.resources = ResourceCollector(config.processes, config.containers, timeout=config.timeout)
-    exporter.registry.register(exporter.resources)  # has describe(): registering reads nothing
-    for watched in config.processes:
-        logging.getLogger("exporter").info("watching %s %s through pid file %s", watched.kind, watched.name, watched.pidfile)
-    for watched in config.containers:
-        logging.getLogger("exporter").info("watching %s %s in container %s", watched.kind, watched.name, watched.container)
-    return exporter
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from exporter.llamacpp import LlamacppCollector
 from exporter.observations import ProxyObservations
 from exporter.ollama import OllamaCollector
 from exporter.proxy import OllamaProxy, ProxyMetrics
+from exporter.resources import ResourceCollector
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
 
@@ -38,7 +39,12 @@ class Exporter:
     config: Config
     registry: CollectorRegistry
     fanout: FanoutCollector
+    resources: ResourceCollector
     proxies: list[tuple[Instance, OllamaProxy]] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.fanout.close()
+        self.resources.close()
 
 
 def build(config: Config) -> Exporter:
@@ -61,7 +67,14 @@ def build(config: Config) -> Exporter:
             collectors.append(OllamaCollector(instance.name, upstream, timeout=instance.timeout, observations=observations))
     fanout = FanoutCollector(collectors)
     registry.register(fanout)
-    return Exporter(config=config, registry=registry, fanout=fanout, proxies=proxies)
+    # The resource budget of watched processes/containers; describe() keeps registration offline.
+    resources = ResourceCollector(config.processes, config.containers, timeout=config.timeout)
+    registry.register(resources)
+    for watched in config.processes:
+        log.info("watching %s %s through pid file %s", watched.kind, watched.name, watched.pidfile)
+    for watched in config.containers:
+        log.info("watching %s %s in container %s", watched.kind, watched.name, watched.container)
+    return Exporter(config=config, registry=registry, fanout=fanout, resources=resources, proxies=proxies)
 
 
 def metrics_app(exporter: Exporter) -> web.Application:
@@ -71,6 +84,13 @@ def metrics_app(exporter: Exporter) -> web.Application:
         + "</li>"
         for i in exporter.config.instances
     ) or "<li>none configured: set VLLM_URL, LLAMACPP_URL, OLLAMA_URL or --config FILE</li>"
+    rows += "".join(
+        f"<li>resource budget of {html.escape(w.kind)} <b>{html.escape(w.name)}</b>: pid file {html.escape(str(w.pidfile))}</li>"
+        for w in exporter.config.processes
+    ) + "".join(
+        f"<li>resource budget of {html.escape(w.kind)} <b>{html.escape(w.name)}</b>: container {html.escape(w.container)}</li>"
+        for w in exporter.config.containers
+    )
     landing = (
         "<!doctype html><html><head><title>servescope exporter</title></head><body>"
         "<h1>servescope exporter</h1><p><a href=\"/metrics\">Metrics</a></p>"
@@ -127,7 +147,7 @@ async def run(exporter: Exporter, *, on_ready: Callable[[], None] | None = None,
         for proxy in started_proxies:
             await proxy.stop()
         await runner.cleanup()
-        exporter.fanout.close()
+        exporter.close()
 
 
 async def _bind(site: web.TCPSite, host: str, port: int, knob: str) -> None:

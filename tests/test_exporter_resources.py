@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import cli
+from exporter import cli, server
 from exporter import config as exporter_config
 from exporter.resources import (
     DockerStats,
@@ -453,13 +453,12 @@ def test_bad_file_entries_are_one_line(tmp_path, text, message):
     assert message in str(err.value), str(err.value)
 
 
-def test_the_exporter_built_by_the_cli_exports_the_budget(tree):
-    exporter = cli.build(exporter_config.load(args("--process", f"vllm={tree.pidfile}")))
+def test_the_exporter_built_from_cli_flags_exports_the_budget(tree):
+    exporter = server.build(exporter_config.load(args("--process", f"vllm={tree.pidfile}")))
     try:
         text = generate_latest(exporter.registry).decode()
     finally:
-        exporter.fanout.close()
-        exporter.resources.close()
+        exporter.close()
     samples = {(s.name, s.labels.get("instance")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples[(RSS, "vllm")] >= 64 * MIB
     assert samples[(CPU, "vllm")] >= 0.25
