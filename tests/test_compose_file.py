@@ -256,3 +256,23 @@ def test_images_build_what_the_native_stack_runs():
 def test_ollama_init_script_is_valid_sh():
     proc = subprocess.run(["sh", "-n", str(ROOT / "docker" / "ollama-init.sh")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@needs_compose
+def test_budget_override_only_adds_the_container_watch_to_the_exporter(tmp_path):
+    """docker-compose.budget.yml keeps the exporter's command and adds --container for every engine container."""
+    proc = subprocess.run(
+        [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "-f", str(ROOT / "docker-compose.budget.yml"),
+         "--project-directory", str(tmp_path), "config"],
+        capture_output=True, text=True, cwd=tmp_path,
+        env=compose_env(GRAFANA_ADMIN_PASSWORD="test-only", COMPOSE_PROFILES=""),
+    )
+    assert proc.returncode == 0, proc.stderr
+    with_budget = yaml.safe_load(proc.stdout)["services"]
+    base = resolved(tmp_path, profiles="")["services"]
+    command = with_budget["exporter"]["command"]
+    assert command[: len(base["exporter"]["command"])] == base["exporter"]["command"]
+    watched = dict(arg.split("=", 1) for flag, arg in zip(command, command[1:], strict=False) if flag == "--container")
+    assert watched == {"vllm": base["vllm"]["container_name"], "ollama": base["ollama"]["container_name"]}
+    assert any(v.endswith("/var/run/docker.sock:ro") or "docker.sock" in str(v) for v in with_budget["exporter"]["volumes"])
+    assert "volumes" not in base["exporter"] or not any("docker.sock" in str(v) for v in base["exporter"]["volumes"])
