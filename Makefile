@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: help install test e2e lint up down status report bench dashboards webui compare
 
 help:
-	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native) and run the comparison"
+	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native; MODE=native|compose forces one) and run the comparison"
 	@echo "make down     stop what make up started"
 	@echo "make status   table of services: pid, URL, ready, memory"
 	@echo "make report   report on the latest run (RUN=<id> for another, BASELINE=<id> to compare two)"
@@ -38,13 +38,13 @@ lint: install
 	$(BIN)/ruff check .
 
 up: install
-	$(BIN)/python -m stack up
+	$(BIN)/python -m stack up $(if $(MODE),--mode $(MODE))
 
 down: install
-	$(BIN)/python -m stack down
+	$(BIN)/python -m stack down $(if $(MODE),--mode $(MODE))
 
 status: install
-	$(BIN)/python -m stack status
+	$(BIN)/python -m stack status $(if $(MODE),--mode $(MODE))
 
 report: install
 	$(BIN)/python -m report $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE))

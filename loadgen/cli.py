@@ -155,8 +155,9 @@ def _plan(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet
         settings = Settings(target=target, prompt_set=prompt_set, max_tokens=args.max_tokens,
                             temperature=args.temperature, timeout_s=args.request_timeout)
         if args.command == "compare":
-            # The matched set: the same prompts and max_tokens sequentially and as a burst, so the scaling factor means something.
-            phases.append(SequentialPhase(settings, name="sequential"))
+            # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
+            # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
+            phases.append(SequentialPhase(settings, name="sequential", count=args.burst_size))
             phases.append(BurstPhase(settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause))
             if args.seed4 and prompt_set.name != "seed4":
                 seed4 = Settings(target=target, prompt_set=prompt_sets.load("seed4"), max_tokens=args.max_tokens,

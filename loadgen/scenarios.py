@@ -118,9 +118,11 @@ class SequentialPhase(Phase):
     scenario = "sequential"
     user_class = "SequentialUser"
 
-    def __init__(self, settings: Settings, name: str = "sequential", repeat: int = 1):
+    def __init__(self, settings: Settings, name: str = "sequential", repeat: int = 1, count: int | None = None):
         super().__init__(settings, name, users=1)
-        self.queue = deque(Work(p, name) for _ in range(repeat) for p in settings.prompt_set.prompts)
+        # `count` sends the first COUNT prompts, cycling, exactly as a burst of COUNT does: the matched set.
+        count = len(settings.prompt_set.prompts) * repeat if count is None else count
+        self.queue = deque(Work(settings.prompt_set[i], name) for i in range(count))
 
     def next_work(self) -> Work | None:
         if not self.queue:

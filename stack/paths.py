@@ -1,0 +1,49 @@
+"""Where the native stack keeps things outside git: the build/model cache and the run state (logs, pids, TSDB)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servescope import knobs
+
+
+def cache_dir() -> Path:
+    """SERVESCOPE_CACHE: virtual environments, the llama.cpp build, converted weights (reused across runs)."""
+    return knobs.path("SERVESCOPE_CACHE")
+
+
+def state_dir() -> Path:
+    """SERVESCOPE_STATE: what one `up` leaves for `status` and `down` (pid files, logs, Prometheus data)."""
+    return knobs.path("SERVESCOPE_STATE") / "native"
+
+
+def venv(name: str) -> Path:
+    return cache_dir() / f"venv-{name}"
+
+
+def venv_python(name: str) -> Path:
+    return venv(name) / "bin" / "python"
+
+
+def install_logs() -> Path:
+    path = cache_dir() / "logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def service_logs() -> Path:
+    path = state_dir() / "logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def pid_dir() -> Path:
+    path = state_dir() / "pids"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def prometheus_dir() -> Path:
+    path = state_dir() / "prometheus"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,82 @@
+"""Prometheus for the native stack: find or install the binary, generate its config for the services that are up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from servescope import knobs
+from stack import paths
+from stack.progress import run_logged
+
+HOW_TO_GET = ("Prometheus not found on PATH: install it (Debian/Ubuntu: `apt-get install prometheus`; "
+              "elsewhere https://prometheus.io/download/) and run `make up` again; continuing without it")
+
+
+def is_debian() -> bool:
+    return Path("/etc/debian_version").exists() and shutil.which("apt-get") is not None
+
+
+def find_or_install() -> tuple[str | None, str | None]:
+    """(path, None) when usable, (None, message) otherwise. Debian's package only as root on Debian."""
+    found = shutil.which("prometheus")
+    if found:
+        return found, None
+    if os.geteuid() == 0 and is_debian():
+        log = paths.install_logs() / "apt-prometheus.log"
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"]
+        try:
+            run_logged(install, log, "installing Debian's prometheus package", env=env)
+        except Exception:
+            # A fresh container has no package lists yet: refresh once, then retry.
+            run_logged(["apt-get", "update", "-q"], log, "apt-get update", env=env)
+            run_logged(install, log, "installing Debian's prometheus package", env=env)
+        found = shutil.which("prometheus")
+        if found:
+            return found, None
+    return None, HOW_TO_GET
+
+
+def rule_files(repo_root: Path = knobs.REPO_ROOT) -> list[str]:
+    return [str(p) for p in sorted((repo_root / "prometheus" / "rules").glob("*.yml"))]
+
+
+def write_config(targets: list[tuple[str, str, str, dict[str, str]]], scrape_interval: str = "5s",
+                 rules: list[str] | None = None) -> Path:
+    """targets: (job, "host:port", metrics_path, labels); rendered by the one config source Compose uses too."""
+    from servescope import prometheus_config
+
+    text = prometheus_config.render(
+        [prometheus_config.Target(job=job, address=address, metrics_path=metrics_path, labels=labels)
+         for job, address, metrics_path, labels in targets],
+        scrape_interval=scrape_interval,
+        rule_files=tuple(rule_files() if rules is None else rules),
+    )
+    config = paths.prometheus_dir() / "prometheus.yml"
+    config.write_text(text)
+    return config
+
+
+def check_config(config: Path) -> str | None:
+    """promtool's verdict on the generated config (None = fine or promtool absent)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        return None
+    proc = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True)
+    return None if proc.returncode == 0 else (proc.stdout + proc.stderr).strip()
+
+
+def command(binary: str, config: Path, host: str, port: int) -> list[str]:
+    # Data lives in the state dir, bounded by time and size so a long-lived laptop stack cannot fill a disk.
+    return [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={paths.prometheus_dir() / 'data'}",
+        f"--storage.tsdb.retention.time={knobs.get('PROMETHEUS_RETENTION', '15d')}",
+        f"--storage.tsdb.retention.size={knobs.get('PROMETHEUS_RETENTION_SIZE', '1GB')}",
+        f"--web.listen-address={host}:{port}",
+        "--web.enable-lifecycle",
+    ]

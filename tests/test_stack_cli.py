@@ -1,0 +1,146 @@
+"""`python -m stack`: mode selection, one-line user errors, second `up` is a no-op, command construction."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from stack import cli, llamacpp, native, supervisor
+from stack.errors import StackError
+
+
+def fake_compose(available: bool) -> types.ModuleType:
+    # stands in for stack/compose.py (another helper's module) with the agreed interface
+    module = types.ModuleType("stack.compose")
+    module.docker_available = lambda: available
+    module.up = module.down = module.status = lambda: 0
+    return module
+
+
+def test_mode_selection(monkeypatch):
+    monkeypatch.setattr(cli, "compose_module", lambda: None)
+    assert cli.choose("auto", "up", False) is None  # no compose module yet: native
+    with pytest.raises(StackError):
+        cli.choose("compose", "up", False)
+    monkeypatch.setattr(cli, "compose_module", lambda: fake_compose(True))
+    assert cli.choose("auto", "up", False) is not None
+    assert cli.choose("auto", "down", True) is None  # a native stack that is up is stopped natively
+    assert cli.choose("native", "up", False) is None
+    monkeypatch.setattr(cli, "compose_module", lambda: fake_compose(False))
+    assert cli.choose("auto", "up", False) is None
+
+
+def test_user_error_is_one_line_without_traceback(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "compose_module", lambda: None)
+
+    def refuse(compare=True):
+        raise StackError("port 8009 is in use (vLLM-CPU): set VLLM_PORT to another port")
+
+    monkeypatch.setattr(native, "up", refuse)
+    assert cli.main(["up"]) == 1
+    err = capsys.readouterr().err
+    assert err == "stack: port 8009 is in use (vLLM-CPU): set VLLM_PORT to another port\n"
+
+
+def test_second_up_while_up_is_a_no_op_printing_status(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        import psutil
+        ps = psutil.Process(proc.pid)
+        supervisor.Record(name="llamacpp", title="llama.cpp server", url="http://127.0.0.1:1",
+                          ready_url="http://127.0.0.1:1/health", port=1, pid=proc.pid, create_time=ps.create_time(),
+                          cmdline=ps.cmdline()).save()
+        monkeypatch.setattr(native, "prepare", lambda: pytest.fail("a second up must not prepare or start anything"))
+        assert native.up() == 0
+        out = capsys.readouterr().out
+        assert "already up" in out and f"llamacpp  {proc.pid}" in out
+        assert proc.poll() is None
+        assert native.down() == 0
+        assert proc.wait(10) is not None
+        assert supervisor.records() == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_down_with_nothing_up(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    assert native.down() == 0
+    assert "nothing to stop" in capsys.readouterr().out
+
+
+def test_compare_command_uses_only_flags_loadgen_has():
+    knob = {"MAX_TOKENS": "48", "BURST_SIZE": "3", "LOADGEN_METRICS_PORT": "9465", "SERVESCOPE_RESULTS": "/r"}
+    engines = {"vllm": "http://127.0.0.1:8009", "llamacpp": "http://127.0.0.1:8081"}
+    cmd = native.compare_command(knob, engines, "--engine --max-tokens --burst-size --results")
+    assert cmd[1:] == ["-m", "loadgen", "compare", "--engine", "vllm=http://127.0.0.1:8009",
+                       "--engine", "llamacpp=http://127.0.0.1:8081", "--max-tokens", "48", "--burst-size", "3",
+                       "--results", "/r"]
+    with_ollama = native.compare_command(knob, {**engines, "ollama": "http://127.0.0.1:11435"}, "")
+    assert with_ollama[-2:] == ["--engine", "ollama=http://127.0.0.1:11435"]
+
+
+def test_run_folder_is_the_last_such_line():
+    assert native.run_folder_from(["x", "run folder: results/a", "noise", "run folder: results/b", ""]) == "results/b"
+    assert native.run_folder_from(["no folder"]) is None
+
+
+def test_llamacpp_build_is_bounded_and_trimmed(monkeypatch):
+    monkeypatch.delenv("LLAMA_CPP_BUILD_JOBS", raising=False)
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=OFF")
+    env = llamacpp.build_env()
+    assert env["LLAMA_CPP_BUILD_JOBS"] == str(len(os.sched_getaffinity(0)))
+    assert "-DLLAMA_BUILD_TESTS=OFF" in env["CMAKE_ARGS"] and env["CMAKE_ARGS"].endswith("-DGGML_NATIVE=OFF")
+    monkeypatch.setenv("LLAMA_CPP_BUILD_JOBS", "4")
+    assert llamacpp.build_env()["LLAMA_CPP_BUILD_JOBS"] == "4"
+
+
+def test_llama_server_command_serves_the_gguf_with_metrics_and_slots(tmp_path):
+    knob = {"SERVED_MODEL_NAME": "HuggingFaceTB/SmolLM2-135M-Instruct", "LLAMACPP_PARALLEL": "1", "LLAMACPP_CTX": "4096"}
+    cmd = llamacpp.command(tmp_path / "llama-server", tmp_path / "m.gguf", knob, "127.0.0.1", 8081)
+    joined = " ".join(cmd)
+    for piece in (f"-m {tmp_path / 'm.gguf'}", "--alias HuggingFaceTB/SmolLM2-135M-Instruct", "--metrics", "--slots",
+                  "--parallel 1", "-c 4096", "--host 127.0.0.1", "--port 8081"):
+        assert piece in joined
+
+
+def test_build_progress_reads_the_last_percentage(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text("[  4%] Building C\n[ 37%] Building CXX object\nwarning: x\n")
+    assert llamacpp.build_progress(log)() == "[37%]"
+    assert llamacpp.build_progress(tmp_path / "missing.log")() == ""
+
+
+def test_auto_mode_hands_up_to_compose_when_docker_answers(monkeypatch, tmp_path):
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    calls = []
+    compose = fake_compose(True)
+    compose.up = lambda compare=True: calls.append(("up", compare)) or 0
+    compose.status = lambda: calls.append(("status",)) or 0
+    monkeypatch.setattr(cli, "compose_module", lambda: compose)
+    monkeypatch.setattr(native, "up", lambda compare=True: pytest.fail("native up chosen while Docker answers"))
+    assert cli.main(["up", "--no-compare"]) == 0
+    assert cli.main(["status"]) == 0
+    assert calls == [("up", False), ("status",)]
+
+
+def test_leftover_absent_notes_do_not_make_up_a_no_op(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    supervisor.Record(name="ollama", title="Ollama", url="http://127.0.0.1:1", ready_url="x", absent="no ollama").save()
+
+    class Prepared(Exception):
+        pass
+
+    def prepare(engines):
+        raise Prepared  # reaching preparation is the point: a real start was attempted
+
+    monkeypatch.setattr(native, "check_ports", lambda *a: None)
+    monkeypatch.setattr(native, "prepare", prepare)
+    with pytest.raises(Prepared):
+        native.up()
+    assert supervisor.records() == {}
