@@ -17,9 +17,10 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 MANIFEST = "manifest.json"
 REQUESTS = "requests.jsonl"
@@ -58,7 +59,7 @@ class RequestRecord:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RequestRecord":
+    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -87,7 +88,7 @@ class PhaseRecord:
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PhaseRecord":
+    def from_dict(cls, data: dict[str, Any]) -> PhaseRecord:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -105,7 +106,7 @@ class RunFolder:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, results_dir: Path, run_id: str | None = None) -> "RunFolder":
+    def create(cls, results_dir: Path, run_id: str | None = None) -> RunFolder:
         path = Path(results_dir) / (run_id or new_run_id())
         path.mkdir(parents=True, exist_ok=False)
         return cls(path)
