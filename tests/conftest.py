@@ -37,6 +37,18 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = N
     raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Terminate, then kill if it doesn't go within `timeout`; always reaped."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class PrometheusServer:
     """A real Prometheus (Debian's package) on a free port with a config written by the test."""
 
@@ -83,13 +95,8 @@ class PrometheusServer:
         raise TimeoutError(f"no data for {promql!r} after {timeout}s; log: {self.workdir / 'prometheus.log'}")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc)
         if getattr(self, "log", None):
             self.log.close()
 

@@ -13,7 +13,7 @@ import requests
 from exporter.llamacpp import LlamacppCollector
 from exporter.upstream import Upstream
 from servescope import knobs, series
-from tests.conftest import free_port, wait_http
+from tests.conftest import free_port, stop_process, wait_http
 
 pytestmark = pytest.mark.e2e
 
@@ -49,13 +49,7 @@ def llama_server(tmp_path):
         wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=proc)
         yield f"http://127.0.0.1:{port}", proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, 10)
         log.close()
 
 

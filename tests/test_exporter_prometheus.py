@@ -10,7 +10,7 @@ from pathlib import Path
 import requests
 
 from servescope import prometheus_config
-from tests.conftest import free_port, wait_http
+from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.test_exporter_recorded_engine import RecordedEngine, fixture, vllm_engine
 
@@ -95,12 +95,7 @@ def test_prometheus_reads_the_engine_neutral_series(tmp_path, prometheus_server)
         assert "vllm" not in by_engine(fresh)
         assert exporter.poll() is None
     finally:
-        exporter.terminate()
-        try:
-            exporter.wait(10)
-        except subprocess.TimeoutExpired:
-            exporter.kill()
-            exporter.wait()
+        stop_process(exporter, 10)
         llamacpp.stop()
         ollama.stop()
         try:

@@ -11,7 +11,7 @@ import pytest
 
 from servescope import knobs
 from servescope.runfolder import RunFolder
-from tests.conftest import free_port, wait_http
+from tests.conftest import free_port, stop_process, wait_http
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = knobs.path("SERVESCOPE_CACHE")
@@ -42,12 +42,7 @@ def vllm_url(tmp_path_factory):
         wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=900, proc=proc)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 60)
         log.close()
 
 

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from servescope.runfolder import RunFolder
-from tests.conftest import free_port, wait_http
+from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.synthetic_openai import SyntheticServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,12 +38,7 @@ def webui(server, tmp_path):
         wait_http(f"http://127.0.0.1:{port}/", timeout=60, proc=proc)
         yield f"http://127.0.0.1:{port}", tmp_path / "results"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 15)
         log.close()
 
 
