@@ -14,6 +14,17 @@ from servescope import series
 log = logging.getLogger("exporter")
 
 
+# What every engine with a /metrics page reports on the neutral series (vLLM, llama.cpp).
+ENGINE_FAMILIES: tuple[tuple[str, str], ...] = (
+    (series.REQUESTS_RUNNING, "gauge"),
+    (series.REQUESTS_WAITING, "gauge"),
+    (series.KV_CACHE_USAGE, "gauge"),
+    (series.GENERATED_TOKENS, "counter"),
+    (series.PROMPT_TOKENS, "counter"),
+    (series.ENGINE_INFO, "gauge"),
+)
+
+
 class EngineCollector:
     """A prometheus_client custom collector for ONE engine instance.
 

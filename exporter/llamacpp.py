@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from exporter.collector import HELP, EngineCollector
+from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
 from exporter.upstream import MISSING
 from exporter.vllm import parse_exposition
 from servescope import series
@@ -29,13 +29,7 @@ LLAMACPP_SAMPLES = frozenset((
 
 class LlamacppCollector(EngineCollector):
     kind = "llamacpp"
-    family_names = (
-        (series.REQUESTS_RUNNING, "gauge"),
-        (series.REQUESTS_WAITING, "gauge"),
-        (series.KV_CACHE_USAGE, "gauge"),
-        (series.GENERATED_TOKENS, "counter"),
-        (series.PROMPT_TOKENS, "counter"),
-        (series.ENGINE_INFO, "gauge"),
+    family_names = ENGINE_FAMILIES + (
         (series.KV_CAPACITY_TOKENS, "gauge"),
         (series.KV_MAX_CONCURRENCY, "gauge"),
     )

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import HELP, EngineCollector
+from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
 from servescope import series
 
 # vLLM renamed its KV gauge in 0.9.2 and kept both until 0.11: read the new one when present.
@@ -75,13 +75,7 @@ def by_model(samples: Samples, name: str, *, mean: bool = False) -> dict[str, fl
 
 class VllmCollector(EngineCollector):
     kind = "vllm"
-    family_names = (
-        (series.REQUESTS_RUNNING, "gauge"),
-        (series.REQUESTS_WAITING, "gauge"),
-        (series.KV_CACHE_USAGE, "gauge"),
-        (series.GENERATED_TOKENS, "counter"),
-        (series.PROMPT_TOKENS, "counter"),
-        (series.ENGINE_INFO, "gauge"),
+    family_names = ENGINE_FAMILIES + (
         (series.KV_BLOCK_SIZE, "gauge"),
         (series.KV_BLOCKS, "gauge"),
         (series.KV_CAPACITY_TOKENS, "gauge"),
