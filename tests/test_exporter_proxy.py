@@ -151,7 +151,8 @@ def test_native_final_object_is_observed(simulator):
         requests.post(f"{exporter.proxy_url}/api/generate", json={"model": MODEL, "prompt": "hi", "stream": False}, timeout=10)
         assert final["done"] is True and final["eval_count"] == 5
         value = exporter.value
-        assert value(series.PROXY_REQUESTS, model=MODEL, outcome="ok") == 2.0
+        # Outcomes are counted as the proxy's handler returns, which can be just after the client has the body.
+        assert wait_until(lambda: value(series.PROXY_REQUESTS, model=MODEL, outcome="ok") == 2.0)
         generated = final["eval_count"] + simulator.tokens
         assert value(series.GENERATED_TOKENS, model=MODEL) == generated
         assert value(series.PROMPT_TOKENS, model=MODEL) == final["prompt_eval_count"] + 5
@@ -171,10 +172,11 @@ def test_openai_usage_chunk_is_observed(simulator):
         usage_events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {") and '"usage"' in line]
         usage = usage_events[-1]["usage"]
         assert text.rstrip().endswith("data: [DONE]")
-        assert exporter.value(series.GENERATED_TOKENS, model=MODEL) == usage["completion_tokens"] == 7
+        assert usage["completion_tokens"] == 7
+        assert wait_until(lambda: exporter.value(series.GENERATED_TOKENS, model=MODEL) == 7)
         assert exporter.value(series.PROMPT_TOKENS, model=MODEL) == usage["prompt_tokens"]
         requests.post(f"{exporter.proxy_url}/v1/chat/completions", json={**body, "stream": False}, timeout=10)
-        assert exporter.value(series.GENERATED_TOKENS, model=MODEL) == 14
+        assert wait_until(lambda: exporter.value(series.GENERATED_TOKENS, model=MODEL) == 14)
 
 
 def test_running_and_waiting_follow_num_parallel():
@@ -189,8 +191,8 @@ def test_running_and_waiting_follow_num_parallel():
         for thread in threads:
             thread.join(20)
         assert sim.stats["max_running"] == 1  # Ollama's semaphore: one at a time, the others waited unseen
+        assert wait_until(lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="ok") == 3.0)
         assert exporter.value(series.REQUESTS_WAITING, model=MODEL) == 0.0
-        assert exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="ok") == 3.0
 
 
 def test_client_disconnect_cancels_the_upstream_request():
@@ -217,15 +219,16 @@ def test_queue_full_is_counted_as_rejected():
         for thread in threads:
             thread.join(20)
         assert sorted(statuses) == [200, 200, 503]
+        assert wait_until(lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="ok") == 2.0)
         assert exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="rejected") == 1.0
-        assert exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="ok") == 2.0
 
 
 def test_unknown_model_is_an_error_outcome(simulator):
     with ExporterThread(simulator.url) as exporter:
         resp = requests.post(f"{exporter.proxy_url}/api/chat", json={"model": "nope", "messages": []}, timeout=10)
         assert resp.status_code == 404 and "not found" in resp.json()["error"]
-        assert exporter.value(series.PROXY_REQUESTS, model="nope:latest", outcome="error") == 1.0
+        # The proxy counts the outcome once its handler returns, which can be just after the client has the body.
+        assert wait_until(lambda: exporter.value(series.PROXY_REQUESTS, model="nope:latest", outcome="error") == 1.0)
         assert exporter.value(series.REQUESTS_RUNNING, model="nope:latest") is None  # not reported forever
 
 
@@ -236,7 +239,7 @@ def test_upstream_down_is_502_and_counted():
     with ExporterThread(gone) as exporter:
         resp = requests.post(f"{exporter.proxy_url}/api/chat", json=chat_body(), timeout=10)
         assert resp.status_code == 502 and "unreachable" in resp.json()["error"]
-        assert exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="upstream_unreachable") == 1.0
+        assert wait_until(lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="upstream_unreachable") == 1.0)
         assert exporter.value(series.ENGINE_UP) == 0.0
 
 
