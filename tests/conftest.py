@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -47,6 +50,32 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class JsonReplyHandler(BaseHTTPRequestHandler):
+    """Base for the small HTTP stand-ins tests write (Grafana's and Docker's APIs): JSON replies, no access log."""
+
+    extra_headers: dict[str, str] = {}
+
+    def reply_json(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        for key, value in self.extra_headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def serve_in_thread(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A real HTTP server on a free loopback port, served from a daemon thread; .shutdown() it after."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
 
 
 class PrometheusServer:

@@ -5,16 +5,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from dashboards import annotations, build
-from tests.conftest import free_port
+from tests.conftest import JsonReplyHandler, free_port, serve_in_thread
 
 
-class FakeGrafana(BaseHTTPRequestHandler):
+class FakeGrafana(JsonReplyHandler):
     """Stands in for Grafana's HTTP API (POST /api/annotations, basic auth), which cannot run here."""
 
     received: list[dict] = []
@@ -25,31 +23,20 @@ class FakeGrafana(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length) or b"{}")
         expected = "Basic " + base64.b64encode(f"admin:{self.password}".encode()).decode()
         if self.headers.get("Authorization") != expected:
-            self._reply(401, {"message": "invalid username or password"})
+            self.reply_json(401, {"message": "invalid username or password"})
             return
         if self.path != "/api/annotations":
-            self._reply(404, {"message": "not found"})
+            self.reply_json(404, {"message": "not found"})
             return
         type(self).received.append(body)
-        self._reply(200, {"id": len(self.received), "message": "Annotation added"})
+        self.reply_json(200, {"id": len(self.received), "message": "Annotation added"})
 
-    def _reply(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
 def grafana():
     FakeGrafana.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeGrafana)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve_in_thread(FakeGrafana)
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()

@@ -8,9 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import parse_qs, urlsplit
@@ -33,7 +31,7 @@ from exporter.resources import (
     read_process_usage,
 )
 from servescope import series
-from tests.conftest import free_port
+from tests.conftest import JsonReplyHandler, free_port, serve_in_thread
 
 FIXTURE = Path(__file__).parent / "fixtures" / "docker-engine-api-1.47-container-stats.json"
 MIB = 1 << 20
@@ -307,43 +305,32 @@ class DockerEngineAPI:
         self.requests: list[str] = []
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonReplyHandler):
+            extra_headers = {"Api-Version": "1.47"}
+
             def do_GET(self):  # noqa: N802 -- http.server's naming
                 api.requests.append(self.path)
                 parts = urlsplit(self.path)
                 path = parts.path.split("/", 2)[-1] if parts.path.startswith("/v1.") else parts.path.lstrip("/")
                 if path == "version":
-                    return self._json(200, {"ApiVersion": "1.47", "MinAPIVersion": "1.24", "Version": "27.3.1"})
+                    return self.reply_json(200, {"ApiVersion": "1.47", "MinAPIVersion": "1.24", "Version": "27.3.1"})
                 segments = path.split("/")
                 if len(segments) == 3 and segments[0] == "containers":
                     found = api.containers.get(segments[1]) or next(
                         (c for c in api.containers.values() if c["Id"] == segments[1]), None)
                     if found is None:
-                        return self._json(404, {"message": f"No such container: {segments[1]}"})
+                        return self.reply_json(404, {"message": f"No such container: {segments[1]}"})
                     if segments[2] == "json":
-                        return self._json(200, {"Id": found["Id"], "Name": "/" + segments[1],
+                        return self.reply_json(200, {"Id": found["Id"], "Name": "/" + segments[1],
                                                 "HostConfig": found["HostConfig"], "State": {"Running": True}})
                     if segments[2] == "stats":
                         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
                         if truthy(query.get("stream", "1")) or not truthy(query.get("one-shot", "0")):
-                            return self._json(400, {"message": f"this stand-in serves one-shot stats only: {query}"})
-                        return self._json(200, found["stats"])
-                self._json(404, {"message": "page not found"})
+                            return self.reply_json(400, {"message": f"this stand-in serves one-shot stats only: {query}"})
+                        return self.reply_json(200, found["stats"])
+                self.reply_json(404, {"message": "page not found"})
 
-            def _json(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Api-Version", "1.47")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.server = serve_in_thread(Handler)
         self.url = f"tcp://127.0.0.1:{self.server.server_address[1]}"
 
     def close(self) -> None:

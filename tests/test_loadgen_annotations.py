@@ -6,8 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from dashboards.build import PHASE_TAGS
 from loadgen.annotations import PhaseAnnotator
 from servescope.runfolder import RunFolder
-from tests.conftest import free_port
+from tests.conftest import JsonReplyHandler, free_port, serve_in_thread
 from tests.doubles.synthetic_openai import SyntheticServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,34 +28,22 @@ class GrafanaAnnotationsAPI:
         self.other: list[str] = []
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonReplyHandler):
             def do_POST(self):  # noqa: N802 -- http.server's naming
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 if self.headers.get("Authorization") != f"Bearer {api.token}":
-                    return self._reply(401, {"message": "Unauthorized"})
+                    return self.reply_json(401, {"message": "Unauthorized"})
                 if self.path != "/api/annotations":
                     api.other.append(self.path)
-                    return self._reply(404, {"message": "Not found"})
+                    return self.reply_json(404, {"message": "Not found"})
                 api.posts.append(body)
-                self._reply(200, {"id": len(api.posts), "message": "Annotation added"})
+                self.reply_json(200, {"id": len(api.posts), "message": "Annotation added"})
 
             def do_GET(self):  # noqa: N802
                 api.other.append(self.path)
-                self._reply(404, {"message": "Not found"})
+                self.reply_json(404, {"message": "Not found"})
 
-            def _reply(self, status: int, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.server = serve_in_thread(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def close(self) -> None:
