@@ -60,31 +60,43 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: bytes) -> 
     return first or 0.0, time.perf_counter() - started
 
 
-async def measure(base_url: str, concurrency: int, requests_total: int, body: bytes) -> tuple[list[float], list[float]]:
-    url = f"{base_url}/api/chat"
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        for _ in range(min(concurrency, 8)):  # warm the connections
-            await one_request(session, url, body)
-        queue = list(range(requests_total))
-        ttfc: list[float] = []
-        total: list[float] = []
+async def measure(targets: dict[str, str], concurrency: int, requests_total: int, body: bytes) -> dict[str, tuple[list, list]]:
+    """(first-chunk, total) seconds per mode; at concurrency 1 the modes alternate request by request."""
+    sessions = {mode: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) for mode in targets}
+    samples: dict[str, tuple[list, list]] = {mode: ([], []) for mode in targets}
+    try:
+        for mode, base in targets.items():
+            for _ in range(min(concurrency, 8)):  # warm the connections
+                await one_request(sessions[mode], f"{base}/api/chat", body)
+        if concurrency == 1:
+            # Direct, proxy, direct, proxy...: whatever else the machine does falls on both alike.
+            for _ in range(requests_total):
+                for mode, base in targets.items():
+                    first, end = await one_request(sessions[mode], f"{base}/api/chat", body)
+                    samples[mode][0].append(first)
+                    samples[mode][1].append(end)
+            return samples
 
-        async def worker() -> None:
+        async def worker(mode: str, url: str, queue: list[int]) -> None:
             while queue:
                 queue.pop()
-                first, end = await one_request(session, url, body)
-                ttfc.append(first)
-                total.append(end)
+                first, end = await one_request(sessions[mode], url, body)
+                samples[mode][0].append(first)
+                samples[mode][1].append(end)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return ttfc, total
+        for mode, base in targets.items():
+            queue = list(range(requests_total))
+            await asyncio.gather(*(worker(mode, f"{base}/api/chat", queue) for _ in range(concurrency)))
+        return samples
+    finally:
+        for session in sessions.values():
+            await session.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.proxy_overhead", description=__doc__)
-    parser.add_argument("--requests", type=int, default=120, help="requests per mode at concurrency 1 (x8 at 32)")
-    parser.add_argument("--rounds", type=int, default=4, help="direct/proxy alternations (drift cancels out)")
+    parser.add_argument("--requests", type=int, default=200, help="requests per mode at concurrency 1 (x8 at 32)")
+    parser.add_argument("--rounds", type=int, default=8, help="direct/proxy alternations at concurrency 32 (drift cancels out)")
     parser.add_argument("--tokens", type=int, default=16)
     # 10 ms/token keeps the Python simulator itself below saturation at 32 streams on 2 cores,
     # so what is measured is the proxy, not the simulator's queue.
@@ -113,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             per_round = max(1, args.requests * (8 if concurrency > 1 else 1) // args.rounds)
             print(f"  concurrency {concurrency}: {args.rounds} rounds x {per_round} requests per mode ...", flush=True)
             for _ in range(args.rounds):
-                for mode, url in targets.items():
-                    ttfc, total = asyncio.run(measure(url, concurrency, per_round, body))
+                for mode, (ttfc, total) in asyncio.run(measure(targets, concurrency, per_round, body)).items():
                     samples[mode][0].extend(ttfc)
                     samples[mode][1].extend(total)
             for index, metric in enumerate(("first chunk", "total")):

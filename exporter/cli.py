@@ -7,6 +7,11 @@ import asyncio
 import logging
 import sys
 
+try:
+    import uvloop
+except ImportError:  # not built for this platform
+    uvloop = None
+
 from exporter import config as exporter_config
 from exporter import server
 
@@ -49,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exporter = server.build(config)
     try:
-        asyncio.run(server.run(exporter))
+        # uvloop halves the event loop's own cost per chunk the proxy relays; asyncio's loop is the fallback.
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
+            runner.run(server.run(exporter))
     except server.PortInUse as exc:
         print(f"servescope-exporter: {exc}", file=sys.stderr)
         return 1

@@ -3,7 +3,7 @@
 Clients and Locust talk to the proxy's port instead of Ollama's. Every request (method, path,
 query, body, end-to-end headers) goes to the configured upstream only; the request target's
 host, if a client sends an absolute URI, is ignored, so this is never an open proxy. Responses
-are streamed chunk by chunk as they arrive. When the client goes away the upstream request is
+are streamed chunk by chunk as they arrive. When the client goes away the upstream connection is
 closed, which is how Ollama learns to stop generating.
 
 Observed on the way (POST /api/chat, /api/generate, /v1/chat/completions):
@@ -14,19 +14,28 @@ Observed on the way (POST /api/chat, /api/generate, /v1/chat/completions):
 - from the OpenAI `usage` chunk (stream_options.include_usage) or body: token counts only.
 The response is not parsed while it streams: the last bytes are kept and only the tail is
 parsed once the stream has ended, so observation adds no latency to any chunk.
+
+Why asyncio protocols and llhttp (httptools) rather than a web framework: the proxy sits in the
+path of every token, and an aiohttp handler and client session cost about a millisecond of CPU
+per request and one task switch per chunk. Here a chunk from Ollama is parsed in C and written
+to the client inside the same callback. Each client connection gets its own upstream connection
+(opened on its first request, kept alive with it), so there is no pool to manage and closing
+one side closes the other.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import ssl
 import time
+from collections import deque
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp import web
+import httptools
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from yarl import URL
 
 from exporter.observations import ProxyObservations, normalise_model
 from servescope import series
@@ -35,11 +44,12 @@ log = logging.getLogger("exporter")
 
 # Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection, never forwarded; Host and
 # Content-Length are recomputed for the upstream connection (the body bytes are unchanged).
+# Expect is answered by the proxy itself (it reads the whole body before forwarding).
 HOP_BY_HOP = frozenset(
-    h.lower()
+    h.lower().encode()
     for h in (
         "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
-        "TE", "Trailer", "Trailers", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
+        "TE", "Trailer", "Trailers", "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Expect",
     )
 )
 NDJSON_PATHS = frozenset(("/api/chat", "/api/generate"))
@@ -49,6 +59,10 @@ OPENAI_PATHS = frozenset(("/v1/chat/completions",))
 TAIL_KEEP = 64 * 1024
 TAIL_LIMIT = 4 * TAIL_KEEP
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+MAX_HEAD_BYTES = 64 * 1024
+CONNECT_TIMEOUT = 10.0
+KEEPALIVE_TIMEOUT = 75.0  # idle client connections are closed after this, as aiohttp and nginx do
+BODYLESS_STATUS = frozenset((204, 304))
 
 OUTCOMES = ("ok", "error", "rejected", "client_disconnect", "upstream_broken", "upstream_unreachable")
 
@@ -151,7 +165,7 @@ class ResponseTail:
 
 
 class OllamaProxy:
-    """One proxy in front of one Ollama instance, served by aiohttp on its own port."""
+    """One proxy in front of one Ollama instance, listening on its own port."""
 
     def __init__(
         self,
@@ -164,136 +178,52 @@ class OllamaProxy:
     ):
         self.instance = instance
         self.upstream_url = upstream_url.rstrip("/")
+        parts = urlsplit(self.upstream_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"ollama proxy {instance}: upstream must be an http:// or https:// URL, not {upstream_url!r}")
+        self.upstream_host = parts.hostname
+        self.upstream_port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.upstream_ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.upstream_netloc = parts.netloc.rpartition("@")[2].encode("idna")
+        self.upstream_prefix = parts.path.encode()  # a path prefix in the URL goes before every request path
         self.observations = observations
         self.metrics = metrics
         self.clock = clock
-        self.session: aiohttp.ClientSession | None = None
-        self.runner: web.AppRunner | None = None
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        app.on_startup.append(self._open_session)
-        app.on_cleanup.append(self._close_session)
-        return app
+        self.server: asyncio.Server | None = None
+        self.connections: set[ClientConnection] = set()
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 = any free port); returns the bound port."""
-        # handler_cancellation: a client hanging up cancels its handler, which closes the
-        # upstream request instead of letting Ollama generate for nobody.
-        self.runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
-        try:
-            await site.start()
-        except BaseException:
-            await self.runner.cleanup()
-            raise
-        return site._server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True)
+        return self.server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
+        if self.server is None:
+            return
+        self.server.close()
+        for connection in list(self.connections):
+            connection.abort()
+        await self.server.wait_closed()
 
-    async def _open_session(self, _app) -> None:
-        self.session = aiohttp.ClientSession(
-            auto_decompress=False,  # bytes pass through exactly as Ollama sent them
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            connector=aiohttp.TCPConnector(limit=1024, force_close=False),
-        )
+    def begin(self, exchange: Exchange) -> None:
+        if exchange.observed:
+            exchange.model = self.observations.model_label(_request_model(exchange.body))
+            self.observations.started(exchange.model)
 
-    async def _close_session(self, _app) -> None:
-        if self.session is not None:
-            await self.session.close()
+    def end(self, exchange: Exchange, outcome: str) -> None:
+        if not exchange.observed:
+            return
+        if outcome == "ok":
+            outcome = self._observe(exchange.path, exchange.model, exchange.tail)
+        self.observations.finished(exchange.model, failed=outcome != "ok")
+        self.metrics.requests.labels("ollama", self.instance, exchange.model, outcome).inc()
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "CONNECT":
-            return web.Response(status=405, text="CONNECT is not supported: this proxy forwards only to its Ollama\n")
-        started = self.clock()
-        path = request.rel_url.path
-        observed = request.method == "POST" and (path in NDJSON_PATHS or path in OPENAI_PATHS)
-        body = await request.read()
-        if not observed:
-            _, response = await self._forward(request, body, started, "", None)
-            return response
-        model = self.observations.model_label(_request_model(body))
-        self.observations.started(model)
-        tail = ResponseTail()
-        outcome = "client_disconnect"  # unless _forward returns: cancellation means the client left
-        try:
-            outcome, response = await self._forward(request, body, started, model, tail)
-            return response
-        finally:
-            if outcome == "ok":
-                outcome = self._observe(path, model, tail)
-            self.observations.finished(model, failed=outcome != "ok")
-            self.metrics.requests.labels("ollama", self.instance, model, outcome).inc()
-
-    async def _forward(
-        self, request: web.Request, body: bytes, started: float, model: str, tail: ResponseTail | None
-    ) -> tuple[str, web.StreamResponse]:
-        # A list, not a dict: a header sent twice is forwarded twice.
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
-        skip = {h for h in ("User-Agent", "Accept", "Accept-Encoding", "Content-Type") if h not in request.headers}
-        # rel_url drops the scheme and host of an absolute-form request target: only the path
-        # and query go upstream, and always to the one configured upstream.
-        # encoded=True: percent-escapes go upstream as the client wrote them, not re-quoted.
-        target = URL(self.upstream_url + request.rel_url.raw_path_qs, encoded=True)
-        try:
-            upstream = await self.session.request(
-                request.method, target, data=body if body else None, headers=headers,
-                skip_auto_headers=skip, allow_redirects=False,
+    def first_chunk(self, exchange: Exchange) -> None:
+        if exchange.observed:
+            self.metrics.first_chunk_seconds.labels("ollama", self.instance, exchange.model).observe(
+                self.clock() - exchange.started
             )
-        except (aiohttp.ClientError, OSError) as exc:
-            log.warning("ollama proxy %s: upstream %s unreachable: %s", self.instance, self.upstream_url, exc)
-            return "upstream_unreachable", web.json_response(
-                {"error": f"ollama proxy: upstream unreachable: {exc}"}, status=502
-            )
-        try:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for key, value in upstream.headers.items():
-                if key.lower() not in HOP_BY_HOP:
-                    response.headers.add(key, value)
-            if upstream.content_length is not None and request.method != "HEAD":
-                response.content_length = upstream.content_length
-            first = True
-            try:
-                async for chunk in upstream.content.iter_any():
-                    if first:
-                        first = False
-                        if tail is not None:
-                            self.metrics.first_chunk_seconds.labels("ollama", self.instance, model).observe(
-                                self.clock() - started
-                            )
-                        await response.prepare(request)
-                    if tail is not None:
-                        tail.feed(chunk)
-                    await response.write(chunk)
-            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                # Ollama died mid-stream: the client sees the connection end early, as it would directly.
-                log.warning("ollama proxy %s: upstream stream broke: %s", self.instance, exc)
-                if response.prepared:
-                    if request.transport is not None:
-                        request.transport.close()
-                    return "upstream_broken", response
-                return "upstream_broken", web.json_response({"error": "ollama proxy: upstream closed the stream"}, status=502)
-            except ConnectionResetError:
-                return "client_disconnect", response
-            if not response.prepared:
-                await response.prepare(request)
-            await response.write_eof()
-            if upstream.status == 503:
-                return "rejected", response
-            if upstream.status >= 400:
-                return "error", response
-            return "ok", response
-        finally:
-            # Closing (not releasing) drops the upstream connection when the stream did not finish,
-            # which is what stops Ollama generating for a client that has gone.
-            if upstream.content.is_eof():
-                upstream.release()
-            else:
-                upstream.close()
 
     def _observe(self, path: str, model: str, tail: ResponseTail) -> str:
         """Record what the finished response says; returns the outcome ("error" for an error object)."""
@@ -321,6 +251,441 @@ class OllamaProxy:
             if usage:
                 self.observations.tokens(model, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
         return "ok"
+
+
+
+class Refusal(Exception):
+    """A request the proxy answers itself (CONNECT, a body too large, unparsable HTTP)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Exchange:
+    """One request and its response on their way through the proxy."""
+
+    __slots__ = ("method", "target", "path", "headers", "body", "close_after", "http10", "observed", "model",
+                 "tail", "started", "status", "chunked", "head_sent", "first_seen", "retried", "done")
+
+    def __init__(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
+                 keep_alive: bool, http10: bool, started: float):
+        self.method = method
+        self.target = _origin_form(target)
+        self.path = self.target.partition(b"?")[0].decode("latin-1")
+        self.headers = headers
+        self.body = body
+        self.close_after = not keep_alive
+        self.http10 = http10
+        self.observed = method == b"POST" and (self.path in NDJSON_PATHS or self.path in OPENAI_PATHS)
+        self.model = ""
+        self.tail = ResponseTail() if self.observed else None
+        self.started = started
+        self.status = 0
+        self.chunked = False  # the response to the client is framed with chunked encoding
+        self.head_sent = False
+        self.first_seen = False
+        self.retried = False
+        self.done = False
+
+    def upstream_request(self, proxy: OllamaProxy) -> bytes:
+        """The request as sent upstream: end-to-end headers as the client wrote them, Host and Content-Length recomputed."""
+        target = self.target if self.target == b"*" else proxy.upstream_prefix + self.target
+        parts = [self.method, b" ", target, b" HTTP/1.1\r\n"]
+        skip = HOP_BY_HOP | _connection_tokens(self.headers)
+        for name, value in self.headers:
+            if name.lower() not in skip:
+                parts += (name, b": ", value, b"\r\n")
+        parts += (b"Host: ", proxy.upstream_netloc, b"\r\n")
+        if self.body or self.method in (b"POST", b"PUT", b"PATCH"):
+            parts.append(b"Content-Length: %d\r\n" % len(self.body))
+        parts += (b"\r\n", self.body)
+        return b"".join(parts)
+
+
+class ClientConnection(asyncio.Protocol):
+    """The client's side: parses its requests, sends each upstream in turn and relays the response."""
+
+    def __init__(self, proxy: OllamaProxy):
+        self.proxy = proxy
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.pending: deque[Exchange] = deque()
+        self.current: Exchange | None = None
+        self.upstream: UpstreamConnection | None = None
+        self.connecting: asyncio.Task | None = None
+        self.refusal: Refusal | None = None
+        self.closed = False
+        self.paused = False
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self._new_request()
+
+    # --- connection events -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.proxy.connections.add(self)
+        self._arm_idle_timer()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            # Upgrade (e.g. a WebSocket handshake) is hop-by-hop and is not forwarded: the request
+            # went upstream as a plain one; whatever follows it is parsed as the next request.
+            rest = data[upgrade.args[0]:] if upgrade.args else b""
+            if rest and not self.closed:
+                self.data_received(rest)
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__
+            self.refusal = cause if isinstance(cause, Refusal) else Refusal(400, f"bad request: {exc}")
+            self.pending.clear()
+            if self.current is None:
+                self._next()
+
+    def pause_writing(self) -> None:
+        # The client reads slower than Ollama writes: stop reading Ollama until it catches up.
+        self.paused = True
+        if self.upstream is not None:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.upstream is not None and not self.upstream.lost:
+            self.upstream.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.proxy.connections.discard(self)
+        self._cancel_idle_timer()
+        self.pending.clear()
+        if self.current is not None:
+            self._finish(self.current, "client_disconnect")
+        if self.upstream is not None:
+            self.upstream.transport.abort()  # how Ollama learns to stop generating for nobody
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # --- httptools request callbacks -----------------------------------------------------------
+    def _new_request(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = bytearray()
+        self.head_bytes = 0
+
+    def on_message_begin(self) -> None:
+        self._cancel_idle_timer()
+        self._new_request()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.head_bytes += len(url)
+        if self.head_bytes > MAX_HEAD_BYTES:
+            raise Refusal(431, "request head too large")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+        self.head_bytes += len(name) + len(value)
+        if self.head_bytes > MAX_HEAD_BYTES:
+            raise Refusal(431, "request head too large")
+
+    def on_headers_complete(self) -> None:
+        if self.parser.get_method() == b"CONNECT":
+            raise Refusal(405, "CONNECT is not supported: this proxy forwards only to its Ollama")
+        for name, value in self.headers:
+            if name.lower() == b"expect" and value.lower() == b"100-continue" and not self.closed:
+                # The whole body is read before anything goes upstream, so say yes now (as aiohttp does).
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if len(self.body) + len(body) > MAX_REQUEST_BYTES:
+            raise Refusal(413, f"request body larger than {MAX_REQUEST_BYTES} bytes")
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        parser = self.parser
+        self.pending.append(Exchange(parser.get_method(), self.url, self.headers, bytes(self.body),
+                                     parser.should_keep_alive(), parser.get_http_version() == "1.0", self.proxy.clock()))
+        if self.current is None:
+            self._next()
+
+    # --- one exchange at a time ----------------------------------------------------------------
+    def _next(self) -> None:
+        if self.current is not None or self.closed:
+            return
+        if self.pending:
+            exchange = self.current = self.pending.popleft()
+            self.proxy.begin(exchange)
+            self._send(exchange)
+        elif self.refusal is not None:
+            refusal, self.refusal = self.refusal, None
+            self._write_error(refusal.status, str(refusal), close=True)
+        else:
+            self._arm_idle_timer()
+
+    def _send(self, exchange: Exchange) -> None:
+        upstream = self.upstream
+        if upstream is not None and not upstream.lost and not upstream.transport.is_closing():
+            upstream.send(exchange)
+        else:
+            self.upstream = None
+            self.connecting = asyncio.get_running_loop().create_task(self._connect_and_send(exchange))
+
+    async def _connect_and_send(self, exchange: Exchange) -> None:
+        proxy = self.proxy
+        loop = asyncio.get_running_loop()
+        try:
+            _, upstream = await asyncio.wait_for(
+                loop.create_connection(lambda: UpstreamConnection(self), proxy.upstream_host, proxy.upstream_port,
+                                       ssl=proxy.upstream_ssl),
+                CONNECT_TIMEOUT,
+            )
+        except OSError as exc:  # TimeoutError is an OSError
+            reason = str(exc) or f"no connection within {CONNECT_TIMEOUT:.0f}s"
+            log.warning("ollama proxy %s: upstream %s unreachable: %s", proxy.instance, proxy.upstream_url, reason)
+            if exchange is self.current and not self.closed:
+                self._write_error(502, f"ollama proxy: upstream unreachable: {reason}", close=exchange.close_after)
+                self._finish(exchange, "upstream_unreachable")
+            return
+        if self.closed or exchange is not self.current:
+            upstream.transport.abort()
+            return
+        self.upstream = upstream
+        if self.paused:
+            upstream.transport.pause_reading()
+        upstream.send(exchange)
+
+    def relay(self, data: bytes) -> None:
+        if not self.closed:
+            self.transport.write(data)
+
+    def upstream_finished(self, exchange: Exchange) -> None:
+        status = exchange.status
+        self._finish(exchange, "rejected" if status == 503 else "error" if status >= 400 else "ok")
+
+    def upstream_broke(self, upstream: UpstreamConnection, exchange: Exchange, reason: str) -> None:
+        if exchange is not self.current or exchange.done:
+            return
+        if not exchange.head_sent and not upstream.received and upstream.reused and not exchange.retried:
+            # Ollama closed an idle kept-alive connection just as this request went out: the
+            # request never reached it, so it is sent once more on a new connection.
+            exchange.retried = True
+            self.upstream = None
+            self._send(exchange)
+            return
+        log.warning("ollama proxy %s: upstream stream broke: %s", self.proxy.instance, reason)
+        if exchange.head_sent:
+            self._finish(exchange, "upstream_broken")
+            self._close()  # the client sees the stream end early, as it would directly
+        else:
+            self._write_error(502, "ollama proxy: upstream closed the stream", close=exchange.close_after)
+            self._finish(exchange, "upstream_broken")
+
+    def _finish(self, exchange: Exchange, outcome: str) -> None:
+        if exchange.done:
+            return
+        exchange.done = True
+        self.current = None
+        self.proxy.end(exchange, outcome)
+        if self.closed:
+            return
+        if exchange.close_after:
+            self._close()
+        else:
+            self._next()
+
+    def _write_error(self, status: int, message: str, *, close: bool) -> None:
+        if self.closed:
+            return
+        body = json.dumps({"error": message}).encode()
+        reason = {400: "Bad Request", 405: "Method Not Allowed", 413: "Payload Too Large",
+                  431: "Request Header Fields Too Large", 502: "Bad Gateway"}.get(status, "Error")
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (status, reason.encode(), len(body), b"Connection: close\r\n" if close else b"", body)
+        )
+        if close:
+            self._close()
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.transport.close()  # flushes what is buffered, then closes
+
+    def _arm_idle_timer(self) -> None:
+        self._cancel_idle_timer()
+        if not self.closed:
+            self.idle_timer = asyncio.get_running_loop().call_later(KEEPALIVE_TIMEOUT, self._close)
+
+    def _cancel_idle_timer(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """The connection to Ollama owned by one client connection: parses each response and relays it as it arrives."""
+
+    def __init__(self, client: ClientConnection):
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.parser: httptools.HttpResponseParser | None = None
+        self.out: list[bytes] = []
+        self.lost = False
+        self.used = 0
+        self.reused = False
+        self.received = False
+        self._reset_response()
+
+    def _reset_response(self) -> None:
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False
+        self.keep_alive = False
+        self.until_eof = False  # a response framed by closing the connection (neither length nor chunks)
+        self.headers_done = False
+        self.informational = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def send(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self.parser = httptools.HttpResponseParser(self)
+        self._reset_response()
+        self.reused = self.used > 0
+        self.used += 1
+        self.received = False
+        self.transport.write(exchange.upstream_request(self.client.proxy))
+
+    def data_received(self, data: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None or exchange.done:
+            return
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._flush()
+            self.exchange = None
+            self.transport.abort()
+            self.client.upstream_broke(self, exchange, f"malformed response: {exc}")
+            return
+        self._flush()
+        if self.complete:
+            self.exchange = None
+            if not self.keep_alive:
+                self.transport.close()
+            self.client.upstream_finished(exchange)
+
+    def _flush(self) -> None:
+        if self.out:
+            self.client.relay(b"".join(self.out))
+            self.out.clear()
+            self.exchange.head_sent = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        exchange = self.exchange
+        if exchange is None or exchange.done:
+            return
+        self.exchange = None
+        if self.until_eof:
+            if exchange.chunked:
+                self.client.relay(b"0\r\n\r\n")
+            self.client.upstream_finished(exchange)
+        else:
+            self.client.upstream_broke(self, exchange, str(exc) if exc else "connection closed by upstream")
+
+    # --- httptools response callbacks ----------------------------------------------------------
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        exchange = self.exchange
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            self.informational = True  # e.g. 103 Early Hints: not relayed, the real response follows
+            return
+        exchange.status = status
+        skip = HOP_BY_HOP | _connection_tokens(self.headers)
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, self.reason)]
+        length = None
+        chunked_upstream = False
+        for name, value in self.headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                length = value
+            elif lower == b"transfer-encoding":
+                chunked_upstream = True
+            if lower not in skip:
+                head += (name, b": ", value, b"\r\n")
+        if exchange.method == b"HEAD":
+            if length is not None:
+                head.append(b"Content-Length: " + length + b"\r\n")
+            self.keep_alive = self.parser.should_keep_alive()
+            self.complete = True  # no body follows a HEAD response, whatever its headers say
+        elif status in BODYLESS_STATUS:
+            pass
+        elif length is not None:
+            head.append(b"Content-Length: " + length + b"\r\n")
+        else:
+            self.until_eof = not chunked_upstream
+            if exchange.http10:
+                exchange.close_after = True  # HTTP/1.0 has no chunks: the body ends when the connection does
+            else:
+                exchange.chunked = True
+                head.append(b"Transfer-Encoding: chunked\r\n")
+        if exchange.close_after:
+            head.append(b"Connection: close\r\n")
+        elif exchange.http10:
+            head.append(b"Connection: keep-alive\r\n")
+        head.append(b"\r\n")
+        self.out += head
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        exchange = self.exchange
+        if not exchange.first_seen:
+            exchange.first_seen = True
+            self.client.proxy.first_chunk(exchange)
+        if exchange.tail is not None:
+            exchange.tail.feed(body)
+        if exchange.chunked:
+            self.out += (b"%x\r\n" % len(body), body, b"\r\n")
+        else:
+            self.out.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.informational:
+            self.headers = []
+            self.reason = b""
+            self.informational = False
+            return
+        if self.exchange.chunked:
+            self.out.append(b"0\r\n\r\n")
+        self.keep_alive = self.parser.should_keep_alive()  # only meaningful inside this callback
+        self.complete = True
+
+
+def _origin_form(target: bytes) -> bytes:
+    """Path and query of a request target; the scheme and host of an absolute URI are dropped (never an open proxy)."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or b"/" in scheme or b"?" in scheme:
+        return target
+    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i != -1), default=len(rest))
+    path = rest[cut:]
+    return path if path.startswith(b"/") else b"/" + path
+
+
+def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """Header names listed in Connection are hop-by-hop too (RFC 9110 7.6.1)."""
+    tokens = [token.strip().lower() for name, value in headers if name.lower() == b"connection" for token in value.split(b",")]
+    return frozenset(tokens)
 
 
 def _request_model(body: bytes) -> str:
