@@ -317,6 +317,7 @@ class ClientConnection(asyncio.Protocol):
         self.refusal: Refusal | None = None
         self.closed = False
         self.paused = False
+        self.continue_due = False  # a pipelined request's 100 Continue, sent once the response before it is done
         self.idle_timer: asyncio.TimerHandle | None = None
         self._new_request()
 
@@ -327,6 +328,10 @@ class ClientConnection(asyncio.Protocol):
         self._arm_idle_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self.refusal is not None:
+            return  # the request stream is broken: what follows is not parsed (it would replace the refusal)
+        if self.current is None:
+            self._arm_idle_timer()  # sending slowly is not idle; stalling inside a request is
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -338,7 +343,6 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             cause = exc.__context__
             self.refusal = cause if isinstance(cause, Refusal) else Refusal(400, f"bad request: {exc}")
-            self.pending.clear()
             if self.current is None:
                 self._next()
 
@@ -360,6 +364,8 @@ class ClientConnection(asyncio.Protocol):
         self.pending.clear()
         if self.current is not None:
             self._finish(self.current, "client_disconnect")
+        if self.connecting is not None and not self.connecting.done():
+            self.connecting.cancel()  # an upstream connect for nobody (it can take CONNECT_TIMEOUT)
         if self.upstream is not None:
             self.upstream.transport.abort()  # how Ollama learns to stop generating for nobody
 
@@ -375,7 +381,6 @@ class ClientConnection(asyncio.Protocol):
         self.head_bytes = 0
 
     def on_message_begin(self) -> None:
-        self._cancel_idle_timer()
         self._new_request()
 
     def on_url(self, url: bytes) -> None:
@@ -394,9 +399,19 @@ class ClientConnection(asyncio.Protocol):
         if self.parser.get_method() == b"CONNECT":
             raise Refusal(405, "CONNECT is not supported: this proxy forwards only to its Ollama")
         for name, value in self.headers:
-            if name.lower() == b"expect" and value.lower() == b"100-continue" and not self.closed:
-                # The whole body is read before anything goes upstream, so say yes now (as aiohttp does).
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            # Refused before the body is read, not after 64 MiB of it.
+            if name.lower() == b"content-length" and value.strip().isdigit() and int(value) > MAX_REQUEST_BYTES:
+                raise Refusal(413, f"request body larger than {MAX_REQUEST_BYTES} bytes")
+        if self.parser.get_http_version() != "1.0" and any(
+            name.lower() == b"expect" and value.lower() == b"100-continue" for name, value in self.headers
+        ):
+            # The whole body is read before anything goes upstream, so say yes now (as aiohttp does), unless a
+            # response is still going to this client: then once it is done (_next), never inside it.
+            if self.current is None and not self.pending:
+                if not self.closed:
+                    self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            else:
+                self.continue_due = True
 
     def on_body(self, body: bytes) -> None:
         if len(self.body) + len(body) > MAX_REQUEST_BYTES:
@@ -404,9 +419,11 @@ class ClientConnection(asyncio.Protocol):
         self.body += body
 
     def on_message_complete(self) -> None:
+        self.continue_due = False
         parser = self.parser
         self.pending.append(Exchange(parser.get_method(), self.url, self.headers, bytes(self.body),
                                      parser.should_keep_alive(), parser.get_http_version() == "1.0", self.proxy.clock()))
+        self._new_request()  # the body now lives in its Exchange only
         if self.current is None:
             self._next()
 
@@ -416,12 +433,16 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.pending:
             exchange = self.current = self.pending.popleft()
+            self._cancel_idle_timer()
             self.proxy.begin(exchange)
             self._send(exchange)
         elif self.refusal is not None:
             refusal, self.refusal = self.refusal, None
             self._write_error(refusal.status, str(refusal), close=True)
         else:
+            if self.continue_due:
+                self.continue_due = False
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self._arm_idle_timer()
 
     def _send(self, exchange: Exchange) -> None:

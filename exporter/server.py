@@ -120,7 +120,7 @@ async def run(exporter: Exporter, *, on_ready: Callable[[], None] | None = None,
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(signum, stop.set)
-        except (NotImplementedError, RuntimeError):
+        except (NotImplementedError, RuntimeError, ValueError):  # uvloop says ValueError off the main thread
             pass  # not the main thread (tests): the caller sets `stop`
     runner = web.AppRunner(metrics_app(exporter), access_log=None)
     await runner.setup()
