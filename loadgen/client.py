@@ -8,6 +8,12 @@ Definitions (the README repeats them beside vLLM bench, GuideLLM and AIPerf):
   output tokens: the server's `usage` (OpenAI, asked for with stream_options.include_usage) or
   Ollama's `eval_count`; counting content chunks is a fallback, flagged tokens_source="chunks".
 
+Where the stamps come from: send = the clock just before the request is handed to the HTTP client, on a
+connection opened beforehand where the scenario allows (`Transport.connect()`: a burst's users connect
+before the gate opens). A chunk = the moment its bytes reached this host's socket: the kernel's receive
+stamp (SO_TIMESTAMPNS, plain-HTTP geventhttpclient on Linux), else the clock as the socket read returns;
+never after parsing, so neither JSON decoding nor the event loop serving 63 other streams first is in it.
+
 Two HTTP transports sit behind one interface so `bench/loadgen_accuracy.py` can measure them side by
 side: geventhttpclient (the default: what Locust's FastHttpUser uses) and requests.
 """
@@ -16,11 +22,16 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
+
+import gevent
+from gevent import monkey as gevent_monkey
 
 # Ollama's final NDJSON object: the engine-side numbers the report cross-checks (nanoseconds).
 OLLAMA_STATS = ("eval_count", "eval_duration", "prompt_eval_count", "prompt_eval_duration", "load_duration",
@@ -100,20 +111,39 @@ def chat_payload(api: str, model: str, prompt: str, max_tokens: int, temperature
     return payload
 
 
-# --- transports: POST a body, hand back status and the body's lines as they arrive ---
+# --- transports: POST a body, hand back status and the body's bytes as they arrive, each with its arrival stamp ---
+
+READ_SIZE = 16 * 1024
+# Linux's SO_TIMESTAMPNS (Python's socket module does not export it): every read carries the time the kernel
+# received its bytes, so a chunk's stamp does not wait for this process to be scheduled (at 64 streams the
+# event loop serves them one after another) nor for anything parsed before it.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+TIMESPEC = struct.Struct("@qq")
+CMSG_SIZE = socket.CMSG_SPACE(TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+# The blocking select.select, also where Locust has monkey-patched it (looked up once, at import).
+_REAL_SELECT = gevent_monkey.get_original("select", "select")
+STAMP_MAX_AGE_S = 60.0  # a kernel stamp older than this when read is taken for a clock step, not a slow reader
+DRAIN_S = 1.0  # after [DONE] / done:true, how long the end of the HTTP body may take before the connection is dropped
+
 
 class StreamResponse(Protocol):
     status: int
 
-    def lines(self) -> Iterator[bytes]: ...
+    def blocks(self, clock: Callable[[], float]) -> Iterator[tuple[float, bytes]]:
+        """The body as it arrives: (stamp, bytes) per socket read, the stamp taken before any parsing."""
 
     def body_text(self) -> str: ...
 
-    def close(self) -> None: ...
+    def close(self, complete: bool = False) -> None:
+        """complete: the stream ended as the API says (the connection may go back to the pool)."""
 
 
 class Transport(Protocol):
     name: str
+
+    def connect(self) -> None:
+        """Have an open keep-alive connection ready (best effort), so the next request does not pay a TCP
+        handshake inside its TTFT; a burst calls it before its users are released."""
 
     def post(self, path: str, body: bytes) -> StreamResponse: ...
 
@@ -121,7 +151,7 @@ class Transport(Protocol):
 
 
 class GeventTransport:
-    """geventhttpclient (Locust's FastHttpUser client): a C parser, cooperative sockets, line reads straight off recv()."""
+    """geventhttpclient (Locust's FastHttpUser client): a C parser, cooperative sockets, body reads straight off recvmsg()."""
 
     name = "geventhttpclient"
 
@@ -130,43 +160,127 @@ class GeventTransport:
 
         parts = urlsplit(base_url)
         self.prefix = parts.path.rstrip("/")
+        # Kernel receive stamps need recvmsg() on the plain socket: not through TLS.
+        self.kernel_stamps = parts.scheme == "http" and CMSG_SIZE > 0 and SO_TIMESTAMPNS is not None
         self.client = HTTPClient(parts.hostname, port=parts.port or 80, concurrency=max(1, concurrency),
-                                 connection_timeout=min(timeout, 10.0), network_timeout=timeout,
+                                 connection_timeout=min(timeout, 10.0), network_timeout=timeout, block_size=READ_SIZE,
                                  headers={"Content-Type": "application/json", "Accept": "text/event-stream, application/x-ndjson"})
+        pool = self.client._connection_pool
+        # The pool checks a kept-alive socket with gevent's select(timeout=0), which also does a gevent.sleep(0):
+        # between a request's send stamp and its send every other greenlet of a burst would run first (+17 ms
+        # median TTFT at 64 users, measured). The same check without the hub round trip:
+        pool._is_socket_alive = _idle_socket_alive
+        if self.kernel_stamps:
+            pool.after_connect = _ask_for_receive_stamps  # geventhttpclient's hook for socket options
+
+    def connect(self) -> None:
+        pool = self.client._connection_pool
+        try:
+            sock = pool.get_socket()  # a live pooled socket, else a new connection
+        except OSError:
+            return  # the request itself will fail and record why
+        pool.return_socket(sock)
 
     def post(self, path: str, body: bytes) -> _GeventResponse:
-        return _GeventResponse(self.client.request("POST", self.prefix + path, body=body))
+        return _GeventResponse(self.client.request("POST", self.prefix + path, body=body), self.kernel_stamps)
 
     def close(self) -> None:
         self.client.close()
 
 
+def _idle_socket_alive(sock) -> bool:
+    """An idle keep-alive socket is alive when it is not readable (readable = the server closed it, or stray bytes)."""
+    if sock is None:
+        return False
+    try:
+        if sock.fileno() < 0:
+            return False
+        readable, _, _ = _REAL_SELECT([sock], [], [], 0.0)
+        return not readable
+    except (OSError, ValueError):
+        return False
+
+
+def _ask_for_receive_stamps(sock) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        pass  # no kernel stamps: reads carry no ancillary data and are stamped by the clock as they return
+
+
+def _kernel_stamp(ancillary, now: float) -> float:
+    """The kernel's receive time of a read's bytes on the perf_counter clock; `now` (read just after) without one."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
+            sec, nsec = TIMESPEC.unpack_from(data)
+            # Wall clock -> perf_counter (CLOCK_MONOTONIC on Linux); both are slewed alike, only a step differs.
+            stamp = sec + nsec * 1e-9 - (time.time() - time.perf_counter())
+            # A wall-clock step between the kernel's stamp and this conversion would put it in the future or far back.
+            return stamp if now - STAMP_MAX_AGE_S < stamp <= now else now
+    return now
+
+
 class _GeventResponse:
-    def __init__(self, response):
+    def __init__(self, response, kernel_stamps: bool = False):
         self.response = response
         self.status = response.status_code
+        self.kernel_stamps = kernel_stamps
 
-    def lines(self) -> Iterator[bytes]:
-        readline = self.response.readline
-        while True:
-            line = readline(b"\n")
-            if not line:
-                if not self.response.message_complete:
-                    raise StreamError("connection closed mid-stream")
-                return
-            yield line
+    def blocks(self, clock: Callable[[], float]) -> Iterator[tuple[float, bytes]]:
+        response = self.response
+        kernel = self.kernel_stamps and clock is time.perf_counter  # kernel stamps convert to perf_counter only
+        if response._body_buffer:  # body bytes that came with the headers
+            yield clock(), _take(response._body_buffer)
+        while not response.message_complete:
+            sock = response._sock
+            if sock is None:
+                raise StreamError("connection closed mid-stream")
+            try:
+                if kernel:
+                    data, ancillary, _flags, _addr = sock.recvmsg(READ_SIZE, CMSG_SIZE)
+                    stamp = _kernel_stamp(ancillary, clock())
+                else:
+                    data = sock.recv(READ_SIZE)
+                    stamp = clock()
+                response.feed(data)  # llhttp takes the chunked framing off into _body_buffer
+            except BaseException:
+                response.release()
+                raise
+            if response._body_buffer:
+                yield stamp, _take(response._body_buffer)
+            if not data and not response.message_complete:
+                raise StreamError("connection closed mid-stream")
 
     def body_text(self) -> str:
         return self.response.read().decode("utf-8", "replace")
 
-    def close(self) -> None:
-        # A stream we stopped reading cannot go back to the pool half-read.
+    def close(self, complete: bool = False) -> None:
         response = self.response
+        if complete and not response.message_complete and response._sock is not None:
+            # The API's end came before the HTTP body's end (the terminating chunk is its own write): read it so the
+            # connection goes back to the pool instead of the next request paying a TCP handshake.
+            with gevent.Timeout(DRAIN_S, False):
+                try:
+                    while not response.message_complete and response._sock is not None:
+                        data = response._sock.recv(READ_SIZE)
+                        response.feed(data)
+                        del response._body_buffer[:]
+                        if not data:
+                            break
+                except Exception:  # noqa: BLE001 - the measurement is done; a broken tail only costs the connection
+                    pass
+        # A stream we stopped reading cannot go back to the pool half-read.
         if not response.message_complete and response._sock is not None and response._pool is not None:
             sock, pool = response._sock, response._pool
             response._sock = response._pool = None
             pool.release_socket(sock)  # closes it and frees the pool slot
         response.release()
+
+
+def _take(buffer: bytearray) -> bytes:
+    data = bytes(buffer)
+    del buffer[:]
+    return data
 
 
 class RequestsTransport:
@@ -184,6 +298,20 @@ class RequestsTransport:
         self.session.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=max(1, concurrency)))
         self.session.headers.update({"Content-Type": "application/json"})
 
+    def connect(self) -> None:
+        try:
+            pool = self.session.get_adapter(self.base_url).poolmanager.connection_from_url(self.base_url)
+            conn = pool._get_conn()
+        except Exception:  # noqa: BLE001 - warming is best effort: the request reports its own failure
+            return
+        try:
+            if conn.sock is None:
+                conn.connect()
+        except OSError:
+            conn.close()
+        finally:
+            pool._put_conn(conn)
+
     def post(self, path: str, body: bytes) -> _RequestsResponse:
         return _RequestsResponse(self.session.post(self.base_url + path, data=body, stream=True,
                                                    timeout=(min(self.timeout, 10.0), self.timeout)))
@@ -197,24 +325,15 @@ class _RequestsResponse:
         self.response = response
         self.status = response.status_code
 
-    def lines(self) -> Iterator[bytes]:
-        pending = b""
-        # chunk_size=None: yield each piece as the socket delivers it, never wait to fill a buffer.
+    def blocks(self, clock: Callable[[], float]) -> Iterator[tuple[float, bytes]]:
+        # chunk_size=None: each piece as the socket delivers it, never waiting to fill a buffer.
         for piece in self.response.iter_content(chunk_size=None):
-            pending += piece
-            while True:
-                cut = pending.find(b"\n")
-                if cut < 0:
-                    break
-                yield pending[: cut + 1]
-                pending = pending[cut + 1:]
-        if pending:
-            yield pending
+            yield clock(), piece
 
     def body_text(self) -> str:
         return self.response.text
 
-    def close(self) -> None:
+    def close(self, complete: bool = False) -> None:
         self.response.close()
 
 
@@ -262,7 +381,7 @@ def stream_chat(transport: Transport, path: str, api: str, payload: dict,
         m.t_end = clock()
         if response is not None:
             try:
-                response.close()
+                response.close(complete=m.finished and m.error is None)
             except Exception:  # noqa: BLE001 - closing a broken socket must not hide the real reason
                 pass
     if m.usage_tokens is None and m.content_times:
@@ -270,30 +389,54 @@ def stream_chat(transport: Transport, path: str, api: str, payload: dict,
     return m
 
 
+def _stamped_lines(response: StreamResponse, clock) -> Iterator[tuple[float, bytes]]:
+    """Each line of the body with the stamp of the read that completed it; a last line without a newline too."""
+    pending = b""
+    for stamp, block in response.blocks(clock):
+        if pending:
+            block = pending + block
+        lines = block.split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            yield stamp, line
+    if pending:
+        yield clock(), pending
+
+
+# json.loads' own C scanner, called straight: loads() also sniffs the encoding of bytes and wraps the scanner in
+# two Python calls and two regex matches, more than half of its cost on a 200-byte chunk. Same grammar, same errors.
+_SCAN_JSON = json.JSONDecoder().scan_once
+
+
+def _json_object(data: bytes, chunks: int) -> dict:
+    try:
+        text = data.decode("utf-8")
+        event, end = _SCAN_JSON(text, 0)
+    except (ValueError, StopIteration):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        event, end, text = None, -1, ""
+    if end != len(text) or not isinstance(event, dict):
+        raise StreamError(f"malformed chunk after {chunks} content chunks: {data[:80]!r}")
+    return event
+
+
 def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None:
-    for raw in response.lines():
-        stamp = clock()
-        line = raw.strip()
+    content_times = m.content_times
+    for stamp, line in _stamped_lines(response, clock):
         if not line.startswith(b"data:"):
             continue  # blank separators, comments (":"), event:/id: fields
         data = line[5:].strip()
         if data == b"[DONE]":
             m.finished = True
             return
-        try:
-            event = json.loads(data)
-        except ValueError:
-            raise StreamError(f"malformed chunk after {len(m.content_times)} content chunks: {data[:80]!r}") from None
-        if not isinstance(event, dict):
-            raise StreamError(f"malformed chunk after {len(m.content_times)} content chunks: {data[:80]!r}")
+        event = _json_object(data, len(content_times))
         if event.get("error"):
-            raise StreamError(f"engine error mid-stream after {len(m.content_times)} content chunks: {_error_message(event)}")
+            raise StreamError(f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}")
         for choice in event.get("choices") or ():
             delta = choice.get("delta") or {}
             # Reasoning models stream thinking as reasoning_content: it is output all the same.
             if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-                m.content_times.append(stamp)
-                if len(m.content_times) == 1 and on_first is not None:
+                content_times.append(stamp)
+                if len(content_times) == 1 and on_first is not None:
                     on_first(m)
                 break
         usage = event.get("usage")
@@ -308,23 +451,18 @@ def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None
 
 
 def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> None:
-    for raw in response.lines():
-        stamp = clock()
+    content_times = m.content_times
+    for stamp, raw in _stamped_lines(response, clock):
         line = raw.strip()
         if not line:
             continue
-        try:
-            event = json.loads(line)
-        except ValueError:
-            raise StreamError(f"malformed chunk after {len(m.content_times)} content chunks: {line[:80]!r}") from None
-        if not isinstance(event, dict):
-            raise StreamError(f"malformed chunk after {len(m.content_times)} content chunks: {line[:80]!r}")
+        event = _json_object(line, len(content_times))
         if event.get("error"):
-            raise StreamError(f"engine error mid-stream after {len(m.content_times)} content chunks: {_error_message(event)}")
+            raise StreamError(f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}")
         message = event.get("message") or {}
         if message.get("content") or message.get("thinking"):
-            m.content_times.append(stamp)
-            if len(m.content_times) == 1 and on_first is not None:
+            content_times.append(stamp)
+            if len(content_times) == 1 and on_first is not None:
                 on_first(m)
         if event.get("done"):
             m.finished = True

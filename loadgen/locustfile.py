@@ -148,6 +148,10 @@ class LLMUser(User):
     def next_from_phase(self) -> None:
         run: LoadRun | None = getattr(self.environment, "servescope_run", None)
         phase = run.phase if run is not None else None
+        if phase is not None:
+            # Before a burst's gate, not after it: 64 users connecting at the release would each stamp their send,
+            # yield on connect() and send only once the others had run, a TCP handshake and the others' turns in TTFT.
+            self.transport(phase.settings).connect()
         work = phase.next_work() if phase is not None else None
         if work is None:
             if run is None:

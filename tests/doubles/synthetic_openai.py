@@ -1,9 +1,13 @@
 """Test tool, not an engine: a synthetic OpenAI-compatible streaming chat server (stands in for vLLM's /v1/chat/completions) with exact timing and fault knobs.
 
 Used by the load generator's tests and by `bench/` to know the truth a client should measure:
-every content chunk is written on an ABSOLUTE deadline measured from the moment the request body
-was read (t0): content chunk k (k = 0..n-1) goes out at t0 + ttft + k * itl, so a late write never
-shifts the ones after it (no drift). The stream looks like vLLM's:
+every content chunk is written on an ABSOLUTE deadline measured from the moment the request reached
+the server's socket (t0: the kernel's receive timestamp of its bytes, SO_TIMESTAMPNS, on Linux):
+content chunk k (k = 0..n-1) goes out at t0 + ttft + k * itl, so a late write never shifts the ones
+after it (no drift), and the time a busy server thread takes to get round to a request (64 of them
+arriving at once wait for the GIL one by one) is inside the TTFT it serves, not added on top of it
+where a client would be blamed for it. Where the kernel gives no stamp, t0 is when the request line
+was read. The stream looks like vLLM's:
 
   data: {... "delta": {"role": "assistant", "content": ""} ...}      sent at t0 (empty role chunk)
   data: {... "delta": {"content": "tok0 "} ...}                      t0 + ttft
@@ -19,8 +23,11 @@ CLI (stable; other tests rely on it):
   tokens per request = min(--tokens, the request's max_tokens); --itl 0 sends as fast as it can.
 
 Endpoints: POST /v1/chat/completions (stream or not), GET /v1/models, GET /version (vLLM-style),
-GET /health, GET /stats (request counts and how late the server's own writes were, in ms),
-GET /stats/streams (per stream: prompt, t_request_line, t0 and every content write, time.monotonic()),
+GET /health, GET /stats (request counts and how late the server's own writes were, in ms), GET
+/stats/counters (requests, streams_completed, tokens_sent only: cheap enough to poll while a test runs),
+GET /stats/streams (per stream: prompt, t_arrival (kernel receive stamp; t0), t_request_line (when a
+thread read it), t_body (body read) and every content write (stamped as the write starts), all on
+time.monotonic()),
 POST /control (JSON body with any of ttft, itl, tokens, usage, timings, fault: changes them live).
 
 Faults (SPEC, comma-separated): `status=503` answer that HTTP status with a JSON error;
@@ -38,9 +45,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import io
 import json
 import re
 import socket
+import struct
 import sys
 import threading
 import time
@@ -48,6 +57,10 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 FAULT_MARKER = re.compile(r"\[\[fault:([^\]]+)\]\]")
+# Linux's SO_TIMESTAMPNS (Python's socket module does not export it): each read carries the kernel's
+# receive time of its bytes (CLOCK_REALTIME, struct timespec).
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+TIMESPEC = struct.Struct("@qq")
 
 
 @dataclass
@@ -85,11 +98,15 @@ class Fault:
 class Stats:
     requests: int = 0
     streams_completed: int = 0
+    tokens_sent: int = 0  # content chunks written, all streams
     faults: int = 0
     lateness_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200_000))
     # Per stream: the last user message, when its request line arrived and when each content chunk was
     # written (time.monotonic(): CLOCK_MONOTONIC, comparable across processes on Linux).
     streams: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
+
+    def counters(self) -> dict:
+        return {"requests": self.requests, "streams_completed": self.streams_completed, "tokens_sent": self.tokens_sent}
 
     def summary(self) -> dict:
         late = sorted(self.lateness_s)
@@ -98,8 +115,7 @@ class Stats:
             return round(late[min(len(late) - 1, int(q * len(late)))] * 1000, 4) if late else None
 
         return {
-            "requests": self.requests,
-            "streams_completed": self.streams_completed,
+            **self.counters(),
             "faults": self.faults,
             "chunks_timed": len(late),
             "late_ms_p50": pct(0.5),
@@ -127,6 +143,27 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+class _StampedReader(io.RawIOBase):
+    """The connection's reads through recvmsg: `stamp` is when the bytes of the last read reached the socket (monotonic)."""
+
+    def __init__(self, sock: socket.socket):
+        super().__init__()
+        self.sock = sock
+        self.stamp: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n, ancillary, _flags, _addr = self.sock.recvmsg_into([buffer], socket.CMSG_SPACE(TIMESPEC.size))
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
+                sec, nsec = TIMESPEC.unpack_from(data)
+                # Wall clock -> monotonic, the clock every other stamp here (and the client's) is on.
+                self.stamp = sec + nsec * 1e-9 - (time.time() - time.monotonic())
+        return n
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
@@ -135,13 +172,29 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         # One SSE event per write must leave at once: Nagle + delayed ACK would hold it ~40 ms.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader: _StampedReader | None = None
+        if SO_TIMESTAMPNS is not None:
+            try:
+                self.connection.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            except OSError:
+                return
+            self.reader = _StampedReader(self.connection)
+            self.rfile = io.BufferedReader(self.reader)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
         pass
 
+    def handle_one_request(self) -> None:
+        if self.reader is not None:
+            self.reader.stamp = None  # a stamp from the last request's body read is not this request's arrival
+        super().handle_one_request()
+
     def parse_request(self) -> bool:
-        # The request line has just been read: the earliest moment the server knows of the request.
+        # The request line has just been read: the earliest moment a thread of this server knows of the
+        # request. Its bytes got here earlier (a burst's requests queue for the GIL): the kernel says when.
         self.t_request_line = time.monotonic()
+        stamp = self.reader.stamp if self.reader is not None else None
+        self.t_arrival = stamp if stamp is not None and stamp <= self.t_request_line else self.t_request_line
         return super().parse_request()
 
     # --- plumbing ---
@@ -173,6 +226,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/stats":
             with self.server.lock:
                 self._json(200, self.server.stats.summary())
+        elif self.path == "/stats/counters":
+            with self.server.lock:
+                self._json(200, self.server.stats.counters())
         elif self.path == "/stats/streams":
             with self.server.lock:
                 self._json(200, {"streams": list(self.server.stats.streams)})
@@ -182,11 +238,11 @@ class _Handler(BaseHTTPRequestHandler):
     # --- POST ---
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         body = self._read_body()
-        t0 = time.monotonic()
+        self.t_body = time.monotonic()
         if self.path == "/control":
             self._control(body)
         elif self.path == "/v1/chat/completions":
-            self._chat(body, t0)
+            self._chat(body, self.t_arrival)
         else:
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "NotFound", "code": 404}})
 
@@ -283,11 +339,12 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 if itl > 0 or k == 0:
                     late.append(self._wait_until(t0 + ttft + k * itl))
+                # Stamped as the write starts: on loopback the bytes reach the client inside this syscall.
+                writes.append(time.monotonic())
                 if fault.malformed is not None and k == fault.malformed:
                     self._chunk(b'data: {"id":"chatcmpl-synthetic","choices":[{"delta":{"content":"broken\n\n')
                 else:
                     self._chunk(event(f'{{"content":"tok{k} "}}'))
-                writes.append(time.monotonic())
             final = event("{}", '"length"')
             if b.timings:
                 # llama.cpp puts its `timings` object on the final chunk.
@@ -310,9 +367,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         finally:
             with self.server.lock:
+                self.server.stats.tokens_sent += len(writes)
                 self.server.stats.lateness_s.extend(late)
                 self.server.stats.streams.append({"prompt": str(request["messages"][-1].get("content", "")),
-                                                  "t_request_line": self.t_request_line, "t0": t0, "writes": writes})
+                                                  "t_arrival": self.t_arrival, "t_request_line": self.t_request_line,
+                                                  "t_body": self.t_body, "t0": t0, "writes": writes})
         with self.server.lock:
             self.server.stats.streams_completed += 1
 
