@@ -26,6 +26,8 @@ LABELS = {"engine": "ollama", "instance": "ollama"}
 class ExporterThread:
     """The real exporter (collectors, /metrics, proxy) running in a background thread's event loop."""
 
+    loop_factory = staticmethod(asyncio.new_event_loop)
+
     def __init__(self, upstream_url: str, num_parallel: int = 1):
         self.proxy_port = free_port()
         self.port = free_port()
@@ -38,7 +40,7 @@ class ExporterThread:
 
     def __enter__(self) -> ExporterThread:
         ready = threading.Event()
-        self.loop = asyncio.new_event_loop()
+        self.loop = self.loop_factory()
         self.stop = asyncio.Event()
 
         def serve():

@@ -33,33 +33,10 @@ FINAL = {"model": "m:latest", "response": "", "done": True, "done_reason": "stop
 
 
 # --- the exporter, on asyncio's loop and on uvloop (what `python -m exporter` runs) ---------------
-if uvloop is not None:
-    class _ThreadUvloop(uvloop.Loop):
-        """uvloop raises ValueError (asyncio: RuntimeError, which exporter.server.run expects) for signal handlers
-        outside the main thread; the test's loop thread gets asyncio's behaviour."""
-
-        def add_signal_handler(self, *args):
-            raise RuntimeError("signal handlers only in the main thread")
-
-
 class UvloopExporterThread(ExporterThread):
     """ExporterThread with the event loop `python -m exporter` uses when uvloop is installed."""
 
-    def __enter__(self) -> UvloopExporterThread:
-        ready = threading.Event()
-        self.loop = _ThreadUvloop()
-        self.stop = asyncio.Event()
-
-        def serve():
-            asyncio.set_event_loop(self.loop)
-            from exporter.server import run
-
-            self.loop.run_until_complete(run(self.exporter, on_ready=ready.set, stop=self.stop))
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-        assert ready.wait(10), "exporter did not start"
-        return self
+    loop_factory = staticmethod(uvloop.new_event_loop if uvloop is not None else asyncio.new_event_loop)
 
 
 @pytest.fixture(params=["asyncio", pytest.param("uvloop", marks=pytest.mark.skipif(uvloop is None, reason="uvloop not installed"))])
