@@ -565,7 +565,6 @@ class UpstreamConnection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.until_eof = False  # a response framed by closing the connection (neither length nor chunks)
-        self.headers_done = False
         self.informational = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -667,7 +666,6 @@ class UpstreamConnection(asyncio.Protocol):
             head.append(b"Connection: keep-alive\r\n")
         head.append(b"\r\n")
         self.out += head
-        self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
         exchange = self.exchange

@@ -26,24 +26,22 @@ def venv_python(name: str) -> Path:
 
 
 def install_logs() -> Path:
-    path = cache_dir() / "logs"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(cache_dir() / "logs")
 
 
 def service_logs() -> Path:
-    path = state_dir() / "logs"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(state_dir() / "logs")
 
 
 def pid_dir() -> Path:
-    path = state_dir() / "pids"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(state_dir() / "pids")
 
 
 def prometheus_dir() -> Path:
-    path = state_dir() / "prometheus"
+    return _made(state_dir() / "prometheus")
+
+
+def _made(path: Path) -> Path:
+    """The folder, created if missing (callers write into it at once)."""
     path.mkdir(parents=True, exist_ok=True)
     return path
