@@ -182,7 +182,15 @@ class GeventTransport:
         pool.return_socket(sock)
 
     def post(self, path: str, body: bytes) -> _GeventResponse:
-        return _GeventResponse(self.client.request("POST", self.prefix + path, body=body), self.kernel_stamps)
+        from geventhttpclient.response import HTTPConnectionClosed
+
+        try:
+            response = self.client.request("POST", self.prefix + path, body=body)
+        except HTTPConnectionClosed:
+            # A kept-alive connection the server closed as the request went out (llama.cpp's server does,
+            # intermittently, in e2e runs): no response byte came back, so it is sent once more on a new connection.
+            response = self.client.request("POST", self.prefix + path, body=body)
+        return _GeventResponse(response, self.kernel_stamps)
 
     def close(self) -> None:
         self.client.close()
