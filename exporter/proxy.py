@@ -109,6 +109,27 @@ class ProxyMetrics:
         )
 
 
+class ModelMetrics:
+    """One model's labelled children of ProxyMetrics, looked up once: `labels()` takes a lock and formats every value."""
+
+    __slots__ = ("first_chunk", "tokens_per_second", "prompt_eval_seconds", "load_seconds", "_requests", "_by_outcome")
+
+    def __init__(self, metrics: ProxyMetrics, labels: tuple[str, str, str]):
+        self.first_chunk = metrics.first_chunk_seconds.labels(*labels)
+        self.tokens_per_second = metrics.tokens_per_second.labels(*labels)
+        self.prompt_eval_seconds = metrics.prompt_eval_seconds.labels(*labels)
+        self.load_seconds = metrics.load_seconds.labels(*labels)
+        self._requests = (metrics.requests, labels)
+        self._by_outcome: dict[str, object] = {}
+
+    def requests(self, outcome: str):
+        child = self._by_outcome.get(outcome)
+        if child is None:
+            counter, labels = self._requests
+            child = self._by_outcome[outcome] = counter.labels(*labels, outcome)
+        return child
+
+
 class ResponseTail:
     """The last bytes of a response, kept without parsing so the stream is not slowed."""
 
@@ -131,14 +152,15 @@ class ResponseTail:
 
     def final_ndjson(self) -> dict | None:
         """The last JSON object of the stream (the `done: true` one, or an `error` object)."""
-        for line in reversed(bytes(self.buffer).split(b"\n")):
-            if line.strip():
-                try:
-                    value = json.loads(line)
-                except ValueError:
-                    return None
-                return value if isinstance(value, dict) else None
-        return None
+        data = self.buffer
+        end = len(data.rstrip())
+        if not end:
+            return None
+        try:
+            value = json.loads(data[data.rfind(b"\n", 0, end) + 1:end].decode())
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
 
     def openai_usage(self) -> dict | None:
         """`usage` from the last SSE data event that has one, or from a plain JSON body."""
@@ -191,6 +213,7 @@ class OllamaProxy:
         self.clock = clock
         self.server: asyncio.Server | None = None
         self.connections: set[ClientConnection] = set()
+        self._by_model: dict[str, ModelMetrics] = {}
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 = any free port); returns the bound port."""
@@ -206,28 +229,38 @@ class OllamaProxy:
             connection.abort()
         await self.server.wait_closed()
 
+    # Bookkeeping runs in callbacks of its own (loop.call_soon), queued behind the I/O of the
+    # loop's current turn: in a burst, every request goes upstream and every chunk goes out
+    # before any of them is counted. A request is counted (begin) before anything else of it.
     def begin(self, exchange: Exchange) -> None:
-        if exchange.observed:
+        if exchange.observed and not exchange.begun:
+            exchange.begun = True
             exchange.model = self.observations.model_label(_request_model(exchange.body))
             self.observations.started(exchange.model)
 
     def end(self, exchange: Exchange, outcome: str) -> None:
         if not exchange.observed:
             return
+        self.begin(exchange)
+        children = self._children(exchange.model)
         if outcome == "ok":
-            outcome = self._observe(exchange.path, exchange.model, exchange.tail)
+            outcome = self._observe(exchange.path, exchange.model, exchange.tail, children)
         self.observations.finished(exchange.model, failed=outcome != "ok")
-        self.metrics.requests.labels("ollama", self.instance, exchange.model, outcome).inc()
+        children.requests(outcome).inc()
 
     def first_chunk(self, exchange: Exchange) -> None:
         if exchange.observed:
-            self.metrics.first_chunk_seconds.labels("ollama", self.instance, exchange.model).observe(
-                self.clock() - exchange.started
-            )
+            self.begin(exchange)
+            self._children(exchange.model).first_chunk.observe(exchange.first_seen - exchange.started)
 
-    def _observe(self, path: str, model: str, tail: ResponseTail) -> str:
+    def _children(self, model: str) -> ModelMetrics:
+        children = self._by_model.get(model)
+        if children is None:
+            children = self._by_model[model] = ModelMetrics(self.metrics, ("ollama", self.instance, model))
+        return children
+
+    def _observe(self, path: str, model: str, tail: ResponseTail, children: ModelMetrics) -> str:
         """Record what the finished response says; returns the outcome ("error" for an error object)."""
-        labels = ("ollama", self.instance, model)
         if path in NDJSON_PATHS:
             final = tail.final_ndjson()
             if not final:
@@ -241,11 +274,11 @@ class OllamaProxy:
             self.observations.tokens(model, prompt, generated)
             eval_ns = _count(final.get("eval_duration"))
             if eval_ns > 0:
-                self.metrics.tokens_per_second.labels(*labels).observe(generated / eval_ns * 1e9)
+                children.tokens_per_second.observe(generated / eval_ns * 1e9)
             if "prompt_eval_duration" in final:
-                self.metrics.prompt_eval_seconds.labels(*labels).observe(_count(final["prompt_eval_duration"]) / 1e9)
+                children.prompt_eval_seconds.observe(_count(final["prompt_eval_duration"]) / 1e9)
             if "load_duration" in final:
-                self.metrics.load_seconds.labels(*labels).observe(_count(final["load_duration"]) / 1e9)
+                children.load_seconds.observe(_count(final["load_duration"]) / 1e9)
         else:
             usage = tail.openai_usage()
             if usage:
@@ -266,7 +299,7 @@ class Exchange:
     """One request and its response on their way through the proxy."""
 
     __slots__ = ("method", "target", "path", "headers", "body", "close_after", "http10", "observed", "model",
-                 "tail", "started", "status", "chunked", "head_sent", "first_seen", "retried", "done")
+                 "tail", "started", "status", "chunked", "head_sent", "first_seen", "retried", "done", "begun")
 
     def __init__(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
                  keep_alive: bool, http10: bool, started: float):
@@ -284,18 +317,17 @@ class Exchange:
         self.status = 0
         self.chunked = False  # the response to the client is framed with chunked encoding
         self.head_sent = False
-        self.first_seen = False
+        self.first_seen = 0.0  # clock() when the first response chunk went by
         self.retried = False
         self.done = False
+        self.begun = False  # counted in flight (OllamaProxy.begin)
 
     def upstream_request(self, proxy: OllamaProxy) -> bytes:
         """The request as sent upstream: end-to-end headers as the client wrote them, Host and Content-Length recomputed."""
         target = self.target if self.target == b"*" else proxy.upstream_prefix + self.target
         parts = [self.method, b" ", target, b" HTTP/1.1\r\n"]
-        skip = HOP_BY_HOP | _connection_tokens(self.headers)
-        for name, value in self.headers:
-            if name.lower() not in skip:
-                parts += (name, b": ", value, b"\r\n")
+        for name, value in self.headers:  # end-to-end only: ClientConnection.on_headers_complete filtered them
+            parts += (name, b": ", value, b"\r\n")
         parts += (b"Host: ", proxy.upstream_netloc, b"\r\n")
         if self.body or self.method in (b"POST", b"PUT", b"PATCH"):
             parts.append(b"Content-Length: %d\r\n" % len(self.body))
@@ -319,11 +351,13 @@ class ClientConnection(asyncio.Protocol):
         self.paused = False
         self.continue_due = False  # a pipelined request's 100 Continue, sent once the response before it is done
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.idle_since = 0.0  # loop time of the last sign of life while no response is going out
         self._new_request()
 
     # --- connection events -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()
         self.proxy.connections.add(self)
         self._arm_idle_timer()
 
@@ -331,7 +365,7 @@ class ClientConnection(asyncio.Protocol):
         if self.refusal is not None:
             return  # the request stream is broken: what follows is not parsed (it would replace the refusal)
         if self.current is None:
-            self._arm_idle_timer()  # sending slowly is not idle; stalling inside a request is
+            self.idle_since = self.loop.time()  # sending slowly is not idle; stalling inside a request is
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -379,6 +413,7 @@ class ClientConnection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.body = bytearray()
         self.head_bytes = 0
+        self.in_head = True
 
     def on_message_begin(self) -> None:
         self._new_request()
@@ -390,21 +425,37 @@ class ClientConnection(asyncio.Protocol):
             raise Refusal(431, "request head too large")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if self.in_head:  # not a chunked body's trailer: the body goes upstream with a Content-Length
+            self.headers.append((name, value))
         self.head_bytes += len(name) + len(value)
         if self.head_bytes > MAX_HEAD_BYTES:
             raise Refusal(431, "request head too large")
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
         if self.parser.get_method() == b"CONNECT":
             raise Refusal(405, "CONNECT is not supported: this proxy forwards only to its Ollama")
+        # One pass: what goes upstream (end-to-end headers, in order) and what the proxy acts on.
+        forward = []
+        expect_continue = False
+        listed: list[bytes] = []  # header names listed in Connection are hop-by-hop too (RFC 9110 7.6.1)
         for name, value in self.headers:
-            # Refused before the body is read, not after 64 MiB of it.
-            if name.lower() == b"content-length" and value.strip().isdigit() and int(value) > MAX_REQUEST_BYTES:
-                raise Refusal(413, f"request body larger than {MAX_REQUEST_BYTES} bytes")
-        if self.parser.get_http_version() != "1.0" and any(
-            name.lower() == b"expect" and value.lower() == b"100-continue" for name, value in self.headers
-        ):
+            lower = name.lower()
+            if lower not in HOP_BY_HOP:
+                forward.append((name, value, lower))
+            elif lower == b"content-length":
+                # Refused before the body is read, not after 64 MiB of it.
+                if value.strip().isdigit() and int(value) > MAX_REQUEST_BYTES:
+                    raise Refusal(413, f"request body larger than {MAX_REQUEST_BYTES} bytes")
+            elif lower == b"expect":
+                expect_continue = expect_continue or value.lower() == b"100-continue"
+            elif lower == b"connection":
+                listed += value.lower().split(b",")
+        if listed:
+            tokens = {token.strip() for token in listed}
+            forward = [header for header in forward if header[2] not in tokens]
+        self.headers = [(name, value) for name, value, _ in forward]
+        if expect_continue and self.parser.get_http_version() != "1.0":
             # The whole body is read before anything goes upstream, so say yes now (as aiohttp does), unless a
             # response is still going to this client: then once it is done (_next), never inside it.
             if self.current is None and not self.pending:
@@ -433,9 +484,9 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.pending:
             exchange = self.current = self.pending.popleft()
-            self._cancel_idle_timer()
-            self.proxy.begin(exchange)
             self._send(exchange)
+            if exchange.observed:
+                self.loop.call_soon(self.proxy.begin, exchange)
         elif self.refusal is not None:
             refusal, self.refusal = self.refusal, None
             self._write_error(refusal.status, str(refusal), close=True)
@@ -508,7 +559,8 @@ class ClientConnection(asyncio.Protocol):
             return
         exchange.done = True
         self.current = None
-        self.proxy.end(exchange, outcome)
+        if exchange.observed:
+            self.loop.call_soon(self.proxy.end, exchange, outcome)
         if self.closed:
             return
         if exchange.close_after:
@@ -534,9 +586,24 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()  # flushes what is buffered, then closes
 
     def _arm_idle_timer(self) -> None:
-        self._cancel_idle_timer()
-        if not self.closed:
-            self.idle_timer = asyncio.get_running_loop().call_later(KEEPALIVE_TIMEOUT, self._close)
+        # One timer per connection, re-armed only when it fires: creating and cancelling a timer
+        # for every request costs more than the rest of the request's bookkeeping.
+        self.idle_since = self.loop.time()
+        if self.idle_timer is None and not self.closed:
+            self.idle_timer = self.loop.call_at(self.idle_since + KEEPALIVE_TIMEOUT, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self.idle_timer = None
+        if self.closed:
+            return
+        if self.current is not None or self.pending:
+            self._arm_idle_timer()  # a response is going out: not idle
+            return
+        due = self.idle_since + KEEPALIVE_TIMEOUT
+        if self.loop.time() >= due:
+            self._close()
+        else:
+            self.idle_timer = self.loop.call_at(due, self._idle_check)
 
     def _cancel_idle_timer(self) -> None:
         if self.idle_timer is not None:
@@ -557,6 +624,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.used = 0
         self.reused = False
         self.received = False
+        self.first_due = False
         self._reset_response()
 
     def _reset_response(self) -> None:
@@ -593,6 +661,9 @@ class UpstreamConnection(asyncio.Protocol):
             self.client.upstream_broke(self, exchange, f"malformed response: {exc}")
             return
         self._flush()
+        if self.first_due:
+            self.first_due = False
+            self.client.loop.call_soon(self.client.proxy.first_chunk, exchange)
         if self.complete:
             self.exchange = None
             if not self.keep_alive:
@@ -670,8 +741,8 @@ class UpstreamConnection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         exchange = self.exchange
         if not exchange.first_seen:
-            exchange.first_seen = True
-            self.client.proxy.first_chunk(exchange)
+            exchange.first_seen = self.client.proxy.clock()
+            self.first_due = True  # observed once the chunk is on its way to the client (data_received)
         if exchange.tail is not None:
             exchange.tail.feed(body)
         if exchange.chunked:
@@ -710,8 +781,8 @@ def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
 def _request_model(body: bytes) -> str:
     """The `model` field of a generation request, normalised as Ollama does; "" when absent."""
     try:
-        value = json.loads(body)
-    except ValueError:
+        value = json.loads(body.decode())  # from str: half the time of json.loads(bytes), which sniffs the encoding
+    except ValueError:  # UnicodeDecodeError included
         return ""
     return normalise_model(value.get("model")) if isinstance(value, dict) else ""
 

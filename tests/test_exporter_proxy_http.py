@@ -824,6 +824,40 @@ def test_a_slow_reading_client_pauses_the_upstream_instead_of_buffering_the_stre
         assert upstream.accepted == 1
 
 
+def test_the_trailer_of_a_chunked_request_body_does_not_go_upstream_as_a_header(exporter_cls):
+    """The body goes upstream with a Content-Length; a trailer field has no place in that request's head."""
+    with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter, client(exporter) as (sock, reader):
+        sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nX-Request-Id: abc\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"2\r\n{}\r\n0\r\nX-Checksum: 99\r\nConnection: close\r\n\r\n")
+        assert read_response(reader).status == 200
+        seen = upstream.requests[0]
+        assert seen.body == b"{}" and seen.header("Content-Length") == "2" and seen.header("X-Request-Id") == "abc"
+        assert seen.header("X-Checksum") is None and seen.header("Connection") is None
+
+
+def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connection_stays_open(exporter_cls, monkeypatch):
+    """The idle timer is armed once per connection and checks on firing: a response going out, or a request every
+    so often, is not idleness."""
+    monkeypatch.setattr(proxy_module, "KEEPALIVE_TIMEOUT", 0.3)
+
+    def respond(upstream, conn, request, index):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(1 if request.target == "/quick" else 8):
+            time.sleep(0.1)
+            conn.sendall(b"3\r\n{}\n\r\n")
+        conn.sendall(b"0\r\n\r\n")
+        return True
+
+    with RawUpstream(respond) as upstream, exporter_cls(upstream.url) as exporter, client(exporter, timeout=3) as (sock, reader):
+        sock.sendall(request_bytes("POST", "/api/generate", b"{}"))
+        assert read_response(reader).body == b"{}\n" * 8  # 0.8 s of stream against a 0.3 s timeout
+        for _ in range(4):  # 4 x (0.2 s idle + 0.1 s response): past the timeout in all, never idle for that long
+            time.sleep(0.2)
+            sock.sendall(request_bytes("POST", "/quick", b"{}"))
+            assert read_response(reader).body == b"{}\n"
+        assert upstream.accepted == 1
+        assert closed_by_peer(reader)  # and once idle, it is closed
+
 def test_an_idle_client_connection_is_closed_after_the_keepalive_timeout(exporter_cls, monkeypatch):
     monkeypatch.setattr(proxy_module, "KEEPALIVE_TIMEOUT", 0.3)
     with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter:
