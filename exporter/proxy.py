@@ -435,27 +435,13 @@ class ClientConnection(asyncio.Protocol):
         self.in_head = False
         if self.parser.get_method() == b"CONNECT":
             raise Refusal(405, "CONNECT is not supported: this proxy forwards only to its Ollama")
-        # One pass: what goes upstream (end-to-end headers, in order) and what the proxy acts on.
-        forward = []
-        expect_continue = False
-        listed: list[bytes] = []  # header names listed in Connection are hop-by-hop too (RFC 9110 7.6.1)
-        for name, value in self.headers:
-            lower = name.lower()
-            if lower not in HOP_BY_HOP:
-                forward.append((name, value, lower))
-            elif lower == b"content-length":
-                # Refused before the body is read, not after 64 MiB of it.
-                if value.strip().isdigit() and int(value) > MAX_REQUEST_BYTES:
-                    raise Refusal(413, f"request body larger than {MAX_REQUEST_BYTES} bytes")
-            elif lower == b"expect":
-                expect_continue = expect_continue or value.lower() == b"100-continue"
-            elif lower == b"connection":
-                listed += value.lower().split(b",")
-        if listed:
-            tokens = {token.strip() for token in listed}
-            forward = [header for header in forward if header[2] not in tokens]
-        self.headers = [(name, value) for name, value, _ in forward]
-        if expect_continue and self.parser.get_http_version() != "1.0":
+        self.headers, hop = _split_headers(self.headers)
+        for value in hop.get(b"content-length", ()):
+            # Refused before the body is read, not after 64 MiB of it.
+            if value.strip().isdigit() and int(value) > MAX_REQUEST_BYTES:
+                raise Refusal(413, f"request body larger than {MAX_REQUEST_BYTES} bytes")
+        if (b"expect" in hop and self.parser.get_http_version() != "1.0"
+                and any(value.lower() == b"100-continue" for value in hop[b"expect"])):
             # The whole body is read before anything goes upstream, so say yes now (as aiohttp does), unless a
             # response is still going to this client: then once it is done (_next), never inside it.
             if self.current is None and not self.pending:
@@ -703,18 +689,12 @@ class UpstreamConnection(asyncio.Protocol):
             self.informational = True  # e.g. 103 Early Hints: not relayed, the real response follows
             return
         exchange.status = status
-        skip = HOP_BY_HOP | _connection_tokens(self.headers)
         head = [b"HTTP/1.1 %d %s\r\n" % (status, self.reason)]
-        length = None
-        chunked_upstream = False
-        for name, value in self.headers:
-            lower = name.lower()
-            if lower == b"content-length":
-                length = value
-            elif lower == b"transfer-encoding":
-                chunked_upstream = True
-            if lower not in skip:
-                head += (name, b": ", value, b"\r\n")
+        forward, hop = _split_headers(self.headers)
+        for name, value in forward:
+            head += (name, b": ", value, b"\r\n")
+        length = hop[b"content-length"][-1] if b"content-length" in hop else None
+        chunked_upstream = b"transfer-encoding" in hop
         if exchange.method == b"HEAD":
             if length is not None:
                 head.append(b"Content-Length: " + length + b"\r\n")
@@ -772,10 +752,23 @@ def _origin_form(target: bytes) -> bytes:
     return path if path.startswith(b"/") else b"/" + path
 
 
-def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """Header names listed in Connection are hop-by-hop too (RFC 9110 7.6.1)."""
-    tokens = [token.strip().lower() for name, value in headers if name.lower() == b"connection" for token in value.split(b",")]
-    return frozenset(tokens)
+def _split_headers(headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], dict[bytes, list[bytes]]]:
+    """In one pass: the end-to-end headers in order, and the hop-by-hop ones by lower-cased name.
+
+    Header names listed in Connection are hop-by-hop too (RFC 9110 7.6.1).
+    """
+    forward = []
+    hop: dict[bytes, list[bytes]] = {}
+    for name, value in headers:
+        lower = name.lower()
+        if lower in HOP_BY_HOP:
+            hop.setdefault(lower, []).append(value)
+        else:
+            forward.append((name, value, lower))
+    if b"connection" in hop:
+        listed = {token.strip().lower() for value in hop[b"connection"] for token in value.split(b",")}
+        return [(name, value) for name, value, lower in forward if lower not in listed], hop
+    return [(name, value) for name, value, _ in forward], hop
 
 
 def _request_model(body: bytes) -> str:
