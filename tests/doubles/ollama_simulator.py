@@ -76,15 +76,27 @@ class SimulatedModel:
         }
 
 
+_SECOND = (0, "")  # (a whole second, its "YYYY-MM-DDTHH:MM:SS." text): strftime once a second, not per token
+
+
 def _now_rfc3339(at: float | None = None) -> str:
     """Go's RFC 3339 with nanoseconds, as Ollama prints times."""
-    moment = datetime.fromtimestamp(time.time() if at is None else at, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond:06d}123Z"
+    global _SECOND
+    now = time.time() if at is None else at
+    second, text = _SECOND
+    if int(now) != second:
+        second = int(now)
+        text = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        _SECOND = (second, text)
+    return f"{text}{int((now - second) * 1e6):06d}123Z"
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # json.dumps builds a new encoder per call for non-default options
 
 
 def _dump(value: dict) -> bytes:
     """Compact JSON, as Go's encoding/json writes it."""
-    return json.dumps(value, separators=(",", ":")).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def _json(value, status: int = 200) -> web.Response:
