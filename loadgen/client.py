@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +30,8 @@ from urllib.parse import urlsplit
 
 import gevent
 from gevent import monkey as gevent_monkey
+
+from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
 
 # Ollama's final NDJSON object: the engine-side numbers the report cross-checks (nanoseconds).
 OLLAMA_STATS = ("eval_count", "eval_duration", "prompt_eval_count", "prompt_eval_duration", "load_duration",
@@ -114,12 +114,8 @@ def chat_payload(api: str, model: str, prompt: str, max_tokens: int, temperature
 # --- transports: POST a body, hand back status and the body's bytes as they arrive, each with its arrival stamp ---
 
 READ_SIZE = 16 * 1024
-# Linux's SO_TIMESTAMPNS (Python's socket module does not export it): every read carries the time the kernel
-# received its bytes, so a chunk's stamp does not wait for this process to be scheduled (at 64 streams the
-# event loop serves them one after another) nor for anything parsed before it.
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
-TIMESPEC = struct.Struct("@qq")
-CMSG_SIZE = socket.CMSG_SPACE(TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+# Kernel receive stamps (servescope.kernel_stamps): a chunk's stamp does not wait for this process to be
+# scheduled (at 64 streams the event loop serves them one after another) nor for anything parsed before it.
 # The blocking select.select, also where Locust has monkey-patched it (looked up once, at import).
 _REAL_SELECT = gevent_monkey.get_original("select", "select")
 STAMP_MAX_AGE_S = 60.0  # a kernel stamp older than this when read is taken for a clock step, not a slow reader
@@ -218,14 +214,9 @@ def _ask_for_receive_stamps(sock) -> None:
 
 def _kernel_stamp(ancillary, now: float) -> float:
     """The kernel's receive time of a read's bytes on the perf_counter clock; `now` (read just after) without one."""
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
-            sec, nsec = TIMESPEC.unpack_from(data)
-            # Wall clock -> perf_counter (CLOCK_MONOTONIC on Linux); both are slewed alike, only a step differs.
-            stamp = sec + nsec * 1e-9 - (time.time() - time.perf_counter())
-            # A wall-clock step between the kernel's stamp and this conversion would put it in the future or far back.
-            return stamp if now - STAMP_MAX_AGE_S < stamp <= now else now
-    return now
+    stamp = receive_stamp(ancillary, time.perf_counter)
+    # A wall-clock step between the kernel's stamp and its conversion would put it in the future or far back.
+    return stamp if stamp is not None and now - STAMP_MAX_AGE_S < stamp <= now else now
 
 
 class _GeventResponse:

@@ -49,18 +49,15 @@ import io
 import json
 import re
 import socket
-import struct
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
+
 FAULT_MARKER = re.compile(r"\[\[fault:([^\]]+)\]\]")
-# Linux's SO_TIMESTAMPNS (Python's socket module does not export it): each read carries the kernel's
-# receive time of its bytes (CLOCK_REALTIME, struct timespec).
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
-TIMESPEC = struct.Struct("@qq")
 
 
 @dataclass
@@ -155,12 +152,11 @@ class _StampedReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
-        n, ancillary, _flags, _addr = self.sock.recvmsg_into([buffer], socket.CMSG_SPACE(TIMESPEC.size))
-        for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
-                sec, nsec = TIMESPEC.unpack_from(data)
-                # Wall clock -> monotonic, the clock every other stamp here (and the client's) is on.
-                self.stamp = sec + nsec * 1e-9 - (time.time() - time.monotonic())
+        n, ancillary, _flags, _addr = self.sock.recvmsg_into([buffer], CMSG_SIZE)
+        # On time.monotonic(), the clock every other stamp here (and the client's) is on.
+        stamp = receive_stamp(ancillary, time.monotonic)
+        if stamp is not None:
+            self.stamp = stamp
         return n
 
 
