@@ -22,7 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== bench {module_info.name}", flush=True)
         started = time.monotonic()
         rc = module.main([])
-        print(f"== bench {module_info.name}: {'ok' if not rc else 'FAILED'} in {time.monotonic() - started:.1f}s", flush=True)
+        print(
+            f"== bench {module_info.name}: {'ok' if not rc else 'FAILED'} in {time.monotonic() - started:.1f}s",
+            flush=True,
+        )
         failures += bool(rc)
     return 1 if failures else 0
 

@@ -35,8 +35,10 @@ class StreamTimer(asyncio.Protocol):
         self.waiter = asyncio.get_running_loop().create_future()
         self.parser = httptools.HttpResponseParser(self)
         self.first = 0.0
-        request = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                   % (path.encode(), host.encode(), len(body))) + body
+        request = (
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (path.encode(), host.encode(), len(body))
+        ) + body
         self.started = time.perf_counter()
         self.transport.write(request)
         total = await self.waiter

@@ -28,8 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     from tests.test_exporter_recorded_engine import FIXTURES, RecordedEngine, vllm_engine
 
-    vllm_page = next(name for name in ("vllm-0.32.0-cpu-metrics-burst.txt", "vllm-0.9.1-cpu-metrics.txt")
-                      if (FIXTURES / name).exists())
+    vllm_page = next(
+        name
+        for name in ("vllm-0.32.0-cpu-metrics-burst.txt", "vllm-0.9.1-cpu-metrics.txt")
+        if (FIXTURES / name).exists()
+    )
     llamacpp_pages = sorted(FIXTURES.glob("llamacpp-*-metrics-busy.txt"))
     llamacpp_slots = sorted(FIXTURES.glob("llamacpp-*-slots-busy.json"))
     vllm = vllm_engine(vllm_page).start()
@@ -48,8 +51,22 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     sim_port, port, proxy_port = free_port(), free_port(), free_port()
-    sim = subprocess.Popen([sys.executable, "-m", "tests.doubles.ollama_simulator", "--port", str(sim_port),
-                            "--token-delay", "0.001", "--load-delay", "0"], cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+    sim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.doubles.ollama_simulator",
+            "--port",
+            str(sim_port),
+            "--token-delay",
+            "0.001",
+            "--load-delay",
+            "0",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     workdir = Path(tempfile.mkdtemp(prefix="servescope-bench-"))
     config = workdir / "exporter.yml"
     config.write_text(
@@ -58,17 +75,32 @@ def main(argv: list[str] | None = None) -> int:
         f"  - {{kind: llamacpp, name: llamacpp, url: '{llamacpp.url}'}}\n"
         f"  - {{kind: ollama, name: ollama, url: 'http://127.0.0.1:{sim_port}', proxy_port: {proxy_port}}}\n"
     )
-    exporter = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(config)], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--config", str(config)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_ready(f"http://127.0.0.1:{sim_port}/api/version", sim)
         wait_ready(f"http://127.0.0.1:{port}/metrics", exporter)
         # Some traffic through the proxy, so the page carries its histograms too.
         for _ in range(20):
-            requests.post(f"http://127.0.0.1:{proxy_port}/api/chat", timeout=10, json={
-                "model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 4}})
-        print(f"  {args.scrapes} scrapes of /metrics, engines: vLLM ({vllm_page}), llama.cpp "
-              f"({llamacpp_pages[-1].name if llamacpp_pages else 'synthetic page'}), Ollama simulator + proxy ...", flush=True)
+            requests.post(
+                f"http://127.0.0.1:{proxy_port}/api/chat",
+                timeout=10,
+                json={
+                    "model": "smollm2-135m",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "options": {"num_predict": 4},
+                },
+            )
+        print(
+            f"  {args.scrapes} scrapes of /metrics, engines: vLLM ({vllm_page}), llama.cpp "
+            f"({llamacpp_pages[-1].name if llamacpp_pages else 'synthetic page'}), Ollama simulator + proxy ...",
+            flush=True,
+        )
         session = requests.Session()
         process = psutil.Process(exporter.pid)
         cpu_before = sum(process.cpu_times()[:2])
@@ -79,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             resp = session.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
             durations.append(time.perf_counter() - started)
             size = len(resp.content)
-            if "servescope_engine_up{" not in resp.text or ' 0.0\n' in "".join(
-                    line + "\n" for line in resp.text.splitlines() if line.startswith("servescope_engine_up{")):
+            if "servescope_engine_up{" not in resp.text or " 0.0\n" in "".join(
+                line + "\n" for line in resp.text.splitlines() if line.startswith("servescope_engine_up{")
+            ):
                 print("  an engine reported up 0 during the benchmark", flush=True)
                 return 1
         cpu_ms = (sum(process.cpu_times()[:2]) - cpu_before) / args.scrapes * 1e3
@@ -88,11 +121,28 @@ def main(argv: list[str] | None = None) -> int:
         p50, p99, worst = (percentile(durations, q) * 1e3 for q in (50, 99, 100))
         print(f"  goal: p99 <= {GOAL_P99_MS:.0f} ms, resident memory <= {GOAL_RSS_MB:.0f} MB")
         print(f"  load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        print("  " + " | ".join(f"{h:>10}" for h in ("scrapes", "page bytes", "p50", "p99", "max", "CPU/scrape", "RSS",
-                                                      "goal met")))
+        print(
+            "  "
+            + " | ".join(
+                f"{h:>10}" for h in ("scrapes", "page bytes", "p50", "p99", "max", "CPU/scrape", "RSS", "goal met")
+            )
+        )
         met = p99 <= GOAL_P99_MS and rss_mb <= GOAL_RSS_MB
-        print("  " + " | ".join([f"{args.scrapes:>10}", f"{size:>10}", f"{p50:>7.2f} ms", f"{p99:>7.2f} ms",
-                                 f"{worst:>7.2f} ms", f"{cpu_ms:>7.2f} ms", f"{rss_mb:>7.1f} MB", f"{'yes' if met else 'NO':>10}"]))
+        print(
+            "  "
+            + " | ".join(
+                [
+                    f"{args.scrapes:>10}",
+                    f"{size:>10}",
+                    f"{p50:>7.2f} ms",
+                    f"{p99:>7.2f} ms",
+                    f"{worst:>7.2f} ms",
+                    f"{cpu_ms:>7.2f} ms",
+                    f"{rss_mb:>7.1f} MB",
+                    f"{'yes' if met else 'NO':>10}",
+                ]
+            )
+        )
         return 0
     finally:
         for proc in (exporter, sim):

@@ -40,8 +40,13 @@ class SyntheticProcess:
     """tests/doubles/synthetic_openai.py in its own process (its own GIL), port chosen by the kernel."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.doubles.synthetic_openai", "--port", "0", *args],
-                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.doubles.synthetic_openai", "--port", "0", *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if not line.startswith("listening on "):
             self.stop()
@@ -84,8 +89,9 @@ class Window:
         return self.tokens / self.cpu_s if self.cpu_s > 0 else float("nan")
 
 
-def run_measured(cmd: list[str], server: SyntheticProcess, timeout: float, cwd: Path = REPO,
-                 env: dict | None = None) -> tuple[subprocess.CompletedProcess, Window]:
+def run_measured(
+    cmd: list[str], server: SyntheticProcess, timeout: float, cwd: Path = REPO, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, Window]:
     """Run a client; sample its CPU and the server's counters every POLL_S; the window excludes start-up and exit work."""
     proc = psutil.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     # Drain the client's output while it runs: a full pipe would stall it inside the window.
@@ -121,13 +127,48 @@ def _cpu(proc: psutil.Popen) -> float:
     return times.user + times.system
 
 
-def loadgen_burst(server: SyntheticProcess, *, size: int, bursts: int, max_tokens: int, http_client: str,
-                  prompts: str = "seed3", timeout: float = 600) -> tuple[list[dict], dict, Window]:
+def loadgen_burst(
+    server: SyntheticProcess,
+    *,
+    size: int,
+    bursts: int,
+    max_tokens: int,
+    http_client: str,
+    prompts: str = "seed3",
+    timeout: float = 600,
+) -> tuple[list[dict], dict, Window]:
     """`python -m loadgen burst` against the server; returns raw records, phases and the traffic window."""
     with tempfile.TemporaryDirectory(prefix="servescope-bench-") as results:
-        cmd = [sys.executable, "-m", "loadgen", "burst", "--engine", f"vllm={server.url}", "--burst-size", str(size),
-               "--bursts", str(bursts), "--burst-pause", "0.2", "--max-tokens", str(max_tokens), "--http-client", http_client,
-               "--warmup", "1", "--prompts", prompts, "--results", results, "--run-id", "bench", "--metrics-port", "0", "--quiet", "--no-ignore-eos"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "burst",
+            "--engine",
+            f"vllm={server.url}",
+            "--burst-size",
+            str(size),
+            "--bursts",
+            str(bursts),
+            "--burst-pause",
+            "0.2",
+            "--max-tokens",
+            str(max_tokens),
+            "--http-client",
+            http_client,
+            "--warmup",
+            "1",
+            "--prompts",
+            prompts,
+            "--results",
+            results,
+            "--run-id",
+            "bench",
+            "--metrics-port",
+            "0",
+            "--quiet",
+            "--no-ignore-eos",
+        ]
         proc, window = run_measured(cmd, server, timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"loadgen failed: {proc.stdout.strip()[-500:]}")
@@ -141,16 +182,48 @@ def vllm_available() -> bool:
     return VLLM_PYTHON.exists() and (VLLM_TOKENIZER / "tokenizer.json").exists()
 
 
-def vllm_bench(server: SyntheticProcess, *, concurrency: int, prompts: int, output_len: int,
-               timeout: float = 900) -> tuple[dict, Window]:
+def vllm_bench(
+    server: SyntheticProcess, *, concurrency: int, prompts: int, output_len: int, timeout: float = 900
+) -> tuple[dict, Window]:
     """vLLM's own `vllm bench serve` (openai-chat backend) against the same server; its detailed result JSON."""
     with tempfile.TemporaryDirectory(prefix="servescope-vllm-bench-") as out_dir:
-        cmd = [str(VLLM_PYTHON), "-c", VLLM_CLI_SHIM, "bench", "serve", "--backend", "openai-chat",
-               "--base-url", server.url, "--endpoint", "/v1/chat/completions", "--model", "synthetic/model",
-               "--tokenizer", str(VLLM_TOKENIZER), "--dataset-name", "random", "--random-input-len", "16",
-               "--random-output-len", str(output_len), "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
-               "--ignore-eos", "--save-result", "--save-detailed", "--result-dir", out_dir, "--result-filename", "result.json",
-               "--disable-tqdm", "--ready-check-timeout-sec", "0"]
+        cmd = [
+            str(VLLM_PYTHON),
+            "-c",
+            VLLM_CLI_SHIM,
+            "bench",
+            "serve",
+            "--backend",
+            "openai-chat",
+            "--base-url",
+            server.url,
+            "--endpoint",
+            "/v1/chat/completions",
+            "--model",
+            "synthetic/model",
+            "--tokenizer",
+            str(VLLM_TOKENIZER),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            str(output_len),
+            "--num-prompts",
+            str(prompts),
+            "--max-concurrency",
+            str(concurrency),
+            "--ignore-eos",
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            out_dir,
+            "--result-filename",
+            "result.json",
+            "--disable-tqdm",
+            "--ready-check-timeout-sec",
+            "0",
+        ]
         env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
         proc, window = run_measured(cmd, server, timeout, cwd=Path(out_dir), env=env)
         result_path = Path(out_dir) / "result.json"
@@ -164,7 +237,9 @@ def content_aligned(result: dict) -> tuple[list[float], list[float]]:
     """vLLM bench's per-request stamps under our definitions: its TTFT is the (empty) role chunk, its first gap runs to the
     first content chunk and its last gap to the finish chunk (no content): TTFT = ttft + gaps[0], ITL = gaps[1:-1]."""
     ttfts, itls = [], []
-    for ttft, gaps, tokens in zip(result.get("ttfts", []), result.get("itls", []), result.get("output_lens", []), strict=False):
+    for ttft, gaps, tokens in zip(
+        result.get("ttfts", []), result.get("itls", []), result.get("output_lens", []), strict=False
+    ):
         if not ttft or len(gaps) != tokens + 1:
             continue  # not the shape above (a failed request, or another vLLM version): left out rather than misread
         ttfts.append(ttft + gaps[0])
@@ -197,7 +272,7 @@ def _errors_vs_server(records: list[dict], server_url: str) -> tuple[list[float]
     for prompt_id, text in texts.items():
         mine = sorted((r for r in records if r["prompt_id"] == prompt_id and r["ok"]), key=lambda r: r["started_at"])
         theirs = sorted(by_prompt.get(text, []), key=lambda s: s["t_arrival"])
-        theirs = theirs[len(theirs) - len(mine):] if len(theirs) >= len(mine) else []  # the warm-up came first
+        theirs = theirs[len(theirs) - len(mine) :] if len(theirs) >= len(mine) else []  # the warm-up came first
         for record, stream in zip(mine, theirs, strict=False):
             writes = stream["writes"]
             if len(writes) != record["content_chunks"]:
@@ -214,71 +289,107 @@ def _errors_ms(values: list[float], truth: float) -> tuple[float, float]:
     return (statistics.median(errors), percentile(errors, 0.99)) if errors else (float("nan"), float("nan"))
 
 
-def _row(client: str, concurrency: int, n: int, ttfts: list[float], itls: list[float], server: dict,
-         vs_server: tuple[list[float], list[float], list[float]] | None = None) -> str:
+def _row(
+    client: str,
+    concurrency: int,
+    n: int,
+    ttfts: list[float],
+    itls: list[float],
+    server: dict,
+    vs_server: tuple[list[float], list[float], list[float]] | None = None,
+) -> str:
     t_med, t_p99 = _errors_ms(ttfts, TTFT_S)
     i_med, i_p99 = _errors_ms(itls, ITL_S)
     if vs_server and vs_server[0]:
         ttft_err, itl_err, queued = vs_server
-        exact = (f"{statistics.median(ttft_err):>+9.3f} {percentile(ttft_err, 0.99):>+9.3f} "
-                 f"{statistics.median(itl_err):>+9.3f} {percentile(itl_err, 0.99):>+9.3f} {statistics.median(queued):>8.3f}")
+        exact = (
+            f"{statistics.median(ttft_err):>+9.3f} {percentile(ttft_err, 0.99):>+9.3f} "
+            f"{statistics.median(itl_err):>+9.3f} {percentile(itl_err, 0.99):>+9.3f} {statistics.median(queued):>8.3f}"
+        )
     else:
         exact = f"{'-':>9} {'-':>9} {'-':>9} {'-':>9} {'-':>8}"
-    return (f"{client:<18} {concurrency:>4} {n:>5} {t_med:>+10.3f} {t_p99:>+10.3f} {i_med:>+10.3f} {i_p99:>+10.3f} "
-            f"{server.get('late_ms_p50') or float('nan'):>8.3f} {server.get('late_ms_p99') or float('nan'):>8.3f} {exact}")
+    return (
+        f"{client:<18} {concurrency:>4} {n:>5} {t_med:>+10.3f} {t_p99:>+10.3f} {i_med:>+10.3f} {i_p99:>+10.3f} "
+        f"{server.get('late_ms_p50') or float('nan'):>8.3f} {server.get('late_ms_p99') or float('nan'):>8.3f} {exact}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loadgen_accuracy", description=__doc__)
     parser.add_argument("--concurrencies", default="1,16,64")
     parser.add_argument("--clients", default="geventhttpclient,requests")
-    parser.add_argument("--rounds", type=int, default=4,
-                        help="bursts per concurrency level (at least 32 requests): the first round also pays TCP connects")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="bursts per concurrency level (at least 32 requests): the first round also pays TCP connects",
+    )
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's own client")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrencies.split(",")]
     clients = [c for c in args.clients.split(",") if c]
     with_vllm = not args.no_vllm and vllm_available() and not os.environ.get("SERVESCOPE_BENCH_NO_VLLM")
 
-    print(f"error = reported - truth, ms. vs configured: truth = TTFT {TTFT_S * 1000:.0f} ms, ITL {ITL_S * 1000:.0f} ms "
-          f"({TOKENS} tokens) from the request's arrival at the server, so the server's own lateness (srv p50/p99) counts "
-          f"against the client. vs server stamps: truth = the server's first write - the kernel's receive stamp of the "
-          f"request, and its write-to-write gaps (CLOCK_MONOTONIC, same machine): the client's error alone. queued = median "
-          f"ms a request's bytes waited before a server thread read them (in the truth, not the client's error). "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"error = reported - truth, ms. vs configured: truth = TTFT {TTFT_S * 1000:.0f} ms, ITL {ITL_S * 1000:.0f} ms "
+        f"({TOKENS} tokens) from the request's arrival at the server, so the server's own lateness (srv p50/p99) counts "
+        f"against the client. vs server stamps: truth = the server's first write - the kernel's receive stamp of the "
+        f"request, and its write-to-write gaps (CLOCK_MONOTONIC, same machine): the client's error alone. queued = median "
+        f"ms a request's bytes waited before a server thread read them (in the truth, not the client's error). "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'':<28}{'--- vs configured ---':^44} {'srv late':^17} {'--- vs server stamps ---':^39}")
-    print(f"{'client':<18} {'conc':>4} {'n':>5} {'TTFT med':>10} {'TTFT p99':>10} {'ITL med':>10} {'ITL p99':>10} "
-          f"{'p50':>8} {'p99':>8} {'TTFT med':>9} {'TTFT p99':>9} {'ITL med':>9} {'ITL p99':>9} {'queued':>8}")
+    print(
+        f"{'client':<18} {'conc':>4} {'n':>5} {'TTFT med':>10} {'TTFT p99':>10} {'ITL med':>10} {'ITL p99':>10} "
+        f"{'p50':>8} {'p99':>8} {'TTFT med':>9} {'TTFT p99':>9} {'ITL med':>9} {'ITL p99':>9} {'queued':>8}"
+    )
     failures = 0
     for concurrency in levels:
         bursts = max(args.rounds, -(-32 // concurrency))
         for client in clients:
             with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
                 try:
-                    records, _phases, _cpu = loadgen_burst(server, size=concurrency, bursts=bursts, max_tokens=TOKENS,
-                                                          http_client=client, prompts=PROMPTS)
+                    records, _phases, _cpu = loadgen_burst(
+                        server, size=concurrency, bursts=bursts, max_tokens=TOKENS, http_client=client, prompts=PROMPTS
+                    )
                 except RuntimeError as exc:
                     print(f"{'servescope/' + client:<18} {concurrency:>4} failed: {exc}")
                     failures += 1
                     continue
                 ok = [r for r in records if r["ok"]]
-                print(_row(f"servescope/{client}"[:18], concurrency, len(ok), [r["ttft_s"] for r in ok],
-                           [gap for r in ok for gap in r["itl_s"]], server.stats(), _errors_vs_server(ok, server.url)),
-                      flush=True)
+                print(
+                    _row(
+                        f"servescope/{client}"[:18],
+                        concurrency,
+                        len(ok),
+                        [r["ttft_s"] for r in ok],
+                        [gap for r in ok for gap in r["itl_s"]],
+                        server.stats(),
+                        _errors_vs_server(ok, server.url),
+                    ),
+                    flush=True,
+                )
         if with_vllm:
             with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
                 try:
-                    result, _cpu = vllm_bench(server, concurrency=concurrency, prompts=bursts * concurrency, output_len=TOKENS)
+                    result, _cpu = vllm_bench(
+                        server, concurrency=concurrency, prompts=bursts * concurrency, output_len=TOKENS
+                    )
                 except RuntimeError as exc:
                     print(f"{'vllm bench serve':<18} {concurrency:>4} failed: {exc}")
                     failures += 1
                     continue
                 ttfts, itls = content_aligned(result)
-                print(_row("vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()), flush=True)
+                print(
+                    _row("vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()),
+                    flush=True,
+                )
     if with_vllm:
-        print("* vllm bench serve stamps its TTFT at the first chunk even when it is empty (the role chunk, sent at once) and "
-              "adds a gap for the content-less finish chunk: from its own per-request stamps, TTFT here = its TTFT + its first "
-              "gap (first content chunk) and ITL = its gaps between content chunks, our definitions")
+        print(
+            "* vllm bench serve stamps its TTFT at the first chunk even when it is empty (the role chunk, sent at once) and "
+            "adds a gap for the content-less finish chunk: from its own per-request stamps, TTFT here = its TTFT + its first "
+            "gap (first content chunk) and ITL = its gaps between content chunks, our definitions"
+        )
     if not with_vllm:
         print("vLLM's client skipped: ~/.cache/servescope/venv-vllm or its tokenizer is missing (or --no-vllm)")
     return 1 if failures else 0

@@ -101,8 +101,11 @@ http {{
   }}
 }}
 """)
-    proc = subprocess.Popen(["nginx", "-c", str(folder / "nginx.conf"), "-p", str(folder)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["nginx", "-c", str(folder / "nginx.conf"), "-p", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -119,13 +122,43 @@ def main(argv: list[str] | None = None) -> int:
 
     sim_port, exporter_port, proxy_port = free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    sim = subprocess.Popen([sys.executable, "-m", "tests.doubles.ollama_simulator", "--port", str(sim_port),
-                            "--num-parallel", "64", "--token-delay", str(args.token_delay), "--load-delay", "0"],
-                           cwd=REPO, env=env, stdout=subprocess.DEVNULL)
-    exporter = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(exporter_port),
-                                 "--ollama-url", f"http://127.0.0.1:{sim_port}", "--proxy-port", str(proxy_port),
-                                 "--ollama-num-parallel", "64"],
-                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.doubles.ollama_simulator",
+            "--port",
+            str(sim_port),
+            "--num-parallel",
+            "64",
+            "--token-delay",
+            str(args.token_delay),
+            "--load-delay",
+            "0",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    exporter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--port",
+            str(exporter_port),
+            "--ollama-url",
+            f"http://127.0.0.1:{sim_port}",
+            "--proxy-port",
+            str(proxy_port),
+            "--ollama-num-parallel",
+            "64",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     procs = [exporter, sim]
     with tempfile.TemporaryDirectory(prefix="servescope-bench-nginx-") as folder:
         try:
@@ -137,8 +170,13 @@ def main(argv: list[str] | None = None) -> int:
                 procs.append(nginx[0])
                 wait_ready(f"{nginx[1]}/api/version", nginx[0])
                 targets["nginx"] = nginx[1]
-            body = json.dumps({"model": "smollm2-135m", "messages": [{"role": "user", "content": "Explain paged attention"}],
-                               "options": {"num_predict": args.tokens}}).encode()
+            body = json.dumps(
+                {
+                    "model": "smollm2-135m",
+                    "messages": [{"role": "user", "content": "Explain paged attention"}],
+                    "options": {"num_predict": args.tokens},
+                }
+            ).encode()
             report(measure_all(targets, args, body), args)
             return 0  # a missed goal is a finding, not a crash: the table says it
         finally:
@@ -156,18 +194,35 @@ def measure_all(targets: dict[str, str], args: argparse.Namespace, body: bytes) 
     results = {}
     with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
         for concurrency, bursts in ((1, args.requests), (32, args.bursts)):
-            print(f"  concurrency {concurrency}: {bursts} bursts of {concurrency} per mode ({', '.join(targets)}), "
-                  "modes taking turns ...", flush=True)
+            print(
+                f"  concurrency {concurrency}: {bursts} bursts of {concurrency} per mode ({', '.join(targets)}), "
+                "modes taking turns ...",
+                flush=True,
+            )
             results[concurrency] = runner.run(measure(targets, concurrency, bursts, body))
     return results
 
 
 def report(results: dict[int, dict], args: argparse.Namespace) -> bool:
     print(f"  load average after measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"  simulator: {args.tokens} tokens/request, {args.token_delay * 1e3:.1f} ms/token; goal: added <= "
-          f"{GOAL_P50_MS} ms at p50, <= {GOAL_P99_MS} ms at p99")
-    header = ("conc", "metric", "via", "n", "direct p50", "via p50", "added p50", "direct p99", "via p99", "added p99",
-              "added mean", "goal met")
+    print(
+        f"  simulator: {args.tokens} tokens/request, {args.token_delay * 1e3:.1f} ms/token; goal: added <= "
+        f"{GOAL_P50_MS} ms at p50, <= {GOAL_P99_MS} ms at p99"
+    )
+    header = (
+        "conc",
+        "metric",
+        "via",
+        "n",
+        "direct p50",
+        "via p50",
+        "added p50",
+        "direct p99",
+        "via p99",
+        "added p99",
+        "added mean",
+        "goal met",
+    )
     print("  " + " | ".join(f"{h:>11}" for h in header))
     ok = True
     for concurrency, samples in results.items():

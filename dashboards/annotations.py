@@ -65,7 +65,10 @@ def post_phase(
 
         api = GrafanaApi.from_url(url, credential=credential, timeout=timeout)
         api.annotations.add_annotation(
-            time_from=int(started_at * 1000), time_to=int(ended_at * 1000), tags=tags, text=body,
+            time_from=int(started_at * 1000),
+            time_to=int(ended_at * 1000),
+            tags=tags,
+            text=body,
         )
     except Exception as exc:  # noqa: BLE001 -- Grafana is optional: any failure is one log line, never a crash
         reason = " ".join(str(exc).split())[:160] or type(exc).__name__

@@ -58,7 +58,7 @@ def sel(metric: str, matchers: dict[str, str] | None = None, **extra: str) -> st
     for label, spec in merged.items():
         for op in ("=~", "!~", "!=", "="):
             if spec.startswith(op):
-                parts.append(f'{label}{op}"{spec[len(op):]}"')
+                parts.append(f'{label}{op}"{spec[len(op) :]}"')
                 break
         else:
             raise ValueError(f"matcher for {label!r} must start with an operator: {spec!r}")
@@ -94,6 +94,7 @@ def or_zero(expr: str, zero_like: str, on: Iterable[str]) -> str:
 # Panels
 # ---------------------------------------------------------------------------------------------
 
+
 def target(expr: str, legend: str, ref: str = "A") -> dict:
     return {"refId": ref, "expr": expr, "legendFormat": legend, "datasource": DS, "range": True, "instant": False}
 
@@ -104,8 +105,17 @@ def _with_refs(targets: list[dict]) -> list[dict]:
     return targets
 
 
-def timeseries(title: str, description: str, unit: str, targets: list[dict], *, width: int = 8,
-               height: int = 8, min_zero: bool = True, stack: bool = False) -> dict:
+def timeseries(
+    title: str,
+    description: str,
+    unit: str,
+    targets: list[dict],
+    *,
+    width: int = 8,
+    height: int = 8,
+    min_zero: bool = True,
+    stack: bool = False,
+) -> dict:
     custom = {"drawStyle": "line", "lineWidth": 2, "fillOpacity": 10, "showPoints": "never", "spanNulls": True}
     if stack:
         custom["stacking"] = {"mode": "normal", "group": "A"}
@@ -113,25 +123,49 @@ def timeseries(title: str, description: str, unit: str, targets: list[dict], *, 
     if min_zero:
         defaults["min"] = 0
     return {
-        "type": "timeseries", "title": title, "description": description, "datasource": DS,
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
         "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
-                    "tooltip": {"mode": "multi", "sort": "desc"}},
-        "targets": _with_refs(targets), "_size": (width, height),
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "targets": _with_refs(targets),
+        "_size": (width, height),
     }
 
 
-def stat(title: str, description: str, unit: str, targets: list[dict], *, width: int = 4, height: int = 5,
-         mappings: list | None = None, thresholds: list | None = None) -> dict:
+def stat(
+    title: str,
+    description: str,
+    unit: str,
+    targets: list[dict],
+    *,
+    width: int = 4,
+    height: int = 5,
+    mappings: list | None = None,
+    thresholds: list | None = None,
+) -> dict:
     defaults: dict = {"unit": unit, "mappings": mappings or []}
     defaults["thresholds"] = {"mode": "absolute", "steps": thresholds or [{"color": "blue", "value": None}]}
     return {
-        "type": "stat", "title": title, "description": description, "datasource": DS,
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
         "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                    "colorMode": "background" if thresholds else "value", "graphMode": "area",
-                    "textMode": "value_and_name", "justifyMode": "auto", "orientation": "auto"},
-        "targets": _with_refs(targets), "_size": (width, height),
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "background" if thresholds else "value",
+            "graphMode": "area",
+            "textMode": "value_and_name",
+            "justifyMode": "auto",
+            "orientation": "auto",
+        },
+        "targets": _with_refs(targets),
+        "_size": (width, height),
     }
 
 
@@ -139,8 +173,15 @@ def row(title: str) -> dict:
     return {"type": "row", "title": title, "collapsed": False, "panels": [], "_size": (24, 1)}
 
 
-UP_MAPPINGS = [{"type": "value", "options": {"0": {"text": "down", "color": "red", "index": 0},
-                                              "1": {"text": "up", "color": "green", "index": 1}}}]
+UP_MAPPINGS = [
+    {
+        "type": "value",
+        "options": {
+            "0": {"text": "down", "color": "red", "index": 0},
+            "1": {"text": "up", "color": "green", "index": 1},
+        },
+    }
+]
 UP_THRESHOLDS = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
 TOKENS_PER_S = "suffix: tok/s"
 
@@ -166,58 +207,111 @@ def layout(panels: list[dict]) -> list[dict]:
 # Variables and dashboard shell
 # ---------------------------------------------------------------------------------------------
 
+
 def datasource_variable() -> dict:
     return {
-        "name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-        "current": {"text": DATASOURCE_NAME, "value": DATASOURCE_UID}, "hide": 0, "refresh": 1,
-        "regex": "", "options": [],
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {"text": DATASOURCE_NAME, "value": DATASOURCE_UID},
+        "hide": 0,
+        "refresh": 1,
+        "regex": "",
+        "options": [],
     }
 
 
 def query_variable(name: str, label: str, query: str) -> dict:
     # allValue ".*" so "All" also matches series without the label (llama.cpp reports no model).
     return {
-        "name": name, "label": label, "type": "query", "datasource": DS,
-        "query": {"query": query, "refId": f"{name}-values"}, "definition": query,
-        "refresh": 2, "sort": 1, "multi": True, "includeAll": True, "allValue": ".*",
-        "current": {"text": ["All"], "value": ["$__all"]}, "hide": 0, "regex": "", "options": [],
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "query": {"query": query, "refId": f"{name}-values"},
+        "definition": query,
+        "refresh": 2,
+        "sort": 1,
+        "multi": True,
+        "includeAll": True,
+        "allValue": ".*",
+        "current": {"text": ["All"], "value": ["$__all"]},
+        "hide": 0,
+        "regex": "",
+        "options": [],
     }
 
 
 def constant_variable(name: str, value: str) -> dict:
-    return {"name": name, "type": "constant", "query": value, "hide": 2,
-            "current": {"text": value, "value": value}, "options": []}
+    return {
+        "name": name,
+        "type": "constant",
+        "query": value,
+        "hide": 2,
+        "current": {"text": value, "value": value},
+        "options": [],
+    }
 
 
 def engine_variables(engine: str | None = None) -> list[dict]:
     """datasource, engine (a hidden constant on a one-engine dashboard), instance, model."""
-    engine_var = (constant_variable("engine", engine) if engine else
-                  query_variable("engine", "Engine", f"label_values({series.ENGINE_UP}, engine)"))
+    engine_var = (
+        constant_variable("engine", engine)
+        if engine
+        else query_variable("engine", "Engine", f"label_values({series.ENGINE_UP}, engine)")
+    )
     return [
         datasource_variable(),
         engine_var,
         query_variable("instance", "Instance", f'label_values({series.ENGINE_UP}{{engine=~"$engine"}}, instance)'),
-        query_variable("model", "Model",
-                       f'label_values({series.REQUESTS_RUNNING}{{engine=~"$engine",instance=~"$instance"}}, model)'),
+        query_variable(
+            "model",
+            "Model",
+            f'label_values({series.REQUESTS_RUNNING}{{engine=~"$engine",instance=~"$instance"}}, model)',
+        ),
     ]
 
 
 def phase_annotations() -> dict:
-    return {"list": [
-        {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
-         "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
-        {"datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": False,
-         "iconColor": "purple", "name": "Load phases",
-         "target": {"type": "tags", "tags": list(PHASE_TAGS), "matchAny": False, "limit": 200}},
-    ]}
+    return {
+        "list": [
+            {
+                "builtIn": 1,
+                "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                "enable": True,
+                "hide": True,
+                "iconColor": "rgba(0, 211, 255, 1)",
+                "name": "Annotations & Alerts",
+                "type": "dashboard",
+            },
+            {
+                "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                "enable": True,
+                "hide": False,
+                "iconColor": "purple",
+                "name": "Load phases",
+                "target": {"type": "tags", "tags": list(PHASE_TAGS), "matchAny": False, "limit": 200},
+            },
+        ]
+    }
 
 
 def dashboard(uid: str, title: str, description: str, variables: list[dict], panels: list[dict]) -> dict:
     return {
-        "uid": uid, "title": title, "description": description, "tags": ["servescope"],
-        "editable": False, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
-        "refresh": "5s", "time": {"from": "now-30m", "to": "now"}, "timezone": "browser",
-        "annotations": phase_annotations(), "templating": {"list": variables},
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["servescope"],
+        "editable": False,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "5s",
+        "time": {"from": "now-30m", "to": "now"},
+        "timezone": "browser",
+        "annotations": phase_annotations(),
+        "templating": {"list": variables},
         "links": [{"type": "dashboards", "tags": ["servescope"], "asDropdown": True, "title": "servescope"}],
         "panels": layout(panels),
     }
@@ -226,6 +320,7 @@ def dashboard(uid: str, title: str, description: str, variables: list[dict], pan
 # ---------------------------------------------------------------------------------------------
 # The four dashboards
 # ---------------------------------------------------------------------------------------------
+
 
 def _client_requests_ok(matchers: dict[str, str]) -> str:
     return sel(series.CLIENT_REQUESTS, matchers, outcome="=ok")
@@ -240,124 +335,296 @@ def _client_failures(by: list[str], matchers: dict[str, str]) -> str:
 
 
 def _latency_targets(metric: str, matchers: dict[str, str], by: list[str], legend: str) -> list[dict]:
-    return [target(quantile(q, [sel(f"{metric}_bucket", matchers)], by), f"{legend} p{int(q * 100)}")
-            for q in (0.5, 0.95)]
+    return [
+        target(quantile(q, [sel(f"{metric}_bucket", matchers)], by), f"{legend} p{int(q * 100)}") for q in (0.5, 0.95)
+    ]
 
 
 def engine_comparison() -> dict:
-    vllm_itl = [sel("vllm:inter_token_latency_seconds_bucket", VLLM_RAW),
-                sel("vllm:time_per_output_token_seconds_bucket", VLLM_RAW)]
+    vllm_itl = [
+        sel("vllm:inter_token_latency_seconds_bucket", VLLM_RAW),
+        sel("vllm:time_per_output_token_seconds_bucket", VLLM_RAW),
+    ]
     panels = [
         row("Which lever? running, waiting and KV usage per engine (the seed's section 4)"),
-        stat("Engine up", "servescope_engine_up: 1 when the exporter read the engine in its last scrape.", "none",
-             [target(sel(series.ENGINE_UP, ENGINE_ONLY), "{{instance}}")],
-             width=24, height=4, mappings=UP_MAPPINGS, thresholds=UP_THRESHOLDS),
-        timeseries("Running requests", "Sequences in the running batch (vLLM running, llama.cpp busy slots, "
-                   "Ollama min(in flight, OLLAMA_NUM_PARALLEL)). Flat at max-num-seqs under load = the batch cap.", "short",
-                   [target(sel(series.REQUESTS_RUNNING, NEUTRAL), "{{instance}}")]),
-        timeseries("Waiting requests", "Queued, not yet scheduled. A queue that never drains: with KV usage low raise "
-                   "max-num-seqs; with KV usage near 100% raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len.", "short",
-                   [target(sel(series.REQUESTS_WAITING, NEUTRAL), "{{instance}}")]),
-        timeseries("KV cache usage", "Fraction of the paged KV pool in use. Near 100% under load is healthy; "
-                   "near 0% under real traffic means the budget is oversized. Ollama exposes none.", "percentunit",
-                   [target(sel(series.KV_CACHE_USAGE, NEUTRAL), "{{instance}}")]),
+        stat(
+            "Engine up",
+            "servescope_engine_up: 1 when the exporter read the engine in its last scrape.",
+            "none",
+            [target(sel(series.ENGINE_UP, ENGINE_ONLY), "{{instance}}")],
+            width=24,
+            height=4,
+            mappings=UP_MAPPINGS,
+            thresholds=UP_THRESHOLDS,
+        ),
+        timeseries(
+            "Running requests",
+            "Sequences in the running batch (vLLM running, llama.cpp busy slots, "
+            "Ollama min(in flight, OLLAMA_NUM_PARALLEL)). Flat at max-num-seqs under load = the batch cap.",
+            "short",
+            [target(sel(series.REQUESTS_RUNNING, NEUTRAL), "{{instance}}")],
+        ),
+        timeseries(
+            "Waiting requests",
+            "Queued, not yet scheduled. A queue that never drains: with KV usage low raise "
+            "max-num-seqs; with KV usage near 100% raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len.",
+            "short",
+            [target(sel(series.REQUESTS_WAITING, NEUTRAL), "{{instance}}")],
+        ),
+        timeseries(
+            "KV cache usage",
+            "Fraction of the paged KV pool in use. Near 100% under load is healthy; "
+            "near 0% under real traffic means the budget is oversized. Ollama exposes none.",
+            "percentunit",
+            [target(sel(series.KV_CACHE_USAGE, NEUTRAL), "{{instance}}")],
+        ),
         row("Throughput"),
-        timeseries("Output tokens/s (server)", "Generated tokens per second as the engines count them.", TOKENS_PER_S,
-                   [target(sum_by(["engine", "instance"], rate(sel(series.GENERATED_TOKENS, NEUTRAL))),
-                           "{{instance}}")]),
-        timeseries("Requests/s (client)", "Successful requests per second as the load generator saw them.", "reqps",
-                   [target(sum_by(["engine"], rate(_client_requests_ok(CLIENT))), "{{engine}}")]),
-        timeseries("Errors/s (client)", "Failed requests per second by engine (0 when none failed).", "reqps",
-                   [target(_client_failures(["engine"], CLIENT), "{{engine}}")]),
+        timeseries(
+            "Output tokens/s (server)",
+            "Generated tokens per second as the engines count them.",
+            TOKENS_PER_S,
+            [target(sum_by(["engine", "instance"], rate(sel(series.GENERATED_TOKENS, NEUTRAL))), "{{instance}}")],
+        ),
+        timeseries(
+            "Requests/s (client)",
+            "Successful requests per second as the load generator saw them.",
+            "reqps",
+            [target(sum_by(["engine"], rate(_client_requests_ok(CLIENT))), "{{engine}}")],
+        ),
+        timeseries(
+            "Errors/s (client)",
+            "Failed requests per second by engine (0 when none failed).",
+            "reqps",
+            [target(_client_failures(["engine"], CLIENT), "{{engine}}")],
+        ),
         row("Latency: server view (engine histograms; Ollama via the exporter's proxy)"),
-        timeseries("TTFT (server)", "vLLM time_to_first_token histogram; Ollama: first chunk through the proxy. "
-                   "llama.cpp keeps no histogram: see the client view.", "s",
-                   [*_latency_targets("vllm:time_to_first_token_seconds", VLLM_RAW, ["instance"], "{{instance}}"),
-                    *_latency_targets(series.PROXY_FIRST_CHUNK_SECONDS, ENGINE_ONLY, ["engine", "instance"],
-                                      "{{instance}}")],
-                   width=12),
-        timeseries("ITL (server)", "vLLM inter_token_latency histogram (time_per_output_token before 0.11).", "s",
-                   [target(quantile(q, vllm_itl, ["instance"]), f"{{{{instance}}}} p{int(q * 100)}")
-                    for q in (0.5, 0.95)], width=12),
+        timeseries(
+            "TTFT (server)",
+            "vLLM time_to_first_token histogram; Ollama: first chunk through the proxy. "
+            "llama.cpp keeps no histogram: see the client view.",
+            "s",
+            [
+                *_latency_targets("vllm:time_to_first_token_seconds", VLLM_RAW, ["instance"], "{{instance}}"),
+                *_latency_targets(
+                    series.PROXY_FIRST_CHUNK_SECONDS, ENGINE_ONLY, ["engine", "instance"], "{{instance}}"
+                ),
+            ],
+            width=12,
+        ),
+        timeseries(
+            "ITL (server)",
+            "vLLM inter_token_latency histogram (time_per_output_token before 0.11).",
+            "s",
+            [target(quantile(q, vllm_itl, ["instance"]), f"{{{{instance}}}} p{int(q * 100)}") for q in (0.5, 0.95)],
+            width=12,
+        ),
         row("Latency: client view (the load generator: send -> first content chunk; gaps between content chunks)"),
-        timeseries("TTFT (client)", "servescope_client_ttft_seconds by engine.", "s",
-                   _latency_targets(series.CLIENT_TTFT, CLIENT, ["engine"], "{{engine}}"), width=12),
-        timeseries("ITL (client)", "servescope_client_itl_seconds by engine.", "s",
-                   _latency_targets(series.CLIENT_ITL, CLIENT, ["engine"], "{{engine}}"), width=12),
+        timeseries(
+            "TTFT (client)",
+            "servescope_client_ttft_seconds by engine.",
+            "s",
+            _latency_targets(series.CLIENT_TTFT, CLIENT, ["engine"], "{{engine}}"),
+            width=12,
+        ),
+        timeseries(
+            "ITL (client)",
+            "servescope_client_itl_seconds by engine.",
+            "s",
+            _latency_targets(series.CLIENT_ITL, CLIENT, ["engine"], "{{engine}}"),
+            width=12,
+        ),
         row("Resource budget (the seed's docker stats: use against limit)"),
-        timeseries("CPU cores in use vs limit", "Engine process (native) or container (Compose) CPU; "
-                   "dashed: the limit (its cgroup limit, else the machine's cores).", "short",
-                   [target(sum_by(["engine", "instance"], rate(sel(f"{series.ENGINE_CPU_SECONDS}", ENGINE_ONLY))),
-                           "{{instance}} used"),
-                    target(sel(series.ENGINE_CPU_LIMIT, ENGINE_ONLY), "{{instance}} limit")], width=12),
-        timeseries("Memory vs limit", "Resident memory of the engine against its memory limit (its cgroup limit, else the machine's memory).", "bytes",
-                   [target(sel(series.ENGINE_RESIDENT_BYTES, ENGINE_ONLY), "{{instance}} resident"),
-                    target(sel(series.ENGINE_MEMORY_LIMIT, ENGINE_ONLY), "{{instance}} limit")], width=12),
+        timeseries(
+            "CPU cores in use vs limit",
+            "Engine process (native) or container (Compose) CPU; "
+            "dashed: the limit (its cgroup limit, else the machine's cores).",
+            "short",
+            [
+                target(
+                    sum_by(["engine", "instance"], rate(sel(f"{series.ENGINE_CPU_SECONDS}", ENGINE_ONLY))),
+                    "{{instance}} used",
+                ),
+                target(sel(series.ENGINE_CPU_LIMIT, ENGINE_ONLY), "{{instance}} limit"),
+            ],
+            width=12,
+        ),
+        timeseries(
+            "Memory vs limit",
+            "Resident memory of the engine against its memory limit (its cgroup limit, else the machine's memory).",
+            "bytes",
+            [
+                target(sel(series.ENGINE_RESIDENT_BYTES, ENGINE_ONLY), "{{instance}} resident"),
+                target(sel(series.ENGINE_MEMORY_LIMIT, ENGINE_ONLY), "{{instance}} limit"),
+            ],
+            width=12,
+        ),
     ]
-    return dashboard("servescope-comparison", "servescope · engine comparison",
-                     "vLLM-CPU, llama.cpp and Ollama side by side: the seed's section-4 gauges, throughput, "
-                     "TTFT/ITL from the server and the client, resource use against limits.",
-                     engine_variables(), panels)
+    return dashboard(
+        "servescope-comparison",
+        "servescope · engine comparison",
+        "vLLM-CPU, llama.cpp and Ollama side by side: the seed's section-4 gauges, throughput, "
+        "TTFT/ITL from the server and the client, resource use against limits.",
+        engine_variables(),
+        panels,
+    )
 
 
 def vllm_dashboard() -> dict:
     kv_usage = [sel("vllm:kv_cache_usage_perc", VLLM_RAW), sel("vllm:gpu_cache_usage_perc", VLLM_RAW)]
     vllm = {"engine": "=vllm", "instance": "=~$instance", "model": "=~$model"}
     by_instance = ["instance"]
-    phases = [("queue", "vllm:request_queue_time_seconds"), ("prefill", "vllm:request_prefill_time_seconds"),
-              ("decode", "vllm:request_decode_time_seconds")]
+    phases = [
+        ("queue", "vllm:request_queue_time_seconds"),
+        ("prefill", "vllm:request_prefill_time_seconds"),
+        ("decode", "vllm:request_decode_time_seconds"),
+    ]
     panels = [
         row("KV capacity: VLLM_CPU_KVCACHE_SPACE / (block size x dtype) -> blocks -> tokens -> max concurrency"),
-        stat("KV blocks", "num_gpu_blocks from vllm:cache_config_info (on CPU all from VLLM_CPU_KVCACHE_SPACE; "
-             "--swap-space adds none).", "none", [target(sel(series.KV_BLOCKS, vllm), "{{instance}}")], width=6),
-        stat("Block size", "Tokens per KV block (block_size label of vllm:cache_config_info).", "none",
-             [target(sel(series.KV_BLOCK_SIZE, vllm), "{{instance}}")], width=6),
-        stat("KV capacity", "Tokens the KV cache holds: blocks x block size.", "suffix: tokens",
-             [target(sel(series.KV_CAPACITY_TOKENS, vllm), "{{instance}}")], width=6),
-        stat("Max concurrency", "Requests of the served max-model-len that fit at once (the startup log's "
-             "'Maximum concurrency ... x').", "suffix: x",
-             [target(sel(series.KV_MAX_CONCURRENCY, vllm), "{{instance}}")], width=6),
+        stat(
+            "KV blocks",
+            "num_gpu_blocks from vllm:cache_config_info (on CPU all from VLLM_CPU_KVCACHE_SPACE; "
+            "--swap-space adds none).",
+            "none",
+            [target(sel(series.KV_BLOCKS, vllm), "{{instance}}")],
+            width=6,
+        ),
+        stat(
+            "Block size",
+            "Tokens per KV block (block_size label of vllm:cache_config_info).",
+            "none",
+            [target(sel(series.KV_BLOCK_SIZE, vllm), "{{instance}}")],
+            width=6,
+        ),
+        stat(
+            "KV capacity",
+            "Tokens the KV cache holds: blocks x block size.",
+            "suffix: tokens",
+            [target(sel(series.KV_CAPACITY_TOKENS, vllm), "{{instance}}")],
+            width=6,
+        ),
+        stat(
+            "Max concurrency",
+            "Requests of the served max-model-len that fit at once (the startup log's 'Maximum concurrency ... x').",
+            "suffix: x",
+            [target(sel(series.KV_MAX_CONCURRENCY, vllm), "{{instance}}")],
+            width=6,
+        ),
         row("Scheduler"),
-        timeseries("Running and waiting", "vllm:num_requests_running / _waiting.", "short",
-                   [target(sum_by(by_instance, sel("vllm:num_requests_running", VLLM_RAW)), "running {{instance}}"),
-                    target(sum_by(by_instance, sel("vllm:num_requests_waiting", VLLM_RAW)), "waiting {{instance}}")]),
-        timeseries("KV cache usage", "vllm:kv_cache_usage_perc (0..1; gpu_cache_usage_perc before 0.10).",
-                   "percentunit", [target(f"max by (instance) ({' or '.join(kv_usage)})", "{{instance}}")]),
-        timeseries("Preemptions/s", "vllm:num_preemptions_total: sequences evicted for lack of KV blocks and "
-                   "recomputed later. Above 0 under load = the KV cache is the bottleneck.", "short",
-                   [target(sum_by(by_instance, rate(sel("vllm:num_preemptions_total", VLLM_RAW))), "{{instance}}")]),
-        timeseries("Prefix-cache hit rate", "vllm:prefix_cache_hits_total / prefix_cache_queries_total (tokens).",
-                   "percentunit",
-                   [target(f"{sum_by(by_instance, rate(sel('vllm:prefix_cache_hits_total', VLLM_RAW)))} / "
-                           f"{sum_by(by_instance, rate(sel('vllm:prefix_cache_queries_total', VLLM_RAW)))}",
-                           "{{instance}}")]),
-        timeseries("Finish reasons", "vllm:request_success_total by finished_reason (stop, length, abort...).",
-                   "reqps", [target(sum_by(["instance", "finished_reason"],
-                                           rate(sel("vllm:request_success_total", VLLM_RAW))),
-                                    "{{finished_reason}} {{instance}}")], stack=True),
-        timeseries("Tokens/s", "Prompt and generated tokens per second.", TOKENS_PER_S,
-                   [target(sum_by(by_instance, rate(sel("vllm:prompt_tokens_total", VLLM_RAW))), "prompt {{instance}}"),
-                    target(sum_by(by_instance, rate(sel("vllm:generation_tokens_total", VLLM_RAW))),
-                           "generated {{instance}}")]),
+        timeseries(
+            "Running and waiting",
+            "vllm:num_requests_running / _waiting.",
+            "short",
+            [
+                target(sum_by(by_instance, sel("vllm:num_requests_running", VLLM_RAW)), "running {{instance}}"),
+                target(sum_by(by_instance, sel("vllm:num_requests_waiting", VLLM_RAW)), "waiting {{instance}}"),
+            ],
+        ),
+        timeseries(
+            "KV cache usage",
+            "vllm:kv_cache_usage_perc (0..1; gpu_cache_usage_perc before 0.10).",
+            "percentunit",
+            [target(f"max by (instance) ({' or '.join(kv_usage)})", "{{instance}}")],
+        ),
+        timeseries(
+            "Preemptions/s",
+            "vllm:num_preemptions_total: sequences evicted for lack of KV blocks and "
+            "recomputed later. Above 0 under load = the KV cache is the bottleneck.",
+            "short",
+            [target(sum_by(by_instance, rate(sel("vllm:num_preemptions_total", VLLM_RAW))), "{{instance}}")],
+        ),
+        timeseries(
+            "Prefix-cache hit rate",
+            "vllm:prefix_cache_hits_total / prefix_cache_queries_total (tokens).",
+            "percentunit",
+            [
+                target(
+                    f"{sum_by(by_instance, rate(sel('vllm:prefix_cache_hits_total', VLLM_RAW)))} / "
+                    f"{sum_by(by_instance, rate(sel('vllm:prefix_cache_queries_total', VLLM_RAW)))}",
+                    "{{instance}}",
+                )
+            ],
+        ),
+        timeseries(
+            "Finish reasons",
+            "vllm:request_success_total by finished_reason (stop, length, abort...).",
+            "reqps",
+            [
+                target(
+                    sum_by(["instance", "finished_reason"], rate(sel("vllm:request_success_total", VLLM_RAW))),
+                    "{{finished_reason}} {{instance}}",
+                )
+            ],
+            stack=True,
+        ),
+        timeseries(
+            "Tokens/s",
+            "Prompt and generated tokens per second.",
+            TOKENS_PER_S,
+            [
+                target(sum_by(by_instance, rate(sel("vllm:prompt_tokens_total", VLLM_RAW))), "prompt {{instance}}"),
+                target(
+                    sum_by(by_instance, rate(sel("vllm:generation_tokens_total", VLLM_RAW))), "generated {{instance}}"
+                ),
+            ],
+        ),
         row("Where a request's time goes"),
-        timeseries("Queue / prefill / decode time (mean)", "Mean seconds per request in each phase over the window.",
-                   "s", [target(mean(metric, VLLM_RAW, by_instance), f"{name} {{{{instance}}}}")
-                         for name, metric in phases], width=12),
-        timeseries("Queue / prefill / decode time (p95)", "95th percentile per phase.", "s",
-                   [target(quantile(0.95, [sel(f"{metric}_bucket", VLLM_RAW)], by_instance), f"{name} {{{{instance}}}}")
-                    for name, metric in phases], width=12),
-        timeseries("TTFT", "vllm:time_to_first_token_seconds.", "s",
-                   _latency_targets("vllm:time_to_first_token_seconds", VLLM_RAW, by_instance, "{{instance}}")),
-        timeseries("ITL", "vllm:inter_token_latency_seconds (time_per_output_token before 0.11).", "s",
-                   [target(quantile(q, [sel("vllm:inter_token_latency_seconds_bucket", VLLM_RAW),
-                                        sel("vllm:time_per_output_token_seconds_bucket", VLLM_RAW)], by_instance),
-                           f"{{{{instance}}}} p{int(q * 100)}") for q in (0.5, 0.95)]),
-        timeseries("End-to-end latency", "vllm:e2e_request_latency_seconds.", "s",
-                   _latency_targets("vllm:e2e_request_latency_seconds", VLLM_RAW, by_instance, "{{instance}}")),
+        timeseries(
+            "Queue / prefill / decode time (mean)",
+            "Mean seconds per request in each phase over the window.",
+            "s",
+            [target(mean(metric, VLLM_RAW, by_instance), f"{name} {{{{instance}}}}") for name, metric in phases],
+            width=12,
+        ),
+        timeseries(
+            "Queue / prefill / decode time (p95)",
+            "95th percentile per phase.",
+            "s",
+            [
+                target(quantile(0.95, [sel(f"{metric}_bucket", VLLM_RAW)], by_instance), f"{name} {{{{instance}}}}")
+                for name, metric in phases
+            ],
+            width=12,
+        ),
+        timeseries(
+            "TTFT",
+            "vllm:time_to_first_token_seconds.",
+            "s",
+            _latency_targets("vllm:time_to_first_token_seconds", VLLM_RAW, by_instance, "{{instance}}"),
+        ),
+        timeseries(
+            "ITL",
+            "vllm:inter_token_latency_seconds (time_per_output_token before 0.11).",
+            "s",
+            [
+                target(
+                    quantile(
+                        q,
+                        [
+                            sel("vllm:inter_token_latency_seconds_bucket", VLLM_RAW),
+                            sel("vllm:time_per_output_token_seconds_bucket", VLLM_RAW),
+                        ],
+                        by_instance,
+                    ),
+                    f"{{{{instance}}}} p{int(q * 100)}",
+                )
+                for q in (0.5, 0.95)
+            ],
+        ),
+        timeseries(
+            "End-to-end latency",
+            "vllm:e2e_request_latency_seconds.",
+            "s",
+            _latency_targets("vllm:e2e_request_latency_seconds", VLLM_RAW, by_instance, "{{instance}}"),
+        ),
     ]
-    return dashboard("servescope-vllm", "servescope · vLLM",
-                     "vLLM-CPU internals: KV capacity arithmetic, scheduler pressure, preemptions, prefix cache, "
-                     "and where each request's time goes.", engine_variables("vllm"), panels)
+    return dashboard(
+        "servescope-vllm",
+        "servescope · vLLM",
+        "vLLM-CPU internals: KV capacity arithmetic, scheduler pressure, preemptions, prefix cache, "
+        "and where each request's time goes.",
+        engine_variables("vllm"),
+        panels,
+    )
 
 
 def ollama_dashboard() -> dict:
@@ -365,48 +632,117 @@ def ollama_dashboard() -> dict:
     ollama_model = {**ollama, "model": "=~$model"}
     panels = [
         row("Models"),
-        stat("Loaded models", "Models in memory now (GET /api/ps).", "none",
-             [target(f"count by (instance) ({sel(series.OLLAMA_MODEL_SIZE, ollama_model)})", "{{instance}}")], width=6),
-        stat("Installed models", "Models on disk (GET /api/tags).", "none",
-             [target(f"count by (instance) ({sel(series.OLLAMA_MODEL_INFO, ollama)})", "{{instance}}")], width=6),
-        stat("Ollama up", "1 when the exporter read /api/ps and /api/tags.", "none",
-             [target(sel(series.ENGINE_UP, ollama), "{{instance}}")], width=6,
-             mappings=UP_MAPPINGS, thresholds=UP_THRESHOLDS),
-        stat("OLLAMA_NUM_PARALLEL", "Requests per loaded model Ollama runs at once (as given to the exporter).", "none",
-             [target(sel(series.PROXY_NUM_PARALLEL, ollama), "{{instance}}")], width=6),
-        timeseries("Memory and VRAM size", "size and size_vram of each loaded model (GET /api/ps).", "bytes",
-                   [target(sel(series.OLLAMA_MODEL_SIZE, ollama_model), "size {{model}}"),
-                    target(sel(series.OLLAMA_MODEL_VRAM, ollama_model), "vram {{model}}")]),
-        timeseries("Time until unload", "expires_at - now per loaded model: after it Ollama unloads the model "
-                   "and the next request pays a cold load.", "s",
-                   [target(sel(series.OLLAMA_MODEL_EXPIRES, ollama_model), "{{model}}")]),
-        timeseries("Context length", "context_length of each loaded model.", "suffix: tokens",
-                   [target(sel(series.OLLAMA_MODEL_CONTEXT, ollama_model), "{{model}}")]),
+        stat(
+            "Loaded models",
+            "Models in memory now (GET /api/ps).",
+            "none",
+            [target(f"count by (instance) ({sel(series.OLLAMA_MODEL_SIZE, ollama_model)})", "{{instance}}")],
+            width=6,
+        ),
+        stat(
+            "Installed models",
+            "Models on disk (GET /api/tags).",
+            "none",
+            [target(f"count by (instance) ({sel(series.OLLAMA_MODEL_INFO, ollama)})", "{{instance}}")],
+            width=6,
+        ),
+        stat(
+            "Ollama up",
+            "1 when the exporter read /api/ps and /api/tags.",
+            "none",
+            [target(sel(series.ENGINE_UP, ollama), "{{instance}}")],
+            width=6,
+            mappings=UP_MAPPINGS,
+            thresholds=UP_THRESHOLDS,
+        ),
+        stat(
+            "OLLAMA_NUM_PARALLEL",
+            "Requests per loaded model Ollama runs at once (as given to the exporter).",
+            "none",
+            [target(sel(series.PROXY_NUM_PARALLEL, ollama), "{{instance}}")],
+            width=6,
+        ),
+        timeseries(
+            "Memory and VRAM size",
+            "size and size_vram of each loaded model (GET /api/ps).",
+            "bytes",
+            [
+                target(sel(series.OLLAMA_MODEL_SIZE, ollama_model), "size {{model}}"),
+                target(sel(series.OLLAMA_MODEL_VRAM, ollama_model), "vram {{model}}"),
+            ],
+        ),
+        timeseries(
+            "Time until unload",
+            "expires_at - now per loaded model: after it Ollama unloads the model "
+            "and the next request pays a cold load.",
+            "s",
+            [target(sel(series.OLLAMA_MODEL_EXPIRES, ollama_model), "{{model}}")],
+        ),
+        timeseries(
+            "Context length",
+            "context_length of each loaded model.",
+            "suffix: tokens",
+            [target(sel(series.OLLAMA_MODEL_CONTEXT, ollama_model), "{{model}}")],
+        ),
         row("Concurrency: Ollama queues requests beyond OLLAMA_NUM_PARALLEL unseen; the proxy sees them"),
-        timeseries("In flight vs OLLAMA_NUM_PARALLEL", "Above the dashed limit for a while: the extra requests "
-                   "wait inside Ollama (raise OLLAMA_NUM_PARALLEL or send fewer).", "short",
-                   [target(sum_by(["instance"], sel(series.PROXY_IN_FLIGHT, ollama)), "in flight {{instance}}"),
-                    target(sel(series.PROXY_NUM_PARALLEL, ollama), "OLLAMA_NUM_PARALLEL {{instance}}")], width=12),
-        timeseries("Requests/s through the proxy", "servescope_proxy_requests_total by outcome.", "reqps",
-                   [target(sum_by(["instance", "outcome"], rate(sel(series.PROXY_REQUESTS, ollama))),
-                           "{{outcome}} {{instance}}")], width=12),
+        timeseries(
+            "In flight vs OLLAMA_NUM_PARALLEL",
+            "Above the dashed limit for a while: the extra requests "
+            "wait inside Ollama (raise OLLAMA_NUM_PARALLEL or send fewer).",
+            "short",
+            [
+                target(sum_by(["instance"], sel(series.PROXY_IN_FLIGHT, ollama)), "in flight {{instance}}"),
+                target(sel(series.PROXY_NUM_PARALLEL, ollama), "OLLAMA_NUM_PARALLEL {{instance}}"),
+            ],
+            width=12,
+        ),
+        timeseries(
+            "Requests/s through the proxy",
+            "servescope_proxy_requests_total by outcome.",
+            "reqps",
+            [
+                target(
+                    sum_by(["instance", "outcome"], rate(sel(series.PROXY_REQUESTS, ollama))),
+                    "{{outcome}} {{instance}}",
+                )
+            ],
+            width=12,
+        ),
         row("Speed (from each response's final object: eval_count / eval_duration, load_duration)"),
-        timeseries("Generation tokens/s", "Per-request eval_count / eval_duration (p50, p95), and the sum of "
-                   "output tokens per second.", TOKENS_PER_S,
-                   [*_latency_targets(series.PROXY_GEN_TOKENS_PER_SECOND, ollama, ["instance"], "per request {{instance}}"),
-                    target(sum_by(["instance"], rate(sel(series.GENERATED_TOKENS, ollama_model))),
-                           "total {{instance}}")]),
-        timeseries("Load (cold-start) duration", "load_duration of responses: large when the model was not "
-                   "loaded (first request, or after keep-alive expired).", "s",
-                   _latency_targets(series.PROXY_LOAD_SECONDS, ollama, ["instance"], "{{instance}}")),
-        timeseries("First chunk and prompt eval", "Proxy-observed time to the first chunk, and prompt_eval_duration.",
-                   "s", [*_latency_targets(series.PROXY_FIRST_CHUNK_SECONDS, ollama, ["instance"], "first chunk"),
-                         *_latency_targets(series.PROXY_PROMPT_EVAL_SECONDS, ollama, ["instance"], "prompt eval")]),
+        timeseries(
+            "Generation tokens/s",
+            "Per-request eval_count / eval_duration (p50, p95), and the sum of output tokens per second.",
+            TOKENS_PER_S,
+            [
+                *_latency_targets(series.PROXY_GEN_TOKENS_PER_SECOND, ollama, ["instance"], "per request {{instance}}"),
+                target(sum_by(["instance"], rate(sel(series.GENERATED_TOKENS, ollama_model))), "total {{instance}}"),
+            ],
+        ),
+        timeseries(
+            "Load (cold-start) duration",
+            "load_duration of responses: large when the model was not "
+            "loaded (first request, or after keep-alive expired).",
+            "s",
+            _latency_targets(series.PROXY_LOAD_SECONDS, ollama, ["instance"], "{{instance}}"),
+        ),
+        timeseries(
+            "First chunk and prompt eval",
+            "Proxy-observed time to the first chunk, and prompt_eval_duration.",
+            "s",
+            [
+                *_latency_targets(series.PROXY_FIRST_CHUNK_SECONDS, ollama, ["instance"], "first chunk"),
+                *_latency_targets(series.PROXY_PROMPT_EVAL_SECONDS, ollama, ["instance"], "prompt eval"),
+            ],
+        ),
     ]
-    return dashboard("servescope-ollama", "servescope · Ollama",
-                     "Ollama through the exporter: loaded models and their memory, time until unload, "
-                     "generation speed, cold loads, in flight against OLLAMA_NUM_PARALLEL.",
-                     engine_variables("ollama"), panels)
+    return dashboard(
+        "servescope-ollama",
+        "servescope · Ollama",
+        "Ollama through the exporter: loaded models and their memory, time until unload, "
+        "generation speed, cold loads, in flight against OLLAMA_NUM_PARALLEL.",
+        engine_variables("ollama"),
+        panels,
+    )
 
 
 def load_test_dashboard() -> dict:
@@ -414,31 +750,65 @@ def load_test_dashboard() -> dict:
     variables = [
         datasource_variable(),
         query_variable("engine", "Engine", f"label_values({series.CLIENT_REQUESTS}, engine)"),
-        query_variable("scenario", "Scenario",
-                       f'label_values({series.CLIENT_REQUESTS}{{engine=~"$engine"}}, scenario)'),
+        query_variable(
+            "scenario", "Scenario", f'label_values({series.CLIENT_REQUESTS}{{engine=~"$engine"}}, scenario)'
+        ),
     ]
     panels = [
         row("Load (the load generator's own view; phases are annotations)"),
-        timeseries("Users", "Locust users running.", "short",
-                   [target(sum_by(["engine"], sel(series.CLIENT_USERS, CLIENT)), "{{engine}}")]),
-        timeseries("Requests/s", "Successful requests per second by engine and scenario.", "reqps",
-                   [target(sum_by(by, rate(_client_requests_ok(CLIENT_SCENARIO))), "{{engine}} {{scenario}}")]),
-        timeseries("Failures/s", "Failed requests per second by engine, scenario and reason (0 when none).", "reqps",
-                   [target(_client_failures([*by, "outcome"], CLIENT_SCENARIO), "{{engine}} {{scenario}} {{outcome}}")]),
+        timeseries(
+            "Users",
+            "Locust users running.",
+            "short",
+            [target(sum_by(["engine"], sel(series.CLIENT_USERS, CLIENT)), "{{engine}}")],
+        ),
+        timeseries(
+            "Requests/s",
+            "Successful requests per second by engine and scenario.",
+            "reqps",
+            [target(sum_by(by, rate(_client_requests_ok(CLIENT_SCENARIO))), "{{engine}} {{scenario}}")],
+        ),
+        timeseries(
+            "Failures/s",
+            "Failed requests per second by engine, scenario and reason (0 when none).",
+            "reqps",
+            [target(_client_failures([*by, "outcome"], CLIENT_SCENARIO), "{{engine}} {{scenario}} {{outcome}}")],
+        ),
         row("Latency by scenario"),
-        timeseries("TTFT (client)", "Send -> first chunk with content.", "s",
-                   _latency_targets(series.CLIENT_TTFT, CLIENT_SCENARIO, by, "{{engine}} {{scenario}}")),
-        timeseries("ITL (client)", "Every gap between consecutive content chunks, pooled.", "s",
-                   _latency_targets(series.CLIENT_ITL, CLIENT_SCENARIO, by, "{{engine}} {{scenario}}")),
-        timeseries("End-to-end (client)", "Send -> last content chunk.", "s",
-                   _latency_targets(series.CLIENT_E2E, CLIENT_SCENARIO, by, "{{engine}} {{scenario}}")),
-        timeseries("Output tokens/s (client)", "Output tokens per second as counted from usage / eval_count.",
-                   TOKENS_PER_S, [target(sum_by(by, rate(sel(series.CLIENT_OUTPUT_TOKENS, CLIENT_SCENARIO))),
-                                         "{{engine}} {{scenario}}")], width=24),
+        timeseries(
+            "TTFT (client)",
+            "Send -> first chunk with content.",
+            "s",
+            _latency_targets(series.CLIENT_TTFT, CLIENT_SCENARIO, by, "{{engine}} {{scenario}}"),
+        ),
+        timeseries(
+            "ITL (client)",
+            "Every gap between consecutive content chunks, pooled.",
+            "s",
+            _latency_targets(series.CLIENT_ITL, CLIENT_SCENARIO, by, "{{engine}} {{scenario}}"),
+        ),
+        timeseries(
+            "End-to-end (client)",
+            "Send -> last content chunk.",
+            "s",
+            _latency_targets(series.CLIENT_E2E, CLIENT_SCENARIO, by, "{{engine}} {{scenario}}"),
+        ),
+        timeseries(
+            "Output tokens/s (client)",
+            "Output tokens per second as counted from usage / eval_count.",
+            TOKENS_PER_S,
+            [target(sum_by(by, rate(sel(series.CLIENT_OUTPUT_TOKENS, CLIENT_SCENARIO))), "{{engine}} {{scenario}}")],
+            width=24,
+        ),
     ]
-    return dashboard("servescope-loadtest", "servescope · load test",
-                     "Locust users, requests and failures, client TTFT/ITL/E2E by scenario, with load phases "
-                     "(sequential, burst k, ramp step) marked as annotations.", variables, panels)
+    return dashboard(
+        "servescope-loadtest",
+        "servescope · load test",
+        "Locust users, requests and failures, client TTFT/ITL/E2E by scenario, with load phases "
+        "(sequential, burst k, ramp step) marked as annotations.",
+        variables,
+        panels,
+    )
 
 
 DASHBOARDS = {
@@ -457,27 +827,49 @@ def build_all() -> dict[str, dict]:
 # Provisioning
 # ---------------------------------------------------------------------------------------------
 
+
 def datasource_provisioning(prometheus_url: str = f"http://prometheus:{COMPOSE_PORTS['prometheus']}") -> dict:
-    return {"apiVersion": 1, "datasources": [{
-        "name": DATASOURCE_NAME, "uid": DATASOURCE_UID, "type": "prometheus", "access": "proxy",
-        "url": prometheus_url, "isDefault": True, "editable": False,
-        "jsonData": {"timeInterval": SCRAPE_INTERVAL, "httpMethod": "POST"},
-    }]}
+    return {
+        "apiVersion": 1,
+        "datasources": [
+            {
+                "name": DATASOURCE_NAME,
+                "uid": DATASOURCE_UID,
+                "type": "prometheus",
+                "access": "proxy",
+                "url": prometheus_url,
+                "isDefault": True,
+                "editable": False,
+                "jsonData": {"timeInterval": SCRAPE_INTERVAL, "httpMethod": "POST"},
+            }
+        ],
+    }
 
 
 def dashboard_provisioning() -> dict:
-    return {"apiVersion": 1, "providers": [{
-        "name": "servescope", "folder": "servescope", "type": "file", "disableDeletion": True,
-        "allowUiUpdates": False, "updateIntervalSeconds": 30,
-        "options": {"path": GRAFANA_DASHBOARDS_PATH, "foldersFromFilesStructure": False},
-    }]}
+    return {
+        "apiVersion": 1,
+        "providers": [
+            {
+                "name": "servescope",
+                "folder": "servescope",
+                "type": "file",
+                "disableDeletion": True,
+                "allowUiUpdates": False,
+                "updateIntervalSeconds": 30,
+                "options": {"path": GRAFANA_DASHBOARDS_PATH, "foldersFromFilesStructure": False},
+            }
+        ],
+    }
 
 
 def rendered_files() -> dict[Path, str]:
     """Every generated file and its exact content."""
     header = "# GENERATED by `python -m dashboards.build`: edit dashboards/build.py, not this file.\n"
-    files = {JSON_DIR / f"{name}.json": json.dumps(board, indent=2, sort_keys=False) + "\n"
-             for name, board in build_all().items()}
+    files = {
+        JSON_DIR / f"{name}.json": json.dumps(board, indent=2, sort_keys=False) + "\n"
+        for name, board in build_all().items()
+    }
     files[DATASOURCE_FILE] = header + yaml.safe_dump(datasource_provisioning(), sort_keys=False)
     files[PROVIDER_FILE] = header + yaml.safe_dump(dashboard_provisioning(), sort_keys=False)
     return files

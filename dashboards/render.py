@@ -100,8 +100,11 @@ def legend_text(template: str, labels: dict[str, str]) -> str:
 
 def query_range(prometheus: str, expr: str, start: float, end: float, step: float, timeout: float = 15) -> list[dict]:
     try:
-        resp = requests.post(f"{prometheus.rstrip('/')}/api/v1/query_range",
-                             data={"query": expr, "start": start, "end": end, "step": step}, timeout=timeout)
+        resp = requests.post(
+            f"{prometheus.rstrip('/')}/api/v1/query_range",
+            data={"query": expr, "start": start, "end": end, "step": step},
+            timeout=timeout,
+        )
     except requests.RequestException as exc:
         raise RenderError(f"Prometheus at {prometheus} unreachable: {type(exc).__name__}") from None
     try:
@@ -113,8 +116,9 @@ def query_range(prometheus: str, expr: str, start: float, end: float, step: floa
     return payload["data"]["result"]
 
 
-def panel_data(board: dict, prometheus: str, start: float, end: float,
-               variables: dict[str, str] | None = None) -> list[PanelData]:
+def panel_data(
+    board: dict, prometheus: str, start: float, end: float, variables: dict[str, str] | None = None
+) -> list[PanelData]:
     """Every data panel of a dashboard with its series over [start, end]."""
     step = step_for(start, end)
     rate_interval = rate_interval_for(step)
@@ -139,8 +143,13 @@ def panel_data(board: dict, prometheus: str, start: float, end: float,
                 continue
             for item in result:
                 points = [(float(t), float(v)) for t, v in item["values"]]
-                data.series.append(Series(legend_text(target.get("legendFormat", ""), item["metric"]),
-                                          [p[0] for p in points], [p[1] for p in points]))
+                data.series.append(
+                    Series(
+                        legend_text(target.get("legendFormat", ""), item["metric"]),
+                        [p[0] for p in points],
+                        [p[1] for p in points],
+                    )
+                )
         panels.append(data)
     return panels
 
@@ -168,7 +177,7 @@ def _formatter(unit: str):
         if unit == "reqps":
             return f"{value:.3g} req/s"
         if unit.startswith("suffix:"):
-            return f"{number(value)}{unit[len('suffix:'):]}"
+            return f"{number(value)}{unit[len('suffix:') :]}"
         return number(value)
 
     return FuncFormatter(fmt)
@@ -190,7 +199,9 @@ def draw(panel: PanelData, ax, start: float | None = None, end: float | None = N
     colours: dict[str, str] = {}
     palette = [f"C{i}" for i in range(3, 10)]
     for s in panel.series:
-        points = [(dt.datetime.fromtimestamp(t), v) for t, v in zip(s.times, s.values, strict=True) if not math.isnan(v)]
+        points = [
+            (dt.datetime.fromtimestamp(t), v) for t, v in zip(s.times, s.values, strict=True) if not math.isnan(v)
+        ]
         if not points:
             continue
         # One colour per engine/instance; its p95 or its limit dashed beside its p50 or its use.
@@ -199,9 +210,15 @@ def draw(panel: PanelData, ax, start: float | None = None, end: float | None = N
             base, variant = s.legend, ""
         kind = next((k for k in ENGINE_COLOURS if base == k or base.startswith((k + "-", k + ":", k + " "))), None)
         colour = colours.setdefault(base, ENGINE_COLOURS[kind] if kind else palette[len(colours) % len(palette)])
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=s.legend, linewidth=1.5, color=colour,
-                linestyle="--" if variant in DASHED else "-",
-                drawstyle="steps-post" if panel.kind == "stat" else "default")
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            label=s.legend,
+            linewidth=1.5,
+            color=colour,
+            linestyle="--" if variant in DASHED else "-",
+            drawstyle="steps-post" if panel.kind == "stat" else "default",
+        )
         highest = max(highest, max(p[1] for p in points))
         drawn += 1
     if drawn == 0:
@@ -216,8 +233,16 @@ def draw(panel: PanelData, ax, start: float | None = None, end: float | None = N
             if finite:
                 raw = f"{finite[-1]:g}"
                 lasts.append(f"{s.legend}: {panel.value_text.get(raw, _formatter(panel.unit)(finite[-1]))}")
-        ax.text(0.98, 0.5, "\n".join(lasts), ha="right", va="center", transform=ax.transAxes, fontsize=11,
-                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+        ax.text(
+            0.98,
+            0.5,
+            "\n".join(lasts),
+            ha="right",
+            va="center",
+            transform=ax.transAxes,
+            fontsize=11,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+        )
     ax.yaxis.set_major_formatter(_formatter(panel.unit))
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
     if start is not None and end is not None:
@@ -235,9 +260,16 @@ def draw(panel: PanelData, ax, start: float | None = None, end: float | None = N
         ax.legend(fontsize=7, loc="upper left", framealpha=0.7)
 
 
-def render_dashboard(prometheus: str, start: float, end: float, out_dir: Path, *,
-                     dashboard: str = "engine-comparison", variables: dict[str, str] | None = None,
-                     overview: bool = True) -> list[Path]:
+def render_dashboard(
+    prometheus: str,
+    start: float,
+    end: float,
+    out_dir: Path,
+    *,
+    dashboard: str = "engine-comparison",
+    variables: dict[str, str] | None = None,
+    overview: bool = True,
+) -> list[Path]:
     """Write one PNG per data panel (NN-title.png) and, when asked, all of them on one page; return the paths."""
     import matplotlib
 
@@ -266,7 +298,7 @@ def render_dashboard(prometheus: str, start: float, end: float, out_dir: Path, *
         fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3 * rows), dpi=90, squeeze=False)
         for ax, panel in zip(axes.flat, panels, strict=False):
             draw(panel, ax, start, end)
-        for ax in list(axes.flat)[len(panels):]:
+        for ax in list(axes.flat)[len(panels) :]:
             ax.axis("off")
         stamp = f"{dt.datetime.fromtimestamp(start):%Y-%m-%d %H:%M:%S} – {dt.datetime.fromtimestamp(end):%H:%M:%S}"
         fig.suptitle(f"{board['title']}   ({stamp})", fontsize=12)
@@ -286,8 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=float, help="epoch seconds (default: --last before now)")
     parser.add_argument("--end", type=float, help="epoch seconds (default: now)")
     parser.add_argument("--last", default="30m", help="window length when --start is not given (default 30m)")
-    parser.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
-                        help="a dashboard variable as a regex, e.g. engine=vllm|ollama (default: All)")
+    parser.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a dashboard variable as a regex, e.g. engine=vllm|ollama (default: All)",
+    )
     args = parser.parse_args(argv)
     end = args.end or time.time()
     try:

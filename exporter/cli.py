@@ -33,15 +33,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--llamacpp-url", metavar="URL", help="a llama.cpp llama-server (default LLAMACPP_URL)")
     parser.add_argument("--ollama-url", metavar="URL", help="an Ollama server (default OLLAMA_URL)")
     parser.add_argument("--proxy-port", metavar="N", help="port of the Ollama proxy (default OLLAMA_PROXY_PORT, 11435)")
-    parser.add_argument("--ollama-num-parallel", metavar="N",
-                        help="OLLAMA_NUM_PARALLEL that Ollama runs with (default OLLAMA_NUM_PARALLEL, 1)")
-    parser.add_argument("--timeout", metavar="SECONDS",
-                        help="budget per engine per scrape, below Prometheus' scrape_timeout (default 3)")
-    parser.add_argument("--process", action="append", metavar="NAME=PIDFILE",
-                        help="export CPU and memory of a native engine (and its children) against its limit; "
-                             "NAME is kind or kind:instance; repeatable")
-    parser.add_argument("--container", action="append", metavar="NAME=CONTAINER",
-                        help="the same for an engine container, through the Docker engine (docker stats); repeatable")
+    parser.add_argument(
+        "--ollama-num-parallel",
+        metavar="N",
+        help="OLLAMA_NUM_PARALLEL that Ollama runs with (default OLLAMA_NUM_PARALLEL, 1)",
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        help="budget per engine per scrape, below Prometheus' scrape_timeout (default 3)",
+    )
+    parser.add_argument(
+        "--process",
+        action="append",
+        metavar="NAME=PIDFILE",
+        help="export CPU and memory of a native engine (and its children) against its limit; "
+        "NAME is kind or kind:instance; repeatable",
+    )
+    parser.add_argument(
+        "--container",
+        action="append",
+        metavar="NAME=CONTAINER",
+        help="the same for an engine container, through the Docker engine (docker stats); repeatable",
+    )
     return parser
 
 

@@ -84,13 +84,15 @@ class EngineCollector:
             self._failed(f"malformed response from {self.upstream.base_url}: {type(exc).__name__}: {exc}")
         labels = [self.kind, self.name]
         up_family = GaugeMetricFamily(
-            series.ENGINE_UP, "1 when the exporter read the engine's endpoints in this scrape, else 0.",
+            series.ENGINE_UP,
+            "1 when the exporter read the engine's endpoints in this scrape, else 0.",
             labels=list(series.ENGINE_LABELS),
         )
         up_family.add_metric(labels, up)
         yield up_family
         duration = GaugeMetricFamily(
-            series.SCRAPE_DURATION, "Seconds the exporter spent reading this engine instance in this scrape.",
+            series.SCRAPE_DURATION,
+            "Seconds the exporter spent reading this engine instance in this scrape.",
             labels=list(series.ENGINE_LABELS),
         )
         duration.add_metric(labels, self.clock() - started)

@@ -96,23 +96,39 @@ def load(args) -> Config:
     if getattr(args, "config", None):
         file_data = read_file(Path(args.config))
 
-    listen_address = _pick(args.listen_address, file_data.get("listen_address"), knobs.get("SERVESCOPE_BIND", "127.0.0.1"))
+    listen_address = _pick(
+        args.listen_address, file_data.get("listen_address"), knobs.get("SERVESCOPE_BIND", "127.0.0.1")
+    )
     if not isinstance(listen_address, str) or not listen_address:
         raise ConfigError("listen_address", f"expected a host or address, got {listen_address!r}")
     port = _port("port", _pick(args.port, file_data.get("port"), knobs.get("EXPORTER_PORT", "9464")))
-    timeout = _seconds("timeout_seconds", _pick(getattr(args, "timeout", None), file_data.get("timeout_seconds"), DEFAULT_TIMEOUT))
+    timeout = _seconds(
+        "timeout_seconds", _pick(getattr(args, "timeout", None), file_data.get("timeout_seconds"), DEFAULT_TIMEOUT)
+    )
 
     if getattr(args, "config", None) and "engines" in file_data:
         instances = _file_instances(file_data["engines"], timeout)
     else:
         instances = _url_instances(args, timeout)
     _check_ports(instances, port)
-    processes = (_flag_watches("--process", args.process, "pidfile") if getattr(args, "process", None)
-                 else _file_watches("processes", file_data.get("processes"), "pidfile"))
-    containers = (_flag_watches("--container", args.container, "container") if getattr(args, "container", None)
-                  else _file_watches("containers", file_data.get("containers"), "container"))
-    return Config(listen_address=listen_address, port=port, timeout=timeout, instances=instances,
-                  processes=processes, containers=containers)
+    processes = (
+        _flag_watches("--process", args.process, "pidfile")
+        if getattr(args, "process", None)
+        else _file_watches("processes", file_data.get("processes"), "pidfile")
+    )
+    containers = (
+        _flag_watches("--container", args.container, "container")
+        if getattr(args, "container", None)
+        else _file_watches("containers", file_data.get("containers"), "container")
+    )
+    return Config(
+        listen_address=listen_address,
+        port=port,
+        timeout=timeout,
+        instances=instances,
+        processes=processes,
+        containers=containers,
+    )
 
 
 def read_file(path: Path) -> dict:
@@ -150,7 +166,9 @@ def _file_instances(entries: object, timeout: float) -> tuple[Instance, ...]:
                 raise ConfigError(f"{where}.{key}", f"unknown key (expected one of {', '.join(sorted(ENGINE_KEYS))})")
         kind = _required(entry, "kind", where)
         if kind not in engines.ENGINES:
-            raise ConfigError(f"{where}.kind", f"unknown engine kind {kind!r} (expected one of {', '.join(engines.ENGINES)})")
+            raise ConfigError(
+                f"{where}.kind", f"unknown engine kind {kind!r} (expected one of {', '.join(engines.ENGINES)})"
+            )
         name = _required(entry, "name", where)
         if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise ConfigError(f"{where}.name", f"{name!r} is not a name (1-64 letters, digits, . _ : -)")
@@ -181,7 +199,9 @@ def _watch(key: str, kind: object, name: object, where: str, target: object):
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise ConfigError(key, f"{name!r} is not a name (1-64 letters, digits, . _ : -)")
     if not isinstance(target, str) or not target.strip():
-        raise ConfigError(key, f"expected a {'pid file path' if where == 'pidfile' else 'container name or id'}, got {target!r}")
+        raise ConfigError(
+            key, f"expected a {'pid file path' if where == 'pidfile' else 'container name or id'}, got {target!r}"
+        )
     if where == "pidfile":
         return WatchedProcess(kind=kind, name=name, pidfile=Path(target.strip()).expanduser())
     return WatchedContainer(kind=kind, name=name, container=target.strip())
@@ -216,8 +236,13 @@ def _file_watches(key: str, entries: object, where: str) -> tuple:
         kind = _required(entry, "kind", at)
         target = _required(entry, where, at)
         name = entry.get("name", kind)
-        bad_key = f"{at}.kind" if kind not in engines.ENGINES else f"{at}.name" if not (
-            isinstance(name, str) and NAME_PATTERN.match(name)) else f"{at}.{where}"
+        bad_key = (
+            f"{at}.kind"
+            if kind not in engines.ENGINES
+            else f"{at}.name"
+            if not (isinstance(name, str) and NAME_PATTERN.match(name))
+            else f"{at}.{where}"
+        )
         watches.append(_watch(bad_key, kind, name, where, target))
     return _unique(key, watches)
 
@@ -260,7 +285,9 @@ def _check_ports(instances: tuple[Instance, ...], exporter_port: int) -> None:
         if instance.proxy_port is None:
             continue
         if instance.proxy_port in used:
-            raise ConfigError(f"engines[{index}].proxy_port", f"{instance.proxy_port} is already taken by {used[instance.proxy_port]}")
+            raise ConfigError(
+                f"engines[{index}].proxy_port", f"{instance.proxy_port} is already taken by {used[instance.proxy_port]}"
+            )
         used[instance.proxy_port] = f"engines[{index}].proxy_port"
 
 

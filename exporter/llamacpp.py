@@ -21,10 +21,14 @@ from exporter.upstream import MISSING
 from exporter.vllm import parse_exposition
 from servescope import series
 
-LLAMACPP_SAMPLES = frozenset((
-    "llamacpp:requests_processing", "llamacpp:requests_deferred",
-    "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total",
-))
+LLAMACPP_SAMPLES = frozenset(
+    (
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "llamacpp:tokens_predicted_total",
+        "llamacpp:prompt_tokens_total",
+    )
+)
 
 
 class LlamacppCollector(EngineCollector):

@@ -64,14 +64,18 @@ class OllamaCollector(EngineCollector):
 
         info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
         if not isinstance(version, dict) or not isinstance(version.get("version"), str):
-            raise ValueError("/api/version: expected {\"version\": \"x.y.z\"}")
+            raise ValueError('/api/version: expected {"version": "x.y.z"}')
         info.add_metric(self.labels(version["version"]), 1.0)
         yield info
 
         size = self.gauge(series.OLLAMA_MODEL_SIZE, "Bytes a loaded model occupies, from GET /api/ps size.", ["model"])
-        vram = self.gauge(series.OLLAMA_MODEL_VRAM, "Bytes of a loaded model in GPU memory, from GET /api/ps size_vram.", ["model"])
+        vram = self.gauge(
+            series.OLLAMA_MODEL_VRAM, "Bytes of a loaded model in GPU memory, from GET /api/ps size_vram.", ["model"]
+        )
         context = self.gauge(
-            series.OLLAMA_MODEL_CONTEXT, "Context length a loaded model was loaded with, from GET /api/ps context_length.", ["model"]
+            series.OLLAMA_MODEL_CONTEXT,
+            "Context length a loaded model was loaded with, from GET /api/ps context_length.",
+            ["model"],
         )
         expires = self.gauge(
             series.OLLAMA_MODEL_EXPIRES,
@@ -123,21 +127,27 @@ class OllamaCollector(EngineCollector):
         families = [
             self.gauge(series.REQUESTS_RUNNING, HELP[series.REQUESTS_RUNNING], ["model"]),
             self.gauge(series.REQUESTS_WAITING, HELP[series.REQUESTS_WAITING], ["model"]),
-            CounterMetricFamily(series.PROMPT_TOKENS, HELP[series.PROMPT_TOKENS], labels=[*series.ENGINE_LABELS, "model"]),
-            CounterMetricFamily(series.GENERATED_TOKENS, HELP[series.GENERATED_TOKENS], labels=[*series.ENGINE_LABELS, "model"]),
+            CounterMetricFamily(
+                series.PROMPT_TOKENS, HELP[series.PROMPT_TOKENS], labels=[*series.ENGINE_LABELS, "model"]
+            ),
+            CounterMetricFamily(
+                series.GENERATED_TOKENS, HELP[series.GENERATED_TOKENS], labels=[*series.ENGINE_LABELS, "model"]
+            ),
         ]
         for model, values in sorted(snapshot.items()):
             for family, value in zip(families, values, strict=True):
                 family.add_metric(self.labels(model), float(value))
         yield from families
         in_flight = GaugeMetricFamily(
-            series.PROXY_IN_FLIGHT, "Requests inside the exporter's Ollama proxy right now (running + waiting).",
+            series.PROXY_IN_FLIGHT,
+            "Requests inside the exporter's Ollama proxy right now (running + waiting).",
             labels=list(series.ENGINE_LABELS),
         )
         in_flight.add_metric(self.labels(), float(self.observations.in_flight()))
         yield in_flight
         parallel = GaugeMetricFamily(
-            series.PROXY_NUM_PARALLEL, "OLLAMA_NUM_PARALLEL as configured for the proxy: requests Ollama runs at once per model.",
+            series.PROXY_NUM_PARALLEL,
+            "OLLAMA_NUM_PARALLEL as configured for the proxy: requests Ollama runs at once per model.",
             labels=list(series.ENGINE_LABELS),
         )
         parallel.add_metric(self.labels(), float(self.observations.num_parallel))

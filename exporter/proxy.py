@@ -48,8 +48,19 @@ log = logging.getLogger("exporter")
 HOP_BY_HOP = frozenset(
     h.lower().encode()
     for h in (
-        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
-        "TE", "Trailer", "Trailers", "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Expect",
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Trailers",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+        "Expect",
     )
 )
 NDJSON_PATHS = frozenset(("/api/chat", "/api/generate"))
@@ -157,7 +168,7 @@ class ResponseTail:
         if not end:
             return None
         try:
-            value = json.loads(data[data.rfind(b"\n", 0, end) + 1:end].decode())
+            value = json.loads(data[data.rfind(b"\n", 0, end) + 1 : end].decode())
         except ValueError:
             return None
         return value if isinstance(value, dict) else None
@@ -202,7 +213,9 @@ class OllamaProxy:
         self.upstream_url = upstream_url.rstrip("/")
         parts = urlsplit(self.upstream_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"ollama proxy {instance}: upstream must be an http:// or https:// URL, not {upstream_url!r}")
+            raise ValueError(
+                f"ollama proxy {instance}: upstream must be an http:// or https:// URL, not {upstream_url!r}"
+            )
         self.upstream_host = parts.hostname
         self.upstream_port = parts.port or (443 if parts.scheme == "https" else 80)
         self.upstream_ssl = ssl.create_default_context() if parts.scheme == "https" else None
@@ -282,9 +295,10 @@ class OllamaProxy:
         else:
             usage = tail.openai_usage()
             if usage:
-                self.observations.tokens(model, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
+                self.observations.tokens(
+                    model, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+                )
         return "ok"
-
 
 
 class Refusal(Exception):
@@ -298,11 +312,37 @@ class Refusal(Exception):
 class Exchange:
     """One request and its response on their way through the proxy."""
 
-    __slots__ = ("method", "target", "path", "headers", "body", "close_after", "http10", "observed", "model",
-                 "tail", "started", "status", "chunked", "head_sent", "first_seen", "retried", "done", "begun")
+    __slots__ = (
+        "method",
+        "target",
+        "path",
+        "headers",
+        "body",
+        "close_after",
+        "http10",
+        "observed",
+        "model",
+        "tail",
+        "started",
+        "status",
+        "chunked",
+        "head_sent",
+        "first_seen",
+        "retried",
+        "done",
+        "begun",
+    )
 
-    def __init__(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
-                 keep_alive: bool, http10: bool, started: float):
+    def __init__(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        keep_alive: bool,
+        http10: bool,
+        started: float,
+    ):
         self.method = method
         self.target = _origin_form(target)
         self.path = self.target.partition(b"?")[0].decode("latin-1")
@@ -371,7 +411,7 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as upgrade:
             # Upgrade (e.g. a WebSocket handshake) is hop-by-hop and is not forwarded: the request
             # went upstream as a plain one; whatever follows it is parsed as the next request.
-            rest = data[upgrade.args[0]:] if upgrade.args else b""
+            rest = data[upgrade.args[0] :] if upgrade.args else b""
             if rest and not self.closed:
                 self.data_received(rest)
         except httptools.HttpParserError as exc:
@@ -440,8 +480,11 @@ class ClientConnection(asyncio.Protocol):
             # Refused before the body is read, not after 64 MiB of it.
             if value.strip().isdigit() and int(value) > MAX_REQUEST_BYTES:
                 raise Refusal(413, f"request body larger than {MAX_REQUEST_BYTES} bytes")
-        if (b"expect" in hop and self.parser.get_http_version() != "1.0"
-                and any(value.lower() == b"100-continue" for value in hop[b"expect"])):
+        if (
+            b"expect" in hop
+            and self.parser.get_http_version() != "1.0"
+            and any(value.lower() == b"100-continue" for value in hop[b"expect"])
+        ):
             # The whole body is read before anything goes upstream, so say yes now (as aiohttp does), unless a
             # response is still going to this client: then once it is done (_next), never inside it.
             if self.current is None and not self.pending:
@@ -458,8 +501,17 @@ class ClientConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.continue_due = False
         parser = self.parser
-        self.pending.append(Exchange(parser.get_method(), self.url, self.headers, bytes(self.body),
-                                     parser.should_keep_alive(), parser.get_http_version() == "1.0", self.proxy.clock()))
+        self.pending.append(
+            Exchange(
+                parser.get_method(),
+                self.url,
+                self.headers,
+                bytes(self.body),
+                parser.should_keep_alive(),
+                parser.get_http_version() == "1.0",
+                self.proxy.clock(),
+            )
+        )
         self._new_request()  # the body now lives in its Exchange only
         if self.current is None:
             self._next()
@@ -495,8 +547,9 @@ class ClientConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             _, upstream = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamConnection(self), proxy.upstream_host, proxy.upstream_port,
-                                       ssl=proxy.upstream_ssl),
+                loop.create_connection(
+                    lambda: UpstreamConnection(self), proxy.upstream_host, proxy.upstream_port, ssl=proxy.upstream_ssl
+                ),
                 CONNECT_TIMEOUT,
             )
         except OSError as exc:  # TimeoutError is an OSError
@@ -558,8 +611,13 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         body = json.dumps({"error": message}).encode()
-        reason = {400: "Bad Request", 405: "Method Not Allowed", 413: "Payload Too Large",
-                  431: "Request Header Fields Too Large", 502: "Bad Gateway"}.get(status, "Error")
+        reason = {
+            400: "Bad Request",
+            405: "Method Not Allowed",
+            413: "Payload Too Large",
+            431: "Request Header Fields Too Large",
+            502: "Bad Gateway",
+        }.get(status, "Error")
         self.transport.write(
             b"HTTP/1.1 %d %s\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n%s\r\n%s"
             % (status, reason.encode(), len(body), b"Connection: close\r\n" if close else b"", body)

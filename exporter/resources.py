@@ -93,6 +93,7 @@ class NotRunning(Exception):
 
 # --- native processes ---
 
+
 def read_pidfile(path: Path) -> tuple[int, float | None]:
     """(pid, expected create time or None) from a plain pid file or the stack's JSON record (`pid`, `create_time`)."""
     try:
@@ -217,7 +218,9 @@ def _ancestors(base: Path, cgroup: str) -> Iterator[Path]:
         yield base.joinpath(*parts[:depth])
 
 
-def cgroup_limits(pid: int, *, proc_root: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> tuple[float | None, float | None]:
+def cgroup_limits(
+    pid: int, *, proc_root: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")
+) -> tuple[float | None, float | None]:
     """(CPU cores, memory bytes) the process's cgroups allow, None where no cgroup sets a limit (v2, else v1)."""
     unified, v1 = _cgroup_paths(pid, proc_root)
     cores: float | None = None
@@ -253,18 +256,29 @@ def cgroup_limits(pid: int, *, proc_root: Path = Path("/proc"), cgroup_root: Pat
     return cores, memory
 
 
-def process_budget(proc: psutil.Process, *, proc_root: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup"),
-                   machine: Callable[[], tuple[float, float]] = machine_limits) -> Budget:
+def process_budget(
+    proc: psutil.Process,
+    *,
+    proc_root: Path = Path("/proc"),
+    cgroup_root: Path = Path("/sys/fs/cgroup"),
+    machine: Callable[[], tuple[float, float]] = machine_limits,
+) -> Budget:
     cpu, rss = _usage(proc)
     cores, memory = machine()
     cgroup_cores, cgroup_memory = cgroup_limits(proc.pid, proc_root=proc_root, cgroup_root=cgroup_root)
     limited = cgroup_cores is not None and cgroup_cores < cores or cgroup_memory is not None and cgroup_memory < memory
     # A cgroup limit above the machine's size limits nothing: report what can actually be used.
-    return Budget(cpu, float(rss), min(cores, cgroup_cores or cores), min(memory, cgroup_memory or memory),
-                  "cgroup" if limited else "machine")
+    return Budget(
+        cpu,
+        float(rss),
+        min(cores, cgroup_cores or cores),
+        min(memory, cgroup_memory or memory),
+        "cgroup" if limited else "machine",
+    )
 
 
 # --- containers (docker stats) ---
+
 
 def container_budget(stats: dict, host_config: dict) -> Budget:
     """Docker Engine API `GET /containers/{id}/stats` + the container's HostConfig -> Budget.
@@ -295,8 +309,9 @@ def container_budget(stats: dict, host_config: dict) -> Budget:
         cores = quota / (period or 100_000)  # Docker's default CFS period is 100 ms
     else:
         cores = float(online)
-    return Budget(float(usage["total_usage"]) / 1e9, used, min(cores, float(online)), float(memory.get("limit") or 0),
-                  "container")
+    return Budget(
+        float(usage["total_usage"]) / 1e9, used, min(cores, float(online)), float(memory.get("limit") or 0), "container"
+    )
 
 
 class DockerStats:
@@ -341,13 +356,21 @@ class DockerStats:
 
 # --- the collector ---
 
+
 class ResourceCollector:
     """Custom collector over every watched process and container; `describe()` touches nothing."""
 
-    def __init__(self, processes: Sequence[WatchedProcess] = (), containers: Sequence[WatchedContainer] = (), *,
-                 docker: DockerStats | None = None, timeout: float = 3.0,
-                 proc_root: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup"),
-                 machine: Callable[[], tuple[float, float]] = machine_limits):
+    def __init__(
+        self,
+        processes: Sequence[WatchedProcess] = (),
+        containers: Sequence[WatchedContainer] = (),
+        *,
+        docker: DockerStats | None = None,
+        timeout: float = 3.0,
+        proc_root: Path = Path("/proc"),
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        machine: Callable[[], tuple[float, float]] = machine_limits,
+    ):
         self.processes = list(processes)
         self.containers = list(containers)
         self.docker = docker or (DockerStats(timeout=timeout) if self.containers else None)
@@ -366,7 +389,9 @@ class ResourceCollector:
             key = (watched.kind, watched.name, "process")
             try:
                 proc = process_from_pidfile(watched.pidfile)
-                budget = process_budget(proc, proc_root=self.proc_root, cgroup_root=self.cgroup_root, machine=self.machine)
+                budget = process_budget(
+                    proc, proc_root=self.proc_root, cgroup_root=self.cgroup_root, machine=self.machine
+                )
             except NotRunning as exc:
                 self._absent(key, str(exc))
                 continue
@@ -383,7 +408,9 @@ class ResourceCollector:
             yield (*key, budget)
 
     def collect(self) -> Iterator[Metric]:
-        cpu = CounterMetricFamily(series.ENGINE_CPU_SECONDS.removesuffix("_total"), HELP[series.ENGINE_CPU_SECONDS], labels=LABELS)
+        cpu = CounterMetricFamily(
+            series.ENGINE_CPU_SECONDS.removesuffix("_total"), HELP[series.ENGINE_CPU_SECONDS], labels=LABELS
+        )
         resident = GaugeMetricFamily(series.ENGINE_RESIDENT_BYTES, HELP[series.ENGINE_RESIDENT_BYTES], labels=LABELS)
         cpu_limit = GaugeMetricFamily(series.ENGINE_CPU_LIMIT, HELP[series.ENGINE_CPU_LIMIT], labels=LABELS)
         memory_limit = GaugeMetricFamily(series.ENGINE_MEMORY_LIMIT, HELP[series.ENGINE_MEMORY_LIMIT], labels=LABELS)
@@ -408,9 +435,19 @@ class ResourceCollector:
 
     def _present(self, key: tuple[str, str, str], budget: Budget) -> None:
         if self._reasons.get(key, "") is not None or self._limited_by.get(key) != budget.limited_by:
-            where = {"machine": "no cgroup limit: limits are the machine's", "cgroup": "limits are its cgroup's",
-                     "container": "limits are the container's"}[budget.limited_by]
-            log.info("%s %s %s: resource series on; %s %.3g cores and %.3g GiB", key[0], key[1], key[2],
-                     where, budget.cpu_limit_cores, budget.memory_limit_bytes / (1 << 30))
+            where = {
+                "machine": "no cgroup limit: limits are the machine's",
+                "cgroup": "limits are its cgroup's",
+                "container": "limits are the container's",
+            }[budget.limited_by]
+            log.info(
+                "%s %s %s: resource series on; %s %.3g cores and %.3g GiB",
+                key[0],
+                key[1],
+                key[2],
+                where,
+                budget.cpu_limit_cores,
+                budget.memory_limit_bytes / (1 << 30),
+            )
         self._reasons[key] = None
         self._limited_by[key] = budget.limited_by

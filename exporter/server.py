@@ -64,7 +64,9 @@ def build(config: Config) -> Exporter:
             if instance.proxy_port is not None:
                 observations = ProxyObservations(instance.num_parallel)
                 proxies.append((instance, OllamaProxy(instance.name, instance.url, observations, proxy_metrics)))
-            collectors.append(OllamaCollector(instance.name, upstream, timeout=instance.timeout, observations=observations))
+            collectors.append(
+                OllamaCollector(instance.name, upstream, timeout=instance.timeout, observations=observations)
+            )
     fanout = FanoutCollector(collectors)
     registry.register(fanout)
     # The resource budget of watched processes/containers; describe() keeps registration offline.
@@ -78,12 +80,15 @@ def build(config: Config) -> Exporter:
 
 
 def metrics_app(exporter: Exporter) -> web.Application:
-    rows = "".join(
-        f"<li>{html.escape(i.kind)} <b>{html.escape(i.name)}</b>: {html.escape(i.url)}"
-        + (f" (proxy on port {i.proxy_port})" if i.proxy_port else "")
-        + "</li>"
-        for i in exporter.config.instances
-    ) or "<li>none configured: set VLLM_URL, LLAMACPP_URL, OLLAMA_URL or --config FILE</li>"
+    rows = (
+        "".join(
+            f"<li>{html.escape(i.kind)} <b>{html.escape(i.name)}</b>: {html.escape(i.url)}"
+            + (f" (proxy on port {i.proxy_port})" if i.proxy_port else "")
+            + "</li>"
+            for i in exporter.config.instances
+        )
+        or "<li>none configured: set VLLM_URL, LLAMACPP_URL, OLLAMA_URL or --config FILE</li>"
+    )
     rows += "".join(
         f"<li>resource budget of {html.escape(w.kind)} <b>{html.escape(w.name)}</b>: pid file {html.escape(str(w.pidfile))}</li>"
         for w in exporter.config.processes
@@ -93,7 +98,7 @@ def metrics_app(exporter: Exporter) -> web.Application:
     )
     landing = (
         "<!doctype html><html><head><title>servescope exporter</title></head><body>"
-        "<h1>servescope exporter</h1><p><a href=\"/metrics\">Metrics</a></p>"
+        '<h1>servescope exporter</h1><p><a href="/metrics">Metrics</a></p>'
         f"<p>Engines:</p><ul>{rows}</ul></body></html>"
     )
 
@@ -112,7 +117,9 @@ def metrics_app(exporter: Exporter) -> web.Application:
     return app
 
 
-async def run(exporter: Exporter, *, on_ready: Callable[[], None] | None = None, stop: asyncio.Event | None = None) -> None:
+async def run(
+    exporter: Exporter, *, on_ready: Callable[[], None] | None = None, stop: asyncio.Event | None = None
+) -> None:
     """Serve until `stop` is set (or SIGINT/SIGTERM); raises PortInUse with the knob that moves the port."""
     config = exporter.config
     stop = stop or asyncio.Event()
@@ -126,18 +133,31 @@ async def run(exporter: Exporter, *, on_ready: Callable[[], None] | None = None,
     await runner.setup()
     started_proxies: list[OllamaProxy] = []
     try:
-        await _bind(web.TCPSite(runner, config.listen_address, config.port), config.listen_address, config.port,
-                    "EXPORTER_PORT or --port")
+        await _bind(
+            web.TCPSite(runner, config.listen_address, config.port),
+            config.listen_address,
+            config.port,
+            "EXPORTER_PORT or --port",
+        )
         log.info("exporter listening on http://%s:%d/metrics", config.listen_address, config.port)
         for instance, proxy in exporter.proxies:
             try:
                 await proxy.start(config.listen_address, instance.proxy_port)
             except OSError as exc:
-                raise _port_error(exc, config.listen_address, instance.proxy_port,
-                                  "OLLAMA_PROXY_PORT or --proxy-port (proxy_port in a config file)") from None
+                raise _port_error(
+                    exc,
+                    config.listen_address,
+                    instance.proxy_port,
+                    "OLLAMA_PROXY_PORT or --proxy-port (proxy_port in a config file)",
+                ) from None
             started_proxies.append(proxy)
-            log.info("ollama proxy %s listening on http://%s:%d -> %s",
-                     instance.name, config.listen_address, instance.proxy_port, instance.url)
+            log.info(
+                "ollama proxy %s listening on http://%s:%d -> %s",
+                instance.name,
+                config.listen_address,
+                instance.proxy_port,
+                instance.url,
+            )
         if not config.instances:
             log.warning("no engines configured: set VLLM_URL, LLAMACPP_URL, OLLAMA_URL or use --config FILE")
         if on_ready:

@@ -26,10 +26,16 @@ KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 # The only sample names read from vLLM's page (about 600 lines in 0.32: parsing all of it costs
 # tens of milliseconds, parsing these few lines well under one).
-VLLM_SAMPLES = frozenset((
-    "vllm:num_requests_running", "vllm:num_requests_waiting", *KV_USAGE_NAMES,
-    "vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:cache_config_info",
-))
+VLLM_SAMPLES = frozenset(
+    (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        *KV_USAGE_NAMES,
+        "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_total",
+        "vllm:cache_config_info",
+    )
+)
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 

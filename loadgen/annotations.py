@@ -57,7 +57,9 @@ class PhaseAnnotator:
         logger.addHandler(capture)
         logger.setLevel(logging.INFO)  # post_phase says why at INFO; the root logger's WARNING would drop it
         try:
-            ok = post(phase.name, started, ended, engine=target.instance, scenario=phase.scenario, text=text, url=self.url)
+            ok = post(
+                phase.name, started, ended, engine=target.instance, scenario=phase.scenario, text=text, url=self.url
+            )
         except Exception as exc:  # noqa: BLE001 -- an annotation is never worth the run
             capture.messages.append(f"grafana annotation skipped for phase {phase.name}: {type(exc).__name__}: {exc}")
             ok = False
@@ -69,6 +71,9 @@ class PhaseAnnotator:
             return True
         self.enabled = False
         reason = capture.messages[-1] if capture.messages else f"grafana annotation for phase {phase.name} not accepted"
-        print(f"loadgen: {' '.join(reason.split())} (GRAFANA_URL={self.url}); later phases are not annotated",
-              file=self.err or sys.stderr, flush=True)
+        print(
+            f"loadgen: {' '.join(reason.split())} (GRAFANA_URL={self.url}); later phases are not annotated",
+            file=self.err or sys.stderr,
+            flush=True,
+        )
         return False

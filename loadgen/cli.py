@@ -41,38 +41,69 @@ class UsageError(Exception):
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", action="append", default=[], metavar="NAME=URL",
-                        help="engine kind (vllm, llamacpp, ollama), optionally kind:instance; repeat for several, run back to back")
-    parser.add_argument("--prompts", default="seed3", help="seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], or a txt/JSONL file")
+    parser.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="engine kind (vllm, llamacpp, ollama), optionally kind:instance; repeat for several, run back to back",
+    )
+    parser.add_argument(
+        "--prompts", default="seed3", help="seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], or a txt/JSONL file"
+    )
     parser.add_argument("--max-tokens", type=int, default=knobs.get_int("MAX_TOKENS", 48))
     parser.add_argument("--temperature", type=float, default=float(knobs.get("TEMPERATURE", "0")))
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per engine, excluded from results")
     parser.add_argument("--results", default=str(knobs.REPO_ROOT / "results"), help="where run folders go")
     parser.add_argument("--run-id", default=None)
-    parser.add_argument("--model", action="append", default=[], metavar="[NAME=]MODEL",
-                        help="model to request (default: what the engine lists; Ollama: OLLAMA_MODEL)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="[NAME=]MODEL",
+        help="model to request (default: what the engine lists; Ollama: OLLAMA_MODEL)",
+    )
     parser.add_argument("--no-ignore-eos", action="store_true", help="don't send ignore_eos to engines that accept it")
     parser.add_argument("--http-client", choices=list(llm.TRANSPORTS), default="geventhttpclient")
-    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds without a byte before a request fails")
-    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("LOADGEN_METRICS_PORT") or knobs.get_int("LOADGEN_METRICS_PORT", 9465)),
-                        help="client-side /metrics for Prometheus while the run lasts (0: off)")
-    parser.add_argument("--metrics-linger", type=float, default=knobs.get("LOADGEN_METRICS_LINGER", "5"), metavar="SECONDS",
-                        help="keep client /metrics up this long after the last request, one scrape interval, so "
-                             "Prometheus gets the final samples (default LOADGEN_METRICS_LINGER, 5; 0: off)")
-    parser.add_argument("--grafana-url", default=knobs.get("GRAFANA_URL", "") or None, metavar="URL",
-                        help="post each phase as a Grafana annotation (default GRAFANA_URL; unset: none). "
-                             "Credential: GRAFANA_TOKEN, else GRAFANA_ADMIN_USER/GRAFANA_ADMIN_PASSWORD")
+    parser.add_argument(
+        "--request-timeout", type=float, default=120.0, help="seconds without a byte before a request fails"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("LOADGEN_METRICS_PORT") or knobs.get_int("LOADGEN_METRICS_PORT", 9465)),
+        help="client-side /metrics for Prometheus while the run lasts (0: off)",
+    )
+    parser.add_argument(
+        "--metrics-linger",
+        type=float,
+        default=knobs.get("LOADGEN_METRICS_LINGER", "5"),
+        metavar="SECONDS",
+        help="keep client /metrics up this long after the last request, one scrape interval, so "
+        "Prometheus gets the final samples (default LOADGEN_METRICS_LINGER, 5; 0: off)",
+    )
+    parser.add_argument(
+        "--grafana-url",
+        default=knobs.get("GRAFANA_URL", "") or None,
+        metavar="URL",
+        help="post each phase as a Grafana annotation (default GRAFANA_URL; unset: none). "
+        "Credential: GRAFANA_TOKEN, else GRAFANA_ADMIN_USER/GRAFANA_ADMIN_PASSWORD",
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-request progress lines")
 
 
 def _burst_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--burst-size", type=int, default=knobs.get_int("BURST_SIZE", 3), help="requests released at once")
+    parser.add_argument(
+        "--burst-size", type=int, default=knobs.get_int("BURST_SIZE", 3), help="requests released at once"
+    )
     parser.add_argument("--bursts", type=int, default=1, help="how many bursts")
     parser.add_argument("--burst-pause", type=float, default=1.0, help="seconds between bursts")
 
 
 def _timed_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=None, help="seconds per step / level / phase (default 30 unless --requests)")
+    parser.add_argument(
+        "--duration", type=float, default=None, help="seconds per step / level / phase (default 30 unless --requests)"
+    )
     parser.add_argument("--requests", type=int, default=None, help="requests per user per step/level (rate: in total)")
 
 
@@ -83,8 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="the seed's experiment: per engine warm-up, matched-set sequential, burst")
     _common(compare)
     _burst_args(compare)
-    compare.add_argument("--seed4", dest="seed4", action="store_true", default=True,
-                         help="also the seed's four-prompt sequential pass (default)")
+    compare.add_argument(
+        "--seed4",
+        dest="seed4",
+        action="store_true",
+        default=True,
+        help="also the seed's four-prompt sequential pass (default)",
+    )
     compare.add_argument("--no-seed4", dest="seed4", action="store_false")
 
     seq = sub.add_parser("sequential", help="one user, the prompt set back to back")
@@ -111,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--concurrencies", default="1,2,4,8")
     _timed_args(sweep)
 
-    webui = sub.add_parser("webui", help="Locust's web UI on LOCUST_PORT (127.0.0.1); engine and scenario under Custom parameters")
+    webui = sub.add_parser(
+        "webui", help="Locust's web UI on LOCUST_PORT (127.0.0.1); engine and scenario under Custom parameters"
+    )
     webui.add_argument("--port", type=int, default=knobs.get_int("LOCUST_PORT", 8089))
     webui.add_argument("--bind", default=knobs.get("SERVESCOPE_BIND", "127.0.0.1"))
     return parser
@@ -142,7 +180,18 @@ def main(argv: list[str] | None = None) -> int:
 def webui(args: argparse.Namespace, extra: list[str]) -> int:
     """Locust itself, on the project's locustfile; extra arguments (e.g. --engine llamacpp) pass through."""
     locustfile = Path(__file__).resolve().parent / "locustfile.py"
-    cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--web-host", args.bind, "--web-port", str(args.port), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(locustfile),
+        "--web-host",
+        args.bind,
+        "--web-port",
+        str(args.port),
+        *extra,
+    ]
     print(f"Locust web UI on http://{args.bind}:{args.port}  (engine and scenario: Custom parameters)", flush=True)
     os.execv(sys.executable, cmd)
     return 0  # not reached
@@ -152,16 +201,26 @@ def _plan(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet
     """The phases of the whole run, engine after engine, in the order they will run."""
     phases: list[Phase] = []
     for target in targets:
-        settings = Settings(target=target, prompt_set=prompt_set, max_tokens=args.max_tokens,
-                            temperature=args.temperature, timeout_s=args.request_timeout)
+        settings = Settings(
+            target=target,
+            prompt_set=prompt_set,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            timeout_s=args.request_timeout,
+        )
         if args.command == "compare":
             # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
             # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
             phases.append(SequentialPhase(settings, name="sequential", count=args.burst_size))
             phases.append(BurstPhase(settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause))
             if args.seed4 and prompt_set.name != "seed4":
-                seed4 = Settings(target=target, prompt_set=prompt_sets.load("seed4"), max_tokens=args.max_tokens,
-                                 temperature=args.temperature, timeout_s=args.request_timeout)
+                seed4 = Settings(
+                    target=target,
+                    prompt_set=prompt_sets.load("seed4"),
+                    max_tokens=args.max_tokens,
+                    temperature=args.temperature,
+                    timeout_s=args.request_timeout,
+                )
                 phases.append(SequentialPhase(seed4, name="sequential-seed4"))
         else:
             options = argparse.Namespace(**vars(args))
@@ -169,7 +228,6 @@ def _plan(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet
                 options.duration = 30.0
             phases.extend(build_phases(args.command, settings, options))
     return phases
-
 
 
 def run_headless(args: argparse.Namespace) -> int:
@@ -189,7 +247,9 @@ def run_headless(args: argparse.Namespace) -> int:
     try:
         folder = RunFolder.create(Path(args.results), args.run_id)
     except FileExistsError:
-        raise UsageError(f"run folder {Path(args.results) / args.run_id} already exists: pick another --run-id") from None
+        raise UsageError(
+            f"run folder {Path(args.results) / args.run_id} already exists: pick another --run-id"
+        ) from None
     except OSError as exc:
         raise UsageError(f"cannot create a run folder under {args.results}: {exc.strerror or exc}") from None
 
@@ -198,7 +258,11 @@ def run_headless(args: argparse.Namespace) -> int:
 
     def on_signal(signum: int) -> None:
         if not interrupted.is_set():
-            print(f"\nloadgen: {signal.Signals(signum).name}: stopping, keeping every finished request", file=sys.stderr, flush=True)
+            print(
+                f"\nloadgen: {signal.Signals(signum).name}: stopping, keeping every finished request",
+                file=sys.stderr,
+                flush=True,
+            )
         interrupted.set()
 
     handlers = [gevent.signal_handler(sig, on_signal, sig) for sig in (signal.SIGINT, signal.SIGTERM)]
@@ -214,18 +278,27 @@ def run_headless(args: argparse.Namespace) -> int:
         try:
             metrics.serve(args.metrics_port, addr=knobs.get("SERVESCOPE_BIND", "127.0.0.1"))
             recorder.metrics = metrics
-            recorder.line(f"client metrics on http://{knobs.get('SERVESCOPE_BIND', '127.0.0.1')}:{args.metrics_port}/metrics")
+            recorder.line(
+                f"client metrics on http://{knobs.get('SERVESCOPE_BIND', '127.0.0.1')}:{args.metrics_port}/metrics"
+            )
         except OSError as exc:
-            print(f"loadgen: client metrics not exposed (port {args.metrics_port}: {exc.strerror or exc}); the run goes on",
-                  file=sys.stderr, flush=True)
+            print(
+                f"loadgen: client metrics not exposed (port {args.metrics_port}: {exc.strerror or exc}); the run goes on",
+                file=sys.stderr,
+                flush=True,
+            )
             metrics = None
 
     models = _models(args.model)
     for target in targets:
         probe(target, models.get(target.instance) or models.get(target.kind) or models.get("*"))
         version = target.info.get("version") or "unknown"
-        problems = f" (engine not answering: {target.info['probe_errors'][0]})" if target.info.get("probe_errors") else ""
-        recorder.line(f"engine {target.instance} at {target.url}: version {version}, model {target.model or '?'}{problems}")
+        problems = (
+            f" (engine not answering: {target.info['probe_errors'][0]})" if target.info.get("probe_errors") else ""
+        )
+        recorder.line(
+            f"engine {target.instance} at {target.url}: version {version}, model {target.model or '?'}{problems}"
+        )
 
     phases = _plan(args, targets, prompt_set)
     used_sets = {prompt_set.name: prompt_set}
@@ -235,15 +308,29 @@ def run_headless(args: argparse.Namespace) -> int:
     flags["ignore_eos"] = not args.no_ignore_eos
 
     def manifest(status: str, ended_at: float | None = None) -> None:
-        folder.write_manifest(build_manifest(
-            command=" ".join(["python -m loadgen", *sys.argv[1:]]) if sys.argv[1:] else f"python -m loadgen {args.command}",
-            scenario=args.command, targets=targets, prompt_sets=list(used_sets.values()), flags=flags,
-            started_at=started_at, status=status, ended_at=ended_at, phases=[p.name for p in phases]))
+        folder.write_manifest(
+            build_manifest(
+                command=" ".join(["python -m loadgen", *sys.argv[1:]])
+                if sys.argv[1:]
+                else f"python -m loadgen {args.command}",
+                scenario=args.command,
+                targets=targets,
+                prompt_sets=list(used_sets.values()),
+                flags=flags,
+                started_at=started_at,
+                status=status,
+                ended_at=ended_at,
+                phases=[p.name for p in phases],
+            )
+        )
 
     manifest("running")
 
-    environment = Environment(user_classes=list(USER_CLASSES.values()), events=Events(),
-                              parsed_options=argparse.Namespace(http_client=args.http_client, headless=True))
+    environment = Environment(
+        user_classes=list(USER_CLASSES.values()),
+        events=Events(),
+        parsed_options=argparse.Namespace(http_client=args.http_client, headless=True),
+    )
     runner = environment.create_local_runner()
     run = LoadRun(phases, recorder)
     environment.servescope_run = run
@@ -286,8 +373,11 @@ def run_headless(args: argparse.Namespace) -> int:
         manifest(status, time.time())
         if metrics is not None and args.metrics_linger > 0 and not interrupted.is_set():
             # Prometheus scrapes every few seconds: without this the last requests' samples are never scraped.
-            print(f"loadgen: client metrics stay up {args.metrics_linger:g} s more so Prometheus scrapes the final "
-                  f"samples (--metrics-linger 0 to skip; Ctrl-C ends it)", flush=True)
+            print(
+                f"loadgen: client metrics stay up {args.metrics_linger:g} s more so Prometheus scrapes the final "
+                f"samples (--metrics-linger 0 to skip; Ctrl-C ends it)",
+                flush=True,
+            )
             interrupted.wait(timeout=args.metrics_linger)
         for handler in handlers:
             handler.cancel()
@@ -298,15 +388,23 @@ def run_headless(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if status == "interrupted" else 0
 
 
-def _warmup(target: Target, settings: Settings, args: argparse.Namespace, recorder: Recorder, interrupted: Event) -> bool:
+def _warmup(
+    target: Target, settings: Settings, args: argparse.Namespace, recorder: Recorder, interrupted: Event
+) -> bool:
     """Warm-up requests (cold caches, first-request compile) that never reach the results."""
     if args.warmup <= 0:
         return True
     transport = llm.make_transport(args.http_client, target.url, timeout=args.request_timeout)
     try:
         for i in range(args.warmup):
-            payload = llm.chat_payload(target.api, target.model, settings.prompt_set[i].text, settings.max_tokens,
-                                       settings.temperature, bool(target.ignore_eos))
+            payload = llm.chat_payload(
+                target.api,
+                target.model,
+                settings.prompt_set[i].text,
+                settings.max_tokens,
+                settings.temperature,
+                bool(target.ignore_eos),
+            )
             job = gevent.spawn(llm.stream_chat, transport, target.chat_path, target.api, payload)
             gevent.wait([job, interrupted], count=1)
             if interrupted.is_set():
@@ -314,7 +412,9 @@ def _warmup(target: Target, settings: Settings, args: argparse.Namespace, record
                 return False
             m = job.value
             outcome = "ok" if m.ok else f"FAILED ({m.error})"
-            recorder.line(f"warm-up {target.instance} {i + 1}/{args.warmup}: {outcome} {m.elapsed_s or 0:.3f}s (not recorded)")
+            recorder.line(
+                f"warm-up {target.instance} {i + 1}/{args.warmup}: {outcome} {m.elapsed_s or 0:.3f}s (not recorded)"
+            )
     finally:
         transport.close()
     return True
@@ -326,7 +426,10 @@ def _print_summary(folder: RunFolder, out) -> None:
     phases = list(folder.phases())
     if not phases:
         return
-    print(f"\n{'engine':<16} {'phase':<18} {'reqs':>4} {'ok':>3} {'wall s':>8} {'tokens':>6} {'tok/s':>7} {'TTFT p50 s':>10}", file=out)
+    print(
+        f"\n{'engine':<16} {'phase':<18} {'reqs':>4} {'ok':>3} {'wall s':>8} {'tokens':>6} {'tok/s':>7} {'TTFT p50 s':>10}",
+        file=out,
+    )
     walls: dict[tuple[str, str], float] = {}
     for p in phases:
         rs = [r for r in requests if r.instance == p.instance and r.phase == p.phase]
@@ -335,11 +438,16 @@ def _print_summary(folder: RunFolder, out) -> None:
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
         ttft = f"{statistics.median(ttfts):.3f}" if ttfts else "-"
         walls[(p.instance, p.phase)] = p.wall_s
-        print(f"{p.instance:<16} {p.phase:<18} {len(rs):>4} {len(ok):>3} {p.wall_s:>8.3f} {tokens:>6} "
-              f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {ttft:>10}", file=out)
+        print(
+            f"{p.instance:<16} {p.phase:<18} {len(rs):>4} {len(ok):>3} {p.wall_s:>8.3f} {tokens:>6} "
+            f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {ttft:>10}",
+            file=out,
+        )
     for (instance, phase), wall in walls.items():
         if phase == "sequential" and (instance, "burst-1") in walls and walls[(instance, "burst-1")] > 0:
             factor = wall / walls[(instance, "burst-1")]
-            print(f"scaling factor {instance}: matched-set sequential {wall:.3f}s / burst {walls[(instance, 'burst-1')]:.3f}s = {factor:.2f}x",
-                  file=out)
+            print(
+                f"scaling factor {instance}: matched-set sequential {wall:.3f}s / burst {walls[(instance, 'burst-1')]:.3f}s = {factor:.2f}x",
+                file=out,
+            )
     print("", file=out, flush=True)

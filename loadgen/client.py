@@ -34,8 +34,15 @@ from gevent import monkey as gevent_monkey
 from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
 
 # Ollama's final NDJSON object: the engine-side numbers the report cross-checks (nanoseconds).
-OLLAMA_STATS = ("eval_count", "eval_duration", "prompt_eval_count", "prompt_eval_duration", "load_duration",
-                "total_duration", "done_reason")
+OLLAMA_STATS = (
+    "eval_count",
+    "eval_duration",
+    "prompt_eval_count",
+    "prompt_eval_duration",
+    "load_duration",
+    "total_duration",
+    "done_reason",
+)
 ERROR_BODY_CHARS = 200
 
 
@@ -98,14 +105,25 @@ class Measurement:
 
 # --- the request body per API flavour ---
 
+
 def chat_payload(api: str, model: str, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool) -> dict:
     messages = [{"role": "user", "content": prompt}]
     if api == "ollama":
         # Ollama has no ignore_eos; num_predict is its max_tokens.
-        return {"model": model, "messages": messages, "stream": True,
-                "options": {"num_predict": max_tokens, "temperature": temperature}}
-    payload = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-               "stream": True, "stream_options": {"include_usage": True}}
+        return {
+            "model": model,
+            "messages": messages,
+            "stream": True,
+            "options": {"num_predict": max_tokens, "temperature": temperature},
+        }
+    payload = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if ignore_eos:
         payload["ignore_eos"] = True
     return payload
@@ -158,9 +176,15 @@ class GeventTransport:
         self.prefix = parts.path.rstrip("/")
         # Kernel receive stamps need recvmsg() on the plain socket: not through TLS.
         self.kernel_stamps = parts.scheme == "http" and CMSG_SIZE > 0 and SO_TIMESTAMPNS is not None
-        self.client = HTTPClient(parts.hostname, port=parts.port or 80, concurrency=max(1, concurrency),
-                                 connection_timeout=min(timeout, 10.0), network_timeout=timeout, block_size=READ_SIZE,
-                                 headers={"Content-Type": "application/json", "Accept": "text/event-stream, application/x-ndjson"})
+        self.client = HTTPClient(
+            parts.hostname,
+            port=parts.port or 80,
+            concurrency=max(1, concurrency),
+            connection_timeout=min(timeout, 10.0),
+            network_timeout=timeout,
+            block_size=READ_SIZE,
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream, application/x-ndjson"},
+        )
         pool = self.client._connection_pool
         # The pool checks a kept-alive socket with gevent's select(timeout=0), which also does a gevent.sleep(0):
         # between a request's send stamp and its send every other greenlet of a burst would run first (+17 ms
@@ -312,8 +336,11 @@ class RequestsTransport:
             pool._put_conn(conn)
 
     def post(self, path: str, body: bytes) -> _RequestsResponse:
-        return _RequestsResponse(self.session.post(self.base_url + path, data=body, stream=True,
-                                                   timeout=(min(self.timeout, 10.0), self.timeout)))
+        return _RequestsResponse(
+            self.session.post(
+                self.base_url + path, data=body, stream=True, timeout=(min(self.timeout, 10.0), self.timeout)
+            )
+        )
 
     def close(self) -> None:
         self.session.close()
@@ -348,9 +375,16 @@ def make_transport(name: str, base_url: str, timeout: float = 120.0, concurrency
 
 # --- the measured exchange ---
 
-def stream_chat(transport: Transport, path: str, api: str, payload: dict,
-                on_first_content: Callable[[Measurement], None] | None = None,
-                clock: Callable[[], float] = time.perf_counter, into: list[Measurement] | None = None) -> Measurement:
+
+def stream_chat(
+    transport: Transport,
+    path: str,
+    api: str,
+    payload: dict,
+    on_first_content: Callable[[Measurement], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    into: list[Measurement] | None = None,
+) -> Measurement:
     """Send one streaming chat request and stamp every content chunk; never raises for a failed request.
 
     `into` receives the measurement before the send, so a caller whose greenlet is killed mid-stream
@@ -371,7 +405,9 @@ def stream_chat(transport: Transport, path: str, api: str, payload: dict,
         else:
             _read_sse(response, m, on_first_content, clock)
         if not m.finished:
-            raise StreamError(f"stream cut after {len(m.content_times)} content chunks (no {'done' if api == 'ollama' else '[DONE]'})")
+            raise StreamError(
+                f"stream cut after {len(m.content_times)} content chunks (no {'done' if api == 'ollama' else '[DONE]'})"
+            )
     except StreamError as exc:
         m.error = str(exc)
     except Exception as exc:  # noqa: BLE001 - every transport failure becomes a recorded reason, the run goes on
@@ -429,7 +465,9 @@ def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None
             return
         event = _json_object(data, len(content_times))
         if event.get("error"):
-            raise StreamError(f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}")
+            raise StreamError(
+                f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}"
+            )
         for choice in event.get("choices") or ():
             delta = choice.get("delta") or {}
             # Reasoning models stream thinking as reasoning_content: it is output all the same.
@@ -457,7 +495,9 @@ def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> N
             continue
         event = _json_object(line, len(content_times))
         if event.get("error"):
-            raise StreamError(f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}")
+            raise StreamError(
+                f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}"
+            )
         message = event.get("message") or {}
         if message.get("content") or message.get("thinking"):
             content_times.append(stamp)
@@ -467,7 +507,9 @@ def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> N
             m.finished = True
             for key in OLLAMA_STATS:
                 if key in event:
-                    m.engine_stats[key if key == "done_reason" or not key.endswith("duration") else f"{key}_ns"] = event[key]
+                    m.engine_stats[key if key == "done_reason" or not key.endswith("duration") else f"{key}_ns"] = (
+                        event[key]
+                    )
             if event.get("eval_count") is not None:
                 m.usage_tokens = int(event["eval_count"])
                 m.tokens_source = "eval_count"
@@ -497,10 +539,15 @@ def _describe(exc: BaseException, chunks: int) -> str:
     where = f"after {chunks} content chunks" if chunks else "before the first content chunk"
     if isinstance(exc, ConnectionRefusedError) or "refused" in str(exc).lower():
         return "connection refused"
-    if isinstance(exc, socket.timeout | TimeoutError) or "timed out" in str(exc).lower() or type(exc).__name__ in ("Timeout", "ReadTimeout", "ConnectTimeout"):
+    if (
+        isinstance(exc, socket.timeout | TimeoutError)
+        or "timed out" in str(exc).lower()
+        or type(exc).__name__ in ("Timeout", "ReadTimeout", "ConnectTimeout")
+    ):
         return f"timeout {where}"
-    if (isinstance(exc, ConnectionResetError | BrokenPipeError)
-            or any(word in str(exc).lower() for word in ("closed", "eof", "incomplete", "reset"))):
+    if isinstance(exc, ConnectionResetError | BrokenPipeError) or any(
+        word in str(exc).lower() for word in ("closed", "eof", "incomplete", "reset")
+    ):
         return f"stream cut {where}: {type(exc).__name__}"
     text = " ".join(str(exc).split())[:ERROR_BODY_CHARS]
     return f"{type(exc).__name__} {where}: {text}" if text else f"{type(exc).__name__} {where}"

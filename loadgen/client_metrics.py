@@ -1,8 +1,8 @@
 """The load generator's client-side view for Prometheus: TTFT/ITL/E2E histograms, tokens, requests by outcome, users.
 
-  servescope_client_ttft_seconds_bucket{engine="vllm",scenario="burst",le="0.5"} 3.0
-  servescope_client_requests_total{engine="vllm",outcome="ok",scenario="burst"} 3.0
-  servescope_client_users{engine="vllm",scenario="burst"} 3.0
+servescope_client_ttft_seconds_bucket{engine="vllm",scenario="burst",le="0.5"} 3.0
+servescope_client_requests_total{engine="vllm",outcome="ok",scenario="burst"} 3.0
+servescope_client_users{engine="vllm",scenario="burst"} 3.0
 """
 
 from __future__ import annotations
@@ -44,16 +44,36 @@ class ClientMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         labels = series.CLIENT_LABELS
-        self.ttft = Histogram(series.CLIENT_TTFT, "Client-side time to first non-empty content chunk.", labels,
-                              buckets=TTFT_BUCKETS, registry=self.registry)
-        self.itl = Histogram(series.CLIENT_ITL, "Client-side gap between consecutive content chunks.", labels,
-                             buckets=ITL_BUCKETS, registry=self.registry)
-        self.e2e = Histogram(series.CLIENT_E2E, "Client-side send to last content chunk.", labels,
-                             buckets=E2E_BUCKETS, registry=self.registry)
-        self.output_tokens = Counter(series.CLIENT_OUTPUT_TOKENS, "Output tokens received (usage / eval_count, else chunks).",
-                                     labels, registry=self.registry)
-        self.requests = Counter(series.CLIENT_REQUESTS, "Requests finished, by outcome.", (*labels, "outcome"),
-                                registry=self.registry)
+        self.ttft = Histogram(
+            series.CLIENT_TTFT,
+            "Client-side time to first non-empty content chunk.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            series.CLIENT_ITL,
+            "Client-side gap between consecutive content chunks.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            series.CLIENT_E2E,
+            "Client-side send to last content chunk.",
+            labels,
+            buckets=E2E_BUCKETS,
+            registry=self.registry,
+        )
+        self.output_tokens = Counter(
+            series.CLIENT_OUTPUT_TOKENS,
+            "Output tokens received (usage / eval_count, else chunks).",
+            labels,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            series.CLIENT_REQUESTS, "Requests finished, by outcome.", (*labels, "outcome"), registry=self.registry
+        )
         self.users = Gauge(series.CLIENT_USERS, "Locust users running.", labels, registry=self.registry)
         self.server = None
 

@@ -14,8 +14,11 @@ def write_locust_outputs(environment, folder: Path) -> list[Path]:
     folder = Path(folder)
     stats_csv = StatsCSV(environment, PERCENTILES_TO_REPORT)
     written = []
-    for name, write in (("locust_stats.csv", stats_csv.requests_csv), ("locust_failures.csv", stats_csv.failures_csv),
-                        ("locust_exceptions.csv", stats_csv.exceptions_csv)):
+    for name, write in (
+        ("locust_stats.csv", stats_csv.requests_csv),
+        ("locust_failures.csv", stats_csv.failures_csv),
+        ("locust_exceptions.csv", stats_csv.exceptions_csv),
+    ):
         path = folder / name
         with open(path, "w", newline="", encoding="utf-8") as fh:
             write(csv.writer(fh))

@@ -25,9 +25,18 @@ def machine() -> dict[str, Any]:
     }
 
 
-def build(*, command: str, scenario: str, targets: list[Target], prompt_sets: list[PromptSet], flags: dict[str, Any],
-          started_at: float, status: str = "running", ended_at: float | None = None,
-          phases: list[str] | None = None) -> dict[str, Any]:
+def build(
+    *,
+    command: str,
+    scenario: str,
+    targets: list[Target],
+    prompt_sets: list[PromptSet],
+    flags: dict[str, Any],
+    started_at: float,
+    status: str = "running",
+    ended_at: float | None = None,
+    phases: list[str] | None = None,
+) -> dict[str, Any]:
     """Everything a report needs to say what was run where; status is running -> complete | interrupted."""
     from locust import __version__ as locust_version
 
@@ -40,8 +49,10 @@ def build(*, command: str, scenario: str, targets: list[Target], prompt_sets: li
         "ended_at": ended_at,
         "started_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started_at)),
         "engines": {t.instance: t.manifest() for t in targets},
-        "prompt_sets": {p.name: {"sha256": p.sha256, "prompts": [{"id": x.id, "text": x.text} for x in p.prompts]}
-                        for p in prompt_sets},
+        "prompt_sets": {
+            p.name: {"sha256": p.sha256, "prompts": [{"id": x.id, "text": x.text} for x in p.prompts]}
+            for p in prompt_sets
+        },
         "prompt_set": prompt_sets[0].name if prompt_sets else None,
         "prompt_set_sha256": prompt_sets[0].sha256 if prompt_sets else None,
         "flags": flags,

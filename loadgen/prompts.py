@@ -59,7 +59,9 @@ def load(spec: str) -> PromptSet:
         return synthetic(int(match.group(1)), int(match.group(2) or 8))
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise PromptSetError(f"prompt set {spec!r}: not one of {', '.join(SHIPPED)}, synthetic:TOKENS[xCOUNT], or a readable file")
+        raise PromptSetError(
+            f"prompt set {spec!r}: not one of {', '.join(SHIPPED)}, synthetic:TOKENS[xCOUNT], or a readable file"
+        )
     return _from_file(path, name=path.stem)
 
 
@@ -94,7 +96,7 @@ def _from_file(path: Path, name: str) -> PromptSet:
                 item = {"prompt": item}
             prompt = item.get("prompt", item.get("text")) if isinstance(item, dict) else None
             if not isinstance(prompt, str) or not prompt.strip():
-                raise PromptSetError(f"{path}:{lineno}: expected {{\"id\": ..., \"prompt\": \"...\"}}")
+                raise PromptSetError(f'{path}:{lineno}: expected {{"id": ..., "prompt": "..."}}')
             prompts.append(Prompt(id=str(item.get("id") or f"{name}-{len(prompts) + 1}"), text=prompt))
     else:
         for line in text.splitlines():

@@ -15,8 +15,13 @@ RECORD_MESSAGE = "servescope_record"  # worker -> master: one RequestRecord as J
 
 
 class Recorder:
-    def __init__(self, folder: RunFolder | None = None, metrics: ClientMetrics | None = None,
-                 out: TextIO | None = sys.stdout, t0: float | None = None):
+    def __init__(
+        self,
+        folder: RunFolder | None = None,
+        metrics: ClientMetrics | None = None,
+        out: TextIO | None = sys.stdout,
+        t0: float | None = None,
+    ):
         self.folder = folder
         self.metrics = metrics
         self.out = out
@@ -39,16 +44,20 @@ class Recorder:
         ttft = f"{record.ttft_s:.3f}s" if record.ttft_s is not None else "-"
         e2e = f"{record.e2e_s:.3f}s" if record.e2e_s is not None else "-"
         status = "ok" if record.ok else f"FAILED ({record.error})"
-        self.line(f"{record.instance} {record.phase} {record.prompt_id}: {status} ttft={ttft} e2e={e2e} "
-                  f"tokens={record.output_tokens if record.output_tokens is not None else '-'}")
+        self.line(
+            f"{record.instance} {record.phase} {record.prompt_id}: {status} ttft={ttft} e2e={e2e} "
+            f"tokens={record.output_tokens if record.output_tokens is not None else '-'}"
+        )
 
     def phase(self, record: PhaseRecord) -> None:
         if self.folder is not None:
             self.folder.append_phase(record)
         tokens = self.tokens.get((record.instance, record.phase), 0)
         rate = tokens / record.wall_s if record.wall_s > 0 else 0.0
-        self.line(f"{record.instance} {record.phase} done: {record.requests} requests, wall {record.wall_s:.3f}s, "
-                  f"{tokens} tokens, {rate:.1f} tok/s")
+        self.line(
+            f"{record.instance} {record.phase} done: {record.requests} requests, wall {record.wall_s:.3f}s, "
+            f"{tokens} tokens, {rate:.1f} tok/s"
+        )
 
     def users(self, engine: str, scenario: str, users: int) -> None:
         if self.metrics is not None:

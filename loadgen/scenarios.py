@@ -102,11 +102,23 @@ class Phase:
 
     def phase_records(self) -> list[PhaseRecord]:
         s = self.settings
-        return [PhaseRecord(engine=s.target.kind, instance=s.target.instance, scenario=self.scenario, phase=name,
-                            started_at=span.started_at, ended_at=span.ended_at, requests=span.requests,
-                            concurrency=self.users, prompt_set=s.prompt_set.name, prompt_set_sha256=s.prompt_set.sha256,
-                            max_tokens=s.max_tokens)
-                for name, span in self.spans.items() if span.started_at is not None]
+        return [
+            PhaseRecord(
+                engine=s.target.kind,
+                instance=s.target.instance,
+                scenario=self.scenario,
+                phase=name,
+                started_at=span.started_at,
+                ended_at=span.ended_at,
+                requests=span.requests,
+                concurrency=self.users,
+                prompt_set=s.prompt_set.name,
+                prompt_set_sha256=s.prompt_set.sha256,
+                max_tokens=s.max_tokens,
+            )
+            for name, span in self.spans.items()
+            if span.started_at is not None
+        ]
 
     def describe(self) -> str:
         return f"{self.settings.target.instance} {self.name}: {self.users} user(s)"
@@ -188,8 +200,9 @@ class ClosedLoopPhase(Phase):
 
     user_class = "ClosedLoopUser"
 
-    def __init__(self, settings: Settings, name: str, users: int, duration_s: float | None, requests: int | None,
-                 scenario: str):
+    def __init__(
+        self, settings: Settings, name: str, users: int, duration_s: float | None, requests: int | None, scenario: str
+    ):
         super().__init__(settings, name, users)
         if duration_s is None and requests is None:
             raise ValueError("a closed-loop phase needs a duration or a request count")
@@ -219,7 +232,11 @@ class ClosedLoopPhase(Phase):
             return True
         if self.max_requests is not None and self.issued >= self.max_requests:
             return True
-        return self.duration_s is not None and self.t_start is not None and time.monotonic() - self.t_start >= self.duration_s
+        return (
+            self.duration_s is not None
+            and self.t_start is not None
+            and time.monotonic() - self.t_start >= self.duration_s
+        )
 
     def time_left(self) -> float | None:
         if self.duration_s is None or self.t_start is None:
@@ -233,8 +250,16 @@ class RatePhase(Phase):
     scenario = "rate"
     user_class = "RateUser"
 
-    def __init__(self, settings: Settings, rate: float, duration_s: float | None, requests: int | None,
-                 poisson: bool = False, max_in_flight: int = 256, seed: int = 0):
+    def __init__(
+        self,
+        settings: Settings,
+        rate: float,
+        duration_s: float | None,
+        requests: int | None,
+        poisson: bool = False,
+        max_in_flight: int = 256,
+        seed: int = 0,
+    ):
         super().__init__(settings, f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
         if rate <= 0:
             raise ValueError("--rate must be > 0")
@@ -339,12 +364,17 @@ class LoadRun:
         return self.index >= len(self.phases)
 
 
-def closed_loop_steps(settings: Settings, levels: list[int], hold_s: float | None, requests_per_level: int | None,
-                      scenario: str) -> list[Phase]:
+def closed_loop_steps(
+    settings: Settings, levels: list[int], hold_s: float | None, requests_per_level: int | None, scenario: str
+) -> list[Phase]:
     name = (lambda n: f"ramp-{n}users") if scenario == "ramp" else (lambda n: f"sweep-c{n}")
     # `requests_per_level` counts per user, so every level sees the same work per user.
-    return [ClosedLoopPhase(settings, name(n), n, hold_s, None if requests_per_level is None else requests_per_level * n,
-                            scenario) for n in levels]
+    return [
+        ClosedLoopPhase(
+            settings, name(n), n, hold_s, None if requests_per_level is None else requests_per_level * n, scenario
+        )
+        for n in levels
+    ]
 
 
 def parse_levels(text: str, what: str) -> list[int]:
@@ -362,17 +392,29 @@ def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
     if scenario == "sequential":
         return [SequentialPhase(settings, repeat=max(1, int(getattr(options, "repeat", 1) or 1)))]
     if scenario == "burst":
-        return [BurstPhase(settings, size=int(options.burst_size), rounds=int(options.bursts),
-                           pause_s=float(options.burst_pause))]
+        return [
+            BurstPhase(
+                settings, size=int(options.burst_size), rounds=int(options.bursts), pause_s=float(options.burst_pause)
+            )
+        ]
     duration = float(options.duration) if getattr(options, "duration", None) else None
     requests = int(options.requests) if getattr(options, "requests", None) else None
     if scenario == "ramp":
         return closed_loop_steps(settings, parse_levels(options.steps, "--steps"), duration, requests, "ramp")
     if scenario == "sweep":
-        return closed_loop_steps(settings, parse_levels(options.concurrencies, "--concurrencies"), duration, requests, "sweep")
+        return closed_loop_steps(
+            settings, parse_levels(options.concurrencies, "--concurrencies"), duration, requests, "sweep"
+        )
     if scenario == "rate":
-        return [RatePhase(settings, rate=float(options.rate), duration_s=duration, requests=requests,
-                          poisson=(options.arrivals == "poisson"))]
+        return [
+            RatePhase(
+                settings,
+                rate=float(options.rate),
+                duration_s=duration,
+                requests=requests,
+                poisson=(options.arrivals == "poisson"),
+            )
+        ]
     raise ValueError(f"unknown scenario {scenario!r}: expected one of {', '.join(SCENARIOS)}")
 
 

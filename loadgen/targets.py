@@ -35,7 +35,11 @@ class Target:
 
     def manifest(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "url": self.url, "api": self.api, "chat_path": self.chat_path, "model": self.model,
+            "kind": self.kind,
+            "url": self.url,
+            "api": self.api,
+            "chat_path": self.chat_path,
+            "model": self.model,
             "ignore_eos": "unavailable" if self.ignore_eos is None else self.ignore_eos,
             **self.info,
         }
@@ -61,8 +65,14 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
         api, chat_path = "openai", "/chat/completions"
     elif parts.path:
         raise TargetError(f"--engine {spec!r}: the URL takes no path other than /v1")
-    return Target(kind=kind.name, instance=f"{kind.name}:{label}" if label else kind.name, url=url, api=api,
-                  chat_path=chat_path, ignore_eos=(ignore_eos if kind.accepts_ignore_eos else None))
+    return Target(
+        kind=kind.name,
+        instance=f"{kind.name}:{label}" if label else kind.name,
+        url=url,
+        api=api,
+        chat_path=chat_path,
+        ignore_eos=(ignore_eos if kind.accepts_ignore_eos else None),
+    )
 
 
 def _get_json(session: requests.Session, url: str) -> Any:
@@ -88,25 +98,32 @@ def probe(target: Target, model_override: str | None = None, session: requests.S
             errors.append(f"{what}: {' '.join(str(exc).split())[:160]}")
 
     if target.kind == "ollama":
+
         def version():
             info["version"] = _get_json(session, f"{root}/api/version")["version"]
 
         def tags():
             info["models"] = [m["name"] for m in _get_json(session, f"{root}/api/tags").get("models", [])]
+
         attempt("/api/version", version)
         attempt("/api/tags", tags)
     else:
+
         def models():
             data = _get_json(session, f"{root}/v1/models").get("data", [])
             info["models"] = [m["id"] for m in data]
             if data and data[0].get("max_model_len"):
                 info.setdefault("settings", {})["max_model_len"] = data[0]["max_model_len"]
+
         attempt("/v1/models", models)
         if target.kind == "vllm":
+
             def version():
                 info["version"] = _get_json(session, f"{root}/version")["version"]
+
             attempt("/version", version)
         elif target.kind == "llamacpp":
+
             def props():
                 data = _get_json(session, f"{root}/props")
                 info["version"] = data.get("build_info") or data.get("version")
@@ -117,6 +134,7 @@ def probe(target: Target, model_override: str | None = None, session: requests.S
                 n_ctx = (data.get("default_generation_settings") or {}).get("n_ctx")
                 if n_ctx is not None:
                     settings["n_ctx"] = n_ctx
+
             attempt("/props", props)
     if errors:
         info["probe_errors"] = errors

@@ -22,12 +22,18 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m report", description=__doc__)
     p.add_argument("--run", metavar="ID|PATH", help="run folder to report on (default: the latest under --results)")
     p.add_argument("--baseline", metavar="ID|PATH", help="a second run to compare against (comparison mode)")
-    p.add_argument("--results", metavar="DIR", type=Path, default=Path("results"),
-                   help="where run folders live (default: results)")
-    p.add_argument("--prometheus", metavar="URL", default=None,
-                   help="Prometheus for the gauges (default: http://127.0.0.1:${PROMETHEUS_PORT})")
-    p.add_argument("--table-only", action="store_true",
-                   help="print the seed's comparison table to the terminal and write nothing")
+    p.add_argument(
+        "--results", metavar="DIR", type=Path, default=Path("results"), help="where run folders live (default: results)"
+    )
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        default=None,
+        help="Prometheus for the gauges (default: http://127.0.0.1:${PROMETHEUS_PORT})",
+    )
+    p.add_argument(
+        "--table-only", action="store_true", help="print the seed's comparison table to the terminal and write nothing"
+    )
     return p
 
 
@@ -44,24 +50,31 @@ def main(argv: list[str] | None = None) -> int:
         baseline = load.load(load.resolve(args.baseline, args.results)) if args.baseline else None
         url = args.prometheus or default_prometheus_url()
         started = time.monotonic()
-        print(f"report: run {run.run_id}: {len(run.requests)} requests, {len(run.phases)} phases; "
-              f"querying {url} and drawing plots", file=sys.stderr)
+        print(
+            f"report: run {run.run_id}: {len(run.requests)} requests, {len(run.phases)} phases; "
+            f"querying {url} and drawing plots",
+            file=sys.stderr,
+        )
         doc, numbers = sections.build(run, url, baseline)
         written = render.write(run.path, doc, numbers)
     except load.RunError as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"report: cannot write the report: {exc.strerror or exc} ({getattr(exc, 'filename', '')})",
-              file=sys.stderr)
+        print(
+            f"report: cannot write the report: {exc.strerror or exc} ({getattr(exc, 'filename', '')})", file=sys.stderr
+        )
         return 1
     for warning in run.warnings:
         print(f"report: warning: {warning}", file=sys.stderr)
     gauge = numbers["gauges"]
     if not gauge["available"]:
         print(f"report: no gauge data: {gauge['reason']}", file=sys.stderr)
-    print(f"report: wrote {', '.join(p.name for p in written)} and {len(numbers['plots'])} plot(s) "
-          f"in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    print(
+        f"report: wrote {', '.join(p.name for p in written)} and {len(numbers['plots'])} plot(s) "
+        f"in {time.monotonic() - started:.1f}s",
+        file=sys.stderr,
+    )
     print(run.path / "report.html")
     return 0
 

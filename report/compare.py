@@ -64,8 +64,9 @@ def pairs(current: list[RequestRecord], baseline: list[RequestRecord], metric: s
     return [statistics.median(cur[k]) for k in common], [statistics.median(base[k]) for k in common]
 
 
-def compare_groups(current: list[RequestRecord], baseline: list[RequestRecord], cur_label: str, base_label: str,
-                   scenario: str) -> list[Delta]:
+def compare_groups(
+    current: list[RequestRecord], baseline: list[RequestRecord], cur_label: str, base_label: str, scenario: str
+) -> list[Delta]:
     out = []
     for metric in METRICS:
         paired = False
@@ -75,9 +76,23 @@ def compare_groups(current: list[RequestRecord], baseline: list[RequestRecord], 
         if not paired:
             a, b = _unpaired(current, metric), _unpaired(baseline, metric)
         result = stats.bootstrap_median_delta(a, b, paired=paired)
-        out.append(Delta(cur_label, base_label, scenario, metric, paired, result["n_current"], result["n_baseline"],
-                         result["median_current"], result["median_baseline"], result["delta"], result["ci_low"],
-                         result["ci_high"], result["delta_pct"]))
+        out.append(
+            Delta(
+                cur_label,
+                base_label,
+                scenario,
+                metric,
+                paired,
+                result["n_current"],
+                result["n_baseline"],
+                result["median_current"],
+                result["median_baseline"],
+                result["delta"],
+                result["ci_low"],
+                result["ci_high"],
+                result["delta_pct"],
+            )
+        )
     return out
 
 
@@ -130,5 +145,8 @@ def within_run(run: Run) -> tuple[list[Delta], str]:
 
 
 def to_json(deltas: list[Delta], how: str) -> dict:
-    return {"method": METHOD, "matching": how,
-            "deltas": [{**asdict(d), "ci_excludes_zero": d.excludes_zero} for d in deltas]}
+    return {
+        "method": METHOD,
+        "matching": how,
+        "deltas": [{**asdict(d), "ci_excludes_zero": d.excludes_zero} for d in deltas],
+    }

@@ -58,14 +58,20 @@ def ollama(instance: str, records: list[RequestRecord]) -> CrossCheck:
     rows = []
     for r in records:
         st = r.engine_stats or {}
-        total, load, pe, ev = (_ns(st, k) for k in ("total_duration", "load_duration", "prompt_eval_duration",
-                                                    "eval_duration"))
+        total, load, pe, ev = (
+            _ns(st, k) for k in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
+        )
         if total is None or r.e2e_s is None:
             continue
         load, pe, ev = load or 0.0, pe or 0.0, ev or 0.0
         rows.append((r, total, load, pe, ev))
-    cc = CrossCheck(instance, "ollama", bool(rows), "Ollama's final object: *_duration (ns)" if rows
-                    else "no Ollama durations in the records (engine_stats empty)", requests=len(rows))
+    cc = CrossCheck(
+        instance,
+        "ollama",
+        bool(rows),
+        "Ollama's final object: *_duration (ns)" if rows else "no Ollama durations in the records (engine_stats empty)",
+        requests=len(rows),
+    )
     if not rows:
         return cc
     cc.components_mean_s = {
@@ -77,9 +83,13 @@ def ollama(instance: str, records: list[RequestRecord]) -> CrossCheck:
     cc.client_e2e_mean_s = statistics.fmean(x[0].e2e_s for x in rows)
     cc.client_ttft_mean_s = _mean([x[0].ttft_s for x in rows if x[0].ttft_s is not None])
     cc.engine_first_token_mean_s = statistics.fmean(x[2] + x[3] for x in rows)
-    cc.cold_loads = [{"prompt_id": x[0].prompt_id, "phase": x[0].phase, "load_s": x[2]} for x in rows if x[2] > COLD_LOAD_S]
-    cc.notes.append("queue = total - load - prompt eval - eval (time in Ollama outside the model); "
-                    "transport = client E2E - total_duration, floored at 0")
+    cc.cold_loads = [
+        {"prompt_id": x[0].prompt_id, "phase": x[0].phase, "load_s": x[2]} for x in rows if x[2] > COLD_LOAD_S
+    ]
+    cc.notes.append(
+        "queue = total - load - prompt eval - eval (time in Ollama outside the model); "
+        "transport = client E2E - total_duration, floored at 0"
+    )
     return cc
 
 
@@ -92,8 +102,15 @@ def llamacpp(instance: str, records: list[RequestRecord]) -> CrossCheck:
         if not isinstance(pm, (int, float)) or not isinstance(dm, (int, float)) or r.e2e_s is None:
             continue
         rows.append((r, pm / 1000.0, dm / 1000.0, t.get("cache_n"), t.get("predicted_n")))
-    cc = CrossCheck(instance, "llamacpp", bool(rows), "llama.cpp's `timings` (prompt_ms, predicted_ms)" if rows
-                    else "no llama.cpp timings in the records (engine_stats empty)", requests=len(rows))
+    cc = CrossCheck(
+        instance,
+        "llamacpp",
+        bool(rows),
+        "llama.cpp's `timings` (prompt_ms, predicted_ms)"
+        if rows
+        else "no llama.cpp timings in the records (engine_stats empty)",
+        requests=len(rows),
+    )
     if not rows:
         return cc
     cc.components_mean_s = {
@@ -106,8 +123,9 @@ def llamacpp(instance: str, records: list[RequestRecord]) -> CrossCheck:
     cached = [x[3] for x in rows if isinstance(x[3], (int, float))]
     if cached:
         cc.notes.append(f"prompt tokens reused from the cache (cache_n): mean {statistics.fmean(cached):.1f}")
-    mismatched = sum(1 for x in rows if isinstance(x[4], int) and x[0].output_tokens is not None
-                     and x[4] != x[0].output_tokens)
+    mismatched = sum(
+        1 for x in rows if isinstance(x[4], int) and x[0].output_tokens is not None and x[4] != x[0].output_tokens
+    )
     if mismatched:
         cc.notes.append(f"{mismatched} request(s) where predicted_n differs from the client's output token count")
     return cc
@@ -116,8 +134,12 @@ def llamacpp(instance: str, records: list[RequestRecord]) -> CrossCheck:
 def vllm(instance: str, records: list[RequestRecord], run: Run, client: Prometheus | None) -> CrossCheck:
     ok = [r for r in records if r.e2e_s is not None]
     if client is None:
-        return CrossCheck(instance, "vllm", False,
-                          "vLLM's queue/prefill histograms come from Prometheus, which did not answer (see section 5)")
+        return CrossCheck(
+            instance,
+            "vllm",
+            False,
+            "vLLM's queue/prefill histograms come from Prometheus, which did not answer (see section 5)",
+        )
     phases = run.phases_of(instance)
     if not phases or not ok:
         return CrossCheck(instance, "vllm", False, "no phases or successful requests for this engine")
@@ -126,7 +148,7 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
     means: dict[str, float] = {}
     try:
         for name, metric in VLLM_HISTOGRAMS.items():
-            expr = (f"sum(increase({metric}_sum[{window}])) / sum(increase({metric}_count[{window}]))")
+            expr = f"sum(increase({metric}_sum[{window}])) / sum(increase({metric}_count[{window}]))"
             result = client.query(expr, end + PAD_S)
             if result:
                 value = float(result[0]["value"][1])
@@ -135,10 +157,15 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
     except PrometheusError as exc:
         return CrossCheck(instance, "vllm", False, f"no vLLM histograms: {exc}")
     if "queue" not in means:
-        return CrossCheck(instance, "vllm", False,
-                          f"no {VLLM_HISTOGRAMS['queue']} samples in the run window (is raw vLLM /metrics scraped?)")
-    cc = CrossCheck(instance, "vllm", True, f"Prometheus: vLLM histograms, mean over the run window ({window})",
-                    requests=len(ok))
+        return CrossCheck(
+            instance,
+            "vllm",
+            False,
+            f"no {VLLM_HISTOGRAMS['queue']} samples in the run window (is raw vLLM /metrics scraped?)",
+        )
+    cc = CrossCheck(
+        instance, "vllm", True, f"Prometheus: vLLM histograms, mean over the run window ({window})", requests=len(ok)
+    )
     cc.client_e2e_mean_s = statistics.fmean(r.e2e_s for r in ok)
     cc.client_ttft_mean_s = _mean([r.ttft_s for r in ok if r.ttft_s is not None])
     cc.components_mean_s["queue"] = means["queue"]
@@ -147,7 +174,9 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
     if "server_e2e" in means:
         cc.components_mean_s["transport"] = max(0.0, cc.client_e2e_mean_s - means["server_e2e"])
     cc.engine_first_token_mean_s = means["queue"] + means.get("prefill", 0.0)
-    cc.notes.append("histogram means over every request vLLM finished in the window (warm-up included if it fell inside)")
+    cc.notes.append(
+        "histogram means over every request vLLM finished in the window (warm-up included if it fell inside)"
+    )
     return cc
 
 

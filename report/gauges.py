@@ -87,8 +87,9 @@ def collect(run: Run, url: str, client: Prometheus | None = None) -> GaugeReport
     report = GaugeReport(False, "", url, window=(start, end), step_s=step)
     try:
         results = {g: client.query_range(g, window[0], window[1], step) for g in GAUGES}
-        kv_results = {k: client.query(f"max_over_time({k}[{int(window[1] - window[0]) + 60}s])", window[1])
-                      for k in KV_SERIES}
+        kv_results = {
+            k: client.query(f"max_over_time({k}[{int(window[1] - window[0]) + 60}s])", window[1]) for k in KV_SERIES
+        }
     except PrometheusError as exc:
         report.reason = str(exc)
         return report
@@ -102,7 +103,8 @@ def collect(run: Run, url: str, client: Prometheus | None = None) -> GaugeReport
             eg.peaks[gauge] = _peak(values, start, end)
             for phase in run.phases_of(instance):
                 eg.phase_peaks.setdefault(phase.phase, {})[gauge] = _peak(
-                    values, phase.started_at - step, phase.ended_at + step)
+                    values, phase.started_at - step, phase.ended_at + step
+                )
         for name, result in kv_results.items():
             picked = _pick(result, instance, info.kind, run)
             eg.kv[name] = max((float(s["value"][1]) for s in picked), default=None)
@@ -126,6 +128,7 @@ def _pick(result: list[dict], instance: str, kind: str, run: Run) -> list[dict]:
     `exported_instance` unless the job uses honor_labels; accept both, and fall back to the
     engine kind when the run has only one instance of that kind.
     """
+
     def label_instance(s: dict) -> str | None:
         m = s.get("metric", {})
         return m.get("exported_instance") or m.get("instance")
@@ -157,11 +160,19 @@ def _peak(values: list[tuple[float, float]], start: float, end: float) -> float 
 
 def to_json(report: GaugeReport) -> dict:
     return {
-        "available": report.available, "reason": report.reason, "prometheus_url": report.url,
-        "window": list(report.window) if report.window else None, "step_s": report.step_s,
+        "available": report.available,
+        "reason": report.reason,
+        "prometheus_url": report.url,
+        "window": list(report.window) if report.window else None,
+        "step_s": report.step_s,
         "engines": {
-            i: {"engine": e.engine, "peaks": e.peaks, "phase_peaks": e.phase_peaks, "kv": e.kv,
-                "series": {g: [[t, v] for t, v in pts] for g, pts in e.series.items()}}
+            i: {
+                "engine": e.engine,
+                "peaks": e.peaks,
+                "phase_peaks": e.phase_peaks,
+                "kv": e.kv,
+                "series": {g: [[t, v] for t, v in pts] for g, pts in e.series.items()},
+            }
             for i, e in report.engines.items()
         },
     }

@@ -72,13 +72,19 @@ def build(run: Run) -> list[LatencyGroup]:
             notes = []
             if any(r.tokens_source == "chunks" for r in ok):
                 notes.append("some output token counts come from counting chunks (fallback)")
-            groups.append(LatencyGroup(
-                instance=instance, engine=recs[0].engine, scenario=scenario, requests=len(recs), ok=len(ok),
-                failures=dict(failures.most_common()),
-                metrics={m: stats.summary(samples(recs, m)) for m in METRICS},
-                output_tokens=stats.summary([r.output_tokens for r in ok if r.output_tokens is not None]),
-                notes=notes,
-            ))
+            groups.append(
+                LatencyGroup(
+                    instance=instance,
+                    engine=recs[0].engine,
+                    scenario=scenario,
+                    requests=len(recs),
+                    ok=len(ok),
+                    failures=dict(failures.most_common()),
+                    metrics={m: stats.summary(samples(recs, m)) for m in METRICS},
+                    output_tokens=stats.summary([r.output_tokens for r in ok if r.output_tokens is not None]),
+                    notes=notes,
+                )
+            )
     return groups
 
 

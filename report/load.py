@@ -13,13 +13,26 @@ from servescope.runfolder import MANIFEST, PHASES, REQUESTS, PhaseRecord, Reques
 # Fields a record cannot be reported without; everything else gets the contract's default.
 _REQUEST_REQUIRED = ("engine", "started_at", "ok")
 _REQUEST_DEFAULTS: dict[str, Any] = {
-    "instance": None, "scenario": "unknown", "phase": "unknown", "api": "", "model": "", "prompt_set": "",
-    "prompt_set_sha256": "", "prompt_id": "", "max_tokens": 0, "status": 0,
+    "instance": None,
+    "scenario": "unknown",
+    "phase": "unknown",
+    "api": "",
+    "model": "",
+    "prompt_set": "",
+    "prompt_set_sha256": "",
+    "prompt_id": "",
+    "max_tokens": 0,
+    "status": 0,
 }
 _PHASE_REQUIRED = ("engine", "phase", "started_at", "ended_at")
 _PHASE_DEFAULTS: dict[str, Any] = {
-    "instance": None, "scenario": "unknown", "requests": 0, "concurrency": 1, "prompt_set": "",
-    "prompt_set_sha256": "", "max_tokens": 0,
+    "instance": None,
+    "scenario": "unknown",
+    "requests": 0,
+    "concurrency": 1,
+    "prompt_set": "",
+    "prompt_set_sha256": "",
+    "max_tokens": 0,
 }
 
 
@@ -123,9 +136,7 @@ def load(path: Path) -> Run:
     else:
         raise RunError(f"{path} is not a run folder (no {MANIFEST}, no {REQUESTS})")
 
-    requests = [
-        r for r in (_request(d, warnings) for d in _read_jsonl(path / REQUESTS, warnings)) if r is not None
-    ]
+    requests = [r for r in (_request(d, warnings) for d in _read_jsonl(path / REQUESTS, warnings)) if r is not None]
     phases = [p for p in (_phase(d, warnings) for d in _read_jsonl(path / PHASES, warnings)) if p is not None]
     if requests and not phases:
         phases = _phases_from_requests(requests)
@@ -208,15 +219,27 @@ def _phases_from_requests(requests: list[RequestRecord]) -> list[PhaseRecord]:
         first = recs[0]
         end = max(r.started_at + (r.e2e_s or 0.0) for r in recs)
         concurrency = len(recs) if first.scenario == "burst" else 1
-        phases.append(PhaseRecord(
-            first.engine, instance, first.scenario, phase, min(r.started_at for r in recs), end, len(recs),
-            concurrency, first.prompt_set, first.prompt_set_sha256, first.max_tokens,
-        ))
+        phases.append(
+            PhaseRecord(
+                first.engine,
+                instance,
+                first.scenario,
+                phase,
+                min(r.started_at for r in recs),
+                end,
+                len(recs),
+                concurrency,
+                first.prompt_set,
+                first.prompt_set_sha256,
+                first.max_tokens,
+            )
+        )
     return phases
 
 
-def _engines(manifest: dict[str, Any], requests: list[RequestRecord], phases: list[PhaseRecord],
-             warnings: list[str]) -> dict[str, EngineInfo]:
+def _engines(
+    manifest: dict[str, Any], requests: list[RequestRecord], phases: list[PhaseRecord], warnings: list[str]
+) -> dict[str, EngineInfo]:
     """Normalise the manifest's engine entries (a list or a dict keyed by instance) into EngineInfo."""
     raw = manifest.get("engines") or []
     entries: list[tuple[str | None, dict[str, Any]]] = []
@@ -226,7 +249,9 @@ def _engines(manifest: dict[str, Any], requests: list[RequestRecord], phases: li
         entries = [(None, v) for v in raw if isinstance(v, dict)]
     found: dict[str, EngineInfo] = {}
     for key, entry in entries:
-        instance = str(entry.get("instance") or entry.get("name") or key or entry.get("kind") or entry.get("engine") or "")
+        instance = str(
+            entry.get("instance") or entry.get("name") or key or entry.get("kind") or entry.get("engine") or ""
+        )
         if not instance:
             warnings.append(f"{MANIFEST}: an engine entry has no name, ignored")
             continue
@@ -243,10 +268,20 @@ def _engines(manifest: dict[str, Any], requests: list[RequestRecord], phases: li
         if isinstance(model, dict):
             model = model.get("name") or model.get("id") or json.dumps(model, sort_keys=True)
         found[instance] = EngineInfo(
-            instance=instance, kind=kind, url=str(entry.get("url") or ""), version=str(entry.get("version") or ""),
-            model=str(model), quantization=str(entry.get("quantization") or entry.get("quant") or ""),
-            weights=str(entry.get("weights_sha256") or entry.get("weights") or entry.get("model_digest")
-                        or entry.get("digest") or flags.get("model_path") or ""),
+            instance=instance,
+            kind=kind,
+            url=str(entry.get("url") or ""),
+            version=str(entry.get("version") or ""),
+            model=str(model),
+            quantization=str(entry.get("quantization") or entry.get("quant") or ""),
+            weights=str(
+                entry.get("weights_sha256")
+                or entry.get("weights")
+                or entry.get("model_digest")
+                or entry.get("digest")
+                or flags.get("model_path")
+                or ""
+            ),
             ignore_eos=eos if isinstance(eos, bool) else (False if eos == "unavailable" else None),
             flags=flags,
         )

@@ -50,8 +50,16 @@ def seed_table(rows: list[TableRow], path: Path) -> Path | None:
         bars = ax.bar(xs, hs, width=width * 0.95, label=mode, color=COLORS[m_i % len(COLORS)])
         for bar, text in zip(bars, labels, strict=True):
             if text:
-                ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                            fontsize=9, fontweight="bold", xytext=(0, 2), textcoords="offset points")
+                ax.annotate(
+                    text,
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=9,
+                    fontweight="bold",
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                )
     ax.set_xticks(range(len(titles)), titles)
     ax.set_ylabel("wall time (s)")
     ax.set_title("The seed's comparison: wall time per mode (bold: scaling factor vs matched-set sequential)")
@@ -61,8 +69,11 @@ def seed_table(rows: list[TableRow], path: Path) -> Path | None:
 
 
 def latency_boxes(run: Run, path: Path) -> Path | None:
-    groups = [(i, s, [r for r in run.requests_of(i) if r.scenario == s])
-              for i in run.engines for s in dict.fromkeys(r.scenario for r in run.requests_of(i))]
+    groups = [
+        (i, s, [r for r in run.requests_of(i) if r.scenario == s])
+        for i in run.engines
+        for s in dict.fromkeys(r.scenario for r in run.requests_of(i))
+    ]
     groups = [g for g in groups if any(r.ok for r in g[2])]
     if not groups:
         return None
@@ -72,8 +83,14 @@ def latency_boxes(run: Run, path: Path) -> Path | None:
         data = [[v * 1000 for v in latency.samples(recs, metric)] for _, _, recs in groups]
         positions = [k for k, d in enumerate(data) if d]
         if positions:
-            bp = ax.boxplot([data[k] for k in positions], positions=positions, widths=0.6, patch_artist=True,
-                            whis=(5, 95), showfliers=True)
+            bp = ax.boxplot(
+                [data[k] for k in positions],
+                positions=positions,
+                widths=0.6,
+                patch_artist=True,
+                whis=(5, 95),
+                showfliers=True,
+            )
             for k, patch in zip(positions, bp["boxes"], strict=True):
                 patch.set_facecolor(COLORS[k % len(COLORS)])
                 patch.set_alpha(0.6)
@@ -82,8 +99,9 @@ def latency_boxes(run: Run, path: Path) -> Path | None:
         ax.set_title(latency.DEFINITIONS[metric].split(":")[0] + " (box p25-p75, whiskers p5-p95)", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k % len(COLORS)], alpha=0.6) for k in range(len(labels))]
-    fig.legend(handles, [lb.replace("\n", " / ") for lb in labels], loc="lower center", ncol=min(4, len(labels)),
-               fontsize=8)
+    fig.legend(
+        handles, [lb.replace("\n", " / ") for lb in labels], loc="lower center", ncol=min(4, len(labels)), fontsize=8
+    )
     fig.suptitle("Client-side latency per engine and scenario (successful requests)")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=DPI)
@@ -92,8 +110,10 @@ def latency_boxes(run: Run, path: Path) -> Path | None:
 
 
 def output_tokens(run: Run, path: Path) -> Path | None:
-    data = {run.engines[i].title: [r.output_tokens for r in run.requests_of(i) if r.ok and r.output_tokens is not None]
-            for i in run.engines}
+    data = {
+        run.engines[i].title: [r.output_tokens for r in run.requests_of(i) if r.ok and r.output_tokens is not None]
+        for i in run.engines
+    }
     data = {k: v for k, v in data.items() if v}
     if not data:
         return None
@@ -119,23 +139,39 @@ def gauges(run: Run, report: GaugeReport, path: Path) -> Path | None:
         for k, phase in enumerate(run.phases_of(eg.instance)):
             ax.axvspan(phase.started_at - t0, phase.ended_at - t0, color=PHASE_SHADES[k % len(PHASE_SHADES)], zorder=0)
             # Staggered so the labels of short neighbouring phases do not print over each other.
-            ax.text((phase.started_at + phase.ended_at) / 2 - t0, 1.01 + 0.07 * (k % 3), phase.phase,
-                    transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=7)
+            ax.text(
+                (phase.started_at + phase.ended_at) / 2 - t0,
+                1.01 + 0.07 * (k % 3),
+                phase.phase,
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
         lines = []
-        for gauge, color, label in ((series.REQUESTS_RUNNING, COLORS[0], "running"),
-                                    (series.REQUESTS_WAITING, COLORS[3], "waiting")):
+        for gauge, color, label in (
+            (series.REQUESTS_RUNNING, COLORS[0], "running"),
+            (series.REQUESTS_WAITING, COLORS[3], "waiting"),
+        ):
             pts = eg.series.get(gauge, [])
             if pts:
                 lines += ax.step([t - t0 for t, _ in pts], [v for _, v in pts], where="post", color=color, label=label)
         ax.set_ylabel("requests")
-        peak = max((v for g in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING) for _, v in eg.series.get(g, [])),
-                   default=1.0)
+        peak = max(
+            (v for g in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING) for _, v in eg.series.get(g, [])),
+            default=1.0,
+        )
         ax.set_ylim(0, max(1.0, peak) * 1.15)
         kv = eg.series.get(series.KV_CACHE_USAGE, [])
         if kv:
             ax2 = ax.twinx()
-            lines += ax2.plot([t - t0 for t, _ in kv], [v * 100 for _, v in kv], color=COLORS[2], linestyle="--",
-                              label="KV cache usage")
+            lines += ax2.plot(
+                [t - t0 for t, _ in kv],
+                [v * 100 for _, v in kv],
+                color=COLORS[2],
+                linestyle="--",
+                label="KV cache usage",
+            )
             ax2.set_ylabel("KV cache usage (%)")
             ax2.set_ylim(0, max(5.0, max(v * 100 for _, v in kv) * 1.2))
         ax.set_title(f"{run.engines[eg.instance].title}: lever gauges (shaded: load phases)", fontsize=10, pad=38)
@@ -151,8 +187,13 @@ def ttft_by_arrival(run: Run, drains: list[BurstDrain], path: Path) -> Path | No
     for k, instance in enumerate(run.engines):
         pts = mean_ttft_by_arrival(drains, instance)
         if pts:
-            ax.plot([i + 1 for i, _ in pts], [v for _, v in pts], marker="o", color=COLORS[k % len(COLORS)],
-                    label=run.engines[instance].title)
+            ax.plot(
+                [i + 1 for i, _ in pts],
+                [v for _, v in pts],
+                marker="o",
+                color=COLORS[k % len(COLORS)],
+                label=run.engines[instance].title,
+            )
             drawn = True
     if not drawn:
         plt.close(fig)
@@ -176,8 +217,9 @@ def sweeps(run: Run, sweeps_: list[Sweep], path: Path) -> Path | None:
         cs = [lv.concurrency for lv in sw.levels]
         ax1.plot(cs, [lv.tokens_per_s or 0 for lv in sw.levels], marker="o", color=color, label=label)
         ax2.plot(cs, [lv.e2e["p50"] for lv in sw.levels], marker="o", color=color, label=f"{label} E2E p50")
-        ax2.plot(cs, [lv.e2e["p95"] for lv in sw.levels], marker="^", linestyle=":", color=color,
-                 label=f"{label} E2E p95")
+        ax2.plot(
+            cs, [lv.e2e["p95"] for lv in sw.levels], marker="^", linestyle=":", color=color, label=f"{label} E2E p95"
+        )
         if sw.knee_concurrency is not None:
             ax1.axvline(sw.knee_concurrency, color=color, linestyle="--", alpha=0.6, label=f"knee ({label})")
     ax1.set_xlabel("concurrency (requests in flight)")
@@ -204,8 +246,15 @@ def crosscheck(run: Run, checks: list[CrossCheck], path: Path) -> Path | None:
             continue
         lefts = [sum(c.components_mean_s.get(x, 0.0) for x in COMPONENTS[:k]) for c in checks]
         ax.barh(names, widths, left=lefts, color=COLORS[k % len(COLORS)], label=comp)
-    ax.scatter([c.client_e2e_mean_s for c in checks], names, marker="|", s=400, color="black", label="client E2E (mean)",
-               zorder=3)
+    ax.scatter(
+        [c.client_e2e_mean_s for c in checks],
+        names,
+        marker="|",
+        s=400,
+        color="black",
+        label="client E2E (mean)",
+        zorder=3,
+    )
     ax.set_xlabel("seconds per request (mean)")
     ax.set_title("Where each request's time went: engine-side timings vs the client's E2E")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -219,8 +268,11 @@ def compare(deltas: list[Delta], path: Path, what: str = "") -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(9, 0.8 + 0.32 * len(rows)))
     # Run ids are in the table next to the plot; the instance names are enough to tell rows apart.
-    labels = [f"{d.current.rsplit('/', 1)[-1]} vs {d.baseline.rsplit('/', 1)[-1]}, {d.scenario}: "
-              f"{latency.METRIC_TITLES.get(d.metric, d.metric)}" for d in rows]
+    labels = [
+        f"{d.current.rsplit('/', 1)[-1]} vs {d.baseline.rsplit('/', 1)[-1]}, {d.scenario}: "
+        f"{latency.METRIC_TITLES.get(d.metric, d.metric)}"
+        for d in rows
+    ]
     pct = [100 * d.delta / d.median_baseline for d in rows]
     lo = [100 * (d.delta - d.ci_low) / d.median_baseline for d in rows]
     hi = [100 * (d.ci_high - d.delta) / d.median_baseline for d in rows]

@@ -107,9 +107,13 @@ li{margin:2px 0}code{background:#f0f3f8;padding:0 3px;border-radius:3px;font-siz
 def html_page(doc: Document) -> str:
     """Self-contained: styles inline and every figure a data: URI, so the file can be mailed or archived alone."""
     esc = html.escape
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>{esc(doc.title)}</title><style>{CSS}</style></head><body>",
-           f"<h1>{esc(doc.title)}</h1>", f'<p class="subtitle">{esc(doc.subtitle)}</p>']
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(doc.title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{esc(doc.title)}</h1>",
+        f'<p class="subtitle">{esc(doc.subtitle)}</p>',
+    ]
     toc = "".join(f'<li><a href="#s{k}">{esc(s.title)}</a></li>' for k, s in enumerate(doc.sections))
     out.append(f"<nav><ol>{toc}</ol></nav>")
     for k, sec in enumerate(doc.sections):
@@ -126,8 +130,10 @@ def html_page(doc: Document) -> str:
                 out.append(f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
             elif isinstance(block, Figure):
                 data = base64.b64encode(block.path.read_bytes()).decode("ascii")
-                out.append(f'<figure><img alt="{esc(block.caption)}" src="data:image/png;base64,{data}">'
-                           f"<figcaption>{esc(block.caption)}</figcaption></figure>")
+                out.append(
+                    f'<figure><img alt="{esc(block.caption)}" src="data:image/png;base64,{data}">'
+                    f"<figcaption>{esc(block.caption)}</figcaption></figure>"
+                )
             elif isinstance(block, Preformatted):
                 out.append(f"<pre>{esc(block.text)}</pre>")
         out.append("</section>")
@@ -160,8 +166,11 @@ def json_text(numbers: dict[str, Any]) -> str:
 def write(folder: Path, doc: Document, numbers: dict[str, Any]) -> list[Path]:
     """Write the three files next to the run's raw records (each via a temp file, so a crash leaves no half report)."""
     written = []
-    for name, text in (("report.md", markdown(doc)), ("report.html", html_page(doc)),
-                       ("report.json", json_text(numbers))):
+    for name, text in (
+        ("report.md", markdown(doc)),
+        ("report.html", html_page(doc)),
+        ("report.json", json_text(numbers)),
+    ):
         tmp = folder / f".{name}.tmp"
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(folder / name)

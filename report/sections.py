@@ -34,8 +34,13 @@ def _num(v: float | None) -> str:
     return "n/a" if v is None else f"{v:g}"
 
 
-def build(run: Run, prometheus_url: str, baseline: Run | None = None, figures: bool = True,
-          client: gauges.Prometheus | None = None) -> tuple[Document, dict[str, Any]]:
+def build(
+    run: Run,
+    prometheus_url: str,
+    baseline: Run | None = None,
+    figures: bool = True,
+    client: gauges.Prometheus | None = None,
+) -> tuple[Document, dict[str, Any]]:
     rows = table.build(run)
     warn = fairness.warnings(run, rows)
     groups = latency.build(run)
@@ -62,8 +67,11 @@ def build(run: Run, prometheus_url: str, baseline: Run | None = None, figures: b
             "gauges": plots.gauges(run, gauge_report, out / "gauges.png"),
             "arrival": plots.ttft_by_arrival(run, drains, out / "ttft_by_arrival.png"),
             "sweeps": plots.sweeps(run, sweeps_, out / "sweeps.png"),
-            "compare": plots.compare(deltas, out / "comparison.png",
-                                     f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run"),
+            "compare": plots.compare(
+                deltas,
+                out / "comparison.png",
+                f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run",
+            ),
         }
 
     def figure(key: str, caption: str) -> list[Figure]:
@@ -72,32 +80,67 @@ def build(run: Run, prometheus_url: str, baseline: Run | None = None, figures: b
     sections = [
         _setup(run, warn),
         _table(run, rows, figure("table", "Wall time per engine and mode; bold numbers are scaling factors.")),
-        _latency(groups, figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario.")
-                 + figure("tokens", "Output tokens per request.")),
+        _latency(
+            groups,
+            figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario.")
+            + figure("tokens", "Output tokens per request."),
+        ),
         _crosscheck(run, checks, figure("crosscheck", "Mean seconds per request by component, against client E2E.")),
-        _gauges(run, gauge_report, figure("gauges", "Running and waiting requests (left axis) and KV cache usage "
-                                                    "(right axis) over the run; shaded bands are load phases.")),
+        _gauges(
+            run,
+            gauge_report,
+            figure(
+                "gauges",
+                "Running and waiting requests (left axis) and KV cache usage "
+                "(right axis) over the run; shaded bands are load phases.",
+            ),
+        ),
         _verdict(run, verdicts, kv),
-        _sweeps(run, sweeps_, drains, gauge_report.available, figure("sweeps", "Throughput and E2E latency per concurrency level.")
-                + figure("arrival", "TTFT by arrival order within the bursts.")),
+        _sweeps(
+            run,
+            sweeps_,
+            drains,
+            gauge_report.available,
+            figure("sweeps", "Throughput and E2E latency per concurrency level.")
+            + figure("arrival", "TTFT by arrival order within the bursts."),
+        ),
         _compare(deltas, how, baseline, figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")),
     ]
-    subtitle = (f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
-                f"{len(run.requests)} requests over {len(run.phases)} phases on {len(run.engines)} engine(s)")
+    subtitle = (
+        f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
+        f"{len(run.requests)} requests over {len(run.phases)} phases on {len(run.engines)} engine(s)"
+    )
     doc = Document("servescope report", subtitle, sections)
     numbers = {
-        "run": {"run_id": run.run_id, "path": str(run.path), "started_at": run.started_at, "ended_at": run.ended_at,
-                "requests": len(run.requests), "phases": len(run.phases)},
+        "run": {
+            "run_id": run.run_id,
+            "path": str(run.path),
+            "started_at": run.started_at,
+            "ended_at": run.ended_at,
+            "requests": len(run.requests),
+            "phases": len(run.phases),
+        },
         "manifest": run.manifest,
         "engines": {i: vars(e) for i, e in run.engines.items()},
         "phases": [{**vars(p), "wall_s": p.wall_s} for p in run.phases],
         "loader_warnings": run.warnings,
         "fairness_warnings": warn,
-        "table": {"rule": table.READING_RULE, "rows": table.to_json(rows), "repeated_bursts": table.repeated_bursts(rows)},
-        "latency": {"definitions": latency.DEFINITIONS, "percentile_method": stats.PERCENTILE_METHOD,
-                    "failure_policy": latency.FAILURE_POLICY, "groups": latency.to_json(groups)},
-        "crosscheck": {"components": crosscheck.COMPONENT_HELP, "cold_load_threshold_s": crosscheck.COLD_LOAD_S,
-                       "engines": crosscheck.to_json(checks)},
+        "table": {
+            "rule": table.READING_RULE,
+            "rows": table.to_json(rows),
+            "repeated_bursts": table.repeated_bursts(rows),
+        },
+        "latency": {
+            "definitions": latency.DEFINITIONS,
+            "percentile_method": stats.PERCENTILE_METHOD,
+            "failure_policy": latency.FAILURE_POLICY,
+            "groups": latency.to_json(groups),
+        },
+        "crosscheck": {
+            "components": crosscheck.COMPONENT_HELP,
+            "cold_load_threshold_s": crosscheck.COLD_LOAD_S,
+            "engines": crosscheck.to_json(checks),
+        },
         "gauges": gauges.to_json(gauge_report),
         "verdict": verdict.to_json(verdicts, kv),
         "sweeps": sweep.to_json(sweeps_, drains),
@@ -115,12 +158,21 @@ def _setup(run: Run, warn: list[str]) -> Section:
     if isinstance(command, list):
         command = " ".join(map(str, command))
     status = m.get("status")
-    sec.add(Paragraph(f"Run {run.run_id}: {_utc(run.started_at)} to {_utc(run.ended_at)} ({_s(duration, 1)})"
-                      + (f"; command: `{command}`" if command else "")
-                      + (f"; status: {status}" if status else "") + "."))
+    sec.add(
+        Paragraph(
+            f"Run {run.run_id}: {_utc(run.started_at)} to {_utc(run.ended_at)} ({_s(duration, 1)})"
+            + (f"; command: `{command}`" if command else "")
+            + (f"; status: {status}" if status else "")
+            + "."
+        )
+    )
     if status and status != "complete":
-        sec.add(Paragraph(f"The load generator recorded this run as {status}: the numbers below cover the requests "
-                          f"that finished before it stopped."))
+        sec.add(
+            Paragraph(
+                f"The load generator recorded this run as {status}: the numbers below cover the requests "
+                f"that finished before it stopped."
+            )
+        )
     rows = []
     for e in run.engines.values():
         flags = ", ".join(f"{k}={v}" for k, v in sorted(e.flags.items())) or "not recorded"
@@ -130,8 +182,13 @@ def _setup(run: Run, warn: list[str]) -> Section:
         weights = " ".join(x for x in (e.quantization, e.weights[:19] if digest else e.weights) if x) or "n/a"
         eos = {True: "on", False: "off"}.get(e.ignore_eos, "n/a")
         rows.append([e.title, e.kind, e.url or "n/a", e.version or "n/a", e.model or "n/a", weights, eos, flags])
-    sec.add(Table(["Engine", "Kind", "URL", "Version", "Model", "Quantization / weights", "ignore_eos", "Flags"], rows,
-                  "Engines (from the manifest)"))
+    sec.add(
+        Table(
+            ["Engine", "Kind", "URL", "Version", "Model", "Quantization / weights", "ignore_eos", "Flags"],
+            rows,
+            "Engines (from the manifest)",
+        )
+    )
     machine = m.get("machine")
     if isinstance(machine, dict) and machine:
         sec.add(Paragraph("Machine: " + ", ".join(f"{k}={v}" for k, v in sorted(machine.items()))))
@@ -139,17 +196,38 @@ def _setup(run: Run, warn: list[str]) -> Section:
         sec.add(Paragraph(f"Machine: {machine}"))
     sets: dict[tuple[str, str], dict[str, Any]] = {}
     for p in run.phases:
-        entry = sets.setdefault((p.prompt_set, p.prompt_set_sha256), {"phases": [], "max_tokens": set(), "prompts": set()})
+        entry = sets.setdefault(
+            (p.prompt_set, p.prompt_set_sha256), {"phases": [], "max_tokens": set(), "prompts": set()}
+        )
         entry["phases"].append(f"{p.instance}/{p.phase}")
         entry["max_tokens"].add(p.max_tokens)
     for r in run.requests:
         if (r.prompt_set, r.prompt_set_sha256) in sets:
             sets[(r.prompt_set, r.prompt_set_sha256)]["prompts"].add(r.prompt_id)
-    sec.add(Table(["Prompt set", "sha256", "Prompts", "max_tokens", "Phases"],
-                  [[n or "?", h or "n/a", str(len(v["prompts"])), ", ".join(map(str, sorted(v["max_tokens"]))),
-                    ", ".join(v["phases"])] for (n, h), v in sets.items()], "Prompt sets (by hash)"))
-    sec.add(Paragraph("Fairness warnings:" if warn else "Fairness warnings: none (same prompts, same max_tokens, "
-                      "bursts within the engines' slots, same weights, ignore_eos alike)."))
+    sec.add(
+        Table(
+            ["Prompt set", "sha256", "Prompts", "max_tokens", "Phases"],
+            [
+                [
+                    n or "?",
+                    h or "n/a",
+                    str(len(v["prompts"])),
+                    ", ".join(map(str, sorted(v["max_tokens"]))),
+                    ", ".join(v["phases"]),
+                ]
+                for (n, h), v in sets.items()
+            ],
+            "Prompt sets (by hash)",
+        )
+    )
+    sec.add(
+        Paragraph(
+            "Fairness warnings:"
+            if warn
+            else "Fairness warnings: none (same prompts, same max_tokens, "
+            "bursts within the engines' slots, same weights, ignore_eos alike)."
+        )
+    )
     if warn:
         sec.add(Bullets(warn))
     if run.warnings:
@@ -161,10 +239,19 @@ def _setup(run: Run, warn: list[str]) -> Section:
 def _table(run: Run, rows: list[table.TableRow], figs: list[Figure]) -> Section:
     sec = Section("2. The seed's comparison table")
     if not rows:
-        return sec.add(Paragraph("No sequential or burst phases in this run, so there is no seed table "
-                                 "(run `python -m loadgen compare`)."))
-    sec.add(Table(table.HEADERS, [table.cells(r) for r in rows],
-                  "Per engine and mode; tokens/s = completion tokens of successful requests / phase wall time"))
+        return sec.add(
+            Paragraph(
+                "No sequential or burst phases in this run, so there is no seed table "
+                "(run `python -m loadgen compare`)."
+            )
+        )
+    sec.add(
+        Table(
+            table.HEADERS,
+            [table.cells(r) for r in rows],
+            "Per engine and mode; tokens/s = completion tokens of successful requests / phase wall time",
+        )
+    )
     repeated = table.repeated_bursts(rows)
     if repeated:
         sec.add(Bullets([f"{title}: {text}" for title, text in repeated.items()]))
@@ -178,25 +265,70 @@ def _table(run: Run, rows: list[table.TableRow], figs: list[Figure]) -> Section:
 
 def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
     sec = Section("3. Latency")
-    sec.add(Bullets(list(latency.DEFINITIONS.values()) + [f"Percentiles: {stats.PERCENTILE_METHOD}.",
-                                                          latency.FAILURE_POLICY]))
+    sec.add(
+        Bullets(
+            list(latency.DEFINITIONS.values()) + [f"Percentiles: {stats.PERCENTILE_METHOD}.", latency.FAILURE_POLICY]
+        )
+    )
     rows = []
     for g in groups:
         for metric in latency.METRICS:
             s = g.metrics[metric]
-            rows.append([g.instance, g.scenario, latency.METRIC_TITLES[metric], str(s["n"]), _ms(s["p50"]),
-                         _ms(s["p90"]), _ms(s["p95"]), _ms(s["p99"]), _ms(s["mean"])])
-    sec.add(Table(["Engine", "Scenario", "Metric", "n", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "mean ms"], rows,
-                  "Client-side latency from the raw records (milliseconds)"))
-    sec.add(Table(["Engine", "Scenario", "Requests", "OK", "Failed", "Failures by reason"],
-                  [[g.instance, g.scenario, str(g.requests), str(g.ok), str(g.requests - g.ok),
-                    "; ".join(f"{n} x {reason}" for reason, n in g.failures.items()) or "none"] for g in groups],
-                  "Requests and failures"))
-    sec.add(Table(["Engine", "Scenario", "n", "p50", "mean", "min", "max"],
-                  [[g.instance, g.scenario, str(g.output_tokens["n"]), _num(g.output_tokens["p50"]),
+            rows.append(
+                [
+                    g.instance,
+                    g.scenario,
+                    latency.METRIC_TITLES[metric],
+                    str(s["n"]),
+                    _ms(s["p50"]),
+                    _ms(s["p90"]),
+                    _ms(s["p95"]),
+                    _ms(s["p99"]),
+                    _ms(s["mean"]),
+                ]
+            )
+    sec.add(
+        Table(
+            ["Engine", "Scenario", "Metric", "n", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "mean ms"],
+            rows,
+            "Client-side latency from the raw records (milliseconds)",
+        )
+    )
+    sec.add(
+        Table(
+            ["Engine", "Scenario", "Requests", "OK", "Failed", "Failures by reason"],
+            [
+                [
+                    g.instance,
+                    g.scenario,
+                    str(g.requests),
+                    str(g.ok),
+                    str(g.requests - g.ok),
+                    "; ".join(f"{n} x {reason}" for reason, n in g.failures.items()) or "none",
+                ]
+                for g in groups
+            ],
+            "Requests and failures",
+        )
+    )
+    sec.add(
+        Table(
+            ["Engine", "Scenario", "n", "p50", "mean", "min", "max"],
+            [
+                [
+                    g.instance,
+                    g.scenario,
+                    str(g.output_tokens["n"]),
+                    _num(g.output_tokens["p50"]),
                     _num(None if g.output_tokens["mean"] is None else round(g.output_tokens["mean"], 1)),
-                    _num(g.output_tokens["min"]), _num(g.output_tokens["max"])] for g in groups],
-                  "Output length (tokens per successful request)"))
+                    _num(g.output_tokens["min"]),
+                    _num(g.output_tokens["max"]),
+                ]
+                for g in groups
+            ],
+            "Output length (tokens per successful request)",
+        )
+    )
     notes = [f"{g.instance}/{g.scenario}: {n}" for g in groups for n in g.notes]
     if notes:
         sec.add(Bullets(notes))
@@ -207,17 +339,43 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
 
 def _crosscheck(run: Run, checks: list[crosscheck.CrossCheck], figs: list[Figure]) -> Section:
     sec = Section("4. Engine-side cross-check")
-    sec.add(Bullets([f"{k}: {v}" for k, v in crosscheck.COMPONENT_HELP.items()]
-                    + [f"cold load: Ollama load_duration above {crosscheck.COLD_LOAD_S:g}s"]))
+    sec.add(
+        Bullets(
+            [f"{k}: {v}" for k, v in crosscheck.COMPONENT_HELP.items()]
+            + [f"cold load: Ollama load_duration above {crosscheck.COLD_LOAD_S:g}s"]
+        )
+    )
     rows = []
     for c in checks:
         comps = ", ".join(f"{k} {_s(v)}" for k, v in c.components_mean_s.items()) or "n/a"
         cold = "; ".join(f"{x['phase']}/{x['prompt_id']} {x['load_s']:.2f}s" for x in c.cold_loads) or "none"
-        rows.append([run.engines[c.instance].title, c.source, str(c.requests), _s(c.client_ttft_mean_s),
-                     _s(c.engine_first_token_mean_s), _s(c.client_e2e_mean_s), comps,
-                     cold if c.engine == "ollama" else "n/a"])
-    sec.add(Table(["Engine", "Source", "Requests", "Client TTFT (mean)", "Engine before 1st token (mean)",
-                   "Client E2E (mean)", "Split of the wait (mean)", "Cold loads"], rows))
+        rows.append(
+            [
+                run.engines[c.instance].title,
+                c.source,
+                str(c.requests),
+                _s(c.client_ttft_mean_s),
+                _s(c.engine_first_token_mean_s),
+                _s(c.client_e2e_mean_s),
+                comps,
+                cold if c.engine == "ollama" else "n/a",
+            ]
+        )
+    sec.add(
+        Table(
+            [
+                "Engine",
+                "Source",
+                "Requests",
+                "Client TTFT (mean)",
+                "Engine before 1st token (mean)",
+                "Client E2E (mean)",
+                "Split of the wait (mean)",
+                "Cold loads",
+            ],
+            rows,
+        )
+    )
     notes = [f"{run.engines[c.instance].title}: {n}" for c in checks for n in c.notes]
     if notes:
         sec.add(Bullets(notes))
@@ -230,19 +388,36 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
     sec = Section("5. Gauges over the run")
     if not report.available:
         return sec.add(Paragraph(f"No gauge data: {report.reason}."))
-    sec.add(Paragraph(f"From Prometheus ({report.reason}) over {_utc(report.window[0])} to {_utc(report.window[1])}: "
-                      f"{', '.join(series.LEVER_GAUGES)}. Gauges are scrape-time snapshots, so a queue shorter "
-                      f"than the scrape interval can be missed."))
+    sec.add(
+        Paragraph(
+            f"From Prometheus ({report.reason}) over {_utc(report.window[0])} to {_utc(report.window[1])}: "
+            f"{', '.join(series.LEVER_GAUGES)}. Gauges are scrape-time snapshots, so a queue shorter "
+            f"than the scrape interval can be missed."
+        )
+    )
     rows = []
     for instance, eg in report.engines.items():
         per_phase = "; ".join(
             f"{ph}: {_num(pk.get(series.REQUESTS_RUNNING))}/{_num(pk.get(series.REQUESTS_WAITING))}/"
-            f"{_pct(pk.get(series.KV_CACHE_USAGE))}" for ph, pk in eg.phase_peaks.items())
-        rows.append([run.engines[instance].title, _num(eg.peaks.get(series.REQUESTS_RUNNING)),
-                     _num(eg.peaks.get(series.REQUESTS_WAITING)), _pct(eg.peaks.get(series.KV_CACHE_USAGE)),
-                     per_phase or "n/a"])
-    sec.add(Table(["Engine", "Peak running", "Peak waiting", "Peak KV usage", "Per phase (running/waiting/KV)"], rows,
-                  "Peaks over the run"))
+            f"{_pct(pk.get(series.KV_CACHE_USAGE))}"
+            for ph, pk in eg.phase_peaks.items()
+        )
+        rows.append(
+            [
+                run.engines[instance].title,
+                _num(eg.peaks.get(series.REQUESTS_RUNNING)),
+                _num(eg.peaks.get(series.REQUESTS_WAITING)),
+                _pct(eg.peaks.get(series.KV_CACHE_USAGE)),
+                per_phase or "n/a",
+            ]
+        )
+    sec.add(
+        Table(
+            ["Engine", "Peak running", "Peak waiting", "Peak KV usage", "Per phase (running/waiting/KV)"],
+            rows,
+            "Peaks over the run",
+        )
+    )
     for fig_ in figs:
         sec.add(fig_)
     return sec
@@ -251,41 +426,102 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
 def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArithmetic]) -> Section:
     sec = Section("6. Verdict: which knob to move")
     sec.add(Paragraph(verdict.RULE))
-    sec.add(Table(["Engine", "Verdict", "Evidence"],
-                  [[run.engines[v.instance].title, v.text, v.evidence or "n/a"] for v in verdicts]))
+    sec.add(
+        Table(
+            ["Engine", "Verdict", "Evidence"],
+            [[run.engines[v.instance].title, v.text, v.evidence or "n/a"] for v in verdicts],
+        )
+    )
     lines = [f"{run.engines[a.instance].title}: {line}" for a in kv for line in a.lines]
     sec.add(Paragraph("KV cache arithmetic (seed section 3, from the servescope_kv_cache_* series):"))
-    sec.add(Bullets(lines) if lines else Paragraph("No KV cache series (servescope_kv_cache_block_size_tokens, "
-                                                   "_blocks, _capacity_tokens, _max_concurrency) for this run's window."))
+    sec.add(
+        Bullets(lines)
+        if lines
+        else Paragraph(
+            "No KV cache series (servescope_kv_cache_block_size_tokens, "
+            "_blocks, _capacity_tokens, _max_concurrency) for this run's window."
+        )
+    )
     return sec
 
 
-def _sweeps(run: Run, sweeps_: list[sweep.Sweep], drains: list[sweep.BurstDrain], have_gauges: bool,
-            figs: list[Figure]) -> Section:
+def _sweeps(
+    run: Run, sweeps_: list[sweep.Sweep], drains: list[sweep.BurstDrain], have_gauges: bool, figs: list[Figure]
+) -> Section:
     sec = Section("7. Sweeps and bursts")
     if sweeps_:
         sec.add(Paragraph(sweep.KNEE_RULE + "."))
         for sw in sweeps_:
-            sec.add(Table(["Concurrency", "Requests", "Failed", "Wall", "tokens/s", "req/s", "TTFT p50", "TTFT p95",
-                           "E2E p50", "E2E p95"],
-                          [[str(lv.concurrency), str(lv.requests), str(lv.failed), _s(lv.wall_s),
+            sec.add(
+                Table(
+                    [
+                        "Concurrency",
+                        "Requests",
+                        "Failed",
+                        "Wall",
+                        "tokens/s",
+                        "req/s",
+                        "TTFT p50",
+                        "TTFT p95",
+                        "E2E p50",
+                        "E2E p95",
+                    ],
+                    [
+                        [
+                            str(lv.concurrency),
+                            str(lv.requests),
+                            str(lv.failed),
+                            _s(lv.wall_s),
                             "n/a" if lv.tokens_per_s is None else f"{lv.tokens_per_s:.1f}",
                             "n/a" if lv.requests_per_s is None else f"{lv.requests_per_s:.2f}",
-                            _s(lv.ttft["p50"]), _s(lv.ttft["p95"]), _s(lv.e2e["p50"]), _s(lv.e2e["p95"])]
-                           for lv in sw.levels],
-                          f"{run.engines[sw.instance].title}, {sw.scenario}: {sw.knee_text}"))
+                            _s(lv.ttft["p50"]),
+                            _s(lv.ttft["p95"]),
+                            _s(lv.e2e["p50"]),
+                            _s(lv.e2e["p95"]),
+                        ]
+                        for lv in sw.levels
+                    ],
+                    f"{run.engines[sw.instance].title}, {sw.scenario}: {sw.knee_text}",
+                )
+            )
     else:
-        sec.add(Paragraph("No sweep in this run (no scenario with phases at different concurrency levels; "
-                          "run `python -m loadgen sweep`)."))
+        sec.add(
+            Paragraph(
+                "No sweep in this run (no scenario with phases at different concurrency levels; "
+                "run `python -m loadgen sweep`)."
+            )
+        )
     if drains:
         sec.add(Paragraph(sweep.DRAIN_RULE + "."))
-        sec.add(Table(["Engine", "Burst", "Size", "Wall", "Queue drained (client)", "Queue drained (gauges)",
-                       "TTFT by arrival order"],
-                      [[run.engines[d.instance].title, d.phase, str(d.burst_size), _s(d.wall_s), _s(d.drain_s),
-                        _s(d.gauge_drain_s) if d.gauge_drain_s is not None
+        sec.add(
+            Table(
+                [
+                    "Engine",
+                    "Burst",
+                    "Size",
+                    "Wall",
+                    "Queue drained (client)",
+                    "Queue drained (gauges)",
+                    "TTFT by arrival order",
+                ],
+                [
+                    [
+                        run.engines[d.instance].title,
+                        d.phase,
+                        str(d.burst_size),
+                        _s(d.wall_s),
+                        _s(d.drain_s),
+                        _s(d.gauge_drain_s)
+                        if d.gauge_drain_s is not None
                         else ("n/a (no waiting seen)" if have_gauges else "n/a (no gauge data)"),
-                        " / ".join(f"#{i + 1} {_s(t)}" if t is not None else f"#{i + 1} failed"
-                                   for i, t in d.ttft_by_arrival)] for d in drains]))
+                        " / ".join(
+                            f"#{i + 1} {_s(t)}" if t is not None else f"#{i + 1} failed" for i, t in d.ttft_by_arrival
+                        ),
+                    ]
+                    for d in drains
+                ],
+            )
+        )
     for fig_ in figs:
         sec.add(fig_)
     return sec
@@ -293,8 +529,11 @@ def _sweeps(run: Run, sweeps_: list[sweep.Sweep], drains: list[sweep.BurstDrain]
 
 def _compare(deltas: list[compare.Delta], how: str, baseline: Run | None, figs: list[Figure]) -> Section:
     sec = Section("8. Comparison")
-    sec.add(Paragraph((f"Against baseline run {baseline.run_id}" if baseline else "No baseline run given") +
-                      f"; matching: {how}."))
+    sec.add(
+        Paragraph(
+            (f"Against baseline run {baseline.run_id}" if baseline else "No baseline run given") + f"; matching: {how}."
+        )
+    )
     if not deltas:
         return sec
     sec.add(Paragraph(compare.METHOD))
@@ -304,16 +543,40 @@ def _compare(deltas: list[compare.Delta], how: str, baseline: Run | None, figs: 
             return "n/a"
         return f"{v:.1f}" if metric == "output_tokens" else f"{v * 1000:.1f} ms"
 
-    sec.add(Table(["Current", "Baseline", "Scenario", "Metric", "Paired", "n (cur/base)", "Median current",
-                   "Median baseline", "Delta", "95% CI", "Change"],
-                  [[d.current, d.baseline, d.scenario, latency.METRIC_TITLES.get(d.metric, d.metric),
-                    "yes" if d.paired else "no", f"{d.n_current}/{d.n_baseline}", val(d.metric, d.median_current),
-                    val(d.metric, d.median_baseline), val(d.metric, d.delta),
+    sec.add(
+        Table(
+            [
+                "Current",
+                "Baseline",
+                "Scenario",
+                "Metric",
+                "Paired",
+                "n (cur/base)",
+                "Median current",
+                "Median baseline",
+                "Delta",
+                "95% CI",
+                "Change",
+            ],
+            [
+                [
+                    d.current,
+                    d.baseline,
+                    d.scenario,
+                    latency.METRIC_TITLES.get(d.metric, d.metric),
+                    "yes" if d.paired else "no",
+                    f"{d.n_current}/{d.n_baseline}",
+                    val(d.metric, d.median_current),
+                    val(d.metric, d.median_baseline),
+                    val(d.metric, d.delta),
                     f"[{val(d.metric, d.ci_low)}, {val(d.metric, d.ci_high)}]" if d.ci_low is not None else "n/a",
-                    "n/a" if d.delta_pct is None else f"{d.delta_pct:+.1f}%" + (" *" if d.excludes_zero else "")]
-                   for d in deltas], "* = the 95% CI excludes zero"))
+                    "n/a" if d.delta_pct is None else f"{d.delta_pct:+.1f}%" + (" *" if d.excludes_zero else ""),
+                ]
+                for d in deltas
+            ],
+            "* = the 95% CI excludes zero",
+        )
+    )
     for fig_ in figs:
         sec.add(fig_)
     return sec
-
-

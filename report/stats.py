@@ -61,9 +61,17 @@ def bootstrap_median_delta(
     """
     cur, base = list(current), list(baseline)
     out: dict[str, float | int | bool | None] = {
-        "paired": paired, "n_current": len(cur), "n_baseline": len(base), "resamples": resamples, "seed": seed,
-        "median_current": median(cur), "median_baseline": median(base), "delta": None, "ci_low": None,
-        "ci_high": None, "delta_pct": None,
+        "paired": paired,
+        "n_current": len(cur),
+        "n_baseline": len(base),
+        "resamples": resamples,
+        "seed": seed,
+        "median_current": median(cur),
+        "median_baseline": median(base),
+        "delta": None,
+        "ci_low": None,
+        "ci_high": None,
+        "delta_pct": None,
     }
     if not cur or not base:
         return out

@@ -76,13 +76,20 @@ def sweeps(run: Run) -> list[Sweep]:
                 ok = [r for r in recs if r.ok]
                 wall = sum(p.wall_s for p in levels_by_c[c])
                 tokens = sum(r.output_tokens or 0 for r in ok)
-                levels.append(SweepLevel(
-                    concurrency=c, phases=names, requests=len(recs), failed=len(recs) - len(ok), wall_s=wall,
-                    output_tokens=tokens, tokens_per_s=tokens / wall if wall > 0 else None,
-                    requests_per_s=len(ok) / wall if wall > 0 else None,
-                    ttft=stats.summary([r.ttft_s for r in ok if r.ttft_s is not None]),
-                    e2e=stats.summary([r.e2e_s for r in ok if r.e2e_s is not None]),
-                ))
+                levels.append(
+                    SweepLevel(
+                        concurrency=c,
+                        phases=names,
+                        requests=len(recs),
+                        failed=len(recs) - len(ok),
+                        wall_s=wall,
+                        output_tokens=tokens,
+                        tokens_per_s=tokens / wall if wall > 0 else None,
+                        requests_per_s=len(ok) / wall if wall > 0 else None,
+                        ttft=stats.summary([r.ttft_s for r in ok if r.ttft_s is not None]),
+                        e2e=stats.summary([r.e2e_s for r in ok if r.e2e_s is not None]),
+                    )
+                )
             knee, text = knee_of(levels)
             out.append(Sweep(instance, info.kind, scenario, levels, knee, text))
     return out
@@ -98,8 +105,10 @@ def knee_of(levels: list[SweepLevel]) -> tuple[int | None, str]:
     knee = next(lv for lv in rated if lv.tokens_per_s >= KNEE_FRACTION * best)
     if knee is rated[-1]:
         return None, f"not saturated within the sweep: throughput still rising at concurrency {knee.concurrency}"
-    return knee.concurrency, (f"knee at concurrency {knee.concurrency}: {knee.tokens_per_s:.1f} tok/s, "
-                              f"{knee.tokens_per_s / best:.0%} of the best {best:.1f} tok/s")
+    return knee.concurrency, (
+        f"knee at concurrency {knee.concurrency}: {knee.tokens_per_s:.1f} tok/s, "
+        f"{knee.tokens_per_s / best:.0%} of the best {best:.1f} tok/s"
+    )
 
 
 def bursts(run: Run, gauges: GaugeReport | None = None) -> list[BurstDrain]:
@@ -111,12 +120,25 @@ def bursts(run: Run, gauges: GaugeReport | None = None) -> list[BurstDrain]:
             recs = run.requests_of(instance, p.phase)
             ok = [r for r in recs if r.ok and r.ttft_s is not None]
             drain = max(r.started_at + r.ttft_s for r in ok) - p.started_at if ok else None
-            ordered = sorted(recs, key=lambda r: (r.arrival_index if r.arrival_index is not None else 1 << 30,
-                                                  r.started_at))
-            by_arrival = [(r.arrival_index if r.arrival_index is not None else i, r.ttft_s if r.ok else None)
-                          for i, r in enumerate(ordered)]
-            out.append(BurstDrain(instance, info.kind, p.phase, p.concurrency, p.wall_s, drain,
-                                  _gauge_drain(gauges, instance, p.started_at, p.ended_at), by_arrival))
+            ordered = sorted(
+                recs, key=lambda r: (r.arrival_index if r.arrival_index is not None else 1 << 30, r.started_at)
+            )
+            by_arrival = [
+                (r.arrival_index if r.arrival_index is not None else i, r.ttft_s if r.ok else None)
+                for i, r in enumerate(ordered)
+            ]
+            out.append(
+                BurstDrain(
+                    instance,
+                    info.kind,
+                    p.phase,
+                    p.concurrency,
+                    p.wall_s,
+                    drain,
+                    _gauge_drain(gauges, instance, p.started_at, p.ended_at),
+                    by_arrival,
+                )
+            )
     return out
 
 
@@ -147,5 +169,9 @@ def _gauge_drain(gauges: GaugeReport | None, instance: str, start: float, end: f
 
 
 def to_json(sw: list[Sweep], drains: list[BurstDrain]) -> dict:
-    return {"knee_rule": KNEE_RULE, "drain_rule": DRAIN_RULE, "sweeps": [asdict(s) for s in sw],
-            "bursts": [asdict(d) for d in drains]}
+    return {
+        "knee_rule": KNEE_RULE,
+        "drain_rule": DRAIN_RULE,
+        "sweeps": [asdict(s) for s in sw],
+        "bursts": [asdict(d) for d in drains],
+    }

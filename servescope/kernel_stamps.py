@@ -15,7 +15,9 @@ TIMESPEC = struct.Struct("@qq")
 CMSG_SIZE = socket.CMSG_SPACE(TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 
 
-def receive_stamp(ancillary: Iterable[tuple[int, int, bytes]], clock: Callable[[], float] = time.monotonic) -> float | None:
+def receive_stamp(
+    ancillary: Iterable[tuple[int, int, bytes]], clock: Callable[[], float] = time.monotonic
+) -> float | None:
     """The receive time in a recvmsg() result's ancillary data, moved from the wall clock onto `clock`; None without one.
 
     `clock` is time.monotonic or time.perf_counter (both CLOCK_MONOTONIC on Linux): the two are

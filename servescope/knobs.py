@@ -18,7 +18,7 @@ def parse_env_file(path: Path) -> dict[str, str]:
         if not line or line.startswith("#"):
             continue
         if line.startswith("export "):
-            line = line[len("export "):]
+            line = line[len("export ") :]
         key, sep, value = line.partition("=")
         if not sep or not key.strip().isidentifier():
             raise ValueError(f"{path}:{lineno}: expected KEY=VALUE, got {raw!r}")

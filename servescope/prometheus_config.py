@@ -1,7 +1,7 @@
 """The one source of Prometheus scrape config: the native stack renders it for what is up, Compose gets a generated file.
 
-    python -m servescope.prometheus_config --write   # regenerate prometheus/prometheus.compose.yml
-    python -m servescope.prometheus_config --check   # exit 1 when the committed file is stale
+python -m servescope.prometheus_config --write   # regenerate prometheus/prometheus.compose.yml
+python -m servescope.prometheus_config --check   # exit 1 when the committed file is stale
 """
 
 from __future__ import annotations
@@ -98,8 +98,7 @@ def render(
             ]
             # dns_sd_configs cannot carry labels; add them with a relabel rule each.
             relabels = [
-                {"target_label": key, "replacement": value}
-                for t in dns for key, value in sorted(t.labels.items())
+                {"target_label": key, "replacement": value} for t in dns for key, value in sorted(t.labels.items())
             ]
             if relabels:
                 scrape["relabel_configs"] = relabels

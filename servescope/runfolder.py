@@ -158,7 +158,11 @@ def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def latest(results_dir: Path) -> RunFolder:
-    runs = sorted(p for p in Path(results_dir).iterdir() if (p / MANIFEST).exists()) if Path(results_dir).is_dir() else []
+    runs = (
+        sorted(p for p in Path(results_dir).iterdir() if (p / MANIFEST).exists()) if Path(results_dir).is_dir() else []
+    )
     if not runs:
-        raise FileNotFoundError(f"no run folder with a {MANIFEST} under {results_dir}: run `make up` or a loadgen scenario first")
+        raise FileNotFoundError(
+            f"no run folder with a {MANIFEST} under {results_dir}: run `make up` or a loadgen scenario first"
+        )
     return RunFolder(runs[-1])

@@ -39,10 +39,17 @@ def choose(mode: str, command: str, native_has_state: bool) -> ModuleType | None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stack", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("up", "down", "status"))
-    parser.add_argument("--mode", choices=("auto", "native", "compose"), default="auto",
-                        help="auto (default): Compose when a Docker engine answers, else native processes")
-    parser.add_argument("--no-compare", action="store_true",
-                        help="up: bring the services up without running the sequential-vs-burst comparison")
+    parser.add_argument(
+        "--mode",
+        choices=("auto", "native", "compose"),
+        default="auto",
+        help="auto (default): Compose when a Docker engine answers, else native processes",
+    )
+    parser.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="up: bring the services up without running the sequential-vs-burst comparison",
+    )
     args = parser.parse_args(argv)
     from stack import native, supervisor
 

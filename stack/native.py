@@ -36,6 +36,7 @@ def client_host(bind: str) -> str:
 
 # ---------------------------------------------------------------- preparation
 
+
 def wanted_engines() -> list[str]:
     """SERVESCOPE_ENGINES (default vllm,llamacpp): the engines `up` starts itself; Ollama joins when present."""
     names = [n.strip() for n in knobs.get("SERVESCOPE_ENGINES", "vllm,llamacpp").split(",") if n.strip()]
@@ -48,8 +49,11 @@ def wanted_engines() -> list[str]:
 def prepare(engines: list[str]) -> Prepared:
     """Two independent chains at once: the llama.cpp build (CPU-bound) beside the vLLM install (mostly download)."""
     started = time.monotonic()
-    chains = (["llama.cpp build"] if "llamacpp" in engines else []) + ["GGUF"] + (
-        ["venv-vllm → float32 weights for vLLM"] if "vllm" in engines else [])
+    chains = (
+        (["llama.cpp build"] if "llamacpp" in engines else [])
+        + ["GGUF"]
+        + (["venv-vllm → float32 weights for vLLM"] if "vllm" in engines else [])
+    )
     say(f"preparing (cached after the first time): {' | '.join(chains)}")
 
     def model_chain() -> tuple[Path, Path | None, Path | None]:
@@ -71,19 +75,38 @@ def prepare(engines: list[str]) -> Prepared:
 
 # ---------------------------------------------------------------- the services
 
+
 def engine_services(knob: dict[str, str], prep: Prepared, host: str, swap_used: bool) -> list[Service]:
     services = []
     if prep.vllm_python and prep.vllm_model:
         port = int(knob["VLLM_PORT"])
-        services.append(Service(
-            "vllm", "vLLM-CPU", vllm.command(prep.vllm_python, prep.vllm_model, knob, host, port, swap_used),
-            host, port, "VLLM_PORT", "/v1/models", ready_timeout=float(knobs.get("VLLM_READY_TIMEOUT", "600")),
-            env=vllm.environment(knob)))
+        services.append(
+            Service(
+                "vllm",
+                "vLLM-CPU",
+                vllm.command(prep.vllm_python, prep.vllm_model, knob, host, port, swap_used),
+                host,
+                port,
+                "VLLM_PORT",
+                "/v1/models",
+                ready_timeout=float(knobs.get("VLLM_READY_TIMEOUT", "600")),
+                env=vllm.environment(knob),
+            )
+        )
     if prep.llama_server:
         port = int(knob["LLAMACPP_PORT"])
-        services.append(Service(
-            "llamacpp", "llama.cpp server", llamacpp.command(prep.llama_server, prep.gguf, knob, host, port),
-            host, port, "LLAMACPP_PORT", "/health", ready_timeout=120))
+        services.append(
+            Service(
+                "llamacpp",
+                "llama.cpp server",
+                llamacpp.command(prep.llama_server, prep.gguf, knob, host, port),
+                host,
+                port,
+                "LLAMACPP_PORT",
+                "/health",
+                ready_timeout=120,
+            )
+        )
     return services
 
 
@@ -96,13 +119,22 @@ def exporter_service(knob: dict[str, str], host: str, engines: dict[str, str], o
         cmd += ["--llamacpp-url", engines["llamacpp"]]
     if ollama_url:
         # The proxy in front of Ollama is what makes its queue visible; only with a real Ollama behind it.
-        cmd += ["--ollama-url", ollama_url, "--proxy-port", knob["OLLAMA_PROXY_PORT"],
-                "--ollama-num-parallel", knob["OLLAMA_NUM_PARALLEL"]]
-    return Service("exporter", "exporter", cmd, host, port, "EXPORTER_PORT", "/metrics", ready_timeout=60,
-                   cwd=str(knobs.REPO_ROOT))
+        cmd += [
+            "--ollama-url",
+            ollama_url,
+            "--proxy-port",
+            knob["OLLAMA_PROXY_PORT"],
+            "--ollama-num-parallel",
+            knob["OLLAMA_NUM_PARALLEL"],
+        ]
+    return Service(
+        "exporter", "exporter", cmd, host, port, "EXPORTER_PORT", "/metrics", ready_timeout=60, cwd=str(knobs.REPO_ROOT)
+    )
 
 
-def prometheus_targets(knob: dict[str, str], host: str, running: set[str]) -> list[tuple[str, str, str, dict[str, str]]]:
+def prometheus_targets(
+    knob: dict[str, str], host: str, running: set[str]
+) -> list[tuple[str, str, str, dict[str, str]]]:
     """Scrape what is up: the exporter, the engines' raw pages (instance = the exporter's name), the loadgen, itself."""
     targets = [("prometheus", f"{host}:{knob['PROMETHEUS_PORT']}", "/metrics", {})]
     if "exporter" in running:
@@ -118,11 +150,22 @@ def prometheus_targets(knob: dict[str, str], host: str, running: set[str]) -> li
 def locust_service(knob: dict[str, str], host: str) -> Service:
     port = int(knob["LOCUST_PORT"])
     cmd = [sys.executable, "-m", "loadgen", "webui", "--port", str(port), "--bind", host]
-    return Service("locust", "Locust web UI", cmd, host, port, "LOCUST_PORT", "/", ready_timeout=60,
-                   env={"LOADGEN_METRICS_PORT": knob["LOADGEN_METRICS_PORT"]}, cwd=str(knobs.REPO_ROOT))
+    return Service(
+        "locust",
+        "Locust web UI",
+        cmd,
+        host,
+        port,
+        "LOCUST_PORT",
+        "/",
+        ready_timeout=60,
+        env={"LOADGEN_METRICS_PORT": knob["LOADGEN_METRICS_PORT"]},
+        cwd=str(knobs.REPO_ROOT),
+    )
 
 
 # ---------------------------------------------------------------- up
+
 
 class Launch:
     """The services one `up` started: on failure or Ctrl-C, exactly these are stopped again."""
@@ -146,7 +189,9 @@ class Launch:
             if not record.pid:  # absent/external notes: nothing of this `up` is left
                 supervisor.forget(record.name)
         if self.started:
-            say(f"stopped what this `up` started ({', '.join(r.name for r in self.started)}); logs in {paths.service_logs()}")
+            say(
+                f"stopped what this `up` started ({', '.join(r.name for r in self.started)}); logs in {paths.service_logs()}"
+            )
 
 
 def alive_records() -> dict[str, Record]:
@@ -202,9 +247,13 @@ def up(compare: bool = True) -> int:
     return code
 
 
-PORTS = (("vllm", "VLLM_PORT", "vLLM-CPU"), ("llamacpp", "LLAMACPP_PORT", "llama.cpp server"),
-         ("exporter", "EXPORTER_PORT", "exporter"), ("prometheus", "PROMETHEUS_PORT", "Prometheus"),
-         ("locust", "LOCUST_PORT", "Locust web UI"))
+PORTS = (
+    ("vllm", "VLLM_PORT", "vLLM-CPU"),
+    ("llamacpp", "LLAMACPP_PORT", "llama.cpp server"),
+    ("exporter", "EXPORTER_PORT", "exporter"),
+    ("prometheus", "PROMETHEUS_PORT", "Prometheus"),
+    ("locust", "LOCUST_PORT", "Locust web UI"),
+)
 
 
 def check_ports(knob: dict[str, str], bind: str, engines: list[str]) -> None:
@@ -218,19 +267,24 @@ def check_vllm_plan(knob: dict[str, str], prep: Prepared) -> bool:
     """The seed's inequality before vLLM starts: refuse, naming the knob, what cannot fit. Returns swap_used."""
     swap_used = vllm.swap_space_supported(prep.vllm_python)
     if not swap_used:
-        say("note: vLLM 0.32 has no --swap-space flag (removed upstream); VLLM_SWAP_SPACE is not passed "
-            "(the seed showed it added no KV blocks on CPU anyway)")
+        say(
+            "note: vLLM 0.32 has no --swap-space flag (removed upstream); VLLM_SWAP_SPACE is not passed "
+            "(the seed showed it added no KV blocks on CPU anyway)"
+        )
     kv = vllm.plan(prep.vllm_model, knob, model.weights_bytes(prep.vllm_model), swap_used)
-    say(f"vLLM plan: {kv.kv_tokens:,} KV tokens ({kv.bytes_per_token:,} B/token) → {kv.max_concurrency:.2f}x "
-        f"concurrency at max-model-len {kv.max_model_len}; needs ~{kv.resident_bytes / vllm.GIB:.1f} GiB")
+    say(
+        f"vLLM plan: {kv.kv_tokens:,} KV tokens ({kv.bytes_per_token:,} B/token) → {kv.max_concurrency:.2f}x "
+        f"concurrency at max-model-len {kv.max_model_len}; needs ~{kv.resident_bytes / vllm.GIB:.1f} GiB"
+    )
     reason = vllm.refusal(kv, vllm.available_memory())
     if reason:
         raise StackError(f"refusing to start vLLM: {reason}")
     return swap_used
 
 
-def start_engines(launch: Launch, services: list[Service], knob: dict[str, str], prep: Prepared, bind: str,
-                  host: str, swap_used: bool) -> dict[str, str]:
+def start_engines(
+    launch: Launch, services: list[Service], knob: dict[str, str], prep: Prepared, bind: str, host: str, swap_used: bool
+) -> dict[str, str]:
     """vLLM first (its warm-up is the long pole), llama.cpp and Ollama while it warms, then wait for vLLM."""
     by_name = {service.name: service for service in services}
     engines: dict[str, str] = {}
@@ -247,8 +301,10 @@ def start_engines(launch: Launch, services: list[Service], knob: dict[str, str],
             # Seen on this project's VMs: the CPU advertises AMX and the kernel grants it, yet the native build's
             # AMX kernels die on their first tile instruction (SIGILL at tilezero, SIGSEGV at ldtilecfg).
             # --no-repack keeps weights out of the AMX (and repacked) buffers; plain AVX-512 kernels serve them.
-            say(f"llama-server died of signal {-exc.code} in its AMX kernels (AMX advertised but unusable here): "
-                "restarting with --no-repack")
+            say(
+                f"llama-server died of signal {-exc.code} in its AMX kernels (AMX advertised but unusable here): "
+                "restarting with --no-repack"
+            )
             by_name["llamacpp"].cmd.append("--no-repack")
             launch.start(by_name["llamacpp"])
         engines["llamacpp"] = by_name["llamacpp"].url
@@ -258,8 +314,12 @@ def start_engines(launch: Launch, services: list[Service], knob: dict[str, str],
         engines["ollama"] = f"http://{host}:{knob['OLLAMA_PROXY_PORT']}"
     if vllm_started:
         proc, record = vllm_started
-        supervisor.wait_ready(record, proc, by_name["vllm"].ready_timeout,
-                              label=f"vLLM warming up at {record.ready_url} (about 100 s on 2 cores)")
+        supervisor.wait_ready(
+            record,
+            proc,
+            by_name["vllm"].ready_timeout,
+            label=f"vLLM warming up at {record.ready_url} (about 100 s on 2 cores)",
+        )
         print_section3(by_name["vllm"].url, knob, swap_used)
     return engines
 
@@ -274,13 +334,29 @@ def start_ollama(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str
     if not ollama.answers(url):
         binary = ollama.binary()
         if binary is None:
-            Record(name="ollama", title="Ollama", url=url, ready_url=url + "/api/version",
-                   absent="no `ollama` on PATH and nothing answers at " + url).save()
+            Record(
+                name="ollama",
+                title="Ollama",
+                url=url,
+                ready_url=url + "/api/version",
+                absent="no `ollama` on PATH and nothing answers at " + url,
+            ).save()
             say(f"Ollama: absent (no `ollama` on PATH, nothing at {url}): not compared")
             return None
         port = int(knob["OLLAMA_PORT"])
-        launch.start(Service("ollama", "Ollama", ollama.serve_command(binary), bind, port, "OLLAMA_PORT", "/api/version",
-                             ready_timeout=60, env=ollama.serve_environment(bind, port, knob["OLLAMA_NUM_PARALLEL"])))
+        launch.start(
+            Service(
+                "ollama",
+                "Ollama",
+                ollama.serve_command(binary),
+                bind,
+                port,
+                "OLLAMA_PORT",
+                "/api/version",
+                ready_timeout=60,
+                env=ollama.serve_environment(bind, port, knob["OLLAMA_NUM_PARALLEL"]),
+            )
+        )
         url = f"http://{client_host(bind)}:{port}"
     else:
         Record(name="ollama", title="Ollama", url=url, ready_url=url + "/api/version").save()
@@ -304,11 +380,15 @@ def print_section3(vllm_url: str, knob: dict[str, str], swap_used: bool) -> None
         say(line)
 
 
-def start_prometheus(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str, host: str, running: set[str]) -> None:
+def start_prometheus(
+    launch: Launch, knob: dict[str, str], prep: Prepared, bind: str, host: str, running: set[str]
+) -> None:
     port = int(knob["PROMETHEUS_PORT"])
     url = f"http://{host}:{port}"
     if prep.prometheus_bin is None:
-        Record(name="prometheus", title="Prometheus", url=url, ready_url=url + "/-/ready", absent=prep.prometheus_note).save()
+        Record(
+            name="prometheus", title="Prometheus", url=url, ready_url=url + "/-/ready", absent=prep.prometheus_note
+        ).save()
         say(prep.prometheus_note or "Prometheus absent")
         return
     if importlib.util.find_spec("servescope.prometheus_config") is None:
@@ -317,16 +397,28 @@ def start_prometheus(launch: Launch, knob: dict[str, str], prep: Prepared, bind:
     problem = prometheus.check_config(config)
     if problem:
         raise StackError(f"generated Prometheus config {config} is invalid: {problem.splitlines()[-1]}")
-    launch.start(Service("prometheus", "Prometheus", prometheus.command(prep.prometheus_bin, config, bind, port),
-                         bind, port, "PROMETHEUS_PORT", "/-/ready", ready_timeout=60))
+    launch.start(
+        Service(
+            "prometheus",
+            "Prometheus",
+            prometheus.command(prep.prometheus_bin, config, bind, port),
+            bind,
+            port,
+            "PROMETHEUS_PORT",
+            "/-/ready",
+            ready_timeout=60,
+        )
+    )
 
 
 # ---------------------------------------------------------------- the main job
 
+
 def loadgen_flags() -> str:
     """`compare --help`, so optional flags are passed only when this loadgen has them."""
-    proc = subprocess.run([sys.executable, "-m", "loadgen", "compare", "--help"], capture_output=True, text=True,
-                          cwd=knobs.REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "compare", "--help"], capture_output=True, text=True, cwd=knobs.REPO_ROOT
+    )
     return proc.stdout if proc.returncode == 0 else ""
 
 
@@ -338,7 +430,8 @@ def compare_command(knob: dict[str, str], engines: dict[str, str], help_text: st
     optional = {
         "--max-tokens": knob.get("MAX_TOKENS"),
         "--burst-size": knob.get("BURST_SIZE"),
-        "--results": knob.get("SERVESCOPE_RESULTS") or knobs.get("SERVESCOPE_RESULTS", str(knobs.REPO_ROOT / "results")),
+        "--results": knob.get("SERVESCOPE_RESULTS")
+        or knobs.get("SERVESCOPE_RESULTS", str(knobs.REPO_ROOT / "results")),
         "--metrics-port": knob.get("LOADGEN_METRICS_PORT"),
     }
     for flag, value in optional.items():
@@ -350,7 +443,7 @@ def compare_command(knob: dict[str, str], engines: dict[str, str], help_text: st
 def run_folder_from(lines: list[str]) -> str | None:
     for line in reversed(lines):
         if line.startswith("run folder: "):
-            return line[len("run folder: "):].strip()
+            return line[len("run folder: ") :].strip()
     return None
 
 
@@ -403,6 +496,7 @@ def print_urls(knob: dict[str, str], host: str) -> None:
 
 # ---------------------------------------------------------------- down / status
 
+
 def url_host(url: str) -> str:
     return url.split("//", 1)[-1].rsplit(":", 1)[0] or "127.0.0.1"
 
@@ -435,4 +529,3 @@ def status() -> int:
     recs = supervisor.records()
     supervisor.print_status(ordered(recs))
     return 0
-

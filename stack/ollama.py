@@ -86,8 +86,12 @@ def create_model(url: str, model: str, gguf: Path) -> None:
         if ollama_bin:
             env = {**os.environ, "OLLAMA_HOST": url}
             with open(log, "a") as out:
-                code = subprocess.call(create_command(ollama_bin, model, write_modelfile(gguf)),
-                                       stdout=out, stderr=subprocess.STDOUT, env=env)
+                code = subprocess.call(
+                    create_command(ollama_bin, model, write_modelfile(gguf)),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
             if code != 0:
                 raise StackError(f"`ollama create {model}` failed (exit {code}); log: {log}")
             return
@@ -101,8 +105,9 @@ def create_via_api(url: str, model: str, gguf: Path) -> None:
         if requests.head(f"{url}/api/blobs/{digest}", timeout=10).status_code != 200:
             with open(gguf, "rb") as fh:
                 requests.post(f"{url}/api/blobs/{digest}", data=fh, timeout=600).raise_for_status()
-        resp = requests.post(f"{url}/api/create", json={"model": model, "files": {gguf.name: digest}, "stream": False},
-                             timeout=600)
+        resp = requests.post(
+            f"{url}/api/create", json={"model": model, "files": {gguf.name: digest}, "stream": False}, timeout=600
+        )
         resp.raise_for_status()
     except requests.RequestException as exc:
         raise StackError(f"creating Ollama model {model} at {url} failed: {exc}") from None

@@ -36,8 +36,13 @@ def tail(path: Path, lines: int = 20) -> str:
 class Step:
     """`with Step("building llama.cpp"):` prints a start line, a heartbeat line every HEARTBEAT_S, and the total."""
 
-    def __init__(self, label: str, interval: float = HEARTBEAT_S, detail: Callable[[], str] | None = None,
-                 emit: Callable[[str], None] = say):
+    def __init__(
+        self,
+        label: str,
+        interval: float = HEARTBEAT_S,
+        detail: Callable[[], str] | None = None,
+        emit: Callable[[str], None] = say,
+    ):
         self.label = label
         self.interval = interval
         self.detail = detail  # optional: e.g. the log's last progress marker
@@ -73,8 +78,14 @@ class Step:
         self.emit(f"{mark} {self.label} ({elapsed(self.seconds)})")
 
 
-def run_logged(cmd: list[str], log: Path, label: str, env: dict[str, str] | None = None,
-               cwd: Path | None = None, detail: Callable[[], str] | None = None) -> None:
+def run_logged(
+    cmd: list[str],
+    log: Path,
+    label: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    detail: Callable[[], str] | None = None,
+) -> None:
     """Run a long command with its output in `log` and a heartbeat on the terminal; one-line error on failure."""
     log.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}

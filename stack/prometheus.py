@@ -11,8 +11,10 @@ from servescope import knobs
 from stack import paths
 from stack.progress import run_logged
 
-HOW_TO_GET = ("Prometheus not found on PATH: install it (Debian/Ubuntu: `apt-get install prometheus`; "
-              "elsewhere https://prometheus.io/download/) and run `make up` again; continuing without it")
+HOW_TO_GET = (
+    "Prometheus not found on PATH: install it (Debian/Ubuntu: `apt-get install prometheus`; "
+    "elsewhere https://prometheus.io/download/) and run `make up` again; continuing without it"
+)
 
 
 def is_debian() -> bool:
@@ -44,14 +46,17 @@ def rule_files(repo_root: Path = knobs.REPO_ROOT) -> list[str]:
     return [str(p) for p in sorted((repo_root / "prometheus" / "rules").glob("*.yml"))]
 
 
-def write_config(targets: list[tuple[str, str, str, dict[str, str]]], scrape_interval: str = "5s",
-                 rules: list[str] | None = None) -> Path:
+def write_config(
+    targets: list[tuple[str, str, str, dict[str, str]]], scrape_interval: str = "5s", rules: list[str] | None = None
+) -> Path:
     """targets: (job, "host:port", metrics_path, labels); rendered by the one config source Compose uses too."""
     from servescope import prometheus_config
 
     text = prometheus_config.render(
-        [prometheus_config.Target(job=job, address=address, metrics_path=metrics_path, labels=labels)
-         for job, address, metrics_path, labels in targets],
+        [
+            prometheus_config.Target(job=job, address=address, metrics_path=metrics_path, labels=labels)
+            for job, address, metrics_path, labels in targets
+        ],
         scrape_interval=scrape_interval,
         rule_files=tuple(rule_files() if rules is None else rules),
     )

@@ -101,7 +101,9 @@ def process_of(record: Record) -> psutil.Process | None:
         return None
 
 
-def start(service: Service, directory: Path | None = None, log_dir: Path | None = None) -> tuple[subprocess.Popen, Record]:
+def start(
+    service: Service, directory: Path | None = None, log_dir: Path | None = None
+) -> tuple[subprocess.Popen, Record]:
     """Start in a new session (its own process group) so `down` can stop it and every child it spawns."""
     log = (log_dir or paths.service_logs()) / f"{service.name}.log"
     out = open(log, "a")
@@ -109,8 +111,13 @@ def start(service: Service, directory: Path | None = None, log_dir: Path | None 
     out.flush()
     try:
         proc = subprocess.Popen(
-            service.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **service.env}, cwd=service.cwd, start_new_session=True,
+            service.cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **service.env},
+            cwd=service.cwd,
+            start_new_session=True,
         )
     except OSError as exc:
         raise StackError(f"{service.title}: cannot start {service.cmd[0]}: {exc}") from None
@@ -122,8 +129,16 @@ def start(service: Service, directory: Path | None = None, log_dir: Path | None 
     except psutil.NoSuchProcess:
         create_time, cmdline = None, list(service.cmd)
     record = Record(
-        name=service.name, title=service.title, url=service.url, ready_url=service.url + service.ready_path,
-        port=service.port, pid=proc.pid, create_time=create_time, cmdline=cmdline, log=str(log), started_at=time.time(),
+        name=service.name,
+        title=service.title,
+        url=service.url,
+        ready_url=service.url + service.ready_path,
+        port=service.port,
+        pid=proc.pid,
+        create_time=create_time,
+        cmdline=cmdline,
+        log=str(log),
+        started_at=time.time(),
     )
     record.save(directory)
     return proc, record
@@ -141,6 +156,7 @@ def last_log_line(log: str | None):
         lines = tail(Path(log), 3).splitlines() if log else []
         line = lines[-1].strip() if lines else ""
         return f"| {line[:100]}" if line else ""
+
     return detail
 
 
@@ -154,8 +170,15 @@ def refresh_identity(record: Record, directory: Path | None = None) -> None:
     record.save(directory)
 
 
-def wait_ready(record: Record, proc: subprocess.Popen | None, timeout: float, label: str | None = None,
-               poll: float = 1.0, heartbeat: float | None = None, directory: Path | None = None) -> float:
+def wait_ready(
+    record: Record,
+    proc: subprocess.Popen | None,
+    timeout: float,
+    label: str | None = None,
+    poll: float = 1.0,
+    heartbeat: float | None = None,
+    directory: Path | None = None,
+) -> float:
     """Poll the readiness URL; fail early with the log's last lines if the process exits or time runs out."""
     label = label or f"waiting for {record.title} at {record.ready_url}"
     kwargs = {"interval": heartbeat} if heartbeat else {}
@@ -168,11 +191,16 @@ def wait_ready(record: Record, proc: subprocess.Popen | None, timeout: float, la
                 return step.seconds
             code = proc.poll() if proc is not None else (None if process_of(record) else "gone")
             if code is not None:
-                raise ServiceExited(f"{record.title} exited (code {code}) before it was ready; log {record.log}:\n"
-                                    f"{tail(Path(record.log), 20) if record.log else ''}", code if isinstance(code, int) else 0)
+                raise ServiceExited(
+                    f"{record.title} exited (code {code}) before it was ready; log {record.log}:\n"
+                    f"{tail(Path(record.log), 20) if record.log else ''}",
+                    code if isinstance(code, int) else 0,
+                )
             if time.monotonic() > deadline:
-                raise StackError(f"{record.title} not ready at {record.ready_url} after {elapsed(timeout)}; log {record.log}:\n"
-                                 f"{tail(Path(record.log), 20) if record.log else ''}")
+                raise StackError(
+                    f"{record.title} not ready at {record.ready_url} after {elapsed(timeout)}; log {record.log}:\n"
+                    f"{tail(Path(record.log), 20) if record.log else ''}"
+                )
             time.sleep(poll)
 
 
@@ -258,9 +286,13 @@ def status_rows(recs: list[Record]) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
-def format_table(rows: list[tuple[str, ...]], header: tuple[str, ...] = ("service", "pid", "URL", "ready", "resident")) -> str:
+def format_table(
+    rows: list[tuple[str, ...]], header: tuple[str, ...] = ("service", "pid", "URL", "ready", "resident")
+) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    lines = [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
+    ]
     return "\n".join(lines)
 
 

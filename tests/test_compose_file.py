@@ -18,7 +18,9 @@ from stack import vllm as stack_vllm
 ROOT = knobs.REPO_ROOT
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKER_COMPOSE = shutil.which("docker-compose")
-needs_compose = pytest.mark.skipif(DOCKER_COMPOSE is None, reason="docker-compose not installed (apt-get install docker-compose)")
+needs_compose = pytest.mark.skipif(
+    DOCKER_COMPOSE is None, reason="docker-compose not installed (apt-get install docker-compose)"
+)
 EXAMPLE = knobs.parse_env_file(ROOT / ".env.example")
 # Derived by stack/compose.py from COMPOSE_PROFILES, not a user knob.
 INTERNAL_VARS = {"COMPOSE_LLAMACPP_URL"}
@@ -33,7 +35,9 @@ def resolved(tmp_path, profiles: str = "llamacpp") -> dict:
     """`docker-compose config` output: the file as Compose sees it, variables substituted."""
     proc = subprocess.run(
         [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "--project-directory", str(tmp_path), "config"],
-        capture_output=True, text=True, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
         env=compose_env(GRAFANA_ADMIN_PASSWORD="test-only", COMPOSE_PROFILES=profiles),
     )
     assert proc.returncode == 0, proc.stderr
@@ -81,16 +85,26 @@ def raw() -> dict:
 
 @needs_compose
 def test_compose_config_validates(tmp_path):
-    proc = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config", "-q"], capture_output=True, text=True,
-                          cwd=tmp_path, env=compose_env(GRAFANA_ADMIN_PASSWORD="test-only"))
+    proc = subprocess.run(
+        [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=compose_env(GRAFANA_ADMIN_PASSWORD="test-only"),
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 @needs_compose
 def test_compose_refuses_to_run_without_a_grafana_password(tmp_path):
     for env in (compose_env(), compose_env(GRAFANA_ADMIN_PASSWORD="")):
-        proc = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config", "-q"], capture_output=True,
-                              text=True, cwd=tmp_path, env=env)
+        proc = subprocess.run(
+            [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config", "-q"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+        )
         assert proc.returncode != 0
         assert "set GRAFANA_ADMIN_PASSWORD in .env" in proc.stderr
 
@@ -116,10 +130,15 @@ def test_published_ports_bind_loopback_and_use_the_port_knobs(config):
             assert host_ip == "127.0.0.1", f"{name} publishes on {host_ip or 'every address'}"
             published[(name, container_port)] = host_port
     expected = {
-        ("vllm", 8000): "VLLM_PORT", ("ollama", 11434): "OLLAMA_PORT", ("llamacpp", 8081): "LLAMACPP_PORT",
-        ("exporter", 9464): "EXPORTER_PORT", ("exporter", 11435): "OLLAMA_PROXY_PORT",
-        ("prometheus", 9090): "PROMETHEUS_PORT", ("grafana", 3000): "GRAFANA_PORT",
-        ("locust-master", 8089): "LOCUST_PORT", ("locust-master", 9465): "LOADGEN_METRICS_PORT",
+        ("vllm", 8000): "VLLM_PORT",
+        ("ollama", 11434): "OLLAMA_PORT",
+        ("llamacpp", 8081): "LLAMACPP_PORT",
+        ("exporter", 9464): "EXPORTER_PORT",
+        ("exporter", 11435): "OLLAMA_PROXY_PORT",
+        ("prometheus", 9090): "PROMETHEUS_PORT",
+        ("grafana", 3000): "GRAFANA_PORT",
+        ("locust-master", 8089): "LOCUST_PORT",
+        ("locust-master", 9465): "LOADGEN_METRICS_PORT",
     }
     assert {key: str(port) for key, port in published.items()} == {key: EXAMPLE[knob] for key, knob in expected.items()}
 
@@ -127,8 +146,13 @@ def test_published_ports_bind_loopback_and_use_the_port_knobs(config):
 def test_ports_are_overridable(tmp_path):
     if DOCKER_COMPOSE is None:
         pytest.skip("docker-compose not installed")
-    proc = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"], capture_output=True, text=True,
-                          cwd=tmp_path, env=compose_env(GRAFANA_ADMIN_PASSWORD="x", VLLM_PORT="8010"))
+    proc = subprocess.run(
+        [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=compose_env(GRAFANA_ADMIN_PASSWORD="x", VLLM_PORT="8010"),
+    )
     assert proc.returncode == 0, proc.stderr
     ports = ports_of(yaml.safe_load(proc.stdout)["services"]["vllm"])
     assert ports == [("127.0.0.1", 8010, 8000)]  # the seed's stale-forward workaround
@@ -156,8 +180,12 @@ def test_engines_have_the_seeds_budget(config):
     vllm = config["services"]["vllm"]
     assert vllm["environment"]["VLLM_CPU_KVCACHE_SPACE"] == EXAMPLE["VLLM_CPU_KVCACHE_SPACE"]
     flags = vllm["command"]
-    for flag, knob in (("--dtype", "VLLM_DTYPE"), ("--max-model-len", "VLLM_MAX_MODEL_LEN"),
-                       ("--max-num-seqs", "VLLM_MAX_NUM_SEQS"), ("--served-model-name", "SERVED_MODEL_NAME")):
+    for flag, knob in (
+        ("--dtype", "VLLM_DTYPE"),
+        ("--max-model-len", "VLLM_MAX_MODEL_LEN"),
+        ("--max-num-seqs", "VLLM_MAX_NUM_SEQS"),
+        ("--served-model-name", "SERVED_MODEL_NAME"),
+    ):
         assert flags[flags.index(flag) + 1] == EXAMPLE[knob]
     assert config["services"]["ollama"]["environment"]["OLLAMA_NUM_PARALLEL"] == EXAMPLE["OLLAMA_NUM_PARALLEL"]
 
@@ -196,7 +224,9 @@ def test_prometheus_targets_are_compose_services_on_their_ports(config):
             assert host == "localhost" and int(port) in _container_ports(services["prometheus"])
             continue
         assert host in services, f"job {target.job}: no service {host}"
-        assert prometheus_config.COMPOSE_PORTS.get(host, prometheus_config.COMPOSE_PORTS.get("locust-master")) == int(port)
+        assert prometheus_config.COMPOSE_PORTS.get(host, prometheus_config.COMPOSE_PORTS.get("locust-master")) == int(
+            port
+        )
         if host != "locust-worker":  # workers publish nothing; their port is the healthcheck's
             assert int(port) in _container_ports(services[host]), f"{host} does not listen on {port}"
         else:
@@ -262,9 +292,19 @@ def test_ollama_init_script_is_valid_sh():
 def test_budget_override_only_adds_the_container_watch_to_the_exporter(tmp_path):
     """docker-compose.budget.yml keeps the exporter's command and adds --container for every engine container."""
     proc = subprocess.run(
-        [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "-f", str(ROOT / "docker-compose.budget.yml"),
-         "--project-directory", str(tmp_path), "config"],
-        capture_output=True, text=True, cwd=tmp_path,
+        [
+            DOCKER_COMPOSE,
+            "-f",
+            str(COMPOSE_FILE),
+            "-f",
+            str(ROOT / "docker-compose.budget.yml"),
+            "--project-directory",
+            str(tmp_path),
+            "config",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
         env=compose_env(GRAFANA_ADMIN_PASSWORD="test-only", COMPOSE_PROFILES=""),
     )
     assert proc.returncode == 0, proc.stderr
@@ -274,5 +314,7 @@ def test_budget_override_only_adds_the_container_watch_to_the_exporter(tmp_path)
     assert command[: len(base["exporter"]["command"])] == base["exporter"]["command"]
     watched = dict(arg.split("=", 1) for flag, arg in zip(command, command[1:], strict=False) if flag == "--container")
     assert watched == {"vllm": base["vllm"]["container_name"], "ollama": base["ollama"]["container_name"]}
-    assert any(v.endswith("/var/run/docker.sock:ro") or "docker.sock" in str(v) for v in with_budget["exporter"]["volumes"])
+    assert any(
+        v.endswith("/var/run/docker.sock:ro") or "docker.sock" in str(v) for v in with_budget["exporter"]["volumes"]
+    )
     assert "volumes" not in base["exporter"] or not any("docker.sock" in str(v) for v in base["exporter"]["volumes"])

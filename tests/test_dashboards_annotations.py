@@ -32,7 +32,6 @@ class FakeGrafana(JsonReplyHandler):
         self.reply_json(200, {"id": len(self.received), "message": "Annotation added"})
 
 
-
 @pytest.fixture
 def grafana():
     FakeGrafana.received = []
@@ -43,8 +42,15 @@ def grafana():
 
 
 def test_phase_is_posted_as_a_region_with_the_dashboards_tags(grafana):
-    ok = annotations.post_phase("burst-1", 1_700_000_000.25, 1_700_000_004.5, engine="vllm", scenario="burst",
-                                url=grafana, credential=("admin", FakeGrafana.password))
+    ok = annotations.post_phase(
+        "burst-1",
+        1_700_000_000.25,
+        1_700_000_004.5,
+        engine="vllm",
+        scenario="burst",
+        url=grafana,
+        credential=("admin", FakeGrafana.password),
+    )
     assert ok is True
     (body,) = FakeGrafana.received
     assert body["time"] == 1_700_000_000_250 and body["timeEnd"] == 1_700_000_004_500  # Grafana wants ms

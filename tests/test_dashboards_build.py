@@ -106,9 +106,19 @@ def test_variables_datasource_engine_instance_model():
 
 def test_comparison_dashboard_has_the_issue_panels():
     titles = [p["title"] for p in data_panels(BOARDS["engine-comparison"])]
-    for wanted in ("Engine up", "Running requests", "Waiting requests", "KV cache usage", "Output tokens/s (server)",
-                   "TTFT (server)", "ITL (server)", "TTFT (client)", "ITL (client)", "Requests/s (client)",
-                   "Errors/s (client)"):
+    for wanted in (
+        "Engine up",
+        "Running requests",
+        "Waiting requests",
+        "KV cache usage",
+        "Output tokens/s (server)",
+        "TTFT (server)",
+        "ITL (server)",
+        "TTFT (client)",
+        "ITL (client)",
+        "Requests/s (client)",
+        "Errors/s (client)",
+    ):
         assert wanted in titles
     all_exprs = "\n".join(exprs(BOARDS["engine-comparison"]))
     for metric in series.LEVER_GAUGES:
@@ -125,7 +135,11 @@ def test_load_phase_annotations_match_what_annotations_posts():
 def test_provisioning_interval_equals_the_scrape_interval():
     ds = yaml.safe_load(build.DATASOURCE_FILE.read_text())["datasources"][0]
     compose = yaml.safe_load(prometheus_config.COMPOSE_CONFIG.read_text())
-    assert ds["jsonData"]["timeInterval"] == compose["global"]["scrape_interval"] == prometheus_config.DEFAULT_SCRAPE_INTERVAL
+    assert (
+        ds["jsonData"]["timeInterval"]
+        == compose["global"]["scrape_interval"]
+        == prometheus_config.DEFAULT_SCRAPE_INTERVAL
+    )
     provider = yaml.safe_load(build.PROVIDER_FILE.read_text())["providers"][0]
     assert provider["options"]["path"] == build.GRAFANA_DASHBOARDS_PATH
 
@@ -186,24 +200,35 @@ def test_failures_query_gives_failures_and_zero_where_none(tmp_path):
     test = {
         "rule_files": ["empty.yml"],
         "evaluation_interval": "15s",
-        "tests": [{
-            "interval": "15s",
-            "input_series": [
-                {"series": 'servescope_client_requests_total{engine="vllm",scenario="burst",outcome="ok"}',
-                 "values": "0+15x8"},
-                {"series": 'servescope_client_requests_total{engine="vllm",scenario="burst",outcome="http_5xx"}',
-                 "values": "0+3x8"},
-                {"series": 'servescope_client_requests_total{engine="ollama",scenario="burst",outcome="ok"}',
-                 "values": "0+15x8"},
-            ],
-            "promql_expr_test": [{
-                "expr": query, "eval_time": "2m",
-                "exp_samples": [
-                    {"labels": '{engine="vllm",scenario="burst",outcome="http_5xx"}', "value": 0.2},
-                    {"labels": '{engine="ollama",scenario="burst"}', "value": 0},
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [
+                    {
+                        "series": 'servescope_client_requests_total{engine="vllm",scenario="burst",outcome="ok"}',
+                        "values": "0+15x8",
+                    },
+                    {
+                        "series": 'servescope_client_requests_total{engine="vllm",scenario="burst",outcome="http_5xx"}',
+                        "values": "0+3x8",
+                    },
+                    {
+                        "series": 'servescope_client_requests_total{engine="ollama",scenario="burst",outcome="ok"}',
+                        "values": "0+15x8",
+                    },
                 ],
-            }],
-        }],
+                "promql_expr_test": [
+                    {
+                        "expr": query,
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            {"labels": '{engine="vllm",scenario="burst",outcome="http_5xx"}', "value": 0.2},
+                            {"labels": '{engine="ollama",scenario="burst"}', "value": 0},
+                        ],
+                    }
+                ],
+            }
+        ],
     }
     (tmp_path / "t.yml").write_text(yaml.safe_dump(test))
     proc = subprocess.run([PROMTOOL, "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)

@@ -36,7 +36,6 @@ SCRAPE = "2s"  # with a 1.6 s scrape timeout: the exporter stays scrapable on a 
 SERVED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-
 # Bounded in time: a parent and its child each spend ~1% of a core until stopped (at most 10 minutes).
 ENGINE_LOOP = """
 import time
@@ -53,7 +52,9 @@ ENGINE_PROCESS = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c
 def vllm_capture() -> Path:
     """The richest recorded vLLM page: 0.32.0 (this project's engine) when captured, else the newest other."""
     current = sorted(FIXTURES.glob("vllm-0.32.0-cpu-metrics*.txt"))
-    candidates = current or sorted(FIXTURES.glob("vllm-0.1*-metrics*.txt")) or sorted(FIXTURES.glob("vllm-*metrics*.txt"))
+    candidates = (
+        current or sorted(FIXTURES.glob("vllm-0.1*-metrics*.txt")) or sorted(FIXTURES.glob("vllm-*metrics*.txt"))
+    )
     assert candidates, f"no vLLM metrics capture in {FIXTURES}"
     # A capture taken under load has the scheduler gauges off zero (running, waiting, KV usage).
     under_load = [p for p in candidates if "burst" in p.name or "load" in p.name]
@@ -115,8 +116,11 @@ def serve_vllm_capture(page: AdvancingPage) -> ThreadingHTTPServer:
             if self.path == "/metrics":
                 self._send(page.render().encode(), "text/plain; version=0.0.4")
             elif self.path == "/v1/models":
-                self._send(b'{"object":"list","data":[{"id":"%s","object":"model","max_model_len":1024}]}'
-                           % SERVED_MODEL.encode(), "application/json")
+                self._send(
+                    b'{"object":"list","data":[{"id":"%s","object":"model","max_model_len":1024}]}'
+                    % SERVED_MODEL.encode(),
+                    "application/json",
+                )
             elif self.path == "/version":
                 self._send(b'{"version":"0.32.0"}', "application/json")
             elif self.path == "/health":
@@ -149,8 +153,9 @@ class Processes:
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "w")
         # Own session: stop() ends the process group, children included (the engine stand-in has one).
-        proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True
+        )
         self.procs.append((proc, log))
         return proc
 
@@ -192,12 +197,27 @@ def live(tmp_path_factory):
         engine_process = procs.start("engine-process", ["-c", ENGINE_PROCESS])
         pidfile = workdir / "vllm.pid"
         pidfile.write_text(f"{engine_process.pid}\n")
-        exporter = procs.start("exporter", [
-            "-m", "exporter", "--listen-address", "127.0.0.1", "--port", str(exporter_port),
-            "--vllm-url", vllm_url, "--ollama-url", ollama.url,
-            "--proxy-port", str(proxy_port), "--ollama-num-parallel", "1",
-            "--process", f"vllm={pidfile}",
-        ])
+        exporter = procs.start(
+            "exporter",
+            [
+                "-m",
+                "exporter",
+                "--listen-address",
+                "127.0.0.1",
+                "--port",
+                str(exporter_port),
+                "--vllm-url",
+                vllm_url,
+                "--ollama-url",
+                ollama.url,
+                "--proxy-port",
+                str(proxy_port),
+                "--ollama-num-parallel",
+                "1",
+                "--process",
+                f"vllm={pidfile}",
+            ],
+        )
         wait_http(f"http://127.0.0.1:{exporter_port}/metrics", timeout=30, proc=exporter)
         targets = [
             prometheus_config.Target("exporter", f"127.0.0.1:{exporter_port}"),
@@ -212,13 +232,33 @@ def live(tmp_path_factory):
         # Load: the synthetic server stands in for vLLM's chat endpoint (its /metrics is the capture);
         # Ollama is reached through the exporter's proxy, as the stack does. A ramp step of 3 users
         # keeps 3 requests in flight against OLLAMA_NUM_PARALLEL=1.
-        loadgen = procs.start("loadgen", [
-            "-m", "loadgen", "ramp", "--engine", f"vllm={synthetic.url}",
-            "--engine", f"ollama=http://127.0.0.1:{proxy_port}", "--steps", "3", "--duration", "7",
-            "--warmup", "1", "--max-tokens", "16", "--metrics-port", str(loadgen_port),
-            "--metrics-linger", SCRAPE.removesuffix("s"),  # one scrape interval: the last client samples get scraped
-            "--results", str(workdir / "results"), "--quiet",
-        ])
+        loadgen = procs.start(
+            "loadgen",
+            [
+                "-m",
+                "loadgen",
+                "ramp",
+                "--engine",
+                f"vllm={synthetic.url}",
+                "--engine",
+                f"ollama=http://127.0.0.1:{proxy_port}",
+                "--steps",
+                "3",
+                "--duration",
+                "7",
+                "--warmup",
+                "1",
+                "--max-tokens",
+                "16",
+                "--metrics-port",
+                str(loadgen_port),
+                "--metrics-linger",
+                SCRAPE.removesuffix("s"),  # one scrape interval: the last client samples get scraped
+                "--results",
+                str(workdir / "results"),
+                "--quiet",
+            ],
+        )
         try:
             code = loadgen.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -226,8 +266,14 @@ def live(tmp_path_factory):
         assert code == 0, f"loadgen exited {code}:\n{procs.log('loadgen')}"
         # A few more scrapes of the exporter after the load, so rates span the whole window.
         time.sleep(4)
-        yield {"prometheus": prometheus, "start": started, "end": time.time(), "workdir": workdir,
-               "capture": capture, "procs": procs}
+        yield {
+            "prometheus": prometheus,
+            "start": started,
+            "end": time.time(),
+            "workdir": workdir,
+            "capture": capture,
+            "procs": procs,
+        }
     finally:
         prometheus.stop()
         procs.stop()
@@ -262,8 +308,10 @@ def test_every_query_of_every_panel_returns_data(live, dashboard, panel_id):
         result = render.query_range(live["prometheus"].url, query, start, end, step)
         values = [float(v) for series in result for _, v in series["values"]]
         finite = [v for v in values if not math.isnan(v)]
-        assert finite, (f"{dashboard} / {panel['title']} / {target['refId']}: no data for {query} "
-                        f"(vLLM capture {live['capture'].name})")
+        assert finite, (
+            f"{dashboard} / {panel['title']} / {target['refId']}: no data for {query} "
+            f"(vLLM capture {live['capture'].name})"
+        )
 
 
 @pytest.mark.timeout(240)
@@ -286,10 +334,16 @@ def test_alerts_and_recording_rules_evaluate_on_live_series(live):
     groups = requests.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
     unhealthy = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r.get("health") == "err"]
     assert not unhealthy
-    for record in ("engine_instance:servescope_generated_tokens:rate1m", "engine_scenario:servescope_client_ttft_seconds:p50",
-                   "engine_instance:servescope_server_ttft_seconds:p95"):
-        result = requests.get(f"{prom.url}/api/v1/query_range", timeout=5, params={
-            "query": record, "start": live["start"], "end": time.time(), "step": 2}).json()["data"]["result"]
+    for record in (
+        "engine_instance:servescope_generated_tokens:rate1m",
+        "engine_scenario:servescope_client_ttft_seconds:p50",
+        "engine_instance:servescope_server_ttft_seconds:p95",
+    ):
+        result = requests.get(
+            f"{prom.url}/api/v1/query_range",
+            timeout=5,
+            params={"query": record, "start": live["start"], "end": time.time(), "step": 2},
+        ).json()["data"]["result"]
         assert result, record
 
 
@@ -304,8 +358,11 @@ def test_every_query_variable_offers_values(live, dashboard):
         match = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"]["query"])
         assert match, var["query"]
         selector = render.substitute(match[1], render.panel_variables(board, {}), step=2, rate_interval="8s")
-        resp = requests.get(f"{live['prometheus'].url}/api/v1/label/{match[2]}/values",
-                            params={"match[]": selector, "start": live["start"], "end": time.time()}, timeout=5)
+        resp = requests.get(
+            f"{live['prometheus'].url}/api/v1/label/{match[2]}/values",
+            params={"match[]": selector, "start": live["start"], "end": time.time()},
+            timeout=5,
+        )
         assert resp.json()["data"], f"{dashboard}: variable {var['name']} has no values for {selector}"
 
 
@@ -318,6 +375,5 @@ def test_every_engine_of_the_stack_shows_in_the_comparison(live):
         ("max by (engine) (servescope_engine_up)", "engine"),
     ):
         result = render.query_range(prom.url, query, live["start"], live["end"], 2)
-        seen = {s["metric"].get(label) for s in result
-                if any(not math.isnan(float(v)) for _, v in s["values"])}
+        seen = {s["metric"].get(label) for s in result if any(not math.isnan(float(v)) for _, v in s["values"])}
         assert seen >= {"vllm", "ollama"}, f"{query}: only {sorted(seen)}"

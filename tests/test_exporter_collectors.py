@@ -118,16 +118,26 @@ def test_vllm_prefers_the_new_kv_name_when_the_two_disagree():
     with vllm_engine() as engine:
         engine.set_text("/metrics", text)
         registry = registry_with(VllmCollector("vllm", Upstream(engine.url)))
-        assert registry.get_sample_value(series.KV_CACHE_USAGE, labels("vllm", model=MODEL)) == pytest.approx(0.04395604395604396)
+        assert registry.get_sample_value(series.KV_CACHE_USAGE, labels("vllm", model=MODEL)) == pytest.approx(
+            0.04395604395604396
+        )
 
 
 def test_vllm_new_name_alone():
-    text = "\n".join(line for line in fixture("vllm-0.10.1-metrics-both-names.txt").splitlines()
-                     if "gpu_cache_usage_perc" not in line) + "\n"
+    text = (
+        "\n".join(
+            line
+            for line in fixture("vllm-0.10.1-metrics-both-names.txt").splitlines()
+            if "gpu_cache_usage_perc" not in line
+        )
+        + "\n"
+    )
     with vllm_engine() as engine:
         engine.set_text("/metrics", text)
         registry = registry_with(VllmCollector("vllm", Upstream(engine.url)))
-        assert registry.get_sample_value(series.KV_CACHE_USAGE, labels("vllm", model=MODEL)) == pytest.approx(0.04395604395604396)
+        assert registry.get_sample_value(series.KV_CACHE_USAGE, labels("vllm", model=MODEL)) == pytest.approx(
+            0.04395604395604396
+        )
 
 
 DATA_PARALLEL_PAGE = """\
@@ -223,11 +233,13 @@ def test_vllm_slow_engine_is_cut_at_the_timeout():
 def test_registering_never_touches_the_network():
     with vllm_engine() as engine:
         registry = CollectorRegistry()
-        fanout = FanoutCollector([
-            VllmCollector("vllm", Upstream(engine.url)),
-            LlamacppCollector("llamacpp", Upstream(engine.url)),
-            OllamaCollector("ollama", Upstream(engine.url), observations=ProxyObservations()),
-        ])
+        fanout = FanoutCollector(
+            [
+                VllmCollector("vllm", Upstream(engine.url)),
+                LlamacppCollector("llamacpp", Upstream(engine.url)),
+                OllamaCollector("ollama", Upstream(engine.url), observations=ProxyObservations()),
+            ]
+        )
         registry.register(fanout)
         assert engine.hits == {}
         assert series.KV_CACHE_USAGE in {family.name for family in fanout.describe()}
@@ -255,12 +267,19 @@ llamacpp:requests_deferred 3
 def llamacpp_engine(metrics: str = LLAMACPP_METRICS, slots=None) -> RecordedEngine:
     engine = RecordedEngine()
     engine.set_text("/metrics", metrics)
-    engine.set_json("/v1/models", {"object": "list", "data": [{"id": "SmolLM2-135M-Instruct.Q4_1.gguf", "object": "model"}]})
+    engine.set_json(
+        "/v1/models", {"object": "list", "data": [{"id": "SmolLM2-135M-Instruct.Q4_1.gguf", "object": "model"}]}
+    )
     engine.set_json("/props", {"build_info": "b6000-abcdef0", "model_path": "/m/SmolLM2-135M-Instruct.Q4_1.gguf"})
-    engine.set_json("/slots", slots if slots is not None else [
-        {"id": 0, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 50, "next_token": [{"n_decoded": 10}]},
-        {"id": 1, "n_ctx": 2048, "is_processing": False},
-    ])
+    engine.set_json(
+        "/slots",
+        slots
+        if slots is not None
+        else [
+            {"id": 0, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 50, "next_token": [{"n_decoded": 10}]},
+            {"id": 1, "n_ctx": 2048, "is_processing": False},
+        ],
+    )
     return engine
 
 
@@ -319,8 +338,11 @@ def test_llamacpp_real_captures(metrics, slots, running, waiting, held, prompt, 
 @pytest.mark.parametrize("status", [501, 404])
 def test_llamacpp_slots_disabled_omits_kv_but_stays_up(status):
     with llamacpp_engine() as engine:
-        engine.set_json("/slots", {"error": {"code": status, "message": "This server does not support slots endpoint."}},
-                        status=status)
+        engine.set_json(
+            "/slots",
+            {"error": {"code": status, "message": "This server does not support slots endpoint."}},
+            status=status,
+        )
         registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
         model = labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
         assert registry.get_sample_value(series.ENGINE_UP, labels("llamacpp")) == 1.0
@@ -332,8 +354,12 @@ def test_llamacpp_model_from_props_when_v1_models_is_missing():
     with llamacpp_engine() as engine:
         del engine.pages["/v1/models"]
         registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
-        assert registry.get_sample_value(
-            series.REQUESTS_RUNNING, labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")) == 2.0
+        assert (
+            registry.get_sample_value(
+                series.REQUESTS_RUNNING, labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+            )
+            == 2.0
+        )
 
 
 def test_llamacpp_malformed_slots_is_up_zero():
@@ -347,11 +373,20 @@ def test_llamacpp_malformed_slots_is_up_zero():
     [
         ([{"id": 0, "n_ctx": 4096, "is_processing": False}], (0, 4096, 1)),
         # older builds: n_past is the slot's token count in the KV cache
-        ([{"id": 0, "n_ctx": 1024, "is_processing": True, "n_past": 300}, {"id": 1, "n_ctx": 1024, "n_past": 9}], (300, 2048, 2)),
+        (
+            [{"id": 0, "n_ctx": 1024, "is_processing": True, "n_past": 300}, {"id": 1, "n_ctx": 1024, "n_past": 9}],
+            (300, 2048, 2),
+        ),
         # newer builds: n_prompt_tokens is the slot's token cache, sampled tokens included (not + n_decoded)
-        ([{"id": 0, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 37, "next_token": [{"n_decoded": 7}]}], (37, 2048, 1)),
+        (
+            [{"id": 0, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 37, "next_token": [{"n_decoded": 7}]}],
+            (37, 2048, 1),
+        ),
         # a finished slot keeps its prompt cache, but that is free for the next request
-        ([{"id": 0, "n_ctx": 2048, "is_processing": False, "n_prompt_tokens": 30, "next_token": [{"n_decoded": 7}]}], (0, 2048, 1)),
+        (
+            [{"id": 0, "n_ctx": 2048, "is_processing": False, "n_prompt_tokens": 30, "next_token": [{"n_decoded": 7}]}],
+            (0, 2048, 1),
+        ),
     ],
 )
 def test_slot_occupancy_variants(slots, expected):
@@ -386,8 +421,13 @@ def test_ollama_api_payloads():
         assert get(series.OLLAMA_MODEL_CONTEXT, qwen) == 8192.0
         assert get(series.OLLAMA_MODEL_EXPIRES, smol) == pytest.approx(300.123456, abs=1e-3)
         assert get(series.OLLAMA_MODEL_EXPIRES, qwen) == pytest.approx(600.0)
-        assert get(series.OLLAMA_MODEL_INFO, {**smol, "family": "llama", "parameter_size": "134.52M",
-                                              "quantization_level": "Q4_1"}) == 1.0
+        assert (
+            get(
+                series.OLLAMA_MODEL_INFO,
+                {**smol, "family": "llama", "parameter_size": "134.52M", "quantization_level": "Q4_1"},
+            )
+            == 1.0
+        )
         # without a proxy there is nothing to say about running/waiting
         assert get(series.REQUESTS_RUNNING, smol) is None
 
@@ -417,7 +457,9 @@ def test_ollama_down_still_reports_the_proxy_view():
     assert registry.get_sample_value(series.REQUESTS_RUNNING, labels("ollama", model="smollm2-135m:latest")) == 1.0
 
 
-@pytest.mark.parametrize("path, body", [("/api/ps", "{not json"), ("/api/tags", '{"models": 3}'), ("/api/version", "[]")])
+@pytest.mark.parametrize(
+    "path, body", [("/api/ps", "{not json"), ("/api/tags", '{"models": 3}'), ("/api/version", "[]")]
+)
 def test_ollama_malformed_json_is_up_zero(path, body):
     with ollama_engine() as engine:
         engine.pages[path] = (200, body, "application/json")
@@ -430,12 +472,14 @@ def test_ollama_malformed_json_is_up_zero(path, body):
 
 def test_fanout_merges_instances_and_isolates_failures():
     with vllm_engine() as a, vllm_engine("vllm-0.10.1-metrics-both-names.txt") as b, llamacpp_engine() as c:
-        fanout = FanoutCollector([
-            VllmCollector("vllm-a", Upstream(a.url)),
-            VllmCollector("vllm-b", Upstream(b.url)),
-            VllmCollector("vllm-gone", Upstream(closed_port_url())),
-            LlamacppCollector("llamacpp", Upstream(c.url)),
-        ])
+        fanout = FanoutCollector(
+            [
+                VllmCollector("vllm-a", Upstream(a.url)),
+                VllmCollector("vllm-b", Upstream(b.url)),
+                VllmCollector("vllm-gone", Upstream(closed_port_url())),
+                LlamacppCollector("llamacpp", Upstream(c.url)),
+            ]
+        )
         registry = registry_with(fanout)
         text = generate_latest(registry).decode()
         # one HELP/TYPE per family, or Prometheus rejects the page
@@ -443,7 +487,9 @@ def test_fanout_merges_instances_and_isolates_failures():
         families = {f.name: f for f in text_string_to_metric_families(text)}
         up = {s.labels["instance"]: s.value for s in families[series.ENGINE_UP].samples}
         assert up == {"vllm-a": 1.0, "vllm-b": 1.0, "vllm-gone": 0.0, "llamacpp": 1.0}
-        running = {(s.labels["engine"], s.labels["instance"]): s.value for s in families[series.REQUESTS_RUNNING].samples}
+        running = {
+            (s.labels["engine"], s.labels["instance"]): s.value for s in families[series.REQUESTS_RUNNING].samples
+        }
         assert running == {("vllm", "vllm-a"): 0.0, ("vllm", "vllm-b"): 8.0, ("llamacpp", "llamacpp"): 2.0}
         assert f"{series.GENERATED_TOKENS}" in text  # counters keep _total on the wire
         fanout.close()

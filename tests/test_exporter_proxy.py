@@ -31,9 +31,18 @@ class ExporterThread:
     def __init__(self, upstream_url: str, num_parallel: int = 1):
         self.proxy_port = free_port()
         self.port = free_port()
-        config = Config(port=self.port, instances=(
-            Instance(kind="ollama", name="ollama", url=upstream_url, proxy_port=self.proxy_port, num_parallel=num_parallel),
-        ))
+        config = Config(
+            port=self.port,
+            instances=(
+                Instance(
+                    kind="ollama",
+                    name="ollama",
+                    url=upstream_url,
+                    proxy_port=self.proxy_port,
+                    num_parallel=num_parallel,
+                ),
+            ),
+        )
         self.exporter = build(config)
         self.proxy_url = f"http://127.0.0.1:{self.proxy_port}"
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
@@ -77,16 +86,23 @@ def simulator():
 
 
 def chat_body(num_predict: int = 5, **extra) -> dict:
-    return {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Explain paged attention"}],
-            "options": {"num_predict": num_predict}, **extra}
+    return {
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": "Explain paged attention"}],
+        "options": {"num_predict": num_predict},
+        **extra,
+    }
 
 
 def test_forwards_method_path_query_body_and_headers_byte_for_byte(simulator):
     raw = b'{"model":"smollm2-135m",  "messages":[{"role":"user","content":"h\\u00e9llo"}],\n "stream":false}'
     with ExporterThread(simulator.url) as exporter:
-        resp = requests.post(f"{exporter.proxy_url}/api/chat?trace=1&x=%2F", data=raw,
-                             headers={"Content-Type": "application/json", "X-Request-Id": "abc-123",
-                                      "Connection": "keep-alive"}, timeout=10)
+        resp = requests.post(
+            f"{exporter.proxy_url}/api/chat?trace=1&x=%2F",
+            data=raw,
+            headers={"Content-Type": "application/json", "X-Request-Id": "abc-123", "Connection": "keep-alive"},
+            timeout=10,
+        )
     assert resp.status_code == 200 and resp.json()["done"] is True
     seen = simulator.last_request
     assert seen["method"] == "POST" and seen["path"] == "/api/chat"
@@ -112,9 +128,14 @@ def test_absolute_uri_requests_go_only_to_the_configured_upstream(simulator):
     decoy.listen()
     decoy.settimeout(0.5)
     decoy_port = decoy.getsockname()[1]
-    with ExporterThread(simulator.url) as exporter, socket.create_connection(("127.0.0.1", exporter.proxy_port), 5) as conn:
-        conn.sendall(f"GET http://127.0.0.1:{decoy_port}/api/version HTTP/1.1\r\nHost: 127.0.0.1:{decoy_port}\r\n"
-                     "Connection: close\r\n\r\n".encode())
+    with (
+        ExporterThread(simulator.url) as exporter,
+        socket.create_connection(("127.0.0.1", exporter.proxy_port), 5) as conn,
+    ):
+        conn.sendall(
+            f"GET http://127.0.0.1:{decoy_port}/api/version HTTP/1.1\r\nHost: 127.0.0.1:{decoy_port}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
         conn.settimeout(5)
         answer = b""
         while chunk := conn.recv(65536):
@@ -128,7 +149,10 @@ def test_absolute_uri_requests_go_only_to_the_configured_upstream(simulator):
 
 
 def test_connect_is_refused(simulator):
-    with ExporterThread(simulator.url) as exporter, socket.create_connection(("127.0.0.1", exporter.proxy_port), 5) as conn:
+    with (
+        ExporterThread(simulator.url) as exporter,
+        socket.create_connection(("127.0.0.1", exporter.proxy_port), 5) as conn,
+    ):
         conn.sendall(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
         conn.settimeout(5)
         assert conn.recv(65536)[:10] in (b"HTTP/1.1 4", b"HTTP/1.1 405"[:10])  # refused, never tunnelled
@@ -137,7 +161,9 @@ def test_connect_is_refused(simulator):
 def test_streams_chunks_as_they_arrive():
     with OllamaSimulator(token_delay=0.15, load_delay=0.0) as sim, ExporterThread(sim.url) as exporter:
         arrivals = []
-        with requests.post(f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=6), stream=True, timeout=10) as resp:
+        with requests.post(
+            f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=6), stream=True, timeout=10
+        ) as resp:
             for line in resp.iter_lines():
                 if line:
                     arrivals.append(time.monotonic())
@@ -148,9 +174,13 @@ def test_streams_chunks_as_they_arrive():
 
 def test_native_final_object_is_observed(simulator):
     with ExporterThread(simulator.url) as exporter:
-        lines = requests.post(f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=5), timeout=10).text.splitlines()
+        lines = requests.post(
+            f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=5), timeout=10
+        ).text.splitlines()
         final = json.loads(lines[-1])
-        requests.post(f"{exporter.proxy_url}/api/generate", json={"model": MODEL, "prompt": "hi", "stream": False}, timeout=10)
+        requests.post(
+            f"{exporter.proxy_url}/api/generate", json={"model": MODEL, "prompt": "hi", "stream": False}, timeout=10
+        )
         assert final["done"] is True and final["eval_count"] == 5
         value = exporter.value
         # Outcomes are counted as the proxy's handler returns, which can be just after the client has the body.
@@ -159,7 +189,10 @@ def test_native_final_object_is_observed(simulator):
         assert value(series.GENERATED_TOKENS, model=MODEL) == generated
         assert value(series.PROMPT_TOKENS, model=MODEL) == final["prompt_eval_count"] + 5
         assert value(f"{series.PROXY_GEN_TOKENS_PER_SECOND}_count", model=MODEL) == 2.0
-        assert value(f"{series.PROXY_GEN_TOKENS_PER_SECOND}_sum", model=MODEL) >= final["eval_count"] / final["eval_duration"] * 1e9
+        assert (
+            value(f"{series.PROXY_GEN_TOKENS_PER_SECOND}_sum", model=MODEL)
+            >= final["eval_count"] / final["eval_duration"] * 1e9
+        )
         assert value(f"{series.PROXY_LOAD_SECONDS}_sum", model=MODEL) >= final["load_duration"] / 1e9  # the cold load
         assert value(f"{series.PROXY_PROMPT_EVAL_SECONDS}_count", model=MODEL) == 2.0
         assert value(f"{series.PROXY_FIRST_CHUNK_SECONDS}_count", model=MODEL) == 2.0
@@ -167,11 +200,18 @@ def test_native_final_object_is_observed(simulator):
 
 
 def test_openai_usage_chunk_is_observed(simulator):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 7,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "one two three"}],
+        "max_tokens": 7,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with ExporterThread(simulator.url) as exporter:
         text = requests.post(f"{exporter.proxy_url}/v1/chat/completions", json=body, timeout=10).text
-        usage_events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {") and '"usage"' in line]
+        usage_events = [
+            json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {") and '"usage"' in line
+        ]
         usage = usage_events[-1]["usage"]
         assert text.rstrip().endswith("data: [DONE]")
         assert usage["completion_tokens"] == 7
@@ -182,9 +222,18 @@ def test_openai_usage_chunk_is_observed(simulator):
 
 
 def test_running_and_waiting_follow_num_parallel():
-    with OllamaSimulator(num_parallel=1, token_delay=0.05, load_delay=0.0) as sim, ExporterThread(sim.url, num_parallel=1) as exporter:
-        threads = [threading.Thread(target=requests.post, args=(f"{exporter.proxy_url}/api/chat",),
-                                    kwargs={"json": chat_body(num_predict=10), "timeout": 20}) for _ in range(3)]
+    with (
+        OllamaSimulator(num_parallel=1, token_delay=0.05, load_delay=0.0) as sim,
+        ExporterThread(sim.url, num_parallel=1) as exporter,
+    ):
+        threads = [
+            threading.Thread(
+                target=requests.post,
+                args=(f"{exporter.proxy_url}/api/chat",),
+                kwargs={"json": chat_body(num_predict=10), "timeout": 20},
+            )
+            for _ in range(3)
+        ]
         for thread in threads:
             thread.start()
         assert wait_until(lambda: exporter.value(series.PROXY_IN_FLIGHT) == 3.0)
@@ -205,16 +254,28 @@ def test_client_disconnect_cancels_the_upstream_request():
         resp.close()
         assert wait_until(lambda: sim.stats["cancelled"] == 1), sim.stats
         assert sim.stats["running"] == 0 and sim.stats["completed"] == 0
-        assert wait_until(lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="client_disconnect") == 1.0)
+        assert wait_until(
+            lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="client_disconnect") == 1.0
+        )
         assert exporter.value(series.PROXY_IN_FLIGHT) == 0.0
 
 
 def test_queue_full_is_counted_as_rejected():
-    with OllamaSimulator(num_parallel=1, max_queue=1, token_delay=0.05, load_delay=0.0) as sim, ExporterThread(sim.url) as exporter:
+    with (
+        OllamaSimulator(num_parallel=1, max_queue=1, token_delay=0.05, load_delay=0.0) as sim,
+        ExporterThread(sim.url) as exporter,
+    ):
         statuses: list[int] = []
-        threads = [threading.Thread(target=lambda: statuses.append(
-            requests.post(f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=8), timeout=20).status_code))
-            for _ in range(3)]
+        threads = [
+            threading.Thread(
+                target=lambda: statuses.append(
+                    requests.post(
+                        f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=8), timeout=20
+                    ).status_code
+                )
+            )
+            for _ in range(3)
+        ]
         for thread in threads:
             thread.start()
             time.sleep(0.05)
@@ -241,7 +302,9 @@ def test_upstream_down_is_502_and_counted():
     with ExporterThread(gone) as exporter:
         resp = requests.post(f"{exporter.proxy_url}/api/chat", json=chat_body(), timeout=10)
         assert resp.status_code == 502 and "unreachable" in resp.json()["error"]
-        assert wait_until(lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="upstream_unreachable") == 1.0)
+        assert wait_until(
+            lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="upstream_unreachable") == 1.0
+        )
         assert exporter.value(series.ENGINE_UP) == 0.0
 
 
@@ -250,7 +313,9 @@ def test_upstream_dying_mid_stream_is_counted_and_the_client_sees_the_cut(simula
     with ExporterThread(simulator.url) as exporter:
         lines = []
         with pytest.raises(requests.exceptions.ChunkedEncodingError):
-            with requests.post(f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=20), stream=True, timeout=10) as resp:
+            with requests.post(
+                f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=20), stream=True, timeout=10
+            ) as resp:
                 for line in resp.iter_lines():
                     lines.append(line)
         assert len(lines) == 2
@@ -264,12 +329,12 @@ def test_response_tail_reads_recorded_streams_in_any_chunking(chunk_size):
     native = fixture("ollama-0.12-chat-stream.ndjson").encode()
     tail = ResponseTail()
     for start in range(0, len(native), chunk_size):
-        tail.feed(native[start:start + chunk_size])
+        tail.feed(native[start : start + chunk_size])
     final = tail.final_ndjson()
     assert final["done"] is True and final["eval_count"] == 3 and final["load_duration"] == 301234567
     # a real OpenAI-style stream (vLLM 0.32.0 capture): the usage chunk sits before [DONE]
     sse = fixture("vllm-0.32.0-cpu-chat-stream.sse").encode()
     tail = ResponseTail()
     for start in range(0, len(sse), chunk_size):
-        tail.feed(sse[start:start + chunk_size])
+        tail.feed(sse[start : start + chunk_size])
     assert tail.openai_usage() == {"prompt_tokens": 33, "total_tokens": 41, "completion_tokens": 8}

@@ -27,9 +27,18 @@ pytestmark = pytest.mark.timeout(60)
 
 MODEL = "smollm2-135m:latest"
 GENERATE = b'{"model":"m","prompt":"hi"}'  # an observed request; the proxy labels it m:latest
-FINAL = {"model": "m:latest", "response": "", "done": True, "done_reason": "stop", "total_duration": 9_000_000,
-         "load_duration": 1_000, "prompt_eval_count": 2, "prompt_eval_duration": 2_000_000,
-         "eval_count": 3, "eval_duration": 3_000_000}
+FINAL = {
+    "model": "m:latest",
+    "response": "",
+    "done": True,
+    "done_reason": "stop",
+    "total_duration": 9_000_000,
+    "load_duration": 1_000,
+    "prompt_eval_count": 2,
+    "prompt_eval_duration": 2_000_000,
+    "eval_count": 3,
+    "eval_duration": 3_000_000,
+}
 
 
 # --- the exporter, on asyncio's loop and on uvloop (what `python -m exporter` runs) ---------------
@@ -39,7 +48,9 @@ class UvloopExporterThread(ExporterThread):
     loop_factory = staticmethod(uvloop.new_event_loop if uvloop is not None else asyncio.new_event_loop)
 
 
-@pytest.fixture(params=["asyncio", pytest.param("uvloop", marks=pytest.mark.skipif(uvloop is None, reason="uvloop not installed"))])
+@pytest.fixture(
+    params=["asyncio", pytest.param("uvloop", marks=pytest.mark.skipif(uvloop is None, reason="uvloop not installed"))]
+)
 def exporter_cls(request):
     return ExporterThread if request.param == "asyncio" else UvloopExporterThread
 
@@ -50,8 +61,12 @@ def the_proxy(exporter: ExporterThread) -> proxy_module.OllamaProxy:
 
 def outcomes(exporter: ExporterThread) -> dict[tuple[str, str], float]:
     """(model, outcome) -> count, read from the proxy's own counter (no scrape, so the upstream sees only proxy traffic)."""
-    return {(s.labels["model"], s.labels["outcome"]): s.value
-            for metric in the_proxy(exporter).metrics.requests.collect() for s in metric.samples if s.name.endswith("_total")}
+    return {
+        (s.labels["model"], s.labels["outcome"]): s.value
+        for metric in the_proxy(exporter).metrics.requests.collect()
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
 
 
 def in_flight(exporter: ExporterThread) -> int:
@@ -60,14 +75,20 @@ def in_flight(exporter: ExporterThread) -> int:
 
 def on_loop(exporter: ExporterThread, fn):
     """fn() evaluated in the exporter's event loop thread."""
+
     async def call():
         return fn()
+
     return asyncio.run_coroutine_threadsafe(call(), exporter.loop).result(5)
 
 
 def pending_connects(exporter: ExporterThread) -> int:
-    return on_loop(exporter, lambda: sum(1 for task in asyncio.all_tasks()
-                                         if not task.done() and "_connect_and_send" in repr(task.get_coro())))
+    return on_loop(
+        exporter,
+        lambda: sum(
+            1 for task in asyncio.all_tasks() if not task.done() and "_connect_and_send" in repr(task.get_coro())
+        ),
+    )
 
 
 # --- strict HTTP/1.1 message reading (requests/http.client hide framing) ---------------------------
@@ -168,8 +189,15 @@ def read_request(reader) -> Message | None:
     return message
 
 
-def request_bytes(method: str, target: str, body: bytes = b"", *, headers=(), version: str = "HTTP/1.1",
-                  content_length: int | None = None) -> bytes:
+def request_bytes(
+    method: str,
+    target: str,
+    body: bytes = b"",
+    *,
+    headers=(),
+    version: str = "HTTP/1.1",
+    content_length: int | None = None,
+) -> bytes:
     lines = [f"{method} {target} {version}", "Host: proxy.test", *(f"{name}: {value}" for name, value in headers)]
     if content_length is None and (body or method == "POST"):
         content_length = len(body)
@@ -208,8 +236,14 @@ def client(exporter: ExporterThread, *, timeout: float = 5.0, rcvbuf: int | None
 
 
 # --- a scripted upstream for what the simulator cannot do ---------------------------------------
-def reply(conn: socket.socket, body: bytes, *, status: int = 200, headers=(("Content-Type", "application/json"),),
-          extra: bytes = b"") -> None:
+def reply(
+    conn: socket.socket,
+    body: bytes,
+    *,
+    status: int = 200,
+    headers=(("Content-Type", "application/json"),),
+    extra: bytes = b"",
+) -> None:
     head = [f"HTTP/1.1 {status} X", *(f"{name}: {value}" for name, value in headers), f"Content-Length: {len(body)}"]
     conn.sendall(("\r\n".join(head) + "\r\n").encode() + extra + b"\r\n" + body)
 
@@ -356,7 +390,11 @@ def test_sequential_requests_on_one_client_connection_use_one_upstream_connectio
             for i in range(20):
                 sock.sendall(request_bytes("GET", f"/api/ps?i={i}"))
                 resp = read_response(reader)
-                assert resp.status == 200 and json.loads(resp.body) == {"target": f"/api/ps?i={i}", "connection": 0, "index": i}
+                assert resp.status == 200 and json.loads(resp.body) == {
+                    "target": f"/api/ps?i={i}",
+                    "connection": 0,
+                    "index": i,
+                }
             assert upstream.accepted == 1
             with client(exporter) as (other, other_reader):
                 other.sendall(request_bytes("GET", "/api/version"))
@@ -367,13 +405,19 @@ def test_sequential_requests_on_one_client_connection_use_one_upstream_connectio
 
 
 def test_pipelined_requests_get_their_responses_in_order(exporter_cls):
-    with OllamaSimulator(token_delay=0.01, load_delay=0.0) as sim, exporter_cls(sim.url) as exporter, \
-            client(exporter) as (sock, reader):
+    with (
+        OllamaSimulator(token_delay=0.01, load_delay=0.0) as sim,
+        exporter_cls(sim.url) as exporter,
+        client(exporter) as (sock, reader),
+    ):
         chat = json.dumps(chat_body(num_predict=5)).encode()
         # the slowest first: answered out of order, the version or the tags would come back first
-        sock.sendall(request_bytes("POST", "/api/chat", chat, headers=[("Content-Type", "application/json")])
-                     + request_bytes("GET", "/api/version") + request_bytes("HEAD", "/api/tags")
-                     + request_bytes("GET", "/api/tags"))
+        sock.sendall(
+            request_bytes("POST", "/api/chat", chat, headers=[("Content-Type", "application/json")])
+            + request_bytes("GET", "/api/version")
+            + request_bytes("HEAD", "/api/tags")
+            + request_bytes("GET", "/api/tags")
+        )
         first, second = read_response(reader), read_response(reader)
         third, fourth = read_response(reader, head=True), read_response(reader)
         lines = first.body.splitlines()
@@ -405,6 +449,7 @@ def test_pipelined_requests_reach_the_upstream_one_at_a_time(exporter_cls):
 def test_a_malformed_request_after_pipelined_ones_is_refused_only_after_they_are_answered(exporter_cls):
     """BUG at 9a6269b: ClientConnection.data_received clears `pending` on a parse error, so the second request is
     never answered and the client reads the 400 as its response."""
+
     def respond(upstream, conn, request, index):
         time.sleep(0.1)  # the garbage arrives while the first request is in flight
         return echo(upstream, conn, request, index)
@@ -421,11 +466,20 @@ def test_a_malformed_request_after_pipelined_ones_is_refused_only_after_they_are
 
 # --- Expect: 100-continue ---------------------------------------------------------------------------
 def test_expect_100_continue_is_answered_by_the_proxy_and_not_forwarded(exporter_cls):
-    with OllamaSimulator(token_delay=0.001, load_delay=0.0) as sim, exporter_cls(sim.url) as exporter, \
-            client(exporter) as (sock, reader):
+    with (
+        OllamaSimulator(token_delay=0.001, load_delay=0.0) as sim,
+        exporter_cls(sim.url) as exporter,
+        client(exporter) as (sock, reader),
+    ):
         body = json.dumps(chat_body(num_predict=3, stream=False)).encode()
-        sock.sendall(request_bytes("POST", "/api/chat", content_length=len(body),
-                                   headers=[("Content-Type", "application/json"), ("Expect", "100-continue")]))
+        sock.sendall(
+            request_bytes(
+                "POST",
+                "/api/chat",
+                content_length=len(body),
+                headers=[("Content-Type", "application/json"), ("Expect", "100-continue")],
+            )
+        )
         interim = read_head(reader)  # before any body byte was sent
         assert interim == (b"HTTP/1.1 100 Continue", [])
         sock.sendall(body)
@@ -440,10 +494,13 @@ def test_expect_100_continue_is_answered_by_the_proxy_and_not_forwarded(exporter
 def test_expect_100_continue_of_a_pipelined_request_does_not_land_inside_a_streaming_response(exporter_cls):
     """BUG at 9a6269b: on_headers_complete writes `100 Continue` at once, i.e. in the middle of the chunked body of the
     response still streaming to this client, which corrupts its framing."""
+
     def respond(upstream, conn, request, index):
         if index == 0:
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         b"2\r\na\n\r\n")
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"2\r\na\n\r\n"
+            )
             upstream.sent = 1
             if not upstream.hold(conn):
                 return False
@@ -475,7 +532,9 @@ def test_expect_100_continue_is_ignored_in_an_http10_request(exporter_cls):
     """BUG at 9a6269b (minor): RFC 9110 10.1.1 says a server MUST ignore 100-continue in an HTTP/1.0 request;
     the proxy sends an HTTP/1.1 100 Continue to an HTTP/1.0 client."""
     with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter, client(exporter) as (sock, reader):
-        sock.sendall(request_bytes("POST", "/v1/embeddings", b"{}", version="HTTP/1.0", headers=[("Expect", "100-continue")]))
+        sock.sendall(
+            request_bytes("POST", "/v1/embeddings", b"{}", version="HTTP/1.0", headers=[("Expect", "100-continue")])
+        )
         resp = read_response(reader)
         assert resp.interim == [] and resp.status == 200
         assert closed_by_peer(reader)
@@ -529,7 +588,9 @@ def test_an_interim_103_from_upstream_is_not_relayed(exporter_cls):
 def test_an_http10_client_gets_a_streamed_body_that_ends_at_connection_close(exporter_cls):
     with OllamaSimulator(token_delay=0.005, load_delay=0.0) as sim, exporter_cls(sim.url) as exporter:
         with client(exporter) as (sock, reader):
-            sock.sendall(request_bytes("POST", "/api/chat", json.dumps(chat_body(num_predict=5)).encode(), version="HTTP/1.0"))
+            sock.sendall(
+                request_bytes("POST", "/api/chat", json.dumps(chat_body(num_predict=5)).encode(), version="HTTP/1.0")
+            )
             resp = read_response(reader)
             assert resp.status == 200 and resp.framing == "close"  # HTTP/1.0 has no chunks
             assert resp.header("Transfer-Encoding") is None and resp.header("Connection") == "close"
@@ -539,15 +600,24 @@ def test_an_http10_client_gets_a_streamed_body_that_ends_at_connection_close(exp
         assert in_flight(exporter) == 0
         # HTTP/1.0 asking for keep-alive still gets a streamed body ended by close (it cannot be chunked)
         with client(exporter) as (sock, reader):
-            sock.sendall(request_bytes("POST", "/api/chat", json.dumps(chat_body(num_predict=2)).encode(),
-                                       version="HTTP/1.0", headers=[("Connection", "keep-alive")]))
+            sock.sendall(
+                request_bytes(
+                    "POST",
+                    "/api/chat",
+                    json.dumps(chat_body(num_predict=2)).encode(),
+                    version="HTTP/1.0",
+                    headers=[("Connection", "keep-alive")],
+                )
+            )
             resp = read_response(reader)
             assert resp.framing == "close" and resp.header("Connection") == "close"
             assert json.loads(resp.body.splitlines()[-1])["eval_count"] == 2
         # HTTP/1.0 with keep-alive and a Content-Length response: the connection is kept
         with client(exporter) as (sock, reader):
             for _ in range(2):
-                sock.sendall(request_bytes("GET", "/api/version", version="HTTP/1.0", headers=[("Connection", "keep-alive")]))
+                sock.sendall(
+                    request_bytes("GET", "/api/version", version="HTTP/1.0", headers=[("Connection", "keep-alive")])
+                )
                 resp = read_response(reader)
                 assert resp.framing == "length" and resp.header("Connection").lower() == "keep-alive"
             sock.sendall(request_bytes("GET", "/api/version", version="HTTP/1.0"))
@@ -556,8 +626,11 @@ def test_an_http10_client_gets_a_streamed_body_that_ends_at_connection_close(exp
 
 # --- framing and headers of responses --------------------------------------------------------------
 def test_a_content_length_response_passes_through_with_the_same_length(exporter_cls):
-    with OllamaSimulator(token_delay=0.001, load_delay=0.0) as sim, exporter_cls(sim.url) as exporter, \
-            client(exporter) as (sock, reader):
+    with (
+        OllamaSimulator(token_delay=0.001, load_delay=0.0) as sim,
+        exporter_cls(sim.url) as exporter,
+        client(exporter) as (sock, reader),
+    ):
         body = json.dumps(chat_body(num_predict=4, stream=False)).encode()
         sock.sendall(request_bytes("POST", "/api/chat", body))
         resp = read_response(reader)
@@ -565,8 +638,11 @@ def test_a_content_length_response_passes_through_with_the_same_length(exporter_
         assert json.loads(resp.body)["eval_count"] == 4  # the non-streamed body is observed too
         assert wait_until(lambda: outcomes(exporter) == {(MODEL, "ok"): 1.0})
     fixed = b'{"models":[]}' * 1000
-    with RawUpstream(lambda up, conn, req, i: reply(conn, fixed) or True) as upstream, exporter_cls(upstream.url) as exporter, \
-            client(exporter) as (sock, reader):
+    with (
+        RawUpstream(lambda up, conn, req, i: reply(conn, fixed) or True) as upstream,
+        exporter_cls(upstream.url) as exporter,
+        client(exporter) as (sock, reader),
+    ):
         sock.sendall(request_bytes("GET", "/api/tags"))
         resp = read_response(reader)
         assert resp.framing == "length" and resp.header("Content-Length") == str(len(fixed)) and resp.body == fixed
@@ -574,15 +650,19 @@ def test_a_content_length_response_passes_through_with_the_same_length(exporter_
 
 def test_end_to_end_headers_pass_and_hop_by_hop_ones_do_not_in_either_direction(exporter_cls):
     def respond(upstream, conn, request, index):
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nX-Custom: kept\r\n"
-                     b"Connection: keep-alive, X-Hop\r\nX-Hop: dropped\r\nKeep-Alive: timeout=5\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nX-Custom: kept\r\n"
+            b"Connection: keep-alive, X-Hop\r\nX-Hop: dropped\r\nKeep-Alive: timeout=5\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+        )
         return True
 
     with RawUpstream(respond) as upstream, exporter_cls(upstream.url) as exporter, client(exporter) as (sock, reader):
-        sock.sendall(b"POST /api/pull?x=1 HTTP/1.1\r\nHost: somewhere.else\r\nConnection: keep-alive, X-Secret\r\n"
-                     b"X-Secret: 1\r\nKeep-Alive: 300\r\nProxy-Authorization: Basic eA==\r\nTE: trailers\r\n"
-                     b"X-Request-Id: abc\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n")
+        sock.sendall(
+            b"POST /api/pull?x=1 HTTP/1.1\r\nHost: somewhere.else\r\nConnection: keep-alive, X-Secret\r\n"
+            b"X-Secret: 1\r\nKeep-Alive: 300\r\nProxy-Authorization: Basic eA==\r\nTE: trailers\r\n"
+            b'X-Request-Id: abc\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{"a\r\n4\r\n":1}\r\n0\r\n\r\n'
+        )
         resp = read_response(reader)
         assert resp.status == 200 and resp.body == b"hello world" and resp.framing == "chunked"
         assert resp.header("Content-Type") == "application/x-ndjson" and resp.header("X-Custom") == "kept"
@@ -650,8 +730,11 @@ def test_a_reused_upstream_connection_closed_before_answering_is_retried_once(ex
 
 
 def test_a_fresh_upstream_connection_closed_before_answering_is_502_without_retry(exporter_cls):
-    with RawUpstream(lambda up, conn, req, i: False) as upstream, exporter_cls(upstream.url) as exporter, \
-            client(exporter) as (sock, reader):
+    with (
+        RawUpstream(lambda up, conn, req, i: False) as upstream,
+        exporter_cls(upstream.url) as exporter,
+        client(exporter) as (sock, reader),
+    ):
         sock.sendall(request_bytes("POST", "/api/generate", GENERATE))
         resp = read_response(reader)
         assert resp.status == 502 and "upstream closed" in json_line(resp)["error"]
@@ -662,10 +745,14 @@ def test_a_fresh_upstream_connection_closed_before_answering_is_502_without_retr
         assert read_response(reader).status == 502 and upstream.accepted == 2
 
 
-@pytest.mark.parametrize("broken", [
-    b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 10,
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n",
-], ids=["content-length", "chunked"])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 10,
+        b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{"a"\r\n',
+    ],
+    ids=["content-length", "chunked"],
+)
 def test_an_upstream_cut_mid_body_cuts_the_client_connection_and_counts_upstream_broken(exporter_cls, broken):
     def respond(upstream, conn, request, index):
         conn.sendall(broken)
@@ -692,8 +779,9 @@ def test_a_malformed_upstream_response_is_502_and_the_connection_goes_on(exporte
         assert resp.status == 502 and "error" in json_line(resp)
         sock.sendall(request_bytes("POST", "/api/generate", GENERATE))
         assert read_response(reader).status == 200
-        assert wait_until(lambda: outcomes(exporter) == {("m:latest", "upstream_broken"): 1.0, ("m:latest", "ok"): 1.0}), \
-            outcomes(exporter)
+        assert wait_until(
+            lambda: outcomes(exporter) == {("m:latest", "upstream_broken"): 1.0, ("m:latest", "ok"): 1.0}
+        ), outcomes(exporter)
         assert in_flight(exporter) == 0
 
 
@@ -723,7 +811,9 @@ def test_a_body_over_the_limit_is_413_in_one_json_line_and_the_proxy_serves_on(e
     with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter:
         with client(exporter, timeout=10) as (sock, reader):
             body = b"x" * (MAX_REQUEST_BYTES + 1)
-            sender = threading.Thread(target=_send_quietly, args=(sock, request_bytes("POST", "/api/chat", content_length=len(body)), body))
+            sender = threading.Thread(
+                target=_send_quietly, args=(sock, request_bytes("POST", "/api/chat", content_length=len(body)), body)
+            )
             sender.start()
             resp = read_response(reader)
             sender.join(10)
@@ -735,12 +825,16 @@ def test_a_body_over_the_limit_is_413_in_one_json_line_and_the_proxy_serves_on(e
             assert read_response(reader).status == 200
 
 
-@pytest.mark.parametrize("raw, status", [
-    (b"GET /api/version HTTP/1.1\r\nHost: x\r\nno colon in this header\r\n\r\n", 400),
-    (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + bytes(32) + b"\r\n\r\n", 400),  # TLS to the plain port
-    (b"GET /api/version HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 66_000 + b"\r\n\r\n", 431),
-    (b"CONNECT ollama.com:443 HTTP/1.1\r\nHost: ollama.com:443\r\n\r\n", 405),
-], ids=["bad-header", "tls", "head-too-large", "connect"])
+@pytest.mark.parametrize(
+    "raw, status",
+    [
+        (b"GET /api/version HTTP/1.1\r\nHost: x\r\nno colon in this header\r\n\r\n", 400),
+        (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + bytes(32) + b"\r\n\r\n", 400),  # TLS to the plain port
+        (b"GET /api/version HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 66_000 + b"\r\n\r\n", 431),
+        (b"CONNECT ollama.com:443 HTTP/1.1\r\nHost: ollama.com:443\r\n\r\n", 405),
+    ],
+    ids=["bad-header", "tls", "head-too-large", "connect"],
+)
 def test_a_refused_request_gets_one_json_line_and_the_proxy_serves_on(exporter_cls, raw, status):
     with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter:
         with client(exporter) as (sock, reader):
@@ -758,13 +852,17 @@ def test_a_refused_request_gets_one_json_line_and_the_proxy_serves_on(exporter_c
 def test_a_413_behind_a_request_in_flight_is_not_turned_into_a_400_by_later_bytes(exporter_cls):
     """BUG at 9a6269b: after a refusal the dead parser is fed again; that error has no Refusal as its context, so the
     pending 413 is replaced by `400 bad request` before it is sent."""
+
     def respond(upstream, conn, request, index):
         if index == 0 and not upstream.hold(conn, timeout=10):
             return False
         return echo(upstream, conn, request, index)
 
-    with RawUpstream(respond) as upstream, exporter_cls(upstream.url) as exporter, \
-            client(exporter, timeout=10) as (sock, reader):
+    with (
+        RawUpstream(respond) as upstream,
+        exporter_cls(upstream.url) as exporter,
+        client(exporter, timeout=10) as (sock, reader),
+    ):
         sock.sendall(request_bytes("GET", "/first"))
         assert wait_until(lambda: len(upstream.requests) == 1, 3)
         body = b"x" * (MAX_REQUEST_BYTES + 1)
@@ -806,19 +904,28 @@ def test_a_slow_reading_client_pauses_the_upstream_instead_of_buffering_the_stre
         conn.sendall(b"0\r\n\r\n")
         return True
 
-    with RawUpstream(respond) as upstream, exporter_cls(upstream.url) as exporter, \
-            client(exporter, rcvbuf=64 * 1024) as (sock, reader):
+    with (
+        RawUpstream(respond) as upstream,
+        exporter_cls(upstream.url) as exporter,
+        client(exporter, rcvbuf=64 * 1024) as (sock, reader),
+    ):
         sock.sendall(request_bytes("GET", "/api/pull-like"))
         # read nothing until the upstream can send no more
         last, deadline = -1, time.monotonic() + 5
         while time.monotonic() < deadline and upstream.sent != last:
             last = upstream.sent
             time.sleep(0.25)
-        buffered = on_loop(exporter, lambda: max(c.transport.get_write_buffer_size() for c in the_proxy(exporter).connections))
+        buffered = on_loop(
+            exporter, lambda: max(c.transport.get_write_buffer_size() for c in the_proxy(exporter).connections)
+        )
         assert buffered < 2 * 1024 * 1024, f"proxy holds {buffered} bytes for a client that does not read"
         assert upstream.sent < pieces * len(piece)
         resp = read_response(reader)  # reading again resumes the upstream
-        assert len(resp.body) == pieces * len(piece) and resp.body[:len(piece)] == piece and resp.body[-len(piece):] == piece
+        assert (
+            len(resp.body) == pieces * len(piece)
+            and resp.body[: len(piece)] == piece
+            and resp.body[-len(piece) :] == piece
+        )
         sock.sendall(request_bytes("GET", "/api/pull-like"))
         assert len(read_response(reader).body) == pieces * len(piece)
         assert upstream.accepted == 1
@@ -827,15 +934,19 @@ def test_a_slow_reading_client_pauses_the_upstream_instead_of_buffering_the_stre
 def test_the_trailer_of_a_chunked_request_body_does_not_go_upstream_as_a_header(exporter_cls):
     """The body goes upstream with a Content-Length; a trailer field has no place in that request's head."""
     with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter, client(exporter) as (sock, reader):
-        sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nX-Request-Id: abc\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"2\r\n{}\r\n0\r\nX-Checksum: 99\r\nConnection: close\r\n\r\n")
+        sock.sendall(
+            b"POST /api/chat HTTP/1.1\r\nHost: x\r\nX-Request-Id: abc\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"2\r\n{}\r\n0\r\nX-Checksum: 99\r\nConnection: close\r\n\r\n"
+        )
         assert read_response(reader).status == 200
         seen = upstream.requests[0]
         assert seen.body == b"{}" and seen.header("Content-Length") == "2" and seen.header("X-Request-Id") == "abc"
         assert seen.header("X-Checksum") is None and seen.header("Connection") is None
 
 
-def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connection_stays_open(exporter_cls, monkeypatch):
+def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connection_stays_open(
+    exporter_cls, monkeypatch
+):
     """The idle timer is armed once per connection and checks on firing: a response going out, or a request every
     so often, is not idleness."""
     monkeypatch.setattr(proxy_module, "KEEPALIVE_TIMEOUT", 0.3)
@@ -848,7 +959,11 @@ def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connec
         conn.sendall(b"0\r\n\r\n")
         return True
 
-    with RawUpstream(respond) as upstream, exporter_cls(upstream.url) as exporter, client(exporter, timeout=3) as (sock, reader):
+    with (
+        RawUpstream(respond) as upstream,
+        exporter_cls(upstream.url) as exporter,
+        client(exporter, timeout=3) as (sock, reader),
+    ):
         sock.sendall(request_bytes("POST", "/api/generate", b"{}"))
         assert read_response(reader).body == b"{}\n" * 8  # 0.8 s of stream against a 0.3 s timeout
         for _ in range(4):  # 4 x (0.2 s idle + 0.1 s response): past the timeout in all, never idle for that long
@@ -857,6 +972,7 @@ def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connec
             assert read_response(reader).body == b"{}\n"
         assert upstream.accepted == 1
         assert closed_by_peer(reader)  # and once idle, it is closed
+
 
 def test_an_idle_client_connection_is_closed_after_the_keepalive_timeout(exporter_cls, monkeypatch):
     monkeypatch.setattr(proxy_module, "KEEPALIVE_TIMEOUT", 0.3)
@@ -876,7 +992,11 @@ def test_a_client_stalling_inside_a_request_head_is_closed_after_the_keepalive_t
     """BUG at 9a6269b (minor): on_message_begin cancels the idle timer and nothing re-arms it until the request is
     complete, so a client that sends half a head and stalls holds its connection (and buffers) forever."""
     monkeypatch.setattr(proxy_module, "KEEPALIVE_TIMEOUT", 0.3)
-    with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter, client(exporter, timeout=1.5) as (sock, reader):
+    with (
+        RawUpstream() as upstream,
+        exporter_cls(upstream.url) as exporter,
+        client(exporter, timeout=1.5) as (sock, reader),
+    ):
         sock.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\n")
         try:
             rest = reader.read()
@@ -907,8 +1027,9 @@ def test_an_upstream_connect_in_progress_does_not_outlive_its_client(exporter_cl
 
 def test_stop_closes_client_and_upstream_connections_and_counts_the_request_once(exporter_cls):
     def respond(upstream, conn, request, index):
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"2\r\na\n\r\n")
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n2\r\na\n\r\n"
+        )
         return upstream.hold(conn) and False
 
     with RawUpstream(respond) as upstream, exporter_cls(upstream.url) as exporter:

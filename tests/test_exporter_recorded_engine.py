@@ -103,12 +103,20 @@ class RecordedEngine:
         self.stop()
 
 
-def vllm_engine(metrics_fixture: str = "vllm-0.9.1-cpu-metrics.txt", max_model_len: int | None = 1024) -> RecordedEngine:
+def vllm_engine(
+    metrics_fixture: str = "vllm-0.9.1-cpu-metrics.txt", max_model_len: int | None = 1024
+) -> RecordedEngine:
     """A vLLM stand-in: the recorded /metrics page plus /v1/models as vLLM answers it (with max_model_len)."""
     engine = RecordedEngine()
     engine.set_text("/metrics", fixture(metrics_fixture))
-    model = {"id": "HuggingFaceTB/SmolLM2-135M-Instruct", "object": "model", "created": 1759311000,
-             "owned_by": "vllm", "root": "HuggingFaceTB/SmolLM2-135M-Instruct", "parent": None}
+    model = {
+        "id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "object": "model",
+        "created": 1759311000,
+        "owned_by": "vllm",
+        "root": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "parent": None,
+    }
     if max_model_len is not None:
         model["max_model_len"] = max_model_len
     engine.set_json("/v1/models", {"object": "list", "data": [model]})

@@ -106,6 +106,7 @@ def value(registry, name, engine="vllm", instance="vllm", source="process"):
 
 # --- native processes ---
 
+
 def test_a_process_and_its_children_are_summed(tree):
     registry = registry_of(ResourceCollector([WatchedProcess("vllm", "vllm", tree.pidfile)]))
     parent_rss = psutil.Process(tree.proc.pid).memory_info().rss
@@ -154,8 +155,10 @@ def test_missing_stale_and_garbage_pidfiles_give_no_series_and_one_log_line(tree
     old = tmp_path / "old.pid"  # written long before the process it names started: a reused pid
     old.write_text(str(tree.proc.pid))
     os.utime(old, (time.time() - 3600, time.time() - 3600))
-    watched = [WatchedProcess("vllm", name, tmp_path / f"{name}.{ext}") for name, ext in
-               (("missing", "pid"), ("dead", "pid"), ("garbage", "pid"), ("reused", "json"), ("old", "pid"))]
+    watched = [
+        WatchedProcess("vllm", name, tmp_path / f"{name}.{ext}")
+        for name, ext in (("missing", "pid"), ("dead", "pid"), ("garbage", "pid"), ("reused", "json"), ("old", "pid"))
+    ]
     watched.append(WatchedProcess("vllm", "vllm", tree.pidfile))
     collector = ResourceCollector(watched)
     registry = registry_of(collector)
@@ -173,21 +176,33 @@ def test_missing_stale_and_garbage_pidfiles_give_no_series_and_one_log_line(tree
 
 def test_the_stacks_json_pid_record_is_read(tree, tmp_path):
     record = tmp_path / "vllm.json"
-    record.write_text(json.dumps({"name": "vllm", "pid": tree.proc.pid,
-                                  "create_time": psutil.Process(tree.proc.pid).create_time(), "cmdline": []}))
+    record.write_text(
+        json.dumps(
+            {
+                "name": "vllm",
+                "pid": tree.proc.pid,
+                "create_time": psutil.Process(tree.proc.pid).create_time(),
+                "cmdline": [],
+            }
+        )
+    )
     registry = registry_of(ResourceCollector([WatchedProcess("vllm", "vllm", record)]))
     assert value(registry, RSS) >= 64 * MIB
 
 
 def test_a_process_that_exits_loses_its_series_then_a_new_one_gets_them(tmp_path, caplog):
     pidfile = tmp_path / "e.pid"
-    first = start("import pathlib, sys, time\npathlib.Path(sys.argv[1]).write_text('x')\ntime.sleep(60)", tmp_path / "r1")
+    first = start(
+        "import pathlib, sys, time\npathlib.Path(sys.argv[1]).write_text('x')\ntime.sleep(60)", tmp_path / "r1"
+    )
     pidfile.write_text(str(first.pid))
     registry = registry_of(ResourceCollector([WatchedProcess("vllm", "vllm", pidfile)]))
     assert value(registry, RSS) > 0
     stop(first)
     assert value(registry, RSS) is None
-    second = start("import pathlib, sys, time\npathlib.Path(sys.argv[1]).write_text('x')\ntime.sleep(60)", tmp_path / "r2")
+    second = start(
+        "import pathlib, sys, time\npathlib.Path(sys.argv[1]).write_text('x')\ntime.sleep(60)", tmp_path / "r2"
+    )
     try:
         pidfile.write_text(str(second.pid))
         with caplog.at_level(logging.INFO, logger="exporter"):
@@ -211,42 +226,77 @@ def _cgroup_tree(root: Path, pid: int, cgroup_line: str, files: dict[str, str]) 
 
 
 def test_cgroup_v2_limits_tightest_of_the_hierarchy(tree, tmp_path):
-    proc_root, cgroup_root = _cgroup_tree(tmp_path, tree.proc.pid, "0::/servescope.slice/vllm.service\n", {
-        "cgroup.controllers": "cpuset cpu io memory pids",
-        "memory.max": "max", "cpu.max": "max 100000",
-        "servescope.slice/memory.max": "8589934592", "servescope.slice/cpu.max": "150000 100000",
-        "servescope.slice/vllm.service/memory.max": "4294967296", "servescope.slice/vllm.service/cpu.max": "max 100000",
-    })
+    proc_root, cgroup_root = _cgroup_tree(
+        tmp_path,
+        tree.proc.pid,
+        "0::/servescope.slice/vllm.service\n",
+        {
+            "cgroup.controllers": "cpuset cpu io memory pids",
+            "memory.max": "max",
+            "cpu.max": "max 100000",
+            "servescope.slice/memory.max": "8589934592",
+            "servescope.slice/cpu.max": "150000 100000",
+            "servescope.slice/vllm.service/memory.max": "4294967296",
+            "servescope.slice/vllm.service/cpu.max": "max 100000",
+        },
+    )
     assert cgroup_limits(tree.proc.pid, proc_root=proc_root, cgroup_root=cgroup_root) == (1.5, 4294967296.0)
-    collector = ResourceCollector([WatchedProcess("vllm", "vllm", tree.pidfile)], proc_root=proc_root,
-                                  cgroup_root=cgroup_root, machine=lambda: (16.0, 64 * 1024.0 * MIB))
+    collector = ResourceCollector(
+        [WatchedProcess("vllm", "vllm", tree.pidfile)],
+        proc_root=proc_root,
+        cgroup_root=cgroup_root,
+        machine=lambda: (16.0, 64 * 1024.0 * MIB),
+    )
     registry = registry_of(collector)
     assert value(registry, CPU_LIMIT) == 1.5
     assert value(registry, MEM_LIMIT) == 4294967296
 
 
 def test_cgroup_v2_without_limits_is_the_machine(tree, tmp_path):
-    proc_root, cgroup_root = _cgroup_tree(tmp_path, tree.proc.pid, "0::/user.slice\n", {
-        "cgroup.controllers": "cpu memory", "user.slice/memory.max": "max", "user.slice/cpu.max": "max 100000"})
+    proc_root, cgroup_root = _cgroup_tree(
+        tmp_path,
+        tree.proc.pid,
+        "0::/user.slice\n",
+        {"cgroup.controllers": "cpu memory", "user.slice/memory.max": "max", "user.slice/cpu.max": "max 100000"},
+    )
     assert cgroup_limits(tree.proc.pid, proc_root=proc_root, cgroup_root=cgroup_root) == (None, None)
-    registry = registry_of(ResourceCollector([WatchedProcess("vllm", "vllm", tree.pidfile)], proc_root=proc_root,
-                                             cgroup_root=cgroup_root, machine=lambda: (2.0, 1e10)))
+    registry = registry_of(
+        ResourceCollector(
+            [WatchedProcess("vllm", "vllm", tree.pidfile)],
+            proc_root=proc_root,
+            cgroup_root=cgroup_root,
+            machine=lambda: (2.0, 1e10),
+        )
+    )
     assert (value(registry, CPU_LIMIT), value(registry, MEM_LIMIT)) == (2.0, 1e10)
 
 
 def test_cgroup_v1_limits_and_its_unlimited_marker(tree, tmp_path):
     lines = "12:memory:/docker/abc\n11:cpu,cpuacct:/docker/abc\n0::/\n"
-    proc_root, cgroup_root = _cgroup_tree(tmp_path, tree.proc.pid, lines, {
-        "memory/memory.limit_in_bytes": "9223372036854771712",
-        "memory/docker/abc/memory.limit_in_bytes": "2147483648",
-        "cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000",
-        "cpu/docker/abc/cpu.cfs_quota_us": "50000", "cpu/docker/abc/cpu.cfs_period_us": "100000",
-    })
+    proc_root, cgroup_root = _cgroup_tree(
+        tmp_path,
+        tree.proc.pid,
+        lines,
+        {
+            "memory/memory.limit_in_bytes": "9223372036854771712",
+            "memory/docker/abc/memory.limit_in_bytes": "2147483648",
+            "cpu/cpu.cfs_quota_us": "-1",
+            "cpu/cpu.cfs_period_us": "100000",
+            "cpu/docker/abc/cpu.cfs_quota_us": "50000",
+            "cpu/docker/abc/cpu.cfs_period_us": "100000",
+        },
+    )
     assert cgroup_limits(tree.proc.pid, proc_root=proc_root, cgroup_root=cgroup_root) == (0.5, 2147483648.0)
-    proc_root2, cgroup_root2 = _cgroup_tree(tmp_path / "unlimited", tree.proc.pid, lines, {
-        "memory/docker/abc/memory.limit_in_bytes": "9223372036854771712",
-        "cpu/docker/abc/cpu.cfs_quota_us": "-1", "cpu/docker/abc/cpu.cfs_period_us": "100000",
-    })
+    proc_root2, cgroup_root2 = _cgroup_tree(
+        tmp_path / "unlimited",
+        tree.proc.pid,
+        lines,
+        {
+            "memory/docker/abc/memory.limit_in_bytes": "9223372036854771712",
+            "cpu/docker/abc/cpu.cfs_quota_us": "-1",
+            "cpu/docker/abc/cpu.cfs_period_us": "100000",
+        },
+    )
     assert cgroup_limits(tree.proc.pid, proc_root=proc_root2, cgroup_root=cgroup_root2) == (None, None)
 
 
@@ -258,15 +308,19 @@ def test_the_real_cgroup_of_this_machine_reads_without_error(tree):
 
 # --- containers: docker stats ---
 
+
 def fixture_stats() -> dict:
     return json.loads(FIXTURE.read_text())
 
 
-@pytest.mark.parametrize("host_config, cores", [
-    ({"NanoCpus": 4_000_000_000, "CpuQuota": 0, "CpuPeriod": 0}, 4.0),  # compose `cpus: 4`
-    ({"NanoCpus": 0, "CpuQuota": 150000, "CpuPeriod": 100000}, 1.5),  # docker run --cpu-quota
-    ({"NanoCpus": 0, "CpuQuota": 0, "CpuPeriod": 0}, 8.0),  # no limit: online CPUs
-])
+@pytest.mark.parametrize(
+    "host_config, cores",
+    [
+        ({"NanoCpus": 4_000_000_000, "CpuQuota": 0, "CpuPeriod": 0}, 4.0),  # compose `cpus: 4`
+        ({"NanoCpus": 0, "CpuQuota": 150000, "CpuPeriod": 100000}, 1.5),  # docker run --cpu-quota
+        ({"NanoCpus": 0, "CpuQuota": 0, "CpuPeriod": 0}, 8.0),  # no limit: online CPUs
+    ],
+)
 def test_docker_stats_become_a_budget(host_config, cores):
     budget = container_budget(fixture_stats(), host_config)
     assert budget.cpu_seconds == 812.5  # total_usage is nanoseconds
@@ -317,16 +371,26 @@ class DockerEngineAPI:
                 segments = path.split("/")
                 if len(segments) == 3 and segments[0] == "containers":
                     found = api.containers.get(segments[1]) or next(
-                        (c for c in api.containers.values() if c["Id"] == segments[1]), None)
+                        (c for c in api.containers.values() if c["Id"] == segments[1]), None
+                    )
                     if found is None:
                         return self.reply_json(404, {"message": f"No such container: {segments[1]}"})
                     if segments[2] == "json":
-                        return self.reply_json(200, {"Id": found["Id"], "Name": "/" + segments[1],
-                                                "HostConfig": found["HostConfig"], "State": {"Running": True}})
+                        return self.reply_json(
+                            200,
+                            {
+                                "Id": found["Id"],
+                                "Name": "/" + segments[1],
+                                "HostConfig": found["HostConfig"],
+                                "State": {"Running": True},
+                            },
+                        )
                     if segments[2] == "stats":
                         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
                         if truthy(query.get("stream", "1")) or not truthy(query.get("one-shot", "0")):
-                            return self.reply_json(400, {"message": f"this stand-in serves one-shot stats only: {query}"})
+                            return self.reply_json(
+                                400, {"message": f"this stand-in serves one-shot stats only: {query}"}
+                            )
                         return self.reply_json(200, found["stats"])
                 self.reply_json(404, {"message": "page not found"})
 
@@ -339,12 +403,23 @@ class DockerEngineAPI:
 
 
 def test_containers_through_the_docker_sdk(monkeypatch):
-    engine = DockerEngineAPI({"servescope-vllm": {"Id": "ede54ee1afda", "stats": fixture_stats(),
-                                                  "HostConfig": {"NanoCpus": 4_000_000_000, "Memory": 5368709120}}})
+    engine = DockerEngineAPI(
+        {
+            "servescope-vllm": {
+                "Id": "ede54ee1afda",
+                "stats": fixture_stats(),
+                "HostConfig": {"NanoCpus": 4_000_000_000, "Memory": 5368709120},
+            }
+        }
+    )
     monkeypatch.setenv("DOCKER_HOST", engine.url)
     monkeypatch.delenv("DOCKER_TLS_VERIFY", raising=False)
-    collector = ResourceCollector(containers=[WatchedContainer("vllm", "vllm", "servescope-vllm"),
-                                              WatchedContainer("ollama", "ollama", "servescope-ollama")])
+    collector = ResourceCollector(
+        containers=[
+            WatchedContainer("vllm", "vllm", "servescope-vllm"),
+            WatchedContainer("ollama", "ollama", "servescope-ollama"),
+        ]
+    )
     try:
         registry = registry_of(collector)
         text = generate_latest(registry).decode()
@@ -361,8 +436,11 @@ def test_containers_through_the_docker_sdk(monkeypatch):
 
 def test_an_unreachable_docker_gives_no_series_and_no_crash(monkeypatch, caplog, tree):
     monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{free_port()}")  # nothing listens there
-    collector = ResourceCollector([WatchedProcess("vllm", "vllm", tree.pidfile)],
-                                  [WatchedContainer("ollama", "ollama", "servescope-ollama")], timeout=1.0)
+    collector = ResourceCollector(
+        [WatchedProcess("vllm", "vllm", tree.pidfile)],
+        [WatchedContainer("ollama", "ollama", "servescope-ollama")],
+        timeout=1.0,
+    )
     registry = registry_of(collector)
     with caplog.at_level(logging.INFO, logger="exporter"):
         started = time.monotonic()
@@ -379,8 +457,11 @@ def test_describe_reads_nothing():
     def no_docker():
         raise AssertionError("describe() must not reach Docker")
 
-    collector = ResourceCollector([WatchedProcess("vllm", "vllm", Path("/nonexistent/pid"))],
-                                  [WatchedContainer("vllm", "vllm-c", "x")], docker=DockerStats(client_factory=no_docker))
+    collector = ResourceCollector(
+        [WatchedProcess("vllm", "vllm", Path("/nonexistent/pid"))],
+        [WatchedContainer("vllm", "vllm-c", "x")],
+        docker=DockerStats(client_factory=no_docker),
+    )
     names = {family.name for family in collector.describe()}
     assert names == {CPU.removesuffix("_total"), RSS, CPU_LIMIT, MEM_LIMIT}
     CollectorRegistry().register(collector)
@@ -388,50 +469,72 @@ def test_describe_reads_nothing():
 
 # --- configuration ---
 
+
 def args(*argv: str):
     return cli.build_parser().parse_args(list(argv))
 
 
 def test_process_and_container_flags(tmp_path):
-    config = exporter_config.load(args("--process", "vllm=~/run/vllm.pid", "--process", "vllm:vllm-b=/run/b.json",
-                                       "--container", "ollama=servescope-ollama"))
-    assert config.processes == (WatchedProcess("vllm", "vllm", Path("~/run/vllm.pid").expanduser()),
-                                WatchedProcess("vllm", "vllm-b", Path("/run/b.json")))
+    config = exporter_config.load(
+        args(
+            "--process",
+            "vllm=~/run/vllm.pid",
+            "--process",
+            "vllm:vllm-b=/run/b.json",
+            "--container",
+            "ollama=servescope-ollama",
+        )
+    )
+    assert config.processes == (
+        WatchedProcess("vllm", "vllm", Path("~/run/vllm.pid").expanduser()),
+        WatchedProcess("vllm", "vllm-b", Path("/run/b.json")),
+    )
     assert config.containers == (WatchedContainer("ollama", "ollama", "servescope-ollama"),)
 
 
 def test_processes_and_containers_in_the_config_file(tmp_path):
     path = tmp_path / "exporter.yml"
-    path.write_text("engines: []\nprocesses:\n  - {kind: llamacpp, pidfile: /tmp/l.pid}\n  - {kind: vllm, name: vllm-a, pidfile: /tmp/a.pid}\n"
-                    "containers:\n  - {kind: vllm, name: vllm-a, container: servescope-vllm}\n")
+    path.write_text(
+        "engines: []\nprocesses:\n  - {kind: llamacpp, pidfile: /tmp/l.pid}\n  - {kind: vllm, name: vllm-a, pidfile: /tmp/a.pid}\n"
+        "containers:\n  - {kind: vllm, name: vllm-a, container: servescope-vllm}\n"
+    )
     config = exporter_config.load(args("--config", str(path)))
-    assert config.processes == (WatchedProcess("llamacpp", "llamacpp", Path("/tmp/l.pid")),
-                                WatchedProcess("vllm", "vllm-a", Path("/tmp/a.pid")))
+    assert config.processes == (
+        WatchedProcess("llamacpp", "llamacpp", Path("/tmp/l.pid")),
+        WatchedProcess("vllm", "vllm-a", Path("/tmp/a.pid")),
+    )
     assert config.containers == (WatchedContainer("vllm", "vllm-a", "servescope-vllm"),)
     # flags replace the file's list
     assert exporter_config.load(args("--config", str(path), "--process", "ollama=/x")).processes == (
-        WatchedProcess("ollama", "ollama", Path("/x")),)
+        WatchedProcess("ollama", "ollama", Path("/x")),
+    )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("--process", "vllm"), "config error: --process: expected NAME=PIDFILE"),
-    (("--process", "tgi=/x.pid"), "unknown engine kind 'tgi'"),
-    (("--process", "vllm=/a", "--process", "vllm=/b"), "vllm 'vllm' is watched twice"),
-    (("--container", "vllm="), "config error: --container: expected a container name or id"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--process", "vllm"), "config error: --process: expected NAME=PIDFILE"),
+        (("--process", "tgi=/x.pid"), "unknown engine kind 'tgi'"),
+        (("--process", "vllm=/a", "--process", "vllm=/b"), "vllm 'vllm' is watched twice"),
+        (("--container", "vllm="), "config error: --container: expected a container name or id"),
+    ],
+)
 def test_bad_flags_are_one_line(argv, message):
     with pytest.raises(exporter_config.ConfigError) as err:
         exporter_config.load(args(*argv))
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("processes: {kind: vllm}", "config error: processes: expected a list"),
-    ("processes:\n  - {kind: vllm}", "config error: processes[0].pidfile: missing"),
-    ("processes:\n  - {kind: vllm, pidfile: /a, port: 1}", "config error: processes[0].port: unknown key"),
-    ("containers:\n  - {kind: nope, container: c}", "config error: containers[0].kind: unknown engine kind"),
-    ("containers:\n  - {kind: vllm, name: 'a b', container: c}", "config error: containers[0].name:"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("processes: {kind: vllm}", "config error: processes: expected a list"),
+        ("processes:\n  - {kind: vllm}", "config error: processes[0].pidfile: missing"),
+        ("processes:\n  - {kind: vllm, pidfile: /a, port: 1}", "config error: processes[0].port: unknown key"),
+        ("containers:\n  - {kind: nope, container: c}", "config error: containers[0].kind: unknown engine kind"),
+        ("containers:\n  - {kind: vllm, name: 'a b', container: c}", "config error: containers[0].name:"),
+    ],
+)
 def test_bad_file_entries_are_one_line(tmp_path, text, message):
     path = tmp_path / "bad.yml"
     path.write_text(text + "\n")
@@ -446,6 +549,8 @@ def test_the_exporter_built_from_cli_flags_exports_the_budget(tree):
         text = generate_latest(exporter.registry).decode()
     finally:
         exporter.close()
-    samples = {(s.name, s.labels.get("instance")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = {
+        (s.name, s.labels.get("instance")): s.value for f in text_string_to_metric_families(text) for s in f.samples
+    }
     assert samples[(RSS, "vllm")] >= 64 * MIB
     assert samples[(CPU, "vllm")] >= 0.25

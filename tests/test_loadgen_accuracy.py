@@ -24,14 +24,21 @@ from tests.conftest import stop_process
 from tests.doubles.synthetic_openai import SO_TIMESTAMPNS, SyntheticServer
 
 REPO = Path(__file__).resolve().parent.parent
-linux_stamps = pytest.mark.skipif(SO_TIMESTAMPNS is None, reason="kernel receive stamps (SO_TIMESTAMPNS) are Linux-only")
+linux_stamps = pytest.mark.skipif(
+    SO_TIMESTAMPNS is None, reason="kernel receive stamps (SO_TIMESTAMPNS) are Linux-only"
+)
 real_sleep = monkey.get_original("time", "sleep")  # blocks the whole process even where Locust has patched time
 
 
 def synthetic_process(*args: str) -> tuple[subprocess.Popen, str]:
     """The server in its own process: this one can block without stopping it."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.doubles.synthetic_openai", "--port", "0", *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.doubles.synthetic_openai", "--port", "0", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     line = proc.stdout.readline()
     if not line.startswith("listening on "):
         stop_process(proc)
@@ -43,10 +50,13 @@ def synthetic_process(*args: str) -> tuple[subprocess.Popen, str]:
 def test_server_times_its_first_chunk_from_the_requests_arrival_not_from_when_it_read_it():
     # Headers now, body 0.3 s later: a server whose clock starts when it has read the request would send the first
     # chunk >= 0.6 s after the request arrived; this one sends it TTFT (0.3 s) after the first bytes got there.
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "arrival"}], "max_tokens": 2,
-                       "stream": True}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "arrival"}], "max_tokens": 2, "stream": True}
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     with SyntheticServer(ttft=0.3, itl=0.01, tokens=2) as server:
         with socket.create_connection((server.host, server.port), timeout=10) as sock:
             sock.sendall(head)
@@ -77,9 +87,13 @@ def test_chunk_stamp_is_when_the_bytes_arrived_not_when_the_client_got_round_to_
     try:
         # The process is busy for 0.25 s right after the first chunk (as when 63 other streams are served first);
         # the second chunk reaches the socket 0.1 s after the first all the same.
-        m = llm.stream_chat(transport, "/v1/chat/completions", "openai",
-                            llm.chat_payload("openai", "m", "busy reader", 2, 0.0, False),
-                            on_first_content=lambda _m: real_sleep(0.25))
+        m = llm.stream_chat(
+            transport,
+            "/v1/chat/completions",
+            "openai",
+            llm.chat_payload("openai", "m", "busy reader", 2, 0.0, False),
+            on_first_content=lambda _m: real_sleep(0.25),
+        )
         stream = requests.get(f"{url}/stats/streams", timeout=10).json()["streams"][-1]
     finally:
         transport.close()
@@ -92,8 +106,10 @@ def test_chunk_stamp_is_when_the_bytes_arrived_not_when_the_client_got_round_to_
 def test_a_pooled_connection_is_handed_out_without_letting_other_greenlets_run_first():
     # Locust patches select: gevent's select(timeout=0) ends in gevent.sleep(0). In a burst, that hub round trip
     # between a request's send stamp and its send let every other user stamp first (+17 ms median TTFT at 64).
-    with SyntheticServer(ttft=0.01, itl=0.001, tokens=2) as server, \
-            mock.patch.object(select, "select", gevent.select.select):
+    with (
+        SyntheticServer(ttft=0.01, itl=0.001, tokens=2) as server,
+        mock.patch.object(select, "select", gevent.select.select),
+    ):
         transport = llm.make_transport("geventhttpclient", server.url, timeout=10)
         try:
             transport.connect()
@@ -120,8 +136,9 @@ def test_connect_opens_the_connection_the_next_request_uses():
             transport.connect()
             assert len(opened) == 1
             for _ in range(5):
-                m = llm.stream_chat(transport, "/v1/chat/completions", "openai",
-                                    llm.chat_payload("openai", "m", "again", 3, 0.0, False))
+                m = llm.stream_chat(
+                    transport, "/v1/chat/completions", "openai", llm.chat_payload("openai", "m", "again", 3, 0.0, False)
+                )
                 assert m.ok, m.error
                 transport.connect()
         finally:
@@ -143,8 +160,12 @@ def test_a_burst_after_connect_sends_each_request_right_after_its_stamp():
 
         def user(i: int) -> llm.Measurement:
             gate.wait()
-            return llm.stream_chat(transports[i], "/v1/chat/completions", "openai",
-                                   llm.chat_payload("openai", "m", f"user {i}", 4, 0.0, False))
+            return llm.stream_chat(
+                transports[i],
+                "/v1/chat/completions",
+                "openai",
+                llm.chat_payload("openai", "m", f"user {i}", 4, 0.0, False),
+            )
 
         greenlets = [gevent.spawn(user, i) for i in range(users)]
         gevent.sleep(0.05)
@@ -167,9 +188,11 @@ def test_a_burst_after_connect_sends_each_request_right_after_its_stamp():
     assert errors[len(errors) // 2] < 0.005, errors
 
 
-JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-                           max_leaves=12)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -180,10 +203,15 @@ def test_chunk_parser_reads_every_json_object_as_json_loads_does(obj):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.binary(max_size=40), st.text(max_size=40).map(str.encode),
-                 st.dictionaries(st.text(max_size=5), JSON_VALUES, max_size=3).map(
-                     lambda d: json.dumps(d).encode()).flatmap(
-                     lambda b: st.integers(0, len(b)).map(lambda cut: b[:cut] + b"x" * (cut % 2)))))
+@given(
+    st.one_of(
+        st.binary(max_size=40),
+        st.text(max_size=40).map(str.encode),
+        st.dictionaries(st.text(max_size=5), JSON_VALUES, max_size=3)
+        .map(lambda d: json.dumps(d).encode())
+        .flatmap(lambda b: st.integers(0, len(b)).map(lambda cut: b[:cut] + b"x" * (cut % 2))),
+    )
+)
 def test_chunk_parser_rejects_what_json_loads_rejects_as_a_malformed_chunk(data):
     data = data.strip()  # as the SSE/NDJSON readers hand it over
     try:
@@ -199,21 +227,29 @@ def test_chunk_parser_rejects_what_json_loads_rejects_as_a_malformed_chunk(data)
 
 def test_vllm_bench_stamps_are_read_under_our_definitions():
     # vLLM bench: TTFT at the empty role chunk, a gap to the first content chunk, the content gaps, a gap to the finish chunk.
-    result = {"ttfts": [0.001, 0.002, 0.0], "output_lens": [3, 3, 0],
-              "itls": [[0.2, 0.02, 0.021, 0.0001], [0.199, 0.019, 0.02, 0.0002], []]}
+    result = {
+        "ttfts": [0.001, 0.002, 0.0],
+        "output_lens": [3, 3, 0],
+        "itls": [[0.2, 0.02, 0.021, 0.0001], [0.199, 0.019, 0.02, 0.0002], []],
+    }
     ttfts, itls = content_aligned(result)
     assert ttfts == pytest.approx([0.201, 0.201])
     assert itls == pytest.approx([0.02, 0.021, 0.019, 0.02])
-    assert content_aligned({"ttfts": [0.001], "output_lens": [3], "itls": [[0.2, 0.02]]}) == ([], [])  # other shape: left out
+    assert content_aligned({"ttfts": [0.001], "output_lens": [3], "itls": [[0.2, 0.02]]}) == (
+        [],
+        [],
+    )  # other shape: left out
 
 
 def test_capacity_window_counts_what_the_server_streamed_to_the_client_and_the_clients_cpu():
-    client = ("import sys, requests\n"
-              "for i in range(3):\n"
-              "    r = requests.post(sys.argv[1] + '/v1/chat/completions', json={'model': 'm', 'stream': True, 'max_tokens': 500,"
-              " 'messages': [{'role': 'user', 'content': 'x'}]})\n"
-              "    assert b'[DONE]' in r.content\n"
-              "print('client done')\n")
+    client = (
+        "import sys, requests\n"
+        "for i in range(3):\n"
+        "    r = requests.post(sys.argv[1] + '/v1/chat/completions', json={'model': 'm', 'stream': True, 'max_tokens': 500,"
+        " 'messages': [{'role': 'user', 'content': 'x'}]})\n"
+        "    assert b'[DONE]' in r.content\n"
+        "print('client done')\n"
+    )
     with SyntheticProcess("--ttft", "0", "--itl", "0", "--tokens", "500") as server:
         proc, window = run_measured([sys.executable, "-c", client, server.url], server, timeout=60)
         counters = server.counters()

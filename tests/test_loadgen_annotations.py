@@ -59,17 +59,39 @@ def engine():
 
 def loadgen(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GRAFANA_")}
-    return subprocess.run([sys.executable, "-m", "loadgen", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, env={**clean, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **env},
+    )
 
 
 def test_each_phase_is_posted_as_a_region_annotation(engine, tmp_path):
     grafana = GrafanaAnnotationsAPI()
     try:
-        proc = loadgen("compare", "--engine", f"vllm={engine.url}", "--no-seed4", "--burst-pause", "0.05",
-                       "--results", str(tmp_path), "--run-id", "ann", "--metrics-port", "0", "--max-tokens", "4",
-                       "--warmup", "0", "--quiet",
-                       env={"GRAFANA_URL": grafana.url, "GRAFANA_TOKEN": grafana.token})
+        proc = loadgen(
+            "compare",
+            "--engine",
+            f"vllm={engine.url}",
+            "--no-seed4",
+            "--burst-pause",
+            "0.05",
+            "--results",
+            str(tmp_path),
+            "--run-id",
+            "ann",
+            "--metrics-port",
+            "0",
+            "--max-tokens",
+            "4",
+            "--warmup",
+            "0",
+            "--quiet",
+            env={"GRAFANA_URL": grafana.url, "GRAFANA_TOKEN": grafana.token},
+        )
     finally:
         grafana.close()
     assert proc.returncode == 0, proc.stderr
@@ -93,9 +115,21 @@ def test_no_grafana_url_means_no_call_at_all(engine, tmp_path):
     grafana = GrafanaAnnotationsAPI()
     try:
         # Credentials are set but no URL: the default (localhost:GRAFANA_PORT) must not be tried either.
-        proc = loadgen("sequential", "--engine", f"vllm={engine.url}", "--results", str(tmp_path), "--metrics-port", "0",
-                       "--max-tokens", "4", "--warmup", "0", "--quiet",
-                       env={"GRAFANA_TOKEN": grafana.token, "GRAFANA_PORT": str(grafana.server.server_address[1])})
+        proc = loadgen(
+            "sequential",
+            "--engine",
+            f"vllm={engine.url}",
+            "--results",
+            str(tmp_path),
+            "--metrics-port",
+            "0",
+            "--max-tokens",
+            "4",
+            "--warmup",
+            "0",
+            "--quiet",
+            env={"GRAFANA_TOKEN": grafana.token, "GRAFANA_PORT": str(grafana.server.server_address[1])},
+        )
     finally:
         grafana.close()
     assert proc.returncode == 0, proc.stderr
@@ -103,10 +137,26 @@ def test_no_grafana_url_means_no_call_at_all(engine, tmp_path):
 
 
 def test_unreachable_grafana_is_one_line_and_the_run_goes_on(engine, tmp_path):
-    proc = loadgen("compare", "--engine", f"vllm={engine.url}", "--no-seed4", "--burst-pause", "0.05",
-                   "--results", str(tmp_path), "--run-id", "down", "--metrics-port", "0", "--max-tokens", "4",
-                   "--warmup", "0", "--quiet",
-                   env={"GRAFANA_URL": f"http://127.0.0.1:{free_port()}", "GRAFANA_TOKEN": "x"})
+    proc = loadgen(
+        "compare",
+        "--engine",
+        f"vllm={engine.url}",
+        "--no-seed4",
+        "--burst-pause",
+        "0.05",
+        "--results",
+        str(tmp_path),
+        "--run-id",
+        "down",
+        "--metrics-port",
+        "0",
+        "--max-tokens",
+        "4",
+        "--warmup",
+        "0",
+        "--quiet",
+        env={"GRAFANA_URL": f"http://127.0.0.1:{free_port()}", "GRAFANA_TOKEN": "x"},
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "grafana" in line.lower()]
     assert len(lines) == 1, proc.stderr
@@ -120,9 +170,26 @@ def test_unreachable_grafana_is_one_line_and_the_run_goes_on(engine, tmp_path):
 def test_refused_credentials_are_reported_once(engine, tmp_path):
     grafana = GrafanaAnnotationsAPI(token="right")
     try:
-        proc = loadgen("compare", "--engine", f"vllm={engine.url}", "--no-seed4", "--burst-pause", "0.05",
-                       "--results", str(tmp_path), "--metrics-port", "0", "--max-tokens", "4", "--warmup", "0", "--quiet",
-                       "--grafana-url", grafana.url, env={"GRAFANA_TOKEN": "wrong"})
+        proc = loadgen(
+            "compare",
+            "--engine",
+            f"vllm={engine.url}",
+            "--no-seed4",
+            "--burst-pause",
+            "0.05",
+            "--results",
+            str(tmp_path),
+            "--metrics-port",
+            "0",
+            "--max-tokens",
+            "4",
+            "--warmup",
+            "0",
+            "--quiet",
+            "--grafana-url",
+            grafana.url,
+            env={"GRAFANA_TOKEN": "wrong"},
+        )
     finally:
         grafana.close()
     assert proc.returncode == 0, proc.stderr

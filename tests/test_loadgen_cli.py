@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def loadgen(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadgen", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_folder_from(stdout: str) -> RunFolder:
@@ -37,8 +39,21 @@ def server():
 
 
 def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
-    proc = loadgen("compare", "--engine", f"vllm={server.url}", "--engine", f"llamacpp:second={server.url}",
-                   "--results", str(tmp_path), "--run-id", "cmp", "--metrics-port", "0", "--burst-pause", "0.05")
+    proc = loadgen(
+        "compare",
+        "--engine",
+        f"vllm={server.url}",
+        "--engine",
+        f"llamacpp:second={server.url}",
+        "--results",
+        str(tmp_path),
+        "--run-id",
+        "cmp",
+        "--metrics-port",
+        "0",
+        "--burst-pause",
+        "0.05",
+    )
     assert proc.returncode == 0, proc.stderr
     folder = run_folder_from(proc.stdout)
     assert folder.path == tmp_path / "cmp"
@@ -48,6 +63,7 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
     assert manifest["engines"]["vllm"]["version"] == "0.32.0-synthetic"  # read from the engine's /version
     assert manifest["engines"]["vllm"]["model"] == "synthetic/model"
     from loadgen import prompts
+
     assert manifest["prompt_set_sha256"] == prompts.load("seed3").sha256
     assert manifest["machine"]["cores"] >= 1 and manifest["machine"]["memory_bytes"] > 0
 
@@ -67,9 +83,13 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
     # Warm-up requests reached the server but not the records.
     assert server.stats.requests == len(records) + 2
     phases = {(p.instance, p.phase): p for p in folder.phases()}
-    assert set(phases) == {(i, p) for i in ("vllm", "llamacpp:second") for p in ("sequential", "burst-1", "sequential-seed4")}
+    assert set(phases) == {
+        (i, p) for i in ("vllm", "llamacpp:second") for p in ("sequential", "burst-1", "sequential-seed4")
+    }
     assert phases[("vllm", "burst-1")].concurrency == 3
-    assert phases[("vllm", "sequential")].wall_s > 2 * phases[("vllm", "burst-1")].wall_s  # the synthetic server batches perfectly
+    assert (
+        phases[("vllm", "sequential")].wall_s > 2 * phases[("vllm", "burst-1")].wall_s
+    )  # the synthetic server batches perfectly
     assert "scaling factor vllm" in proc.stdout
 
     with open(folder.path / "locust_stats.csv") as fh:
@@ -81,8 +101,22 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
 
 def test_compare_matched_set_follows_a_burst_larger_than_the_prompt_set(server, tmp_path):
     """A burst of 5 over the 3 seed prompts: the sequential pass sends the same 5 prompts, not 3."""
-    proc = loadgen("compare", "--engine", f"vllm={server.url}", "--burst-size", "5", "--no-seed4", "--warmup", "0",
-                   "--results", str(tmp_path), "--run-id", "big", "--metrics-port", "0")
+    proc = loadgen(
+        "compare",
+        "--engine",
+        f"vllm={server.url}",
+        "--burst-size",
+        "5",
+        "--no-seed4",
+        "--warmup",
+        "0",
+        "--results",
+        str(tmp_path),
+        "--run-id",
+        "big",
+        "--metrics-port",
+        "0",
+    )
     assert proc.returncode == 0, proc.stderr
     records = list(run_folder_from(proc.stdout).requests())
     sequential = sorted(r.prompt_id for r in records if r.phase == "sequential")
@@ -92,13 +126,37 @@ def test_compare_matched_set_follows_a_burst_larger_than_the_prompt_set(server, 
 
 def test_failures_are_counted_with_reasons_and_the_run_goes_on(server, tmp_path):
     prompt_file = tmp_path / "faults.jsonl"
-    prompt_file.write_text("\n".join(json.dumps({"id": i, "prompt": p}) for i, p in [
-        ("ok-1", "Say OK."), ("503", "busy [[fault:status=503]]"), ("cut", "cut [[fault:cut=2]]"),
-        ("bad", "bad [[fault:malformed=1]]"), ("ok-2", "Say OK again."),
-    ]) + "\n")
+    prompt_file.write_text(
+        "\n".join(
+            json.dumps({"id": i, "prompt": p})
+            for i, p in [
+                ("ok-1", "Say OK."),
+                ("503", "busy [[fault:status=503]]"),
+                ("cut", "cut [[fault:cut=2]]"),
+                ("bad", "bad [[fault:malformed=1]]"),
+                ("ok-2", "Say OK again."),
+            ]
+        )
+        + "\n"
+    )
     dead = f"http://127.0.0.1:{free_port()}"
-    proc = loadgen("sequential", "--engine", f"vllm={server.url}", "--engine", f"llamacpp={dead}", "--prompts", str(prompt_file),
-                   "--results", str(tmp_path), "--metrics-port", "0", "--warmup", "0", "--max-tokens", "8")
+    proc = loadgen(
+        "sequential",
+        "--engine",
+        f"vllm={server.url}",
+        "--engine",
+        f"llamacpp={dead}",
+        "--prompts",
+        str(prompt_file),
+        "--results",
+        str(tmp_path),
+        "--metrics-port",
+        "0",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "8",
+    )
     assert proc.returncode == 0, proc.stderr
     folder = run_folder_from(proc.stdout)
     records = {(r.instance, r.prompt_id): r for r in folder.requests()}
@@ -120,13 +178,38 @@ def test_failures_are_counted_with_reasons_and_the_run_goes_on(server, tmp_path)
 def test_sigterm_keeps_a_complete_run_folder_and_metrics_are_scraped_while_running(tmp_path):
     port = free_port()
     with SyntheticServer(ttft=0.05, itl=0.05, tokens=64) as slow:
-        proc = subprocess.Popen([sys.executable, "-m", "loadgen", "sequential", "--engine", f"vllm={slow.url}", "--repeat", "10",
-                                 "--max-tokens", "20", "--warmup", "0", "--results", str(tmp_path), "--run-id", "int",
-                                 "--metrics-port", str(port)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "loadgen",
+                "sequential",
+                "--engine",
+                f"vllm={slow.url}",
+                "--repeat",
+                "10",
+                "--max-tokens",
+                "20",
+                "--warmup",
+                "0",
+                "--results",
+                str(tmp_path),
+                "--run-id",
+                "int",
+                "--metrics-port",
+                str(port),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             requests_file = tmp_path / "int" / "requests.jsonl"
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not (requests_file.exists() and requests_file.read_text().count("\n") >= 2):
+            while time.monotonic() < deadline and not (
+                requests_file.exists() and requests_file.read_text().count("\n") >= 2
+            ):
                 time.sleep(0.1)
             assert requests_file.exists(), "no request finished within 30 s"
             exposition = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
@@ -154,34 +237,87 @@ def test_sigterm_keeps_a_complete_run_folder_and_metrics_are_scraped_while_runni
 
 
 def test_sweep_ramp_and_rate_phases(server, tmp_path):
-    sweep = loadgen("sweep", "--engine", f"vllm={server.url}", "--concurrencies", "1,3", "--requests", "2", "--warmup", "0",
-                    "--results", str(tmp_path), "--metrics-port", "0", "--max-tokens", "4", "--quiet")
+    sweep = loadgen(
+        "sweep",
+        "--engine",
+        f"vllm={server.url}",
+        "--concurrencies",
+        "1,3",
+        "--requests",
+        "2",
+        "--warmup",
+        "0",
+        "--results",
+        str(tmp_path),
+        "--metrics-port",
+        "0",
+        "--max-tokens",
+        "4",
+        "--quiet",
+    )
     assert sweep.returncode == 0, sweep.stderr
     folder = run_folder_from(sweep.stdout)
     phases = {p.phase: p for p in folder.phases()}
     assert {k: (v.concurrency, v.requests) for k, v in phases.items()} == {"sweep-c1": (1, 2), "sweep-c3": (3, 6)}
 
-    rate = loadgen("rate", "--engine", f"vllm={server.url}", "--rate", "40", "--requests", "8", "--arrivals", "poisson",
-                   "--warmup", "0", "--results", str(tmp_path), "--metrics-port", "0", "--max-tokens", "64", "--quiet")
+    rate = loadgen(
+        "rate",
+        "--engine",
+        f"vllm={server.url}",
+        "--rate",
+        "40",
+        "--requests",
+        "8",
+        "--arrivals",
+        "poisson",
+        "--warmup",
+        "0",
+        "--results",
+        str(tmp_path),
+        "--metrics-port",
+        "0",
+        "--max-tokens",
+        "64",
+        "--quiet",
+    )
     assert rate.returncode == 0, rate.stderr
     records = sorted(run_folder_from(rate.stdout).requests(), key=lambda r: r.started_at)
     assert [r.arrival_index for r in records] == list(range(8)) and all(r.ok for r in records)
     # Open loop: at 40/s arrivals come faster than a 0.28 s request finishes, so requests overlap.
     assert any(b.started_at < a.started_at + a.e2e_s for a, b in zip(records, records[1:], strict=False))
 
-    ramp = loadgen("ramp", "--engine", f"vllm={server.url}", "--steps", "1,2", "--duration", "0.4", "--warmup", "0",
-                   "--results", str(tmp_path), "--metrics-port", "0", "--max-tokens", "4", "--quiet")
+    ramp = loadgen(
+        "ramp",
+        "--engine",
+        f"vllm={server.url}",
+        "--steps",
+        "1,2",
+        "--duration",
+        "0.4",
+        "--warmup",
+        "0",
+        "--results",
+        str(tmp_path),
+        "--metrics-port",
+        "0",
+        "--max-tokens",
+        "4",
+        "--quiet",
+    )
     assert ramp.returncode == 0, ramp.stderr
     ramp_phases = {p.phase: p.concurrency for p in run_folder_from(ramp.stdout).phases()}
     assert ramp_phases == {"ramp-1users": 1, "ramp-2users": 2}
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["burst", "--engine", "tgi=http://127.0.0.1:1"], "unknown engine kind 'tgi'"),
-    (["burst", "--engine", "vllm=ftp://x"], "expected NAME=http://HOST:PORT"),
-    (["burst", "--engine", "vllm=http://127.0.0.1:1", "--prompts", "/no/such/file.txt"], "prompt set"),
-    (["burst"], "give at least one --engine"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["burst", "--engine", "tgi=http://127.0.0.1:1"], "unknown engine kind 'tgi'"),
+        (["burst", "--engine", "vllm=ftp://x"], "expected NAME=http://HOST:PORT"),
+        (["burst", "--engine", "vllm=http://127.0.0.1:1", "--prompts", "/no/such/file.txt"], "prompt set"),
+        (["burst"], "give at least one --engine"),
+    ],
+)
 def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
     proc = loadgen(*args, "--results", str(tmp_path), "--metrics-port", "0")
     assert proc.returncode == 2
@@ -193,13 +329,25 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
 def test_ollama_native_api_through_the_simulator(tmp_path):
     sim_module = pytest.importorskip("tests.doubles.ollama_simulator")
     with sim_module.OllamaSimulator(token_delay=0.002, num_parallel=1) as sim:
-        proc = loadgen("burst", "--engine", f"ollama={sim.url}", "--model", sim.models[0], "--results", str(tmp_path),
-                       "--metrics-port", "0", "--max-tokens", "6")
+        proc = loadgen(
+            "burst",
+            "--engine",
+            f"ollama={sim.url}",
+            "--model",
+            sim.models[0],
+            "--results",
+            str(tmp_path),
+            "--metrics-port",
+            "0",
+            "--max-tokens",
+            "6",
+        )
     assert proc.returncode == 0, proc.stderr
     folder = run_folder_from(proc.stdout)
     records = list(folder.requests())
     assert len(records) == 3 and all(r.ok and r.api == "ollama" and r.tokens_source == "eval_count" for r in records)
-    assert all(r.engine_stats["eval_count"] == r.output_tokens == 6 and "eval_duration_ns" in r.engine_stats for r in records)
+    assert all(
+        r.engine_stats["eval_count"] == r.output_tokens == 6 and "eval_duration_ns" in r.engine_stats for r in records
+    )
     engine = folder.manifest()["engines"]["ollama"]
     assert engine["ignore_eos"] == "unavailable" and engine["version"] == sim.version
-

@@ -13,8 +13,16 @@ from tests.doubles.synthetic_openai import SyntheticServer
 TRANSPORTS = list(llm.TRANSPORTS)
 
 
-def chat(server_url: str, transport: str, prompt: str = "Say OK.", max_tokens: int = 8, timeout: float = 5.0,
-         api: str = "openai", path: str = "/v1/chat/completions", model: str = "synthetic/model") -> llm.Measurement:
+def chat(
+    server_url: str,
+    transport: str,
+    prompt: str = "Say OK.",
+    max_tokens: int = 8,
+    timeout: float = 5.0,
+    api: str = "openai",
+    path: str = "/v1/chat/completions",
+    model: str = "synthetic/model",
+) -> llm.Measurement:
     t = llm.make_transport(transport, server_url, timeout=timeout)
     try:
         return llm.stream_chat(t, path, api, llm.chat_payload(api, model, prompt, max_tokens, 0.0, api == "openai"))
@@ -61,14 +69,17 @@ def test_payload_asks_for_usage_and_honours_ignore_eos_only_where_accepted():
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize(("fault", "reason", "chunks"), [
-    ("status=503", "HTTP 503: synthetic fault: HTTP 503", 0),
-    ("status=500", "HTTP 500: synthetic fault: HTTP 500", 0),
-    ("cut=3", "stream cut after 3 content chunks", 3),
-    ("malformed=2", "malformed chunk after 2 content chunks", 2),
-    ("error=4", "engine error mid-stream after 4 content chunks", 4),
-    ("stall=2", "timeout before the first content chunk", 0),
-])
+@pytest.mark.parametrize(
+    ("fault", "reason", "chunks"),
+    [
+        ("status=503", "HTTP 503: synthetic fault: HTTP 503", 0),
+        ("status=500", "HTTP 500: synthetic fault: HTTP 500", 0),
+        ("cut=3", "stream cut after 3 content chunks", 3),
+        ("malformed=2", "malformed chunk after 2 content chunks", 2),
+        ("error=4", "engine error mid-stream after 4 content chunks", 4),
+        ("stall=2", "timeout before the first content chunk", 0),
+    ],
+)
 def test_each_failure_has_a_reason_and_keeps_partial_timings(server, transport, fault, reason, chunks):
     m = chat(server.url, transport, prompt=f"Say OK. [[fault:{fault}]]", timeout=0.6)
     assert not m.ok
@@ -107,7 +118,11 @@ def test_ollama_ndjson_keeps_engine_stats_in_nanoseconds():
 
 def test_prompt_sets_shipped_synthetic_and_user_files(tmp_path):
     seed3 = prompts.load("seed3")
-    assert [p.text for p in seed3.prompts] == ["Say OK.", "In one sentence, what is a container?", "Name two container runtimes."]
+    assert [p.text for p in seed3.prompts] == [
+        "Say OK.",
+        "In one sentence, what is a container?",
+        "Name two container runtimes.",
+    ]
     assert len(prompts.load("seed4")) == 4 and len(prompts.load("mixed")) >= 4
     assert seed3.sha256 == prompts.load("seed3").sha256 != prompts.load("seed4").sha256
     synthetic = prompts.load("synthetic:64x3")

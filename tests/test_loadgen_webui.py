@@ -31,9 +31,25 @@ def server():
 def webui(server, tmp_path):
     port = free_port()
     log = open(tmp_path / "webui.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "webui", "--port", str(port), "--metrics-port", "0",
-                             "--results", str(tmp_path / "results"), "--engine-url", server.url],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "webui",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--results",
+            str(tmp_path / "results"),
+            "--engine-url",
+            server.url,
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/", timeout=60, proc=proc)
         yield f"http://127.0.0.1:{port}", tmp_path / "results"
@@ -66,13 +82,24 @@ def finished_run(results: Path, timeout: float = 10) -> RunFolder:
 
 def test_swarm_with_custom_parameters_runs_the_chosen_engine_and_scenario(webui):
     base, results = webui
-    form = {"user_count": "1", "spawn_rate": "1", "host": "", "engine": "llamacpp", "scenario": "burst",
-            "burst_size": "4", "bursts": "2", "burst_pause": "0.1", "max_tokens": "8"}
+    form = {
+        "user_count": "1",
+        "spawn_rate": "1",
+        "host": "",
+        "engine": "llamacpp",
+        "scenario": "burst",
+        "burst_size": "4",
+        "bursts": "2",
+        "burst_pause": "0.1",
+        "max_tokens": "8",
+    }
     answer = requests.post(f"{base}/swarm", data=form, timeout=10).json()
     assert answer["success"], answer
     stats = wait_for_chat_requests(base, 8)
     rows = {(s["method"], s["name"]): s for s in stats["stats"]}
-    assert rows[("chat", "llamacpp burst")]["num_requests"] == 8 and rows[("chat", "llamacpp burst")]["num_failures"] == 0
+    assert (
+        rows[("chat", "llamacpp burst")]["num_requests"] == 8 and rows[("chat", "llamacpp burst")]["num_failures"] == 0
+    )
     assert rows[("TTFT", "llamacpp burst")]["num_requests"] == 8
     folder = finished_run(results)
     assert folder.manifest()["status"] == "complete" and folder.manifest()["engines"]["llamacpp"]["url"]
@@ -95,9 +122,16 @@ def test_web_ui_in_headless_chromium(webui):
     base, results = webui
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 f"--user-data-dir={tempfile.mkdtemp(prefix='servescope-chromium-')}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tempfile.mkdtemp(prefix='servescope-chromium-')}",
+    ):
         options.add_argument(flag)
     driver_path = shutil.which("chromedriver")
     driver = webdriver.Chrome(service=Service(driver_path) if driver_path else Service(), options=options)
@@ -127,15 +161,55 @@ def test_web_ui_in_headless_chromium(webui):
 
 def test_distributed_master_and_two_workers(server, tmp_path):
     master_port = free_port()
-    common = ["-m", "locust", "-f", str(LOCUSTFILE), "--engine", "vllm", "--engine-url", server.url,
-              "--metrics-port", "0", "--results", str(tmp_path), "--max-tokens", "4"]
-    master = subprocess.Popen([sys.executable, *common, "--headless", "--master", "--expect-workers", "2",
-                               "--master-bind-host", "127.0.0.1", "--master-bind-port", str(master_port),
-                               "--scenario", "sweep", "--concurrencies", "2,4", "--duration", "1.5"],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    workers = [subprocess.Popen([sys.executable, *common, "--worker", "--master-host", "127.0.0.1",
-                                 "--master-port", str(master_port)],
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    common = [
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--engine",
+        "vllm",
+        "--engine-url",
+        server.url,
+        "--metrics-port",
+        "0",
+        "--results",
+        str(tmp_path),
+        "--max-tokens",
+        "4",
+    ]
+    master = subprocess.Popen(
+        [
+            sys.executable,
+            *common,
+            "--headless",
+            "--master",
+            "--expect-workers",
+            "2",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            str(master_port),
+            "--scenario",
+            "sweep",
+            "--concurrencies",
+            "2,4",
+            "--duration",
+            "1.5",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    workers = [
+        subprocess.Popen(
+            [sys.executable, *common, "--worker", "--master-host", "127.0.0.1", "--master-port", str(master_port)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(2)
+    ]
     try:
         out, _ = master.communicate(timeout=60)
     finally:

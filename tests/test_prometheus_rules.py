@@ -68,7 +68,10 @@ def test_promtool_unit_tests_can_fail(tmp_path):
 def test_every_alert_is_actionable():
     found = alerts()
     assert {a["alert"] for a in found} >= {
-        "VllmQueueWithKvCacheToSpare", "VllmQueueWithKvCacheFull", "EngineDown", "OllamaInFlightAboveNumParallel",
+        "VllmQueueWithKvCacheToSpare",
+        "VllmQueueWithKvCacheFull",
+        "EngineDown",
+        "OllamaInFlightAboveNumParallel",
     }
     for alert in found:
         name = alert["alert"]

@@ -29,8 +29,16 @@ def test_full_report_without_prometheus(tmp_path, capsys):
     assert "requests.jsonl:47: torn last record" in err
 
     md = (run / "report.md").read_text()
-    for title in ("1. Setup", "2. The seed's comparison table", "3. Latency", "4. Engine-side cross-check",
-                  "5. Gauges over the run", "6. Verdict", "7. Sweeps and bursts", "8. Comparison"):
+    for title in (
+        "1. Setup",
+        "2. The seed's comparison table",
+        "3. Latency",
+        "4. Engine-side cross-check",
+        "5. Gauges over the run",
+        "6. Verdict",
+        "7. Sweeps and bursts",
+        "8. Comparison",
+    ):
         assert f"## {title}" in md
     assert f"No gauge data: Prometheus at {url} is unreachable" in md
     assert "no verdict can be made: the gauges had no data" in md
@@ -56,12 +64,24 @@ def test_full_report_without_prometheus(tmp_path, capsys):
 
 
 def test_bad_run_is_one_line_and_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "report", "--run", "nope", "--results", str(tmp_path)],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "report", "--run", "nope", "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"report: no run folder 'nope' (looked for the path and under {tmp_path})"]
-    proc = subprocess.run([sys.executable, "-m", "report", "--results", str(tmp_path / "none"), "--table-only"],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.stderr.strip().splitlines() == [
+        f"report: no run folder 'nope' (looked for the path and under {tmp_path})"
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "report", "--results", str(tmp_path / "none"), "--table-only"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "run `make up`" in proc.stderr
 
 

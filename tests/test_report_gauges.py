@@ -90,8 +90,12 @@ def backfilled(prometheus_server, tmp_path):
     shifted_copy(RUNS / "seed-vllm-ollama", tmp_path / "run", t0 - 1796000000.0)
     source = tmp_path / "backfill.om"
     source.write_text(openmetrics(t0))
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(tmp_path / "data")],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(tmp_path / "data")],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     prometheus_server.start(CONFIG)
     return prometheus_server, tmp_path / "run", t0
 

@@ -49,8 +49,24 @@ def test_failures_are_counted_by_reason_and_left_out_of_the_percentiles():
 def test_tpot_is_computed_when_the_record_lacks_it():
     from servescope.runfolder import RequestRecord
 
-    r = RequestRecord("vllm", "vllm", "burst", "b", "openai", "m", "s", "h", "p", 48, 0.0, True, 200,
-                      ttft_s=0.5, e2e_s=2.5, output_tokens=5)
+    r = RequestRecord(
+        "vllm",
+        "vllm",
+        "burst",
+        "b",
+        "openai",
+        "m",
+        "s",
+        "h",
+        "p",
+        48,
+        0.0,
+        True,
+        200,
+        ttft_s=0.5,
+        e2e_s=2.5,
+        output_tokens=5,
+    )
     assert latency.tpot(r) == pytest.approx(0.5)  # (2.5 - 0.5) / 4
     r.output_tokens = 1
     assert latency.tpot(r) is None

@@ -51,10 +51,18 @@ def test_second_up_while_up_is_a_no_op_printing_status(monkeypatch, tmp_path, ca
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         import psutil
+
         ps = psutil.Process(proc.pid)
-        supervisor.Record(name="llamacpp", title="llama.cpp server", url="http://127.0.0.1:1",
-                          ready_url="http://127.0.0.1:1/health", port=1, pid=proc.pid, create_time=ps.create_time(),
-                          cmdline=ps.cmdline()).save()
+        supervisor.Record(
+            name="llamacpp",
+            title="llama.cpp server",
+            url="http://127.0.0.1:1",
+            ready_url="http://127.0.0.1:1/health",
+            port=1,
+            pid=proc.pid,
+            create_time=ps.create_time(),
+            cmdline=ps.cmdline(),
+        ).save()
         monkeypatch.setattr(native, "prepare", lambda: pytest.fail("a second up must not prepare or start anything"))
         assert native.up() == 0
         out = capsys.readouterr().out
@@ -78,9 +86,21 @@ def test_compare_command_uses_only_flags_loadgen_has():
     knob = {"MAX_TOKENS": "48", "BURST_SIZE": "3", "LOADGEN_METRICS_PORT": "9465", "SERVESCOPE_RESULTS": "/r"}
     engines = {"vllm": "http://127.0.0.1:8009", "llamacpp": "http://127.0.0.1:8081"}
     cmd = native.compare_command(knob, engines, "--engine --max-tokens --burst-size --results")
-    assert cmd[1:] == ["-m", "loadgen", "compare", "--engine", "vllm=http://127.0.0.1:8009",
-                       "--engine", "llamacpp=http://127.0.0.1:8081", "--max-tokens", "48", "--burst-size", "3",
-                       "--results", "/r"]
+    assert cmd[1:] == [
+        "-m",
+        "loadgen",
+        "compare",
+        "--engine",
+        "vllm=http://127.0.0.1:8009",
+        "--engine",
+        "llamacpp=http://127.0.0.1:8081",
+        "--max-tokens",
+        "48",
+        "--burst-size",
+        "3",
+        "--results",
+        "/r",
+    ]
     with_ollama = native.compare_command(knob, {**engines, "ollama": "http://127.0.0.1:11435"}, "")
     assert with_ollama[-2:] == ["--engine", "ollama=http://127.0.0.1:11435"]
 
@@ -101,11 +121,23 @@ def test_llamacpp_build_is_bounded_and_trimmed(monkeypatch):
 
 
 def test_llama_server_command_serves_the_gguf_with_metrics_and_slots(tmp_path):
-    knob = {"SERVED_MODEL_NAME": "HuggingFaceTB/SmolLM2-135M-Instruct", "LLAMACPP_PARALLEL": "1", "LLAMACPP_CTX": "4096"}
+    knob = {
+        "SERVED_MODEL_NAME": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "LLAMACPP_PARALLEL": "1",
+        "LLAMACPP_CTX": "4096",
+    }
     cmd = llamacpp.command(tmp_path / "llama-server", tmp_path / "m.gguf", knob, "127.0.0.1", 8081)
     joined = " ".join(cmd)
-    for piece in (f"-m {tmp_path / 'm.gguf'}", "--alias HuggingFaceTB/SmolLM2-135M-Instruct", "--metrics", "--slots",
-                  "--parallel 1", "-c 4096", "--host 127.0.0.1", "--port 8081"):
+    for piece in (
+        f"-m {tmp_path / 'm.gguf'}",
+        "--alias HuggingFaceTB/SmolLM2-135M-Instruct",
+        "--metrics",
+        "--slots",
+        "--parallel 1",
+        "-c 4096",
+        "--host 127.0.0.1",
+        "--port 8081",
+    ):
         assert piece in joined
 
 

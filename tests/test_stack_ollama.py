@@ -11,15 +11,18 @@ import pytest
 from stack import ollama
 
 
-@pytest.mark.parametrize(("value", "url"), [
-    (None, "http://127.0.0.1:11434"),
-    ("", "http://127.0.0.1:11434"),
-    ("0.0.0.0", "http://127.0.0.1:11434"),
-    ("127.0.0.1:12000", "http://127.0.0.1:12000"),
-    (":12001", "http://127.0.0.1:12001"),
-    ("http://box.local:11434/", "http://box.local:11434"),
-    ("https://ollama.example:443", "https://ollama.example:443"),
-])
+@pytest.mark.parametrize(
+    ("value", "url"),
+    [
+        (None, "http://127.0.0.1:11434"),
+        ("", "http://127.0.0.1:11434"),
+        ("0.0.0.0", "http://127.0.0.1:11434"),
+        ("127.0.0.1:12000", "http://127.0.0.1:12000"),
+        (":12001", "http://127.0.0.1:12001"),
+        ("http://box.local:11434/", "http://box.local:11434"),
+        ("https://ollama.example:443", "https://ollama.example:443"),
+    ],
+)
 def test_ollama_host_as_ollama_reads_it(value, url):
     assert ollama.host_url(value, 11434) == url
 
@@ -31,7 +34,12 @@ def test_modelfile_points_at_the_same_gguf_by_absolute_path(tmp_path):
     modelfile = ollama.write_modelfile(gguf, tmp_path / "state")
     assert modelfile.read_text() == f"FROM {gguf.resolve()}\n"
     assert ollama.create_command("/usr/bin/ollama", "smollm2-135m", modelfile) == [
-        "/usr/bin/ollama", "create", "smollm2-135m", "-f", str(modelfile)]
+        "/usr/bin/ollama",
+        "create",
+        "smollm2-135m",
+        "-f",
+        str(modelfile),
+    ]
 
 
 def test_serve_environment_binds_and_sets_parallel():
@@ -43,6 +51,7 @@ def test_absent_when_not_on_path_and_nothing_answers(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert ollama.binary() is None
     from tests.conftest import free_port
+
     assert not ollama.answers(f"http://127.0.0.1:{free_port()}", timeout=0.5)
 
 

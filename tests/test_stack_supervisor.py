@@ -68,16 +68,27 @@ def test_a_reused_pid_is_never_killed(dirs):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         # Same pid, different start time: the process `up` started is gone and the pid now belongs to another.
-        stale = Record(name="vllm", title="vLLM-CPU", url="http://127.0.0.1:1", ready_url="http://127.0.0.1:1/v1/models",
-                       pid=bystander.pid, create_time=psutil.Process(bystander.pid).create_time() - 3600,
-                       cmdline=psutil.Process(bystander.pid).cmdline())
+        stale = Record(
+            name="vllm",
+            title="vLLM-CPU",
+            url="http://127.0.0.1:1",
+            ready_url="http://127.0.0.1:1/v1/models",
+            pid=bystander.pid,
+            create_time=psutil.Process(bystander.pid).create_time() - 3600,
+            cmdline=psutil.Process(bystander.pid).cmdline(),
+        )
         stale.save(pids)
         assert supervisor.process_of(stale) is None
         assert supervisor.stop(stale, grace=1, directory=pids) == "not running"
         assert bystander.poll() is None
         # Same start time but another command line: also not ours.
-        other = Record(**{**stale.__dict__, "create_time": psutil.Process(bystander.pid).create_time(),
-                          "cmdline": ["llama-server"]})
+        other = Record(
+            **{
+                **stale.__dict__,
+                "create_time": psutil.Process(bystander.pid).create_time(),
+                "cmdline": ["llama-server"],
+            }
+        )
         assert supervisor.process_of(other) is None
     finally:
         bystander.kill()
@@ -113,8 +124,14 @@ def test_status_rows_ready_memory_absent_dead_and_external(dirs):
     try:
         wait_http(record.ready_url, timeout=20, proc=proc)
         absent = Record(name="ollama", title="Ollama", url="http://127.0.0.1:11434", ready_url="x", absent="no ollama")
-        dead = Record(name="llamacpp", title="llama.cpp", url="http://127.0.0.1:1", ready_url="http://127.0.0.1:1/health",
-                      pid=2**22 + 7, create_time=1.0)
+        dead = Record(
+            name="llamacpp",
+            title="llama.cpp",
+            url="http://127.0.0.1:1",
+            ready_url="http://127.0.0.1:1/health",
+            pid=2**22 + 7,
+            create_time=1.0,
+        )
         external = Record(name="ollama", title="Ollama", url=record.url, ready_url=record.ready_url)
         rows = supervisor.status_rows([record, absent, dead, external])
         assert rows[0][:4] == ("exporter", str(proc.pid), record.url, "yes")

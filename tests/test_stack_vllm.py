@@ -12,10 +12,22 @@ from stack import vllm
 FIXTURES = Path(__file__).parent / "fixtures"
 GIB = 1 << 30
 # SmolLM2-135M-Instruct's config as the conversion writes it (the fields the arithmetic reads).
-SMOLLM2 = {"num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "hidden_size": 576,
-           "num_hidden_layers": 30, "dtype": "float32"}
-KNOBS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_DTYPE": "float32", "VLLM_MAX_MODEL_LEN": "1024", "VLLM_MAX_NUM_SEQS": "8",
-         "VLLM_SWAP_SPACE": "1", "SERVED_MODEL_NAME": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+SMOLLM2 = {
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "dtype": "float32",
+}
+KNOBS = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_DTYPE": "float32",
+    "VLLM_MAX_MODEL_LEN": "1024",
+    "VLLM_MAX_NUM_SEQS": "8",
+    "VLLM_SWAP_SPACE": "1",
+    "SERVED_MODEL_NAME": "HuggingFaceTB/SmolLM2-135M-Instruct",
+}
 
 
 def test_bytes_per_token_is_k_and_v_for_every_layer_and_kv_head():
@@ -55,8 +67,12 @@ def test_refuses_max_len_times_seqs_beyond_the_kv_tokens(tmp_path):
 
 
 def test_refuses_a_single_sequence_longer_than_the_cache(tmp_path):
-    kv = vllm.plan(write_model(tmp_path), {**KNOBS, "VLLM_MAX_MODEL_LEN": "32768", "VLLM_MAX_NUM_SEQS": "1"},
-                   weights=0, swap_used=False)
+    kv = vllm.plan(
+        write_model(tmp_path),
+        {**KNOBS, "VLLM_MAX_MODEL_LEN": "32768", "VLLM_MAX_NUM_SEQS": "1"},
+        weights=0,
+        swap_used=False,
+    )
     message = vllm.refusal(kv, available_bytes=20 * GIB)
     assert message is not None and "VLLM_MAX_MODEL_LEN=32768" in message
 
@@ -89,8 +105,14 @@ def test_command_passes_the_seed_knobs_and_swap_only_when_supported(tmp_path):
     cmd = vllm.command(Path("/v/bin/python"), tmp_path, KNOBS, "127.0.0.1", 8123, swap_used=False)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(cmd)
-    for piece in ("--dtype float32", "--max-model-len 1024", "--max-num-seqs 8", "--host 127.0.0.1", "--port 8123",
-                  "--served-model-name HuggingFaceTB/SmolLM2-135M-Instruct"):
+    for piece in (
+        "--dtype float32",
+        "--max-model-len 1024",
+        "--max-num-seqs 8",
+        "--host 127.0.0.1",
+        "--port 8123",
+        "--served-model-name HuggingFaceTB/SmolLM2-135M-Instruct",
+    ):
         assert piece in joined
     assert "--swap-space" not in cmd
     with_swap = vllm.command(Path("/v/bin/python"), tmp_path, KNOBS, "127.0.0.1", 8123, swap_used=True)
@@ -115,12 +137,15 @@ def test_swap_space_detection_reads_the_installed_sources(tmp_path):
     assert not vllm.swap_space_supported(tmp_path / "nowhere" / "bin" / "python")
 
 
-@pytest.mark.parametrize(("wheels", "index", "expected"), [
-    (["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"], "auto", []),
-    ([], "auto", ["--extra-index-url", vllm.TORCH_CPU_INDEX]),
-    ([], "", []),
-    ([], "https://mirror/whl/cpu", ["--extra-index-url", "https://mirror/whl/cpu"]),
-])
+@pytest.mark.parametrize(
+    ("wheels", "index", "expected"),
+    [
+        (["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"], "auto", []),
+        ([], "auto", ["--extra-index-url", vllm.TORCH_CPU_INDEX]),
+        ([], "", []),
+        ([], "https://mirror/whl/cpu", ["--extra-index-url", "https://mirror/whl/cpu"]),
+    ],
+)
 def test_torch_comes_from_a_cpu_wheel(tmp_path, wheels, index, expected):
     for name in wheels:
         (tmp_path / name).write_bytes(b"")

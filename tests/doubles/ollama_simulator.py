@@ -51,8 +51,32 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 DEFAULT_MODEL = "smollm2-135m:latest"
-WORDS = ("The", " cache", " holds", " keys", " and", " values", " for", " every", " token", " so", " decoding",
-         " stays", " fast", ".", " Blocks", " are", " paged", " in", " and", " out", " on", " demand", ",", " like")
+WORDS = (
+    "The",
+    " cache",
+    " holds",
+    " keys",
+    " and",
+    " values",
+    " for",
+    " every",
+    " token",
+    " so",
+    " decoding",
+    " stays",
+    " fast",
+    ".",
+    " Blocks",
+    " are",
+    " paged",
+    " in",
+    " and",
+    " out",
+    " on",
+    " demand",
+    ",",
+    " like",
+)
 
 
 @dataclass
@@ -71,8 +95,12 @@ class SimulatedModel:
 
     def details(self) -> dict:
         return {
-            "parent_model": "", "format": "gguf", "family": self.family, "families": [self.family],
-            "parameter_size": self.parameter_size, "quantization_level": self.quantization_level,
+            "parent_model": "",
+            "format": "gguf",
+            "family": self.family,
+            "families": [self.family],
+            "parameter_size": self.parameter_size,
+            "quantization_level": self.quantization_level,
         }
 
 
@@ -124,8 +152,16 @@ class OllamaSimulator:
 
     def __post_init__(self):
         self._models = {normalise(name): SimulatedModel(normalise(name)) for name in self.models}
-        self.stats = {"requests": 0, "running": 0, "max_running": 0, "waiting": 0, "max_waiting": 0,
-                      "completed": 0, "cancelled": 0, "rejected": 0}
+        self.stats = {
+            "requests": 0,
+            "running": 0,
+            "max_running": 0,
+            "waiting": 0,
+            "max_waiting": 0,
+            "completed": 0,
+            "cancelled": 0,
+            "rejected": 0,
+        }
         self.last_request: dict | None = None
         self.break_after_tokens: int | None = None
         self._runner: web.AppRunner | None = None
@@ -209,39 +245,77 @@ class OllamaSimulator:
         return web.Response(text="Ollama is running")
 
     async def _version(self, request: web.Request) -> web.Response:
-        self.last_request = {"method": request.method, "path": request.path, "raw_path": request.raw_path,
-                             "query_string": request.raw_path.partition("?")[2], "headers": request.headers.copy(),
-                             "body": await request.read()}
+        self.last_request = {
+            "method": request.method,
+            "path": request.path,
+            "raw_path": request.raw_path,
+            "query_string": request.raw_path.partition("?")[2],
+            "headers": request.headers.copy(),
+            "body": await request.read(),
+        }
         return _json({"version": self.version})
 
     async def _tags(self, _request: web.Request) -> web.Response:
-        return _json({"models": [
-            {"name": m.name, "model": m.name, "modified_at": "2025-10-01T09:30:00.123456789Z", "size": m.size,
-             "digest": m.digest, "details": m.details()}
-            for m in self._models.values()
-        ]})
+        return _json(
+            {
+                "models": [
+                    {
+                        "name": m.name,
+                        "model": m.name,
+                        "modified_at": "2025-10-01T09:30:00.123456789Z",
+                        "size": m.size,
+                        "digest": m.digest,
+                        "details": m.details(),
+                    }
+                    for m in self._models.values()
+                ]
+            }
+        )
 
     async def _ps(self, _request: web.Request) -> web.Response:
         now = time.time()
         loaded = [m for m in self._models.values() if m.loaded_until is not None and m.loaded_until > now]
-        return _json({"models": [
-            {"name": m.name, "model": m.name, "size": m.loaded_size, "digest": m.digest, "details": m.details(),
-             "expires_at": _now_rfc3339(m.loaded_until), "size_vram": 0, "context_length": m.context_length}
-            for m in loaded
-        ]})
+        return _json(
+            {
+                "models": [
+                    {
+                        "name": m.name,
+                        "model": m.name,
+                        "size": m.loaded_size,
+                        "digest": m.digest,
+                        "details": m.details(),
+                        "expires_at": _now_rfc3339(m.loaded_until),
+                        "size_vram": 0,
+                        "context_length": m.context_length,
+                    }
+                    for m in loaded
+                ]
+            }
+        )
 
     async def _openai_models(self, _request: web.Request) -> web.Response:
-        return _json({"object": "list", "data": [
-            {"id": m.name, "object": "model", "created": 1759311000, "owned_by": "library"} for m in self._models.values()
-        ]})
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m.name, "object": "model", "created": 1759311000, "owned_by": "library"}
+                    for m in self._models.values()
+                ],
+            }
+        )
 
     # --- generation ---
     async def _read(self, request: web.Request) -> tuple[dict | None, web.Response | None]:
         body = await request.read()
         # raw_path: the request target exactly as received (percent-encoding untouched)
-        self.last_request = {"method": request.method, "path": request.path, "raw_path": request.raw_path,
-                             "query_string": request.raw_path.partition("?")[2],
-                             "headers": request.headers.copy(), "body": body}
+        self.last_request = {
+            "method": request.method,
+            "path": request.path,
+            "raw_path": request.raw_path,
+            "query_string": request.raw_path.partition("?")[2],
+            "headers": request.headers.copy(),
+            "body": body,
+        }
         self.stats["requests"] += 1
         try:
             payload = json.loads(body)
@@ -251,8 +325,7 @@ class OllamaSimulator:
             return None, _json({"error": "request body must be a JSON object"}, status=400)
         name = normalise(payload.get("model"))
         if name not in self._models:
-            return None, _json(
-                {"error": f"model '{payload.get('model')}' not found"}, status=404)
+            return None, _json({"error": f"model '{payload.get('model')}' not found"}, status=404)
         return payload, None
 
     async def _admit(self, model: SimulatedModel):
@@ -301,8 +374,7 @@ class OllamaSimulator:
         model = self._models[normalise(payload.get("model"))]
         received = time.perf_counter()
         if await self._admit(model) is None:
-            return _json({"error": "server busy, please try again.  maximum pending requests exceeded"},
-                                     status=503)
+            return _json({"error": "server busy, please try again.  maximum pending requests exceeded"}, status=503)
         try:
             return await self._generate_native(request, payload, model, chat, n_tokens, limit, received)
         except asyncio.CancelledError:
@@ -347,16 +419,18 @@ class OllamaSimulator:
                     return response
         eval_seconds = time.perf_counter() - eval_started
         final = chunk("" if stream else "".join(generated))
-        final.update({
-            "done": True,
-            "done_reason": "length" if limit else "stop",
-            "total_duration": int((time.perf_counter() - received) * 1e9),
-            "load_duration": int(load_seconds * 1e9),
-            "prompt_eval_count": prompt_tokens,
-            "prompt_eval_duration": int(prompt_seconds * 1e9),
-            "eval_count": len(generated),
-            "eval_duration": int(eval_seconds * 1e9),
-        })
+        final.update(
+            {
+                "done": True,
+                "done_reason": "length" if limit else "stop",
+                "total_duration": int((time.perf_counter() - received) * 1e9),
+                "load_duration": int(load_seconds * 1e9),
+                "prompt_eval_count": prompt_tokens,
+                "prompt_eval_duration": int(prompt_seconds * 1e9),
+                "eval_count": len(generated),
+                "eval_duration": int(eval_seconds * 1e9),
+            }
+        )
         if not chat:
             final["context"] = list(range(1, prompt_tokens + len(generated) + 1))[:32]
         self.stats["completed"] += 1
@@ -374,8 +448,15 @@ class OllamaSimulator:
         n_tokens = limit if isinstance(limit, int) and limit > 0 else self.tokens
         model = self._models[normalise(payload.get("model"))]
         if await self._admit(model) is None:
-            return _json({"error": {"message": "server busy, please try again.  maximum pending requests exceeded",
-                                                "type": "api_error"}}, status=503)
+            return _json(
+                {
+                    "error": {
+                        "message": "server busy, please try again.  maximum pending requests exceeded",
+                        "type": "api_error",
+                    }
+                },
+                status=503,
+            )
         try:
             return await self._generate_openai(request, payload, model, n_tokens, limit)
         except asyncio.CancelledError:
@@ -391,30 +472,50 @@ class OllamaSimulator:
         created = int(time.time())
         ident = f"chatcmpl-{self.stats['requests']}"
         finish = "length" if limit else "stop"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens, "total_tokens": prompt_tokens + n_tokens}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n_tokens,
+            "total_tokens": prompt_tokens + n_tokens,
+        }
         if not payload.get("stream"):
             await asyncio.sleep(self.token_delay * n_tokens)
             text = "".join(WORDS[i % len(WORDS)] for i in range(n_tokens))
             self.stats["completed"] += 1
-            return _json({
-                "id": ident, "object": "chat.completion", "created": created, "model": model.name,
-                "system_fingerprint": "fp_ollama",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
-                "usage": usage,
-            })
+            return _json(
+                {
+                    "id": ident,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model.name,
+                    "system_fingerprint": "fp_ollama",
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                    ],
+                    "usage": usage,
+                }
+            )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
 
         def event(choices: list, **extra) -> bytes:
-            body = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model.name,
-                    "system_fingerprint": "fp_ollama", "choices": choices, **extra}
+            body = {
+                "id": ident,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model.name,
+                "system_fingerprint": "fp_ollama",
+                "choices": choices,
+                **extra,
+            }
             return b"data: " + _dump(body) + b"\n\n"
 
         for index in range(n_tokens):
             await asyncio.sleep(self.token_delay)
             delta = {"role": "assistant", "content": WORDS[index % len(WORDS)]}
             await response.write(event([{"index": 0, "delta": delta, "finish_reason": None}]))
-        await response.write(event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": finish}]))
+        await response.write(
+            event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": finish}])
+        )
         options = payload.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage"):
             await response.write(event([], usage=usage))
@@ -425,8 +526,9 @@ class OllamaSimulator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.doubles.ollama_simulator",
-                                     description="Ollama API simulator (test double).")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.doubles.ollama_simulator", description="Ollama API simulator (test double)."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True, help="0 = any free port (printed)")
     parser.add_argument("--num-parallel", type=int, default=1, help="OLLAMA_NUM_PARALLEL (default 1)")
@@ -438,9 +540,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", action="append", help=f"model name (repeatable; default {DEFAULT_MODEL})")
     parser.add_argument("--version", default="0.12.6", help="what /api/version reports")
     args = parser.parse_args(argv)
-    sim = OllamaSimulator(host=args.host, port=args.port, num_parallel=args.num_parallel, max_queue=args.max_queue,
-                          token_delay=args.token_delay, tokens=args.tokens, load_delay=args.load_delay,
-                          keep_alive=args.keep_alive, version=args.version, models=args.model or [DEFAULT_MODEL])
+    sim = OllamaSimulator(
+        host=args.host,
+        port=args.port,
+        num_parallel=args.num_parallel,
+        max_queue=args.max_queue,
+        token_delay=args.token_delay,
+        tokens=args.tokens,
+        load_delay=args.load_delay,
+        keep_alive=args.keep_alive,
+        version=args.version,
+        models=args.model or [DEFAULT_MODEL],
+    )
 
     async def serve() -> None:
         stop = asyncio.Event()

@@ -214,7 +214,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         b = self.server.behaviour
         if self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": b.model, "object": "model", "owned_by": "synthetic", "max_model_len": 1024}]})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": b.model, "object": "model", "owned_by": "synthetic", "max_model_len": 1024}],
+                },
+            )
         elif self.path == "/version":
             self._json(200, {"version": b.version})
         elif self.path == "/health":
@@ -263,7 +269,9 @@ class _Handler(BaseHTTPRequestHandler):
             request = json.loads(body)
             messages = request["messages"]
         except (ValueError, KeyError, TypeError):
-            self._json(400, {"error": {"message": "body must be JSON with messages", "type": "BadRequest", "code": 400}})
+            self._json(
+                400, {"error": {"message": "body must be JSON with messages", "type": "BadRequest", "code": 400}}
+            )
             return
         spec = b.fault
         header_spec = self.headers.get("X-Synthetic-Fault")
@@ -282,7 +290,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.stats.requests += 1
             self.server.stats.faults += bool(spec)
         if fault.status:
-            self._json(fault.status, {"error": {"message": f"synthetic fault: HTTP {fault.status}", "type": "ServiceUnavailable", "code": fault.status}})
+            self._json(
+                fault.status,
+                {
+                    "error": {
+                        "message": f"synthetic fault: HTTP {fault.status}",
+                        "type": "ServiceUnavailable",
+                        "code": fault.status,
+                    }
+                },
+            )
             return
         max_tokens = request.get("max_tokens") or request.get("max_completion_tokens") or b.tokens
         n = max(1, min(b.tokens, int(max_tokens)))
@@ -290,11 +307,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(request, n, fault, t0)
         else:
             self._wait_until(t0 + b.ttft + (n - 1) * b.itl)
-            self._json(200, {
-                "id": "chatcmpl-synthetic", "object": "chat.completion", "created": int(time.time()), "model": b.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(f"tok{i} " for i in range(n))}, "finish_reason": "length"}],
-                "usage": {"prompt_tokens": _prompt_tokens(messages), "completion_tokens": n, "total_tokens": _prompt_tokens(messages) + n},
-            })
+            self._json(
+                200,
+                {
+                    "id": "chatcmpl-synthetic",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": b.model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "".join(f"tok{i} " for i in range(n))},
+                            "finish_reason": "length",
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": _prompt_tokens(messages),
+                        "completion_tokens": n,
+                        "total_tokens": _prompt_tokens(messages) + n,
+                    },
+                },
+            )
 
     @staticmethod
     def _wait_until(deadline: float) -> float:
@@ -308,11 +341,15 @@ class _Handler(BaseHTTPRequestHandler):
         b = self.server.behaviour
         ttft, itl, model = b.ttft, b.itl, b.model
         created = int(time.time())
-        head = ('{"id":"chatcmpl-synthetic","object":"chat.completion.chunk",'
-                f'"created":{created},"model":{json.dumps(model)},"choices":[{{"index":0,"delta":').encode()
+        head = (
+            '{"id":"chatcmpl-synthetic","object":"chat.completion.chunk",'
+            f'"created":{created},"model":{json.dumps(model)},"choices":[{{"index":0,"delta":'
+        ).encode()
 
         def event(delta: str, finish: str = "null") -> bytes:
-            return b"data: " + head + delta.encode() + b',"logprobs":null,"finish_reason":' + finish.encode() + b"}]}\n\n"
+            return (
+                b"data: " + head + delta.encode() + b',"logprobs":null,"finish_reason":' + finish.encode() + b"}]}\n\n"
+            )
 
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -329,7 +366,9 @@ class _Handler(BaseHTTPRequestHandler):
                     self._cut()
                     return
                 if fault.error is not None and k == fault.error:
-                    self._chunk(b'data: {"error":{"message":"synthetic fault: engine error mid-stream","type":"InternalServerError","code":500}}\n\n')
+                    self._chunk(
+                        b'data: {"error":{"message":"synthetic fault: engine error mid-stream","type":"InternalServerError","code":500}}\n\n'
+                    )
                     self._chunk(b"data: [DONE]\n\n")
                     self._chunk(b"")
                     return
@@ -345,17 +384,36 @@ class _Handler(BaseHTTPRequestHandler):
             if b.timings:
                 # llama.cpp puts its `timings` object on the final chunk.
                 elapsed_ms = (time.monotonic() - t0) * 1000
-                timings = {"prompt_n": _prompt_tokens(request["messages"]), "prompt_ms": round(ttft * 1000, 3),
-                           "predicted_n": n, "predicted_ms": round(elapsed_ms - ttft * 1000, 3),
-                           "predicted_per_second": round(n / max(1e-9, elapsed_ms / 1000 - ttft), 3), "cache_n": 0}
+                timings = {
+                    "prompt_n": _prompt_tokens(request["messages"]),
+                    "prompt_ms": round(ttft * 1000, 3),
+                    "predicted_n": n,
+                    "predicted_ms": round(elapsed_ms - ttft * 1000, 3),
+                    "predicted_per_second": round(n / max(1e-9, elapsed_ms / 1000 - ttft), 3),
+                    "cache_n": 0,
+                }
                 final = final[:-3] + b',"timings":' + json.dumps(timings, separators=(",", ":")).encode() + b"}\n\n"
             self._chunk(final)
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
             if b.usage and include_usage:
                 prompt_tokens = _prompt_tokens(request["messages"])
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
-                self._chunk(("data: " + json.dumps({"id": "chatcmpl-synthetic", "object": "chat.completion.chunk", "created": created,
-                                                    "model": model, "choices": [], "usage": usage}) + "\n\n").encode())
+                self._chunk(
+                    (
+                        "data: "
+                        + json.dumps(
+                            {
+                                "id": "chatcmpl-synthetic",
+                                "object": "chat.completion.chunk",
+                                "created": created,
+                                "model": model,
+                                "choices": [],
+                                "usage": usage,
+                            }
+                        )
+                        + "\n\n"
+                    ).encode()
+                )
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
@@ -365,9 +423,16 @@ class _Handler(BaseHTTPRequestHandler):
             with self.server.lock:
                 self.server.stats.tokens_sent += len(writes)
                 self.server.stats.lateness_s.extend(late)
-                self.server.stats.streams.append({"prompt": str(request["messages"][-1].get("content", "")),
-                                                  "t_arrival": self.t_arrival, "t_request_line": self.t_request_line,
-                                                  "t_body": self.t_body, "t0": t0, "writes": writes})
+                self.server.stats.streams.append(
+                    {
+                        "prompt": str(request["messages"][-1].get("content", "")),
+                        "t_arrival": self.t_arrival,
+                        "t_request_line": self.t_request_line,
+                        "t_body": self.t_body,
+                        "t0": t0,
+                        "writes": writes,
+                    }
+                )
         with self.server.lock:
             self.server.stats.streams_completed += 1
 
@@ -417,11 +482,15 @@ class SyntheticServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.doubles.synthetic_openai", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.doubles.synthetic_openai", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on the first line)")
     parser.add_argument("--ttft", type=float, default=0.2, help="seconds from request to first content chunk")
-    parser.add_argument("--itl", type=float, default=0.02, help="seconds between content chunks (0: as fast as possible)")
+    parser.add_argument(
+        "--itl", type=float, default=0.02, help="seconds between content chunks (0: as fast as possible)"
+    )
     parser.add_argument("--tokens", type=int, default=64, help="content chunks per request (capped by max_tokens)")
     parser.add_argument("--model", default="synthetic/model")
     parser.add_argument("--no-usage", action="store_true", help="never send the usage chunk")
@@ -431,8 +500,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         Fault.parse(args.fault)
-        server = SyntheticServer(args.host, args.port, ttft=args.ttft, itl=args.itl, tokens=args.tokens, model=args.model,
-                                 usage=not args.no_usage, timings=args.timings, fault=args.fault, version=args.version_string)
+        server = SyntheticServer(
+            args.host,
+            args.port,
+            ttft=args.ttft,
+            itl=args.itl,
+            tokens=args.tokens,
+            model=args.model,
+            usage=not args.no_usage,
+            timings=args.timings,
+            fault=args.fault,
+            version=args.version_string,
+        )
     except (ValueError, OSError) as exc:
         print(f"synthetic_openai: {exc}", file=sys.stderr)
         return 2

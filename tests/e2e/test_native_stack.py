@@ -18,8 +18,16 @@ from stack import ports
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-PORT_KNOBS = ("VLLM_PORT", "LLAMACPP_PORT", "OLLAMA_PORT", "OLLAMA_PROXY_PORT", "EXPORTER_PORT", "LOADGEN_METRICS_PORT",
-              "PROMETHEUS_PORT", "LOCUST_PORT")
+PORT_KNOBS = (
+    "VLLM_PORT",
+    "LLAMACPP_PORT",
+    "OLLAMA_PORT",
+    "OLLAMA_PROXY_PORT",
+    "EXPORTER_PORT",
+    "LOADGEN_METRICS_PORT",
+    "PROMETHEUS_PORT",
+    "LOCUST_PORT",
+)
 # A burst four times the scheduler cap, long enough answers that requests overlap: vLLM must queue.
 MAX_NUM_SEQS, BURST, MAX_TOKENS = 2, 8, 128
 
@@ -28,8 +36,15 @@ def stack(env: dict[str, str], *args: str, timeout: float, log: Path) -> tuple[i
     with open(log, "a") as out:
         out.write(f"\n$ python -m stack {' '.join(args)}\n")
         out.flush()
-        proc = subprocess.run([sys.executable, "-m", "stack", *args, "--mode", "native"], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "stack", *args, "--mode", "native"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
         out.write(proc.stdout)
     return proc.returncode, proc.stdout
 
@@ -61,9 +76,15 @@ def pids_of(state: Path) -> dict[str, int]:
 @pytest.mark.e2e
 @pytest.mark.timeout(3600)
 def test_native_stack_up_compare_prometheus_down(tmp_path):
-    env = {**os.environ, "SERVESCOPE_STATE": str(tmp_path / "state"), "SERVESCOPE_RESULTS": str(tmp_path / "results"),
-           "VLLM_MAX_NUM_SEQS": str(MAX_NUM_SEQS), "BURST_SIZE": str(BURST), "MAX_TOKENS": str(MAX_TOKENS),
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "SERVESCOPE_STATE": str(tmp_path / "state"),
+        "SERVESCOPE_RESULTS": str(tmp_path / "results"),
+        "VLLM_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
+        "BURST_SIZE": str(BURST),
+        "MAX_TOKENS": str(MAX_TOKENS),
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("OLLAMA_HOST", None)
     # Never the defaults: a user's own stack may be up on this machine.
     used: set[int] = set()
@@ -114,7 +135,10 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
         # Prometheus holds the engine-neutral lever gauges for both engines.
         for series in ("servescope_requests_running", "servescope_requests_waiting", "servescope_kv_cache_usage_ratio"):
             for engine in ("vllm", "llamacpp"):
-                assert wait_for_series(prometheus, f'last_over_time({series}{{engine="{engine}"}}[15m])'), (series, engine)
+                assert wait_for_series(prometheus, f'last_over_time({series}{{engine="{engine}"}}[15m])'), (
+                    series,
+                    engine,
+                )
         # A burst of 8 against --max-num-seqs 2: vLLM's queue was seen non-empty.
         waited = query(prometheus, 'max_over_time(servescope_requests_waiting{engine="vllm"}[15m]) > 0')
         raw = query(prometheus, "max_over_time(vllm:num_requests_waiting[15m])")
