@@ -14,13 +14,12 @@ from dashboards import build
 from servescope import knobs, prometheus_config
 from stack import model as stack_model
 from stack import vllm as stack_vllm
+from tests.conftest import require_tool
 
 ROOT = knobs.REPO_ROOT
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKER_COMPOSE = shutil.which("docker-compose")
-needs_compose = pytest.mark.skipif(
-    DOCKER_COMPOSE is None, reason="docker-compose not installed (apt-get install docker-compose)"
-)
+needs_compose = pytest.mark.tool("docker-compose")
 EXAMPLE = knobs.parse_env_file(ROOT / ".env.example")
 # Derived by stack/compose.py from COMPOSE_PROFILES, not a user knob.
 INTERNAL_VARS = {"COMPOSE_LLAMACPP_URL"}
@@ -73,8 +72,7 @@ def volumes_of(service: dict) -> list[tuple[str, str, str]]:
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
-    if DOCKER_COMPOSE is None:
-        pytest.skip("docker-compose not installed")
+    require_tool("docker-compose")
     return resolved(tmp_path_factory.mktemp("compose"))
 
 
@@ -144,8 +142,7 @@ def test_published_ports_bind_loopback_and_use_the_port_knobs(config):
 
 
 def test_ports_are_overridable(tmp_path):
-    if DOCKER_COMPOSE is None:
-        pytest.skip("docker-compose not installed")
+    require_tool("docker-compose")
     proc = subprocess.run(
         [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"],
         capture_output=True,

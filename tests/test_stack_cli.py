@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 
@@ -13,29 +12,20 @@ from stack import cli, llamacpp, native, supervisor
 from stack.errors import StackError
 
 
-def fake_compose(available: bool) -> types.ModuleType:
-    # stands in for stack/compose.py (another helper's module) with the agreed interface
-    module = types.ModuleType("stack.compose")
-    module.docker_available = lambda: available
-    module.up = module.down = module.status = lambda: 0
-    return module
-
-
 def test_mode_selection(monkeypatch):
-    monkeypatch.setattr(cli, "compose_module", lambda: None)
-    assert cli.choose("auto", "up", False) is None  # no compose module yet: native
-    with pytest.raises(StackError):
-        cli.choose("compose", "up", False)
-    monkeypatch.setattr(cli, "compose_module", lambda: fake_compose(True))
-    assert cli.choose("auto", "up", False) is not None
-    assert cli.choose("auto", "down", True) is None  # a native stack that is up is stopped natively
-    assert cli.choose("native", "up", False) is None
-    monkeypatch.setattr(cli, "compose_module", lambda: fake_compose(False))
-    assert cli.choose("auto", "up", False) is None
+    from stack import compose
+
+    monkeypatch.setattr(compose, "docker_available", lambda: True)
+    assert cli.use_compose("auto", "up", False) is True
+    assert cli.use_compose("auto", "down", True) is False  # a native stack that is up is stopped natively
+    assert cli.use_compose("native", "up", False) is False
+    assert cli.use_compose("compose", "status", True) is True
+    monkeypatch.setattr(compose, "docker_available", lambda: False)
+    assert cli.use_compose("auto", "up", False) is False
 
 
 def test_user_error_is_one_line_without_traceback(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "compose_module", lambda: None)
+    monkeypatch.setattr(cli, "use_compose", lambda *a: False)
 
     def refuse(compare=True):
         raise StackError("port 8009 is in use (vLLM-CPU): set VLLM_PORT to another port")
@@ -151,10 +141,11 @@ def test_build_progress_reads_the_last_percentage(tmp_path):
 def test_auto_mode_hands_up_to_compose_when_docker_answers(monkeypatch, tmp_path):
     monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
     calls = []
-    compose = fake_compose(True)
-    compose.up = lambda compare=True: calls.append(("up", compare)) or 0
-    compose.status = lambda: calls.append(("status",)) or 0
-    monkeypatch.setattr(cli, "compose_module", lambda: compose)
+    from stack import compose
+
+    monkeypatch.setattr(compose, "docker_available", lambda: True)
+    monkeypatch.setattr(compose, "up", lambda compare=True: calls.append(("up", compare)) or 0)
+    monkeypatch.setattr(compose, "status", lambda: calls.append(("status",)) or 0)
     monkeypatch.setattr(native, "up", lambda compare=True: pytest.fail("native up chosen while Docker answers"))
     assert cli.main(["up", "--no-compare"]) == 0
     assert cli.main(["status"]) == 0
