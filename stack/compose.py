@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from servescope import knobs, prometheus_config
 from servescope.runfolder import new_run_id
@@ -108,6 +109,9 @@ def compose_env(environ: dict[str, str] | None = None, cores: int | None = None)
         # Compose interpolates every service, Grafana's `:?` too, even when its profile is off: a one-off
         # value no one sees satisfies it (Grafana does not run, Locust posts no annotations without its URL).
         env["GRAFANA_ADMIN_PASSWORD"] = secrets.token_urlsafe(18)
+    wheelhouse = urlsplit(env.get("BUILD_WHEELHOUSE") or "")
+    if wheelhouse.scheme == "http" and wheelhouse.hostname:
+        env.setdefault("COMPOSE_WHEELHOUSE_HOST", wheelhouse.hostname)  # pip refuses plain http hosts not trusted
     cores = cores or os.cpu_count() or 1
     for knob in CPU_KNOBS:
         try:

@@ -75,6 +75,12 @@ def test_compose_env_carries_every_knob_and_wires_the_llamacpp_profile():
         compose.compose_env({"PATH": "/usr/bin", "COMPOSE_PROFILES": "vllm,ollma"})
 
 
+def test_an_http_wheelhouse_is_a_trusted_host_for_the_image_builds():
+    env = compose.compose_env({"PATH": "/usr/bin", "BUILD_WHEELHOUSE": "http://172.17.0.1:18999/"})
+    assert env["COMPOSE_WHEELHOUSE_HOST"] == "172.17.0.1"
+    assert "COMPOSE_WHEELHOUSE_HOST" not in compose.compose_env({"PATH": "/usr/bin", "BUILD_WHEELHOUSE": "https://m/"})
+
+
 def test_cpu_budgets_above_the_machines_cores_are_lowered_to_them():
     env = compose.compose_env({"PATH": "/usr/bin", "VLLM_CPUS": "4", "LLAMACPP_CPUS": "1.5"}, cores=2)
     assert (env["VLLM_CPUS"], env["OLLAMA_CPUS"], env["LLAMACPP_CPUS"]) == ("2", "2", "1.5")
