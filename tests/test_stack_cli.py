@@ -72,10 +72,10 @@ def test_down_with_nothing_up(monkeypatch, tmp_path, capsys):
     assert "nothing to stop" in capsys.readouterr().out
 
 
-def test_compare_command_uses_only_flags_loadgen_has():
+def test_compare_command_names_the_run_folder_it_asks_for():
     knob = {"MAX_TOKENS": "48", "BURST_SIZE": "3", "LOADGEN_METRICS_PORT": "9465", "SERVESCOPE_RESULTS": "/r"}
     engines = {"vllm": "http://127.0.0.1:8009", "llamacpp": "http://127.0.0.1:8081"}
-    cmd = native.compare_command(knob, engines, "--engine --max-tokens --burst-size --results")
+    cmd = native.compare_command(knob, engines, "20261201-000000-1")
     assert cmd[1:] == [
         "-m",
         "loadgen",
@@ -90,14 +90,28 @@ def test_compare_command_uses_only_flags_loadgen_has():
         "3",
         "--results",
         "/r",
+        "--run-id",
+        "20261201-000000-1",
+        "--metrics-port",
+        "9465",
     ]
-    with_ollama = native.compare_command(knob, {**engines, "ollama": "http://127.0.0.1:11435"}, "")
-    assert with_ollama[-2:] == ["--engine", "ollama=http://127.0.0.1:11435"]
+    with_ollama = native.compare_command(knob, {**engines, "ollama": "http://127.0.0.1:11435"}, "x")
+    assert with_ollama[with_ollama.index("llamacpp=http://127.0.0.1:8081") + 1 : with_ollama.index("--max-tokens")] == [
+        "--engine",
+        "ollama=http://127.0.0.1:11435",
+    ]
+    relative = native.compare_command({**knob, "SERVESCOPE_RESULTS": "results"}, engines, "x")
+    assert relative[relative.index("--results") + 1] == str(native.knobs.REPO_ROOT / "results")
 
 
-def test_run_folder_is_the_last_such_line():
-    assert native.run_folder_from(["x", "run folder: results/a", "noise", "run folder: results/b", ""]) == "results/b"
-    assert native.run_folder_from(["no folder"]) is None
+def test_the_exporter_reads_each_engines_cpu_and_memory_from_its_pid_record(monkeypatch, tmp_path):
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    knob = {"EXPORTER_PORT": "9464", "OLLAMA_PROXY_PORT": "11435", "OLLAMA_NUM_PARALLEL": "1"}
+    service = native.exporter_service(knob, "127.0.0.1", {"vllm": "http://127.0.0.1:8009"}, None)
+    cmd = service.cmd
+    assert cmd[cmd.index("--vllm-url") + 1] == "http://127.0.0.1:8009"
+    assert cmd[cmd.index("--process") + 1] == f"vllm={tmp_path / 'native' / 'pids' / 'vllm.json'}"
+    assert "--llamacpp-url" not in cmd
 
 
 def test_llamacpp_build_is_bounded_and_trimmed(monkeypatch):
