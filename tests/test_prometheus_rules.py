@@ -110,3 +110,19 @@ def test_rules_only_use_series_that_exist():
     used = set(re.findall(r"\b(servescope_[a-z_]+?)(?:_bucket|_sum|_count)?\b(?=[\[{(\s)])", text))
     unknown = {name for name in used if name not in known and name.removesuffix("_total") not in known}
     assert not unknown, unknown
+
+
+def test_lever_rules_are_the_threshold_tables(monkeypatch, tmp_path, capsys):
+    """The committed lever rules are what servescope/lever_rules.py renders from the table; a stale one fails --check."""
+    from servescope import lever_rules, thresholds
+
+    assert lever_rules.main(["--check"]) == 0
+    text = (RULES_DIR / "vllm_levers.yml").read_text()
+    assert f"< {thresholds.KV_ROOM:g}\n" in text and f">= {thresholds.KV_FULL:g}\n" in text
+    assert f"[{thresholds.ALERT_WINDOW}]" in text and f"for: {thresholds.ALERT_FOR}\n" in text
+    stale = tmp_path / "vllm_levers.yml"
+    stale.write_text(text.replace(f"< {thresholds.KV_ROOM:g}", "< 0.7"))
+    monkeypatch.setattr(lever_rules, "FILES", {stale: lever_rules.vllm_levers})
+    monkeypatch.setattr(lever_rules, "REPO_ROOT", tmp_path)
+    assert lever_rules.main(["--check"]) == 1
+    assert "vllm_levers.yml is stale" in capsys.readouterr().err
