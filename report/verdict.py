@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from report.gauges import GaugeReport
 from report.load import EngineInfo, Run
 from servescope import series
+from servescope.kv_arithmetic import blocks_for, capacity_tokens, max_concurrency
 
 # "Near 100%" in the seed's words: the paged pool is the bottleneck once the peak reaches this.
 KV_FULL = 0.9
@@ -169,14 +169,14 @@ def kv_arithmetic(run: Run, gauges: GaugeReport) -> list[KvArithmetic]:
         a.capacity_tokens = kv.get(series.KV_CAPACITY_TOKENS)
         a.max_concurrency_reported = kv.get(series.KV_MAX_CONCURRENCY)
         if a.blocks is not None and a.block_size_tokens:
-            a.capacity_from_blocks = a.blocks * a.block_size_tokens
+            a.capacity_from_blocks = capacity_tokens(a.blocks, a.block_size_tokens)
         capacity = a.capacity_tokens if a.capacity_tokens is not None else a.capacity_from_blocks
         mml = _flag_int(info, "max-model-len", "VLLM_MAX_MODEL_LEN", "max_model_len")
         if mml is None and capacity and a.max_concurrency_reported:
             mml = round(capacity / a.max_concurrency_reported)
         a.max_model_len = mml
         if capacity and mml:
-            a.max_concurrency_computed = capacity / mml
+            a.max_concurrency_computed = max_concurrency(capacity, mml)
         bursts = [p for p in run.phases_of(instance) if p.scenario == "burst"]
         if bursts:
             a.burst_size = max(p.concurrency for p in bursts)
@@ -186,7 +186,7 @@ def kv_arithmetic(run: Run, gauges: GaugeReport) -> list[KvArithmetic]:
             if longest:
                 a.tokens_per_sequence = longest
                 if a.block_size_tokens:
-                    a.blocks_per_sequence = math.ceil(longest / a.block_size_tokens)
+                    a.blocks_per_sequence = blocks_for(longest, a.block_size_tokens)
                     a.burst_blocks = a.blocks_per_sequence * a.burst_size
         a.lines = _kv_lines(a, capacity)
         out.append(a)
