@@ -19,6 +19,7 @@ Load generator and benchmarks use it the same way::
 from __future__ import annotations
 
 import http.client
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -43,10 +44,28 @@ KEPT = (
 WANTED = frozenset((series.ENGINE_UP, *KEPT))
 # Per engine instance, several models (Ollama) or pools: counts add up, these take the largest.
 LARGEST_ACROSS_MODELS = frozenset((series.KV_CACHE_USAGE, series.KV_BLOCK_SIZE))
+# A pause longer than this many intervals between two reads is a gap (time nobody read), for every reader.
+GAP_FACTOR = 1.5
 # Longer than the exporter's own per-engine budget (3 s by default, below 1 s natively), so a slow
 # engine costs its own samples, not the page's.
 READ_TIMEOUT_S = 5.0
 HEADERS = {"Accept": "text/plain", "User-Agent": "servescope-sampler"}
+
+
+def split_at_gaps(points: list[tuple[float, float | None]], spacing: float | None) -> list[tuple[float, float | None]]:
+    """The points with (t, None) put in wherever two reads are more than GAP_FACTOR spacings apart.
+
+    A series is a read every `spacing` seconds (the sampling interval, a Prometheus step); a longer
+    pause is time nobody read (a read that hung, a stack that was down): it is drawn as a gap, never
+    as a line from the value before it to the value after it. The gap starts one spacing after the
+    last read, which is how long that read's value stands for.
+    """
+    out: list[tuple[float, float | None]] = []
+    for i, (t, value) in enumerate(points):
+        if i and spacing and t - points[i - 1][0] > GAP_FACTOR * spacing:
+            out.append((points[i - 1][0] + spacing, None))
+        out.append((t, value))
+    return out
 
 
 def combine_models(name: str, values: Iterable[float]) -> float:
@@ -93,6 +112,7 @@ class Sampler:
         expected: Iterable[tuple[str, str]] = (),
         timeout_s: float = READ_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
+        notify: Callable[[str], None] | None = None,
     ):
         if interval_s < 0:
             raise ValueError(f"sampling interval must be >= 0 ms, got {interval_s * 1000:g}")
@@ -101,6 +121,7 @@ class Sampler:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.clock = clock
+        self.notify = notify  # told once per new kind of failure, one line
         parts = urlsplit(self.source if "://" in self.source else f"http://{self.source}")
         self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
         self._path = (parts.path.rstrip("/") or "") + "/metrics?" + urlencode([("name[]", n) for n in sorted(WANTED)])
@@ -117,7 +138,7 @@ class Sampler:
     @classmethod
     def for_run(cls, folder: RunFolder, expected: Iterable[tuple[str, str]] = ()) -> Sampler:
         """The knobs' sampler: SAMPLE_INTERVAL_MS (0: off) from SAMPLE_EXPORTER_URL (default the local exporter)."""
-        return cls(folder, default_source(), default_interval_s(), expected=expected)
+        return cls(folder, default_source(), default_interval_s(), expected=expected, notify=_to_stderr)
 
     @property
     def enabled(self) -> bool:
@@ -185,6 +206,11 @@ class Sampler:
         records = []
         if error is not None:
             self.failed_reads += 1
+            if self.notify is not None and f"exporter at {self.source}: {error}" != self.last_error:
+                self.notify(
+                    f"server samples: exporter at {self.source}: {error}; these reads are marked missing "
+                    f"(SAMPLE_EXPORTER_URL points elsewhere, SAMPLE_INTERVAL_MS=0 turns sampling off)"
+                )
             self.last_error = f"exporter at {self.source}: {error}"
             records = [
                 SampleRecord(t, read_s, self.interval_s, engine, instance, self.phase, missing=self.last_error)
@@ -235,6 +261,10 @@ class Sampler:
                 raise ValueError(f"HTTP {resp.status}")
             return body.decode("utf-8", errors="replace")
         raise AssertionError("unreachable")
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _reason(exc: BaseException) -> str:

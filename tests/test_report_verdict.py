@@ -42,7 +42,7 @@ def test_nothing_waiting_needs_no_lever():
     v = decide(VLLM, {R: 3, W: 0, K: 0.3})
     assert v.lever == "none" and v.text.startswith("no lever needed")
     idle = decide(VLLM, {R: 0, W: 0, K: 0.0})
-    assert idle.lever == "none" and "scrape interval" in idle.text
+    assert idle.lever == "none" and "sampling interval" in idle.text
     oversized = decide(VLLM, {R: 3, W: 0, K: 0.02})
     assert "oversized" in oversized.text
 
