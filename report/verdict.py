@@ -176,8 +176,9 @@ def decide(
         )
         burst = queue.first_queued_burst()
         admitted = gauges.phase_peaks.get(burst.phase, {}).get(RUNNING) if gauges and burst else None
-        if burst is not None and not queue.served_after and admitted is not None and admitted >= burst.burst_size:
-            # Every request of the burst ran at once (nothing waited for a slot), yet first tokens came one by one.
+        if burst is not None and admitted is not None and admitted >= burst.burst_size:
+            # The gauges saw every request of the burst running at once: the batch cap let them all in (none
+            # waited for a slot), yet first tokens came one by one, later ones even after an earlier had finished.
             v.lever = "none"
             v.text = (
                 f"no slot or KV lever: all {burst.burst_size} requests of {burst.phase} were admitted at once (running "
