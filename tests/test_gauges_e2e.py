@@ -28,7 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 R, W, K = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE
 
 
-def burst_run(tmp_path: Path, engine_url: str, exporter_url: str, *, interval_ms: int = 100, kind: str = "vllm") -> Path:
+def burst_run(
+    tmp_path: Path, engine_url: str, exporter_url: str, *, interval_ms: int = 100, kind: str = "vllm"
+) -> Path:
     """`python -m loadgen burst` (3 at once, no warm-up) with the run's sampler reading `exporter_url`."""
     env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter_url, "SAMPLE_INTERVAL_MS": str(interval_ms)}
     proc = subprocess.run(
