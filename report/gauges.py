@@ -114,13 +114,16 @@ def collect(run: Run, url: str, client: Prometheus | None = None) -> GaugeReport
         report.engines[instance] = eg
     sampled = [eg for eg in report.engines.values() if eg.source == "samples"]
     if sampled:
-        report.available = True
         interval = max(eg.spacing_s or 0.0 for eg in sampled)
-        report.window = report.window or (run.started_at, run.ended_at)
         scraped = [eg.instance for eg in report.engines.values() if eg.source == "prometheus" and eg.series]
-        report.reason = f"the run's own samples every {interval * 1000:g} ms ({SAMPLES})" + (
-            f"; Prometheus ({report.reason}) for {', '.join(scraped)}" if scraped else ""
+        prometheus = f"Prometheus ({report.reason}) for {', '.join(scraped)}" if scraped else ""
+        if not report.reachable:
+            prometheus = f"Prometheus not used: {report.reason}"
+        report.reason = "; ".join(
+            x for x in (f"the run's own samples every {interval * 1000:g} ms ({SAMPLES})", prometheus) if x
         )
+        report.available = True
+        report.window = report.window or (run.started_at, run.ended_at)
     return report
 
 
@@ -172,9 +175,17 @@ def _read_samples(run: Run) -> tuple[list[SampleRecord], list[str]]:
         warnings.simplefilter("always")
         try:
             records = list(read_samples(RunFolder(run.path)))
-        except (ValueError, TypeError, OSError) as exc:
+        except (ValueError, TypeError, AttributeError, OSError) as exc:
             return [], [f"{SAMPLES} unreadable, gauges from Prometheus only: {exc}"]
-    return records, [str(w.message) for w in caught]
+    notes = [str(w.message) for w in caught]
+    usable = [
+        r
+        for r in records
+        if isinstance(r.t, int | float) and isinstance(r.values, dict) and isinstance(r.interval_s, int | float)
+    ]
+    if len(usable) < len(records):
+        notes.append(f"{SAMPLES}: {len(records) - len(usable)} record(s) without a time, interval or values, skipped")
+    return usable, notes
 
 
 def _mine(samples: list[SampleRecord], instance: str, kind: str, run: Run) -> list[SampleRecord]:

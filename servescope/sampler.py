@@ -151,13 +151,16 @@ class Sampler:
 
     # --- phases ---
     def start(self, phase: str | None = None) -> None:
-        """Sample from now on: one read at once (before the phase's first request), then every interval."""
+        """Sample from now on: one read before returning (so before the phase's first request), then every interval."""
         if not self.enabled:
             return
         self.stop(final_read=False)
         self.phase = phase
         self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="servescope-sampler", daemon=True)
+        self.read_once()
+        self._thread = threading.Thread(
+            target=self._loop, args=(time.monotonic() + self.interval_s,), name="servescope-sampler", daemon=True
+        )
         self._thread.start()
 
     def stop(self, final_read: bool = True) -> None:
@@ -176,9 +179,8 @@ class Sampler:
             self._conn.close()
             self._conn = None
 
-    def _loop(self) -> None:
-        due = time.monotonic()
-        while not self._stop.is_set():
+    def _loop(self, due: float) -> None:
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
             self.read_once()
             due += self.interval_s
             now = time.monotonic()
@@ -186,7 +188,6 @@ class Sampler:
                 # The read overran one or more intervals: those ticks are gaps (readers see them as such);
                 # catching up with a volley of reads would only put invented density there.
                 due += self.interval_s * ((now - due) // self.interval_s + 1)
-            self._stop.wait(due - now)
 
     # --- one read ---
     def read_once(self) -> list[SampleRecord]:

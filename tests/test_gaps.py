@@ -99,3 +99,20 @@ def test_report_gauge_plot_draws_missing_and_late_reads_as_gaps(tmp_path):
     nan_at = [round(x, 2) for x, y in zip(xs, ys, strict=True) if math.isnan(y)]
     assert nan_at == [0.5, 0.6, 0.7, 1.2]  # three missing reads, then the pause after the read at 1.1 s
     assert plots.gauges(run, report, tmp_path / "gauges.png") is not None
+
+
+def test_a_torn_or_odd_samples_file_costs_only_its_bad_records(tmp_path):
+    folder = RunFolder.create(tmp_path, "run")
+    folder.write_manifest({"run_id": "run", "started_at": 100.0, "ended_at": 101.0})
+    folder.append_phase(PhaseRecord("vllm", "vllm", "burst", "burst-1", 100.0, 101.0, 3, 3, "seed3", "x", 48))
+    append_samples(
+        folder, [SampleRecord(100.0 + k * 0.1, 0.002, 0.1, "vllm", "vllm", None, {W: 1.0}) for k in range(5)]
+    )
+    with open(folder.path / "samples.jsonl", "a") as fh:
+        fh.write(
+            '{"t": "soon", "read_s": 0, "interval_s": 0.1, "engine": "vllm", "instance": "vllm"}\n{"t": 101.2, "re'
+        )
+    report = collect(load(folder.path), f"http://127.0.0.1:{free_port()}")
+    assert report.engines["vllm"].source == "samples" and len(report.engines["vllm"].series[W]) == 5
+    assert any("torn last record" in w for w in report.warnings)
+    assert any("1 record(s) without a time" in w for w in report.warnings)

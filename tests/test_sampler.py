@@ -195,3 +195,16 @@ def test_the_exporter_answers_only_the_series_asked_for():
         few = requests.get(f"{exp.url}/metrics", params=[("name[]", R), ("name[]", W)], timeout=5).text
     assert "process_cpu_seconds_total" in full and "process_cpu_seconds_total" not in few
     assert R in few and W in few and K not in few
+
+
+def test_sample_records_round_trip_through_the_run_folder(folder):
+    from servescope.runfolder import SampleRecord, append_samples
+
+    records = [
+        SampleRecord(1.5, 0.002, 0.1, "vllm", "vllm", "burst", {R: 2.0, W: 1.0}),
+        SampleRecord(1.6, 0.6, 0.1, "vllm", "vllm", "burst", missing="the exporter could not read this engine"),
+    ]
+    append_samples(folder, records)
+    append_samples(folder, [])  # a read with nothing to write writes nothing
+    assert list(read_samples(folder)) == records
+    assert len((folder.path / SAMPLES).read_text().splitlines()) == 2
