@@ -33,28 +33,9 @@ def burst_run(
 ) -> Path:
     """`python -m loadgen burst` (3 at once, no warm-up) with the run's sampler reading `exporter_url`."""
     env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter_url, "SAMPLE_INTERVAL_MS": str(interval_ms)}
+    options = f"--burst-size 3 --max-tokens 20 --warmup 0 --results {tmp_path} --run-id run --metrics-port 0 --quiet"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadgen",
-            "burst",
-            "--engine",
-            f"{kind}={engine_url}",
-            "--burst-size",
-            "3",
-            "--max-tokens",
-            "20",
-            "--warmup",
-            "0",
-            "--results",
-            str(tmp_path),
-            "--run-id",
-            "run",
-            "--metrics-port",
-            "0",
-            "--quiet",
-        ],
+        [sys.executable, "-m", "loadgen", "burst", "--engine", f"{kind}={engine_url}", *options.split()],
         cwd=REPO,
         env=env,
         capture_output=True,

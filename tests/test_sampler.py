@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -11,18 +10,19 @@ import pytest
 import requests
 
 from exporter.config import Config, Instance
-from exporter.server import build, run
+from exporter.server import build
 from servescope import series
 from servescope.exposition import parse_exposition
 from servescope.runfolder import SAMPLES, RunFolder, read_samples
 from servescope.sampler import WANTED, Sampler, engine_values
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticServer
+from tests.test_exporter_proxy import ExporterThread
 
 R, W, K = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE
 
 
-class EngineExporter:
+class EngineExporter(ExporterThread):
     """The real exporter (collectors, /metrics) watching vLLM-like engines, served from a background event loop."""
 
     def __init__(self, engines: dict[str, str], timeout: float = 0.5):
@@ -30,25 +30,6 @@ class EngineExporter:
         instances = tuple(Instance(kind="vllm", name=name, url=url, timeout=timeout) for name, url in engines.items())
         self.exporter = build(Config(port=self.port, instances=instances))
         self.url = f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> EngineExporter:
-        ready = threading.Event()
-        self.loop = asyncio.new_event_loop()
-        self.stop = asyncio.Event()
-
-        def serve():
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(run(self.exporter, on_ready=ready.set, stop=self.stop))
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-        assert ready.wait(10), "exporter did not start"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(10)
-        self.loop.close()
 
 
 def burst(url: str, size: int, max_tokens: int = 20) -> list[dict]:
