@@ -75,18 +75,20 @@ def combine_models(name: str, values: Iterable[float]) -> float:
 
 
 def engine_values(samples: Samples) -> dict[tuple[str, str], dict[str, float] | None]:
-    """(engine, instance) -> {series: value} from a parsed exporter page; None for an engine the exporter could not read."""
+    """(engine, instance) -> {series: value} from a parsed exporter page; None for an engine it could not read.
+
+    An engine the exporter could not read has no values, except what the exporter saw itself: the
+    Ollama proxy's running / waiting stand while Ollama's API is down, and are kept.
+    """
     out: dict[tuple[str, str], dict[str, float] | None] = {}
     for labels, up in samples.get(series.ENGINE_UP, ()):
-        key = (labels.get("engine", ""), labels.get("instance", ""))
-        out[key] = {} if up == 1 else None
+        out[(labels.get("engine", ""), labels.get("instance", ""))] = {} if up == 1 else None
     per_model: dict[tuple[str, str], dict[str, list[float]]] = {}
     for name in KEPT:
         for labels, value in samples.get(name, ()):
             key = (labels.get("engine", ""), labels.get("instance", ""))
-            if out.get(key) is None or value != value:  # engine down, or NaN: nothing to keep
-                continue
-            per_model.setdefault(key, {}).setdefault(name, []).append(value)
+            if key in out and value == value:  # NaN is no value
+                per_model.setdefault(key, {}).setdefault(name, []).append(value)
     for key, by_name in per_model.items():
         out[key] = {name: combine_models(name, values) for name, values in by_name.items()}
     return out
@@ -126,7 +128,8 @@ class Sampler:
         self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
         self._path = (parts.path.rstrip("/") or "") + "/metrics?" + urlencode([("name[]", n) for n in sorted(WANTED)])
         self._conn: http.client.HTTPConnection | None = None
-        # Instances to mark missing when the exporter itself does not answer: the run's, then every one seen.
+        # Instances to mark missing when the exporter itself does not answer: the run's until the exporter
+        # has answered, then the ones on its page (its names may differ from the run's: the report matches them).
         self.known: dict[tuple[str, str], None] = dict.fromkeys(expected)
         self.phase: str | None = None
         self._stop = threading.Event()
@@ -218,22 +221,14 @@ class Sampler:
                 for engine, instance in self.known
             ]
         else:
-            for key, values in by_engine.items():
-                self.known.setdefault(key)
-                engine, instance = key
+            self.known = dict.fromkeys(by_engine)
+            for (engine, instance), values in by_engine.items():
                 if values is None:
                     missing = f"the exporter could not read this engine ({series.ENGINE_UP} 0)"
-                    records.append(
-                        SampleRecord(t, read_s, self.interval_s, engine, instance, self.phase, missing=missing)
-                    )
+                    values = {}
                 else:
-                    records.append(SampleRecord(t, read_s, self.interval_s, engine, instance, self.phase, values))
-            for engine, instance in self.known:
-                if (engine, instance) not in by_engine:
-                    missing = f"the exporter at {self.source} does not watch this engine"
-                    records.append(
-                        SampleRecord(t, read_s, self.interval_s, engine, instance, self.phase, missing=missing)
-                    )
+                    missing = None
+                records.append(SampleRecord(t, read_s, self.interval_s, engine, instance, self.phase, values, missing))
         try:
             append_samples(self.folder, records)
         except OSError as exc:

@@ -164,10 +164,17 @@ def test_engine_values_merge_models_and_drop_engines_that_are_down():
             'servescope_kv_cache_usage_ratio{engine="ollama",instance="ollama",model="b:latest"} 0.5',
             'servescope_kv_cache_usage_ratio{engine="ollama",instance="ollama",model="c:latest"} NaN',
             'servescope_proxy_requests_in_flight{engine="ollama",instance="ollama"} 3',
+            # Ollama's API down, its proxy still counting: what the exporter saw itself is kept.
+            'servescope_engine_up{engine="ollama",instance="ollama-b"} 0',
+            'servescope_requests_running{engine="ollama",instance="ollama-b",model="a:latest"} 1',
         ]
     )
     values = engine_values(parse_exposition(page, WANTED))
-    assert values == {("ollama", "ollama"): {R: 2.0, W: 2.0, K: 0.5}, ("vllm", "vllm"): None}
+    assert values == {
+        ("ollama", "ollama"): {R: 2.0, W: 2.0, K: 0.5},
+        ("vllm", "vllm"): None,
+        ("ollama", "ollama-b"): {R: 1.0},
+    }
 
 
 def test_the_exporter_answers_only_the_series_asked_for():
@@ -189,3 +196,12 @@ def test_sample_records_round_trip_through_the_run_folder(folder):
     append_samples(folder, [])  # a read with nothing to write writes nothing
     assert list(read_samples(folder)) == records
     assert len((folder.path / SAMPLES).read_text().splitlines()) == 2
+
+
+def test_the_exporters_names_replace_the_runs_once_it_answers(folder):
+    """loadgen's `vllm:a` is the exporter's `vllm`: no record shadows the exporter's under a name it does not use."""
+    with SyntheticServer() as engine, EngineExporter({"vllm": engine.url}) as exp:
+        sampler = Sampler(folder, exp.url, 0.1, expected=[("vllm", "vllm:a")])
+        (record,) = sampler.read_once()
+    assert (record.engine, record.instance, record.missing) == ("vllm", "vllm", None)
+    assert list(sampler.known) == [("vllm", "vllm")]
