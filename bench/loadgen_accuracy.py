@@ -36,6 +36,17 @@ VLLM_CLI_SHIM = (
 )
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """Terminate, kill after 10 s, always reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class SyntheticProcess:
     """tests/doubles/synthetic_openai.py in its own process (its own GIL), port chosen by the kernel."""
 
@@ -61,13 +72,7 @@ class SyntheticProcess:
         return self.session.get(f"{self.url}/stats/counters", timeout=10).json()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def __enter__(self) -> SyntheticProcess:
         return self

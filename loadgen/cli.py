@@ -30,6 +30,7 @@ from loadgen.scenarios import BurstPhase, LoadRun, Phase, SequentialPhase, Setti
 from loadgen.targets import Target, TargetError, parse_engine, probe
 from servescope import knobs
 from servescope.runfolder import RunFolder
+from servescope.sampler import Sampler
 
 SCENARIO_COMMANDS = ("sequential", "burst", "ramp", "rate", "sweep")
 EXIT_USAGE = 2
@@ -300,6 +301,8 @@ def run_headless(args: argparse.Namespace) -> int:
             f"engine {target.instance} at {target.url}: version {version}, model {target.model or '?'}{problems}"
         )
 
+    sampler = Sampler.for_run(folder, [(t.kind, t.instance) for t in targets])  # engine gauges into samples.jsonl
+    recorder.line(sampler.describe())
     phases = _plan(args, targets, prompt_set)
     used_sets = {prompt_set.name: prompt_set}
     for phase in phases:
@@ -347,8 +350,10 @@ def run_headless(args: argparse.Namespace) -> int:
                 if not _warmup(target, phase.settings, args, recorder, interrupted):
                     break
             run.advance()
+            sampler.start(phase.name)
             runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
             gevent.wait([phase.done, interrupted], count=1)
+            sampler.stop()
             if interrupted.is_set():
                 break
             phase.emit()
@@ -364,6 +369,7 @@ def run_headless(args: argparse.Namespace) -> int:
             run.advance()
         run.index = len(run.phases)
     finally:
+        sampler.close()
         runner.stop()
         runner.quit()
         try:

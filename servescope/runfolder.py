@@ -166,3 +166,43 @@ def latest(results_dir: Path) -> RunFolder:
             f"no run folder with a {MANIFEST} under {results_dir}: run `make up` or a loadgen scenario first"
         )
     return RunFolder(runs[-1])
+
+
+# --- server-side samples (issue 14): results/<run-id>/samples.jsonl -----------------------------
+# While a load phase runs, servescope/sampler.py reads every engine's lever gauges and the counters
+# the report uses from the exporter's page (the same collectors Prometheus scrapes) every
+# SAMPLE_INTERVAL_MS, and appends one SampleRecord per engine instance and read. A read that got no
+# values is written with `missing` saying why, never filled in; a read that came late leaves a gap
+# longer than the interval, which readers treat as missing too.
+SAMPLES = "samples.jsonl"
+
+
+@dataclass
+class SampleRecord:
+    t: float  # epoch seconds (the clock of RequestRecord.started_at): the middle of the read
+    read_s: float  # how long the read took; the engine was read somewhere inside [t - read_s/2, t + read_s/2]
+    interval_s: float  # the sampling interval asked for
+    engine: str  # the exporter's `engine` label
+    instance: str  # the exporter's `instance` label
+    phase: str | None = None  # the load phase that was running
+    values: dict[str, float] = field(default_factory=dict)  # servescope series name -> value (summed over models;
+    #                                                         a usage ratio: the fullest pool)
+    missing: str | None = None  # why this read has no values (exporter unreachable, engine not answering)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SampleRecord:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def append_samples(folder: RunFolder, records: list[SampleRecord]) -> None:
+    """One read's records in one write: a crash keeps every finished read."""
+    if records:
+        folder._append(SAMPLES, "\n".join(r.to_json() for r in records))
+
+
+def read_samples(folder: RunFolder) -> Iterator[SampleRecord]:
+    yield from (SampleRecord.from_dict(d) for d in _read_jsonl(folder.path / SAMPLES))
