@@ -44,6 +44,7 @@ class RequestRecord:
     ok: bool
     status: int  # HTTP status, 0 when no response came
     error: str | None = None  # one line: why the request failed
+    error_kind: str | None = None  # the same as a bounded value (loadgen.client.ErrorKind): connection_refused, ...
     ttft_s: float | None = None  # send -> first chunk with non-empty content
     e2e_s: float | None = None  # send -> last content chunk
     itl_s: list[float] = field(default_factory=list)  # every gap between consecutive content chunks

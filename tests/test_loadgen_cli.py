@@ -15,6 +15,7 @@ import requests
 
 from servescope.runfolder import RunFolder
 from tests.conftest import free_port
+from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -167,6 +168,15 @@ def test_failures_are_counted_with_reasons_and_the_run_goes_on(server, tmp_path)
     assert cut.error.startswith("stream cut after 2 content chunks") and cut.content_chunks == 2 and len(cut.itl_s) == 1
     assert records[("vllm", "bad")].error.startswith("malformed chunk after 1 content chunks")
     assert all(r.error == "connection refused" for (inst, _), r in records.items() if inst == "llamacpp")
+    kinds = {key: r.error_kind for key, r in records.items() if key[0] == "vllm"}
+    assert kinds == {
+        ("vllm", "ok-1"): None,
+        ("vllm", "503"): "http_5xx",
+        ("vllm", "cut"): "stream_cut",
+        ("vllm", "bad"): "malformed_chunk",
+        ("vllm", "ok-2"): None,
+    }
+    assert {r.error_kind for (inst, _), r in records.items() if inst == "llamacpp"} == {"connection_refused"}
     assert folder.manifest()["engines"]["llamacpp"]["probe_errors"]
     with open(folder.path / "locust_failures.csv") as fh:
         failures = list(csv.DictReader(fh))
@@ -327,8 +337,7 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
 
 
 def test_ollama_native_api_through_the_simulator(tmp_path):
-    sim_module = pytest.importorskip("tests.doubles.ollama_simulator")
-    with sim_module.OllamaSimulator(token_delay=0.002, num_parallel=1) as sim:
+    with OllamaSimulator(token_delay=0.002, num_parallel=1) as sim:
         proc = loadgen(
             "burst",
             "--engine",
