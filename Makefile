@@ -33,15 +33,21 @@ $(STAMP): pyproject.toml constraints.txt
 constraints: install
 	$(BIN)/python -m pip freeze --exclude-editable --exclude servescope | grep -v '^#' > constraints.txt
 
+# `provision` installs what the suite drives (Prometheus, Compose, Chromium, a Docker engine) as root on
+# Debian, else names it; a test that still cannot run skips locally and fails under CI=true.
 # pytest exits 5 when it collects nothing: that is a failure of the suite, not a pass.
 test: install
+	$(BIN)/python -m stack provision --for test
 	$(BIN)/python -m pytest -q -m "not e2e"
 
+# The real-engine suites: the native stack (vLLM-CPU, llama.cpp) and the Compose stack under a Docker engine.
 e2e: install
-	$(BIN)/python -m pytest -q -m e2e -p no:cacheprovider --timeout 3600
+	$(BIN)/python -m stack provision --for test
+	$(BIN)/python -m pytest -q -m e2e -p no:cacheprovider --timeout 5400
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 up: install
 	$(BIN)/python -m stack up $(if $(MODE),--mode $(MODE))

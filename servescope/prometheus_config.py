@@ -45,6 +45,7 @@ COMPOSE_PORTS: Mapping[str, int] = {
     "prometheus": 9090,
     "ollama": 11434,
     "grafana": 3000,
+    "ollama-proxy": 11435,  # the exporter's Ollama proxy
 }
 
 
@@ -137,8 +138,7 @@ def compose_targets() -> list[Target]:
     """The Compose stack's targets by service name, with `instance` set to the exporter's instance names."""
     return [
         Target("exporter", f"exporter:{COMPOSE_PORTS['exporter']}"),
-        # Locust workers make the requests and each exposes client histograms: scrape every replica.
-        Target("loadgen", f"locust-worker:{COMPOSE_PORTS['locust-master']}", discovery="dns"),
+        # Workers send every record to the master: its client histograms count the whole test.
         Target("loadgen", f"locust-master:{COMPOSE_PORTS['locust-master']}"),
         # Raw engine pages, with `instance` renamed to the name the exporter gives the same engine,
         # so raw and engine-neutral series join on (instance).

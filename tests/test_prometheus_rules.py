@@ -13,7 +13,7 @@ from servescope import series
 from servescope.prometheus_config import PROMETHEUS_DIR, RULES_DIR
 
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+needs_promtool = pytest.mark.tool("prometheus")
 TESTS_DIR = PROMETHEUS_DIR / "tests"
 
 
