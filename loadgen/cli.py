@@ -34,6 +34,7 @@ from servescope import knobs
 from servescope.runfolder import RunFolder
 from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -53,7 +54,7 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__.splitlines()[0])
+    parser = options.ArgumentParser(prog="python -m loadgen", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for command, text in COMMANDS.items():
         options.add_command_options(sub.add_parser(command, help=text), command)
@@ -264,15 +265,18 @@ def run_headless(args: argparse.Namespace) -> int:
                     break
             run.advance()
             runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
-            gevent.wait([phase.done, interrupted], count=1)
-            if interrupted.is_set():
+            gevent.wait([phase.done, interrupted, run.aborted], count=1)
+            if interrupted.is_set() or run.aborted.is_set():
                 break
             phase.emit()
             runner.start(0, spawn_rate=spawn_rate_for(phase))
             if runner.spawning_greenlet is not None:
                 runner.spawning_greenlet.join(timeout=10)
             annotator.phase_done(phase)
-        if interrupted.is_set():
+        if run.aborted.is_set():
+            status = "failed"
+            runner.stop()
+        elif interrupted.is_set():
             status = "interrupted"
             runner.stop()  # kills users mid-stream: each writes its partial record as "interrupted"
         # Close the last phase (its PhaseRecords; an interrupted one keeps what finished); skip what never started.
@@ -285,7 +289,7 @@ def run_headless(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - Locust's own report must never cost us the run folder
             print(f"loadgen: Locust CSV/HTML not written: {exc}", file=sys.stderr)
         manifest(status, time.time())
-        if metrics is not None and args.metrics_linger > 0 and not interrupted.is_set():
+        if metrics is not None and args.metrics_linger > 0 and status == "complete":
             # Prometheus scrapes every few seconds: without this the last requests' samples are never scraped.
             print(
                 f"loadgen: client metrics stay up {args.metrics_linger:g} s more so Prometheus scrapes the final "
@@ -299,6 +303,9 @@ def run_headless(args: argparse.Namespace) -> int:
             metrics.close()
     _print_summary(folder, out or sys.stdout)
     print(f"run folder: {folder.path}", flush=True)
+    if run.failure:
+        print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_INTERRUPTED if status == "interrupted" else 0
 
 

@@ -215,7 +215,8 @@ class GeventTransport:
         self.kernel_stamps = parts.scheme == "http" and CMSG_SIZE > 0 and SO_TIMESTAMPNS is not None
         self.client = HTTPClient(
             parts.hostname,
-            port=parts.port or 80,
+            port=parts.port or (443 if parts.scheme == "https" else 80),
+            ssl=parts.scheme == "https",
             concurrency=max(1, concurrency),
             connection_timeout=min(timeout, 10.0),
             network_timeout=timeout,

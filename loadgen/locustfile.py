@@ -15,8 +15,10 @@ phase's users.
 """
 
 from locust import LoadTestShape, User, constant, events, task  # noqa: I001 - Locust first (gevent monkey-patching)
+from locust.exception import InterruptTaskSet, RescheduleTask, RescheduleTaskImmediately, StopUser
 from locust.runners import MasterRunner, WorkerRunner
 
+import functools
 import json
 import sys
 import time
@@ -44,6 +46,37 @@ PHASE_MESSAGE = "servescope_phase"  # master -> workers: index of the phase now 
 def _add_options(parser):
     """The option table's Locust side: flags, environment variables, custom parameters in the web UI."""
     option_table.add_locust_options(parser)
+
+
+# Locust's own control flow passes through a task: never taken for a failure.
+_LOCUST_FLOW = (StopUser, InterruptTaskSet, RescheduleTask, RescheduleTaskImmediately)
+
+
+def _abort_run(user: User, exc: Exception) -> bool:
+    """A bug or an unforeseen input must not become a traceback per request: the run stops, saying why once."""
+    run: LoadRun | None = getattr(user.environment, "servescope_run", None)
+    if run is None:
+        return False
+    text = " ".join(str(exc).split())[:200]
+    run.abort(f"a load generator user failed: {type(exc).__name__}{': ' + text if text else ''}")
+    return True
+
+
+def guarded(task_method):
+    """A task that ends its user and the run on an unexpected exception instead of looping on it."""
+
+    @functools.wraps(task_method)
+    def run_task(user, *args):
+        try:
+            return task_method(user, *args)
+        except _LOCUST_FLOW:
+            raise
+        except Exception as exc:
+            if not _abort_run(user, exc):
+                raise
+            raise StopUser() from None
+
+    return run_task
 
 
 class LLMUser(User):
@@ -164,6 +197,13 @@ class LLMUser(User):
             raise interrupted
         return record
 
+    def send_or_abort(self, phase, work, concurrency: int) -> None:
+        """send() in a greenlet of its own (open loop): an unexpected exception stops the run, once."""
+        try:
+            self.send(phase, work, concurrency)
+        except Exception as exc:  # noqa: BLE001 - said in one line by whoever drives the run
+            _abort_run(self, exc)
+
     def next_from_phase(self) -> None:
         run: LoadRun | None = getattr(self.environment, "servescope_run", None)
         phase = run.phase if run is not None else None
@@ -185,6 +225,7 @@ class SequentialUser(LLMUser):
     """One user walking the prompt set back to back."""
 
     @task
+    @guarded
     def next_prompt(self) -> None:
         self.next_from_phase()
 
@@ -193,6 +234,7 @@ class BurstUser(LLMUser):
     """One of BURST_SIZE users; the phase's barrier releases all of them at the same instant."""
 
     @task
+    @guarded
     def burst(self) -> None:
         self.next_from_phase()
 
@@ -201,6 +243,7 @@ class ClosedLoopUser(LLMUser):
     """A user sending back to back for a ramp step or a sweep level."""
 
     @task
+    @guarded
     def next_prompt(self) -> None:
         self.next_from_phase()
 
@@ -209,6 +252,7 @@ class RateUser(LLMUser):
     """Open loop: one user that schedules arrivals; each request runs in its own greenlet and nobody waits."""
 
     @task
+    @guarded
     def arrivals(self) -> None:
         run: LoadRun | None = getattr(self.environment, "servescope_run", None)
         phase = run.phase if run is not None else None
@@ -221,7 +265,7 @@ class RateUser(LLMUser):
         group = gevent.pool.Group()
         try:
             for work in phase.arrivals():
-                group.spawn(self.send, phase, work, phase.max_in_flight)
+                group.spawn(self.send_or_abort, phase, work, phase.max_in_flight)
             group.join()
         finally:
             group.kill()
@@ -295,7 +339,7 @@ class ScenarioShape(LoadTestShape):
             return None
         if run is None or run.closed:
             return 0, 1.0
-        if run.finished:
+        if run.finished or run.failure:
             return None
         phase = run.phase
         if phase is None:
@@ -395,6 +439,7 @@ def _on_test_start(environment, **_kwargs) -> None:
         options.burst_size = options.num_users  # the form's Number of users; workers get it with their spawn job
     environment.servescope_error = None
     try:
+        option_table.validate(options)  # what the web UI's form sends is text, unchecked by Locust
         folder = RunFolder.create(options.results)
         recorder = Recorder(folder=folder, metrics=getattr(environment, "servescope_metrics", None))
         run = _new_run(environment, recorder, folder)
@@ -423,6 +468,8 @@ def _on_test_stop(environment, **_kwargs) -> None:
     for phase in run.phases:  # each span once: a no-op for what was written as it finished
         phase.emit()
     write_locust_outputs(environment, run.folder.path)
-    _write_manifest(environment, run, "complete" if run.finished else "stopped")
+    if run.failure:
+        print(f"loadgen: {run.failure}; the run stopped", file=sys.stderr, flush=True)
+    _write_manifest(environment, run, "failed" if run.failure else "complete" if run.finished else "stopped")
     run.recorder.line(f"run folder: {run.folder.path}")
     run.close()

@@ -8,6 +8,7 @@ set once reads the same in a headless command, `locust -f` and the web UI's cust
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,53 @@ from servescope import engines, knobs
 HEADLESS = frozenset({"compare", *SCENARIOS})
 BURSTS = frozenset({"compare", "burst"})
 TIMED = frozenset({"ramp", "rate", "sweep"})
+
+
+# --- what a value may be: each raises argparse.ArgumentTypeError, a ValueError, with the one line to show ---
+
+MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
+
+
+def _number(text: str, convert: Callable[[str], float], what: str) -> float:
+    try:
+        value = convert(str(text).strip())
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def _bounded(convert: Callable[[str], float], what: str, low: float, high: float | None = None, *, above: bool = False):
+    def check(text: str):
+        value = _number(text, convert, what)
+        if value < low or (above and value == low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    check.__name__ = what  # argparse names the type in its messages
+    return check
+
+
+positive_int = _bounded(int, "a whole number >= 1", 1)
+non_negative_int = _bounded(int, "a whole number >= 0", 0)
+users = _bounded(int, f"a whole number of users from 1 to {MAX_USERS}", 1, MAX_USERS)
+positive_seconds = _bounded(float, "a number of seconds > 0", 0, above=True)
+non_negative_seconds = _bounded(float, "a number of seconds >= 0", 0)
+linger_seconds = _bounded(float, "a number of seconds from 0 to 600", 0, 600)
+positive_rate = _bounded(float, "a number of arrivals per second > 0", 0, above=True)
+temperature = _bounded(float, "a temperature >= 0", 0)
+port = _bounded(int, "a port from 0 (off) to 65535", 0, 65535)
+
+
+def levels(text: str) -> str:
+    """A comma-separated list of user counts (each 1..MAX_USERS); kept as text, parsed by the scenario."""
+    parts = [p for p in str(text).replace(" ", "").split(",") if p]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated user counts, got {text!r}")
+    for part in parts:
+        users(part)
+    return str(text)
 
 
 @dataclass(frozen=True)
@@ -118,8 +166,8 @@ OPTIONS: tuple[Option, ...] = (
         "seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], or a txt/JSONL file",
         knob="LOADGEN_PROMPTS",
     ),
-    Option("--max-tokens", "output tokens per request", knob="MAX_TOKENS", type=int),
-    Option("--temperature", "sampling temperature", knob="TEMPERATURE", type=float),
+    Option("--max-tokens", "output tokens per request", knob="MAX_TOKENS", type=positive_int),
+    Option("--temperature", "sampling temperature", knob="TEMPERATURE", type=temperature),
     Option(
         "--no-ignore-eos",
         "don't send ignore_eos to engines that accept it",
@@ -182,7 +230,7 @@ OPTIONS: tuple[Option, ...] = (
         "--request-timeout",
         "seconds without a byte before a request fails",
         knob="REQUEST_TIMEOUT",
-        type=float,
+        type=positive_seconds,
     ),
     Option(
         "--http-client",
@@ -244,6 +292,25 @@ OPTIONS: tuple[Option, ...] = (
         locust=False,
     ),
 )
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that says what is wrong in one line (no usage block) and exits 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def validate(namespace: argparse.Namespace) -> None:
+    """Check every table option's value as its flag would be (values typed into the web UI arrive as text)."""
+    for option in for_locust():
+        value = getattr(namespace, option.dest, None)
+        if option.type is None or option.switch or value in (None, ""):
+            continue
+        try:
+            setattr(namespace, option.dest, option.type(str(value)))
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise ValueError(f"{option.flag}: {exc}") from None
 
 
 def for_command(command: str) -> list[Option]:

@@ -335,6 +335,8 @@ class LoadRun:
         self.index = -1
         self.changed = Event()
         self.closed = False  # its folder is finished: manifest, Locust's files
+        self.failure: str | None = None  # why the run was stopped early by something other than the user
+        self.aborted = Event()
 
     @property
     def phase(self) -> Phase | None:
@@ -364,6 +366,13 @@ class LoadRun:
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self, reason: str) -> None:
+        """Stop the run for `reason` (the first one is kept): whoever drives the run ends it and says why."""
+        if self.failure is None:
+            self.failure = " ".join(reason.split())
+        self.aborted.set()
+        self._changed()
 
     def _close_current(self) -> Phase | None:
         current = self.phase

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import requests
 
 from servescope import engines, knobs
+from servescope.urls import parse_http_url
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -56,9 +57,10 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     if not sep:
         url = default_url(kind.name)
     url = url.strip().rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise TargetError(f"--engine {spec!r}: expected NAME=http://HOST:PORT")
+    try:
+        parts = parse_http_url(url)
+    except ValueError as exc:
+        raise TargetError(f"--engine {spec!r}: {exc}") from None
     api, chat_path = kind.api, kind.chat_path
     if parts.path.endswith("/v1"):
         # Ollama's (or any engine's) OpenAI-compatible API under /v1.

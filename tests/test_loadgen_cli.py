@@ -323,13 +323,24 @@ def test_sweep_ramp_and_rate_phases(server, tmp_path):
     ("args", "message"),
     [
         (["burst", "--engine", "tgi=http://127.0.0.1:1"], "unknown engine kind 'tgi'"),
-        (["burst", "--engine", "vllm=ftp://x"], "expected NAME=http://HOST:PORT"),
+        (["burst", "--engine", "vllm=ftp://x"], "expected http://HOST:PORT"),
         (["burst", "--engine", "vllm=http://127.0.0.1:1", "--prompts", "/no/such/file.txt"], "prompt set"),
         (["burst"], "give at least one --engine"),
+        # Once an endless loop of tracebacks at 100% CPU (without warm-up, each user failed on every request):
+        (
+            ["burst", "--warmup", "0", "--engine", "vllm=http://127.0.0.1:99999"],
+            "port must be a number from 1 to 65535",
+        ),
+        (["burst", "--warmup", "0", "--engine", "vllm=http://127.0.0.1:abc"], "got 'abc'"),
+        (["burst", "--warmup", "0", "--engine", "vllm=http://::1:8009"], "IPv6 address needs brackets"),
+        (
+            ["burst", "--warmup", "0", "--engine", "vllm=http://127.0.0.1:9", "--request-timeout", "-1"],
+            "argument --request-timeout: expected a number of seconds > 0, got '-1'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
-    proc = loadgen(*args, "--results", str(tmp_path), "--metrics-port", "0")
+    proc = loadgen(*args, "--results", str(tmp_path), "--metrics-port", "0", timeout=30)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -360,3 +371,30 @@ def test_ollama_native_api_through_the_simulator(tmp_path):
     )
     engine = folder.manifest()["engines"]["ollama"]
     assert engine["ignore_eos"] == "unavailable" and engine["version"] == sim.version
+
+
+def test_a_user_that_fails_unexpectedly_stops_the_run_with_one_line_not_a_loop(server, tmp_path):
+    """Whatever input validation misses: the first unexpected exception in a user ends the run, said once."""
+    script = (
+        "import sys\n"
+        "from loadgen import cli, client\n"
+        "class Broken:\n"
+        "    def __init__(self, *args, **kwargs):\n"
+        "        raise RuntimeError('no transport today')\n"
+        "client.TRANSPORTS['broken'] = Broken\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "burst", "--engine", f"vllm={server.url}", "--http-client", "broken"]
+        + ["--warmup", "0", "--results", str(tmp_path), "--run-id", "broken", "--metrics-port", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "loadgen: a load generator user failed: RuntimeError: no transport today; the run stopped, "
+        "the run folder keeps what finished"
+    ]
+    assert RunFolder(tmp_path / "broken").manifest()["status"] == "failed"
