@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.scenarios import SCENARIOS
+from loadgen.scenarios import MAX_USERS, SCENARIOS, parse_levels
 from servescope import engines, knobs
 
 HEADLESS = frozenset({"compare", *SCENARIOS})
@@ -23,8 +23,6 @@ TIMED = frozenset({"ramp", "rate", "sweep"})
 
 
 # --- what a value may be: each raises argparse.ArgumentTypeError, a ValueError, with the one line to show ---
-
-MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
 
 
 def _number(text: str, convert: Callable[[str], float], what: str) -> float:
@@ -57,15 +55,16 @@ linger_seconds = _bounded(float, "a number of seconds from 0 to 600", 0, 600)
 positive_rate = _bounded(float, "a number of arrivals per second > 0", 0, above=True)
 temperature = _bounded(float, "a temperature >= 0", 0)
 port = _bounded(int, "a port from 0 (off) to 65535", 0, 65535)
+# The sequential queue holds passes x prompts up front: a bound keeps it in memory.
+repeats = _bounded(int, "a whole number of passes from 1 to 100000", 1, 100_000)
 
 
 def levels(text: str) -> str:
-    """A comma-separated list of user counts (each 1..MAX_USERS); kept as text, parsed by the scenario."""
-    parts = [p for p in str(text).replace(" ", "").split(",") if p]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"expected comma-separated user counts, got {text!r}")
-    for part in parts:
-        users(part)
+    """Comma-separated user counts (a ramp's steps, a sweep's levels); kept as text, the scenario parses it."""
+    try:
+        parse_levels(text, "levels")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("levels: ")) from None
     return str(text)
 
 
@@ -179,33 +178,36 @@ OPTIONS: tuple[Option, ...] = (
         "--burst-size",
         "requests released at the same instant (the web UI's Number of users)",
         knob="BURST_SIZE",
-        type=int,
+        type=users,
         commands=BURSTS,
         web_ui=False,
     ),
-    Option("--bursts", "how many bursts", knob="LOADGEN_BURSTS", type=int, commands=BURSTS),
+    Option("--bursts", "how many bursts", knob="LOADGEN_BURSTS", type=positive_int, commands=BURSTS),
     Option(
         "--burst-pause",
         "seconds between bursts",
         knob="LOADGEN_BURST_PAUSE",
-        type=float,
+        type=non_negative_seconds,
         commands=BURSTS,
     ),
     Option(
         "--repeat",
         "sequential: passes over the prompt set",
         knob="LOADGEN_REPEAT",
-        type=int,
+        type=repeats,
         commands=frozenset({"sequential"}),
     ),
-    Option("--steps", "ramp: users per step", knob="LOADGEN_STEPS", commands=frozenset({"ramp"})),
+    Option("--steps", "ramp: users per step", knob="LOADGEN_STEPS", type=levels, commands=frozenset({"ramp"})),
     Option(
         "--concurrencies",
         "sweep: one closed-loop phase per concurrency",
         knob="LOADGEN_CONCURRENCIES",
+        type=levels,
         commands=frozenset({"sweep"}),
     ),
-    Option("--rate", "rate: arrivals per second", knob="LOADGEN_RATE", type=float, commands=frozenset({"rate"})),
+    Option(
+        "--rate", "rate: arrivals per second", knob="LOADGEN_RATE", type=positive_rate, commands=frozenset({"rate"})
+    ),
     Option(
         "--arrivals",
         "rate: constant gaps or Poisson arrivals",
@@ -216,13 +218,13 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--duration",
         "seconds per ramp step / sweep level / rate phase (empty: LOADGEN_DURATION unless --requests)",
-        type=float,
+        type=positive_seconds,
         commands=TIMED,
     ),
     Option(
         "--requests",
         "requests per user per ramp step / sweep level (rate: in total) instead of a duration",
-        type=int,
+        type=positive_int,
         commands=TIMED,
     ),
     # -- how requests are sent and where results go --
@@ -256,7 +258,7 @@ OPTIONS: tuple[Option, ...] = (
         "--metrics-port",
         "client-side /metrics for Prometheus while the run lasts (0: off)",
         knob="LOADGEN_METRICS_PORT",
-        type=int,
+        type=port,
         web_ui=False,
     ),
     Option(
@@ -264,7 +266,7 @@ OPTIONS: tuple[Option, ...] = (
         "keep client /metrics up this many seconds after the last request, one scrape interval, so "
         "Prometheus gets the final samples (0: off)",
         knob="LOADGEN_METRICS_LINGER",
-        type=float,
+        type=linger_seconds,
         metavar="SECONDS",
         locust=False,
     ),
@@ -272,7 +274,7 @@ OPTIONS: tuple[Option, ...] = (
         "--warmup",
         "warm-up requests per engine, excluded from results",
         knob="LOADGEN_WARMUP",
-        type=int,
+        type=non_negative_int,
         locust=False,
     ),
     Option(

@@ -23,6 +23,7 @@ from servescope import knobs
 from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
 
 SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep")
+MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
 
 
 @dataclass
@@ -424,12 +425,13 @@ def closed_loop_steps(
 
 
 def parse_levels(text: str, what: str) -> list[int]:
+    """`1,2,4`: the users of each step or level, each from 1 to MAX_USERS."""
     try:
         levels = [int(x) for x in str(text).replace(" ", "").split(",") if x]
     except ValueError:
         raise ValueError(f"{what}: expected a comma-separated list of integers, got {text!r}") from None
-    if not levels or any(n < 1 for n in levels):
-        raise ValueError(f"{what}: expected positive integers, got {text!r}")
+    if not levels or any(not 1 <= n <= MAX_USERS for n in levels):
+        raise ValueError(f"{what}: expected user counts from 1 to {MAX_USERS}, got {text!r}")
     return levels
 
 

@@ -347,6 +347,36 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
     assert not any(tmp_path.iterdir())  # nothing half-created
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["ramp", "--duration", "nan"],
+            "argument --duration: expected a number of seconds > 0, got 'nan'",
+        ),  # never ended
+        (["ramp", "--duration", "-5"], "argument --duration: expected a number of seconds > 0, got '-5'"),  # exit 0
+        (["ramp", "--requests", "-3"], "argument --requests: expected a whole number >= 1, got '-3'"),  # exit 0
+        (["rate", "--rate", "inf"], "argument --rate: expected a number of arrivals per second > 0, got 'inf'"),
+        (["sweep", "--concurrencies", "1,0"], "argument --concurrencies: expected user counts from 1 to 10000"),
+        (["sequential", "--repeat", "0"], "argument --repeat: expected a whole number of passes from 1 to 100000"),
+        (["burst", "--bursts", "0"], "argument --bursts: expected a whole number >= 1, got '0'"),
+        (["burst", "--burst-pause", "-1"], "argument --burst-pause: expected a number of seconds >= 0, got '-1'"),
+        (["burst", "--metrics-port", "70000"], "argument --metrics-port: expected a port from 0 (off) to 65535"),
+        (["burst", "--max-tokens", "0"], "argument --max-tokens: expected a whole number >= 1, got '0'"),
+        (["burst", "--prompts", "synthetic:99999999999x1"], "TOKENS from 1 to 131072"),  # grew memory without bound
+        (["burst", "--prompts", "synthetic:100000x100"], "at most 4000000 words in all"),
+        (["burst", "--prompts", "synthetic:1x" + "9" * 5000], "expected synthetic:TOKENS[xCOUNT]"),
+    ],
+)
+def test_out_of_range_numbers_are_one_line_and_exit_2(tmp_path, args, message):
+    proc = loadgen(
+        *args, "--engine", "vllm=http://127.0.0.1:9", "--results", str(tmp_path), "--warmup", "0", timeout=30
+    )
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-1000:]
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())
+
+
 def test_ollama_native_api_through_the_simulator(tmp_path):
     with OllamaSimulator(token_delay=0.002, num_parallel=1) as sim:
         proc = loadgen(

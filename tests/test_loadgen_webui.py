@@ -154,6 +154,26 @@ def test_swarm_with_custom_parameters_runs_the_chosen_engine_and_scenario(webui,
     assert (folder.path / "locust_stats.csv").exists()
 
 
+def test_a_bad_value_in_the_form_is_one_line_and_the_next_start_runs(webui, server, tmp_path):
+    base, results = webui
+    form = {"user_count": "2", "spawn_rate": "2", "host": server.url, "scenario": "ramp", "steps": "1"}
+    assert requests.post(f"{base}/swarm", data={**form, "duration": "nan"}, timeout=10).json()["success"]
+    deadline = time.monotonic() + 30
+    log = tmp_path / "webui.log"
+    while "loadgen: --duration" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert log.read_text().count("loadgen: --duration: expected a number of seconds > 0, got 'nan'") == 1
+    assert "Traceback" not in log.read_text() and not (results.exists() and any(results.iterdir()))
+    while requests.get(f"{base}/stats/requests", timeout=5).json()["state"] != "stopped":
+        assert time.monotonic() < deadline, "the test did not stop after the bad value"
+        time.sleep(0.2)
+    # The same form with a good value: a run, as if the bad one never happened.
+    answer = requests.post(f"{base}/swarm", data={**form, "duration": "", "requests": "2", "scenario": "sequential"})
+    assert answer.json()["success"]
+    wait_for_chat_requests(base, 2)
+    assert finished_run(results).manifest()["status"] == "complete"
+
+
 @pytest.mark.browser
 @pytest.mark.tool("chromium")
 def test_web_ui_in_headless_chromium_opens_filled_in_and_start_runs_it_untouched(webui, server, tmp_path):
