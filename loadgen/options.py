@@ -16,6 +16,7 @@ from typing import Any
 
 from loadgen.scenarios import MAX_USERS, SCENARIOS, parse_levels
 from servescope import engines, knobs
+from servescope.runfolder import check_run_id
 
 HEADLESS = frozenset({"compare", *SCENARIOS})
 BURSTS = frozenset({"compare", "burst"})
@@ -66,6 +67,13 @@ def levels(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("levels: ")) from None
     return str(text)
+
+
+def run_id(text: str) -> str:
+    try:
+        return check_run_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -251,6 +259,7 @@ OPTIONS: tuple[Option, ...] = (
         "--run-id",
         "name of this run's folder: the run is written to RESULTS/RUN_ID (default: date-time-pid), so a caller "
         "that passes it knows the folder without reading the output",
+        type=run_id,
         metavar="RUN_ID",
         locust=False,
     ),

@@ -377,6 +377,27 @@ def test_out_of_range_numbers_are_one_line_and_exit_2(tmp_path, args, message):
     assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("run_id", ["../../x", "../escaped", "a/b", "..", ".", "/abs/olute", "-flag", "x" * 129])
+def test_a_run_id_never_writes_outside_the_results_folder(tmp_path, run_id):
+    results = tmp_path / "deep" / "results"
+    results.mkdir(parents=True)
+    if run_id.startswith("/abs"):
+        run_id = str(tmp_path / "absolute")  # an absolute path this test may look at
+    proc = loadgen(
+        "burst", "--engine", "vllm=http://127.0.0.1:9", "--results", str(results), f"--run-id={run_id}", timeout=30
+    )
+    assert proc.returncode == 2 and "argument --run-id:" in proc.stderr and "not a path" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["deep", "deep/results"]
+
+
+def test_the_run_folder_contract_refuses_a_path_for_a_run_id(tmp_path):
+    for run_id in ("../x", "/tmp/x", "a/../../b"):
+        with pytest.raises(ValueError, match="not a path"):
+            RunFolder.create(tmp_path / "results", run_id)
+    assert not any(tmp_path.iterdir())
+
+
 def test_ollama_native_api_through_the_simulator(tmp_path):
     with OllamaSimulator(token_delay=0.002, num_parallel=1) as sim:
         proc = loadgen(
