@@ -29,10 +29,10 @@ from pathlib import Path
 import psutil
 import requests
 
-from bench.loadgen_accuracy import SyntheticProcess, stop_process
 from bench.proxy_overhead import free_port, wait_ready
 from servescope import engines, knobs, prometheus_config
 from servescope.runfolder import RunFolder, read_samples
+from tests.doubles.synthetic_openai import SyntheticProcess
 
 REPO = Path(__file__).resolve().parent.parent
 GOAL_PCT = 1.0
@@ -85,7 +85,12 @@ class PrivateExporter:
         return times.user + times.system
 
     def stop(self) -> None:
-        stop_process(self.proc)
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def trial(kind: str, url: str, exporter: PrivateExporter, sampling: bool, args, results: Path, n: int) -> Trial:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import warnings
 from collections.abc import Iterator
@@ -44,6 +45,7 @@ class RequestRecord:
     ok: bool
     status: int  # HTTP status, 0 when no response came
     error: str | None = None  # one line: why the request failed
+    error_kind: str | None = None  # the same as a bounded value (loadgen.client.ErrorKind): connection_refused, ...
     ttft_s: float | None = None  # send -> first chunk with non-empty content
     e2e_s: float | None = None  # send -> last content chunk
     itl_s: list[float] = field(default_factory=list)  # every gap between consecutive content chunks
@@ -100,6 +102,19 @@ def new_run_id(now: float | None = None) -> str:
     return f"{stamp}-{os.getpid()}"
 
 
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id names one folder inside the results folder: no path separators, no `..`, nothing absolute."""
+    if not RUN_ID.fullmatch(run_id):
+        raise ValueError(
+            f"run id {run_id!r}: expected a folder name (letters, digits, '.', '_', '-'; up to 128, "
+            f"starting with a letter or digit), not a path"
+        )
+    return run_id
+
+
 class RunFolder:
     """One run's folder: appends records as they finish so an interrupted run loses nothing."""
 
@@ -108,7 +123,7 @@ class RunFolder:
 
     @classmethod
     def create(cls, results_dir: Path, run_id: str | None = None) -> RunFolder:
-        path = Path(results_dir) / (run_id or new_run_id())
+        path = Path(results_dir) / check_run_id(run_id or new_run_id())
         path.mkdir(parents=True, exist_ok=False)
         return cls(path)
 

@@ -50,7 +50,8 @@ every request when given by --fault or /control, or to one request when its mess
 marker `[[fault:SPEC]]` or it carries the header `X-Synthetic-Fault: SPEC`.
 
 Start it from a test with `SyntheticServer(ttft=..., itl=...).start()` (a thread in-process, port
-chosen for you, `.url`, `.stop()`), or as a subprocess with the CLI above.
+chosen for you, `.url`, `.stop()`), or in its own process (its own GIL: a client under test can
+block without stopping it) with `SyntheticProcess("--ttft", "0.2", ...)`, which runs the CLI above.
 """
 
 from __future__ import annotations
@@ -61,13 +62,19 @@ import io
 import json
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import requests
 
 from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
+
+REPO = Path(__file__).resolve().parents[2]
 
 FAULT_MARKER = re.compile(r"\[\[fault:([^\]]+)\]\]")
 
@@ -587,6 +594,49 @@ class SyntheticServer:
 
     def __enter__(self) -> SyntheticServer:
         return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class SyntheticProcess:
+    """The CLI above in its own process, port chosen by the kernel: `with SyntheticProcess("--ttft", "0") as s: s.url`."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.doubles.synthetic_openai", "--port", "0", *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"synthetic server did not start: {line!r}")
+        self.url = line.split()[-1]
+        self.session = requests.Session()  # polled every few ms while a client runs: one kept-alive connection
+
+    def stats(self) -> dict:
+        return requests.get(f"{self.url}/stats", timeout=10).json()
+
+    def streams(self) -> list[dict]:
+        return requests.get(f"{self.url}/stats/streams", timeout=30).json()["streams"]
+
+    def counters(self) -> dict:
+        return self.session.get(f"{self.url}/stats/counters", timeout=10).json()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> SyntheticProcess:
+        return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
