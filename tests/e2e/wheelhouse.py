@@ -37,12 +37,19 @@ def has_cpu_torch(names: list[str]) -> bool:
     return any(name.startswith("torch-") and "+cpu" in name for name in names)
 
 
+# The same URL every run: it is a build argument, and a changed one would rebuild the image layers after it.
+PORT = 18999
+
+
 class Wheelhouse:
     """`with Wheelhouse(folder, address) as url:` serves `folder` at http://address:PORT/ from a thread."""
 
     def __init__(self, folder: Path, address: str):
         handler = functools.partial(QuietHandler, directory=str(folder))
-        self.server = ThreadingHTTPServer((address, 0), handler)
+        try:
+            self.server = ThreadingHTTPServer((address, PORT), handler)
+        except OSError:  # taken: any port works, at the price of a rebuild of the layers that use it
+            self.server = ThreadingHTTPServer((address, 0), handler)
         self.url = f"http://{address}:{self.server.server_address[1]}/"
 
     def __enter__(self) -> str:
