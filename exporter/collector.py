@@ -81,7 +81,7 @@ class EngineCollector:
             self._failed(str(exc))
         except Exception as exc:  # noqa: BLE001 -- any surprise in a payload is "engine unreadable", never a crash
             families, up = [], 0.0
-            self._failed(f"malformed response from {self.upstream.base_url}: {type(exc).__name__}: {exc}")
+            self._failed(f"malformed response from {self.upstream.shown_url}: {type(exc).__name__}: {exc}")
         labels = [self.kind, self.name]
         up_family = GaugeMetricFamily(
             series.ENGINE_UP,

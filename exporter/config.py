@@ -50,6 +50,7 @@ import yaml
 
 from exporter.resources import WatchedContainer, WatchedProcess
 from servescope import engines, knobs
+from servescope.urls import redact
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 TOP_KEYS = {"listen_address", "port", "timeout_seconds", "engines", "processes", "containers"}
@@ -66,7 +67,8 @@ class ConfigError(Exception):
     def __init__(self, key: str, problem: str):
         # A key is user text too: one with a newline or control character is shown quoted.
         shown = key if key.isprintable() and key.strip() == key and key else repr(key)
-        super().__init__(f"config error: {shown}: {problem}".replace("\n", "\\n"))
+        # Redacted: a URL the user wrote with user:password@ in it is echoed back without the password.
+        super().__init__(redact(f"config error: {shown}: {problem}").replace("\n", "\\n"))
         self.key = key
 
 

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from exporter.observations import ProxyObservations, normalise_model
 from servescope import series
+from servescope.urls import redact
 
 log = logging.getLogger("exporter")
 
@@ -214,7 +215,7 @@ class OllamaProxy:
         parts = urlsplit(self.upstream_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
-                f"ollama proxy {instance}: upstream must be an http:// or https:// URL, not {upstream_url!r}"
+                f"ollama proxy {instance}: upstream must be an http:// or https:// URL, not {redact(upstream_url)!r}"
             )
         self.upstream_host = parts.hostname
         self.upstream_port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -554,7 +555,9 @@ class ClientConnection(asyncio.Protocol):
             )
         except OSError as exc:  # TimeoutError is an OSError
             reason = str(exc) or f"no connection within {CONNECT_TIMEOUT:.0f}s"
-            log.warning("ollama proxy %s: upstream %s unreachable: %s", proxy.instance, proxy.upstream_url, reason)
+            log.warning(
+                "ollama proxy %s: upstream %s unreachable: %s", proxy.instance, redact(proxy.upstream_url), reason
+            )
             if exchange is self.current and not self.closed:
                 self._write_error(502, f"ollama proxy: upstream unreachable: {reason}", close=exchange.close_after)
                 self._finish(exchange, "upstream_unreachable")

@@ -24,6 +24,7 @@ from exporter.proxy import OllamaProxy, ProxyMetrics
 from exporter.resources import ResourceCollector
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
+from servescope.urls import redact
 
 log = logging.getLogger("exporter")
 
@@ -82,7 +83,7 @@ def build(config: Config) -> Exporter:
 def metrics_app(exporter: Exporter) -> web.Application:
     rows = (
         "".join(
-            f"<li>{html.escape(i.kind)} <b>{html.escape(i.name)}</b>: {html.escape(i.url)}"
+            f"<li>{html.escape(i.kind)} <b>{html.escape(i.name)}</b>: {html.escape(redact(i.url))}"
             + (f" (proxy on port {i.proxy_port})" if i.proxy_port else "")
             + "</li>"
             for i in exporter.config.instances
@@ -156,7 +157,7 @@ async def run(
                 instance.name,
                 config.listen_address,
                 instance.proxy_port,
-                instance.url,
+                redact(instance.url),
             )
         if not config.instances:
             log.warning("no engines configured: set VLLM_URL, LLAMACPP_URL, OLLAMA_URL or use --config FILE")

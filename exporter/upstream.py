@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from servescope.urls import redact
+
 # A metrics page or JSON payload larger than this is not something an engine sends; refuse it
 # rather than hold it in memory.
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -53,6 +55,7 @@ class Upstream:
         connection_factory: Callable[..., http.client.HTTPConnection] | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        self.shown_url = redact(self.base_url)  # what logs and errors say: never the URL's password
         parts = urlsplit(self.base_url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port
@@ -66,7 +69,7 @@ class Upstream:
     def _remaining(self, deadline: float, path: str) -> float:
         remaining = deadline - self.clock()
         if remaining <= 0:
-            raise UpstreamError(f"GET {self.base_url}{path}: no time left in this scrape")
+            raise UpstreamError(f"GET {self.shown_url}{path}: no time left in this scrape")
         return remaining
 
     def _checkout(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
@@ -88,7 +91,7 @@ class Upstream:
 
     def get_bytes(self, path: str, deadline: float, *, missing_ok: bool = False) -> Any:
         """The body of GET base_url+path; MISSING when missing_ok and the engine says 404/501 (feature off)."""
-        url = self.base_url + path
+        url = self.shown_url + path
         for attempt in (1, 2):
             conn, reused = self._checkout(self._remaining(deadline, path))
             try:
@@ -140,7 +143,7 @@ class Upstream:
         try:
             return body.decode("utf-8")
         except UnicodeDecodeError:
-            raise UpstreamError(f"GET {self.base_url}{path}: body is not UTF-8") from None
+            raise UpstreamError(f"GET {self.shown_url}{path}: body is not UTF-8") from None
 
     def get_json(self, path: str, deadline: float, *, missing_ok: bool = False) -> Any:
         body = self.get_bytes(path, deadline, missing_ok=missing_ok)
@@ -149,7 +152,7 @@ class Upstream:
         try:
             return json.loads(body)
         except ValueError as exc:
-            raise UpstreamError(f"GET {self.base_url}{path}: malformed JSON ({exc})") from None
+            raise UpstreamError(f"GET {self.shown_url}{path}: malformed JSON ({exc})") from None
 
     def close(self) -> None:
         with self._lock:
