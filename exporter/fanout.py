@@ -19,8 +19,10 @@ class FanoutCollector:
 
     def __init__(self, collectors: Sequence[EngineCollector], *, max_workers: int | None = None):
         self.collectors = list(collectors)
+        # A thread per instance: every instance is read at once, so a scrape lasts as long as the
+        # slowest instance's budget, never the sum of several.
         self._pool = ThreadPoolExecutor(
-            max_workers=max_workers or max(1, min(len(self.collectors), 16)), thread_name_prefix="scrape"
+            max_workers=max_workers or max(1, len(self.collectors)), thread_name_prefix="scrape"
         )
 
     def describe(self) -> Iterator[Metric]:

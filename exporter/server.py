@@ -106,10 +106,20 @@ def metrics_app(exporter: Exporter) -> web.Application:
     async def index(_request: web.Request) -> web.Response:
         return web.Response(text=landing, content_type="text/html")
 
+    # One collection at a time per exposition format: scrapes that arrive while one runs (a second
+    # Prometheus, a retry after a scrape timeout) get its result instead of queueing engine reads
+    # behind it, so a slow engine never builds a backlog of scrapes and threads.
+    running: dict[str, asyncio.Future] = {}
+
     async def metrics(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        # Collectors block on engine HTTP calls: keep them off the event loop the proxies share.
-        body = await asyncio.get_running_loop().run_in_executor(None, encoder, exporter.registry)
+        collection = running.get(content_type)
+        if collection is None:
+            # Collectors block on engine HTTP calls: keep them off the event loop the proxies share.
+            collection = asyncio.get_running_loop().run_in_executor(None, encoder, exporter.registry)
+            running[content_type] = collection
+            collection.add_done_callback(lambda _done: running.pop(content_type, None))
+        body = await asyncio.shield(collection)  # a scraper that gives up does not cancel it for the others
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     app = web.Application()

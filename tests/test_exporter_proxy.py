@@ -28,12 +28,14 @@ class ExporterThread:
 
     loop_factory = staticmethod(asyncio.new_event_loop)
 
-    def __init__(self, upstream_url: str, num_parallel: int = 1):
+    def __init__(self, upstream_url: str = "", num_parallel: int = 1, *, instances: tuple[Instance, ...] = ()):
+        """An Ollama instance with its proxy in front of `upstream_url`, or the `instances` given."""
         self.proxy_port = free_port()
         self.port = free_port()
         config = Config(
             port=self.port,
-            instances=(
+            instances=instances
+            or (
                 Instance(
                     kind="ollama",
                     name="ollama",
