@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="servescope-exporter",
         description="Prometheus exporter for vLLM, llama.cpp and Ollama (with Ollama's streaming proxy).",
         epilog="Env: EXPORTER_PORT, SERVESCOPE_BIND, VLLM_URL, LLAMACPP_URL, OLLAMA_URL, OLLAMA_PROXY_PORT, "
-        "OLLAMA_NUM_PARALLEL. The config file format is described in `python -m pydoc exporter.config`. "
+        "OLLAMA_NUM_PARALLEL, VLLM_API_KEY and LLAMACPP_API_KEY (engines started with --api-key). "
+        "The config file format is described in `python -m pydoc exporter.config`. "
         "Resource series: --process/--container, or processes:/containers: in the file.",
     )
     # Defaults are None so that "not given" falls through to the file, then the environment.

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.upstream import Upstream, UpstreamError
-from servescope import series
+from exporter.upstream import MISSING, Unauthorized, Upstream, UpstreamError
+from servescope import engine_identity, engines, series
 
 log = logging.getLogger("exporter")
 
@@ -50,6 +50,7 @@ class EngineCollector:
         self.timeout = timeout
         self.clock = clock
         self._last_error: str | None = None
+        self._said: set[str] = set()  # what note() has logged since the engine last failed
         # What an engine states once per start (served model, max-model-len, version): read on the
         # first good scrape, forgotten when the engine fails so a restarted engine is re-read.
         self.cache: dict = {}
@@ -103,9 +104,16 @@ class EngineCollector:
     # --- one log line per failure, not one per scrape ---
     def _failed(self, reason: str) -> None:
         self.cache.clear()
+        self._said.clear()
         if reason != self._last_error:
             log.warning("%s %s down: %s", self.kind, self.name, reason)
         self._last_error = reason
+
+    def note(self, what: str) -> None:
+        """Say once (until the engine next fails) what could not be read or was not exported, and why."""
+        if what not in self._said and len(self._said) < 64:
+            self._said.add(what)
+            log.warning("%s %s: %s", self.kind, self.name, what)
 
     def _recovered(self) -> None:
         if self._last_error is not None:
@@ -118,6 +126,52 @@ class EngineCollector:
 
     def labels(self, *extra: str) -> list[str]:
         return [self.kind, self.name, *extra]
+
+    def identity(self, deadline: float) -> engine_identity.Identity:
+        """What the engine says about itself (servescope.engine_identity), read once per engine start.
+
+        An endpoint that is off (404/501) or wants an API key costs what it would have said, not the
+        engine: that is noted once and read again after IDENTITY_RETRY_S. An engine that does not
+        answer at all raises (engine down).
+        """
+        cached = self.cache.get("identity")
+        if cached is not None and (not cached.errors or self.clock() < self.cache["identity_at"] + IDENTITY_RETRY_S):
+            return cached
+
+        def get_json(path: str):
+            payload = self.upstream.get_json(path, deadline, missing_ok=True)
+            if payload is MISSING:
+                raise EndpointOff("not served by this engine (404/501)")
+            return payload
+
+        identity = engine_identity.identify(self.kind, get_json, recoverable=(EndpointOff, Unauthorized))
+        for path, reason in identity.errors.items():
+            self.note(f"cannot read {path}: {reason}{self.key_hint(reason)}")
+        self.cache["identity"], self.cache["identity_at"] = identity, self.clock()
+        return identity
+
+    def optional(self, get: Callable, path: str, deadline: float, without: str):
+        """get(path) for an endpoint the engine may have off (404/501) or behind an API key: MISSING then, said once."""
+        try:
+            payload = get(path, deadline, missing_ok=True)
+        except Unauthorized as exc:
+            self.note(f"cannot read {path}: {exc}{self.key_hint(str(exc))}: {without}")
+            return MISSING
+        if payload is MISSING:
+            self.note(f"{path} is off (404/501): {without}")
+        return payload
+
+    def key_hint(self, reason: str) -> str:
+        env = engines.ENGINES[self.kind].api_key_env
+        return f" (set {env}, or api_key in the config file)" if env and "API key" in reason else ""
+
+
+# An identity endpoint that failed is asked again this often (a key set, a feature turned on, a restart).
+IDENTITY_RETRY_S = 60.0
+
+
+class EndpointOff(Exception):
+    """The engine answered 404/501 for an endpoint: the feature is off in this build or this start."""
 
 
 # One HELP per engine-neutral family: families from every engine are merged under one name,

@@ -55,7 +55,7 @@ def build(config: Config) -> Exporter:
     collectors: list[EngineCollector] = []
     proxies: list[tuple[Instance, OllamaProxy]] = []
     for instance in config.instances:
-        upstream = Upstream(instance.url)
+        upstream = Upstream(instance.url, api_key=instance.api_key)
         if instance.kind == "vllm":
             collectors.append(VllmCollector(instance.name, upstream, timeout=instance.timeout))
         elif instance.kind == "llamacpp":

@@ -89,15 +89,12 @@ class VllmCollector(EngineCollector):
     )
 
     def scrape(self, deadline: float) -> Iterator[Metric]:
+        # vLLM's --api-key guards /v1/* only: its /metrics page is read without a key.
         samples = parse_exposition(self.upstream.get_text("/metrics", deadline), VLLM_SAMPLES)
-        if "served" not in self.cache:
-            self.cache["served"] = served_models(self.upstream.get_json("/v1/models", deadline))
-            version = self.upstream.get_json("/version", deadline, missing_ok=True)
-            self.cache["version"] = str(version.get("version", "unknown")) if isinstance(version, dict) else "unknown"
-        served: dict[str, int | None] = self.cache["served"]
-
+        identity = self.identity(deadline)
+        served = identity.models
         info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
-        info.add_metric(self.labels(self.cache["version"]), 1.0)
+        info.add_metric(self.labels(identity.version or "unknown"), 1.0)
         yield info
 
         for name, source in (
@@ -131,14 +128,19 @@ class VllmCollector(EngineCollector):
         """The seed's section-3 arithmetic from vllm:cache_config_info: blocks x block size, / max-model-len."""
         block_size: dict[str, float] = {}
         blocks: dict[str, float] = defaultdict(float)
+        # cache_config_info carries no model_name in most versions: one served model owns the pool. When
+        # /v1/models cannot be read (vLLM behind --api-key without the key), the page's one model does.
+        owners = list(served) or sorted(
+            {labels.get("model_name", "") for labels, _ in samples.get("vllm:num_requests_running", ())}
+        )
+        owner = owners[0] if len(owners) == 1 else ""
         for labels, _ in samples.get("vllm:cache_config_info", ()):
             try:
                 size = float(labels["block_size"])
                 count = float(labels["num_gpu_blocks"])
             except (KeyError, ValueError):
                 continue  # "None" before the engine has profiled its memory
-            # cache_config_info carries no model_name in most versions: one served model owns the pool.
-            model = labels.get("model_name") or (next(iter(served)) if len(served) == 1 else "")
+            model = labels.get("model_name") or owner
             block_size[model] = size
             blocks[model] += count
         if not block_size:
@@ -156,16 +158,3 @@ class VllmCollector(EngineCollector):
             if max_model_len:
                 families[series.KV_MAX_CONCURRENCY].add_metric(self.labels(model), capacity / max_model_len)
         yield from families.values()
-
-
-def served_models(payload: object) -> dict[str, int | None]:
-    """Model id -> max_model_len from vLLM's GET /v1/models (an OpenAI model list plus max_model_len)."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-        raise ValueError("/v1/models: expected an object with a 'data' list")
-    served: dict[str, int | None] = {}
-    for entry in payload["data"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            raise ValueError("/v1/models: every entry needs a string 'id'")
-        length = entry.get("max_model_len")
-        served[entry["id"]] = int(length) if isinstance(length, int | float) and length > 0 else None
-    return served

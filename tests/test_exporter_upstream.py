@@ -220,22 +220,29 @@ def test_statuses_map_to_missing_unauthorized_and_errors():
         ScriptedEngine(answer(status=500)) as broken,
     ):
         deadline = time.monotonic() + 3
-        assert Upstream(off.url).get_bytes("/metrics", deadline, missing_ok=True) is MISSING
+        off_upstream, locked_upstream, broken_upstream = Upstream(off.url), Upstream(locked.url), Upstream(broken.url)
+        assert off_upstream.get_bytes("/metrics", deadline, missing_ok=True) is MISSING
         with pytest.raises(UpstreamError, match="HTTP 501"):
-            Upstream(off.url).get_bytes("/metrics", deadline)
+            off_upstream.get_bytes("/metrics", deadline)
         with pytest.raises(Unauthorized, match="API key"):
-            Upstream(locked.url).get_bytes("/v1/models", deadline, missing_ok=True)
+            locked_upstream.get_bytes("/v1/models", deadline, missing_ok=True)
         with pytest.raises(UpstreamError, match="HTTP 500"):
-            Upstream(broken.url).get_bytes("/metrics", deadline, missing_ok=True)
+            broken_upstream.get_bytes("/metrics", deadline, missing_ok=True)
+        for upstream in (off_upstream, locked_upstream, broken_upstream):
+            upstream.close()
 
 
 def test_an_api_key_is_sent_as_bearer_and_url_credentials_as_basic_never_both():
     with ScriptedEngine(answer()) as engine:
         port = engine.url.rsplit(":", 1)[1]
         deadline = time.monotonic() + 3
-        Upstream(engine.url, api_key="sk-123").get_bytes("/v1/models", deadline)
-        Upstream(f"http://al%40ice:p%3Ass@127.0.0.1:{port}/prefix").get_bytes("/v1/models", deadline)
-        Upstream(f"http://al:pw@127.0.0.1:{port}", api_key="sk-9").get_bytes("/v1/models", deadline)
+        for upstream in (
+            Upstream(engine.url, api_key="sk-123"),
+            Upstream(f"http://al%40ice:p%3Ass@127.0.0.1:{port}/prefix"),
+            Upstream(f"http://al:pw@127.0.0.1:{port}", api_key="sk-9"),
+        ):
+            upstream.get_bytes("/v1/models", deadline)
+            upstream.close()
     bearer, basic, both = (head.decode().split("\r\n") for head in engine.heads)
     assert "Authorization: Bearer sk-123" in bearer
     token = base64.b64encode(b"al@ice:p:ss").decode()
