@@ -6,8 +6,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from exporter.bounds import MAX_MODELS, OVERFLOW_MODEL, ModelLabels
 from exporter.upstream import MISSING, Unauthorized, Upstream, UpstreamError
 from servescope import engine_identity, engines, series
 
@@ -51,6 +52,7 @@ class EngineCollector:
         self.clock = clock
         self._last_error: str | None = None
         self._said: set[str] = set()  # what note() has logged since the engine last failed
+        self.invalid = 0  # values dropped as impossible since the exporter started (a counter)
         # What an engine states once per start (served model, max-model-len, version): read on the
         # first good scrape, forgotten when the engine fails so a restarted engine is re-read.
         self.cache: dict = {}
@@ -67,6 +69,7 @@ class EngineCollector:
     def describe(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(series.ENGINE_UP, "")
         yield GaugeMetricFamily(series.SCRAPE_DURATION, "")
+        yield Metric(series.ENGINE_INVALID_SAMPLES.removesuffix("_total"), "", "counter")
         for name, typ in self.family_names:
             yield Metric(name.removesuffix("_total") if typ == "counter" else name, "", typ)
 
@@ -98,6 +101,14 @@ class EngineCollector:
         )
         duration.add_metric(labels, self.clock() - started)
         yield duration
+        invalid = CounterMetricFamily(
+            series.ENGINE_INVALID_SAMPLES,
+            "Values the engine sent that cannot be true (NaN, infinite, a negative count, a ratio outside 0..1, "
+            "tokens past a slot's context, an unreadable date), dropped instead of exported.",
+            labels=list(series.ENGINE_LABELS),
+        )
+        invalid.add_metric(labels, float(self.invalid))
+        yield invalid
         yield from families
         yield from self.always()
 
@@ -109,11 +120,25 @@ class EngineCollector:
             log.warning("%s %s down: %s", self.kind, self.name, reason)
         self._last_error = reason
 
-    def note(self, what: str) -> None:
-        """Say once (until the engine next fails) what could not be read or was not exported, and why."""
-        if what not in self._said and len(self._said) < 64:
-            self._said.add(what)
+    def note(self, what: str, key: str | None = None) -> None:
+        """Say once (until the engine next fails) what could not be read or was not exported, and why;
+        `key` (default: the text) decides what counts as saying the same again."""
+        key = what if key is None else key
+        if key not in self._said and len(self._said) < 64:
+            self._said.add(key)
             log.warning("%s %s: %s", self.kind, self.name, what)
+
+    def valid(self, value: object, check: Callable[[object], float | None], what: str) -> float | None:
+        """check(value) (a function of exporter.bounds); None, rejected, when it cannot be true."""
+        number = check(value)
+        if number is None:
+            self.reject(value, what)
+        return number
+
+    def reject(self, value: object, what: str) -> None:
+        """Count a value left out as impossible; said once per `what`."""
+        self.invalid += 1
+        self.note(f"dropped {what} = {str(value)[:40]!r}: not a value the engine can mean", key=f"invalid {what}")
 
     def _recovered(self) -> None:
         if self._last_error is not None:
@@ -126,6 +151,16 @@ class EngineCollector:
 
     def labels(self, *extra: str) -> list[str]:
         return [self.kind, self.name, *extra]
+
+    def model_labels(self, names: Iterable[str]) -> ModelLabels:
+        """Label values for the models this engine lists (exporter.bounds): its first MAX_MODELS, then "other"."""
+        labels = ModelLabels(names)
+        if labels.overflow:
+            self.note(
+                f"lists more than {MAX_MODELS} models: {labels.overflow} of them are reported as model={OVERFLOW_MODEL!r}",
+                key="overflow",
+            )
+        return labels
 
     def identity(self, deadline: float) -> engine_identity.Identity:
         """What the engine says about itself (servescope.engine_identity), read once per engine start.

@@ -17,9 +17,10 @@ from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from exporter.bounds import bounded, count
 from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
+from exporter.exposition import parse_exposition
 from exporter.upstream import MISSING
-from exporter.vllm import parse_exposition
 from servescope import series
 from servescope.engine_identity import gguf_file_name
 
@@ -46,32 +47,30 @@ class LlamacppCollector(EngineCollector):
         page = self.optional(self.upstream.get_text, "/metrics", deadline, "no queue and no token counters")
         samples = parse_exposition(page, LLAMACPP_SAMPLES) if page is not MISSING else {}
         slots = self.optional(self.upstream.get_json, "/slots", deadline, "no KV-cache usage or capacity")
-        occupancy = slot_occupancy(slots) if slots is not MISSING else None
+        occupancy = self._occupancy(slots) if slots is not MISSING else None
         identity = self.identity(deadline)
-        model = gguf_file_name(identity.model)
+        model = bounded(gguf_file_name(identity.model))
 
         info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
-        info.add_metric(self.labels(identity.version or "unknown"), 1.0)
+        info.add_metric(self.labels(bounded(identity.version or "unknown")), 1.0)
         yield info
 
-        running = self.gauge(series.REQUESTS_RUNNING, HELP[series.REQUESTS_RUNNING], ["model"])
-        if "llamacpp:requests_processing" in samples:
-            running.add_metric(self.labels(model), sum(value for _, value in samples["llamacpp:requests_processing"]))
-        elif occupancy is not None:
-            running.add_metric(self.labels(model), float(occupancy.processing))  # busy slots, as /metrics counts them
-        yield running
-        waiting = self.gauge(series.REQUESTS_WAITING, HELP[series.REQUESTS_WAITING], ["model"])
-        if "llamacpp:requests_deferred" in samples:
-            waiting.add_metric(self.labels(model), sum(value for _, value in samples["llamacpp:requests_deferred"]))
-        yield waiting
-
-        for name, source in (
-            (series.GENERATED_TOKENS, "llamacpp:tokens_predicted_total"),
-            (series.PROMPT_TOKENS, "llamacpp:prompt_tokens_total"),
+        for name, source, typ in (
+            (series.REQUESTS_RUNNING, "llamacpp:requests_processing", "gauge"),
+            (series.REQUESTS_WAITING, "llamacpp:requests_deferred", "gauge"),
+            (series.GENERATED_TOKENS, "llamacpp:tokens_predicted_total", "counter"),
+            (series.PROMPT_TOKENS, "llamacpp:prompt_tokens_total", "counter"),
         ):
-            family = CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
-            if source in samples:
-                family.add_metric(self.labels(model), sum(value for _, value in samples[source]))
+            family = (
+                self.gauge(name, HELP[name], ["model"])
+                if typ == "gauge"
+                else CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
+            )
+            values = [self.valid(value, count, source) for _, value in samples.get(source, ())]
+            if values and None not in values:
+                family.add_metric(self.labels(model), sum(values))
+            elif name == series.REQUESTS_RUNNING and occupancy is not None:
+                family.add_metric(self.labels(model), float(occupancy.processing))  # busy slots, as /metrics counts
             yield family
 
         if occupancy is not None:
@@ -84,12 +83,25 @@ class LlamacppCollector(EngineCollector):
                 family.add_metric(self.labels(model), value)
                 yield family
 
+    def _occupancy(self, slots: object) -> Occupancy | None:
+        """slot_occupancy() with its impossible values counted; a /slots that is not a list of slots costs the
+        KV series only."""
+        try:
+            occupancy = slot_occupancy(slots)
+        except ValueError as exc:
+            self.reject(slots, f"/slots ({exc})")
+            return None
+        for what, value in occupancy.invalid:
+            self.reject(value, what)
+        return occupancy
+
 
 class Occupancy(NamedTuple):
     held: int  # tokens held by the slots that are processing
     capacity: int  # sum of n_ctx
     slots: int
     processing: int  # slots processing a request
+    invalid: tuple[tuple[str, object], ...] = ()  # (what, value) of each impossible value left out
 
 
 def slot_occupancy(slots: object) -> Occupancy:
@@ -99,20 +111,33 @@ def slot_occupancy(slots: object) -> Occupancy:
     newer ones `n_prompt_tokens`, the size of the slot's token cache, which the server extends
     with every sampled token (server-context.cpp: `prompt.tokens.push_back(sampled)`), so it
     already counts the generated tokens. An idle slot's leftover cache is reusable by the next
-    request, so it counts as free.
+    request, so it counts as free. A slot without a positive integer n_ctx is left out; tokens that
+    are not a count are left out, past n_ctx they count as n_ctx (a slot cannot hold more).
     """
     if not isinstance(slots, list):
-        raise ValueError("/slots: expected a list of slots")
-    held = capacity = processing = 0
+        raise ValueError("expected a list of slots")
+    held = capacity = counted = processing = 0
+    invalid: list[tuple[str, object]] = []
     for slot in slots:
-        if not isinstance(slot, dict) or not isinstance(slot.get("n_ctx"), int):
-            raise ValueError("/slots: every slot needs an integer n_ctx")
-        capacity += slot["n_ctx"]
+        n_ctx = slot.get("n_ctx") if isinstance(slot, dict) else None
+        if not _whole(n_ctx) or n_ctx <= 0:
+            invalid.append(("/slots n_ctx", n_ctx))
+            continue
+        counted += 1
+        capacity += n_ctx
         if not slot.get("is_processing"):
             continue
         processing += 1
         tokens = slot.get("n_past", slot.get("n_prompt_tokens", 0))
-        if not isinstance(tokens, int):
-            raise ValueError("/slots: n_past / n_prompt_tokens must be integers")
+        if not _whole(tokens) or tokens < 0:
+            invalid.append(("/slots n_past / n_prompt_tokens", tokens))
+            continue
+        if tokens > n_ctx:
+            invalid.append(("/slots tokens past n_ctx", tokens))
+            tokens = n_ctx
         held += tokens
-    return Occupancy(held, capacity, len(slots), processing)
+    return Occupancy(held, capacity, counted, processing, tuple(invalid))
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -29,6 +29,16 @@ from servescope.urls import redact
 log = logging.getLogger("exporter")
 
 
+class Collected:
+    """The families of one collection, for prometheus_client's encoders (they only call collect())."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families
+
+
 class PortInUse(Exception):
     """A listener could not bind; str() is the one line shown to the user."""
 
@@ -106,20 +116,22 @@ def metrics_app(exporter: Exporter) -> web.Application:
     async def index(_request: web.Request) -> web.Response:
         return web.Response(text=landing, content_type="text/html")
 
-    # One collection at a time per exposition format: scrapes that arrive while one runs (a second
-    # Prometheus, a retry after a scrape timeout) get its result instead of queueing engine reads
-    # behind it, so a slow engine never builds a backlog of scrapes and threads.
-    running: dict[str, asyncio.Future] = {}
+    # One collection at a time: scrapes that arrive while one runs (a second Prometheus, a retry
+    # after a scrape timeout, another exposition format) share its families instead of queueing
+    # engine reads behind it, so a slow engine never builds a backlog of scrapes and threads, and
+    # no collector is ever run twice at once.
+    running: list[asyncio.Future] = []
 
     async def metrics(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        collection = running.get(content_type)
-        if collection is None:
+        loop = asyncio.get_running_loop()
+        if not running:
             # Collectors block on engine HTTP calls: keep them off the event loop the proxies share.
-            collection = asyncio.get_running_loop().run_in_executor(None, encoder, exporter.registry)
-            running[content_type] = collection
-            collection.add_done_callback(lambda _done: running.pop(content_type, None))
-        body = await asyncio.shield(collection)  # a scraper that gives up does not cancel it for the others
+            collection = loop.run_in_executor(None, lambda: Collected(list(exporter.registry.collect())))
+            running.append(collection)
+            collection.add_done_callback(lambda _done: running.remove(collection))
+        collected = await asyncio.shield(running[0])  # a scraper that gives up does not cancel it for the others
+        body = await loop.run_in_executor(None, encoder, collected)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     app = web.Application()

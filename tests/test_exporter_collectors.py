@@ -8,6 +8,7 @@ SmolLM2 Q4_1 GGUF) are captured from the real engines here; ollama-0.12-*.json f
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -20,6 +21,7 @@ from exporter.fanout import FanoutCollector
 from exporter.llamacpp import LlamacppCollector, slot_occupancy
 from exporter.observations import ProxyObservations
 from exporter.ollama import OllamaCollector
+from exporter.server import Collected
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
 from servescope import series
@@ -419,10 +421,14 @@ def test_llamacpp_model_from_props_when_v1_models_is_missing():
         )
 
 
-def test_llamacpp_malformed_slots_is_up_zero():
+def test_llamacpp_malformed_slots_cost_the_kv_series_only():
     with llamacpp_engine(slots={"unexpected": True}) as engine:
         registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
-        assert registry.get_sample_value(series.ENGINE_UP, labels("llamacpp")) == 0.0
+        model = labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        assert registry.get_sample_value(series.ENGINE_UP, labels("llamacpp")) == 1.0
+        assert registry.get_sample_value(series.REQUESTS_RUNNING, model) == 2.0  # /metrics still counts
+        assert registry.get_sample_value(series.KV_CACHE_USAGE, model) is None
+        assert registry.get_sample_value(series.ENGINE_INVALID_SAMPLES, labels("llamacpp")) >= 1.0
 
 
 @pytest.mark.parametrize(
@@ -447,7 +453,8 @@ def test_llamacpp_malformed_slots_is_up_zero():
     ],
 )
 def test_slot_occupancy_variants(slots, expected):
-    assert slot_occupancy(slots) == expected
+    occupancy = slot_occupancy(slots)
+    assert occupancy[:4] == expected and occupancy.invalid == ()
 
 
 # ---------------------------------------------------------------- Ollama
@@ -568,3 +575,109 @@ def test_fanout_reads_instances_concurrently():
     finally:
         for engine in engines:
             engine.stop()
+
+
+# ---------------------------------------------------------------- impossible values, bad entries, long lists
+
+IMPOSSIBLE_VLLM_PAGE = """\
+vllm:num_requests_running{engine="0",model_name="m"} NaN
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="m"} +Inf
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} -0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 7.5
+vllm:generation_tokens_total{engine="0",model_name="m"} -3.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 12.0
+vllm:cache_config_info{block_size="-16",engine="0",num_gpu_blocks="1000"} 1.0
+"""
+
+
+def scraped_once(collector) -> CollectorRegistry:
+    """One collect() of a collector, read as often as a test likes (a registry would scrape again on every read)."""
+    return registry_with(Collected(list(collector.collect())))
+
+
+def series_lines(registry) -> list[str]:
+    return [line for line in generate_latest(registry).decode().splitlines() if line and not line.startswith("#")]
+
+
+def test_vllm_impossible_values_are_dropped_and_counted():
+    """BUG at 6364460 (issue 13, item 3): NaN/Inf running and waiting, KV usage -0.5 or 7.5 were exported as if true."""
+    with RecordedEngine() as engine:
+        engine.set_text("/metrics", IMPOSSIBLE_VLLM_PAGE)
+        engine.set_json("/v1/models", {"object": "list", "data": [{"id": "m", "max_model_len": 1000}]})
+        collector = VllmCollector("vllm", Upstream(engine.url))
+        get = scraped_once(collector).get_sample_value
+        model = labels("vllm", model="m")
+        assert get(series.ENGINE_UP, labels("vllm")) == 1.0
+        assert get(series.REQUESTS_RUNNING, model) == 2.0  # the NaN rank is left out, the other one counts
+        assert get(series.REQUESTS_WAITING, model) is None
+        assert get(series.KV_CACHE_USAGE, model) is None
+        assert get(series.GENERATED_TOKENS, model) is None and get(series.PROMPT_TOKENS, model) == 12.0
+        assert get(series.KV_CAPACITY_TOKENS, model) is None  # a negative block size is no capacity
+        assert get(series.ENGINE_INVALID_SAMPLES, labels("vllm")) == 6.0  # NaN, +Inf, -0.5, 7.5, -3, -16
+        again = scraped_once(collector).get_sample_value(series.ENGINE_INVALID_SAMPLES, labels("vllm"))
+        assert again == 12.0  # a counter: each scrape adds what it dropped
+
+
+def test_llamacpp_impossible_slots_do_not_become_capacity_or_usage():
+    """BUG at 6364460 (issue 13, item 3): n_ctx -4096 gave capacity -4096; n_past past n_ctx gave usage 24.4."""
+    slots = [
+        {"id": 0, "n_ctx": -4096, "is_processing": False},
+        {"id": 1, "n_ctx": 2048, "is_processing": True, "n_past": 50_000},
+    ]
+    with llamacpp_engine(slots=slots) as engine:
+        registry = scraped_once(LlamacppCollector("llamacpp", Upstream(engine.url)))
+        model = labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        assert registry.get_sample_value(series.KV_CAPACITY_TOKENS, model) == 2048.0
+        assert registry.get_sample_value(series.KV_CACHE_USAGE, model) == 1.0  # a slot holds at most its n_ctx
+        assert registry.get_sample_value(series.KV_MAX_CONCURRENCY, model) == 1.0
+        assert registry.get_sample_value(series.ENGINE_INVALID_SAMPLES, labels("llamacpp")) == 2.0
+
+
+def test_one_bad_ollama_ps_entry_costs_that_entry_only():
+    """BUG at 6364460 (issue 13, item 4): one unparseable expires_at in /api/ps marked the whole engine down."""
+    ps = json.loads(fixture("ollama-0.12-ps.json"))
+    ps["models"][0]["expires_at"] = "next tuesday"
+    ps["models"].append("not a model")
+    ps["models"].append({"size": 5})
+    with ollama_engine() as engine:
+        engine.set_json("/api/ps", ps)
+        registry = scraped_once(OllamaCollector("ollama", Upstream(engine.url), wall_clock=lambda: NOW))
+        get = registry.get_sample_value
+        smol, qwen = labels("ollama", model="smollm2-135m:latest"), labels("ollama", model="qwen2.5:1.5b")
+        assert get(series.ENGINE_UP, labels("ollama")) == 1.0
+        assert get(series.OLLAMA_MODEL_SIZE, smol) == 181403648.0  # the entry keeps what is readable
+        assert get(series.OLLAMA_MODEL_EXPIRES, smol) is None
+        assert get(series.OLLAMA_MODEL_EXPIRES, qwen) == pytest.approx(600.0)  # the other entry is whole
+        assert get(series.ENGINE_INVALID_SAMPLES, labels("ollama")) == 3.0
+
+
+def test_long_engine_model_lists_and_names_stay_bounded():
+    """BUG at 6364460 (issue 13, item 6): 500 loaded models in /api/ps gave 4,003 series; names are engine text."""
+    loaded = [
+        {
+            "name": f"m{i:03d}:latest",
+            "size": 10,
+            "size_vram": 0,
+            "context_length": 4096,
+            "expires_at": "2025-10-01T16:40:00Z",
+        }
+        for i in range(500)
+    ]
+    loaded.append({"name": "x" * 60_000, "size": 1})
+    loaded.append(dict(loaded[0]))  # the same model twice
+    installed = [{"name": f"t{i:03d}:latest", "details": {"family": "f" * 10_000}} for i in range(500)]
+    with ollama_engine() as engine:
+        engine.set_json("/api/ps", {"models": loaded})
+        engine.set_json("/api/tags", {"models": installed})
+        registry = scraped_once(OllamaCollector("ollama", Upstream(engine.url), wall_clock=lambda: NOW))
+        lines = series_lines(registry)
+        assert len(lines) == len(set(lines))  # no series twice (Prometheus would refuse the page)
+        assert len(lines) < 4 * 65 + 65 + 10, len(lines)
+        assert max(len(line) for line in lines) < 1024
+        get = registry.get_sample_value
+        assert (
+            get(series.OLLAMA_MODEL_SIZE, labels("ollama", model="other")) == 10.0 * 436 + 1
+        )  # past the first 64 by name
+        info_other = {"family": "", "parameter_size": "", "quantization_level": ""}
+        assert get(series.OLLAMA_MODEL_INFO, labels("ollama", model="other", **info_other)) == 436.0

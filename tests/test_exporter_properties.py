@@ -122,9 +122,14 @@ def test_llamacpp_arbitrary_slots_never_raise(engine, slots):
     engine.set_text("/metrics", "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\n")
     engine.set_json("/v1/models", {"data": [{"id": "m"}]})
     engine.set_json("/slots", slots)
-    up = up_of(LLAMACPP.setdefault(engine.url, LlamacppCollector("llamacpp", Upstream(engine.url))))
+    collector = LLAMACPP.setdefault(engine.url, LlamacppCollector("llamacpp", Upstream(engine.url)))
+    families = {family.name: family for family in collector.collect()}  # must not raise
+    assert families[series.ENGINE_UP].samples[0].value == 1.0  # /metrics was fine: a bad /slots costs KV only
+    usage = families.get(series.KV_CACHE_USAGE)
     if not isinstance(slots, list):
-        assert up == 0.0
+        assert usage is None
+    elif usage is not None:
+        assert all(0.0 <= sample.value <= 1.0 for sample in usage.samples)
 
 
 @SETTINGS
