@@ -14,7 +14,7 @@ from exporter.cli import build_parser
 from exporter.llamacpp import LlamacppCollector
 from exporter.observations import ProxyObservations
 from exporter.ollama import OllamaCollector
-from exporter.proxy import ResponseTail
+from exporter.proxy import OllamaTail
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
 from servescope import series
@@ -159,7 +159,7 @@ def test_ollama_arbitrary_bytes_never_raise(engine, raw):
     cuts=st.lists(st.integers(0, 2000), max_size=8),
 )
 def test_response_tail_never_raises(body, cuts):
-    for_native, for_openai = ResponseTail(), ResponseTail()
+    for_native, for_openai = OllamaTail(), OllamaTail()
     edges = sorted({0, len(body), *(c % (len(body) + 1) for c in cuts)})
     for start, end in zip(edges, edges[1:], strict=False):
         for_native.feed(body[start:end])
@@ -173,7 +173,7 @@ def test_response_tail_never_raises(body, cuts):
 @settings(max_examples=100, deadline=None)
 @given(lines=st.integers(1, 5000))
 def test_response_tail_keeps_the_final_object_of_a_long_stream(lines):
-    tail = ResponseTail()
+    tail = OllamaTail()
     line = b'{"message":{"content":"tok"},"done":false}\n'
     for _ in range(lines):
         tail.feed(line)

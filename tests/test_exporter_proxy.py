@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from exporter.config import Config, Instance
-from exporter.proxy import ResponseTail
+from exporter.proxy import OllamaTail
 from exporter.server import build, run
 from servescope import series
 from tests.conftest import free_port
@@ -329,14 +329,14 @@ def test_upstream_dying_mid_stream_is_counted_and_the_client_sees_the_cut(simula
 @pytest.mark.parametrize("chunk_size", [1, 7, 4096])
 def test_response_tail_reads_recorded_streams_in_any_chunking(chunk_size):
     native = fixture("ollama-0.12-chat-stream.ndjson").encode()
-    tail = ResponseTail()
+    tail = OllamaTail()
     for start in range(0, len(native), chunk_size):
         tail.feed(native[start : start + chunk_size])
     final = tail.final_ndjson()
     assert final["done"] is True and final["eval_count"] == 3 and final["load_duration"] == 301234567
     # a real OpenAI-style stream (vLLM 0.32.0 capture): the usage chunk sits before [DONE]
     sse = fixture("vllm-0.32.0-cpu-chat-stream.sse").encode()
-    tail = ResponseTail()
+    tail = OllamaTail()
     for start in range(0, len(sse), chunk_size):
         tail.feed(sse[start : start + chunk_size])
     assert tail.openai_usage() == {"prompt_tokens": 33, "total_tokens": 41, "completion_tokens": 8}

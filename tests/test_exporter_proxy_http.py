@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-import exporter.proxy as proxy_module
-from exporter.proxy import MAX_REQUEST_BYTES
+import exporter.relay as relay_module
+from exporter.proxy import OllamaProxy
+from exporter.relay import MAX_REQUEST_BYTES
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.test_exporter_proxy import ExporterThread, chat_body, wait_until
 
@@ -55,7 +56,7 @@ def exporter_cls(request):
     return ExporterThread if request.param == "asyncio" else UvloopExporterThread
 
 
-def the_proxy(exporter: ExporterThread) -> proxy_module.OllamaProxy:
+def the_proxy(exporter: ExporterThread) -> OllamaProxy:
     return exporter.exporter.proxies[0][1]
 
 
@@ -949,7 +950,7 @@ def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connec
 ):
     """The idle timer is armed once per connection and checks on firing: a response going out, or a request every
     so often, is not idleness."""
-    monkeypatch.setattr(proxy_module, "KEEPALIVE_TIMEOUT", 0.3)
+    monkeypatch.setattr(relay_module, "KEEPALIVE_TIMEOUT", 0.3)
 
     def respond(upstream, conn, request, index):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -975,7 +976,7 @@ def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connec
 
 
 def test_an_idle_client_connection_is_closed_after_the_keepalive_timeout(exporter_cls, monkeypatch):
-    monkeypatch.setattr(proxy_module, "KEEPALIVE_TIMEOUT", 0.3)
+    monkeypatch.setattr(relay_module, "KEEPALIVE_TIMEOUT", 0.3)
     with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter:
         with client(exporter, timeout=3) as (sock, reader):
             sock.sendall(request_bytes("GET", "/api/version"))
@@ -991,7 +992,7 @@ def test_an_idle_client_connection_is_closed_after_the_keepalive_timeout(exporte
 def test_a_client_stalling_inside_a_request_head_is_closed_after_the_keepalive_timeout(exporter_cls, monkeypatch):
     """BUG at 9a6269b (minor): on_message_begin cancels the idle timer and nothing re-arms it until the request is
     complete, so a client that sends half a head and stalls holds its connection (and buffers) forever."""
-    monkeypatch.setattr(proxy_module, "KEEPALIVE_TIMEOUT", 0.3)
+    monkeypatch.setattr(relay_module, "KEEPALIVE_TIMEOUT", 0.3)
     with (
         RawUpstream() as upstream,
         exporter_cls(upstream.url) as exporter,
