@@ -141,6 +141,8 @@ class OllamaCollector(EngineCollector):
         if self.observations is not None:
             # Loaded models report zero before any request has gone through the proxy.
             self._loaded_labels = [label for label in per_model if label != OVERFLOW_MODEL]
+            # Requests for a model Ollama lists count under its name even before one has succeeded.
+            self.observations.listed(frozenset(self._loaded_labels) | (set(installed_labels.labels.values())))
 
     def _entries(self, payload: object, path: str) -> list[tuple[str, dict]]:
         """(normalised name, entry) of each model an Ollama list gives; an entry that is not a named model is

@@ -167,57 +167,62 @@ class OllamaProxy(Relay):
     def begin(self, exchange: Exchange) -> None:
         if exchange.observed and not exchange.begun:
             exchange.begun = True
-            exchange.label = self.observations.model_label(_request_model(exchange.body))
+            exchange.label = self.observations.admit(_request_model(exchange.body))
             self.observations.started(exchange.label)
+
+    def first_chunk(self, exchange: Exchange) -> None:
+        if exchange.observed:
+            self.begin(exchange)
+            # Series exist only for models Ollama has answered for: a name not yet confirmed waits for its end.
+            if self.observations.confirmed(exchange.label):
+                exchange.first_noted = True
+                self._children(exchange.label).first_chunk.observe(exchange.first_seen - exchange.started)
 
     def end(self, exchange: Exchange, outcome: str) -> None:
         if not exchange.observed:
             return
         self.begin(exchange)
-        children = self._children(exchange.label)
-        if outcome == "ok":
-            outcome = self._observe(exchange.path, exchange.label, exchange.tail, children)
-        self.observations.finished(exchange.label, failed=outcome != "ok")
+        final = self._final(exchange) if outcome == "ok" else None
+        if final is not None and "error" in final:
+            outcome = "error"  # an error object in a 200 stream
+        label = self.observations.finished(exchange.label, ok=outcome == "ok")
+        children = self._children(label)
+        if exchange.first_seen and not exchange.first_noted:
+            children.first_chunk.observe(exchange.first_seen - exchange.started)
+        if outcome == "ok" and final:
+            self._record(exchange.path, label, final, children)
         children.requests(outcome).inc()
 
-    def first_chunk(self, exchange: Exchange) -> None:
-        if exchange.observed:
-            self.begin(exchange)
-            self._children(exchange.label).first_chunk.observe(exchange.first_seen - exchange.started)
-
-    def _children(self, model: str) -> ModelMetrics:
-        children = self._by_model.get(model)
+    def _children(self, label: str) -> ModelMetrics:
+        children = self._by_model.get(label)
         if children is None:
-            children = self._by_model[model] = ModelMetrics(self.metrics, ("ollama", self.instance, model))
+            children = self._by_model[label] = ModelMetrics(self.metrics, ("ollama", self.instance, label))
         return children
 
-    def _observe(self, path: str, model: str, tail: OllamaTail, children: ModelMetrics) -> str:
-        """Record what the finished response says; returns the outcome ("error" for an error object)."""
-        if path in NDJSON_PATHS:
-            final = tail.final_ndjson()
-            if not final:
-                return "ok"
-            if "error" in final:
-                return "error"
-            if not final.get("done"):
-                return "ok"
-            prompt = _count(final.get("prompt_eval_count"))
-            generated = _count(final.get("eval_count"))
-            self.observations.tokens(model, prompt, generated)
-            eval_ns = _count(final.get("eval_duration"))
-            if eval_ns > 0:
-                children.tokens_per_second.observe(generated / eval_ns * 1e9)
-            if "prompt_eval_duration" in final:
-                children.prompt_eval_seconds.observe(_count(final["prompt_eval_duration"]) / 1e9)
-            if "load_duration" in final:
-                children.load_seconds.observe(_count(final["load_duration"]) / 1e9)
-        else:
-            usage = tail.openai_usage()
-            if usage:
-                self.observations.tokens(
-                    model, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-                )
-        return "ok"
+    def _final(self, exchange: Exchange) -> dict | None:
+        """What the finished response says: Ollama's final NDJSON object, or the OpenAI usage (as {"usage": ...})."""
+        if exchange.path in NDJSON_PATHS:
+            return exchange.tail.final_ndjson()
+        usage = exchange.tail.openai_usage()
+        return {"usage": usage} if usage else None
+
+    def _record(self, path: str, label: str, final: dict, children: ModelMetrics) -> None:
+        if path not in NDJSON_PATHS:
+            usage = final["usage"]
+            self.observations.tokens(label, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
+            return
+        if not final.get("done"):
+            return
+        prompt = _count(final.get("prompt_eval_count"))
+        generated = _count(final.get("eval_count"))
+        self.observations.tokens(label, prompt, generated)
+        eval_ns = _count(final.get("eval_duration"))
+        if eval_ns > 0:
+            children.tokens_per_second.observe(generated / eval_ns * 1e9)
+        if "prompt_eval_duration" in final:
+            children.prompt_eval_seconds.observe(_count(final["prompt_eval_duration"]) / 1e9)
+        if "load_duration" in final:
+            children.load_seconds.observe(_count(final["load_duration"]) / 1e9)
 
 
 def _request_model(body: bytes) -> str:

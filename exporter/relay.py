@@ -172,6 +172,7 @@ class Exchange:
         "chunked",
         "head_sent",
         "first_seen",
+        "first_noted",
         "retried",
         "done",
         "begun",
@@ -203,6 +204,7 @@ class Exchange:
         self.chunked = False  # the response to the client is framed with chunked encoding
         self.head_sent = False
         self.first_seen = 0.0  # clock() when the first response chunk went by
+        self.first_noted = False  # the observer has recorded first_seen
         self.retried = False
         self.done = False
         self.begun = False  # counted in flight (Relay.begin has run)

@@ -499,7 +499,7 @@ def test_ollama_api_payloads():
 def test_ollama_running_and_waiting_come_from_the_proxy_counts():
     observations = ProxyObservations(num_parallel=2)
     for _ in range(5):
-        observations.started("smollm2-135m:latest")
+        observations.started(observations.admit("smollm2-135m"))
     observations.tokens("smollm2-135m:latest", prompt=26, generated=3)
     with ollama_engine() as engine:
         registry = registry_with(OllamaCollector("ollama", Upstream(engine.url), observations=observations))
@@ -515,7 +515,7 @@ def test_ollama_running_and_waiting_come_from_the_proxy_counts():
 
 def test_ollama_down_still_reports_the_proxy_view():
     observations = ProxyObservations(num_parallel=1)
-    observations.started("smollm2-135m:latest")
+    observations.started(observations.admit("smollm2-135m:latest"))
     registry = registry_with(OllamaCollector("ollama", Upstream(closed_port_url()), observations=observations))
     assert registry.get_sample_value(series.ENGINE_UP, labels("ollama")) == 0.0
     assert registry.get_sample_value(series.REQUESTS_RUNNING, labels("ollama", model="smollm2-135m:latest")) == 1.0

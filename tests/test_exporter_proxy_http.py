@@ -740,7 +740,7 @@ def test_a_fresh_upstream_connection_closed_before_answering_is_502_without_retr
         resp = read_response(reader)
         assert resp.status == 502 and "upstream closed" in json_line(resp)["error"]
         assert upstream.accepted == 1 and len(upstream.requests) == 1
-        assert wait_until(lambda: outcomes(exporter) == {("m:latest", "upstream_broken"): 1.0}), outcomes(exporter)
+        assert wait_until(lambda: outcomes(exporter) == {("other", "upstream_broken"): 1.0}), outcomes(exporter)
         assert in_flight(exporter) == 0
         sock.sendall(request_bytes("GET", "/api/version"))  # the client connection is still served
         assert read_response(reader).status == 502 and upstream.accepted == 2
@@ -763,7 +763,7 @@ def test_an_upstream_cut_mid_body_cuts_the_client_connection_and_counts_upstream
         sock.sendall(request_bytes("POST", "/api/generate", GENERATE))
         with pytest.raises(EOFError):
             read_response(reader)  # no false end of message (no chunked terminator, no padding)
-        assert wait_until(lambda: outcomes(exporter) == {("m:latest", "upstream_broken"): 1.0}), outcomes(exporter)
+        assert wait_until(lambda: outcomes(exporter) == {("other", "upstream_broken"): 1.0}), outcomes(exporter)
         assert in_flight(exporter) == 0
 
 
@@ -780,9 +780,9 @@ def test_a_malformed_upstream_response_is_502_and_the_connection_goes_on(exporte
         assert resp.status == 502 and "error" in json_line(resp)
         sock.sendall(request_bytes("POST", "/api/generate", GENERATE))
         assert read_response(reader).status == 200
-        assert wait_until(
-            lambda: outcomes(exporter) == {("m:latest", "upstream_broken"): 1.0, ("m:latest", "ok"): 1.0}
-        ), outcomes(exporter)
+        assert wait_until(lambda: outcomes(exporter) == {("other", "upstream_broken"): 1.0, ("m:latest", "ok"): 1.0}), (
+            outcomes(exporter)
+        )
         assert in_flight(exporter) == 0
 
 
@@ -795,7 +795,7 @@ def test_upstream_unreachable_is_502_json_on_a_connection_that_stays_usable(expo
             sock.sendall(request_bytes("POST", "/api/generate", GENERATE))
             resp = read_response(reader)
             assert resp.status == 502 and "unreachable" in json_line(resp)["error"]
-        assert wait_until(lambda: outcomes(exporter) == {("m:latest", "upstream_unreachable"): 2.0}), outcomes(exporter)
+        assert wait_until(lambda: outcomes(exporter) == {("other", "upstream_unreachable"): 2.0}), outcomes(exporter)
         assert in_flight(exporter) == 0
 
 
@@ -889,7 +889,7 @@ def test_a_client_leaving_before_the_response_aborts_the_upstream_request(export
             assert wait_until(lambda: len(upstream.requests) == 1, 3)
             assert in_flight(exporter) == 1
         assert wait_until(lambda: upstream.proxy_closed == 1, 3)  # how Ollama learns to stop generating
-        assert wait_until(lambda: outcomes(exporter) == {("m:latest", "client_disconnect"): 1.0}), outcomes(exporter)
+        assert wait_until(lambda: outcomes(exporter) == {("other", "client_disconnect"): 1.0}), outcomes(exporter)
         assert in_flight(exporter) == 0 and len(upstream.requests) == 1
 
 
@@ -1021,7 +1021,7 @@ def test_an_upstream_connect_in_progress_does_not_outlive_its_client(exporter_cl
             if ending == "proxy-stops":
                 asyncio.run_coroutine_threadsafe(the_proxy(exporter).stop(), exporter.loop).result(5)
                 assert closed_by_peer(reader)
-        assert wait_until(lambda: outcomes(exporter) == {("m:latest", "client_disconnect"): 1.0}), outcomes(exporter)
+        assert wait_until(lambda: outcomes(exporter) == {("other", "client_disconnect"): 1.0}), outcomes(exporter)
         assert in_flight(exporter) == 0
         assert wait_until(lambda: pending_connects(exporter) == 0, 1), "the upstream connect goes on for nobody"
 
@@ -1043,7 +1043,7 @@ def test_stop_closes_client_and_upstream_connections_and_counts_the_request_once
                 read_response(reader)
             assert closed_by_peer(idle_reader)
         assert wait_until(lambda: upstream.proxy_closed == 1, 3)
-        assert wait_until(lambda: outcomes(exporter) == {("m:latest", "client_disconnect"): 1.0}), outcomes(exporter)
+        assert wait_until(lambda: outcomes(exporter) == {("other", "client_disconnect"): 1.0}), outcomes(exporter)
         assert in_flight(exporter) == 0
         assert not the_proxy(exporter).connections
         with pytest.raises(OSError):
