@@ -14,7 +14,7 @@ except ImportError:  # not built for this platform
     uvloop = None
 
 from exporter import config as exporter_config
-from exporter import server
+from exporter import relay, server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     except exporter_config.ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    relay.raise_fd_limit()  # before the proxies size their connection caps from it
     exporter = server.build(config)
     # Everything built so far lives as long as the process: frozen, the garbage collector never
     # walks it again. Unfrozen, a collection in the middle of a burst of chunks stalled the proxy

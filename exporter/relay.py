@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 import ssl
 import time
 from collections import deque
@@ -55,13 +56,49 @@ HOP_BY_HOP = frozenset(
 )
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 MAX_HEAD_BYTES = 64 * 1024
+# Request bodies held at once by one relay (being received, queued, or kept for a retry until their
+# response is over): past this a request is refused with 503 instead of growing memory.
+MAX_BUFFERED_BYTES = 128 * 1024 * 1024
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_TIMEOUT = 75.0  # idle client connections are closed after this, as aiohttp and nginx do
+# A request (head and body) must have arrived whole this long after its first byte, however it is
+# paced (slowloris: a byte every few seconds); then it gets 408 and the connection is closed.
+REQUEST_TIMEOUT = 30.0
+# Client connections per relay. Each takes two file descriptors (its upstream connection too), and
+# past the process's limit every accept fails, the exporter's /metrics included: the cap stays below
+# what RLIMIT_NOFILE leaves after FD_RESERVE for /metrics, engine scrapes and the rest.
+MAX_CONNECTIONS = 1024
+FD_RESERVE = 128
+CAP_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+    b"Content-Length: 52\r\nConnection: close\r\n\r\n"
+    b'{"error": "too many connections open: retry later"}\n'
+)
 BODYLESS_STATUS = frozenset((204, 304))
 # Enough for the final NDJSON object or the usage chunk plus [DONE]; a longer stream keeps only
 # its last lines.
 TAIL_KEEP = 64 * 1024
 TAIL_LIMIT = 4 * TAIL_KEEP
+
+
+def raise_fd_limit() -> None:
+    """Lift this process's soft RLIMIT_NOFILE to its hard limit (capped at 65,536), as Go's runtime does: the
+    soft default of 1,024 is what a slowloris reaches first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65_536 if hard == resource.RLIM_INFINITY else min(hard, 65_536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            pass  # not allowed here: the cap below follows whatever limit there is
+
+
+def connection_cap() -> int:
+    """MAX_CONNECTIONS, or fewer when the file-descriptor limit could not hold them (two each) plus FD_RESERVE."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(1, min(MAX_CONNECTIONS, (soft - FD_RESERVE) // 2))
 
 
 class Relay:
@@ -89,20 +126,46 @@ class Relay:
         self.clock = clock
         self.server: asyncio.Server | None = None
         self.connections: set[ClientConnection] = set()
+        self.max_connections = connection_cap()
+        self.buffered = 0  # request body bytes held by all connections (MAX_BUFFERED_BYTES)
+        self.turned_away = 0  # connections refused at the cap since the last log line about it
+        self._sweeper: asyncio.Task | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 = any free port); returns the bound port."""
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True)
+        self._sweeper = loop.create_task(self._sweep())
         return self.server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         if self.server is None:
             return
         self.server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for connection in list(self.connections):
             connection.abort()
         await self.server.wait_closed()
+
+    async def _sweep(self) -> None:
+        """Every connection's deadlines (keep-alive, request), checked by one task: a timer per connection,
+        created and cancelled per request, would cost more than the rest of the request's bookkeeping."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(1.0, KEEPALIVE_TIMEOUT / 3, REQUEST_TIMEOUT / 3))
+            now = loop.time()
+            for connection in list(self.connections):
+                connection.sweep(now)
+            if self.turned_away:
+                log.warning(
+                    "%s %s: %d connections turned away at the cap of %d open ones",
+                    self.title,
+                    self.instance,
+                    self.turned_away,
+                    self.max_connections,
+                )
+                self.turned_away = 0
 
     # --- the hooks: what a subclass observes. Each runs in a callback of its own (loop.call_soon),
     # queued behind the I/O of the loop's current turn, so observing never delays a chunk. ---
@@ -209,8 +272,9 @@ class Exchange:
         self.done = False
         self.begun = False  # counted in flight (Relay.begin has run)
 
-    def upstream_request(self, relay: Relay) -> bytes:
-        """The request as sent upstream: end-to-end headers as the client wrote them, Host and Content-Length recomputed."""
+    def upstream_request(self, relay: Relay) -> list[bytes]:
+        """The request as sent upstream, in writes: end-to-end headers as the client wrote them, Host and
+        Content-Length recomputed. One write for a small body; a large one goes after the head, uncopied."""
         target = self.target if self.target == b"*" else relay.upstream_prefix + self.target
         parts = [self.method, b" ", target, b" HTTP/1.1\r\n"]
         for name, value in self.headers:  # end-to-end only: ClientConnection.on_headers_complete filtered them
@@ -218,8 +282,11 @@ class Exchange:
         parts += (b"Host: ", relay.upstream_netloc, b"\r\n")
         if self.body or self.method in (b"POST", b"PUT", b"PATCH"):
             parts.append(b"Content-Length: %d\r\n" % len(self.body))
-        parts += (b"\r\n", self.body)
-        return b"".join(parts)
+        parts.append(b"\r\n")
+        if len(self.body) > 64 * 1024:
+            return [b"".join(parts), self.body]
+        parts.append(self.body)
+        return [b"".join(parts)]
 
 
 class ClientConnection(asyncio.Protocol):
@@ -237,16 +304,24 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.continue_due = False  # a pipelined request's 100 Continue, sent once the response before it is done
-        self.idle_timer: asyncio.TimerHandle | None = None
         self.idle_since = 0.0  # loop time of the last sign of life while no response is going out
+        self.request_started: float | None = None  # loop time of the first byte of a request not yet whole
+        self.held = 0  # request body bytes this connection holds (counted in relay.buffered)
         self._new_request()
 
     # --- connection events -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.loop = asyncio.get_running_loop()
+        self.idle_since = self.loop.time()
+        if len(self.relay.connections) >= self.relay.max_connections:
+            # Turned away at once, so the descriptor is free again: holding it would starve /metrics.
+            self.closed = True
+            self.relay.turned_away += 1
+            transport.write(CAP_REFUSAL)
+            transport.close()
+            return
         self.relay.connections.add(self)
-        self._arm_idle_timer()
 
     def data_received(self, data: bytes) -> None:
         if self.refusal is not None:
@@ -281,7 +356,6 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.relay.connections.discard(self)
-        self._cancel_idle_timer()
         self.pending.clear()
         if self.current is not None:
             self._finish(self.current, "client_disconnect")
@@ -289,6 +363,24 @@ class ClientConnection(asyncio.Protocol):
             self.connecting.cancel()  # an upstream connect for nobody (it can take CONNECT_TIMEOUT)
         if self.upstream is not None:
             self.upstream.transport.abort()  # how Ollama learns to stop generating for nobody
+        # What this connection held goes now, not whenever the garbage collector finds the cycles
+        # (parser <-> connection <-> upstream connection) that would keep it.
+        self.relay.buffered -= self.held
+        self.held = 0
+        self.body = bytearray()
+        self.parser = self.upstream = None
+
+    def sweep(self, now: float) -> None:
+        """The relay's periodic check: a request past REQUEST_TIMEOUT, or a connection idle past KEEPALIVE_TIMEOUT."""
+        if self.closed:
+            return
+        if self.request_started is not None and now >= self.request_started + REQUEST_TIMEOUT:
+            if self.refusal is None:
+                self.refusal = Refusal(408, f"request not received whole within {REQUEST_TIMEOUT:g} s")
+                if self.current is None:
+                    self._next()
+        elif self.current is None and not self.pending and now >= self.idle_since + KEEPALIVE_TIMEOUT:
+            self._close()  # idle, or stalled inside a request (sending slowly is not idle)
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -304,6 +396,7 @@ class ClientConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._new_request()
+        self.request_started = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -343,10 +436,15 @@ class ClientConnection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if len(self.body) + len(body) > MAX_REQUEST_BYTES:
             raise Refusal(413, f"request body larger than {MAX_REQUEST_BYTES} bytes")
+        if self.relay.buffered + len(body) > MAX_BUFFERED_BYTES:
+            raise Refusal(503, "the proxy holds as many request bodies as it may: retry later")
         self.body += body
+        self.held += len(body)
+        self.relay.buffered += len(body)
 
     def on_message_complete(self) -> None:
         self.continue_due = False
+        self.request_started = None
         parser = self.parser
         self.pending.append(
             Exchange(
@@ -354,7 +452,7 @@ class ClientConnection(asyncio.Protocol):
                 parser.get_method(),
                 self.url,
                 self.headers,
-                bytes(self.body),
+                self.body,  # handed over, not copied: a body may be tens of MiB
                 parser.should_keep_alive(),
                 parser.get_http_version() == "1.0",
                 self.relay.clock(),
@@ -380,7 +478,7 @@ class ClientConnection(asyncio.Protocol):
             if self.continue_due:
                 self.continue_due = False
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self._arm_idle_timer()
+            self.idle_since = self.loop.time()
 
     def _send(self, exchange: Exchange) -> None:
         upstream = self.upstream
@@ -448,6 +546,8 @@ class ClientConnection(asyncio.Protocol):
             return
         exchange.done = True
         self.current = None
+        self.held -= len(exchange.body)
+        self.relay.buffered -= len(exchange.body)
         if exchange.observed:
             self.loop.call_soon(self.relay.end, exchange, outcome)
         if self.closed:
@@ -471,31 +571,6 @@ class ClientConnection(asyncio.Protocol):
     def _close(self) -> None:
         if not self.closed:
             self.transport.close()  # flushes what is buffered, then closes
-
-    def _arm_idle_timer(self) -> None:
-        # One timer per connection, re-armed only when it fires: creating and cancelling a timer
-        # for every request costs more than the rest of the request's bookkeeping.
-        self.idle_since = self.loop.time()
-        if self.idle_timer is None and not self.closed:
-            self.idle_timer = self.loop.call_at(self.idle_since + KEEPALIVE_TIMEOUT, self._idle_check)
-
-    def _idle_check(self) -> None:
-        self.idle_timer = None
-        if self.closed:
-            return
-        if self.current is not None or self.pending:
-            self._arm_idle_timer()  # a response is going out: not idle
-            return
-        due = self.idle_since + KEEPALIVE_TIMEOUT
-        if self.loop.time() >= due:
-            self._close()
-        else:
-            self.idle_timer = self.loop.call_at(due, self._idle_check)
-
-    def _cancel_idle_timer(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -532,7 +607,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.reused = self.used > 0
         self.used += 1
         self.received = False
-        self.transport.write(exchange.upstream_request(self.client.relay))
+        for data in exchange.upstream_request(self.client.relay):
+            self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
         exchange = self.exchange
@@ -565,6 +641,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self.parser = None  # no cycle through the parser keeps this connection (and its buffers) alive
         exchange = self.exchange
         if exchange is None or exchange.done:
             return

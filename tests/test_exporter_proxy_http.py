@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import select
 import socket
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
+import requests
 
 import exporter.relay as relay_module
 from exporter.proxy import OllamaProxy
@@ -1048,3 +1051,109 @@ def test_stop_closes_client_and_upstream_connections_and_counts_the_request_once
         assert not the_proxy(exporter).connections
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", exporter.proxy_port), 1).close()
+
+
+# --- slow clients, many clients, large bodies (issue 13, items 8 and 9) ----------------------------
+def drip(sock: socket.socket, data: bytes, every: float, stop: threading.Event) -> None:
+    """Send `data` a byte at a time, one every `every` seconds (slowloris), until sent or stopped."""
+    for byte in data:
+        if stop.wait(every):
+            return
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
+            return
+
+
+@pytest.mark.parametrize("part", ["head", "body"])
+def test_a_request_dripped_a_byte_at_a_time_is_cut_at_the_request_deadline(exporter_cls, monkeypatch, part):
+    """BUG at 6364460: 500 connections sending a byte every 5 s all stayed open for 100 s: every byte reset the
+    idle timer and no deadline bounded the head or the body."""
+    monkeypatch.setattr(relay_module, "REQUEST_TIMEOUT", 0.5)
+    head = b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+    with (
+        RawUpstream() as upstream,
+        exporter_cls(upstream.url) as exporter,
+        client(exporter, timeout=10) as (sock, reader),
+    ):
+        stop = threading.Event()
+        if part == "body":
+            sock.sendall(head + b"\r\n")
+        dripper = threading.Thread(
+            target=drip, args=(sock, head + b"X-Slow: " + b"a" * 200 if part == "head" else b"x" * 99, 0.05, stop)
+        )
+        started = time.monotonic()
+        dripper.start()
+        try:
+            resp = read_response(reader)
+            took = time.monotonic() - started
+        finally:
+            stop.set()
+            dripper.join(5)
+        assert resp.status == 408 and "within" in json_line(resp)["error"] and closed_by_peer(reader)
+        assert took < 3.0, f"a 0.5 s request deadline took {took:.1f} s"  # the drip alone lasts 5 s or more
+        assert upstream.requests == []
+
+
+def test_connections_past_the_cap_are_turned_away_and_metrics_stays_reachable(exporter_cls):
+    """BUG at 6364460: no connection cap: 1,100 slow connections exhausted 1,024 descriptors and /metrics and the
+    proxy reset every new connection."""
+    with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter:
+        the_proxy(exporter).max_connections = 8
+        held = [socket.create_connection(("127.0.0.1", exporter.proxy_port), 5) for _ in range(8)]
+        try:
+            assert wait_until(lambda: len(the_proxy(exporter).connections) == 8, 3)
+            with client(exporter) as (sock, reader):
+                turned_away = read_response(reader)  # before it sent anything
+                assert turned_away.status == 503 and "too many connections" in json_line(turned_away)["error"]
+                assert closed_by_peer(reader)
+            assert requests.get(exporter.metrics_url, timeout=5).status_code == 200
+        finally:
+            for sock in held:
+                sock.close()
+        assert wait_until(lambda: not the_proxy(exporter).connections, 3)
+        with client(exporter) as (sock, reader):
+            sock.sendall(request_bytes("GET", "/api/version"))
+            assert read_response(reader).status == 200
+
+
+def test_the_connection_cap_follows_the_descriptor_limit(monkeypatch):
+    monkeypatch.setattr(relay_module.resource, "getrlimit", lambda which: (1024, 4096))
+    assert relay_module.connection_cap() == (1024 - relay_module.FD_RESERVE) // 2
+    monkeypatch.setattr(relay_module.resource, "getrlimit", lambda which: (1 << 20, 1 << 20))
+    assert relay_module.connection_cap() == relay_module.MAX_CONNECTIONS
+
+
+def test_request_bodies_held_at_once_are_bounded_and_let_go_with_their_connections(exporter_cls, monkeypatch):
+    """BUG at 6364460: 6 connections each sending 60 MiB of an unfinished body took RSS from 45 to 424 MB, not
+    given back after they closed."""
+    monkeypatch.setattr(relay_module, "MAX_BUFFERED_BYTES", 4 << 20)
+    chunk = b"x" * (1 << 20)
+    with RawUpstream() as upstream, exporter_cls(upstream.url) as exporter:
+        proxy = the_proxy(exporter)
+        socks = [socket.create_connection(("127.0.0.1", exporter.proxy_port), 5) for _ in range(3)]
+        refused = []
+        try:
+            for index, sock in enumerate(socks):
+                sock.sendall(request_bytes("POST", "/api/chat", content_length=3 << 20))
+                for _ in range(2):
+                    _send_quietly(sock, chunk)
+                if index == 2:  # 3 x 2 MiB > 4 MiB: the third is refused
+                    sock.settimeout(5)
+                    reader = sock.makefile("rb")
+                    refused.append(read_response(reader))
+                    reader.close()
+                assert wait_until(lambda: proxy.buffered <= 4 << 20, 3)
+            assert refused[0].status == 503 and "retry later" in json_line(refused[0])["error"]
+            connections = on_loop(exporter, lambda: [weakref.ref(c) for c in proxy.connections])
+            assert len(connections) == 2
+        finally:
+            gc.disable()  # what is let go must be let go by reference counting, not by a later collection
+            for sock in socks:
+                sock.close()
+        try:
+            assert wait_until(lambda: proxy.buffered == 0 and not proxy.connections, 3)
+            assert wait_until(lambda: all(ref() is None for ref in connections), 3), "a cycle keeps a connection"
+        finally:
+            gc.enable()
+        assert upstream.requests == []
