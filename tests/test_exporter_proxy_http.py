@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
 import json
 import select
 import socket
+import sys
+import termios
 import threading
 import time
 import weakref
@@ -84,6 +87,22 @@ def on_loop(exporter: ExporterThread, fn):
         return fn()
 
     return asyncio.run_coroutine_threadsafe(call(), exporter.loop).result(5)
+
+
+def client_states(exporter: ExporterThread, state) -> list:
+    """state(connection) for each of the proxy's client connections, read in the exporter's event loop thread."""
+    return on_loop(exporter, lambda: [state(connection) for connection in the_proxy(exporter).connections])
+
+
+def unread_bytes(exporter: ExporterThread) -> int:
+    """Bytes clients sent that the proxy has not read from its sockets yet."""
+
+    def queued(connection) -> int:
+        counted = bytearray(4)
+        fcntl.ioctl(connection.transport.get_extra_info("socket").fileno(), termios.FIONREAD, counted)
+        return int.from_bytes(counted, sys.byteorder)
+
+    return sum(client_states(exporter, queued))
 
 
 def pending_connects(exporter: ExporterThread) -> int:
@@ -442,8 +461,9 @@ def test_pipelined_requests_reach_the_upstream_one_at_a_time(exporter_cls):
     with RawUpstream(respond) as upstream, exporter_cls(upstream.url) as exporter, client(exporter) as (sock, reader):
         sock.sendall(b"".join(request_bytes("GET", f"/r{i}") for i in range(3)))
         assert wait_until(lambda: len(upstream.requests) == 1, 3)
-        time.sleep(0.2)
-        assert len(upstream.requests) == 1  # the next request waits for this response (no upstream pipelining)
+        # both others parsed and queued behind it: the next request waits for this response (no upstream pipelining)
+        assert wait_until(lambda: client_states(exporter, lambda c: len(c.pending)) == [2], 3)
+        assert len(upstream.requests) == 1
         upstream.release.set()
         for i in range(3):
             assert json.loads(read_response(reader).body) == {"target": f"/r{i}", "connection": 0, "index": i}
@@ -455,11 +475,14 @@ def test_a_malformed_request_after_pipelined_ones_is_refused_only_after_they_are
     never answered and the client reads the 400 as its response."""
 
     def respond(upstream, conn, request, index):
-        time.sleep(0.1)  # the garbage arrives while the first request is in flight
+        if index == 0 and not upstream.hold(conn):  # the garbage arrives while the first request is in flight
+            return False
         return echo(upstream, conn, request, index)
 
     with RawUpstream(respond) as upstream, exporter_cls(upstream.url) as exporter, client(exporter) as (sock, reader):
         sock.sendall(request_bytes("GET", "/first") + request_bytes("GET", "/second") + b"\x01\x02 nonsense\r\n\r\n")
+        assert wait_until(lambda: client_states(exporter, lambda c: c.refusal is not None) == [True], 3)
+        upstream.release.set()
         first, second = read_response(reader), read_response(reader)
         assert json.loads(first.body)["target"] == "/first"
         assert second.status == 200 and json.loads(second.body)["target"] == "/second", second
@@ -515,10 +538,11 @@ def test_expect_100_continue_of_a_pipelined_request_does_not_land_inside_a_strea
     with RawUpstream(respond) as upstream, exporter_cls(upstream.url) as exporter, client(exporter) as (sock, reader):
         sock.sendall(request_bytes("POST", "/api/tags-stream", b"{}"))
         assert wait_until(lambda: upstream.sent == 1, 3)
-        time.sleep(0.1)  # the first chunk has been relayed
+        # the first chunk has been relayed to the client
+        assert wait_until(lambda: client_states(exporter, lambda c: c.current and c.current.head_sent) == [True], 3)
         body = b'{"second": true}'
         sock.sendall(request_bytes("POST", "/second", content_length=len(body), headers=[("Expect", "100-continue")]))
-        time.sleep(0.1)
+        assert wait_until(lambda: client_states(exporter, lambda c: c.continue_due) == [True], 3)  # its head is read
         upstream.release.set()
         try:
             first = read_response(reader)
@@ -710,7 +734,10 @@ def test_an_upstream_connection_closed_while_idle_is_replaced_transparently(expo
             sock.sendall(request_bytes("POST", "/api/generate", GENERATE))
             assert read_response(reader).status == 200
             assert wait_until(lambda expected=expected: upstream.accepted == expected + 1, 3)
-            time.sleep(0.1)  # the proxy sees the upstream's FIN while idle
+            # the proxy sees the upstream's FIN while idle
+            assert wait_until(
+                lambda: client_states(exporter, lambda c: c.upstream is None or c.upstream.lost) == [True]
+            )
         assert wait_until(lambda: outcomes(exporter) == {("m:latest", "ok"): 3.0}), outcomes(exporter)
         assert in_flight(exporter) == 0
 
@@ -872,9 +899,11 @@ def test_a_413_behind_a_request_in_flight_is_not_turned_into_a_400_by_later_byte
         body = b"x" * (MAX_REQUEST_BYTES + 1)
         sock.sendall(request_bytes("POST", "/api/chat", content_length=len(body) + 10))
         sock.sendall(body)
-        time.sleep(0.3)  # the proxy has read past the limit
+        assert wait_until(
+            lambda: client_states(exporter, lambda c: c.refusal is not None) == [True], 3
+        )  # past the limit
         _send_quietly(sock, b"y" * 9)  # the rest of the declared body, read after the refusal
-        time.sleep(0.1)
+        assert wait_until(lambda: unread_bytes(exporter) == 0, 3)
         upstream.release.set()
         assert json.loads(read_response(reader).body)["target"] == "/first"
         refusal = read_response(reader)
@@ -914,11 +943,8 @@ def test_a_slow_reading_client_pauses_the_upstream_instead_of_buffering_the_stre
         client(exporter, rcvbuf=64 * 1024) as (sock, reader),
     ):
         sock.sendall(request_bytes("GET", "/api/pull-like"))
-        # read nothing until the upstream can send no more
-        last, deadline = -1, time.monotonic() + 5
-        while time.monotonic() < deadline and upstream.sent != last:
-            last = upstream.sent
-            time.sleep(0.25)
+        # read nothing: the proxy stops reading the upstream once its buffer to this client is full
+        assert wait_until(lambda: client_states(exporter, lambda c: c.paused) == [True], 5)
         buffered = on_loop(
             exporter, lambda: max(c.transport.get_write_buffer_size() for c in the_proxy(exporter).connections)
         )
@@ -958,7 +984,7 @@ def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connec
     def respond(upstream, conn, request, index):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
         for _ in range(1 if request.target == "/quick" else 8):
-            time.sleep(0.1)
+            time.sleep(0.1)  # the stimulus, not an ordering: a stream paced past the keep-alive timeout
             conn.sendall(b"3\r\n{}\n\r\n")
         conn.sendall(b"0\r\n\r\n")
         return True
@@ -971,7 +997,7 @@ def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connec
         sock.sendall(request_bytes("POST", "/api/generate", b"{}"))
         assert read_response(reader).body == b"{}\n" * 8  # 0.8 s of stream against a 0.3 s timeout
         for _ in range(4):  # 4 x (0.2 s idle + 0.1 s response): past the timeout in all, never idle for that long
-            time.sleep(0.2)
+            time.sleep(0.2)  # the stimulus: idle gaps shorter than the timeout
             sock.sendall(request_bytes("POST", "/quick", b"{}"))
             assert read_response(reader).body == b"{}\n"
         assert upstream.accepted == 1
@@ -1040,7 +1066,12 @@ def test_stop_closes_client_and_upstream_connections_and_counts_the_request_once
         with client(exporter) as (sock, reader), client(exporter) as (idle, idle_reader):
             sock.sendall(request_bytes("POST", "/api/generate", GENERATE))
             assert wait_until(lambda: in_flight(exporter) == 1 and upstream.requests, 3)
-            time.sleep(0.1)
+            # the response head and first chunk went to the client (the idle connection has no exchange)
+            assert wait_until(
+                lambda: (
+                    sorted(client_states(exporter, lambda c: bool(c.current and c.current.head_sent))) == [False, True]
+                )
+            )
             asyncio.run_coroutine_threadsafe(the_proxy(exporter).stop(), exporter.loop).result(5)
             with pytest.raises(EOFError):
                 read_response(reader)
@@ -1138,12 +1169,14 @@ def test_request_bodies_held_at_once_are_bounded_and_let_go_with_their_connectio
                 sock.sendall(request_bytes("POST", "/api/chat", content_length=3 << 20))
                 for _ in range(2):
                     _send_quietly(sock, chunk)
-                if index == 2:  # 3 x 2 MiB > 4 MiB: the third is refused
+                if index < 2:  # each read whole before the next connection sends
+                    assert wait_until(lambda index=index: proxy.buffered == (index + 1) * 2 * len(chunk), 3)
+                else:  # 3 x 2 MiB > 4 MiB: the third is refused
                     sock.settimeout(5)
                     reader = sock.makefile("rb")
                     refused.append(read_response(reader))
                     reader.close()
-                assert wait_until(lambda: proxy.buffered <= 4 << 20, 3)
+                    assert proxy.buffered <= 4 << 20
             assert refused[0].status == 503 and "retry later" in json_line(refused[0])["error"]
             connections = on_loop(exporter, lambda: [weakref.ref(c) for c in proxy.connections])
             assert len(connections) == 2
