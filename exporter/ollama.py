@@ -73,7 +73,9 @@ class OllamaCollector(EngineCollector):
         # Per model label: a name listed twice, or beyond MAX_MODELS, must not give Prometheus one
         # series twice (it would refuse the whole page). Sizes of the models past the cap add up
         # under "other"; their context and expiry, which do not add up, are left out.
-        models = self.model_labels(name for name, _ in loaded)
+        # One set of labels for both lists: a model loaded and installed is one label, and an instance
+        # has at most MAX_MODELS model labels from what Ollama lists.
+        models = self.model_labels(name for name, _ in (*loaded, *installed))
         per_model: dict[str, dict[str, float]] = {}
         now = self.wall_clock()
         for name, entry in loaded:
@@ -124,25 +126,28 @@ class OllamaCollector(EngineCollector):
             f"installed models past the first {MAX_MODELS} by name.",
             ["model", "family", "parameter_size", "quantization_level"],
         )
-        installed_labels = self.model_labels(name for name, _ in installed)
         seen: set[str] = set()
+        overflow = 0
         for name, entry in installed:
-            label = installed_labels[name]
-            if label == OVERFLOW_MODEL or label in seen:
+            label = models[name]
+            if label == OVERFLOW_MODEL:
+                overflow += 1
+                continue
+            if label in seen:
                 continue
             seen.add(label)
             details = entry.get("details") if isinstance(entry.get("details"), dict) else {}
             fields = (bounded(details.get(key, "")) for key in ("family", "parameter_size", "quantization_level"))
             tags.add_metric(self.labels(label, *fields), 1.0)
-        if installed_labels.overflow:
-            tags.add_metric(self.labels(OVERFLOW_MODEL, "", "", ""), float(installed_labels.overflow))
+        if overflow:
+            tags.add_metric(self.labels(OVERFLOW_MODEL, "", "", ""), float(overflow))
         yield tags
 
         if self.observations is not None:
             # Loaded models report zero before any request has gone through the proxy.
             self._loaded_labels = [label for label in per_model if label != OVERFLOW_MODEL]
             # Requests for a model Ollama lists count under its name even before one has succeeded.
-            self.observations.listed(frozenset(self._loaded_labels) | (set(installed_labels.labels.values())))
+            self.observations.listed(frozenset(models.labels.values()))
 
     def _entries(self, payload: object, path: str) -> list[tuple[str, dict]]:
         """(normalised name, entry) of each model an Ollama list gives; an entry that is not a named model is

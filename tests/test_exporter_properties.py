@@ -20,7 +20,10 @@ from exporter.vllm import VllmCollector
 from servescope import series
 from tests.test_exporter_recorded_engine import RecordedEngine, fixture
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# A fixed seed (derandomize): the same examples every run.
+SETTINGS = settings(
+    derandomize=True, max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=20),
@@ -153,7 +156,7 @@ def test_ollama_arbitrary_bytes_never_raise(engine, raw):
     assert up_of(OllamaCollector("ollama", Upstream(engine.url))) in (0.0, 1.0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(derandomize=True, max_examples=200, deadline=None)
 @given(
     body=st.binary(max_size=2000) | st.just(fixture("ollama-0.12-chat-stream.ndjson").encode()),
     cuts=st.lists(st.integers(0, 2000), max_size=8),
@@ -170,7 +173,7 @@ def test_response_tail_never_raises(body, cuts):
     assert usage is None or isinstance(usage, dict)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(derandomize=True, max_examples=100, deadline=None)
 @given(lines=st.integers(1, 5000))
 def test_response_tail_keeps_the_final_object_of_a_long_stream(lines):
     tail = OllamaTail()
@@ -182,7 +185,9 @@ def test_response_tail_keeps_the_final_object_of_a_long_stream(lines):
     assert len(tail.buffer) <= 4 * 64 * 1024 + 100
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    derandomize=True, max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     data=json_values
     | st.dictionaries(
