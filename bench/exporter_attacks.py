@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -111,30 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         args.slowloris, args.body_mib = 200, 20
     vllm, llamacpp = Dripper(256, 0.05), Dripper(16, 0.1)
     sim_port, port, proxy_port = free_port(), free_port(), free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     models = ["smollm2-135m"] + [f"m{i:03d}" for i in range(500)]
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "tests.doubles.ollama_simulator", "--port", str(sim_port), "--num-parallel", "8"]
-        + ["--token-delay", "0.001", "--load-delay", "0"]
-        + [arg for model in models for arg in ("--model", model)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
+    model_flags = [flag for model in models for flag in ("--model", model)]
+    sim = python_module(
+        "tests.doubles.ollama_simulator",
+        *("--port", sim_port, "--num-parallel", 8, "--token-delay", 0.001, "--load-delay", 0, *model_flags),
     )
-    workdir = Path(tempfile.mkdtemp(prefix="servescope-bench-attacks-"))
-    config = workdir / "exporter.yml"
-    config.write_text(
-        f"port: {port}\ntimeout_seconds: {BUDGET_S}\nengines:\n"
-        f"  - {{kind: vllm, name: vllm, url: '{vllm.url}'}}\n"
-        f"  - {{kind: llamacpp, name: llamacpp, url: '{llamacpp.url}'}}\n"
-        f"  - {{kind: ollama, name: ollama, url: 'http://127.0.0.1:{sim_port}', proxy_port: {proxy_port}}}\n"
-    )
-    exporter = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--config", str(config)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    exporter = python_module(
+        "exporter",
+        *("--port", port, "--timeout", BUDGET_S, "--vllm-url", vllm.url, "--llamacpp-url", llamacpp.url),
+        *("--ollama-url", f"http://127.0.0.1:{sim_port}", "--proxy-port", proxy_port),
     )
     metrics = f"http://127.0.0.1:{port}/metrics"
     proxy = f"http://127.0.0.1:{proxy_port}"
@@ -231,7 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in (exporter, sim):
             proc.terminate()
-        for proc in (exporter, sim):
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -239,6 +223,17 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait()
         vllm.close()
         llamacpp.close()
+
+
+def python_module(module: str, *args: object) -> subprocess.Popen:
+    """`python -m MODULE ARGS` from the repository, its output discarded."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *map(str, args)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 HEADER = ("attack", "worst scrape", "largest page", "RSS after (x idle), goal met")

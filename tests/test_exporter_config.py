@@ -207,17 +207,21 @@ def test_cli_proxy_port_in_use_names_its_knob():
     assert "Traceback" not in result.stderr
 
 
-def test_cli_serves_landing_page_and_metrics_then_stops_on_sigterm():
-    port = free_port()
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "VLLM_URL": "http://127.0.0.1:1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--port", str(port)],
+def start_exporter(*argv: str, **env: str) -> subprocess.Popen:
+    """`python -m exporter ARGV` with only these environment variables, its output captured as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "exporter", *argv],
         cwd=REPO,
-        env=env,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_cli_serves_landing_page_and_metrics_then_stops_on_sigterm():
+    port = free_port()
+    proc = start_exporter("--port", str(port), VLLM_URL="http://127.0.0.1:1")
     try:
         landing = wait_http(f"http://127.0.0.1:{port}/", timeout=20, proc=proc)
         assert '<a href="/metrics">' in landing.text and "vllm" in landing.text

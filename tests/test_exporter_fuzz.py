@@ -30,7 +30,6 @@ from servescope import series
 from tests.test_exporter_proxy import ExporterThread, wait_until
 from tests.test_exporter_proxy_http import RawUpstream, read_response
 from tests.test_exporter_recorded_engine import RecordedEngine, fixture
-from tests.test_exporter_upstream import ScriptedEngine
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -67,11 +66,11 @@ def http_responses(draw) -> bytes:
 def scripted():
     answer = {"raw": b""}
 
-    def script(conn, head):
+    def script(upstream, conn, request, index):
         conn.sendall(answer["raw"])
         return False  # then close: a body framed by the end of the connection ends here
 
-    with ScriptedEngine(script) as engine:
+    with RawUpstream(script) as engine:
         yield engine, answer
 
 

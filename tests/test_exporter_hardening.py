@@ -16,8 +16,9 @@ from servescope import series
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.test_exporter_proxy import MODEL, ExporterThread, chat_body, wait_until
+from tests.test_exporter_proxy_http import RawUpstream
 from tests.test_exporter_recorded_engine import RecordedEngine
-from tests.test_exporter_upstream import PAGE, ScriptedEngine
+from tests.test_exporter_upstream import PAGE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,7 +29,7 @@ def test_concurrent_scrapes_of_a_dripping_engine_each_stay_within_the_budget():
     dripping = threading.Event()
     dripping.set()
 
-    def script(conn, head):
+    def script(upstream, conn, request, index):
         if not dripping.is_set():
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nx 1")
             return True
@@ -39,7 +40,7 @@ def test_concurrent_scrapes_of_a_dripping_engine_each_stay_within_the_budget():
         return False
 
     budget = 0.5
-    with ScriptedEngine(script) as engine:
+    with RawUpstream(script) as engine:
         instances = (Instance(kind="vllm", name="vllm", url=engine.url, timeout=budget),)
         with ExporterThread(instances=instances) as exporter:
             took: list[float] = []

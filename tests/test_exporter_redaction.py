@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from exporter import config as exporter_config
 from exporter.cli import build_parser
 from servescope.urls import credentials, redact
 from tests.conftest import free_port, wait_http
+from tests.test_exporter_config import start_exporter
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "s3cret-pw"
@@ -56,19 +55,13 @@ def test_the_exporter_never_shows_the_password_of_an_engine_url():
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         dead = closed.getsockname()[1]
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": str(REPO),
-        "VLLM_URL": f"http://user:{SECRET}@127.0.0.1:{dead}",
-        "OLLAMA_URL": f"http://user:{SECRET}@127.0.0.1:{dead}",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--port", str(port), "--proxy-port", str(proxy_port)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_exporter(
+        "--port",
+        str(port),
+        "--proxy-port",
+        str(proxy_port),
+        VLLM_URL=f"http://user:{SECRET}@127.0.0.1:{dead}",
+        OLLAMA_URL=f"http://user:{SECRET}@127.0.0.1:{dead}",
     )
     try:
         landing = wait_http(f"http://127.0.0.1:{port}/", timeout=20, proc=proc).text

@@ -4,77 +4,24 @@ from __future__ import annotations
 
 import base64
 import socket
-import threading
 import time
 from contextlib import contextmanager
 
 import pytest
 
 from exporter.upstream import MISSING, Unauthorized, Upstream, UpstreamError
+from tests.test_exporter_proxy_http import RawUpstream
 
 pytestmark = pytest.mark.timeout(60)
 
 PAGE = b"vllm:num_requests_running 1\n" * 2248  # 62,944 bytes, about a vLLM page
 
 
-class ScriptedEngine:
-    """A TCP listener that runs `script(conn, request_head)` for every request it reads: whatever bytes, whatever pace."""
-
-    def __init__(self, script):
-        self.script = script
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.heads: list[bytes] = []
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._conns: list[socket.socket] = []
-
-    def __enter__(self) -> ScriptedEngine:
-        threading.Thread(target=self._accept, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self.listener.close()
-        for conn in self._conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            self._conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        buffer = b""
-        try:
-            while not self._stop.is_set():
-                while b"\r\n\r\n" not in buffer:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                self.heads.append(head)
-                if self.script(conn, head) is False:
-                    conn.close()
-                    return
-        except OSError:
-            return
-
-
 def drip(data: bytes, size: int, every: float):
-    """A script sending `data` in pieces of `size` bytes, one every `every` seconds (a slow or stuck engine)."""
+    """A RawUpstream script sending `data` in pieces of `size` bytes, one every `every` seconds (a slow or stuck
+    engine), then closing."""
 
-    def script(conn, head):
+    def script(upstream, conn, request, index):
         for start in range(0, len(data), size):
             conn.sendall(data[start : start + size])
             time.sleep(every)
@@ -84,7 +31,7 @@ def drip(data: bytes, size: int, every: float):
 
 
 def answer(body: bytes = b"ok", *, status: int = 200, headers: bytes = b"", close: bool = False):
-    def script(conn, head):
+    def script(upstream, conn, request, index):
         conn.sendall(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n%s\r\n%s" % (status, len(body), headers, body))
         return not close
 
@@ -115,7 +62,7 @@ def timed_get(url: str, timeout: float, path: str = "/metrics") -> tuple[float, 
 )
 def test_a_slow_engine_costs_the_deadline_and_no_more(script):
     """BUG at 6364460: the socket timeout bounded each read, not the fetch: 256 B every 50 ms held a scrape 12.4 s."""
-    with ScriptedEngine(script) as engine:
+    with RawUpstream(script) as engine:
         elapsed, result = timed_get(engine.url, 0.5)
     assert isinstance(result, UpstreamError) and "timed out" in str(result), result
     assert elapsed < 0.5 + 0.5, f"a fetch with a 0.5 s budget took {elapsed:.2f} s"
@@ -170,13 +117,13 @@ def test_a_connect_that_never_completes_costs_the_deadline_and_no_more():
 )
 def test_a_response_that_is_not_whole_and_well_framed_is_an_error(raw, reason):
     """BUG at 6364460: http.client took 20,000 of 62,947 bytes as the whole page, and lenient headers as fine."""
-    with ScriptedEngine(drip(raw, 1 << 20, 0)) as engine:
+    with RawUpstream(drip(raw, 1 << 20, 0)) as engine:
         _, result = timed_get(engine.url, 3)
     assert isinstance(result, UpstreamError) and reason in str(result), result
 
 
 def test_a_body_that_ends_with_the_connection_is_read_whole():
-    with ScriptedEngine(drip(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + PAGE, 4096, 0)) as engine:
+    with RawUpstream(drip(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + PAGE, 4096, 0)) as engine:
         _, result = timed_get(engine.url, 3)
     assert result == PAGE
 
@@ -184,40 +131,37 @@ def test_a_body_that_ends_with_the_connection_is_read_whole():
 def test_chunked_bodies_and_interim_responses_are_read():
     raw = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     raw += b"3\r\nabc\r\n2;ext=1\r\nde\r\n0\r\nX-Trailer: 1\r\n\r\n"
-    with ScriptedEngine(drip(raw, 5, 0)) as engine:
+    with RawUpstream(drip(raw, 5, 0)) as engine:
         _, result = timed_get(engine.url, 3)
     assert result == b"abcde"
 
 
 def test_an_oversized_body_is_refused_before_it_is_all_held():
     raw = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * (17 * 1024 * 1024)
-    with ScriptedEngine(drip(raw, 1 << 20, 0)) as engine:
+    with RawUpstream(drip(raw, 1 << 20, 0)) as engine:
         _, result = timed_get(engine.url, 10)
     assert isinstance(result, UpstreamError) and "larger than" in str(result)
 
 
 # --- connections, statuses, credentials ----------------------------------------------------------------
 def test_kept_alive_connections_are_reused_and_a_stale_one_is_replaced():
-    served = []
-
-    def script(conn, head):
-        served.append(head)
+    def script(upstream, conn, request, index):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        return len(served) != 2  # the second answer closes its connection, unannounced
+        return len(upstream.requests) != 2  # the second answer closes its connection, unannounced
 
-    with ScriptedEngine(script) as engine:
+    with RawUpstream(script) as engine:
         upstream = Upstream(engine.url)
         for _ in range(4):
             assert upstream.get_bytes("/metrics", time.monotonic() + 3) == b"ok"
         upstream.close()
-    assert engine.accepted == 2 and len(served) == 4
+    assert engine.accepted == 2 and len(engine.requests) == 4
 
 
 def test_statuses_map_to_missing_unauthorized_and_errors():
     with (
-        ScriptedEngine(answer(status=501)) as off,
-        ScriptedEngine(answer(status=401)) as locked,
-        ScriptedEngine(answer(status=500)) as broken,
+        RawUpstream(answer(status=501)) as off,
+        RawUpstream(answer(status=401)) as locked,
+        RawUpstream(answer(status=500)) as broken,
     ):
         deadline = time.monotonic() + 3
         off_upstream, locked_upstream, broken_upstream = Upstream(off.url), Upstream(locked.url), Upstream(broken.url)
@@ -233,7 +177,7 @@ def test_statuses_map_to_missing_unauthorized_and_errors():
 
 
 def test_an_api_key_is_sent_as_bearer_and_url_credentials_as_basic_never_both():
-    with ScriptedEngine(answer()) as engine:
+    with RawUpstream(answer()) as engine:
         port = engine.url.rsplit(":", 1)[1]
         deadline = time.monotonic() + 3
         for upstream in (
@@ -243,12 +187,12 @@ def test_an_api_key_is_sent_as_bearer_and_url_credentials_as_basic_never_both():
         ):
             upstream.get_bytes("/v1/models", deadline)
             upstream.close()
-    bearer, basic, both = (head.decode().split("\r\n") for head in engine.heads)
-    assert "Authorization: Bearer sk-123" in bearer
+    bearer, basic, both = engine.requests
+    assert bearer.values("Authorization") == ["Bearer sk-123"]
     token = base64.b64encode(b"al@ice:p:ss").decode()
-    assert basic[0] == "GET /prefix/v1/models HTTP/1.1" and f"Authorization: Basic {token}" in basic
-    assert f"Host: 127.0.0.1:{port}" in basic  # never the userinfo
-    assert [line for line in both if line.startswith("Authorization")] == ["Authorization: Bearer sk-9"]
+    assert basic.start == b"GET /prefix/v1/models HTTP/1.1" and basic.values("Authorization") == [f"Basic {token}"]
+    assert basic.values("Host") == [f"127.0.0.1:{port}"]  # never the userinfo
+    assert both.values("Authorization") == ["Bearer sk-9"]
 
 
 @contextmanager
