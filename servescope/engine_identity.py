@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import requests
+if TYPE_CHECKING:  # requests is imported where it is used: the exporter reads engines without it (8 MB less)
+    import requests
 
 PROBE_TIMEOUT_S = 5.0
 # What llama.cpp's build writes when built outside a git checkout (build number 0, commit unknown),
@@ -135,6 +136,8 @@ def http_get_json(
     root_url: str, *, session: requests.Session | None = None, api_key: str = "", timeout: float = PROBE_TIMEOUT_S
 ) -> GetJson:
     """GET root_url+path with `requests`, raising for a status >= 400; an API key goes as a Bearer token."""
+    import requests
+
     session = session or requests.Session()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -155,5 +158,7 @@ def probe(
     timeout: float = PROBE_TIMEOUT_S,
 ) -> Identity:
     """identify() over plain HTTP; never raises for an engine that does not answer (its errors say why)."""
+    import requests
+
     get_json = http_get_json(root_url, session=session, api_key=api_key, timeout=timeout)
     return identify(kind, get_json, recoverable=(requests.RequestException,))
