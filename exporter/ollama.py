@@ -26,7 +26,7 @@ from exporter.upstream import Upstream
 from servescope import series
 from servescope.engine_identity import ollama_models, version_of
 
-OVERFLOW_NOTE = f' Models past the first {MAX_MODELS} by name: their sizes add up under model="other".'
+OVERFLOW_NOTE = f' Loaded models past the first {MAX_MODELS} by name add up under model="other".'
 
 
 class OllamaCollector(EngineCollector):
@@ -97,11 +97,11 @@ class OllamaCollector(EngineCollector):
                 if at is not None:
                     values["expires_at"] = at - now
         for name, key, documentation in (
-            (series.OLLAMA_MODEL_SIZE, "size", "Bytes a loaded model occupies, from GET /api/ps size."),
+            (series.OLLAMA_MODEL_SIZE, "size", "Bytes a loaded model occupies, from GET /api/ps size." + OVERFLOW_NOTE),
             (
                 series.OLLAMA_MODEL_VRAM,
                 "size_vram",
-                "Bytes of a loaded model in GPU memory, from GET /api/ps size_vram.",
+                "Bytes of a loaded model in GPU memory, from GET /api/ps size_vram." + OVERFLOW_NOTE,
             ),
             (
                 series.OLLAMA_MODEL_CONTEXT,
