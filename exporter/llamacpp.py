@@ -19,10 +19,10 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.bounds import bounded, count
 from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
-from exporter.exposition import parse_exposition
 from exporter.upstream import MISSING
 from servescope import series
 from servescope.engine_identity import gguf_file_name
+from servescope.exposition import parse_exposition
 
 LLAMACPP_SAMPLES = frozenset(
     (

@@ -116,21 +116,26 @@ def metrics_app(exporter: Exporter) -> web.Application:
     async def index(_request: web.Request) -> web.Response:
         return web.Response(text=landing, content_type="text/html")
 
-    # One collection at a time: scrapes that arrive while one runs (a second Prometheus, a retry
-    # after a scrape timeout, another exposition format) share its families instead of queueing
-    # engine reads behind it, so a slow engine never builds a backlog of scrapes and threads, and
-    # no collector is ever run twice at once.
-    running: list[asyncio.Future] = []
+    # One collection at a time per question: scrapes that arrive while one runs (a second Prometheus,
+    # a retry after a scrape timeout, another exposition format) share its families instead of queueing
+    # engine reads behind it, so a slow engine never builds a backlog of scrapes and threads. (The
+    # fan-out shares its engine reads between questions too: no engine collector runs twice at once.)
+    running: dict[tuple[str, ...], asyncio.Future] = {}
 
     async def metrics(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        # `?name[]=...` (prometheus_client's own filter) reads only the collectors that produce those
+        # series: the run's sampler asks for the engine gauges 10x a second, not for the resource budget.
+        names = tuple(sorted(set(request.query.getall("name[]", []))))
         loop = asyncio.get_running_loop()
-        if not running:
+        collection = running.get(names)
+        if collection is None:
+            registry = exporter.registry.restricted_registry(names) if names else exporter.registry
             # Collectors block on engine HTTP calls: keep them off the event loop the proxies share.
-            collection = loop.run_in_executor(None, lambda: Collected(list(exporter.registry.collect())))
-            running.append(collection)
-            collection.add_done_callback(lambda _done: running.remove(collection))
-        collected = await asyncio.shield(running[0])  # a scraper that gives up does not cancel it for the others
+            collection = loop.run_in_executor(None, lambda: Collected(list(registry.collect())))
+            running[names] = collection
+            collection.add_done_callback(lambda _done: running.pop(names, None))
+        collected = await asyncio.shield(collection)  # a scraper that gives up does not cancel it for the others
         body = await loop.run_in_executor(None, encoder, collected)
         return web.Response(body=body, headers={"Content-Type": content_type})
 

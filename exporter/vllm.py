@@ -19,8 +19,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.bounds import OVERFLOW_MODEL, ModelLabels, bounded, count, ratio
 from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
-from exporter.exposition import Samples, parse_exposition
-from servescope import series
+from servescope import kv_arithmetic, series
+from servescope.exposition import Samples, parse_exposition
 
 # vLLM renamed its KV gauge in 0.9.2 and kept both until 0.11: read the new one when present.
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -112,12 +112,13 @@ class VllmCollector(EngineCollector):
         owners = list(served) or sorted(on_page)
         owner = owners[0] if len(owners) == 1 else ""
         for labels, _ in samples.get(CACHE_INFO, ()):
-            if labels.get("num_gpu_blocks") == "None":
-                continue  # before the engine has profiled its memory
-            size = self.valid(_number(labels.get("block_size")), count, "cache_config_info block_size")
-            number = self.valid(_number(labels.get("num_gpu_blocks")), count, "cache_config_info num_gpu_blocks")
+            pool = kv_arithmetic.pool_from_cache_config(labels)
+            if pool is None:
+                continue  # "None" before the engine has profiled its memory
+            size = self.valid(pool.block_size, count, "cache_config_info block_size")
+            number = self.valid(pool.blocks, count, "cache_config_info num_gpu_blocks")
             if not size or number is None:
-                continue
+                continue  # a pool of no or impossible size
             model = models[labels.get("model_name") or owner]
             block_size[model] = size
             blocks[model] += number
@@ -129,19 +130,13 @@ class VllmCollector(EngineCollector):
             for name in (series.KV_BLOCK_SIZE, series.KV_BLOCKS, series.KV_CAPACITY_TOKENS, series.KV_MAX_CONCURRENCY)
         }
         for model, size in block_size.items():
-            capacity = blocks[model] * size
+            capacity = kv_arithmetic.capacity_tokens(blocks[model], size)
             families[series.KV_BLOCK_SIZE].add_metric(self.labels(model), size)
             families[series.KV_BLOCKS].add_metric(self.labels(model), blocks[model])
             families[series.KV_CAPACITY_TOKENS].add_metric(self.labels(model), capacity)
             max_model_len = lengths.get(model)
             if max_model_len:
-                families[series.KV_MAX_CONCURRENCY].add_metric(self.labels(model), capacity / max_model_len)
+                families[series.KV_MAX_CONCURRENCY].add_metric(
+                    self.labels(model), kv_arithmetic.max_concurrency(capacity, max_model_len)
+                )
         yield from families.values()
-
-
-def _number(text: object) -> float | None:
-    """A label's text as a number; None (counted as invalid by the caller) when it is not one."""
-    try:
-        return float(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None

@@ -7,6 +7,7 @@ from locust.env import Environment
 from locust.event import Events
 
 import argparse
+import dataclasses
 import os
 import signal
 import statistics
@@ -18,6 +19,7 @@ import gevent
 from gevent.event import Event
 
 from loadgen import client as llm
+from loadgen import options
 from loadgen import prompts as prompt_sets
 from loadgen.annotations import PhaseAnnotator
 from loadgen.client_metrics import ClientMetrics
@@ -27,11 +29,13 @@ from loadgen.manifest import build as build_manifest
 from loadgen.prompts import PromptSet
 from loadgen.recorder import Recorder
 from loadgen.scenarios import BurstPhase, LoadRun, Phase, SequentialPhase, Settings, build_phases, spawn_rate_for
-from loadgen.targets import Target, TargetError, parse_engine, probe
+from loadgen.targets import Target, TargetError, default_url, parse_engine, probe
 from servescope import knobs
 from servescope.runfolder import RunFolder
+from servescope.sampler import Sampler
+from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
 
-SCENARIO_COMMANDS = ("sequential", "burst", "ramp", "rate", "sweep")
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -40,118 +44,35 @@ class UsageError(Exception):
     """Bad input from the user: one line on stderr, no traceback."""
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--engine",
-        action="append",
-        default=[],
-        metavar="NAME=URL",
-        help="engine kind (vllm, llamacpp, ollama), optionally kind:instance; repeat for several, run back to back",
-    )
-    parser.add_argument(
-        "--prompts", default="seed3", help="seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], or a txt/JSONL file"
-    )
-    parser.add_argument("--max-tokens", type=int, default=knobs.get_int("MAX_TOKENS", 48))
-    parser.add_argument("--temperature", type=float, default=float(knobs.get("TEMPERATURE", "0")))
-    parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per engine, excluded from results")
-    parser.add_argument("--results", default=str(knobs.REPO_ROOT / "results"), help="where run folders go")
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="[NAME=]MODEL",
-        help="model to request (default: what the engine lists; Ollama: OLLAMA_MODEL)",
-    )
-    parser.add_argument("--no-ignore-eos", action="store_true", help="don't send ignore_eos to engines that accept it")
-    parser.add_argument("--http-client", choices=list(llm.TRANSPORTS), default="geventhttpclient")
-    parser.add_argument(
-        "--request-timeout", type=float, default=120.0, help="seconds without a byte before a request fails"
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(os.environ.get("LOADGEN_METRICS_PORT") or knobs.get_int("LOADGEN_METRICS_PORT", 9465)),
-        help="client-side /metrics for Prometheus while the run lasts (0: off)",
-    )
-    parser.add_argument(
-        "--metrics-linger",
-        type=float,
-        default=knobs.get("LOADGEN_METRICS_LINGER", "5"),
-        metavar="SECONDS",
-        help="keep client /metrics up this long after the last request, one scrape interval, so "
-        "Prometheus gets the final samples (default LOADGEN_METRICS_LINGER, 5; 0: off)",
-    )
-    parser.add_argument(
-        "--grafana-url",
-        default=knobs.get("GRAFANA_URL", "") or None,
-        metavar="URL",
-        help="post each phase as a Grafana annotation (default GRAFANA_URL; unset: none). "
-        "Credential: GRAFANA_TOKEN, else GRAFANA_ADMIN_USER/GRAFANA_ADMIN_PASSWORD",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no per-request progress lines")
-
-
-def _burst_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--burst-size", type=int, default=knobs.get_int("BURST_SIZE", 3), help="requests released at once"
-    )
-    parser.add_argument("--bursts", type=int, default=1, help="how many bursts")
-    parser.add_argument("--burst-pause", type=float, default=1.0, help="seconds between bursts")
-
-
-def _timed_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--duration", type=float, default=None, help="seconds per step / level / phase (default 30 unless --requests)"
-    )
-    parser.add_argument("--requests", type=int, default=None, help="requests per user per step/level (rate: in total)")
+COMMANDS = {
+    "compare": "the seed's experiment: per engine warm-up, matched-set sequential, burst",
+    "sequential": "one user, the prompt set back to back",
+    "burst": "N requests released at the same instant, awaited, K times",
+    "ramp": "steps of closed-loop users, each held",
+    "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
+    "sweep": "one closed-loop phase per concurrency level",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__.splitlines()[0])
+    parser = options.ArgumentParser(prog="python -m loadgen", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-
-    compare = sub.add_parser("compare", help="the seed's experiment: per engine warm-up, matched-set sequential, burst")
-    _common(compare)
-    _burst_args(compare)
-    compare.add_argument(
-        "--seed4",
-        dest="seed4",
-        action="store_true",
-        default=True,
-        help="also the seed's four-prompt sequential pass (default)",
-    )
-    compare.add_argument("--no-seed4", dest="seed4", action="store_false")
-
-    seq = sub.add_parser("sequential", help="one user, the prompt set back to back")
-    _common(seq)
-    seq.add_argument("--repeat", type=int, default=1, help="passes over the prompt set")
-
-    burst = sub.add_parser("burst", help="N requests released at the same instant, awaited, K times")
-    _common(burst)
-    _burst_args(burst)
-
-    ramp = sub.add_parser("ramp", help="steps of closed-loop users, each held")
-    _common(ramp)
-    ramp.add_argument("--steps", default="1,2,4", help="users per step")
-    _timed_args(ramp)
-
-    rate = sub.add_parser("rate", help="open-loop arrivals (constant or Poisson); requests don't wait for each other")
-    _common(rate)
-    rate.add_argument("--rate", type=float, default=1.0, help="arrivals per second")
-    rate.add_argument("--arrivals", choices=["constant", "poisson"], default="constant")
-    _timed_args(rate)
-
-    sweep = sub.add_parser("sweep", help="one closed-loop phase per concurrency level")
-    _common(sweep)
-    sweep.add_argument("--concurrencies", default="1,2,4,8")
-    _timed_args(sweep)
-
+    for command, text in COMMANDS.items():
+        options.add_command_options(sub.add_parser(command, help=text), command)
     webui = sub.add_parser(
-        "webui", help="Locust's web UI on LOCUST_PORT (127.0.0.1); engine and scenario under Custom parameters"
+        "webui",
+        help="Locust's web UI on LOCUST_PORT (127.0.0.1), opened pre-filled: Host = the engine URL, "
+        "Number of users = the burst size, scenario and engine under Custom parameters",
     )
-    webui.add_argument("--port", type=int, default=knobs.get_int("LOCUST_PORT", 8089))
-    webui.add_argument("--bind", default=knobs.get("SERVESCOPE_BIND", "127.0.0.1"))
+    webui.add_argument("--port", type=int, default=knobs.get_int("LOCUST_PORT"))
+    webui.add_argument("--bind", default=knobs.get("SERVESCOPE_BIND"))
+    webui.add_argument(
+        "--users",
+        type=int,
+        default=knobs.get_int("BURST_SIZE"),
+        help="the form's Number of users: the burst size of the burst scenario (default BURST_SIZE: %(default)s)",
+    )
+    options.add_command_options(webui, "webui")
     return parser
 
 
@@ -171,29 +92,36 @@ def main(argv: list[str] | None = None) -> int:
         return webui(known, extra)
     args = build_parser().parse_args(argv)
     try:
+        llm.check_geventhttpclient()
         return run_headless(args)
-    except (UsageError, TargetError, prompt_sets.PromptSetError, ValueError) as exc:
+    except (UsageError, TargetError, prompt_sets.PromptSetError, ValueError, llm.HttpClientError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 
 def webui(args: argparse.Namespace, extra: list[str]) -> int:
-    """Locust itself, on the project's locustfile; extra arguments (e.g. --engine llamacpp) pass through."""
+    """Locust itself on the project's locustfile, its form filled in so START runs the chosen scenario untouched.
+
+    Host is the engine's URL, Number of users the burst size (and the ramp-up the same: a phase starts its users
+    at once); the table's options go through as they were resolved here; other arguments pass to Locust as given.
+    """
+    url = args.engine_url or default_url(args.engine)
+    if not args.engine_url:
+        print(f"loadgen: {args.engine}: no --engine-url, using {url}", flush=True)
     locustfile = Path(__file__).resolve().parent / "locustfile.py"
-    cmd = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(locustfile),
-        "--web-host",
-        args.bind,
-        "--web-port",
-        str(args.port),
-        *extra,
-    ]
-    print(f"Locust web UI on http://{args.bind}:{args.port}  (engine and scenario: Custom parameters)", flush=True)
-    os.execv(sys.executable, cmd)
+    cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--web-host", args.bind, "--web-port", str(args.port)]
+    cmd += ["--host", url, "--users", str(args.users), "--spawn-rate", str(args.users)]
+    for option in options.for_locust():
+        value = getattr(args, option.dest)
+        if option.dest == "engine_url" or value in (None, "", False):
+            continue
+        cmd += [option.flag] if option.switch else [option.flag, str(value)]
+    print(
+        f"Locust web UI on http://{args.bind}:{args.port}  ({args.engine} at {url}, "
+        f"{args.scenario}, {args.users} users; more under Custom parameters)",
+        flush=True,
+    )
+    os.execv(sys.executable, [*cmd, *extra])
     return 0  # not reached
 
 
@@ -213,32 +141,19 @@ def _plan(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet
             # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
             phases.append(SequentialPhase(settings, name="sequential", count=args.burst_size))
             phases.append(BurstPhase(settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause))
-            if args.seed4 and prompt_set.name != "seed4":
-                seed4 = Settings(
-                    target=target,
-                    prompt_set=prompt_sets.load("seed4"),
-                    max_tokens=args.max_tokens,
-                    temperature=args.temperature,
-                    timeout_s=args.request_timeout,
-                )
+            if not args.no_seed4 and prompt_set.name != "seed4":
+                seed4 = dataclasses.replace(settings, prompt_set=prompt_sets.load("seed4"))
                 phases.append(SequentialPhase(seed4, name="sequential-seed4"))
         else:
-            options = argparse.Namespace(**vars(args))
-            if args.command in ("ramp", "sweep", "rate") and args.duration is None and args.requests is None:
-                options.duration = 30.0
-            phases.extend(build_phases(args.command, settings, options))
+            phases.extend(build_phases(args.command, settings, args))
     return phases
 
 
 def run_headless(args: argparse.Namespace) -> int:
     if not args.engine:
         raise UsageError("give at least one --engine NAME=URL (e.g. --engine vllm=http://127.0.0.1:8009)")
-    if args.max_tokens < 1:
-        raise UsageError("--max-tokens must be >= 1")
-    if getattr(args, "burst_size", 1) < 1 or getattr(args, "bursts", 1) < 1:
-        raise UsageError("--burst-size and --bursts must be >= 1")
-    if not 0 <= args.metrics_linger <= 600:
-        raise UsageError(f"--metrics-linger must be between 0 and 600 seconds, got {args.metrics_linger:g}")
+    if args.http_client not in llm.TRANSPORTS:
+        raise UsageError(f"--http-client {args.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}")
     targets = [parse_engine(spec, ignore_eos=not args.no_ignore_eos) for spec in args.engine]
     instances = [t.instance for t in targets]
     if len(set(instances)) != len(instances):
@@ -268,19 +183,11 @@ def run_headless(args: argparse.Namespace) -> int:
     handlers = [gevent.signal_handler(sig, on_signal, sig) for sig in (signal.SIGINT, signal.SIGTERM)]
 
     out = None if args.quiet else sys.stdout
-    recorder = Recorder(folder=folder, out=out)
-    started_at = time.time()
-    recorder.line(f"run folder: {folder.path}")
-
-    metrics = None
-    if args.metrics_port:
-        metrics = ClientMetrics()
+    bind = knobs.get("SERVESCOPE_BIND")
+    metrics = ClientMetrics() if args.metrics_port else None
+    if metrics is not None:
         try:
-            metrics.serve(args.metrics_port, addr=knobs.get("SERVESCOPE_BIND", "127.0.0.1"))
-            recorder.metrics = metrics
-            recorder.line(
-                f"client metrics on http://{knobs.get('SERVESCOPE_BIND', '127.0.0.1')}:{args.metrics_port}/metrics"
-            )
+            metrics.serve(args.metrics_port, addr=bind)
         except OSError as exc:
             print(
                 f"loadgen: client metrics not exposed (port {args.metrics_port}: {exc.strerror or exc}); the run goes on",
@@ -288,6 +195,11 @@ def run_headless(args: argparse.Namespace) -> int:
                 flush=True,
             )
             metrics = None
+    recorder = Recorder(folder=folder, metrics=metrics, out=out)
+    started_at = time.time()
+    recorder.line(f"run folder: {folder.path}")
+    if metrics is not None:
+        recorder.line(f"client metrics on http://{bind}:{args.metrics_port}/metrics")
 
     models = _models(args.model)
     for target in targets:
@@ -300,6 +212,8 @@ def run_headless(args: argparse.Namespace) -> int:
             f"engine {target.instance} at {target.url}: version {version}, model {target.model or '?'}{problems}"
         )
 
+    sampler = Sampler.for_run(folder, [(t.kind, t.instance) for t in targets])  # engine gauges into samples.jsonl
+    recorder.line(sampler.describe())
     phases = _plan(args, targets, prompt_set)
     used_sets = {prompt_set.name: prompt_set}
     for phase in phases:
@@ -332,7 +246,7 @@ def run_headless(args: argparse.Namespace) -> int:
         parsed_options=argparse.Namespace(http_client=args.http_client, headless=True),
     )
     runner = environment.create_local_runner()
-    run = LoadRun(phases, recorder)
+    run = LoadRun(phases, recorder, folder=folder, started_at=started_at)
     environment.servescope_run = run
     annotator = PhaseAnnotator(args.grafana_url)
     status = "complete"
@@ -347,23 +261,27 @@ def run_headless(args: argparse.Namespace) -> int:
                 if not _warmup(target, phase.settings, args, recorder, interrupted):
                     break
             run.advance()
+            sampler.start(phase.name)
             runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
-            gevent.wait([phase.done, interrupted], count=1)
-            if interrupted.is_set():
+            gevent.wait([phase.done, interrupted, run.aborted], count=1)
+            sampler.stop()
+            if interrupted.is_set() or run.aborted.is_set():
                 break
             phase.emit()
             runner.start(0, spawn_rate=spawn_rate_for(phase))
             if runner.spawning_greenlet is not None:
                 runner.spawning_greenlet.join(timeout=10)
             annotator.phase_done(phase)
-        if interrupted.is_set():
+        if run.aborted.is_set():
+            status = "failed"
+            runner.stop()
+        elif interrupted.is_set():
             status = "interrupted"
             runner.stop()  # kills users mid-stream: each writes its partial record as "interrupted"
         # Close the last phase (its PhaseRecords; an interrupted one keeps what finished); skip what never started.
-        if run.phase is not None:
-            run.advance()
-        run.index = len(run.phases)
+        run.finish()
     finally:
+        sampler.close()
         runner.stop()
         runner.quit()
         try:
@@ -371,7 +289,7 @@ def run_headless(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - Locust's own report must never cost us the run folder
             print(f"loadgen: Locust CSV/HTML not written: {exc}", file=sys.stderr)
         manifest(status, time.time())
-        if metrics is not None and args.metrics_linger > 0 and not interrupted.is_set():
+        if metrics is not None and args.metrics_linger > 0 and status == "complete":
             # Prometheus scrapes every few seconds: without this the last requests' samples are never scraped.
             print(
                 f"loadgen: client metrics stay up {args.metrics_linger:g} s more so Prometheus scrapes the final "
@@ -385,6 +303,9 @@ def run_headless(args: argparse.Namespace) -> int:
             metrics.close()
     _print_summary(folder, out or sys.stdout)
     print(f"run folder: {folder.path}", flush=True)
+    if run.failure:
+        print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_INTERRUPTED if status == "interrupted" else 0
 
 
@@ -430,24 +351,28 @@ def _print_summary(folder: RunFolder, out) -> None:
         f"\n{'engine':<16} {'phase':<18} {'reqs':>4} {'ok':>3} {'wall s':>8} {'tokens':>6} {'tok/s':>7} {'TTFT p50 s':>10}",
         file=out,
     )
-    walls: dict[tuple[str, str], float] = {}
     for p in phases:
         rs = [r for r in requests if r.instance == p.instance and r.phase == p.phase]
         ok = [r for r in rs if r.ok]
         tokens = sum(r.output_tokens or 0 for r in ok)
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
         ttft = f"{statistics.median(ttfts):.3f}" if ttfts else "-"
-        walls[(p.instance, p.phase)] = p.wall_s
         print(
             f"{p.instance:<16} {p.phase:<18} {len(rs):>4} {len(ok):>3} {p.wall_s:>8.3f} {tokens:>6} "
             f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {ttft:>10}",
             file=out,
         )
-    for (instance, phase), wall in walls.items():
-        if phase == "sequential" and (instance, "burst-1") in walls and walls[(instance, "burst-1")] > 0:
-            factor = wall / walls[(instance, "burst-1")]
+    for burst in (p for p in phases if p.scenario == BURST):
+        mine = [p for p in phases if p.instance == burst.instance]
+        if not any(p.scenario == SEQUENTIAL for p in mine):
+            continue  # a burst on its own: nothing to compare it with
+        factor, partner, why = scaling_factor(burst, mine)
+        if factor is None:
+            print(f"scaling factor {burst.instance} {burst.phase}: {why}", file=out)
+        else:
             print(
-                f"scaling factor {instance}: matched-set sequential {wall:.3f}s / burst {walls[(instance, 'burst-1')]:.3f}s = {factor:.2f}x",
+                f"scaling factor {burst.instance} {burst.phase}: matched-set {partner.phase} {partner.wall_s:.3f}s / "
+                f"burst {burst.wall_s:.3f}s = {factor:.2f}x",
                 file=out,
             )
     print("", file=out, flush=True)

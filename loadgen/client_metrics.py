@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from loadgen.client import ErrorKind
 from servescope import series
 from servescope.runfolder import RequestRecord
 
@@ -16,26 +17,12 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
-# Failure reasons collapse to a few outcome values: a label must not carry free text.
-OUTCOMES = (
-    ("connection refused", "connection_refused"),
-    ("HTTP 5", "http_5xx"),
-    ("HTTP 4", "http_4xx"),
-    ("timeout", "timeout"),
-    ("stream cut", "stream_cut"),
-    ("malformed chunk", "malformed_chunk"),
-    ("engine error", "engine_error"),
-    ("interrupted", "interrupted"),
-)
 
-
-def outcome(error: str | None) -> str:
-    if error is None:
+def outcome(record: RequestRecord) -> str:
+    """The `outcome` label: ok, or the failure's kind (a bounded value, never the free-text reason)."""
+    if record.ok:
         return "ok"
-    for prefix, value in OUTCOMES:
-        if error.startswith(prefix):
-            return value
-    return "other_error"
+    return record.error_kind or ErrorKind.OTHER.value
 
 
 class ClientMetrics:
@@ -88,7 +75,7 @@ class ClientMetrics:
             self.e2e.labels(*labels).observe(record.e2e_s)
         if record.output_tokens:
             self.output_tokens.labels(*labels).inc(record.output_tokens)
-        self.requests.labels(*labels, outcome(record.error)).inc()
+        self.requests.labels(*labels, outcome(record)).inc()
 
     def set_users(self, engine: str, scenario: str, users: int) -> None:
         self.users.labels(engine, scenario).set(users)

@@ -11,7 +11,11 @@ from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent / "prompts"
 SHIPPED = ("seed4", "seed3", "mixed")
-SYNTHETIC = re.compile(r"^synthetic:(\d+)(?:x(\d+))?$")
+SYNTHETIC = re.compile(r"^synthetic:(\d{1,12})(?:x(\d{1,12}))?$")
+# Synthetic sets are built in memory up front: bounded so a typo cannot take the machine's memory.
+MAX_SYNTHETIC_TOKENS = 131_072  # longer than any context the engines here serve
+MAX_SYNTHETIC_COUNT = 100_000
+MAX_SYNTHETIC_WORDS = 4_000_000  # TOKENS x COUNT: about 30 MB of prompt text
 
 # Plain words for synthetic prompts: about one token each for the usual BPE vocabularies.
 _WORDS = (
@@ -51,6 +55,8 @@ class PromptSet:
 
 def load(spec: str) -> PromptSet:
     """seed4 | seed3 | mixed | synthetic:TOKENS[xCOUNT] | path/to/file.txt | path/to/file.jsonl"""
+    if spec.startswith("synthetic:") and not SYNTHETIC.match(spec):
+        raise PromptSetError(f"prompt set {spec!r}: expected synthetic:TOKENS[xCOUNT], e.g. synthetic:256x16")
     if spec in SHIPPED:
         path = next(DATA_DIR.glob(f"{spec}.*"))
         return _from_file(path, name=spec)
@@ -67,8 +73,15 @@ def load(spec: str) -> PromptSet:
 
 def synthetic(tokens: int, count: int = 8, seed: int = 0) -> PromptSet:
     """COUNT prompts of about TOKENS input tokens each (deterministic, so the hash is stable)."""
-    if tokens < 1 or count < 1:
-        raise PromptSetError("synthetic prompts need TOKENS >= 1 and COUNT >= 1")
+    if not (1 <= tokens <= MAX_SYNTHETIC_TOKENS and 1 <= count <= MAX_SYNTHETIC_COUNT):
+        raise PromptSetError(
+            f"synthetic:{tokens}x{count}: TOKENS from 1 to {MAX_SYNTHETIC_TOKENS}, COUNT from 1 to {MAX_SYNTHETIC_COUNT}"
+        )
+    if tokens * count > MAX_SYNTHETIC_WORDS:
+        raise PromptSetError(
+            f"synthetic:{tokens}x{count}: at most {MAX_SYNTHETIC_WORDS} words in all (TOKENS x COUNT), "
+            f"got {tokens * count}"
+        )
     rng = random.Random(seed)
     prompts = []
     for i in range(count):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import defaultdict
@@ -27,7 +26,6 @@ class Recorder:
         self.out = out
         self.t0 = time.monotonic() if t0 is None else t0
         self.tokens: dict[tuple[str, str], int] = defaultdict(int)
-        self.counts = {"ok": 0, "failed": 0}
 
     def line(self, text: str) -> None:
         if self.out is not None:
@@ -38,7 +36,6 @@ class Recorder:
             self.folder.append_request(record)
         if self.metrics is not None:
             self.metrics.observe(record)
-        self.counts["ok" if record.ok else "failed"] += 1
         if record.ok and record.output_tokens:
             self.tokens[(record.instance, record.phase)] += record.output_tokens
         ttft = f"{record.ttft_s:.3f}s" if record.ttft_s is not None else "-"
@@ -62,10 +59,6 @@ class Recorder:
     def users(self, engine: str, scenario: str, users: int) -> None:
         if self.metrics is not None:
             self.metrics.set_users(engine, scenario, users)
-
-    def write_record_json(self, text: str) -> None:
-        """A record forwarded by a distributed worker."""
-        self.request(RequestRecord.from_dict(json.loads(text)))
 
 
 class ForwardingRecorder(Recorder):

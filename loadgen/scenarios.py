@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import gevent
@@ -19,9 +19,11 @@ from gevent.event import Event
 
 from loadgen.prompts import Prompt, PromptSet
 from loadgen.targets import Target
-from servescope.runfolder import PhaseRecord, RequestRecord
+from servescope import knobs
+from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
 
 SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep")
+MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
 
 
 @dataclass
@@ -30,9 +32,9 @@ class Settings:
 
     target: Target
     prompt_set: PromptSet
-    max_tokens: int = 48
-    temperature: float = 0.0
-    timeout_s: float = 120.0
+    max_tokens: int
+    temperature: float
+    timeout_s: float  # REQUEST_TIMEOUT unless the user says otherwise
 
 
 @dataclass
@@ -69,7 +71,11 @@ class Phase:
         self.in_flight = 0
         self.spans: dict[str, _Span] = {}
         self.emitted: set[str] = set()
-        self.recorder = None  # set by LoadRun when the phase becomes current
+        self.recorder = None  # where PhaseRecords go, from begin()
+
+    def begin(self, recorder) -> None:
+        """The phase becomes current: its finished spans go to `recorder`."""
+        self.recorder = recorder
 
     # -- work hand-out (called from user greenlets) --
     def next_work(self) -> Work | None:
@@ -77,8 +83,12 @@ class Phase:
 
     def finished(self, work: Work, record: RequestRecord, elapsed_s: float) -> None:
         self.in_flight -= 1
-        self.spans.setdefault(work.phase_name, _Span()).add(record, elapsed_s)
+        self.add_record(record, elapsed_s)
         self._check_done()
+
+    def add_record(self, record: RequestRecord, elapsed_s: float) -> None:
+        """Widen the span of the record's phase (or burst round); also for records a distributed worker measured."""
+        self.spans.setdefault(record.phase, _Span()).add(record, elapsed_s)
 
     def _check_done(self) -> None:
         if self.exhausted() and self.in_flight == 0:
@@ -308,14 +318,26 @@ class RatePhase(Phase):
 class LoadRun:
     """The phases of one run in order, the current one, and where finished records go."""
 
-    def __init__(self, phases: list[Phase], recorder, warmup: dict[str, int] | None = None):
+    def __init__(
+        self,
+        phases: list[Phase],
+        recorder,
+        *,
+        folder: RunFolder | None = None,
+        started_at: float | None = None,
+        emit_on_advance: bool = True,
+    ):
         self.phases = phases
         self.recorder = recorder
+        self.folder = folder  # the run folder this process writes (None on a distributed worker)
+        self.started_at = time.time() if started_at is None else started_at
+        # A distributed master hears of late records after a phase moved on: it writes PhaseRecords at the end.
+        self.emit_on_advance = emit_on_advance
         self.index = -1
         self.changed = Event()
-        self.warmup = warmup or {}
-        # A distributed master hears of late records after a phase moved on: it writes PhaseRecords at the end.
-        self.emit_on_advance = True
+        self.closed = False  # its folder is finished: manifest, Locust's files
+        self.failure: str | None = None  # why the run was stopped early by something other than the user
+        self.aborted = Event()
 
     @property
     def phase(self) -> Phase | None:
@@ -323,6 +345,37 @@ class LoadRun:
 
     def advance(self) -> Phase | None:
         """Close the current phase (its PhaseRecords are written) and make the next one current."""
+        current = self._close_current()
+        self.index += 1
+        self._changed()
+        nxt = self.phase
+        if nxt is not None:
+            nxt.begin(self.recorder)
+            self.recorder.line(f"phase {nxt.describe()}")
+            self.recorder.users(nxt.settings.target.kind, nxt.scenario, nxt.users)
+        if current is not None and (nxt is None or nxt.scenario != current.scenario):
+            self.recorder.users(current.settings.target.kind, current.scenario, 0)
+        return nxt
+
+    def finish(self) -> None:
+        """End the run where it stands: the current phase keeps what finished, the ones after it never start."""
+        current = self._close_current()
+        self.index = len(self.phases)
+        self._changed()
+        if current is not None:
+            self.recorder.users(current.settings.target.kind, current.scenario, 0)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self, reason: str) -> None:
+        """Stop the run for `reason` (the first one is kept): whoever drives the run ends it and says why."""
+        if self.failure is None:
+            self.failure = " ".join(reason.split())
+        self.aborted.set()
+        self._changed()
+
+    def _close_current(self) -> Phase | None:
         current = self.phase
         if current is not None:
             if self.emit_on_advance:
@@ -331,17 +384,11 @@ class LoadRun:
                 current.stopped = True
             if isinstance(current, ClosedLoopPhase):
                 current.closed = True
-        self.index += 1
+        return current
+
+    def _changed(self) -> None:
         changed, self.changed = self.changed, Event()
         changed.set()
-        nxt = self.phase
-        if nxt is not None:
-            nxt.recorder = self.recorder
-            self.recorder.line(f"phase {nxt.describe()}")
-            self.recorder.users(nxt.settings.target.kind, nxt.scenario, nxt.users)
-        if current is not None and (nxt is None or nxt.scenario != current.scenario):
-            self.recorder.users(current.settings.target.kind, current.scenario, 0)
-        return nxt
 
     def phase_named(self, name: str) -> Phase | None:
         """The phase a record belongs to (burst rounds are named <phase>-<round>)."""
@@ -378,27 +425,31 @@ def closed_loop_steps(
 
 
 def parse_levels(text: str, what: str) -> list[int]:
+    """`1,2,4`: the users of each step or level, each from 1 to MAX_USERS."""
     try:
         levels = [int(x) for x in str(text).replace(" ", "").split(",") if x]
     except ValueError:
         raise ValueError(f"{what}: expected a comma-separated list of integers, got {text!r}") from None
-    if not levels or any(n < 1 for n in levels):
-        raise ValueError(f"{what}: expected positive integers, got {text!r}")
+    if not levels or any(not 1 <= n <= MAX_USERS for n in levels):
+        raise ValueError(f"{what}: expected user counts from 1 to {MAX_USERS}, got {text!r}")
     return levels
 
 
 def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
-    """The phases of one scenario for one engine, from CLI/web-UI options (same names in both)."""
+    """The phases of one scenario for one engine, from CLI/web-UI options (loadgen.options: the same names in both)."""
     if scenario == "sequential":
-        return [SequentialPhase(settings, repeat=max(1, int(getattr(options, "repeat", 1) or 1)))]
+        return [SequentialPhase(settings, repeat=int(options.repeat))]
     if scenario == "burst":
         return [
             BurstPhase(
                 settings, size=int(options.burst_size), rounds=int(options.bursts), pause_s=float(options.burst_pause)
             )
         ]
-    duration = float(options.duration) if getattr(options, "duration", None) else None
-    requests = int(options.requests) if getattr(options, "requests", None) else None
+    # The web UI hands back an empty field as "": no bound of that kind.
+    duration = float(options.duration) if options.duration not in (None, "") else None
+    requests = int(options.requests) if options.requests not in (None, "") else None
+    if duration is None and requests is None:
+        duration = float(knobs.get("LOADGEN_DURATION"))
     if scenario == "ramp":
         return closed_loop_steps(settings, parse_levels(options.steps, "--steps"), duration, requests, "ramp")
     if scenario == "sweep":
@@ -421,6 +472,3 @@ def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
 def spawn_rate_for(phase: Phase) -> float:
     # All users of a phase at once: the barrier / the phase itself does the pacing, not Locust's ramp-up.
     return float(max(1, phase.users))
-
-
-Progress = Callable[[str], None]

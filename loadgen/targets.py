@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import requests
 
 from servescope import engine_identity, engines, knobs
+from servescope.urls import parse_http_url
 
 
 class TargetError(ValueError):
@@ -52,11 +53,12 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     except ValueError as exc:
         raise TargetError(f"--engine {spec!r}: {exc}") from None
     if not sep:
-        url = knobs.get(kind.url_env, "") or kind.default_url()
+        url = default_url(kind.name)
     url = url.strip().rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise TargetError(f"--engine {spec!r}: expected NAME=http://HOST:PORT")
+    try:
+        parts = parse_http_url(url)
+    except ValueError as exc:
+        raise TargetError(f"--engine {spec!r}: {exc}") from None
     api, chat_path = kind.api, kind.chat_path
     if parts.path.endswith("/v1"):
         # Ollama's (or any engine's) OpenAI-compatible API under /v1.
@@ -71,6 +73,12 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
         chat_path=chat_path,
         ignore_eos=(ignore_eos if kind.accepts_ignore_eos else None),
     )
+
+
+def default_url(kind_name: str) -> str:
+    """Where an engine of this kind is when no URL is given: its *_URL knob, else its default port on 127.0.0.1."""
+    kind = engines.kind(kind_name)
+    return knobs.get(kind.url_env, "") or kind.default_url()
 
 
 def probe(target: Target, model_override: str | None = None, session: requests.Session | None = None) -> Target:

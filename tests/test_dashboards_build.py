@@ -153,7 +153,7 @@ def test_servescope_names_in_dashboards_exist_in_the_contract():
                 assert name in known or re.sub(r"_(bucket|sum|count)$", "", name) in known, name
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
+@pytest.mark.tool("prometheus")
 def test_every_query_is_valid_promql(tmp_path):
     """promtool parses each query (variables substituted as Grafana would) as a recording rule."""
     rules = []
@@ -191,7 +191,7 @@ def test_render_substitutes_like_grafana():
     assert render.legend_text("", {"engine": "vllm"}) == "engine=vllm"
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
+@pytest.mark.tool("prometheus")
 def test_failures_query_gives_failures_and_zero_where_none(tmp_path):
     """The load-test Failures/s query, evaluated by promtool on known series: one failing engine, one clean."""
     panel = next(p for p in data_panels(BOARDS["load-test"]) if p["title"] == "Failures/s")

@@ -15,6 +15,7 @@ import requests
 
 from servescope.runfolder import RunFolder
 from tests.conftest import free_port
+from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -167,6 +168,15 @@ def test_failures_are_counted_with_reasons_and_the_run_goes_on(server, tmp_path)
     assert cut.error.startswith("stream cut after 2 content chunks") and cut.content_chunks == 2 and len(cut.itl_s) == 1
     assert records[("vllm", "bad")].error.startswith("malformed chunk after 1 content chunks")
     assert all(r.error == "connection refused" for (inst, _), r in records.items() if inst == "llamacpp")
+    kinds = {key: r.error_kind for key, r in records.items() if key[0] == "vllm"}
+    assert kinds == {
+        ("vllm", "ok-1"): None,
+        ("vllm", "503"): "http_5xx",
+        ("vllm", "cut"): "stream_cut",
+        ("vllm", "bad"): "malformed_chunk",
+        ("vllm", "ok-2"): None,
+    }
+    assert {r.error_kind for (inst, _), r in records.items() if inst == "llamacpp"} == {"connection_refused"}
     assert folder.manifest()["engines"]["llamacpp"]["probe_errors"]
     with open(folder.path / "locust_failures.csv") as fh:
         failures = list(csv.DictReader(fh))
@@ -313,22 +323,83 @@ def test_sweep_ramp_and_rate_phases(server, tmp_path):
     ("args", "message"),
     [
         (["burst", "--engine", "tgi=http://127.0.0.1:1"], "unknown engine kind 'tgi'"),
-        (["burst", "--engine", "vllm=ftp://x"], "expected NAME=http://HOST:PORT"),
+        (["burst", "--engine", "vllm=ftp://x"], "expected http://HOST:PORT"),
         (["burst", "--engine", "vllm=http://127.0.0.1:1", "--prompts", "/no/such/file.txt"], "prompt set"),
         (["burst"], "give at least one --engine"),
+        # Once an endless loop of tracebacks at 100% CPU (without warm-up, each user failed on every request):
+        (
+            ["burst", "--warmup", "0", "--engine", "vllm=http://127.0.0.1:99999"],
+            "port must be a number from 1 to 65535",
+        ),
+        (["burst", "--warmup", "0", "--engine", "vllm=http://127.0.0.1:abc"], "got 'abc'"),
+        (["burst", "--warmup", "0", "--engine", "vllm=http://::1:8009"], "IPv6 address needs brackets"),
+        (
+            ["burst", "--warmup", "0", "--engine", "vllm=http://127.0.0.1:9", "--request-timeout", "-1"],
+            "argument --request-timeout: expected a number of seconds > 0, got '-1'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
-    proc = loadgen(*args, "--results", str(tmp_path), "--metrics-port", "0")
+    proc = loadgen(*args, "--results", str(tmp_path), "--metrics-port", "0", timeout=30)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())  # nothing half-created
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["ramp", "--duration", "nan"],
+            "argument --duration: expected a number of seconds > 0, got 'nan'",
+        ),  # never ended
+        (["ramp", "--duration", "-5"], "argument --duration: expected a number of seconds > 0, got '-5'"),  # exit 0
+        (["ramp", "--requests", "-3"], "argument --requests: expected a whole number >= 1, got '-3'"),  # exit 0
+        (["rate", "--rate", "inf"], "argument --rate: expected a number of arrivals per second > 0, got 'inf'"),
+        (["sweep", "--concurrencies", "1,0"], "argument --concurrencies: expected user counts from 1 to 10000"),
+        (["sequential", "--repeat", "0"], "argument --repeat: expected a whole number of passes from 1 to 100000"),
+        (["burst", "--bursts", "0"], "argument --bursts: expected a whole number >= 1, got '0'"),
+        (["burst", "--burst-pause", "-1"], "argument --burst-pause: expected a number of seconds >= 0, got '-1'"),
+        (["burst", "--metrics-port", "70000"], "argument --metrics-port: expected a port from 0 (off) to 65535"),
+        (["burst", "--max-tokens", "0"], "argument --max-tokens: expected a whole number >= 1, got '0'"),
+        (["burst", "--prompts", "synthetic:99999999999x1"], "TOKENS from 1 to 131072"),  # grew memory without bound
+        (["burst", "--prompts", "synthetic:100000x100"], "at most 4000000 words in all"),
+        (["burst", "--prompts", "synthetic:1x" + "9" * 5000], "expected synthetic:TOKENS[xCOUNT]"),
+    ],
+)
+def test_out_of_range_numbers_are_one_line_and_exit_2(tmp_path, args, message):
+    proc = loadgen(
+        *args, "--engine", "vllm=http://127.0.0.1:9", "--results", str(tmp_path), "--warmup", "0", timeout=30
+    )
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-1000:]
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("run_id", ["../../x", "../escaped", "a/b", "..", ".", "/abs/olute", "-flag", "x" * 129])
+def test_a_run_id_never_writes_outside_the_results_folder(tmp_path, run_id):
+    results = tmp_path / "deep" / "results"
+    results.mkdir(parents=True)
+    if run_id.startswith("/abs"):
+        run_id = str(tmp_path / "absolute")  # an absolute path this test may look at
+    proc = loadgen(
+        "burst", "--engine", "vllm=http://127.0.0.1:9", "--results", str(results), f"--run-id={run_id}", timeout=30
+    )
+    assert proc.returncode == 2 and "argument --run-id:" in proc.stderr and "not a path" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["deep", "deep/results"]
+
+
+def test_the_run_folder_contract_refuses_a_path_for_a_run_id(tmp_path):
+    for run_id in ("../x", "/tmp/x", "a/../../b"):
+        with pytest.raises(ValueError, match="not a path"):
+            RunFolder.create(tmp_path / "results", run_id)
+    assert not any(tmp_path.iterdir())
+
+
 def test_ollama_native_api_through_the_simulator(tmp_path):
-    sim_module = pytest.importorskip("tests.doubles.ollama_simulator")
-    with sim_module.OllamaSimulator(token_delay=0.002, num_parallel=1) as sim:
+    with OllamaSimulator(token_delay=0.002, num_parallel=1) as sim:
         proc = loadgen(
             "burst",
             "--engine",
@@ -351,3 +422,32 @@ def test_ollama_native_api_through_the_simulator(tmp_path):
     )
     engine = folder.manifest()["engines"]["ollama"]
     assert engine["ignore_eos"] == "unavailable" and engine["version"] == sim.version
+
+
+def test_a_user_that_fails_unexpectedly_stops_the_run_with_one_line_not_a_loop(server, tmp_path):
+    """Whatever input validation misses: the first unexpected exception in a user ends the run, said once."""
+    script = (
+        "import sys\n"
+        "from loadgen import cli, client\n"
+        "class Broken:\n"
+        "    def __init__(self, *args, **kwargs):\n"
+        "        raise RuntimeError('no transport today')\n"
+        "client.TRANSPORTS['broken'] = Broken\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "burst", "--engine", f"vllm={server.url}", "--http-client", "broken"]
+        + ["--warmup", "0", "--results", str(tmp_path), "--run-id", "broken", "--metrics-port", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    # (No exporter runs here: the sampler's one line says its reads are marked missing.)
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("server samples: ")]
+    assert lines == [
+        "loadgen: a load generator user failed: RuntimeError: no transport today; the run stopped, "
+        "the run folder keeps what finished"
+    ]
+    assert RunFolder(tmp_path / "broken").manifest()["status"] == "failed"

@@ -1,4 +1,4 @@
-"""Reading an engine's Prometheus text page: only the sample lines a collector wants are parsed."""
+"""Prometheus text exposition, read once: the exporter reads engines' /metrics pages with it, the run's sampler the exporter's."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 def parse_exposition(text: str, wanted: frozenset[str]) -> Samples:
     """Sample name -> [(labels, value)] for the `wanted` samples of a Prometheus text page.
 
-    Only the wanted sample lines are handed to prometheus_client's parser (vLLM 0.32's page has
-    about 600 lines: parsing all of it costs tens of milliseconds, these few lines well under one);
-    ValueError when one of them is malformed or when the page has none of them (an HTML error page,
-    another server).
+    Only the wanted sample lines are handed to prometheus_client's parser; ValueError when one of
+    them is malformed or when the page has none of them (an HTML error page, another server).
     """
     prefixes = tuple(wanted)  # str.startswith with a tuple: the per-line test stays in C
     lines = []
