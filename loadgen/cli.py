@@ -194,7 +194,8 @@ def run_headless(args: argparse.Namespace) -> int:
                 flush=True,
             )
             metrics = None
-    recorder = Recorder(folder=folder, metrics=metrics, out=out)
+    # A folder that stops taking writes ends the run (the run exists before the first record is written).
+    recorder = Recorder(folder=folder, metrics=metrics, out=out, on_failure=lambda reason: run.abort(reason))
     started_at = time.time()
     recorder.line(f"run folder: {folder.path}")
     if metrics is not None:
@@ -218,7 +219,15 @@ def run_headless(args: argparse.Namespace) -> int:
     flags = {k: v for k, v in vars(args).items() if k not in ("engine", "model", "quiet")}
     flags["ignore_eos"] = not args.no_ignore_eos
 
-    def manifest(status: str, ended_at: float | None = None) -> None:
+    def manifest(status: str, ended_at: float | None = None) -> str | None:
+        """Write manifest.json; why not, in one line, when the folder refuses it."""
+        try:
+            write_manifest(status, ended_at)
+        except OSError as exc:
+            return f"run folder {folder.path}: cannot write manifest.json ({exc.strerror or exc})"
+        return None
+
+    def write_manifest(status: str, ended_at: float | None) -> None:
         folder.write_manifest(
             build_manifest(
                 command=" ".join(["python -m loadgen", *sys.argv[1:]])
@@ -235,7 +244,9 @@ def run_headless(args: argparse.Namespace) -> int:
             )
         )
 
-    manifest("running")
+    problem = manifest("running")
+    if problem:
+        raise UsageError(problem)
 
     environment = Environment(
         user_classes=list(USER_CLASSES.values()),
@@ -278,11 +289,14 @@ def run_headless(args: argparse.Namespace) -> int:
     finally:
         runner.stop()
         runner.quit()
-        try:
-            write_locust_outputs(environment, folder.path)
-        except Exception as exc:  # noqa: BLE001 - Locust's own report must never cost us the run folder
-            print(f"loadgen: Locust CSV/HTML not written: {exc}", file=sys.stderr)
-        manifest(status, time.time())
+        if recorder.failure is None:  # a folder that refused a record would refuse these too
+            try:
+                write_locust_outputs(environment, folder.path)
+            except Exception as exc:  # noqa: BLE001 - Locust's own report must never cost us the run folder
+                print(f"loadgen: Locust CSV/HTML not written: {exc}", file=sys.stderr)
+            problem = manifest(status, time.time())
+            if problem:
+                run.abort(problem)
         if metrics is not None and args.metrics_linger > 0 and status == "complete":
             # Prometheus scrapes every few seconds: without this the last requests' samples are never scraped.
             print(
@@ -295,7 +309,10 @@ def run_headless(args: argparse.Namespace) -> int:
             handler.cancel()
         if metrics is not None:
             metrics.close()
-    _print_summary(folder, out or sys.stdout)
+    try:
+        _print_summary(folder, out or sys.stdout)
+    except OSError:
+        pass  # a folder that cannot be read back: the failure line below says what happened to it
     print(f"run folder: {folder.path}", flush=True)
     if run.failure:
         print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)

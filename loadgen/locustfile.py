@@ -191,8 +191,10 @@ class LLMUser(User):
             response=None,
         )
         run: LoadRun = self.environment.servescope_run
-        run.recorder.request(record)
-        phase.finished(work, record, elapsed)
+        try:
+            run.recorder.request(record)
+        finally:
+            phase.finished(work, record, elapsed)  # whatever happened to the record, the phase can end
         if interrupted is not None:
             raise interrupted
         return record
@@ -441,7 +443,12 @@ def _on_test_start(environment, **_kwargs) -> None:
     try:
         option_table.validate(options)  # what the web UI's form sends is text, unchecked by Locust
         folder = RunFolder.create(options.results)
-        recorder = Recorder(folder=folder, metrics=getattr(environment, "servescope_metrics", None))
+        # A folder that stops taking writes ends the test (the run exists before the first record is written).
+        recorder = Recorder(
+            folder=folder,
+            metrics=getattr(environment, "servescope_metrics", None),
+            on_failure=lambda reason: environment.servescope_run.abort(reason),
+        )
         run = _new_run(environment, recorder, folder)
     except (ValueError, OSError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr, flush=True)
@@ -467,9 +474,13 @@ def _on_test_stop(environment, **_kwargs) -> None:
         return
     for phase in run.phases:  # each span once: a no-op for what was written as it finished
         phase.emit()
-    write_locust_outputs(environment, run.folder.path)
+    if run.recorder.failure is None:  # a folder that refused a record would refuse these too
+        try:
+            write_locust_outputs(environment, run.folder.path)
+            _write_manifest(environment, run, "failed" if run.failure else "complete" if run.finished else "stopped")
+        except OSError as exc:
+            run.abort(f"run folder {run.folder.path}: cannot finish it ({exc.strerror or exc})")
     if run.failure:
-        print(f"loadgen: {run.failure}; the run stopped", file=sys.stderr, flush=True)
-    _write_manifest(environment, run, "failed" if run.failure else "complete" if run.finished else "stopped")
+        print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)
     run.recorder.line(f"run folder: {run.folder.path}")
     run.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import pytest
 import requests
 
 from servescope.runfolder import RunFolder
-from tests.conftest import free_port
+from tests.conftest import free_port, unavailable
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
 
@@ -449,3 +451,55 @@ def test_a_user_that_fails_unexpectedly_stops_the_run_with_one_line_not_a_loop(s
         "the run folder keeps what finished"
     ]
     assert RunFolder(tmp_path / "broken").manifest()["status"] == "failed"
+
+
+def _set_writable(folder: Path, writable: bool) -> None:
+    """Make a run folder and its files (un)writable even for root: chattr's immutable flag, else the mode bits."""
+    paths = [folder, *folder.iterdir()]
+    if os.geteuid() == 0:
+        if shutil.which("chattr") is None:
+            unavailable("chattr (e2fsprogs) is needed to make a folder unwritable for root")
+        proc = subprocess.run(["chattr", "-i" if writable else "+i", *map(str, paths)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            unavailable(f"chattr cannot make {folder} unwritable here: {proc.stderr.strip()}")
+    else:
+        for path in paths:
+            path.chmod(path.stat().st_mode | 0o200 if writable else path.stat().st_mode & ~0o222)
+
+
+def test_a_run_folder_that_becomes_unwritable_stops_the_run_fast_and_keeps_what_was_written(tmp_path):
+    folder = tmp_path / "frozen"
+    with SyntheticServer(ttft=0.02, itl=0.005, tokens=16) as engine:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "loadgen", "sequential", "--engine", f"vllm={engine.url}", "--repeat", "10"]
+            + ["--max-tokens", "16", "--warmup", "0", "--results", str(tmp_path), "--run-id", "frozen"]
+            + ["--metrics-port", "0", "--quiet"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        frozen = False
+        try:
+            records = folder / "requests.jsonl"
+            deadline = time.monotonic() + 30
+            while not (records.exists() and records.read_text().count("\n") >= 3):
+                assert time.monotonic() < deadline and proc.poll() is None, "no 3 records within 30 s"
+                time.sleep(0.05)
+            _set_writable(folder, False)
+            frozen = True
+            kept = records.read_text()
+            _stdout, stderr = proc.communicate(timeout=60)  # never hangs
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if frozen:
+                _set_writable(folder, True)
+    assert proc.returncode == 1, stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert lines[0].startswith(f"loadgen: run folder {folder}: cannot write requests.jsonl (") and "stopped" in lines[0]
+    # What was written before stays, whole; the run did not go on to its 30 requests.
+    assert records.read_text() == kept and 3 <= len(list(RunFolder(folder).requests())) < 30
+    assert RunFolder(folder).manifest()["status"] == "running"  # the last manifest it could write
