@@ -29,7 +29,7 @@ from loadgen.manifest import build as build_manifest
 from loadgen.prompts import PromptSet
 from loadgen.recorder import Recorder
 from loadgen.scenarios import BurstPhase, LoadRun, Phase, SequentialPhase, Settings, build_phases, spawn_rate_for
-from loadgen.targets import Target, TargetError, default_url, parse_engine, probe
+from loadgen.targets import Target, TargetError, chosen_url_line, default_url, parse_engine, probe
 from servescope import knobs
 from servescope.runfolder import RunFolder
 from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
@@ -106,7 +106,7 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
     """
     url = args.engine_url or default_url(args.engine)
     if not args.engine_url:
-        print(f"loadgen: {args.engine}: no --engine-url, using {url}", flush=True)
+        print(f"loadgen: {chosen_url_line(args.engine, url)}", flush=True)
     locustfile = Path(__file__).resolve().parent / "locustfile.py"
     cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--web-host", args.bind, "--web-port", str(args.port)]
     cmd += ["--host", url, "--users", str(args.users), "--spawn-rate", str(args.users)]
@@ -154,6 +154,9 @@ def run_headless(args: argparse.Namespace) -> int:
     if args.http_client not in llm.TRANSPORTS:
         raise UsageError(f"--http-client {args.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}")
     targets = [parse_engine(spec, ignore_eos=not args.no_ignore_eos) for spec in args.engine]
+    for target in targets:
+        if target.url_from:
+            print(f"loadgen: {chosen_url_line(target.kind, target.url)}", flush=True)
     instances = [t.instance for t in targets]
     if len(set(instances)) != len(instances):
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")

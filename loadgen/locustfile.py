@@ -35,7 +35,7 @@ from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import RECORD_MESSAGE, ForwardingRecorder, Recorder
 from loadgen.scenarios import ClosedLoopPhase, LoadRun, RatePhase, Settings, build_phases
-from loadgen.targets import default_url, parse_engine, probe
+from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
 from servescope import knobs
 from servescope.runfolder import RequestRecord, RunFolder
 
@@ -396,7 +396,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
     if not environment.host:
         environment.host = options.engine_url or default_url(options.engine)
         if not options.engine_url:
-            print(f"loadgen: {options.engine}: no engine URL given, using {environment.host}", flush=True)
+            print(f"loadgen: {chosen_url_line(options.engine, environment.host)}", flush=True)
     if options.num_users is None:
         options.num_users = options.burst_size
     options.spawn_rate = options.num_users

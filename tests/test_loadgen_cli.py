@@ -503,3 +503,24 @@ def test_a_run_folder_that_becomes_unwritable_stops_the_run_fast_and_keeps_what_
     # What was written before stays, whole; the run did not go on to its 30 requests.
     assert records.read_text() == kept and 3 <= len(list(RunFolder(folder).requests())) < 30
     assert RunFolder(folder).manifest()["status"] == "running"  # the last manifest it could write
+
+
+@pytest.mark.parametrize("knob", ["VLLM_PORT", "VLLM_URL"])
+def test_an_engine_without_a_url_says_which_url_it_chose(server, tmp_path, knob):
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_URL", "VLLM_PORT")}
+    env[knob] = str(server.port) if knob == "VLLM_PORT" else server.url
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "burst", "--engine", "vllm", "--results", str(tmp_path), "--run-id", "r"]
+        + ["--metrics-port", "0", "--warmup", "0", "--max-tokens", "4", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    why = "VLLM_PORT on 127.0.0.1; VLLM_URL is not set" if knob == "VLLM_PORT" else "from VLLM_URL"
+    assert f"loadgen: vllm: no engine URL given, using {server.url} ({why})" in proc.stdout.splitlines()
+    engine = RunFolder(tmp_path / "r").manifest()["engines"]["vllm"]
+    assert engine["url"] == server.url and engine["url_from"] == knob
+    assert server.stats.requests == 3
