@@ -33,6 +33,7 @@ from loadgen.targets import Target, TargetError, chosen_url_line, default_url, p
 from servescope import knobs
 from servescope.runfolder import RunFolder
 from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
+from servescope.urls import redact_text, redact_userinfo
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -116,7 +117,7 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
             continue
         cmd += [option.flag] if option.switch else [option.flag, str(value)]
     print(
-        f"Locust web UI on http://{args.bind}:{args.port}  ({args.engine} at {url}, "
+        f"Locust web UI on http://{args.bind}:{args.port}  ({args.engine} at {redact_userinfo(url)}, "
         f"{args.scenario}, {args.users} users; more under Custom parameters)",
         flush=True,
     )
@@ -212,7 +213,8 @@ def run_headless(args: argparse.Namespace) -> int:
             f" (engine not answering: {target.info['probe_errors'][0]})" if target.info.get("probe_errors") else ""
         )
         recorder.line(
-            f"engine {target.instance} at {target.url}: version {version}, model {target.model or '?'}{problems}"
+            f"engine {target.instance} at {redact_userinfo(target.url)}: version {version}, "
+            f"model {target.model or '?'}{redact_text(problems)}"
         )
 
     phases = _plan(args, targets, prompt_set)

@@ -38,6 +38,7 @@ from loadgen.scenarios import ClosedLoopPhase, LoadRun, RatePhase, Settings, bui
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
 from servescope import knobs
 from servescope.runfolder import RequestRecord, RunFolder
+from servescope.urls import redact_userinfo
 
 PHASE_MESSAGE = "servescope_phase"  # master -> workers: index of the phase now current
 
@@ -187,7 +188,7 @@ class LLMUser(User):
             exception=None if m.ok else llm.StreamError(m.error_kind, m.error),
             context={"phase": work.phase_name},
             start_time=m.started_at,
-            url=target.url + target.chat_path,
+            url=redact_userinfo(target.url) + target.chat_path,
             response=None,
         )
         run: LoadRun = self.environment.servescope_run

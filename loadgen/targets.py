@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import requests
 
 from servescope import engines, knobs
-from servescope.urls import parse_http_url
+from servescope.urls import parse_http_url, redact_text, redact_userinfo
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -38,7 +38,7 @@ class Target:
     def manifest(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "url": self.url,
+            "url": redact_userinfo(self.url),
             "api": self.api,
             "chat_path": self.chat_path,
             "model": self.model,
@@ -55,7 +55,7 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     try:
         kind = engines.kind(kind_name)
     except ValueError as exc:
-        raise TargetError(f"--engine {spec!r}: {exc}") from None
+        raise TargetError(f"--engine {redact_text(spec)!r}: {exc}") from None
     url_from = None
     if not sep:
         url, url_from = default_url(kind.name), default_url_source(kind.name)
@@ -63,13 +63,13 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     try:
         parts = parse_http_url(url)
     except ValueError as exc:
-        raise TargetError(f"--engine {spec!r}: {exc}") from None
+        raise TargetError(f"--engine {redact_text(spec)!r}: {exc}") from None
     api, chat_path = kind.api, kind.chat_path
     if parts.path.endswith("/v1"):
         # Ollama's (or any engine's) OpenAI-compatible API under /v1.
         api, chat_path = "openai", "/chat/completions"
     elif parts.path:
-        raise TargetError(f"--engine {spec!r}: the URL takes no path other than /v1")
+        raise TargetError(f"--engine {redact_text(spec)!r}: the URL takes no path other than /v1")
     return Target(
         kind=kind.name,
         instance=f"{kind.name}:{label}" if label else kind.name,
@@ -96,6 +96,7 @@ def default_url_source(kind_name: str) -> str:
 def chosen_url_line(kind_name: str, url: str) -> str:
     """What to tell the user when an engine URL was not given: which one is used, and which knob chose it."""
     kind = engines.kind(kind_name)
+    url = redact_userinfo(url)
     if default_url_source(kind_name) == kind.url_env:
         return f"{kind_name}: no engine URL given, using {url} (from {kind.url_env})"
     return f"{kind_name}: no engine URL given, using {url} ({kind.port_env} on 127.0.0.1; {kind.url_env} is not set)"

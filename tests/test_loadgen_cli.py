@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 import os
@@ -524,3 +525,42 @@ def test_an_engine_without_a_url_says_which_url_it_chose(server, tmp_path, knob)
     engine = RunFolder(tmp_path / "r").manifest()["engines"]["vllm"]
     assert engine["url"] == server.url and engine["url_from"] == knob
     assert server.stats.requests == 3
+
+
+def test_credentials_in_urls_are_sent_but_never_shown_or_stored(server, tmp_path):
+    engine = server.url.replace("http://", "http://zqx-user:s3cr%40t@")  # the password is s3cr@t
+    proc = loadgen(
+        "compare",
+        "--engine",
+        f"vllm={engine}",
+        "--no-seed4",
+        "--burst-pause",
+        "0.05",
+        "--grafana-url",
+        "http://admin:gr4fana@127.0.0.1:9",
+        "--results",
+        str(tmp_path),
+        "--run-id",
+        "cred",
+        "--metrics-port",
+        "0",
+    )
+    assert proc.returncode == 0, proc.stderr
+    # Sent: every chat request (warm-up, 3 sequential, 3 in the burst) carried the engine URL's credentials.
+    assert server.stats.authorizations == {"Basic " + base64.b64encode(b"zqx-user:s3cr@t").decode(): 7}
+    folder = tmp_path / "cred"
+    stored = {path.name: path.read_text(errors="replace") for path in folder.iterdir()}
+    assert {"manifest.json", "requests.jsonl", "locust.html", "locust_stats.csv"} <= set(stored)
+    for where, text in {"stdout": proc.stdout, "stderr": proc.stderr, **stored}.items():
+        assert "s3cr" not in text and "zqx-user" not in text and "gr4fana" not in text, where
+    manifest = RunFolder(folder).manifest()
+    assert manifest["engines"]["vllm"]["url"] == server.url.replace("http://", "http://***@")
+    assert "vllm=http://***@127.0.0.1:" in manifest["command"]
+    assert manifest["flags"]["grafana_url"] == "http://***@127.0.0.1:9"
+    assert "GRAFANA_URL=http://***@127.0.0.1:9" in proc.stderr
+
+
+def test_a_bad_engine_url_with_credentials_is_refused_without_showing_them(tmp_path):
+    proc = loadgen("burst", "--engine", "vllm=http://alice:s3cret@127.0.0.1:99999", "--results", str(tmp_path))
+    assert proc.returncode == 2 and "s3cret" not in proc.stderr and "alice" not in proc.stderr
+    assert "'vllm=http://***@127.0.0.1:99999'" in proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -172,6 +173,24 @@ def test_a_bad_value_in_the_form_is_one_line_and_the_next_start_runs(webui, serv
     assert answer.json()["success"]
     wait_for_chat_requests(base, 2)
     assert finished_run(results).manifest()["status"] == "complete"
+
+
+def test_credentials_in_the_engine_url_are_sent_but_stay_out_of_the_output_and_the_run_folder(server, tmp_path):
+    url = server.url.replace("http://", "http://zqx-user:s3cret@")
+    results = tmp_path / "results"
+    proc, base = start_webui(tmp_path, "--results", str(results), "--engine-url", url, "--users", "2")
+    try:
+        form = {"user_count": "2", "spawn_rate": "2", "host": url, "scenario": "burst", "max_tokens": "4"}
+        assert requests.post(f"{base}/swarm", data=form, timeout=10).json()["success"]
+        wait_for_chat_requests(base, 2)
+        folder = finished_run(results)
+    finally:
+        stop_process(proc, 15)
+    assert server.stats.authorizations == {"Basic " + base64.b64encode(b"zqx-user:s3cret").decode(): 2}
+    assert folder.manifest()["engines"]["vllm"]["url"] == server.url.replace("http://", "http://***@")
+    for path in [tmp_path / "webui.log", *folder.path.iterdir()]:
+        text = path.read_text(errors="replace")
+        assert "s3cret" not in text and "zqx-user" not in text, path.name
 
 
 @pytest.mark.browser
