@@ -7,7 +7,6 @@ from locust.env import Environment
 from locust.event import Events
 
 import argparse
-import dataclasses
 import os
 import signal
 import statistics
@@ -20,16 +19,15 @@ from gevent.event import Event
 
 from loadgen import client as llm
 from loadgen import options
-from loadgen import prompts as prompt_sets
 from loadgen.annotations import PhaseAnnotator
+from loadgen.commands import USAGE_ERRORS, UsageError, build_parser, prepare
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
 from loadgen.manifest import build as build_manifest
-from loadgen.prompts import PromptSet
 from loadgen.recorder import Recorder
-from loadgen.scenarios import BurstPhase, LoadRun, Phase, SequentialPhase, Settings, build_phases, spawn_rate_for
-from loadgen.targets import Target, TargetError, chosen_url_line, default_url, parse_engine, probe
+from loadgen.scenarios import LoadRun, Settings, spawn_rate_for
+from loadgen.targets import Target, chosen_url_line, default_url, probe
 from servescope import knobs
 from servescope.runfolder import RunFolder
 from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
@@ -38,51 +36,6 @@ from servescope.urls import redact_text, redact_userinfo
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-
-class UsageError(Exception):
-    """Bad input from the user: one line on stderr, no traceback."""
-
-
-COMMANDS = {
-    "compare": "the seed's experiment: per engine warm-up, matched-set sequential, burst",
-    "sequential": "one user, the prompt set back to back",
-    "burst": "N requests released at the same instant, awaited, K times",
-    "ramp": "steps of closed-loop users, each held",
-    "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
-    "sweep": "one closed-loop phase per concurrency level",
-}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = options.ArgumentParser(prog="python -m loadgen", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for command, text in COMMANDS.items():
-        options.add_command_options(sub.add_parser(command, help=text), command)
-    webui = sub.add_parser(
-        "webui",
-        help="Locust's web UI on LOCUST_PORT (127.0.0.1), opened pre-filled: Host = the engine URL, "
-        "Number of users = the burst size, scenario and engine under Custom parameters",
-    )
-    webui.add_argument("--port", type=int, default=knobs.get_int("LOCUST_PORT"))
-    webui.add_argument("--bind", default=knobs.get("SERVESCOPE_BIND"))
-    webui.add_argument(
-        "--users",
-        type=int,
-        default=knobs.get_int("BURST_SIZE"),
-        help="the form's Number of users: the burst size of the burst scenario (default BURST_SIZE: %(default)s)",
-    )
-    options.add_command_options(webui, "webui")
-    return parser
-
-
-def _models(specs: list[str]) -> dict[str, str]:
-    """`--model NAME` for every engine, `--model vllm=NAME` for one instance."""
-    models: dict[str, str] = {}
-    for spec in specs:
-        name, sep, model = spec.partition("=")
-        models[name if sep else "*"] = model if sep else name
-    return models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         llm.check_geventhttpclient()
         return run_headless(args)
-    except (UsageError, TargetError, prompt_sets.PromptSetError, ValueError, llm.HttpClientError) as exc:
+    except (*USAGE_ERRORS, llm.HttpClientError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -125,43 +78,12 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
     return 0  # not reached
 
 
-def _plan(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet) -> list[Phase]:
-    """The phases of the whole run, engine after engine, in the order they will run."""
-    phases: list[Phase] = []
-    for target in targets:
-        settings = Settings(
-            target=target,
-            prompt_set=prompt_set,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            timeout_s=args.request_timeout,
-        )
-        if args.command == "compare":
-            # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
-            # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
-            phases.append(SequentialPhase(settings, name="sequential", count=args.burst_size))
-            phases.append(BurstPhase(settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause))
-            if not args.no_seed4 and prompt_set.name != "seed4":
-                seed4 = dataclasses.replace(settings, prompt_set=prompt_sets.load("seed4"))
-                phases.append(SequentialPhase(seed4, name="sequential-seed4"))
-        else:
-            phases.extend(build_phases(args.command, settings, args))
-    return phases
-
-
 def run_headless(args: argparse.Namespace) -> int:
-    if not args.engine:
-        raise UsageError("give at least one --engine NAME=URL (e.g. --engine vllm=http://127.0.0.1:8009)")
-    if args.http_client not in llm.TRANSPORTS:
-        raise UsageError(f"--http-client {args.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}")
-    targets = [parse_engine(spec, ignore_eos=not args.no_ignore_eos) for spec in args.engine]
+    plan = prepare(args)
+    targets, prompt_set, phases = plan.targets, plan.prompt_set, plan.phases
     for target in targets:
         if target.url_from:
             print(f"loadgen: {chosen_url_line(target.kind, target.url)}", flush=True)
-    instances = [t.instance for t in targets]
-    if len(set(instances)) != len(instances):
-        raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
-    prompt_set = prompt_sets.load(args.prompts)
     try:
         folder = RunFolder.create(Path(args.results), args.run_id)
     except FileExistsError:
@@ -205,9 +127,8 @@ def run_headless(args: argparse.Namespace) -> int:
     if metrics is not None:
         recorder.line(f"client metrics on http://{bind}:{args.metrics_port}/metrics")
 
-    models = _models(args.model)
     for target in targets:
-        probe(target, models.get(target.instance) or models.get(target.kind) or models.get("*"))
+        probe(target, plan.model_for(target))
         version = target.info.get("version") or "unknown"
         problems = (
             f" (engine not answering: {target.info['probe_errors'][0]})" if target.info.get("probe_errors") else ""
@@ -217,7 +138,6 @@ def run_headless(args: argparse.Namespace) -> int:
             f"model {target.model or '?'}{redact_text(problems)}"
         )
 
-    phases = _plan(args, targets, prompt_set)
     used_sets = {prompt_set.name: prompt_set}
     for phase in phases:
         used_sets.setdefault(phase.settings.prompt_set.name, phase.settings.prompt_set)

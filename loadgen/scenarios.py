@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -143,17 +142,20 @@ class SequentialPhase(Phase):
     def __init__(self, settings: Settings, name: str = "sequential", repeat: int = 1, count: int | None = None):
         super().__init__(settings, name, users=1)
         # `count` sends the first COUNT prompts, cycling, exactly as a burst of COUNT does: the matched set.
-        count = len(settings.prompt_set.prompts) * repeat if count is None else count
-        self.queue = deque(Work(settings.prompt_set[i], name) for i in range(count))
+        # Handed out one at a time (nothing queued up front: the memory of a run does not grow with its length).
+        self.count = len(settings.prompt_set.prompts) * repeat if count is None else count
+        self.issued = 0
 
     def next_work(self) -> Work | None:
-        if not self.queue:
+        if self.exhausted():
             return None
+        work = Work(self.settings.prompt_set[self.issued], self.name)
+        self.issued += 1
         self.in_flight += 1
-        return self.queue.popleft()
+        return work
 
     def exhausted(self) -> bool:
-        return not self.queue
+        return self.issued >= self.count
 
 
 class BurstPhase(Phase):
