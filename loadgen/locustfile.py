@@ -421,7 +421,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
             run.recorder.request(record)
             phase = run.phase_named(record.phase)
             if phase is not None:
-                phase.add_record(record, record.e2e_s or 0.0)
+                phase.add_worker_record(record)
 
         runner.register_message(RECORD_MESSAGE, store_record)
 
@@ -432,8 +432,10 @@ def _on_test_start(environment, **_kwargs) -> None:
         return
     options = environment.parsed_options
     if isinstance(environment.runner, WorkerRunner):
-        run = _new_run(environment, ForwardingRecorder(environment.runner))
-        run.follow_master()
+        runner = environment.runner
+        run = _new_run(environment, ForwardingRecorder(runner))
+        # This worker's share of each user class, as the master dispatched it (known once its users are spawned).
+        run.follow_master(lambda user_class: runner.target_user_classes_count.get(user_class, 0))
         # The master's "phase 0" message came before this run existed: start on the first phase.
         run.advance()
         environment.servescope_run = run
