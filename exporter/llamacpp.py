@@ -18,8 +18,8 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
 from exporter.upstream import MISSING
-from exporter.vllm import parse_exposition
 from servescope import series
+from servescope.exposition import parse_exposition
 
 LLAMACPP_SAMPLES = frozenset(
     (

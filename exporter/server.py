@@ -107,8 +107,12 @@ def metrics_app(exporter: Exporter) -> web.Application:
 
     async def metrics(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        # `?name[]=...` (prometheus_client's own filter) reads only the collectors that produce those
+        # series: the run's sampler asks for the engine gauges 10x a second, not for the resource budget.
+        names = request.query.getall("name[]", [])
+        registry = exporter.registry.restricted_registry(names) if names else exporter.registry
         # Collectors block on engine HTTP calls: keep them off the event loop the proxies share.
-        body = await asyncio.get_running_loop().run_in_executor(None, encoder, exporter.registry)
+        body = await asyncio.get_running_loop().run_in_executor(None, encoder, registry)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     app = web.Application()

@@ -16,10 +16,10 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
-from servescope import series
+from servescope import kv_arithmetic, series
+from servescope.exposition import Samples, parse_exposition
 
 # vLLM renamed its KV gauge in 0.9.2 and kept both until 0.11: read the new one when present.
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -36,30 +36,6 @@ VLLM_SAMPLES = frozenset(
         "vllm:cache_config_info",
     )
 )
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def parse_exposition(text: str, wanted: frozenset[str]) -> Samples:
-    """Sample name -> [(labels, value)] for the `wanted` samples of a Prometheus text page.
-
-    Only the wanted sample lines are handed to prometheus_client's parser; ValueError when one of
-    them is malformed or when the page has none of them (an HTML error page, another server).
-    """
-    prefixes = tuple(wanted)  # str.startswith with a tuple: the per-line test stays in C
-    lines = []
-    for line in text.splitlines():
-        if line.startswith(prefixes):
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in wanted:
-                lines.append(line)
-    if not lines:
-        raise ValueError(f"none of {', '.join(sorted(wanted))} on the page")
-    samples: Samples = defaultdict(list)
-    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        for sample in family.samples:
-            samples[sample.name].append((sample.labels, float(sample.value)))
-    return samples
 
 
 def by_model(samples: Samples, name: str, *, mean: bool = False) -> dict[str, float]:
@@ -132,15 +108,13 @@ class VllmCollector(EngineCollector):
         block_size: dict[str, float] = {}
         blocks: dict[str, float] = defaultdict(float)
         for labels, _ in samples.get("vllm:cache_config_info", ()):
-            try:
-                size = float(labels["block_size"])
-                count = float(labels["num_gpu_blocks"])
-            except (KeyError, ValueError):
+            pool = kv_arithmetic.pool_from_cache_config(labels)
+            if pool is None:
                 continue  # "None" before the engine has profiled its memory
             # cache_config_info carries no model_name in most versions: one served model owns the pool.
             model = labels.get("model_name") or (next(iter(served)) if len(served) == 1 else "")
-            block_size[model] = size
-            blocks[model] += count
+            block_size[model] = pool.block_size
+            blocks[model] += pool.blocks
         if not block_size:
             return
         families = {
@@ -148,13 +122,15 @@ class VllmCollector(EngineCollector):
             for name in (series.KV_BLOCK_SIZE, series.KV_BLOCKS, series.KV_CAPACITY_TOKENS, series.KV_MAX_CONCURRENCY)
         }
         for model, size in block_size.items():
-            capacity = blocks[model] * size
+            capacity = kv_arithmetic.capacity_tokens(blocks[model], size)
             families[series.KV_BLOCK_SIZE].add_metric(self.labels(model), size)
             families[series.KV_BLOCKS].add_metric(self.labels(model), blocks[model])
             families[series.KV_CAPACITY_TOKENS].add_metric(self.labels(model), capacity)
             max_model_len = served.get(model)
             if max_model_len:
-                families[series.KV_MAX_CONCURRENCY].add_metric(self.labels(model), capacity / max_model_len)
+                families[series.KV_MAX_CONCURRENCY].add_metric(
+                    self.labels(model), kv_arithmetic.max_concurrency(capacity, max_model_len)
+                )
         yield from families.values()
 
 

@@ -30,6 +30,7 @@ from loadgen.summary import print_summary
 from loadgen.targets import Target, chosen_url_line, default_url, probe
 from servescope import knobs
 from servescope.runfolder import RunFolder
+from servescope.sampler import Sampler
 from servescope.urls import redact_text, redact_userinfo
 
 EXIT_FAILED = 1
@@ -137,6 +138,8 @@ def run_headless(args: argparse.Namespace) -> int:
             f"model {target.model or '?'}{redact_text(problems)}"
         )
 
+    sampler = Sampler.for_run(folder, [(t.kind, t.instance) for t in targets])  # engine gauges into samples.jsonl
+    recorder.line(sampler.describe())
     used_sets = {prompt_set.name: prompt_set}
     for phase in phases:
         used_sets.setdefault(phase.settings.prompt_set.name, phase.settings.prompt_set)
@@ -193,8 +196,10 @@ def run_headless(args: argparse.Namespace) -> int:
                 if not _warmup(target, phase.settings, args, recorder, interrupted):
                     break
             run.advance()
+            sampler.start(phase.name)
             runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
             gevent.wait([phase.done, interrupted, run.aborted], count=1)
+            sampler.stop()
             if interrupted.is_set() or run.aborted.is_set():
                 break
             phase.emit()
@@ -211,6 +216,7 @@ def run_headless(args: argparse.Namespace) -> int:
         # Close the last phase (its PhaseRecords; an interrupted one keeps what finished); skip what never started.
         run.finish()
     finally:
+        sampler.close()
         runner.stop()
         runner.quit()
         if recorder.failure is None:  # a folder that refused a record would refuse these too

@@ -38,6 +38,7 @@ class CrossCheck:
     client_e2e_mean_s: float | None = None
     client_ttft_mean_s: float | None = None
     engine_first_token_mean_s: float | None = None  # what the engine says it spent before the first token
+    histogram_means_s: dict[str, float] = field(default_factory=dict)  # vLLM: queue, prefill, decode, server_e2e
     cold_loads: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -54,17 +55,34 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def ollama_durations(r: RequestRecord) -> tuple[float, float, float, float] | None:
+    """(total, load, prompt eval, eval) seconds from Ollama's final object; None without them."""
+    st = r.engine_stats or {}
+    total, load, pe, ev = (
+        _ns(st, k) for k in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
+    )
+    if total is None:
+        return None
+    return total, load or 0.0, pe or 0.0, ev or 0.0
+
+
+def llamacpp_timings(r: RequestRecord) -> tuple[float, float, Any, Any] | None:
+    """(prompt s, predicted s, cache_n, predicted_n) from llama.cpp's `timings`; None without them."""
+    st = r.engine_stats or {}
+    t = st.get("timings") if isinstance(st.get("timings"), dict) else st
+    pm, dm = t.get("prompt_ms"), t.get("predicted_ms")
+    if not isinstance(pm, (int, float)) or not isinstance(dm, (int, float)):
+        return None
+    return pm / 1000.0, dm / 1000.0, t.get("cache_n"), t.get("predicted_n")
+
+
 def ollama(instance: str, records: list[RequestRecord]) -> CrossCheck:
     rows = []
     for r in records:
-        st = r.engine_stats or {}
-        total, load, pe, ev = (
-            _ns(st, k) for k in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
-        )
-        if total is None or r.e2e_s is None:
+        durations = ollama_durations(r)
+        if durations is None or r.e2e_s is None:
             continue
-        load, pe, ev = load or 0.0, pe or 0.0, ev or 0.0
-        rows.append((r, total, load, pe, ev))
+        rows.append((r, *durations))
     cc = CrossCheck(
         instance,
         "ollama",
@@ -96,12 +114,10 @@ def ollama(instance: str, records: list[RequestRecord]) -> CrossCheck:
 def llamacpp(instance: str, records: list[RequestRecord]) -> CrossCheck:
     rows = []
     for r in records:
-        st = r.engine_stats or {}
-        t = st.get("timings") if isinstance(st.get("timings"), dict) else st
-        pm, dm = t.get("prompt_ms"), t.get("predicted_ms")
-        if not isinstance(pm, (int, float)) or not isinstance(dm, (int, float)) or r.e2e_s is None:
+        timings = llamacpp_timings(r)
+        if timings is None or r.e2e_s is None:
             continue
-        rows.append((r, pm / 1000.0, dm / 1000.0, t.get("cache_n"), t.get("predicted_n")))
+        rows.append((r, *timings))
     cc = CrossCheck(
         instance,
         "llamacpp",
@@ -168,6 +184,7 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
     )
     cc.client_e2e_mean_s = statistics.fmean(r.e2e_s for r in ok)
     cc.client_ttft_mean_s = _mean([r.ttft_s for r in ok if r.ttft_s is not None])
+    cc.histogram_means_s = means
     cc.components_mean_s["queue"] = means["queue"]
     if "prefill" in means or "decode" in means:
         cc.components_mean_s["compute"] = means.get("prefill", 0.0) + means.get("decode", 0.0)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from report.load import Run
+import re
+
+from report.load import EngineInfo, Run
 from report.table import TableRow
 
 
@@ -72,14 +74,9 @@ def warnings(run: Run, rows: list[TableRow]) -> list[str]:
                 f"engine's own queue, so its burst shape reflects that setting as much as the engine"
             )
 
-    # Different weights.
-    models = {i: (e.model, e.quantization, e.weights) for i, e in run.engines.items()}
-    if len({m for m in models.values()}) > 1:
-        described = "; ".join(f"{i}: " + " ".join(x for x in m if x) for i, m in models.items())
-        out.append(
-            f"different weights across engines ({described or 'unknown'}): absolute speeds compare models "
-            f"as much as engines"
-        )
+    weights = weights_warning(run)
+    if weights:
+        out.append(weights)
 
     # ignore_eos on some engines only.
     eos = {
@@ -105,6 +102,73 @@ def warnings(run: Run, rows: list[TableRow]) -> list[str]:
             f"left out of latency percentiles"
         )
     return out
+
+
+# Spellings of one precision across engines: vLLM's --dtype, GGUF file types, Ollama's quantization level.
+_PRECISION_ALIASES = {
+    "fp32": "float32",
+    "f32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+}
+# A GGUF names its file type before the extension: SmolLM2-135M-Instruct.Q4_1.gguf, model-IQ3_XS.gguf, x.F16.gguf.
+_GGUF_TYPE = re.compile(r"[-._](I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)\.gguf$", re.IGNORECASE)
+
+
+def precision(info: EngineInfo) -> tuple[str | None, str]:
+    """The precision an engine served its weights at, and where that came from (for the reader to judge)."""
+    if info.quantization:
+        return info.quantization, "recorded"
+    dtype, source = info.flag_source("dtype", "VLLM_DTYPE")
+    if dtype:
+        return str(dtype), "--dtype" + ("" if source == "run" else ", per this checkout's knobs")
+    ftype, _ = info.flag_source("model_ftype", "ftype")
+    if ftype:
+        return str(ftype), "the engine's model_ftype"
+    for name in (info.weights, info.model):
+        match = _GGUF_TYPE.search(name or "")
+        if match:
+            return match.group(1), f"the GGUF file name {name.rsplit('/', 1)[-1]}"
+    return None, "not recorded"
+
+
+def _same_precision(a: str | None, b: str | None) -> bool:
+    norm = [_PRECISION_ALIASES.get(x.lower(), x.lower()) if x else None for x in (a, b)]
+    return norm[0] is not None and norm[0] == norm[1]
+
+
+def weights_warning(run: Run) -> str | None:
+    """Different models, or one model at different precisions (vLLM's float32 beside llama.cpp's Q4_1 of it)."""
+    engines = run.engines
+    if len(engines) < 2:
+        return None
+    models = {i: e.model for i, e in engines.items()}
+    if len(set(models.values())) > 1 or not next(iter(models.values())):
+        described = "; ".join(
+            f"{i}: " + " ".join(x for x in (e.model, e.quantization, e.weights) if x) for i, e in engines.items()
+        )
+        return (
+            f"different weights across engines ({described or 'unknown'}): absolute speeds compare models "
+            f"as much as engines"
+        )
+    model = next(iter(models.values()))
+    found = {i: precision(e) for i, e in engines.items()}
+    values = [p for p, _ in found.values()]
+    if all(_same_precision(values[0], v) for v in values[1:]):
+        return None
+    described = "; ".join(f"{i}: {p or 'unknown'} ({where})" for i, (p, where) in found.items())
+    if None in values:
+        return (
+            f"same model ({model}) but its precision is not recorded for every engine ({described}): if the "
+            f"precisions differ, absolute speeds compare them as much as the engines"
+        )
+    return (
+        f"same source weights ({model}) at different precisions ({described}): absolute speeds compare the "
+        f"precisions (and their kernels) as much as the engines"
+    )
 
 
 def _truthy(value) -> bool | None:

@@ -8,32 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from servescope import engines, knobs
-from servescope.runfolder import MANIFEST, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, latest
-
-# Fields a record cannot be reported without; everything else gets the contract's default.
-_REQUEST_REQUIRED = ("engine", "started_at", "ok")
-_REQUEST_DEFAULTS: dict[str, Any] = {
-    "instance": None,
-    "scenario": "unknown",
-    "phase": "unknown",
-    "api": "",
-    "model": "",
-    "prompt_set": "",
-    "prompt_set_sha256": "",
-    "prompt_id": "",
-    "max_tokens": 0,
-    "status": 0,
-}
-_PHASE_REQUIRED = ("engine", "phase", "started_at", "ended_at")
-_PHASE_DEFAULTS: dict[str, Any] = {
-    "instance": None,
-    "scenario": "unknown",
-    "requests": 0,
-    "concurrency": 1,
-    "prompt_set": "",
-    "prompt_set_sha256": "",
-    "max_tokens": 0,
-}
+from servescope.runfolder import MANIFEST, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, Skips, latest
 
 
 class RunError(Exception):
@@ -119,25 +94,17 @@ def resolve(arg: str | None, results_dir: Path) -> Path:
 
 
 def load(path: Path) -> Run:
-    """Load a run folder; skips what it cannot read and records why in Run.warnings."""
+    """Load a run folder; skips what it cannot read and records why in Run.warnings (one line per reason)."""
     path = Path(path)
     warnings: list[str] = []
     folder = RunFolder(path)
-    if (path / MANIFEST).exists():
-        try:
-            manifest = folder.manifest()
-        except (json.JSONDecodeError, OSError) as exc:
-            raise RunError(f"{path / MANIFEST}: unreadable manifest ({exc})") from None
-        if not isinstance(manifest, dict):
-            raise RunError(f"{path / MANIFEST}: expected a JSON object")
-    elif (path / REQUESTS).exists():
-        manifest = {}
-        warnings.append(f"no {MANIFEST} in {path}: setup section limited to what the records say")
-    else:
+    if not (path / MANIFEST).exists() and not (path / REQUESTS).exists():
         raise RunError(f"{path} is not a run folder (no {MANIFEST}, no {REQUESTS})")
-
-    requests = [r for r in (_request(d, warnings) for d in _read_jsonl(path / REQUESTS, warnings)) if r is not None]
-    phases = [p for p in (_phase(d, warnings) for d in _read_jsonl(path / PHASES, warnings)) if p is not None]
+    manifest = _manifest(folder, warnings)
+    skips = Skips()
+    requests = list(folder.requests(skips))
+    phases = list(folder.phases(skips))
+    warnings += skips.lines()
     if requests and not phases:
         phases = _phases_from_requests(requests)
         warnings.append(f"no {PHASES}: phases reconstructed from requests (wall = first send to last finish)")
@@ -148,66 +115,23 @@ def load(path: Path) -> Run:
     return Run(path, run_id, manifest, requests, phases, run_engines, warnings)
 
 
-def _read_jsonl(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    out = []
-    for lineno, line in enumerate(lines, start=1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
-            where = "torn last record (run killed mid-write?)" if lineno == len(lines) else "not a JSON record"
-            warnings.append(f"{path.name}:{lineno}: {where}, skipped")
-            continue
-        if not isinstance(data, dict):
-            warnings.append(f"{path.name}:{lineno}: not a JSON object, skipped")
-            continue
-        data["_line"] = lineno
-        out.append(data)
-    return out
-
-
-def _request(data: dict[str, Any], warnings: list[str]) -> RequestRecord | None:
-    missing = [k for k in _REQUEST_REQUIRED if data.get(k) is None]
-    if missing:
-        warnings.append(f"{REQUESTS}:{data['_line']}: missing {', '.join(missing)}, skipped")
-        return None
-    merged = {**_REQUEST_DEFAULTS, **{k: v for k, v in data.items() if v is not None or k not in _REQUEST_DEFAULTS}}
-    if merged["instance"] is None:
-        merged["instance"] = merged["engine"]
-    if merged.get("itl_s") is None:
-        merged["itl_s"] = []
-    if merged.get("engine_stats") is None:
-        merged["engine_stats"] = {}
+def _manifest(folder: RunFolder, warnings: list[str]) -> dict[str, Any]:
+    """The manifest as a dict; a missing or unreadable one costs the setup details, never the records."""
+    if not (folder.path / MANIFEST).exists():
+        warnings.append(f"no {MANIFEST} in {folder.path}: setup section limited to what the records say")
+        return {}
     try:
-        record = RequestRecord.from_dict(merged)
-        record.started_at = float(record.started_at)
-    except (TypeError, ValueError) as exc:
-        warnings.append(f"{REQUESTS}:{data['_line']}: unusable record ({exc}), skipped")
-        return None
-    record.ok = bool(record.ok)
-    return record
-
-
-def _phase(data: dict[str, Any], warnings: list[str]) -> PhaseRecord | None:
-    missing = [k for k in _PHASE_REQUIRED if data.get(k) is None]
-    if missing:
-        warnings.append(f"{PHASES}:{data['_line']}: missing {', '.join(missing)}, skipped")
-        return None
-    merged = {**_PHASE_DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
-    if merged["instance"] is None:
-        merged["instance"] = merged["engine"]
-    try:
-        record = PhaseRecord.from_dict(merged)
-        record.started_at, record.ended_at = float(record.started_at), float(record.ended_at)
-    except (TypeError, ValueError) as exc:
-        warnings.append(f"{PHASES}:{data['_line']}: unusable record ({exc}), skipped")
-        return None
-    return record
+        manifest = folder.manifest()
+    except (ValueError, OSError, RecursionError) as exc:
+        problem = f"unreadable ({exc})"
+    else:
+        if isinstance(manifest, dict):
+            return manifest
+        problem = "not a JSON object"
+    if not (folder.path / REQUESTS).exists():
+        raise RunError(f"{folder.path / MANIFEST}: {problem}, and no {REQUESTS} to report on")
+    warnings.append(f"{MANIFEST}: {problem}: setup section limited to what the records say")
+    return {}
 
 
 def _phases_from_requests(requests: list[RequestRecord]) -> list[PhaseRecord]:
@@ -303,7 +227,7 @@ def _engines(
 # The knobs `make up` starts each engine with: the report falls back on them (and says so) when a run
 # folder does not record the setting, since the engines do not report it over their APIs.
 _KNOBS_BY_KIND = {
-    "vllm": ("VLLM_MAX_NUM_SEQS", "VLLM_MAX_MODEL_LEN", "VLLM_CPU_KVCACHE_SPACE"),
+    "vllm": ("VLLM_MAX_NUM_SEQS", "VLLM_MAX_MODEL_LEN", "VLLM_CPU_KVCACHE_SPACE", "VLLM_DTYPE"),
     "llamacpp": ("LLAMACPP_PARALLEL", "LLAMACPP_CTX"),
     "ollama": ("OLLAMA_NUM_PARALLEL",),
 }

@@ -6,7 +6,7 @@ import datetime as dt
 import re
 from typing import Any
 
-from report import compare, crosscheck, fairness, gauges, latency, plots, stats, sweep, table, verdict
+from report import compare, crosscheck, fairness, gauges, latency, plots, stats, sweep, table, ttft_split, verdict
 from report.load import Run
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
 from servescope import series
@@ -47,10 +47,11 @@ def build(
     gauge_report = gauges.collect(run, prometheus_url, client)
     prom = (client or gauges.Prometheus(prometheus_url)) if gauge_report.reachable else None
     checks = crosscheck.build(run, prom)
-    verdicts = verdict.build(run, gauge_report)
+    splits = ttft_split.build(run, checks)
     kv = verdict.kv_arithmetic(run, gauge_report)
     sweeps_ = sweep.sweeps(run)
     drains = sweep.bursts(run, gauge_report)
+    verdicts = verdict.build(run, gauge_report, drains, splits, kv)
     if baseline is not None:
         deltas, how = compare.between_runs(run, baseline)
     else:
@@ -85,14 +86,16 @@ def build(
             figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario.")
             + figure("tokens", "Output tokens per request."),
         ),
-        _crosscheck(run, checks, figure("crosscheck", "Mean seconds per request by component, against client E2E.")),
+        _crosscheck(
+            run, checks, splits, figure("crosscheck", "Mean seconds per request by component, against client E2E.")
+        ),
         _gauges(
             run,
             gauge_report,
             figure(
                 "gauges",
                 "Running and waiting requests (left axis) and KV cache usage "
-                "(right axis) over the run; shaded bands are load phases.",
+                "(right axis) over the run; shaded bands are load phases; breaks are reads that got no value.",
             ),
         ),
         _verdict(run, verdicts, kv),
@@ -141,6 +144,7 @@ def build(
             "cold_load_threshold_s": crosscheck.COLD_LOAD_S,
             "engines": crosscheck.to_json(checks),
         },
+        "ttft_split": ttft_split.to_json(splits),
         "gauges": gauges.to_json(gauge_report),
         "verdict": verdict.to_json(verdicts, kv),
         "sweeps": sweep.to_json(sweeps_, drains),
@@ -337,7 +341,9 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
     return sec
 
 
-def _crosscheck(run: Run, checks: list[crosscheck.CrossCheck], figs: list[Figure]) -> Section:
+def _crosscheck(
+    run: Run, checks: list[crosscheck.CrossCheck], splits: list[ttft_split.TtftSplit], figs: list[Figure]
+) -> Section:
     sec = Section("4. Engine-side cross-check")
     sec.add(
         Bullets(
@@ -381,7 +387,48 @@ def _crosscheck(run: Run, checks: list[crosscheck.CrossCheck], figs: list[Figure
         sec.add(Bullets(notes))
     for fig_ in figs:
         sec.add(fig_)
+    _ttft_split(run, splits, sec)
     return sec
+
+
+def _ttft_split(run: Run, splits: list[ttft_split.TtftSplit], sec: Section) -> None:
+    """Each request's TTFT split into the engine's parts (bursts by arrival order first), per engine."""
+    sec.add(Paragraph("TTFT split, where the engine gives the parts:"))
+    sec.add(Bullets([f"{k}: {v}" for k, v in ttft_split.PART_HELP.items()]))
+    rows = []
+    for s in splits:
+        title = run.engines[s.instance].title
+        if not s.available:
+            rows.append([title, "mean", "n/a", *["n/a"] * len(ttft_split.PARTS), s.source])
+            continue
+        share = "n/a" if s.queue_share is None else f"queue {s.queue_share:.0%} of TTFT"
+        label = "mean (aggregate)" if s.aggregate else f"mean of {len(s.requests)}"
+        rows.append([title, label, _ms(s.ttft_mean_s), *[_ms(s.means_s.get(p)) for p in ttft_split.PARTS], share])
+        shown = sorted(
+            (r for r in s.requests if r.arrival_index is not None), key=lambda r: (r.phase, r.arrival_index)
+        )[:12]
+        for r in shown:
+            rows.append(
+                [
+                    title,
+                    f"{r.phase} #{r.arrival_index + 1}",
+                    _ms(r.ttft_s),
+                    *[_ms(r.parts_s.get(p)) for p in ttft_split.PARTS],
+                    "",
+                ]
+            )
+    sec.add(
+        Table(
+            ["Engine", "Request", "TTFT ms", *[f"{p.replace('_', ' ')} ms" for p in ttft_split.PARTS], "Note"],
+            rows,
+            "Per engine: the mean split, then the burst requests by arrival order (all requests in report.json)",
+        )
+    )
+    notes = [
+        f"{run.engines[s.instance].title}: {n}" for s in splits for n in ([s.source] if s.available else []) + s.notes
+    ]
+    if notes:
+        sec.add(Bullets(notes))
 
 
 def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section:
@@ -390,9 +437,9 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
         return sec.add(Paragraph(f"No gauge data: {report.reason}."))
     sec.add(
         Paragraph(
-            f"From Prometheus ({report.reason}) over {_utc(report.window[0])} to {_utc(report.window[1])}: "
-            f"{', '.join(series.LEVER_GAUGES)}. Gauges are scrape-time snapshots, so a queue shorter "
-            f"than the scrape interval can be missed."
+            f"From {report.reason} over {_utc(report.window[0])} to {_utc(report.window[1])}: "
+            f"{', '.join(series.LEVER_GAUGES)}. Gauges are snapshots: a queue shorter than the interval between "
+            f"two reads can be missed, and a read that got no value is missing, never filled in."
         )
     )
     rows = []
@@ -418,6 +465,36 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
             "Peaks over the run",
         )
     )
+    coverage = [
+        [
+            run.engines[instance].title,
+            c.phase,
+            _s(c.wall_s, 2),
+            str(c.samples),
+            str(c.missing),
+            "; ".join(c.reasons) or "none",
+        ]
+        for instance, eg in report.engines.items()
+        for c in eg.coverage.values()
+    ]
+    if coverage:
+        sec.add(
+            Table(
+                ["Engine", "Phase", "Wall", "Samples", "Missing", "Why missing"],
+                coverage,
+                "Samples inside each load phase (the run's own samples)",
+            )
+        )
+    scraped = [
+        f"{run.engines[i].title}: Prometheus' scrapes saw peak running {_num(eg.prometheus_peaks.get(series.REQUESTS_RUNNING))}, "
+        f"waiting {_num(eg.prometheus_peaks.get(series.REQUESTS_WAITING))} over the same run"
+        for i, eg in report.engines.items()
+        if eg.prometheus_peaks
+    ]
+    if scraped:
+        sec.add(Bullets(scraped))
+    if report.warnings:
+        sec.add(Bullets(report.warnings))
     for fig_ in figs:
         sec.add(fig_)
     return sec
@@ -428,8 +505,8 @@ def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArith
     sec.add(Paragraph(verdict.RULE))
     sec.add(
         Table(
-            ["Engine", "Verdict", "Evidence"],
-            [[run.engines[v.instance].title, v.text, v.evidence or "n/a"] for v in verdicts],
+            ["Engine", "Verdict", "Evidence", "Where the evidence disagrees"],
+            [[run.engines[v.instance].title, v.text, v.evidence or "n/a", v.disagreement or "-"] for v in verdicts],
         )
     )
     lines = [f"{run.engines[a.instance].title}: {line}" for a in kv for line in a.lines]

@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 from report import stats
 from report.gauges import GaugeReport
 from report.load import Run
-from servescope import series
+from servescope import series, thresholds
+from servescope.runfolder import RequestRecord
 
 KNEE_FRACTION = 0.9
 KNEE_RULE = (
@@ -17,7 +18,7 @@ KNEE_RULE = (
 )
 DRAIN_RULE = (
     "queue drained = the moment the last request of the burst received its first token (every request admitted), "
-    "measured from the burst's first send; from the gauges: the first scrape after the peak where waiting is back to 0"
+    "measured from the burst's first send; from the gauges: the first sample after the peak where waiting is back to 0"
 )
 TABLE_SCENARIOS = ("sequential", "burst")
 
@@ -56,6 +57,9 @@ class BurstDrain:
     drain_s: float | None  # client side: last first-token minus first send
     gauge_drain_s: float | None  # gauge side: waiting back to 0
     ttft_by_arrival: list[tuple[int, float | None]] = field(default_factory=list)
+    queued: int = 0  # requests whose first token came late against the burst's fastest (thresholds.TTFT_QUEUED_*)
+    served_after: int = 0  # requests whose first token came only after another of the burst had finished
+    started_at: float | None = None  # epoch seconds: the burst's first send
 
 
 def sweeps(run: Run) -> list[Sweep]:
@@ -137,9 +141,31 @@ def bursts(run: Run, gauges: GaugeReport | None = None) -> list[BurstDrain]:
                     drain,
                     _gauge_drain(gauges, instance, p.started_at, p.ended_at),
                     by_arrival,
+                    *queueing(ok),
+                    started_at=p.started_at,
                 )
             )
     return out
+
+
+def queueing(ok: list[RequestRecord]) -> tuple[int, int]:
+    """(queued, served after another) among a burst's successful requests: what the clients saw of a queue."""
+    if not ok:
+        return 0, 0
+    fastest = min(r.ttft_s for r in ok)
+    late = max(thresholds.TTFT_QUEUED_RATIO * fastest, fastest + thresholds.TTFT_QUEUED_MIN_S)
+    queued = sum(1 for r in ok if r.ttft_s >= late)
+    served_after = sum(
+        1
+        for r in ok
+        if r.ttft_s >= late
+        and any(
+            r.started_at + r.ttft_s >= other.started_at + other.e2e_s - thresholds.SERVED_AFTER_SLACK_S
+            for other in ok
+            if other is not r and other.e2e_s is not None
+        )
+    )
+    return queued, served_after
 
 
 def mean_ttft_by_arrival(drains: list[BurstDrain], instance: str) -> list[tuple[int, float]]:
@@ -156,9 +182,10 @@ def mean_ttft_by_arrival(drains: list[BurstDrain], instance: str) -> list[tuple[
 def _gauge_drain(gauges: GaugeReport | None, instance: str, start: float, end: float) -> float | None:
     if gauges is None or not gauges.available or instance not in gauges.engines:
         return None
-    points = gauges.engines[instance].series.get(series.REQUESTS_WAITING, [])
-    step = gauges.step_s or 0.0
-    window = [(t, v) for t, v in points if start - step <= t <= end + 10 * step]
+    eg = gauges.engines[instance]
+    points = eg.series.get(series.REQUESTS_WAITING, [])
+    step = eg.spacing_s or gauges.step_s or 0.0
+    window = [(t, v) for t, v in points if start - step <= t <= end + 10 * step and v is not None]
     seen_wait = False
     for t, v in window:
         if v > 0:

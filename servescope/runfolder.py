@@ -9,6 +9,9 @@ results/<run-id>/
 
 All durations are seconds (float); wall-clock instants are Unix epoch seconds; engine-native
 durations keep the engine's own unit and say so in their key (Ollama: *_ns).
+
+The one reader of a run folder is here too: every record is checked against REQUEST_FIELDS / PHASE_FIELDS
+once, and what fails is skipped and counted by reason (Skips), never passed on to a consumer.
 """
 
 from __future__ import annotations
@@ -147,29 +150,243 @@ class RunFolder:
     def manifest(self) -> dict[str, Any]:
         return json.loads((self.path / MANIFEST).read_text())
 
-    def requests(self) -> Iterator[RequestRecord]:
-        yield from (RequestRecord.from_dict(d) for d in _read_jsonl(self.path / REQUESTS))
+    def requests(self, skips: Skips | None = None) -> Iterator[RequestRecord]:
+        """Every record that meets the contract; the others are counted in skips (warned about when None)."""
+        yield from _records(self.path / REQUESTS, REQUEST_FIELDS, RequestRecord, skips)
 
-    def phases(self) -> Iterator[PhaseRecord]:
-        yield from (PhaseRecord.from_dict(d) for d in _read_jsonl(self.path / PHASES))
+    def phases(self, skips: Skips | None = None) -> Iterator[PhaseRecord]:
+        yield from _records(self.path / PHASES, PHASE_FIELDS, PhaseRecord, skips)
 
 
-def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+# ---------------------------------------------------------------- reading: the contract, checked once
+
+# Bounds that no real record comes near; past them a number is a corrupt or hostile record, not a
+# measurement (two durations of 1e308 overflow every sum the report takes).
+MAX_DURATION_S = 1e7  # about 116 days
+MAX_EPOCH_S = 1e11  # the year 5138
+MAX_COUNT = 10**9  # tokens, chunks, positions
+MAX_ENGINE_NUMBER = 2**63  # engine-native values are int64 at most (Ollama's *_ns)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One record field: its JSON type, bounds, and what a missing (or null) value means."""
+
+    name: str
+    kind: str  # str | int | float | bool | floats (a list of numbers) | object
+    required: bool = False  # missing or null -> the record is skipped
+    default: Any = None  # missing or null -> this (None: the field stays null; a list or dict is copied)
+    lo: float = 0
+    hi: float = MAX_COUNT
+
+    def check(self, value: Any) -> tuple[Any, str | None]:
+        """(the value to keep, None) or (None, why the record cannot be used)."""
+        kind = self.kind
+        if kind == "str":
+            ok = isinstance(value, str)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+        elif kind == "object":
+            ok = isinstance(value, dict)
+            if ok and not _engine_numbers_ok(value):
+                return None, f"{self.name}: holds a number that is not finite or beyond 2^63"
+        elif kind == "floats":
+            ok = isinstance(value, list) and all(_is_number(v) for v in value)
+            if ok and not all(self.lo <= v <= self.hi for v in value):
+                return None, f"{self.name}: a value out of range ({self.lo:g} to {self.hi:g})"
+            return ([float(v) for v in value], None) if ok else (None, self._expected(value))
+        else:
+            ok = _is_number(value) and (kind == "float" or isinstance(value, int))
+            if ok and not self.lo <= value <= self.hi:  # NaN fails this too
+                return None, f"{self.name}: out of range ({self.lo:g} to {self.hi:g})"
+            if ok and kind == "float":
+                value = float(value)
+        return (value, None) if ok else (None, self._expected(value))
+
+    def _expected(self, value: Any) -> str:
+        return f"{self.name}: expected {_KIND_WORDS[self.kind]}, got {_json_type(value)}"
+
+
+_KIND_WORDS = {
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "floats": "a list of numbers",
+    "object": "an object",
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    return {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _engine_numbers_ok(value: dict[str, Any]) -> bool:
+    """Every number nested in an engine's own stats is finite and int64-sized (iterative: nesting is unbounded)."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif _is_number(item) and not -MAX_ENGINE_NUMBER <= item <= MAX_ENGINE_NUMBER:
+            return False
+    return True
+
+
+def _duration(name: str) -> Field:
+    return Field(name, "float", hi=MAX_DURATION_S)
+
+
+REQUEST_FIELDS = (
+    Field("engine", "str", required=True),
+    Field("instance", "str"),  # missing -> the engine's name
+    Field("scenario", "str", default="unknown"),
+    Field("phase", "str", default="unknown"),
+    Field("api", "str", default=""),
+    Field("model", "str", default=""),
+    Field("prompt_set", "str", default=""),
+    Field("prompt_set_sha256", "str", default=""),
+    Field("prompt_id", "str", default=""),
+    Field("max_tokens", "int", default=0),
+    Field("started_at", "float", required=True, hi=MAX_EPOCH_S),
+    Field("ok", "bool", required=True),
+    Field("status", "int", default=0, hi=999),
+    Field("error", "str"),
+    Field("error_kind", "str"),
+    _duration("ttft_s"),
+    _duration("e2e_s"),
+    Field("itl_s", "floats", default=[], hi=MAX_DURATION_S),
+    _duration("tpot_s"),
+    Field("output_tokens", "int"),
+    Field("prompt_tokens", "int"),
+    Field("tokens_source", "str"),
+    Field("content_chunks", "int", default=0),
+    Field("arrival_index", "int"),
+    Field("engine_stats", "object", default={}),
+)
+PHASE_FIELDS = (
+    Field("engine", "str", required=True),
+    Field("instance", "str"),
+    Field("scenario", "str", default="unknown"),
+    Field("phase", "str", required=True),
+    Field("started_at", "float", required=True, hi=MAX_EPOCH_S),
+    Field("ended_at", "float", required=True, hi=MAX_EPOCH_S),
+    Field("requests", "int", default=0),
+    Field("concurrency", "int", default=1),
+    Field("prompt_set", "str", default=""),
+    Field("prompt_set_sha256", "str", default=""),
+    Field("max_tokens", "int", default=0),
+)
+# Reasons a whole line is unusable, before any field is looked at.
+NOT_JSON = "not a JSON record"
+NOT_OBJECT = "not a JSON object"
+TORN = "torn last record (run killed mid-write?)"
+ENDS_BEFORE_START = "ended_at: before started_at"
+
+
+def validate(data: Any, spec: tuple[Field, ...]) -> tuple[dict[str, Any] | None, str | None]:
+    """One parsed line against the contract: (the record's fields with defaults filled in, None) or (None, why not)."""
+    if not isinstance(data, dict):
+        return None, NOT_OBJECT
+    out: dict[str, Any] = {}
+    for f in spec:
+        value = data.get(f.name)
+        if value is None:
+            if f.required:
+                return None, f"missing {f.name}"
+            out[f.name] = type(f.default)(f.default) if isinstance(f.default, (list, dict)) else f.default
+            continue
+        value, why = f.check(value)
+        if why:
+            return None, why
+        out[f.name] = value
+    if out["instance"] is None:
+        out["instance"] = out["engine"]
+    if "ended_at" in out and out["ended_at"] < out["started_at"]:
+        return None, ENDS_BEFORE_START
+    return out, None
+
+
+class Skips:
+    """Lines the reader left out, counted by file and reason, with the first few line numbers to find them."""
+
+    SHOW_LINES = 3
+
+    def __init__(self) -> None:
+        self.by_reason: dict[tuple[str, str], list[int]] = {}  # (file name, reason) -> line numbers (first few)
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def add(self, file: str, reason: str, lineno: int) -> None:
+        key = (file, reason)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        lines = self.by_reason.setdefault(key, [])
+        if len(lines) < self.SHOW_LINES:
+            lines.append(lineno)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def lines(self) -> list[str]:
+        """One line per file and reason: how many records it cost and where the first ones are."""
+        out = []
+        for (file, reason), count in self.counts.items():
+            where = self.by_reason[(file, reason)]
+            more = count - len(where)
+            at = ", ".join(map(str, where)) + (f" and {more} more" if more else "")
+            s = "s" if count != 1 else ""
+            out.append(f"{file}: {count} record{s} skipped, {reason} (line{s} {at})")
+        return out
+
+
+def _records(path: Path, spec: tuple[Field, ...], cls, skips: Skips | None) -> Iterator:
+    own = skips is None
+    skips = Skips() if own else skips
+    for lineno, data, why in _parsed_lines(path):
+        if why is None:
+            data, why = validate(data, spec)
+        if why is not None:
+            skips.add(path.name, why, lineno)
+            continue
+        yield cls(**data)
+    if own:
+        for line in skips.lines():
+            warnings.warn(f"{path.parent}/{line}", stacklevel=3)
+
+
+def _parsed_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
+    """(line number, parsed JSON, None) per non-blank line, or (line number, None, why it is not JSON)."""
     if not path.exists():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for lineno, line in enumerate(lines, start=1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            if lineno == len(lines):
-                # A run killed mid-write leaves at most one torn last line: skip it, keep the rest.
-                warnings.warn(f"{path}:{lineno}: torn last record skipped", stacklevel=2)
-                return
-            raise ValueError(f"{path}:{lineno}: not a JSON record") from None
+    # newline="\n": a record ends at \n only (a stray \r or \f inside a line must not split it).
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+        pending: tuple[int, str] | None = None
+        for lineno, line in enumerate(fh, start=1):
+            if pending is not None:
+                yield _parse(*pending, last=False)
+            pending = (lineno, line) if line.strip() else None
+        if pending is not None:
+            # A run killed mid-write leaves at most one torn last line: skip it, keep the rest.
+            yield _parse(*pending, last=True)
+
+
+def _parse(lineno: int, line: str, last: bool) -> tuple[int, Any, str | None]:
+    try:
+        return lineno, json.loads(line), None
+    except (ValueError, RecursionError):
+        return lineno, None, TORN if last else NOT_JSON
 
 
 def latest(results_dir: Path) -> RunFolder:
@@ -181,3 +398,58 @@ def latest(results_dir: Path) -> RunFolder:
             f"no run folder with a {MANIFEST} under {results_dir}: run `make up` or a loadgen scenario first"
         )
     return RunFolder(runs[-1])
+
+
+# --- server-side samples (issue 14): results/<run-id>/samples.jsonl -----------------------------
+# While a load phase runs, servescope/sampler.py reads every engine's lever gauges and the counters
+# the report uses from the exporter's page (the same collectors Prometheus scrapes) every
+# SAMPLE_INTERVAL_MS, and appends one SampleRecord per engine instance and read. A read that got no
+# values is written with `missing` saying why, never filled in; a read that came late leaves a gap
+# longer than the interval, which readers treat as missing too.
+SAMPLES = "samples.jsonl"
+
+
+@dataclass
+class SampleRecord:
+    t: float  # epoch seconds (the clock of RequestRecord.started_at): the middle of the read
+    read_s: float  # how long the read took; the engine was read somewhere inside [t - read_s/2, t + read_s/2]
+    interval_s: float  # the sampling interval asked for
+    engine: str  # the exporter's `engine` label
+    instance: str  # the exporter's `instance` label
+    phase: str | None = None  # the load phase that was running
+    values: dict[str, float] = field(default_factory=dict)  # servescope series name -> value (summed over models;
+    #                                                         a usage ratio: the fullest pool)
+    missing: str | None = None  # why this read has no values (exporter unreachable, engine not answering)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SampleRecord:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def append_samples(folder: RunFolder, records: list[SampleRecord]) -> None:
+    """One read's records in one write: a crash keeps every finished read."""
+    if records:
+        folder._append(SAMPLES, "\n".join(r.to_json() for r in records))
+
+
+def read_samples(folder: RunFolder, skips: Skips | None = None) -> Iterator[SampleRecord]:
+    """The samples through the same line reader as the other records; a line that is not a sample is skipped and
+    counted (warned about at the end, as for requests and phases, unless the caller collects the skips)."""
+    path = folder.path / SAMPLES
+    own = skips is None
+    skips = Skips() if own else skips
+    for lineno, data, why in _parsed_lines(path):
+        if why is None and isinstance(data, dict):
+            try:
+                yield SampleRecord.from_dict(data)
+                continue
+            except TypeError as exc:  # a required field missing
+                why = f"not a sample ({exc})"
+        skips.add(path.name, why or NOT_OBJECT, lineno)
+    if own:
+        for line in skips.lines():
+            warnings.warn(f"{path.parent}/{line}", stacklevel=2)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from servescope import knobs
+from servescope import knobs, prometheus_config
 from servescope.runfolder import MANIFEST, new_run_id
 from stack import llamacpp, model, ollama, paths, ports, prometheus, supervisor, vllm
 from stack.errors import ServiceExited, StackError
@@ -113,7 +113,9 @@ def engine_services(knob: dict[str, str], prep: Prepared, host: str, swap_used: 
 
 def exporter_service(knob: dict[str, str], host: str, engines: dict[str, str], ollama_url: str | None) -> Service:
     port = int(knob["EXPORTER_PORT"])
-    cmd = [sys.executable, "-m", "exporter", "--listen-address", host, "--port", str(port)]
+    # Each engine read within the native 1 s scrape (servescope/prometheus_config.py).
+    budget = prometheus_config.engine_budget_s(prometheus_config.NATIVE_SCRAPE_INTERVAL)
+    cmd = [sys.executable, "-m", "exporter", "--listen-address", host, "--port", str(port), "--timeout", f"{budget:g}"]
     for name in ("vllm", "llamacpp"):
         if name in engines:
             # Each engine's CPU and memory against its limit (the dashboards' resource panels) from the pid

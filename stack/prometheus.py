@@ -22,11 +22,14 @@ def rule_files(repo_root: Path = knobs.REPO_ROOT) -> list[str]:
 
 
 def write_config(
-    targets: list[tuple[str, str, str, dict[str, str]]], scrape_interval: str = "5s", rules: list[str] | None = None
+    targets: list[tuple[str, str, str, dict[str, str]]],
+    scrape_interval: str | None = None,
+    rules: list[str] | None = None,
 ) -> Path:
     """targets: (job, "host:port", metrics_path, labels); rendered by the one config source Compose uses too."""
     from servescope import prometheus_config
 
+    scrape_interval = scrape_interval or prometheus_config.NATIVE_SCRAPE_INTERVAL
     text = prometheus_config.render(
         [
             prometheus_config.Target(job=job, address=address, metrics_path=metrics_path, labels=labels)

@@ -145,3 +145,10 @@ def test_real_prometheus_loads_rendered_config_rules_and_keeps_exporter_instance
     finally:
         page.shutdown()
         page.server_close()
+
+
+def test_the_exporters_per_engine_budget_fits_inside_the_scrape_timeout():
+    assert pc.engine_budget_s(pc.DEFAULT_SCRAPE_INTERVAL) == 3.0  # the exporter's own default
+    assert pc.engine_budget_s(pc.NATIVE_SCRAPE_INTERVAL) == 0.6
+    for interval in ("1s", "5s", "500ms", "1m"):
+        assert pc.engine_budget_s(interval) * 1000 < int(pc._timeout_for(interval).removesuffix("ms"))

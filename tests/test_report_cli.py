@@ -26,7 +26,9 @@ def test_full_report_without_prometheus(tmp_path, capsys):
     assert cli.main(["--run", str(run), "--prometheus", url]) == 0
     err = capsys.readouterr().err
     assert f"no gauge data: Prometheus at {url} is unreachable" in err
-    assert "requests.jsonl:47: torn last record" in err
+    assert (
+        "report: warning: requests.jsonl: 1 record skipped, torn last record (run killed mid-write?) (line 47)" in err
+    )
 
     md = (run / "report.md").read_text()
     for title in (
@@ -89,7 +91,18 @@ def test_unreadable_manifest_is_one_line(tmp_path, capsys):
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "manifest.json").write_text("{not json")
     assert cli.main(["--run", str(tmp_path / "r")]) == 2
-    assert "unreadable manifest" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "manifest.json: unreadable" in err[0] and "no requests.jsonl" in err[0]
+
+
+def test_unreadable_manifest_still_reports_the_records(tmp_path, capsys):
+    """Regression: a corrupt manifest used to stop the report (exit 2) though every record was readable."""
+    shutil.copytree(RUNS / "seed-vllm-ollama", tmp_path / "r")
+    (tmp_path / "r" / "manifest.json").write_text('{"engines": {"vllm": {"kind"')
+    assert cli.main(["--run", str(tmp_path / "r"), "--prometheus", f"http://127.0.0.1:{free_port()}"]) == 0
+    assert "manifest.json: unreadable" in capsys.readouterr().err
+    numbers = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert numbers["run"]["requests"] == 20
 
 
 def slower_copy(src: Path, dst: Path, seconds: float) -> None:

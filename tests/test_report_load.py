@@ -16,7 +16,7 @@ RUNS = Path(__file__).parent / "fixtures" / "runs"
 def test_torn_last_line_is_skipped_with_a_warning():
     run = load(RUNS / "live-failures")
     assert len(run.requests) == 46
-    assert any("requests.jsonl:47: torn last record" in w for w in run.warnings)
+    assert run.warnings == ["requests.jsonl: 1 record skipped, torn last record (run killed mid-write?) (line 47)"]
 
 
 def test_missing_optional_fields_get_contract_defaults():
@@ -42,8 +42,8 @@ def test_records_without_required_fields_and_middle_garbage_are_skipped(tmp_path
     path.write_text("\n".join([lines[1], "garbage", json.dumps(broken), *lines[2:]]) + "\n")
     run = load(tmp_path / "r")
     assert len(run.requests) == len(lines) - 1
-    assert any(":2: not a JSON record" in w for w in run.warnings)
-    assert any(":3: missing started_at" in w for w in run.warnings)
+    assert "requests.jsonl: 1 record skipped, not a JSON record (line 2)" in run.warnings
+    assert "requests.jsonl: 1 record skipped, missing started_at (line 3)" in run.warnings
 
 
 def test_phases_are_reconstructed_when_phases_jsonl_is_missing(tmp_path):

@@ -23,12 +23,24 @@ CLI (stable; other tests rely on it):
   tokens per request = min(--tokens, the request's max_tokens); --itl 0 sends as fast as it can.
 
 Endpoints: POST /v1/chat/completions (stream or not), GET /v1/models, GET /version (vLLM-style),
+GET /metrics (vLLM 0.32's scheduler gauges and token counters, the lines the exporter reads),
 GET /health, GET /stats (request counts and how late the server's own writes were, in ms), GET
 /stats/counters (requests, streams_completed, tokens_sent only: cheap enough to poll while a test runs),
 GET /stats/streams (per stream: prompt, t_arrival (kernel receive stamp; t0), t_request_line (when a
 thread read it), t_body (body read) and every content write (stamped as the write starts), all on
 time.monotonic()),
-POST /control (JSON body with any of ttft, itl, tokens, usage, timings, fault: changes them live).
+POST /control (JSON body with any of ttft, itl, tokens, usage, timings, fault, max_running,
+serial_prefill, metrics_fault: changes them live).
+
+Scheduling of streamed requests, like the engines it stands in for: `max_running` N > 0 admits at most N streams at
+once (vLLM's --max-num-seqs, llama.cpp's --parallel); the rest wait in arrival order and show in
+vllm:num_requests_waiting, and a waiting request's clock (ttft, then itl per token) starts when it
+is admitted. `serial_prefill` makes admitted requests' prefills run one after another (vLLM's
+chunked prefill under a token budget): each first token comes `ttft` after the previous prefill
+ended, while every request counts as running. KV usage is the tokens of the running requests
+(prompt + generated so far) over a pool of 1456 blocks x 16 tokens (the seed's).
+`metrics_fault` (`status=503` or `stall=S`) makes GET /metrics fail or hang: an engine whose
+metrics page stops answering while it still serves.
 
 Faults (SPEC, comma-separated): `status=503` answer that HTTP status with a JSON error;
 `cut=N` close the connection after N content chunks (no [DONE]); `malformed=N` content chunk N
@@ -77,6 +89,9 @@ class Behaviour:
     timings: bool = False  # llama.cpp's `timings` object in the final chunk
     fault: str = ""
     version: str = "0.0.0-synthetic"
+    max_running: int = 0  # 0: no cap (every stream at once)
+    serial_prefill: bool = False
+    metrics_fault: str = ""
 
 
 @dataclass
@@ -130,6 +145,77 @@ class Stats:
         }
 
 
+KV_BLOCK_SIZE = 16
+KV_BLOCKS = 1456  # the seed's pool: 23,296 tokens
+
+
+class Scheduler:
+    """Admission (a FIFO queue behind `max_running` slots), serial prefill, and the counts GET /metrics shows."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.queue: collections.deque[threading.Event] = collections.deque()
+        self.prefill_free_at = 0.0  # time.monotonic() when the prefill in progress ends
+        self.held_tokens = 0  # prompt + generated tokens of the running requests
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    def admit(self, limit: int) -> bool:
+        """Block until this request may run; True when it had to wait."""
+        with self.lock:
+            if limit <= 0 or (self.running < limit and not self.queue):
+                self.running += 1
+                return False
+            turn = threading.Event()
+            self.queue.append(turn)
+        turn.wait()  # release() hands its slot over: `running` already counts this request
+        return True
+
+    def release(self, limit: int) -> None:
+        with self.lock:
+            if self.queue and (limit <= 0 or self.running <= limit):
+                self.queue.popleft().set()
+            else:
+                self.running -= 1
+
+    def first_token_at(self, admitted: float, ttft: float, serial: bool) -> float:
+        """When the first token is due: `ttft` after admission, or after the prefill before this one ended."""
+        with self.lock:
+            if not serial:
+                return admitted + ttft
+            start = max(admitted, self.prefill_free_at)
+            self.prefill_free_at = start + ttft
+            return self.prefill_free_at
+
+    def tokens(self, prompt: int = 0, generated: int = 0, held: int = 0) -> None:
+        with self.lock:
+            self.prompt_tokens_total += prompt
+            self.generation_tokens_total += generated
+            self.held_tokens += held
+
+    def metrics(self, model: str) -> str:
+        """The scheduler lines of vLLM 0.32's /metrics (same names, labels and types)."""
+        labels = f'engine="0",model_name="{model}"'
+        with self.lock:
+            usage = self.held_tokens / (KV_BLOCK_SIZE * KV_BLOCKS)
+            gauges = (
+                ("vllm:num_requests_running", "gauge", self.running),
+                ("vllm:num_requests_waiting", "gauge", len(self.queue)),
+                ("vllm:kv_cache_usage_perc", "gauge", usage),
+                ("vllm:prompt_tokens_total", "counter", self.prompt_tokens_total),
+                ("vllm:generation_tokens_total", "counter", self.generation_tokens_total),
+            )
+        lines = []
+        for name, kind, value in gauges:
+            lines += [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)!r}"]
+        lines += [
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="{KV_BLOCK_SIZE}",engine="0",num_gpu_blocks="{KV_BLOCKS}"}} 1.0',
+        ]
+        return "\n".join(lines) + "\n"
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     # A burst of 64+ connects must not overflow the accept backlog (a SYN retry costs a full second).
@@ -141,6 +227,7 @@ class _Server(ThreadingHTTPServer):
         self.behaviour = behaviour
         self.stats = Stats()
         self.lock = threading.Lock()
+        self.scheduler = Scheduler()
 
     def handle_error(self, request, client_address) -> None:
         # A client that hung up on an idle keep-alive connection is normal in a load test: no traceback.
@@ -232,6 +319,19 @@ class _Handler(BaseHTTPRequestHandler):
             )
         elif self.path == "/version":
             self._json(200, {"version": b.version})
+        elif self.path.split("?", 1)[0] == "/metrics":
+            fault = Fault.parse(b.metrics_fault)
+            if fault.stall:
+                time.sleep(fault.stall)
+            if fault.status:
+                self._json(fault.status, {"error": {"message": "synthetic metrics fault", "code": fault.status}})
+                return
+            body = self.server.scheduler.metrics(b.model).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/health":
             self._json(200, {"status": "ok"})
         elif self.path == "/stats":
@@ -265,7 +365,7 @@ class _Handler(BaseHTTPRequestHandler):
             for key, value in changes.items():
                 if key not in Behaviour.__dataclass_fields__:
                     raise ValueError(f"unknown knob {key}")
-                if key == "fault":
+                if key in ("fault", "metrics_fault"):
                     Fault.parse(value)
                 setattr(b, key, type(getattr(b, key))(value))
         except (ValueError, TypeError, AttributeError) as exc:
@@ -368,8 +468,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._chunk(event('{"role":"assistant","content":""}'))
         if fault.stall:
             time.sleep(fault.stall)
+        scheduler, limit = self.server.scheduler, b.max_running
+        waited = scheduler.admit(limit)
+        first = scheduler.first_token_at(time.monotonic() if waited else t0, ttft, b.serial_prefill)
+        prompt_tokens = _prompt_tokens(request["messages"])
+        scheduler.tokens(prompt=prompt_tokens, held=prompt_tokens)
         late: list[float] = []
         writes: list[float] = []
+        generated = 0
         try:
             for k in range(n):
                 if fault.cut is not None and k == fault.cut:
@@ -383,30 +489,33 @@ class _Handler(BaseHTTPRequestHandler):
                     self._chunk(b"")
                     return
                 if itl > 0 or k == 0:
-                    late.append(self._wait_until(t0 + ttft + k * itl))
+                    late.append(self._wait_until(first + k * itl))
                 # Stamped as the write starts: on loopback the bytes reach the client inside this syscall.
                 writes.append(time.monotonic())
                 if fault.malformed is not None and k == fault.malformed:
                     self._chunk(b'data: {"id":"chatcmpl-synthetic","choices":[{"delta":{"content":"broken\n\n')
                 else:
                     self._chunk(event(f'{{"content":"tok{k} "}}'))
+                scheduler.tokens(generated=1, held=1)
+                generated += 1
             final = event("{}", '"length"')
             if b.timings:
                 # llama.cpp puts its `timings` object on the final chunk.
-                elapsed_ms = (time.monotonic() - t0) * 1000
+                # Like llama.cpp: prompt_ms is the prefill, predicted_ms the generation after it; time
+                # spent waiting for a slot is in neither.
+                generation_s = time.monotonic() - first
                 timings = {
-                    "prompt_n": _prompt_tokens(request["messages"]),
+                    "prompt_n": prompt_tokens,
                     "prompt_ms": round(ttft * 1000, 3),
                     "predicted_n": n,
-                    "predicted_ms": round(elapsed_ms - ttft * 1000, 3),
-                    "predicted_per_second": round(n / max(1e-9, elapsed_ms / 1000 - ttft), 3),
+                    "predicted_ms": round(generation_s * 1000, 3),
+                    "predicted_per_second": round(n / max(1e-9, generation_s), 3),
                     "cache_n": 0,
                 }
                 final = final[:-3] + b',"timings":' + json.dumps(timings, separators=(",", ":")).encode() + b"}\n\n"
             self._chunk(final)
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
             if b.usage and include_usage:
-                prompt_tokens = _prompt_tokens(request["messages"])
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
                 self._chunk(
                     (
@@ -430,6 +539,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         finally:
+            scheduler.tokens(held=-(prompt_tokens + generated))
+            scheduler.release(limit)
             with self.server.lock:
                 self.server.stats.tokens_sent += len(writes)
                 self.server.stats.lateness_s.extend(late)

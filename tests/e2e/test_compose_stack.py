@@ -11,6 +11,7 @@ Cost: cold (no images, no llama.cpp wheel) about 30 min; warm about 6 min (SERVE
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -52,14 +53,24 @@ def with_vllm() -> bool:
 
 
 def run(cmd: list[str], env: dict[str, str], log: Path, timeout: float) -> subprocess.CompletedProcess:
+    """Run with its output streamed into `log` as it comes (tail it to follow a long build), and returned."""
+    lines: list[str] = []
     with open(log, "a") as out:
         out.write(f"\n$ {' '.join(cmd)}\n")
         out.flush()
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
-        )
-        out.write(proc.stdout)
-    return proc
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + timeout
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            lines.append(line)
+            if time.monotonic() > deadline:
+                proc.kill()
+                break
+        code = proc.wait()
+    assert time.monotonic() <= deadline, f"{' '.join(cmd)} ran past {timeout:.0f}s; log: {log}"
+    return subprocess.CompletedProcess(cmd, code, "".join(lines), None)
 
 
 def prometheus_max(url: str, promql: str) -> float:
@@ -74,6 +85,13 @@ def project_leftovers(client) -> list[str]:
     containers = [c.name for c in client.containers.list(all=True, filters=label)]
     networks = [n.name for n in client.networks.list(filters=label)]
     return containers + networks
+
+
+def bridge_gateway(client) -> str:
+    """The host's address on the default bridge, where image builds reach the wheelhouse. Docker gives the bridge
+    the subnet's first address; some engines leave `Gateway` out of the IPAM config."""
+    config = client.networks.get("bridge").attrs["IPAM"]["Config"][0]
+    return config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +110,7 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
     env = {**os.environ, "DOCKER_HOST": engine.host, "CI": os.environ.get("CI", "")}
     env.update(standin_images.ensure(client, tmp_path))
     wheels = assemble(tmp_path / "wheelhouse")
-    gateway = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    gateway = bridge_gateway(client)
     results = tmp_path / "results"
     env.update(
         {

