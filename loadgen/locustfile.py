@@ -41,6 +41,7 @@ from servescope.runfolder import RequestRecord, RunFolder
 from servescope.urls import redact_userinfo
 
 PHASE_MESSAGE = "servescope_phase"  # master -> workers: index of the phase now current
+CLOCK_CHECK_S = 0.1  # how soon the master starts a timed step's clock once its users are sent
 
 
 @events.init_command_line_parser.add_listener
@@ -359,12 +360,20 @@ def _conduct(environment, run: LoadRun) -> None:
             environment.runner.send_message(PHASE_MESSAGE, run.index)
         if phase is None:
             return
-        if master and isinstance(phase, ClosedLoopPhase):
-            phase.start_clock()  # the master sends nothing itself: its clock ends the step for every worker
-        while not phase.done.wait(timeout=1.0):
-            left = phase.time_left() if master and isinstance(phase, ClosedLoopPhase) else None
+        timed = master and isinstance(phase, ClosedLoopPhase)  # the master's clock ends the step for every worker
+        while not phase.done.wait(timeout=CLOCK_CHECK_S if timed and phase.t_start is None else 1.0):
+            if not timed:
+                continue
+            if phase.t_start is None and _dispatched(environment.runner, phase):
+                phase.start_clock()  # from the moment the shape has sent the step's users, not before
+            left = phase.time_left()
             if left is not None and left <= 0:
                 phase.finish_now()
+
+
+def _dispatched(runner, phase) -> bool:
+    """The master has sent this phase's users to the workers (the shape's next tick does it, within a second)."""
+    return runner.target_user_classes_count.get(phase.user_class, 0) == phase.users
 
 
 @events.init.add_listener
