@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
+from servescope.urls import redact
+
 if TYPE_CHECKING:
     from loadgen.scenarios import Phase
 
@@ -72,7 +74,8 @@ class PhaseAnnotator:
         self.enabled = False
         reason = capture.messages[-1] if capture.messages else f"grafana annotation for phase {phase.name} not accepted"
         print(
-            f"loadgen: {' '.join(reason.split())} (GRAFANA_URL={self.url}); later phases are not annotated",
+            f"loadgen: {redact(' '.join(reason.split()))} (GRAFANA_URL={redact(self.url)}); "
+            f"later phases are not annotated",
             file=self.err or sys.stderr,
             flush=True,
         )

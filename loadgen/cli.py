@@ -7,10 +7,8 @@ from locust.env import Environment
 from locust.event import Events
 
 import argparse
-import dataclasses
 import os
 import signal
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,69 +18,24 @@ from gevent.event import Event
 
 from loadgen import client as llm
 from loadgen import options
-from loadgen import prompts as prompt_sets
 from loadgen.annotations import PhaseAnnotator
+from loadgen.commands import USAGE_ERRORS, UsageError, build_parser, prepare
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
 from loadgen.manifest import build as build_manifest
-from loadgen.prompts import PromptSet
 from loadgen.recorder import Recorder
-from loadgen.scenarios import BurstPhase, LoadRun, Phase, SequentialPhase, Settings, build_phases, spawn_rate_for
-from loadgen.targets import Target, TargetError, default_url, parse_engine, probe
+from loadgen.scenarios import LoadRun, Settings, spawn_rate_for
+from loadgen.summary import print_summary
+from loadgen.targets import Target, chosen_url_line, default_url, probe
 from servescope import knobs
 from servescope.runfolder import RunFolder
 from servescope.sampler import Sampler
-from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
+from servescope.urls import redact
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-
-class UsageError(Exception):
-    """Bad input from the user: one line on stderr, no traceback."""
-
-
-COMMANDS = {
-    "compare": "the seed's experiment: per engine warm-up, matched-set sequential, burst",
-    "sequential": "one user, the prompt set back to back",
-    "burst": "N requests released at the same instant, awaited, K times",
-    "ramp": "steps of closed-loop users, each held",
-    "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
-    "sweep": "one closed-loop phase per concurrency level",
-}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = options.ArgumentParser(prog="python -m loadgen", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for command, text in COMMANDS.items():
-        options.add_command_options(sub.add_parser(command, help=text), command)
-    webui = sub.add_parser(
-        "webui",
-        help="Locust's web UI on LOCUST_PORT (127.0.0.1), opened pre-filled: Host = the engine URL, "
-        "Number of users = the burst size, scenario and engine under Custom parameters",
-    )
-    webui.add_argument("--port", type=int, default=knobs.get_int("LOCUST_PORT"))
-    webui.add_argument("--bind", default=knobs.get("SERVESCOPE_BIND"))
-    webui.add_argument(
-        "--users",
-        type=int,
-        default=knobs.get_int("BURST_SIZE"),
-        help="the form's Number of users: the burst size of the burst scenario (default BURST_SIZE: %(default)s)",
-    )
-    options.add_command_options(webui, "webui")
-    return parser
-
-
-def _models(specs: list[str]) -> dict[str, str]:
-    """`--model NAME` for every engine, `--model vllm=NAME` for one instance."""
-    models: dict[str, str] = {}
-    for spec in specs:
-        name, sep, model = spec.partition("=")
-        models[name if sep else "*"] = model if sep else name
-    return models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         llm.check_geventhttpclient()
         return run_headless(args)
-    except (UsageError, TargetError, prompt_sets.PromptSetError, ValueError, llm.HttpClientError) as exc:
+    except (*USAGE_ERRORS, llm.HttpClientError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -107,7 +60,7 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
     """
     url = args.engine_url or default_url(args.engine)
     if not args.engine_url:
-        print(f"loadgen: {args.engine}: no --engine-url, using {url}", flush=True)
+        print(f"loadgen: {chosen_url_line(args.engine, url)}", flush=True)
     locustfile = Path(__file__).resolve().parent / "locustfile.py"
     cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--web-host", args.bind, "--web-port", str(args.port)]
     cmd += ["--host", url, "--users", str(args.users), "--spawn-rate", str(args.users)]
@@ -117,7 +70,7 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
             continue
         cmd += [option.flag] if option.switch else [option.flag, str(value)]
     print(
-        f"Locust web UI on http://{args.bind}:{args.port}  ({args.engine} at {url}, "
+        f"Locust web UI on http://{args.bind}:{args.port}  ({args.engine} at {redact(url)}, "
         f"{args.scenario}, {args.users} users; more under Custom parameters)",
         flush=True,
     )
@@ -125,40 +78,12 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
     return 0  # not reached
 
 
-def _plan(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet) -> list[Phase]:
-    """The phases of the whole run, engine after engine, in the order they will run."""
-    phases: list[Phase] = []
-    for target in targets:
-        settings = Settings(
-            target=target,
-            prompt_set=prompt_set,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            timeout_s=args.request_timeout,
-        )
-        if args.command == "compare":
-            # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
-            # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
-            phases.append(SequentialPhase(settings, name="sequential", count=args.burst_size))
-            phases.append(BurstPhase(settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause))
-            if not args.no_seed4 and prompt_set.name != "seed4":
-                seed4 = dataclasses.replace(settings, prompt_set=prompt_sets.load("seed4"))
-                phases.append(SequentialPhase(seed4, name="sequential-seed4"))
-        else:
-            phases.extend(build_phases(args.command, settings, args))
-    return phases
-
-
 def run_headless(args: argparse.Namespace) -> int:
-    if not args.engine:
-        raise UsageError("give at least one --engine NAME=URL (e.g. --engine vllm=http://127.0.0.1:8009)")
-    if args.http_client not in llm.TRANSPORTS:
-        raise UsageError(f"--http-client {args.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}")
-    targets = [parse_engine(spec, ignore_eos=not args.no_ignore_eos) for spec in args.engine]
-    instances = [t.instance for t in targets]
-    if len(set(instances)) != len(instances):
-        raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
-    prompt_set = prompt_sets.load(args.prompts)
+    plan = prepare(args)
+    targets, prompt_set, phases = plan.targets, plan.prompt_set, plan.phases
+    for target in targets:
+        if target.url_from:
+            print(f"loadgen: {chosen_url_line(target.kind, target.url)}", flush=True)
     try:
         folder = RunFolder.create(Path(args.results), args.run_id)
     except FileExistsError:
@@ -195,33 +120,41 @@ def run_headless(args: argparse.Namespace) -> int:
                 flush=True,
             )
             metrics = None
-    recorder = Recorder(folder=folder, metrics=metrics, out=out)
+    # A folder that stops taking writes ends the run (the run exists before the first record is written).
+    recorder = Recorder(folder=folder, metrics=metrics, out=out, on_failure=lambda reason: run.abort(reason))
     started_at = time.time()
     recorder.line(f"run folder: {folder.path}")
     if metrics is not None:
         recorder.line(f"client metrics on http://{bind}:{args.metrics_port}/metrics")
 
-    models = _models(args.model)
     for target in targets:
-        probe(target, models.get(target.instance) or models.get(target.kind) or models.get("*"))
+        probe(target, plan.model_for(target))
         version = target.info.get("version") or "unknown"
         problems = (
             f" (engine not answering: {target.info['probe_errors'][0]})" if target.info.get("probe_errors") else ""
         )
         recorder.line(
-            f"engine {target.instance} at {target.url}: version {version}, model {target.model or '?'}{problems}"
+            f"engine {target.instance} at {redact(target.url)}: version {version}, "
+            f"model {target.model or '?'}{redact(problems)}"
         )
 
     sampler = Sampler.for_run(folder, [(t.kind, t.instance) for t in targets])  # engine gauges into samples.jsonl
     recorder.line(sampler.describe())
-    phases = _plan(args, targets, prompt_set)
     used_sets = {prompt_set.name: prompt_set}
     for phase in phases:
         used_sets.setdefault(phase.settings.prompt_set.name, phase.settings.prompt_set)
     flags = {k: v for k, v in vars(args).items() if k not in ("engine", "model", "quiet")}
     flags["ignore_eos"] = not args.no_ignore_eos
 
-    def manifest(status: str, ended_at: float | None = None) -> None:
+    def manifest(status: str, ended_at: float | None = None) -> str | None:
+        """Write manifest.json; why not, in one line, when the folder refuses it."""
+        try:
+            write_manifest(status, ended_at)
+        except OSError as exc:
+            return f"run folder {folder.path}: cannot write manifest.json ({exc.strerror or exc})"
+        return None
+
+    def write_manifest(status: str, ended_at: float | None) -> None:
         folder.write_manifest(
             build_manifest(
                 command=" ".join(["python -m loadgen", *sys.argv[1:]])
@@ -238,7 +171,9 @@ def run_headless(args: argparse.Namespace) -> int:
             )
         )
 
-    manifest("running")
+    problem = manifest("running")
+    if problem:
+        raise UsageError(problem)
 
     environment = Environment(
         user_classes=list(USER_CLASSES.values()),
@@ -284,11 +219,14 @@ def run_headless(args: argparse.Namespace) -> int:
         sampler.close()
         runner.stop()
         runner.quit()
-        try:
-            write_locust_outputs(environment, folder.path)
-        except Exception as exc:  # noqa: BLE001 - Locust's own report must never cost us the run folder
-            print(f"loadgen: Locust CSV/HTML not written: {exc}", file=sys.stderr)
-        manifest(status, time.time())
+        if recorder.failure is None:  # a folder that refused a record would refuse these too
+            try:
+                write_locust_outputs(environment, folder.path)
+            except Exception as exc:  # noqa: BLE001 - Locust's own report must never cost us the run folder
+                print(f"loadgen: Locust CSV/HTML not written: {exc}", file=sys.stderr)
+            problem = manifest(status, time.time())
+            if problem:
+                run.abort(problem)
         if metrics is not None and args.metrics_linger > 0 and status == "complete":
             # Prometheus scrapes every few seconds: without this the last requests' samples are never scraped.
             print(
@@ -301,7 +239,10 @@ def run_headless(args: argparse.Namespace) -> int:
             handler.cancel()
         if metrics is not None:
             metrics.close()
-    _print_summary(folder, out or sys.stdout)
+    try:
+        print_summary(folder, out or sys.stdout)
+    except OSError:
+        pass  # a folder that cannot be read back: the failure line below says what happened to it
     print(f"run folder: {folder.path}", flush=True)
     if run.failure:
         print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)
@@ -339,40 +280,3 @@ def _warmup(
     finally:
         transport.close()
     return True
-
-
-def _print_summary(folder: RunFolder, out) -> None:
-    """The seed's table shape from the raw records: per engine and phase, wall, tokens/s, TTFT; scaling factor."""
-    requests = list(folder.requests())
-    phases = list(folder.phases())
-    if not phases:
-        return
-    print(
-        f"\n{'engine':<16} {'phase':<18} {'reqs':>4} {'ok':>3} {'wall s':>8} {'tokens':>6} {'tok/s':>7} {'TTFT p50 s':>10}",
-        file=out,
-    )
-    for p in phases:
-        rs = [r for r in requests if r.instance == p.instance and r.phase == p.phase]
-        ok = [r for r in rs if r.ok]
-        tokens = sum(r.output_tokens or 0 for r in ok)
-        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-        ttft = f"{statistics.median(ttfts):.3f}" if ttfts else "-"
-        print(
-            f"{p.instance:<16} {p.phase:<18} {len(rs):>4} {len(ok):>3} {p.wall_s:>8.3f} {tokens:>6} "
-            f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {ttft:>10}",
-            file=out,
-        )
-    for burst in (p for p in phases if p.scenario == BURST):
-        mine = [p for p in phases if p.instance == burst.instance]
-        if not any(p.scenario == SEQUENTIAL for p in mine):
-            continue  # a burst on its own: nothing to compare it with
-        factor, partner, why = scaling_factor(burst, mine)
-        if factor is None:
-            print(f"scaling factor {burst.instance} {burst.phase}: {why}", file=out)
-        else:
-            print(
-                f"scaling factor {burst.instance} {burst.phase}: matched-set {partner.phase} {partner.wall_s:.3f}s / "
-                f"burst {burst.wall_s:.3f}s = {factor:.2f}x",
-                file=out,
-            )
-    print("", file=out, flush=True)

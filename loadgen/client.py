@@ -22,6 +22,7 @@ measure it beside this one).
 
 from __future__ import annotations
 
+import base64
 import enum
 import json
 import socket
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import gevent
 from gevent import monkey as gevent_monkey
@@ -44,6 +45,7 @@ from geventhttpclient.response import (
 )
 
 from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
+from servescope.urls import redact
 
 # Ollama's final NDJSON object: the engine-side numbers the report cross-checks (nanoseconds).
 OLLAMA_STATS = (
@@ -213,6 +215,11 @@ class GeventTransport:
         self.prefix = parts.path.rstrip("/")
         # Kernel receive stamps need recvmsg() on the plain socket: not through TLS.
         self.kernel_stamps = parts.scheme == "http" and CMSG_SIZE > 0 and SO_TIMESTAMPNS is not None
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/x-ndjson"}
+        if parts.username is not None:
+            # user:password@ in the engine's URL (an engine behind a proxy with basic auth), as requests would send it.
+            credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
         self.client = HTTPClient(
             parts.hostname,
             port=parts.port or (443 if parts.scheme == "https" else 80),
@@ -221,7 +228,7 @@ class GeventTransport:
             connection_timeout=min(timeout, 10.0),
             network_timeout=timeout,
             block_size=READ_SIZE,
-            headers={"Content-Type": "application/json", "Accept": "text/event-stream, application/x-ndjson"},
+            headers=headers,
         )
         pool = self.client._connection_pool
         # The pool checks a kept-alive socket with gevent's select(timeout=0), which also does a gevent.sleep(0):
@@ -605,5 +612,5 @@ def _describe(exc: BaseException, chunks: int) -> StreamError:
         return StreamError(kind, f"timeout {where}")
     if kind is ErrorKind.STREAM_CUT:
         return StreamError(kind, f"stream cut {where}: {type(exc).__name__}")
-    text = " ".join(str(exc).split())[:ERROR_BODY_CHARS]
+    text = redact(" ".join(str(exc).split()))[:ERROR_BODY_CHARS]
     return StreamError(kind, f"{type(exc).__name__} {where}: {text}" if text else f"{type(exc).__name__} {where}")

@@ -35,11 +35,13 @@ from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import RECORD_MESSAGE, ForwardingRecorder, Recorder
 from loadgen.scenarios import ClosedLoopPhase, LoadRun, RatePhase, Settings, build_phases
-from loadgen.targets import default_url, parse_engine, probe
+from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
 from servescope import knobs
 from servescope.runfolder import RequestRecord, RunFolder
+from servescope.urls import redact
 
 PHASE_MESSAGE = "servescope_phase"  # master -> workers: index of the phase now current
+CLOCK_CHECK_S = 0.1  # how soon the master starts a timed step's clock once its users are sent
 
 
 @events.init_command_line_parser.add_listener
@@ -187,12 +189,14 @@ class LLMUser(User):
             exception=None if m.ok else llm.StreamError(m.error_kind, m.error),
             context={"phase": work.phase_name},
             start_time=m.started_at,
-            url=target.url + target.chat_path,
+            url=redact(target.url) + target.chat_path,
             response=None,
         )
         run: LoadRun = self.environment.servescope_run
-        run.recorder.request(record)
-        phase.finished(work, record, elapsed)
+        try:
+            run.recorder.request(record)
+        finally:
+            phase.finished(work, record, elapsed)  # whatever happened to the record, the phase can end
         if interrupted is not None:
             raise interrupted
         return record
@@ -356,12 +360,20 @@ def _conduct(environment, run: LoadRun) -> None:
             environment.runner.send_message(PHASE_MESSAGE, run.index)
         if phase is None:
             return
-        if master and isinstance(phase, ClosedLoopPhase):
-            phase.start_clock()  # the master sends nothing itself: its clock ends the step for every worker
-        while not phase.done.wait(timeout=1.0):
-            left = phase.time_left() if master and isinstance(phase, ClosedLoopPhase) else None
+        timed = master and isinstance(phase, ClosedLoopPhase)  # the master's clock ends the step for every worker
+        while not phase.done.wait(timeout=CLOCK_CHECK_S if timed and phase.t_start is None else 1.0):
+            if not timed:
+                continue
+            if phase.t_start is None and _dispatched(environment.runner, phase):
+                phase.start_clock()  # from the moment the shape has sent the step's users, not before
+            left = phase.time_left()
             if left is not None and left <= 0:
                 phase.finish_now()
+
+
+def _dispatched(runner, phase) -> bool:
+    """The master has sent this phase's users to the workers (the shape's next tick does it, within a second)."""
+    return runner.target_user_classes_count.get(phase.user_class, 0) == phase.users
 
 
 @events.init.add_listener
@@ -394,7 +406,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
     if not environment.host:
         environment.host = options.engine_url or default_url(options.engine)
         if not options.engine_url:
-            print(f"loadgen: {options.engine}: no engine URL given, using {environment.host}", flush=True)
+            print(f"loadgen: {chosen_url_line(options.engine, environment.host)}", flush=True)
     if options.num_users is None:
         options.num_users = options.burst_size
     options.spawn_rate = options.num_users
@@ -418,7 +430,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
             run.recorder.request(record)
             phase = run.phase_named(record.phase)
             if phase is not None:
-                phase.add_record(record, record.e2e_s or 0.0)
+                phase.add_worker_record(record)
 
         runner.register_message(RECORD_MESSAGE, store_record)
 
@@ -429,8 +441,10 @@ def _on_test_start(environment, **_kwargs) -> None:
         return
     options = environment.parsed_options
     if isinstance(environment.runner, WorkerRunner):
-        run = _new_run(environment, ForwardingRecorder(environment.runner))
-        run.follow_master()
+        runner = environment.runner
+        run = _new_run(environment, ForwardingRecorder(runner))
+        # This worker's share of each user class, as the master dispatched it (known once its users are spawned).
+        run.follow_master(lambda user_class: runner.target_user_classes_count.get(user_class, 0))
         # The master's "phase 0" message came before this run existed: start on the first phase.
         run.advance()
         environment.servescope_run = run
@@ -441,7 +455,12 @@ def _on_test_start(environment, **_kwargs) -> None:
     try:
         option_table.validate(options)  # what the web UI's form sends is text, unchecked by Locust
         folder = RunFolder.create(options.results)
-        recorder = Recorder(folder=folder, metrics=getattr(environment, "servescope_metrics", None))
+        # A folder that stops taking writes ends the test (the run exists before the first record is written).
+        recorder = Recorder(
+            folder=folder,
+            metrics=getattr(environment, "servescope_metrics", None),
+            on_failure=lambda reason: environment.servescope_run.abort(reason),
+        )
         run = _new_run(environment, recorder, folder)
     except (ValueError, OSError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr, flush=True)
@@ -467,9 +486,13 @@ def _on_test_stop(environment, **_kwargs) -> None:
         return
     for phase in run.phases:  # each span once: a no-op for what was written as it finished
         phase.emit()
-    write_locust_outputs(environment, run.folder.path)
+    if run.recorder.failure is None:  # a folder that refused a record would refuse these too
+        try:
+            write_locust_outputs(environment, run.folder.path)
+            _write_manifest(environment, run, "failed" if run.failure else "complete" if run.finished else "stopped")
+        except OSError as exc:
+            run.abort(f"run folder {run.folder.path}: cannot finish it ({exc.strerror or exc})")
     if run.failure:
-        print(f"loadgen: {run.failure}; the run stopped", file=sys.stderr, flush=True)
-    _write_manifest(environment, run, "failed" if run.failure else "complete" if run.finished else "stopped")
+        print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)
     run.recorder.line(f"run folder: {run.folder.path}")
     run.close()

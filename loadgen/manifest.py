@@ -13,6 +13,7 @@ import psutil
 
 from loadgen.prompts import PromptSet
 from loadgen.targets import Target
+from servescope.urls import redact
 
 
 def machine() -> dict[str, Any]:
@@ -23,6 +24,17 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
     }
+
+
+def _redacted(value: Any) -> Any:
+    """Credentials in any URL of the manifest (an engine's, a flag's, the command line's) replaced by ***."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value
 
 
 def build(
@@ -40,7 +52,7 @@ def build(
     """Everything a report needs to say what was run where; status is running -> complete | interrupted."""
     from locust import __version__ as locust_version
 
-    return {
+    manifest = {
         "tool": "servescope-loadgen",
         "command": command,
         "scenario": scenario,
@@ -60,3 +72,5 @@ def build(
         "machine": machine(),
         "locust_version": locust_version,
     }
+    # Prompts are stored as sent (their sha256 is of this text): everything else is redacted.
+    return {k: v if k == "prompt_sets" else _redacted(v) for k, v in manifest.items()}

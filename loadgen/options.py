@@ -36,7 +36,7 @@ def _number(text: str, convert: Callable[[str], float], what: str) -> float:
     return value
 
 
-def _bounded(convert: Callable[[str], float], what: str, low: float, high: float | None = None, *, above: bool = False):
+def bounded(convert: Callable[[str], float], what: str, low: float, high: float | None = None, *, above: bool = False):
     def check(text: str):
         value = _number(text, convert, what)
         if value < low or (above and value == low) or (high is not None and value > high):
@@ -47,17 +47,17 @@ def _bounded(convert: Callable[[str], float], what: str, low: float, high: float
     return check
 
 
-positive_int = _bounded(int, "a whole number >= 1", 1)
-non_negative_int = _bounded(int, "a whole number >= 0", 0)
-users = _bounded(int, f"a whole number of users from 1 to {MAX_USERS}", 1, MAX_USERS)
-positive_seconds = _bounded(float, "a number of seconds > 0", 0, above=True)
-non_negative_seconds = _bounded(float, "a number of seconds >= 0", 0)
-linger_seconds = _bounded(float, "a number of seconds from 0 to 600", 0, 600)
-positive_rate = _bounded(float, "a number of arrivals per second > 0", 0, above=True)
-temperature = _bounded(float, "a temperature >= 0", 0)
-port = _bounded(int, "a port from 0 (off) to 65535", 0, 65535)
+positive_int = bounded(int, "a whole number >= 1", 1)
+non_negative_int = bounded(int, "a whole number >= 0", 0)
+users = bounded(int, f"a whole number of users from 1 to {MAX_USERS}", 1, MAX_USERS)
+positive_seconds = bounded(float, "a number of seconds > 0", 0, above=True)
+non_negative_seconds = bounded(float, "a number of seconds >= 0", 0)
+linger_seconds = bounded(float, "a number of seconds from 0 to 600", 0, 600)
+positive_rate = bounded(float, "a number of arrivals per second > 0", 0, above=True)
+temperature = bounded(float, "a temperature >= 0", 0)
+port = bounded(int, "a port from 0 (off) to 65535", 0, 65535)
 # The sequential queue holds passes x prompts up front: a bound keeps it in memory.
-repeats = _bounded(int, "a whole number of passes from 1 to 100000", 1, 100_000)
+repeats = bounded(int, "a whole number of passes from 1 to 100000", 1, 100_000)
 
 
 def levels(text: str) -> str:

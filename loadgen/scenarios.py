@@ -8,10 +8,10 @@ iteration: sends go out within a millisecond or two, where `curl ... &` spawns p
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import gevent
@@ -72,6 +72,7 @@ class Phase:
         self.spans: dict[str, _Span] = {}
         self.emitted: set[str] = set()
         self.recorder = None  # where PhaseRecords go, from begin()
+        self.received = 0  # records from distributed workers (on the master)
 
     def begin(self, recorder) -> None:
         """The phase becomes current: its finished spans go to `recorder`."""
@@ -87,8 +88,21 @@ class Phase:
         self._check_done()
 
     def add_record(self, record: RequestRecord, elapsed_s: float) -> None:
-        """Widen the span of the record's phase (or burst round); also for records a distributed worker measured."""
+        """Widen the span of the record's phase (or burst round)."""
         self.spans.setdefault(record.phase, _Span()).add(record, elapsed_s)
+
+    def expected_requests(self) -> int | None:
+        """How many requests the phase sends in all, when that is known up front (not for timed phases)."""
+        return None
+
+    def add_worker_record(self, record: RequestRecord) -> None:
+        """On a distributed master, which sends nothing itself: a record a worker measured; the last one ends a
+        phase of known size."""
+        self.add_record(record, record.e2e_s or 0.0)
+        self.received += 1
+        expected = self.expected_requests()
+        if expected is not None and self.received >= expected:
+            self.done.set()
 
     def _check_done(self) -> None:
         if self.exhausted() and self.in_flight == 0:
@@ -143,17 +157,23 @@ class SequentialPhase(Phase):
     def __init__(self, settings: Settings, name: str = "sequential", repeat: int = 1, count: int | None = None):
         super().__init__(settings, name, users=1)
         # `count` sends the first COUNT prompts, cycling, exactly as a burst of COUNT does: the matched set.
-        count = len(settings.prompt_set.prompts) * repeat if count is None else count
-        self.queue = deque(Work(settings.prompt_set[i], name) for i in range(count))
+        # Handed out one at a time (nothing queued up front: the memory of a run does not grow with its length).
+        self.count = len(settings.prompt_set.prompts) * repeat if count is None else count
+        self.issued = 0
 
     def next_work(self) -> Work | None:
-        if not self.queue:
+        if self.exhausted():
             return None
+        work = Work(self.settings.prompt_set[self.issued], self.name)
+        self.issued += 1
         self.in_flight += 1
-        return self.queue.popleft()
+        return work
 
     def exhausted(self) -> bool:
-        return not self.queue
+        return self.issued >= self.count
+
+    def expected_requests(self) -> int:
+        return self.count
 
 
 class BurstPhase(Phase):
@@ -170,13 +190,23 @@ class BurstPhase(Phase):
         self.next_index = 0
         self.gate = Event()
         self.last_round_end: float | None = None
+        # On a distributed worker only some of the SIZE users run here: the barrier waits for those (a callable,
+        # since the master's split is known once the users are dispatched).
+        self.local_users: Callable[[], int] | None = None
+
+    def expected_requests(self) -> int:
+        return self.size * self.rounds
+
+    def barrier(self) -> int:
+        """How many users a round waits for in this process."""
+        return self.size if self.local_users is None else max(1, min(self.size, self.local_users()))
 
     def next_work(self) -> Work | None:
         if self.round >= self.rounds:
             return None
         round_no = self.round
         self.arrived += 1
-        if self.arrived < self.size:
+        if self.arrived < self.barrier():
             self.gate.wait()
         else:
             # The last user in: every request of the previous round has finished (all users are here).
@@ -397,11 +427,14 @@ class LoadRun:
                 return phase
         return None
 
-    def follow_master(self) -> None:
-        """On a distributed worker: phases end when the master says so, not by a local clock."""
+    def follow_master(self, local_users: Callable[[str], int]) -> None:
+        """On a distributed worker: phases end when the master says so, not by a local clock, and a burst's barrier
+        waits for the users of its user class that run here (`local_users(class name)`)."""
         for phase in self.phases:
             if isinstance(phase, ClosedLoopPhase):
                 phase.duration_s, phase.max_requests = None, None
+            if isinstance(phase, BurstPhase):
+                phase.local_users = functools.partial(local_users, phase.user_class)
 
     def wait_for_change(self, timeout: float = 1.0) -> None:
         self.changed.wait(timeout)

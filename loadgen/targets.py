@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import requests
 
 from servescope import engine_identity, engines, knobs
-from servescope.urls import parse_http_url
+from servescope.urls import parse_http_url, redact
 
 
 class TargetError(ValueError):
@@ -25,6 +25,7 @@ class Target:
     chat_path: str
     model: str = ""
     ignore_eos: bool | None = None  # None: the engine does not accept it (recorded as unavailable)
+    url_from: str | None = None  # where the URL came from when --engine gave none: the knob that set it
     info: dict[str, Any] = field(default_factory=dict)  # what the engine reported about itself
 
     @property
@@ -35,11 +36,12 @@ class Target:
     def manifest(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "url": self.url,
+            "url": redact(self.url),
             "api": self.api,
             "chat_path": self.chat_path,
             "model": self.model,
             "ignore_eos": "unavailable" if self.ignore_eos is None else self.ignore_eos,
+            "url_from": self.url_from or "--engine",
             **self.info,
         }
 
@@ -51,20 +53,21 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     try:
         kind = engines.kind(kind_name)
     except ValueError as exc:
-        raise TargetError(f"--engine {spec!r}: {exc}") from None
+        raise TargetError(f"--engine {redact(spec)!r}: {exc}") from None
+    url_from = None
     if not sep:
-        url = default_url(kind.name)
+        url, url_from = default_url(kind.name), default_url_source(kind.name)
     url = url.strip().rstrip("/")
     try:
         parts = parse_http_url(url)
     except ValueError as exc:
-        raise TargetError(f"--engine {spec!r}: {exc}") from None
+        raise TargetError(f"--engine {redact(spec)!r}: {exc}") from None
     api, chat_path = kind.api, kind.chat_path
     if parts.path.endswith("/v1"):
         # Ollama's (or any engine's) OpenAI-compatible API under /v1.
         api, chat_path = "openai", "/chat/completions"
     elif parts.path:
-        raise TargetError(f"--engine {spec!r}: the URL takes no path other than /v1")
+        raise TargetError(f"--engine {redact(spec)!r}: the URL takes no path other than /v1")
     return Target(
         kind=kind.name,
         instance=f"{kind.name}:{label}" if label else kind.name,
@@ -72,6 +75,7 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
         api=api,
         chat_path=chat_path,
         ignore_eos=(ignore_eos if kind.accepts_ignore_eos else None),
+        url_from=url_from,
     )
 
 
@@ -79,6 +83,21 @@ def default_url(kind_name: str) -> str:
     """Where an engine of this kind is when no URL is given: its *_URL knob, else its default port on 127.0.0.1."""
     kind = engines.kind(kind_name)
     return knobs.get(kind.url_env, "") or kind.default_url()
+
+
+def default_url_source(kind_name: str) -> str:
+    """The knob default_url() read: the kind's *_URL when set, else its *_PORT."""
+    kind = engines.kind(kind_name)
+    return kind.url_env if knobs.get(kind.url_env, "") else kind.port_env
+
+
+def chosen_url_line(kind_name: str, url: str) -> str:
+    """What to tell the user when an engine URL was not given: which one is used, and which knob chose it."""
+    kind = engines.kind(kind_name)
+    url = redact(url)
+    if default_url_source(kind_name) == kind.url_env:
+        return f"{kind_name}: no engine URL given, using {url} (from {kind.url_env})"
+    return f"{kind_name}: no engine URL given, using {url} ({kind.port_env} on 127.0.0.1; {kind.url_env} is not set)"
 
 
 def probe(target: Target, model_override: str | None = None, session: requests.Session | None = None) -> Target:

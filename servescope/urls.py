@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from urllib.parse import SplitResult, unquote, urlsplit
 
-# `scheme://userinfo@host`: whatever sits between `//` and the first `@` of the authority (no `/`, `?`, `#`
-# or blank in between). Applied to free text too, so a URL inside an error message is covered.
-_USERINFO = re.compile(r"(?<=//)[^/?#@\s]*@")
-MASK = "***@"
+REDACTED = "***"
+# scheme://userinfo@ anywhere in a text (a URL alone, a command line, an error message); greedy up to the
+# authority's last "@", since a password may hold an unescaped "@".
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]*(?:@[^/\s@]*)*@")
 
 
 def parse_http_url(url: str) -> SplitResult:
@@ -31,8 +31,9 @@ def parse_http_url(url: str) -> SplitResult:
 
 
 def redact(text: str) -> str:
-    """`text` with the userinfo of every URL in it replaced by `***`: http://***@host:8000/v1."""
-    return _USERINFO.sub(MASK, text)
+    """`text` with the userinfo of every URL in it replaced by `***`: http://***@host:8000/v1. The one rule for
+    whatever is shown or stored: logs, landing pages, terminal lines, manifests, error messages."""
+    return _USERINFO.sub(rf"\1{REDACTED}@", text)
 
 
 def credentials(url: str) -> tuple[str, str] | None:

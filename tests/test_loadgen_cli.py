@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +17,16 @@ import pytest
 import requests
 
 from servescope.runfolder import RunFolder
-from tests.conftest import free_port
+from tests.conftest import free_port, unavailable
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# For tests that read stderr line by line: the server sampler (servescope/sampler.py) says its own lines, e.g. that
+# no exporter answers; it is not what they are about.
+WITHOUT_SAMPLER = {**os.environ, "SAMPLE_INTERVAL_MS": "0"}
 
 
 def loadgen(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -223,7 +231,10 @@ def test_sigterm_keeps_a_complete_run_folder_and_metrics_are_scraped_while_runni
                 time.sleep(0.1)
             assert requests_file.exists(), "no request finished within 30 s"
             exposition = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-            time.sleep(0.3)  # be mid-stream in the third request
+            # Mid-stream in the third request: the server has written two of its 20 chunks (polled, not slept on).
+            while slow.stats.tokens_sent < 2 * 20 + 2:
+                assert time.monotonic() < deadline, "the third request did not start streaming within 30 s"
+                time.sleep(0.01)
             proc.send_signal(signal.SIGTERM)
             stdout, stderr = proc.communicate(timeout=30)
         finally:
@@ -442,6 +453,7 @@ def test_a_user_that_fails_unexpectedly_stops_the_run_with_one_line_not_a_loop(s
         capture_output=True,
         text=True,
         timeout=30,
+        env=WITHOUT_SAMPLER,
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
     # (No exporter runs here: the sampler's one line says its reads are marked missing.)
@@ -451,3 +463,116 @@ def test_a_user_that_fails_unexpectedly_stops_the_run_with_one_line_not_a_loop(s
         "the run folder keeps what finished"
     ]
     assert RunFolder(tmp_path / "broken").manifest()["status"] == "failed"
+
+
+def _set_writable(folder: Path, writable: bool) -> None:
+    """Make a run folder and its files (un)writable even for root: chattr's immutable flag, else the mode bits."""
+    paths = [folder, *folder.iterdir()]
+    if os.geteuid() == 0:
+        if shutil.which("chattr") is None:
+            unavailable("chattr (e2fsprogs) is needed to make a folder unwritable for root")
+        proc = subprocess.run(["chattr", "-i" if writable else "+i", *map(str, paths)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            unavailable(f"chattr cannot make {folder} unwritable here: {proc.stderr.strip()}")
+    else:
+        for path in paths:
+            path.chmod(path.stat().st_mode | 0o200 if writable else path.stat().st_mode & ~0o222)
+
+
+def test_a_run_folder_that_becomes_unwritable_stops_the_run_fast_and_keeps_what_was_written(tmp_path):
+    folder = tmp_path / "frozen"
+    with SyntheticServer(ttft=0.02, itl=0.005, tokens=16) as engine:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "loadgen", "sequential", "--engine", f"vllm={engine.url}", "--repeat", "10"]
+            + ["--max-tokens", "16", "--warmup", "0", "--results", str(tmp_path), "--run-id", "frozen"]
+            + ["--metrics-port", "0", "--quiet"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=WITHOUT_SAMPLER,
+        )
+        frozen = False
+        try:
+            records = folder / "requests.jsonl"
+            deadline = time.monotonic() + 30
+            while not (records.exists() and records.read_text().count("\n") >= 3):
+                assert time.monotonic() < deadline and proc.poll() is None, "no 3 records within 30 s"
+                time.sleep(0.05)
+            _set_writable(folder, False)
+            frozen = True
+            kept = records.read_text()
+            _stdout, stderr = proc.communicate(timeout=60)  # never hangs
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if frozen:
+                _set_writable(folder, True)
+    assert proc.returncode == 1, stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert lines[0].startswith(f"loadgen: run folder {folder}: cannot write requests.jsonl (") and "stopped" in lines[0]
+    # What was written before stays, whole; the run did not go on to its 30 requests.
+    assert records.read_text() == kept and 3 <= len(list(RunFolder(folder).requests())) < 30
+    assert RunFolder(folder).manifest()["status"] == "running"  # the last manifest it could write
+
+
+@pytest.mark.parametrize("knob", ["VLLM_PORT", "VLLM_URL"])
+def test_an_engine_without_a_url_says_which_url_it_chose(server, tmp_path, knob):
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_URL", "VLLM_PORT")}
+    env[knob] = str(server.port) if knob == "VLLM_PORT" else server.url
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "burst", "--engine", "vllm", "--results", str(tmp_path), "--run-id", "r"]
+        + ["--metrics-port", "0", "--warmup", "0", "--max-tokens", "4", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    why = "VLLM_PORT on 127.0.0.1; VLLM_URL is not set" if knob == "VLLM_PORT" else "from VLLM_URL"
+    assert f"loadgen: vllm: no engine URL given, using {server.url} ({why})" in proc.stdout.splitlines()
+    engine = RunFolder(tmp_path / "r").manifest()["engines"]["vllm"]
+    assert engine["url"] == server.url and engine["url_from"] == knob
+    assert server.stats.requests == 3
+
+
+def test_credentials_in_urls_are_sent_but_never_shown_or_stored(server, tmp_path):
+    engine = server.url.replace("http://", "http://zqx-user:s3cr%40t@")  # the password is s3cr@t
+    proc = loadgen(
+        "compare",
+        "--engine",
+        f"vllm={engine}",
+        "--no-seed4",
+        "--burst-pause",
+        "0.05",
+        "--grafana-url",
+        "http://admin:gr4fana@127.0.0.1:9",
+        "--results",
+        str(tmp_path),
+        "--run-id",
+        "cred",
+        "--metrics-port",
+        "0",
+    )
+    assert proc.returncode == 0, proc.stderr
+    # Sent: every chat request (warm-up, 3 sequential, 3 in the burst) carried the engine URL's credentials.
+    assert server.stats.authorizations == {"Basic " + base64.b64encode(b"zqx-user:s3cr@t").decode(): 7}
+    folder = tmp_path / "cred"
+    stored = {path.name: path.read_text(errors="replace") for path in folder.iterdir()}
+    assert {"manifest.json", "requests.jsonl", "locust.html", "locust_stats.csv"} <= set(stored)
+    for where, text in {"stdout": proc.stdout, "stderr": proc.stderr, **stored}.items():
+        assert "s3cr" not in text and "zqx-user" not in text and "gr4fana" not in text, where
+    manifest = RunFolder(folder).manifest()
+    assert manifest["engines"]["vllm"]["url"] == server.url.replace("http://", "http://***@")
+    assert "vllm=http://***@127.0.0.1:" in manifest["command"]
+    assert manifest["flags"]["grafana_url"] == "http://***@127.0.0.1:9"
+    assert "GRAFANA_URL=http://***@127.0.0.1:9" in proc.stderr
+
+
+def test_a_bad_engine_url_with_credentials_is_refused_without_showing_them(tmp_path):
+    proc = loadgen("burst", "--engine", "vllm=http://alice:s3cret@127.0.0.1:99999", "--results", str(tmp_path))
+    assert proc.returncode == 2 and "s3cret" not in proc.stderr and "alice" not in proc.stderr
+    assert "'vllm=http://***@127.0.0.1:99999'" in proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -174,6 +175,24 @@ def test_a_bad_value_in_the_form_is_one_line_and_the_next_start_runs(webui, serv
     assert finished_run(results).manifest()["status"] == "complete"
 
 
+def test_credentials_in_the_engine_url_are_sent_but_stay_out_of_the_output_and_the_run_folder(server, tmp_path):
+    url = server.url.replace("http://", "http://zqx-user:s3cret@")
+    results = tmp_path / "results"
+    proc, base = start_webui(tmp_path, "--results", str(results), "--engine-url", url, "--users", "2")
+    try:
+        form = {"user_count": "2", "spawn_rate": "2", "host": url, "scenario": "burst", "max_tokens": "4"}
+        assert requests.post(f"{base}/swarm", data=form, timeout=10).json()["success"]
+        wait_for_chat_requests(base, 2)
+        folder = finished_run(results)
+    finally:
+        stop_process(proc, 15)
+    assert server.stats.authorizations == {"Basic " + base64.b64encode(b"zqx-user:s3cret").decode(): 2}
+    assert folder.manifest()["engines"]["vllm"]["url"] == server.url.replace("http://", "http://***@")
+    for path in [tmp_path / "webui.log", *folder.path.iterdir()]:
+        text = path.read_text(errors="replace")
+        assert "s3cret" not in text and "zqx-user" not in text, path.name
+
+
 @pytest.mark.browser
 @pytest.mark.tool("chromium")
 def test_web_ui_in_headless_chromium_opens_filled_in_and_start_runs_it_untouched(webui, server, tmp_path):
@@ -236,43 +255,14 @@ def test_web_ui_in_headless_chromium_opens_filled_in_and_start_runs_it_untouched
     assert [p.concurrency for p in folder.phases()] == [3]
 
 
-def test_distributed_master_and_two_workers(server, tmp_path):
+def run_distributed(server, results: Path, *master_args: str) -> RunFolder:
+    """`locust -f` headless: a master and two workers; the master alone writes the run folder."""
     master_port = free_port()
-    common = [
-        "-m",
-        "locust",
-        "-f",
-        str(LOCUSTFILE),
-        "--engine",
-        "vllm",
-        "--host",
-        server.url,
-        "--metrics-port",
-        "0",
-        "--results",
-        str(tmp_path),
-        "--max-tokens",
-        "4",
-    ]
+    common = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--engine", "vllm", "--host", server.url]
+    common += ["--metrics-port", "0", "--results", str(results), "--max-tokens", "4"]
     master = subprocess.Popen(
-        [
-            sys.executable,
-            *common,
-            "--headless",
-            "--master",
-            "--expect-workers",
-            "2",
-            "--master-bind-host",
-            "127.0.0.1",
-            "--master-bind-port",
-            str(master_port),
-            "--scenario",
-            "sweep",
-            "--concurrencies",
-            "2,4",
-            "--duration",
-            "1.5",
-        ],
+        [*common, "--headless", "--master", "--expect-workers", "2", "--master-bind-host", "127.0.0.1"]
+        + ["--master-bind-port", str(master_port), *master_args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -280,7 +270,7 @@ def test_distributed_master_and_two_workers(server, tmp_path):
     )
     workers = [
         subprocess.Popen(
-            [sys.executable, *common, "--worker", "--master-host", "127.0.0.1", "--master-port", str(master_port)],
+            [*common, "--worker", "--master-host", "127.0.0.1", "--master-port", str(master_port)],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -291,16 +281,15 @@ def test_distributed_master_and_two_workers(server, tmp_path):
         out, _ = master.communicate(timeout=60)
     finally:
         for proc in (master, *workers):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in (master, *workers):
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc, 10)
     assert master.returncode == 0, out[-3000:]
-    folder = finished_run(tmp_path)
+    folder = finished_run(results)
     assert folder.manifest()["status"] == "complete"
+    return folder
+
+
+def test_distributed_sweep_steps_on_the_masters_clock(server, tmp_path):
+    folder = run_distributed(server, tmp_path, "--scenario", "sweep", "--concurrencies", "2,4", "--duration", "3")
     phases = {p.phase: p for p in folder.phases()}
     assert set(phases) == {"sweep-c2", "sweep-c4"}
     records = list(folder.requests())
@@ -308,3 +297,12 @@ def test_distributed_master_and_two_workers(server, tmp_path):
     assert len(records) > 10 and all(r.ok and r.phase in phases for r in records)
     assert phases["sweep-c4"].requests > 0 and phases["sweep-c4"].concurrency == 4
     assert server.stats.requests >= len(records)
+
+
+def test_distributed_burst_splits_its_users_across_workers_and_ends(server, tmp_path):
+    # Compose's web UI: a master, two workers, the burst scenario. Each worker's barrier once waited for all
+    # 3 users while it ran 1 or 2 of them, and the master never saw the phase end: nothing was ever sent.
+    folder = run_distributed(server, tmp_path, "--scenario", "burst", "--users", "3", "--bursts", "2")
+    assert [(p.phase, p.requests, p.concurrency) for p in folder.phases()] == [("burst-1", 3, 3), ("burst-2", 3, 3)]
+    records = list(folder.requests())
+    assert len(records) == 6 and all(r.ok for r in records) and server.stats.requests == 6

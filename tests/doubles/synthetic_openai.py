@@ -123,6 +123,8 @@ class Stats:
     # Per stream: the last user message, when its request line arrived and when each content chunk was
     # written (time.monotonic(): CLOCK_MONOTONIC, comparable across processes on Linux).
     streams: collections.deque = field(default_factory=lambda: collections.deque(maxlen=10_000))
+    # The Authorization header of each chat request, as sent (None: none), counted.
+    authorizations: collections.Counter = field(default_factory=collections.Counter)
 
     def counters(self) -> dict:
         return {"requests": self.requests, "streams_completed": self.streams_completed, "tokens_sent": self.tokens_sent}
@@ -351,6 +353,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/control":
             self._control(body)
         elif self.path == "/v1/chat/completions":
+            self.server.stats.authorizations[self.headers.get("Authorization")] += 1
             self._chat(body, self.t_arrival)
         else:
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "NotFound", "code": 404}})
