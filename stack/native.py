@@ -151,9 +151,23 @@ def prometheus_targets(
     return targets
 
 
-def locust_service(knob: dict[str, str], host: str) -> Service:
+def locust_service(knob: dict[str, str], host: str, engines: dict[str, str]) -> Service:
+    """Locust's web UI, its form filled in for the stack that runs: the first engine up (the seed's order), the
+    burst scenario with BURST_SIZE users, so START works untouched."""
     port = int(knob["LOCUST_PORT"])
     cmd = [sys.executable, "-m", "loadgen", "webui", "--port", str(port), "--bind", host]
+    engine = next((name for name in ("vllm", "llamacpp", "ollama") if name in engines), None)
+    if engine:
+        cmd += [
+            "--engine",
+            engine,
+            "--engine-url",
+            engines[engine],
+            "--scenario",
+            "burst",
+            "--users",
+            knob["BURST_SIZE"],
+        ]
     return Service(
         "locust",
         "Locust web UI",
@@ -243,7 +257,7 @@ def up(compare: bool = True) -> int:
     # (the one `loadgen` target Prometheus scrapes); the UI takes the port over once the run is done.
     code = main_job(knob, host, engines) if compare else 0
     try:
-        launch.start(locust_service(knob, bind))
+        launch.start(locust_service(knob, bind, engines))
     except StackError as exc:
         say(f"Locust web UI not started: {exc}")
         code = code or 1

@@ -181,3 +181,20 @@ def test_leftover_absent_notes_do_not_make_up_a_no_op(monkeypatch, tmp_path, cap
     with pytest.raises(Prepared):
         native.up()
     assert supervisor.records() == {}
+
+
+def test_the_web_ui_opens_filled_in_for_the_first_engine_up():
+    knob = {"LOCUST_PORT": "8089", "LOADGEN_METRICS_PORT": "9465", "BURST_SIZE": "3"}
+    cmd = native.locust_service(knob, "127.0.0.1", {"llamacpp": "http://127.0.0.1:8081"}).cmd
+    assert cmd[cmd.index("--engine") + 1 :] == [
+        "llamacpp",
+        "--engine-url",
+        "http://127.0.0.1:8081",
+        "--scenario",
+        "burst",
+        "--users",
+        "3",
+    ]
+    both = native.locust_service(knob, "127.0.0.1", {"llamacpp": "http://x:1", "vllm": "http://y:2"}).cmd
+    assert both[both.index("--engine") + 1] == "vllm"
+    assert "--engine" not in native.locust_service(knob, "127.0.0.1", {}).cmd
