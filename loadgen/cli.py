@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import os
 import signal
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,8 +20,10 @@ from gevent.event import Event
 from loadgen import client as llm
 from loadgen import options
 from loadgen import prompts as prompt_sets
+from loadgen import trials
 from loadgen.annotations import PhaseAnnotator
 from loadgen.client_metrics import ClientMetrics
+from loadgen.isolate import Isolation
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
 from loadgen.manifest import build as build_manifest
@@ -30,10 +31,11 @@ from loadgen.prompts import PromptSet
 from loadgen.recorder import Recorder
 from loadgen.scenarios import BurstPhase, LoadRun, Phase, SequentialPhase, Settings, build_phases, spawn_rate_for
 from loadgen.targets import Target, TargetError, default_url, parse_engine, probe
+from report import load as report_load
+from report import table as report_table
 from servescope import knobs
 from servescope.runfolder import RunFolder
 from servescope.sampler import Sampler
-from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -126,27 +128,37 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _plan(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet) -> list[Phase]:
-    """The phases of the whole run, engine after engine, in the order they will run."""
-    phases: list[Phase] = []
-    for target in targets:
-        settings = Settings(
+    """The phases of the whole run in the order they will run: the seed's experiment interleaved over repetitions."""
+
+    def settings_of(target: Target) -> Settings:
+        return Settings(
             target=target,
             prompt_set=prompt_set,
             max_tokens=args.max_tokens,
             temperature=args.temperature,
             timeout_s=args.request_timeout,
         )
-        if args.command == "compare":
-            # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
-            # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
-            phases.append(SequentialPhase(settings, name="sequential", count=args.burst_size))
-            phases.append(BurstPhase(settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause))
-            if not args.no_seed4 and prompt_set.name != "seed4":
-                seed4 = dataclasses.replace(settings, prompt_set=prompt_sets.load("seed4"))
-                phases.append(SequentialPhase(seed4, name="sequential-seed4"))
-        else:
-            phases.extend(build_phases(args.command, settings, args))
-    return phases
+
+    if args.command != "compare":
+        return [phase for target in targets for phase in build_phases(args.command, settings_of(target), args)]
+    seed4_set = prompt_sets.load("seed4") if not args.no_seed4 and prompt_set.name != "seed4" else None
+
+    def one_pass(target: Target, repetition: int) -> list[Phase]:
+        # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
+        # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
+        settings = settings_of(target)
+        phases: list[Phase] = [
+            SequentialPhase(settings, name="sequential", count=args.burst_size, repetition=repetition),
+            BurstPhase(
+                settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause, repetition=repetition
+            ),
+        ]
+        if seed4_set is not None:
+            seed4 = dataclasses.replace(settings, prompt_set=seed4_set)
+            phases.append(SequentialPhase(seed4, name="sequential-seed4", repetition=repetition))
+        return phases
+
+    return trials.interleave(targets, one_pass, args.repetitions)
 
 
 def run_headless(args: argparse.Namespace) -> int:
@@ -220,6 +232,11 @@ def run_headless(args: argparse.Namespace) -> int:
         used_sets.setdefault(phase.settings.prompt_set.name, phase.settings.prompt_set)
     flags = {k: v for k, v in vars(args).items() if k not in ("engine", "model", "quiet")}
     flags["ignore_eos"] = not args.no_ignore_eos
+    retries = getattr(args, "noise_retries", 0)
+    isolation = Isolation(getattr(args, "isolate", "off"), recorder.line)
+    keeper = trials.NoiseKeeper(targets)
+    recorder.annotate = keeper.annotate  # every phase record carries the host's noise while it ran
+    trial_notes: dict = {"repetitions": getattr(args, "repetitions", 1), "isolate": isolation.mode, "warmup": {}}
 
     def manifest(status: str, ended_at: float | None = None) -> None:
         folder.write_manifest(
@@ -234,7 +251,8 @@ def run_headless(args: argparse.Namespace) -> int:
                 started_at=started_at,
                 status=status,
                 ended_at=ended_at,
-                phases=[p.name for p in phases],
+                phases=[p.title for p in phases],
+                trials=trial_notes,
             )
         )
 
@@ -251,17 +269,28 @@ def run_headless(args: argparse.Namespace) -> int:
     annotator = PhaseAnnotator(args.grafana_url)
     status = "complete"
     try:
-        warmed: set[str] = set()
-        for phase in phases:
+        for phase in phases:  # a retry is inserted right after the phase it repeats
             if interrupted.is_set():
                 break
             target = phase.settings.target
-            if target.instance not in warmed:
-                warmed.add(target.instance)
-                if not _warmup(target, phase.settings, args, recorder, interrupted):
+            isolation.focus(target)
+            if target.instance not in trial_notes["warmup"]:
+                warm = trials.warm_up(
+                    target,
+                    phase.settings,
+                    args.warmup,
+                    http_client=args.http_client,
+                    timeout_s=args.request_timeout,
+                    say=recorder.line,
+                    interrupted=interrupted,
+                )
+                if warm is None:
                     break
+                trial_notes["warmup"][target.instance] = warm
+                recorder.line(keeper.locate(target))
+            keeper.begin(target)
             run.advance()
-            sampler.start(phase.name)
+            sampler.start(phase.title)
             runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
             gevent.wait([phase.done, interrupted, run.aborted], count=1)
             sampler.stop()
@@ -272,6 +301,14 @@ def run_headless(args: argparse.Namespace) -> int:
             if runner.spawning_greenlet is not None:
                 runner.spawning_greenlet.join(timeout=10)
             annotator.phase_done(phase)
+            noisy = keeper.flags()
+            if noisy and phase.attempt <= retries and isinstance(phase, (SequentialPhase, BurstPhase)):
+                retry = trials.again(phase)
+                phases.insert(phases.index(phase) + 1, retry)
+                recorder.line(
+                    f"{target.instance} {phase.title}: {noisy[0]}: running it again as {retry.title} "
+                    f"(LOADGEN_NOISE_RETRIES={retries})"
+                )
         if run.aborted.is_set():
             status = "failed"
             runner.stop()
@@ -281,6 +318,7 @@ def run_headless(args: argparse.Namespace) -> int:
         # Close the last phase (its PhaseRecords; an interrupted one keeps what finished); skip what never started.
         run.finish()
     finally:
+        isolation.release()
         sampler.close()
         runner.stop()
         runner.quit()
@@ -309,70 +347,12 @@ def run_headless(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if status == "interrupted" else 0
 
 
-def _warmup(
-    target: Target, settings: Settings, args: argparse.Namespace, recorder: Recorder, interrupted: Event
-) -> bool:
-    """Warm-up requests (cold caches, first-request compile) that never reach the results."""
-    if args.warmup <= 0:
-        return True
-    transport = llm.make_transport(args.http_client, target.url, timeout=args.request_timeout)
-    try:
-        for i in range(args.warmup):
-            payload = llm.chat_payload(
-                target.api,
-                target.model,
-                settings.prompt_set[i].text,
-                settings.max_tokens,
-                settings.temperature,
-                bool(target.ignore_eos),
-            )
-            job = gevent.spawn(llm.stream_chat, transport, target.chat_path, target.api, payload)
-            gevent.wait([job, interrupted], count=1)
-            if interrupted.is_set():
-                job.kill()
-                return False
-            m = job.value
-            outcome = "ok" if m.ok else f"FAILED ({m.error})"
-            recorder.line(
-                f"warm-up {target.instance} {i + 1}/{args.warmup}: {outcome} {m.elapsed_s or 0:.3f}s (not recorded)"
-            )
-    finally:
-        transport.close()
-    return True
-
-
 def _print_summary(folder: RunFolder, out) -> None:
-    """The seed's table shape from the raw records: per engine and phase, wall, tokens/s, TTFT; scaling factor."""
-    requests = list(folder.requests())
-    phases = list(folder.phases())
-    if not phases:
+    """The seed's table from the run folder, as the report reads it: medians over repetitions, CIs, flags."""
+    try:
+        run = report_load.load(folder.path)
+    except report_load.RunError:
         return
-    print(
-        f"\n{'engine':<16} {'phase':<18} {'reqs':>4} {'ok':>3} {'wall s':>8} {'tokens':>6} {'tok/s':>7} {'TTFT p50 s':>10}",
-        file=out,
-    )
-    for p in phases:
-        rs = [r for r in requests if r.instance == p.instance and r.phase == p.phase]
-        ok = [r for r in rs if r.ok]
-        tokens = sum(r.output_tokens or 0 for r in ok)
-        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-        ttft = f"{statistics.median(ttfts):.3f}" if ttfts else "-"
-        print(
-            f"{p.instance:<16} {p.phase:<18} {len(rs):>4} {len(ok):>3} {p.wall_s:>8.3f} {tokens:>6} "
-            f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {ttft:>10}",
-            file=out,
-        )
-    for burst in (p for p in phases if p.scenario == BURST):
-        mine = [p for p in phases if p.instance == burst.instance]
-        if not any(p.scenario == SEQUENTIAL for p in mine):
-            continue  # a burst on its own: nothing to compare it with
-        factor, partner, why = scaling_factor(burst, mine)
-        if factor is None:
-            print(f"scaling factor {burst.instance} {burst.phase}: {why}", file=out)
-        else:
-            print(
-                f"scaling factor {burst.instance} {burst.phase}: matched-set {partner.phase} {partner.wall_s:.3f}s / "
-                f"burst {burst.wall_s:.3f}s = {factor:.2f}x",
-                file=out,
-            )
+    print(file=out)
+    out.write(report_table.render_summary(report_table.build(run), run.run_id))
     print("", file=out, flush=True)
