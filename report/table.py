@@ -200,8 +200,8 @@ def _aggregate(
         row.refusal = refusals[0]
     elif flagged:
         row.refusal = (
-            f"refused: no repetition of {base} can be trusted "
-            f"({'; '.join(f'{r.phase}: {r.left_out}' for r in flagged)}); rerun it when the host is quiet"
+            f"refused: every repetition of {base} is flagged ({', '.join(r.phase for r in flagged)}): "
+            f"rerun on a quiet host"
         )
     return row
 
@@ -297,7 +297,7 @@ def notes_text(row: TableRow) -> str:
         parts.append(f"{row.reading}; matched set: {row.matched_phase}")
     if row.refusal:
         parts.append(row.refusal)
-    elif row.left_out:
+    if row.left_out:
         parts.append(flags_text(row))
     return "; ".join(parts + row.notes)
 

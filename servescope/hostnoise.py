@@ -13,11 +13,12 @@ process is then put in one group:
   other engines   the other engines of this run (by the port they listen on) and the ones the
               native stack started (their pid records), named by engine
   processes   everything else, by program name (`python -m pytest`, `cc1plus`, `kworker`)
-  unattributed  the machine's busy CPU time no live process accounts for: processes that both
-              started and ended inside the phase, and the kernel's interrupts
+  unattributed  the machine's busy CPU time no process seen at the end accounts for: processes that
+              ended inside the phase (a short compile job) and the kernel's interrupts
 
-A process's CPU includes the children it has reaped (cutime/cstime), so a short-lived compiler
-run by `make` counts under `make`. Shares are in cores: CPU seconds / the window's seconds.
+A process counts its own CPU only (utime + stime), never the children it reaped (cutime): a
+container runtime that reaps a container's init would otherwise be charged that container's
+whole life. Shares are in cores: CPU seconds / the window's seconds.
 The rule that flags a phase (thresholds.NoiseRule) is applied by `flags` below, the one place
 the load generator and the report both use.
 """
@@ -41,7 +42,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 TOP_GROUPS = 6  # groups kept per phase record, largest first; the rest are summed into "others"
 INTERPRETERS = ("python", "node", "java", "ruby", "perl", "bash", "sh")
 KERNEL_THREADS = "kernel threads"
-UNATTRIBUTED = "unattributed (exited processes, interrupts)"
+UNATTRIBUTED = "exited processes and interrupts"
 ENGINE, LOADGEN, OBSERVER, OTHER_ENGINE, PROCESS = "engine", "loadgen", "observer", "other engine", "process"
 
 
@@ -50,12 +51,7 @@ class Proc:
     pid: int
     ppid: int
     comm: str
-    own_s: float  # utime + stime: its own CPU seconds (all threads)
-    reaped_s: float  # cutime + cstime: CPU seconds of children it has waited for
-
-    @property
-    def cpu_s(self) -> float:
-        return self.own_s + self.reaped_s
+    cpu_s: float  # utime + stime: its own CPU seconds (all threads)
 
 
 @dataclass
@@ -86,12 +82,9 @@ def read_procs(root: Path = PROC) -> dict[tuple[int, int], Proc]:
         if close < 0 or len(fields) < 20:
             continue
         comm = data[data.find(b"(") + 1 : close].decode("utf-8", "replace")
-        # Fields after "(comm)": state ppid ... utime(11) stime(12) cutime(13) cstime(14) ... starttime(19)
-        ticks = [int(fields[i]) for i in (11, 12, 13, 14)]
+        # Fields after "(comm)": state(0) ppid(1) ... utime(11) stime(12) ... starttime(19)
         key = (int(name), int(fields[19]))
-        procs[key] = Proc(
-            int(name), int(fields[1]), comm, (ticks[0] + ticks[1]) / CLK_TCK, (ticks[2] + ticks[3]) / CLK_TCK
-        )
+        procs[key] = Proc(int(name), int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / CLK_TCK)
     return procs
 
 
@@ -283,17 +276,6 @@ def measure(begin: Snapshot, end: Snapshot, roles: Roles, root: Path = PROC) -> 
         if delta > 0:
             owner = group(proc)
             seconds[owner] = seconds.get(owner, 0.0) + delta
-    # A child reaped inside the window moved its whole life's CPU into its parent's cutime/cstime:
-    # take back what it had used before the window began (it is not this phase's).
-    alive = {p.pid: (k, p) for k, p in end.procs.items()}
-    for key, proc in begin.procs.items():
-        if key in end.procs or proc.ppid not in alive:
-            continue
-        parent_key, parent = alive[proc.ppid]
-        grew = parent.reaped_s - (begin.procs[parent_key].reaped_s if parent_key in begin.procs else 0.0)
-        owner = group(parent)
-        if grew >= proc.cpu_s and owner in seconds:
-            seconds[owner] = max(0.0, seconds[owner] - proc.cpu_s)
     by_role: dict[str, float] = {}
     for (role, _), s in seconds.items():
         by_role[role] = by_role.get(role, 0.0) + s
@@ -367,7 +349,9 @@ def flags(noise: dict | None, instance: str, rule: NoiseRule | None = None) -> l
     foreign = noise.get("foreign_cores")
     # Without the engine's own process the foreign share holds the engine itself: only steal is judged.
     if noise.get("engine_found"):
-        loud = [g for g in groups if g["cores"] >= rule.group_cores and not str(g.get("name", "")).endswith(" more")]
+        # One program each; the sums ("N more", exited processes) count towards the total only.
+        named = [g for g in groups if g.get("name") != UNATTRIBUTED and not str(g.get("name", "")).endswith(" more")]
+        loud = [g for g in named if g["cores"] >= rule.group_cores]
         if loud:
             used = ", ".join(f"{share(g['cores'])} used by {g['name']}" for g in loud)
             out.append(f"noisy: {used} while measuring {instance}")
