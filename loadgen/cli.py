@@ -36,6 +36,7 @@ from report import table as report_table
 from servescope import knobs
 from servescope.runfolder import RunFolder
 from servescope.sampler import Sampler
+from servescope.thresholds import NoiseRule, WarmupRule
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -171,6 +172,9 @@ def run_headless(args: argparse.Namespace) -> int:
     if len(set(instances)) != len(instances):
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
     prompt_set = prompt_sets.load(args.prompts)
+    # The trials' rules are knobs: a bad one is one line now, not a traceback after the first phase.
+    WarmupRule.current()
+    NoiseRule.current()
     try:
         folder = RunFolder.create(Path(args.results), args.run_id)
     except FileExistsError:

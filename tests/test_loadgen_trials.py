@@ -211,3 +211,20 @@ def test_pause_never_stops_a_process_group_it_does_not_own(tmp_path):
 def test_off_touches_nothing(tmp_path, native_engines):
     Isolation("off", print, records=lambda: pidrecords.live(tmp_path)).focus(parse_engine("vllm"))
     assert all(state(p) != psutil.STATUS_STOPPED for p in native_engines.values())
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "line"),
+    [
+        ("WARMUP_STABLE_COUNT", "0", "loadgen: WARMUP_STABLE_COUNT='0': expected a number from 1 to 1000"),
+        ("NOISE_GROUP_CPU_CORES", "lots", "loadgen: NOISE_GROUP_CPU_CORES='lots': expected a number >= 0"),
+        ("NOISE_STEAL_SHARE", "nan", "loadgen: NOISE_STEAL_SHARE='nan': expected a number from 0 to 1"),
+    ],
+)
+def test_a_bad_trials_knob_is_one_line_before_anything_runs(tmp_path, knob, value, line):
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "compare", "--engine", "vllm=http://127.0.0.1:1", "--results", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env={**os.environ, knob: value},
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip() == line
+    assert list(tmp_path.iterdir()) == []  # no run folder was started

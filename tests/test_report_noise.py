@@ -190,3 +190,11 @@ def test_a_bad_repetition_or_noise_field_costs_only_its_record(tmp_path, bad):
     run = load(folder.path)
     assert [p.phase for p in run.phases] == ["burst-1"]
     assert any("phases.jsonl: 1 record skipped" in w for w in run.warnings)
+
+
+def test_a_bad_noise_knob_is_one_line_in_the_report(tmp_path, monkeypatch, capsys):
+    from report import cli
+
+    monkeypatch.setenv("OUTLIER_RATIO", "0.5")
+    assert cli.main(["--results", str(tmp_path), "--table-only"]) == 2
+    assert capsys.readouterr().err == "report: OUTLIER_RATIO='0.5': expected a number >= 1\n"
