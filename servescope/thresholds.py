@@ -12,7 +12,9 @@ tests fail when the committed rules are stale. SLO defaults will join this table
 
 The second half says when a measurement can be trusted on a shared machine (issue 15): when a
 warm-up is over, when a phase was measured on a noisy host, when a request is an outlier. Each
-of those is a knob (.env.example, overridable by the environment), read when the rule is applied.
+of those is a knob (.env.example, overridable by the environment), read when the rule is applied,
+so a report can re-judge an old run. How many repetitions the seed's experiment runs (3 for
+`make up`) is the load generator's option --repetitions, whose default is the knob LOADGEN_REPETITIONS.
 """
 
 from __future__ import annotations
