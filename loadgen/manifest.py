@@ -48,6 +48,7 @@ def build(
     status: str = "running",
     ended_at: float | None = None,
     phases: list[str] | None = None,
+    trials: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything a report needs to say what was run where; status is running -> complete | interrupted."""
     from locust import __version__ as locust_version
@@ -69,6 +70,7 @@ def build(
         "prompt_set_sha256": prompt_sets[0].sha256 if prompt_sets else None,
         "flags": flags,
         "phases": phases or [],
+        "trials": trials or {},  # repetitions, isolation, each engine's warm-up (loadgen/trials.py)
         "machine": machine(),
         "locust_version": locust_version,
     }

@@ -58,6 +58,7 @@ temperature = bounded(float, "a temperature >= 0", 0)
 port = bounded(int, "a port from 0 (off) to 65535", 0, 65535)
 # The sequential queue holds passes x prompts up front: a bound keeps it in memory.
 repeats = bounded(int, "a whole number of passes from 1 to 100000", 1, 100_000)
+repetitions = bounded(int, "a whole number of repetitions from 1 to 1000", 1, 1000)
 
 
 def levels(text: str) -> str:
@@ -281,9 +282,36 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--warmup",
-        "warm-up requests per engine, excluded from results",
+        "warm-up per engine, excluded from results: at least this many requests (0: none), then until "
+        "WARMUP_STABLE_COUNT latencies agree within WARMUP_TOLERANCE (at most WARMUP_MAX_S seconds)",
         knob="LOADGEN_WARMUP",
         type=non_negative_int,
+        locust=False,
+    ),
+    Option(
+        "--repetitions",
+        "passes of the seed's experiment, engines and phases interleaved (A B B A ...): the table gives the median "
+        "wall per phase and the scaling factor's 95%% CI over them",
+        knob="LOADGEN_REPETITIONS",
+        type=repetitions,
+        commands=frozenset({"compare"}),
+        locust=False,
+    ),
+    Option(
+        "--noise-retries",
+        "run a phase flagged noisy (host noise over the NOISE_* thresholds) again right away, up to this many times",
+        knob="LOADGEN_NOISE_RETRIES",
+        type=non_negative_int,
+        commands=frozenset({"compare"}),
+        locust=False,
+    ),
+    Option(
+        "--isolate",
+        "while one engine is measured: off (the others run on, their CPU is measured and flags the phase) or "
+        "pause (SIGSTOP the other engines the native stack started, SIGCONT after)",
+        knob="LOADGEN_ISOLATE",
+        choices=("off", "pause"),
+        commands=frozenset({"compare"}),
         locust=False,
     ),
     Option(

@@ -20,7 +20,7 @@ from gevent.event import Event
 from loadgen.prompts import Prompt, PromptSet
 from loadgen.targets import Target
 from servescope import knobs
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
 
 SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep")
 MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
@@ -63,16 +63,25 @@ class Phase:
     scenario = ""
     user_class = "ClosedLoopUser"
 
-    def __init__(self, settings: Settings, name: str, users: int):
+    def __init__(self, settings: Settings, name: str, users: int, repetition: int = 1, attempt: int = 1):
         self.settings = settings
         self.name = name
         self.users = users
+        self.repetition, self.attempt = repetition, attempt  # which pass and which run of it (PhaseRecord)
         self.done = Event()
         self.in_flight = 0
         self.spans: dict[str, _Span] = {}
         self.emitted: set[str] = set()
         self.recorder = None  # where PhaseRecords go, from begin()
         self.received = 0  # records from distributed workers (on the master)
+
+    def label(self, name: str) -> str:
+        """A span's recorded name: unique across repetitions and attempts ("burst-1#2")."""
+        return trial_phase_name(name, self.repetition, self.attempt)
+
+    @property
+    def title(self) -> str:
+        return self.label(self.name)
 
     def begin(self, recorder) -> None:
         """The phase becomes current: its finished spans go to `recorder`."""
@@ -139,13 +148,15 @@ class Phase:
                 prompt_set=s.prompt_set.name,
                 prompt_set_sha256=s.prompt_set.sha256,
                 max_tokens=s.max_tokens,
+                repetition=self.repetition,
+                attempt=self.attempt,
             )
             for name, span in self.spans.items()
             if span.started_at is not None
         ]
 
     def describe(self) -> str:
-        return f"{self.settings.target.instance} {self.name}: {self.users} user(s)"
+        return f"{self.settings.target.instance} {self.title}: {self.users} user(s)"
 
 
 class SequentialPhase(Phase):
@@ -154,8 +165,16 @@ class SequentialPhase(Phase):
     scenario = "sequential"
     user_class = "SequentialUser"
 
-    def __init__(self, settings: Settings, name: str = "sequential", repeat: int = 1, count: int | None = None):
-        super().__init__(settings, name, users=1)
+    def __init__(
+        self,
+        settings: Settings,
+        name: str = "sequential",
+        repeat: int = 1,
+        count: int | None = None,
+        repetition: int = 1,
+        attempt: int = 1,
+    ):
+        super().__init__(settings, name, users=1, repetition=repetition, attempt=attempt)
         # `count` sends the first COUNT prompts, cycling, exactly as a burst of COUNT does: the matched set.
         # Handed out one at a time (nothing queued up front: the memory of a run does not grow with its length).
         self.count = len(settings.prompt_set.prompts) * repeat if count is None else count
@@ -164,7 +183,7 @@ class SequentialPhase(Phase):
     def next_work(self) -> Work | None:
         if self.exhausted():
             return None
-        work = Work(self.settings.prompt_set[self.issued], self.name)
+        work = Work(self.settings.prompt_set[self.issued], self.title)
         self.issued += 1
         self.in_flight += 1
         return work
@@ -182,8 +201,17 @@ class BurstPhase(Phase):
     scenario = "burst"
     user_class = "BurstUser"
 
-    def __init__(self, settings: Settings, size: int, rounds: int = 1, pause_s: float = 1.0, name: str = "burst"):
-        super().__init__(settings, name, users=size)
+    def __init__(
+        self,
+        settings: Settings,
+        size: int,
+        rounds: int = 1,
+        pause_s: float = 1.0,
+        name: str = "burst",
+        repetition: int = 1,
+        attempt: int = 1,
+    ):
+        super().__init__(settings, name, users=size, repetition=repetition, attempt=attempt)
         self.size, self.rounds, self.pause_s = size, rounds, pause_s
         self.round = 0  # rounds released so far
         self.arrived = 0
@@ -220,7 +248,7 @@ class BurstPhase(Phase):
         index = self.next_index
         self.next_index += 1
         self.in_flight += 1
-        return Work(self.settings.prompt_set[index], f"{self.name}-{round_no + 1}", arrival_index=index)
+        return Work(self.settings.prompt_set[index], self.label(f"{self.name}-{round_no + 1}"), arrival_index=index)
 
     def finished(self, work: Work, record: RequestRecord, elapsed_s: float) -> None:
         self.last_round_end = time.monotonic()
@@ -232,7 +260,7 @@ class BurstPhase(Phase):
         return self.round >= self.rounds
 
     def describe(self) -> str:
-        return f"{self.settings.target.instance} {self.name}: {self.size} at once x {self.rounds}"
+        return f"{self.settings.target.instance} {self.title}: {self.size} at once x {self.rounds}"
 
 
 class ClosedLoopPhase(Phase):

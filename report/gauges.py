@@ -151,7 +151,7 @@ def _from_prometheus(run: Run, url: str, client: Prometheus | None) -> GaugeRepo
             values = _merge(_pick(result, instance, info.kind, run), gauge)
             if values:
                 eg.series[gauge] = values
-        _summarise(eg, run, slack=step)
+        summarise(eg, run, slack=step)
         for name, result in kv_results.items():
             picked = _pick(result, instance, info.kind, run)
             eg.kv[name] = max((float(s["value"][1]) for s in picked), default=None)
@@ -201,7 +201,7 @@ def _from_samples(run: Run, instance: str, kind: str, records: list[SampleRecord
         points = [(r.t, None if r.missing else r.values.get(gauge)) for r in records]
         if any(v is not None for _, v in points):
             eg.series[gauge] = points
-    _summarise(eg, run, slack=interval)
+    summarise(eg, run, slack=interval)
     for name in KV_SERIES:
         eg.kv[name] = next((r.values[name] for r in reversed(records) if not r.missing and name in r.values), None)
     for phase in run.phases_of(instance):
@@ -214,7 +214,7 @@ def _from_samples(run: Run, instance: str, kind: str, records: list[SampleRecord
     return eg
 
 
-def _summarise(eg: EngineGauges, run: Run, slack: float) -> None:
+def summarise(eg: EngineGauges, run: Run, slack: float) -> None:
     """Peaks over the run and per phase (within one sample of its edges), and KV usage while requests waited."""
     start, end = run.started_at, run.ended_at
     for gauge in GAUGES:
