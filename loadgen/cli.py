@@ -21,6 +21,7 @@ from gevent.event import Event
 from loadgen import client as llm
 from loadgen import options
 from loadgen import prompts as prompt_sets
+from loadgen import workloads
 from loadgen.annotations import PhaseAnnotator
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
@@ -51,6 +52,7 @@ COMMANDS = {
     "ramp": "steps of closed-loop users, each held",
     "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
     "sweep": "one closed-loop phase per concurrency level",
+    "replay": "a trace's requests at their own times (--prompts trace:FILE), open loop, --speed times faster",
 }
 
 
@@ -135,6 +137,7 @@ def _plan(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet
             max_tokens=args.max_tokens,
             temperature=args.temperature,
             timeout_s=args.request_timeout,
+            think_s=args.think_time,
         )
         if args.command == "compare":
             # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
@@ -159,6 +162,7 @@ def run_headless(args: argparse.Namespace) -> int:
     if len(set(instances)) != len(instances):
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
     prompt_set = prompt_sets.load(args.prompts)
+    workloads.check(args.command, prompt_set, getattr(args, "bursts", 1))
     try:
         folder = RunFolder.create(Path(args.results), args.run_id)
     except FileExistsError:
@@ -321,7 +325,7 @@ def _warmup(
             payload = llm.chat_payload(
                 target.api,
                 target.model,
-                settings.prompt_set[i].text,
+                settings.prompt_set.warmup_text(i),
                 settings.max_tokens,
                 settings.temperature,
                 bool(target.ignore_eos),
