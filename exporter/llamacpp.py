@@ -27,6 +27,7 @@ LLAMACPP_SAMPLES = frozenset(
         "llamacpp:requests_deferred",
         "llamacpp:tokens_predicted_total",
         "llamacpp:prompt_tokens_total",
+        "llamacpp:prompt_tokens_cached_total",
     )
 )
 
@@ -60,13 +61,19 @@ class LlamacppCollector(EngineCollector):
                 family.add_metric(self.labels(model), sum(value for _, value in samples[source]))
             yield family
 
-        for name, source in (
-            (series.GENERATED_TOKENS, "llamacpp:tokens_predicted_total"),
-            (series.PROMPT_TOKENS, "llamacpp:prompt_tokens_total"),
+        # Its prompt_tokens_total counts only the tokens it computed: the cached ones (builds that count them)
+        # are added, so prompt tokens mean the whole prompt here as they do on vLLM.
+        totals = {name: sum(value for _, value in samples[name]) for name in LLAMACPP_SAMPLES if name in samples}
+        cached = totals.get("llamacpp:prompt_tokens_cached_total")
+        prompt = totals.get("llamacpp:prompt_tokens_total")
+        for name, value in (
+            (series.GENERATED_TOKENS, totals.get("llamacpp:tokens_predicted_total")),
+            (series.PROMPT_TOKENS, None if prompt is None else prompt + (cached or 0.0)),
+            (series.PROMPT_CACHED_TOKENS, cached),
         ):
             family = CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
-            if source in samples:
-                family.add_metric(self.labels(model), sum(value for _, value in samples[source]))
+            if value is not None:
+                family.add_metric(self.labels(model), value)
             yield family
 
         if slots is not MISSING:

@@ -122,7 +122,8 @@ def synthetic(tokens: int, count: int = 8, seed: int = 0) -> PromptSet:
     prompts = []
     for i in range(count):
         # The instruction sits in front so every prompt asks for an answer of the same kind.
-        prompts.append(Prompt(id=f"synthetic-{tokens}-{i + 1}", text=" ".join(filter(None, ("Summarise:", filler(tokens - 1, rng)))))
+        text = " ".join(filter(None, ("Summarise:", filler(tokens - 1, rng))))
+        prompts.append(Prompt(id=f"synthetic-{tokens}-{i + 1}", text=text))
     return PromptSet(name=f"synthetic-{tokens}x{count}", prompts=tuple(prompts))
 
 
