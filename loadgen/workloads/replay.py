@@ -51,7 +51,9 @@ class ReplayPhase(RatePhase):
             while self.in_flight >= self.max_in_flight:  # the client's own ceiling: bounded memory; shows as lag
                 self.slot_free.clear()
                 self.slot_free.wait(1.0)
-            work = Work(self.settings.prompt_set.prompts[index], self.name, arrival_index=index, scheduled_at=epoch0 + at)
+            work = Work(
+                self.settings.prompt_set.prompts[index], self.name, arrival_index=index, scheduled_at=epoch0 + at
+            )
             self.issued += 1
             self.in_flight += 1
             yield work

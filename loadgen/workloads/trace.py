@@ -131,7 +131,9 @@ def _offset(item: dict, where: str) -> float:
 def _count(item: dict, where: str, *names: str) -> int:
     value = next((item[n] for n in names if n in item), None)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SYNTHETIC_TOKENS:
-        raise PromptSetError(f"{where}: {names[0]} must be a whole number from 1 to {MAX_SYNTHETIC_TOKENS}, got {value!r}")
+        raise PromptSetError(
+            f"{where}: {names[0]} must be a whole number from 1 to {MAX_SYNTHETIC_TOKENS}, got {value!r}"
+        )
     return value
 
 
@@ -139,7 +141,9 @@ def _text(hash_ids: Any, tokens: int, index: int, blocks: dict[Any, list[str]], 
     """The prompt: Mooncake's blocks when the trace gives them (shared ids, shared text), else text of its own."""
     if hash_ids is None:
         return " ".join(filter(None, (f"Request-{index + 1}:", filler(tokens - 1, random.Random(f"row-{index}")))))
-    if not isinstance(hash_ids, list) or not all(isinstance(h, (int, str)) and not isinstance(h, bool) for h in hash_ids):
+    if not isinstance(hash_ids, list) or not all(
+        isinstance(h, (int, str)) and not isinstance(h, bool) for h in hash_ids
+    ):
         raise PromptSetError(f"{where}: hash_ids must be a list of block ids")
     words: list[str] = []
     for block in hash_ids:
@@ -220,4 +224,3 @@ def replay_phase(settings, options):
     duration = float(options.duration) if options.duration not in (None, "") else None
     requests = int(options.requests) if options.requests not in (None, "") else None
     return ReplayPhase(settings, speed=float(options.speed), duration_s=duration, requests=requests)
-
