@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadgen.prompts import MAX_SYNTHETIC_COUNT, MAX_SYNTHETIC_WORDS, Prompt, PromptSet, PromptSetError
+from loadgen import workloads
 from loadgen.workloads import conversation, files, lengths
 
 DEFAULT = "sharegpt-like"
@@ -39,13 +40,19 @@ class DatasetSet(PromptSet):
             "output_words": lengths.summary([p.max_tokens for p in self.prompts if p.max_tokens is not None]),
         }
 
+    def warmup_text(self, index: int) -> str:
+        return workloads.warmup_text(index)
+
 
 def load(arg: str) -> DatasetSet:
     source, *option_texts = arg.split(",") if arg else [""]
     options = _options(arg, option_texts)
     path, name = files.resolve("dataset", source, DEFAULT)
-    input_range = lengths.parse_range(options["input"], "dataset input=") if "input" in options else None
-    output_range = lengths.parse_range(options["output"], "dataset output=") if "output" in options else None
+    try:
+        input_range = lengths.parse_range(options["input"], "dataset input=") if "input" in options else None
+        output_range = lengths.parse_range(options["output"], "dataset output=") if "output" in options else None
+    except ValueError as exc:
+        raise PromptSetError(str(exc)) from None
     sample = _whole(options.get("sample"), "sample", low=1, high=MAX_SYNTHETIC_COUNT)
     rng = random.Random(_whole(options.get("seed", "0"), "seed", low=0, high=2**63))
 
