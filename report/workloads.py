@@ -6,8 +6,10 @@ Reuse = prompt tokens the engine took from its prefix / prompt cache / prompt to
   --enable-prompt-tokens-details) over the prompt tokens it reported;
 - the server's counters in the run's own samples (servescope_prompt_tokens_cached_total over
   servescope_prompt_tokens_total, every engine that has them: vLLM and llama.cpp), summed per phase;
-  by turn only over the stretches where every request in flight was of that one turn (a sequential
-  conversation, a burst's rounds), since a counter cannot say which request it counted.
+  by turn only over the stretches between two samples where every request in its prefill was of
+  that one turn (both counters move while a prompt is processed, before its first token: vLLM at
+  scheduling and at the first output, llama.cpp when the prompt is evaluated), since a counter
+  cannot say which request it counted.
 """
 
 from __future__ import annotations
@@ -24,16 +26,16 @@ from report.render import Bullets, Figure, Paragraph, Section, Table
 from servescope import series
 from servescope.runfolder import RequestRecord
 
-# A sample's value was read somewhere within its read around its time; a request's counters change inside
-# its own window (prefill, then the last token): windows are widened by this much when matched to samples.
+# A sample's value was read somewhere within its read around its time, and an engine updates its counters a
+# little before its first token reaches the client: prefill windows are widened by this much.
 SLACK_S = 0.05
 LATE_S = 0.010  # a replayed request sent more than this after its scheduled time counts as late
 REUSE_RULE = (
     "Reuse = prompt tokens the engine took from its cache / prompt tokens. Per request: what the engine "
     "reported for each request (llama.cpp timings.cache_n / usage.prompt_tokens_details; vLLM only with "
     "--enable-prompt-tokens-details). Server: the engine's counters in the run's samples "
-    f"({series.PROMPT_CACHED_TOKENS} / {series.PROMPT_TOKENS}), by turn only where every request in flight "
-    "was of that turn."
+    f"({series.PROMPT_CACHED_TOKENS} / {series.PROMPT_TOKENS}), by turn only between two samples where every "
+    "prompt the engine processed was of that turn."
 )
 OLLAMA_NOTE = (
     "Ollama reports no cached-token count: its prompt_eval_count is the whole prompt in current builds (set "
@@ -152,14 +154,15 @@ def _counter_intervals(gauge_report: GaugeReport, instance: str) -> list[_Interv
     return out
 
 
-def _window(r: RequestRecord) -> tuple[float, float]:
-    return r.started_at - SLACK_S, r.started_at + (r.e2e_s or r.ttft_s or 0.0) + SLACK_S
+def _prefill(r: RequestRecord) -> tuple[float, float]:
+    """When the engine counted this request's prompt: from its send to its first token (a failure: around its send)."""
+    return r.started_at - SLACK_S, r.started_at + (r.ttft_s or 0.0) + SLACK_S
 
 
 def _attribute(intervals: list[_Interval], records: list[RequestRecord]) -> dict[tuple[str, int], list[float]]:
-    """(scenario, turn) -> [prompt, cached] summed over the intervals during which only that turn was in flight."""
+    """(scenario, turn) -> [prompt, cached] summed over the intervals in which only that turn's prompts were processed."""
     out: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    spans = sorted(((*_window(r), r.scenario, r.turn) for r in records), key=lambda s: s[0])
+    spans = sorted(((*_prefill(r), r.scenario, r.turn) for r in records), key=lambda s: s[0])
     active: list[tuple[float, float, str, int | None]] = []
     nxt = 0
     for iv in intervals:  # both in time order: a sweep, not every pair

@@ -130,7 +130,9 @@ def answer(ok: bool = True, text: str = "fine", prompt_tokens: int | None = 10, 
 
 
 def two_conversations(tmp_path) -> ConversationSet:
-    return prompts.load(f"conversation:{write(tmp_path, 'c.jsonl', [{'id': 'a', 'turns': ['a1', 'a2']}, {'id': 'b', 'turns': ['b1', 'b2']}])}")
+    return prompts.load(
+        f"conversation:{write(tmp_path, 'c.jsonl', [{'id': 'a', 'turns': ['a1', 'a2']}, {'id': 'b', 'turns': ['b1', 'b2']}])}"
+    )
 
 
 def test_one_user_plays_the_conversations_one_after_another(tmp_path):
@@ -140,7 +142,13 @@ def test_one_user_plays_the_conversations_one_after_another(tmp_path):
         turn = sessions.begin(None, max_tokens=8)
         seen.append((turn.conversation, turn.turn, turn.messages[-1]["content"], turn.history_tokens))
         sessions.end(turn, answer(text=f"answer to {turn.messages[-1]['content']}"))
-    assert seen == [("a", 1, "a1", None), ("a", 2, "a2", 13), ("b", 1, "b1", None), ("b", 2, "b2", 13), ("a~2", 1, "a1", None)]
+    assert seen == [
+        ("a", 1, "a1", None),
+        ("a", 2, "a2", 13),
+        ("b", 1, "b1", None),
+        ("b", 2, "b2", 13),
+        ("a~2", 1, "a1", None),
+    ]
 
 
 def test_the_engines_own_answer_joins_the_history(tmp_path):
@@ -252,7 +260,12 @@ def test_dataset_records_of_every_shape(tmp_path):
     path = write(
         tmp_path,
         "d.jsonl",
-        ["plain string", {"text": "a text"}, {"turns": ["first", "second"]}, {"id": "x", "prompt": "p", "max_tokens": 3}],
+        [
+            "plain string",
+            {"text": "a text"},
+            {"turns": ["first", "second"]},
+            {"id": "x", "prompt": "p", "max_tokens": 3},
+        ],
     )
     data = prompts.load(f"dataset:{path}")
     assert [(p.text, p.max_tokens) for p in data.prompts] == [
@@ -297,7 +310,10 @@ def test_the_shipped_trace_reads_with_its_conversations():
     assert trace.describe()["conversations"] == 5
     assert all(p.max_tokens for p in trace.prompts)
     first = trace.prompts[0]
-    assert len(first.text.split()) == json.loads((prompts.DATA_DIR / "trace-small.jsonl").open().readline())["input_tokens"]
+    assert (
+        len(first.text.split())
+        == json.loads((prompts.DATA_DIR / "trace-small.jsonl").open().readline())["input_tokens"]
+    )
 
 
 def test_mooncake_traces_keep_their_shared_blocks(tmp_path):
@@ -321,7 +337,10 @@ def test_mooncake_traces_keep_their_shared_blocks(tmp_path):
     [
         ([{"offset_s": -1, "input_tokens": 5, "output_tokens": 5}], "negative offset -1"),
         (
-            [{"offset_s": 2, "input_tokens": 5, "output_tokens": 5}, {"offset_s": 1, "input_tokens": 5, "output_tokens": 5}],
+            [
+                {"offset_s": 2, "input_tokens": 5, "output_tokens": 5},
+                {"offset_s": 1, "input_tokens": 5, "output_tokens": 5},
+            ],
             "offset 1 s comes before the previous request's 2 s: a trace is sorted by time",
         ),
         ([{"input_tokens": 5, "output_tokens": 5}], 'no time: expected "offset_s"'),

@@ -20,8 +20,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadgen.prompts import MAX_SYNTHETIC_COUNT, MAX_SYNTHETIC_WORDS, Prompt, PromptSet, PromptSetError
 from loadgen import workloads
+from loadgen.prompts import MAX_SYNTHETIC_COUNT, MAX_SYNTHETIC_WORDS, Prompt, PromptSet, PromptSetError
 from loadgen.workloads import conversation, files, lengths
 
 DEFAULT = "sharegpt-like"

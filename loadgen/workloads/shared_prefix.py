@@ -48,7 +48,7 @@ class SharedPrefixSet(PromptSet):
             "prefix_words": self.prefix_words,
             "suffixes_per_prefix": self.suffixes,
             "suffix_words": self.suffix_words,
-            "reuse_ceiling": round(self.reuse_ceiling, 4),
+            "reuse_ceiling": self.reuse_ceiling,
         }
 
     def warmup_text(self, index: int) -> str:
