@@ -317,7 +317,9 @@ def _ignore_eos(run: Run, instance: str) -> str:
     engines = run.manifest.get("engines")
     entry = engines.get(instance) if isinstance(engines, dict) else None
     value = entry.get("ignore_eos") if isinstance(entry, dict) else None
-    return {True: "on", False: "off", "unavailable": "unavailable"}.get(value, "not recorded")
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "unavailable" if value == "unavailable" else "not recorded"
 
 
 def _length_rows(run: Run, instance: str, records: list[RequestRecord]) -> list[LengthRow]:
