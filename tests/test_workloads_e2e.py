@@ -336,3 +336,85 @@ def test_bad_workload_input_is_one_line_and_exit_2(tmp_path, make, command, mess
     assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-1000:]
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr and not results.exists()
+
+
+def locust_headless(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess:
+    """`locust -f loadgen/locustfile.py --headless`: the path the web UI's custom parameters take."""
+    return subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(REPO / "loadgen" / "locustfile.py"), "--headless", "--host", url]
+        + ["--engine", "vllm", "--results", str(tmp_path), "--metrics-port", "0", "--max-tokens", "4", *args],
+        cwd=REPO,
+        env={**os.environ, "SAMPLE_INTERVAL_MS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_locust_and_the_web_ui_take_the_workloads_too(tmp_path):
+    trace = write_jsonl(
+        tmp_path / "t.jsonl",
+        [{"offset_s": 0.1 * k, "input_tokens": 6, "output_tokens": 3, "conversation_id": "c"} for k in range(3)],
+    )
+    chats = write_jsonl(tmp_path / "chats.jsonl", CHATS)
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=64) as s:
+        replay = locust_headless(
+            tmp_path / "r", s.url, "--scenario", "replay", "--prompts", f"trace:{trace}", "--speed", "4"
+        )
+        chat = locust_headless(
+            tmp_path / "c",
+            s.url,
+            "--scenario",
+            "burst",
+            "--users",
+            "2",
+            "--bursts",
+            "2",
+            "--prompts",
+            f"conversation:{chats}",
+        )
+        refused = locust_headless(tmp_path / "x", s.url, "--scenario", "replay", "--prompts", "seed3")
+    assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-2000:]
+    (folder,) = (tmp_path / "r").iterdir()
+    records = sorted(RunFolder(folder).requests(), key=lambda r: r.scheduled_at)
+    assert [(r.conversation, r.turn, r.max_tokens) for r in records] == [("c", 1, 3), ("c", 2, 3), ("c", 3, 3)]
+    assert chat.returncode == 0, chat.stdout[-2000:] + chat.stderr[-2000:]
+    (folder,) = (tmp_path / "c").iterdir()
+    assert sorted((r.phase, r.turn) for r in RunFolder(folder).requests()) == [
+        ("burst-1", 1),
+        ("burst-1", 1),
+        ("burst-2", 2),
+        ("burst-2", 2),
+    ]
+    assert refused.returncode == 2 and "the replay scenario sends each request at a trace's own time" in refused.stderr
+
+
+def test_compare_with_conversations_matches_the_bursts_first_turns(tmp_path):
+    chats = write_jsonl(tmp_path / "chats.jsonl", CHATS)
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=64) as s:
+        proc = loadgen(
+            "compare",
+            "--engine",
+            f"vllm={s.url}",
+            "--prompts",
+            f"conversation:{chats}",
+            "--burst-size",
+            "2",
+            "--no-seed4",
+            "--max-tokens",
+            "4",
+            "--results",
+            str(tmp_path),
+            "--run-id",
+            "run",
+            "--metrics-port",
+            "0",
+            "--quiet",
+            env={"SAMPLE_INTERVAL_MS": "0"},
+        )
+    assert proc.returncode == 0, proc.stderr
+    records = list(RunFolder(tmp_path / "run").requests())
+    sequential = sorted((r.conversation, r.turn) for r in records if r.phase == "sequential")
+    burst = sorted((r.conversation, r.turn) for r in records if r.phase == "burst-1")
+    assert sequential == burst == [("chat0", 1), ("chat1", 1)]  # the matched set: the same requests
+    assert "scaling factor vllm burst-1: matched-set sequential" in proc.stdout
