@@ -152,16 +152,10 @@ class Measurement:
 
 
 def chat_payload(
-    api: str,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    temperature: float,
-    ignore_eos: bool,
-    messages: list[dict[str, str]] | None = None,
+    api: str, model: str, prompt: str | list[dict[str, str]], max_tokens: int, temperature: float, ignore_eos: bool
 ) -> dict:
-    """The streaming chat request; `messages` (a conversation so far) replaces the one user message `prompt` makes."""
-    messages = messages if messages is not None else [{"role": "user", "content": prompt}]
+    """The streaming chat request: `prompt` is one user message's text, or the messages of a conversation so far."""
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if api == "ollama":
         # Ollama has no ignore_eos; num_predict is its max_tokens.
         return {

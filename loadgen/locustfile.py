@@ -111,13 +111,7 @@ class LLMUser(User):
         # think time first), a dataset's or a trace's prompt its own output length.
         turn = phase.source.begin(work, settings.max_tokens)
         payload = llm.chat_payload(
-            target.api,
-            target.model,
-            work.prompt.text,
-            turn.max_tokens,
-            settings.temperature,
-            bool(target.ignore_eos),
-            messages=turn.messages,
+            target.api, target.model, turn.messages, turn.max_tokens, settings.temperature, bool(target.ignore_eos)
         )
         fire = self.environment.events.request.fire
 

@@ -38,9 +38,17 @@ REUSE_RULE = (
     "prompt the engine processed was of that turn."
 )
 OLLAMA_NOTE = (
-    "Ollama reports no cached-token count: its prompt_eval_count is the whole prompt in current builds (set "
-    "before its cache lookup), so it cannot show reuse; the engine's prefill time (prompt_eval_duration) staying "
-    "flat or falling while the history grows is the sign that it reused its cache."
+    "Ollama reports no cached-token count. Its prompt_eval_count against the history it was sent (the previous "
+    "turn's prompt + answer): {verdict} The engine's prefill time (prompt_eval_duration, last column) staying flat "
+    "or falling while the history grows is the sign that it reused its cache."
+)
+OLLAMA_COUNTS_ALL = (
+    "it covered the whole history on every turn (current builds count the prompt before their cache lookup), so "
+    "it cannot show reuse either way."
+)
+OLLAMA_COUNTS_EVALUATED = (
+    "it was below the history on {n} of {m} later turns: this build counts only the tokens it evaluated, so at "
+    "least the difference came from its cache."
 )
 
 
@@ -118,7 +126,7 @@ def build(run: Run, gauge_report: GaugeReport) -> WorkloadReport:
         report.lag += _lag_rows(instance, records)
         report.lengths += _length_rows(run, instance, records)
         if info.kind == "ollama" and any(r.turn is not None for r in records):
-            report.notes.append(OLLAMA_NOTE)
+            report.notes.append(f"{info.title}: " + OLLAMA_NOTE.format(verdict=_ollama_counts(records)))
     shorts = [row for row in report.lengths if row.short]
     if shorts and len({row.instance for row in report.lengths}) > 1:
         report.notes.append(
@@ -127,6 +135,13 @@ def build(run: Run, gauge_report: GaugeReport) -> WorkloadReport:
             + ". Tokens/s compare like for like only where every engine produced the lengths asked for."
         )
     return report
+
+
+def _ollama_counts(records: list[RequestRecord]) -> str:
+    """What Ollama's prompt_eval_count says next to the history length: a whole-prompt count, or the evaluated part."""
+    later = [r for r in records if r.ok and r.history_tokens and r.prompt_tokens is not None]
+    below = sum(1 for r in later if r.prompt_tokens < r.history_tokens)
+    return OLLAMA_COUNTS_EVALUATED.format(n=below, m=len(later)) if below else OLLAMA_COUNTS_ALL
 
 
 # --- the server's counters: consecutive samples' differences, and which turn they belong to
