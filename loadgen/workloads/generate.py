@@ -71,7 +71,7 @@ def chat4() -> list[dict]:
     conversations = []
     for c in range(8):
         opener = (
-            f"Here are my notes from load test {c + 1}. {_notes(rng, rng.randint(180, 240))} "
+            f"Here are my notes from load test {c + 1}. {_notes(rng, rng.randint(260, 300))} "
             f"Summarise them in three short points."
         )
         turns = [opener]
