@@ -5,7 +5,7 @@ is replaced by the next in the set (cycling; a second pass is `ID~2`), so a sequ
 the conversations one after another and a burst of N plays N of them, one turn per round. Open
 loop (`live` None): an arrival continues the conversation that has waited longest once its think
 time is over, else starts the next one. A failed turn ends its conversation: there is no answer to
-carry on from.
+carry on from. Each phase (a ramp step, a sweep level, the next engine) starts the set afresh.
 """
 
 from __future__ import annotations
