@@ -21,6 +21,7 @@ PROMPT_TOKENS = f"{PREFIX}_prompt_tokens_total"  # counter: every prompt token, 
 # reuse, one series for every engine that reports it: rate(PROMPT_CACHED_TOKENS) / rate(PROMPT_TOKENS).
 PROMPT_CACHED_TOKENS = f"{PREFIX}_prompt_tokens_cached_total"
 ENGINE_INFO = f"{PREFIX}_engine_info"  # version and kind as labels, value 1
+ENGINE_INVALID_SAMPLES = f"{PREFIX}_engine_invalid_samples_total"  # counter: values dropped as impossible
 
 # --- the seed's section-3 KV arithmetic (vLLM cache_config_info; llama.cpp slots) ---
 KV_BLOCK_SIZE = f"{PREFIX}_kv_cache_block_size_tokens"
