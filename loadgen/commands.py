@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from loadgen import client as llm
-from loadgen import options, trials
+from loadgen import options, trials, workloads
 from loadgen import prompts as prompt_sets
 from loadgen.prompts import PromptSet
 from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings, build_phases
@@ -31,6 +31,7 @@ COMMANDS = {
     "ramp": "steps of closed-loop users, each held",
     "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
     "sweep": "one closed-loop phase per concurrency level",
+    "replay": "a trace's requests at their own times (--prompts trace:FILE), open loop, --speed times faster",
 }
 web_port = options.bounded(int, "a port from 1 to 65535", 1, 65535)
 
@@ -85,6 +86,7 @@ def prepare(args: argparse.Namespace) -> Plan:
     if len(set(instances)) != len(instances):
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
     prompt_set = prompt_sets.load(args.prompts)
+    workloads.check(args.command, prompt_set, getattr(args, "bursts", 1))
     # The trials' rules are knobs: a bad one is one line now, not a traceback after the first phase.
     WarmupRule.current()
     NoiseRule.current()
@@ -110,6 +112,7 @@ def _phases(args: argparse.Namespace, targets: list[Target], prompt_set: PromptS
             max_tokens=args.max_tokens,
             temperature=args.temperature,
             timeout_s=args.request_timeout,
+            think_s=args.think_time,
         )
 
     if args.command != "compare":

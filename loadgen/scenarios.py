@@ -22,7 +22,7 @@ from loadgen.targets import Target
 from servescope import knobs
 from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
 
-SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep")
+SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep", "replay")
 MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
 
 
@@ -35,6 +35,7 @@ class Settings:
     max_tokens: int
     temperature: float
     timeout_s: float  # REQUEST_TIMEOUT unless the user says otherwise
+    think_s: float = 0.0  # a conversation's pause between an answer and its next turn (--think-time)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Work:
     prompt: Prompt
     phase_name: str  # for bursts the round: burst-1, burst-2, ...
     arrival_index: int | None = None
+    scheduled_at: float | None = None  # open loop: epoch seconds the schedule said to send it
 
 
 class _Span:
@@ -74,6 +76,8 @@ class Phase:
         self.emitted: set[str] = set()
         self.recorder = None  # where PhaseRecords go, from begin()
         self.received = 0  # records from distributed workers (on the master)
+        self.sessions: int | None = users  # conversations a conversation set keeps open at once (None: open loop)
+        self._source = None
 
     def label(self, name: str) -> str:
         """A span's recorded name: unique across repetitions and attempts ("burst-1#2")."""
@@ -82,6 +86,13 @@ class Phase:
     @property
     def title(self) -> str:
         return self.label(self.name)
+
+    @property
+    def source(self):
+        """What turns this phase's work into requests: the prompt set's per-phase state (a conversation's history)."""
+        if self._source is None:
+            self._source = self.settings.prompt_set.source(self)
+        return self._source
 
     def begin(self, recorder) -> None:
         """The phase becomes current: its finished spans go to `recorder`."""
@@ -176,6 +187,8 @@ class SequentialPhase(Phase):
     ):
         super().__init__(settings, name, users=1, repetition=repetition, attempt=attempt)
         # `count` sends the first COUNT prompts, cycling, exactly as a burst of COUNT does: the matched set.
+        if count is not None:
+            self.sessions = count  # a conversation set plays the burst's conversations, one request at a time
         # Handed out one at a time (nothing queued up front: the memory of a run does not grow with its length).
         self.count = len(settings.prompt_set.prompts) * repeat if count is None else count
         self.issued = 0
@@ -329,6 +342,7 @@ class RatePhase(Phase):
         seed: int = 0,
     ):
         super().__init__(settings, f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
+        self.sessions = None
         if rate <= 0:
             raise ValueError("--rate must be > 0")
         if duration_s is None and requests is None:
@@ -517,6 +531,10 @@ def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
         return closed_loop_steps(
             settings, parse_levels(options.concurrencies, "--concurrencies"), duration, requests, "sweep"
         )
+    if scenario == "replay":
+        from loadgen.workloads.trace import replay_phase
+
+        return [replay_phase(settings, options)]
     if scenario == "rate":
         return [
             RatePhase(

@@ -79,7 +79,7 @@ def warm_up(
     if minimum <= 0:
         result["stable"] = None  # not asked for
         return result
-    prompt = settings.prompt_set[0].text
+    prompt = settings.prompt_set.warmup_text(0)
     payload = llm.chat_payload(
         target.api, target.model, prompt, settings.max_tokens, settings.temperature, bool(target.ignore_eos)
     )

@@ -19,6 +19,7 @@ from report import (
     table,
     ttft_split,
     verdict,
+    workloads,
 )
 from report.load import Run
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
@@ -28,7 +29,10 @@ from servescope import series
 def _utc(ts: float | None) -> str:
     if ts is None:
         return "unknown"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # a manifest's time past the year 9999: say so, never a traceback
+        return f"{ts:g} (not a date)"
 
 
 def _s(v: float | None, digits: int = 3) -> str:
@@ -83,6 +87,7 @@ def build(
         deltas, how = compare.between_runs(run, baseline)
     else:
         deltas, how = compare.within_run(run)
+    work = workloads.build(run, gauge_report)
 
     out = run.path
     fig = {}
@@ -100,6 +105,7 @@ def build(
                 out / "comparison.png",
                 f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run",
             ),
+            "turns": plots.turns(run, work, out / "turns.png"),
         }
 
     def figure(key: str, caption: str) -> list[Figure]:
@@ -135,6 +141,7 @@ def build(
             + figure("arrival", "TTFT by arrival order within the bursts."),
         ),
         _compare(deltas, how, baseline, figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")),
+        workloads.section(run, work, figure("turns", "TTFT (median) and prefix-cache reuse by conversation turn.")),
     ]
     subtitle = (
         f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
@@ -177,6 +184,7 @@ def build(
         "verdict": verdict.to_json(verdicts, kv),
         "sweeps": sweep.to_json(sweeps_, drains),
         "comparison": {"baseline": baseline.run_id if baseline else None, **compare.to_json(deltas, how)},
+        "workloads": workloads.to_json(work),
         "plots": sorted(p.name for p in fig.values() if p),
     }
     return doc, numbers

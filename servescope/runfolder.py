@@ -11,6 +11,11 @@ results/<run-id>/
 All durations are seconds (float); wall-clock instants are Unix epoch seconds; engine-native
 durations keep the engine's own unit and say so in their key (Ollama: *_ns).
 
+Workload fields (issue 17; absent in older runs, read as null): a conversation's turn carries
+`conversation`, `turn` and how long its history was (`history_messages`, `history_tokens`);
+`cached_tokens` is what the engine said its prompt cache supplied; an open-loop request (rate,
+replay) carries `scheduled_at` beside `started_at`, and their difference is its schedule lag.
+
 The one reader of a run folder is here too: every record is checked against REQUEST_FIELDS / PHASE_FIELDS
 once, and what fails is skipped and counted by reason (Skips), never passed on to a consumer.
 """
@@ -60,6 +65,14 @@ class RequestRecord:
     content_chunks: int = 0
     arrival_index: int | None = None  # order of release within a burst
     engine_stats: dict[str, Any] = field(default_factory=dict)  # Ollama *_ns fields, llama.cpp timings
+    conversation: str | None = None  # the conversation (session) this turn belongs to; None for a single prompt
+    turn: int | None = None  # 1-based place in its conversation
+    history_messages: int | None = None  # messages sent before this turn's user message (system prompt, earlier turns)
+    history_tokens: int | None = None  # the previous turn's prompt + output tokens, as the engine counted them
+    # Prompt tokens the engine took from its cache: llama.cpp's timings.cache_n, or usage.prompt_tokens_details.
+    # cached_tokens (llama.cpp; vLLM started with --enable-prompt-tokens-details). None: the engine did not say.
+    cached_tokens: int | None = None
+    scheduled_at: float | None = None  # open loop (rate, replay): epoch seconds the schedule said to send it
 
     def to_json(self) -> str:
         # Not asdict(): it deep-copies itl_s one float at a time (12 ms for a 4000-token record).
@@ -309,6 +322,12 @@ REQUEST_FIELDS = (
     Field("content_chunks", "int", default=0),
     Field("arrival_index", "int"),
     Field("engine_stats", "object", default={}),
+    Field("conversation", "str"),
+    Field("turn", "int"),
+    Field("history_messages", "int"),
+    Field("history_tokens", "int"),
+    Field("cached_tokens", "int"),
+    Field("scheduled_at", "float", hi=MAX_EPOCH_S),
 )
 PHASE_FIELDS = (
     Field("engine", "str", required=True),

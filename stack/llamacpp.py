@@ -157,4 +157,6 @@ def command(binary: Path, gguf: Path, knob: dict[str, str], host: str, port: int
         knob["LLAMACPP_PARALLEL"],
         "-c",
         knob["LLAMACPP_CTX"],
+        # Off: no slot reuses its prompt (--no-cache-prompt) and no prompt is kept in RAM for later (--cache-ram 0).
+        *(() if knob["LLAMACPP_CACHE_PROMPT"] == "1" else ("--no-cache-prompt", "--cache-ram", "0")),
     ]

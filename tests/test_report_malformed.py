@@ -237,6 +237,13 @@ def check_report(folder: Path) -> None:
     json.loads((folder / "report.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in report.json"))
 
 
+@pytest.mark.parametrize("started_at", [253402300800.0, 6.77680361916768e16])
+def test_a_manifest_time_past_the_year_9999_is_said_not_raised(tmp_path, started_at):
+    """Regression (found by the fuzzer below): the setup section's date raised ValueError / OSError."""
+    check_report(fuzzed_copy(tmp_path / "f", [], [], [("started_at", started_at)]))
+    assert "(not a date)" in (tmp_path / "f" / "report.md").read_text()
+
+
 @settings(
     max_examples=150,
     deadline=None,

@@ -129,8 +129,12 @@ def test_llama_server_command_serves_the_gguf_with_metrics_and_slots(tmp_path):
         "SERVED_MODEL_NAME": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "LLAMACPP_PARALLEL": "1",
         "LLAMACPP_CTX": "4096",
+        "LLAMACPP_CACHE_PROMPT": "1",
     }
     cmd = llamacpp.command(tmp_path / "llama-server", tmp_path / "m.gguf", knob, "127.0.0.1", 8081)
+    assert "--no-cache-prompt" not in cmd
+    off = llamacpp.command(tmp_path / "s", tmp_path / "m.gguf", {**knob, "LLAMACPP_CACHE_PROMPT": "0"}, "h", 1)
+    assert off[-3:] == ["--no-cache-prompt", "--cache-ram", "0"]
     joined = " ".join(cmd)
     for piece in (
         f"-m {tmp_path / 'm.gguf'}",
