@@ -10,8 +10,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import docker
 import psutil
+
+import docker
 from stack import paths
 
 START_TIMEOUT_S = 60.0
