@@ -58,6 +58,7 @@ class RequestRecord:
     tokens_source: str | None = None  # "usage", "eval_count", or "chunks" (fallback, flagged)
     content_chunks: int = 0
     arrival_index: int | None = None  # order of release within a burst
+    scheduled_at: float | None = None  # epoch seconds the schedule said to send it (open loop: rate, trace replay)
     engine_stats: dict[str, Any] = field(default_factory=dict)  # Ollama *_ns fields, llama.cpp timings
 
     def to_json(self) -> str:
@@ -264,6 +265,7 @@ REQUEST_FIELDS = (
     Field("ok", "bool", required=True),
     Field("status", "int", default=0, hi=999),
     Field("error", "str"),
+    Field("error_kind", "str"),
     _duration("ttft_s"),
     _duration("e2e_s"),
     Field("itl_s", "floats", default=[], hi=MAX_DURATION_S),
@@ -273,6 +275,7 @@ REQUEST_FIELDS = (
     Field("tokens_source", "str"),
     Field("content_chunks", "int", default=0),
     Field("arrival_index", "int"),
+    Field("scheduled_at", "float", hi=MAX_EPOCH_S),
     Field("engine_stats", "object", default={}),
 )
 PHASE_FIELDS = (
@@ -435,5 +438,20 @@ def append_samples(folder: RunFolder, records: list[SampleRecord]) -> None:
         folder._append(SAMPLES, "\n".join(r.to_json() for r in records))
 
 
-def read_samples(folder: RunFolder) -> Iterator[SampleRecord]:
-    yield from (SampleRecord.from_dict(d) for d in _read_jsonl(folder.path / SAMPLES))
+def read_samples(folder: RunFolder, skips: Skips | None = None) -> Iterator[SampleRecord]:
+    """The samples through the same line reader as the other records; a line that is not a sample is skipped and
+    counted (warned about at the end, as for requests and phases, unless the caller collects the skips)."""
+    path = folder.path / SAMPLES
+    own = skips is None
+    skips = Skips() if own else skips
+    for lineno, data, why in _parsed_lines(path):
+        if why is None and isinstance(data, dict):
+            try:
+                yield SampleRecord.from_dict(data)
+                continue
+            except TypeError as exc:  # a required field missing
+                why = f"not a sample ({exc})"
+        skips.add(path.name, why or NOT_OBJECT, lineno)
+    if own:
+        for line in skips.lines():
+            warnings.warn(f"{path.parent}/{line}", stacklevel=2)
