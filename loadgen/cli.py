@@ -30,7 +30,7 @@ from loadgen.prompts import PromptSet
 from loadgen.recorder import Recorder
 from loadgen.scenarios import BurstPhase, LoadRun, Phase, SequentialPhase, Settings, build_phases, spawn_rate_for
 from loadgen.targets import Target, TargetError, default_url, parse_engine, probe
-from servescope import knobs
+from servescope import knobs, slo
 from servescope.runfolder import RunFolder
 from servescope.sampler import Sampler
 from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
@@ -51,6 +51,7 @@ COMMANDS = {
     "ramp": "steps of closed-loop users, each held",
     "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
     "sweep": "one closed-loop phase per concurrency level",
+    "knee": "the highest concurrency (or rate) that meets the SLOs, and the server resource that ran out above it",
 }
 
 
@@ -158,6 +159,9 @@ def run_headless(args: argparse.Namespace) -> int:
     instances = [t.instance for t in targets]
     if len(set(instances)) != len(instances):
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
+    if args.command == "knee" and len(targets) != 1:
+        raise UsageError("knee searches one engine at a time: give one --engine")
+    spec = slo.resolve(args.slo, args.slo_attainment)  # a bad SLO is one line before anything starts
     prompt_set = prompt_sets.load(args.prompts)
     try:
         folder = RunFolder.create(Path(args.results), args.run_id)
@@ -184,7 +188,7 @@ def run_headless(args: argparse.Namespace) -> int:
 
     out = None if args.quiet else sys.stdout
     bind = knobs.get("SERVESCOPE_BIND")
-    metrics = ClientMetrics() if args.metrics_port else None
+    metrics = ClientMetrics(spec) if args.metrics_port else None
     if metrics is not None:
         try:
             metrics.serve(args.metrics_port, addr=bind)
@@ -272,6 +276,10 @@ def run_headless(args: argparse.Namespace) -> int:
             if runner.spawning_greenlet is not None:
                 runner.spawning_greenlet.join(timeout=10)
             annotator.phase_done(phase)
+            if phase.planner is not None:  # the knee: the next load depends on this one's results
+                follow_up = phase.planner.after(phase, folder)
+                if follow_up is not None:
+                    phases.append(follow_up)  # the run's own list: this loop and LoadRun see it
         if run.aborted.is_set():
             status = "failed"
             runner.stop()
@@ -302,6 +310,8 @@ def run_headless(args: argparse.Namespace) -> int:
         if metrics is not None:
             metrics.close()
     _print_summary(folder, out or sys.stdout)
+    for planner in dict.fromkeys(p.planner for p in phases if p.planner is not None):
+        print("\n".join(planner.lines()), flush=True)
     print(f"run folder: {folder.path}", flush=True)
     if run.failure:
         print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)

@@ -36,7 +36,7 @@ from loadgen.manifest import build as build_manifest
 from loadgen.recorder import RECORD_MESSAGE, ForwardingRecorder, Recorder
 from loadgen.scenarios import ClosedLoopPhase, LoadRun, RatePhase, Settings, build_phases
 from loadgen.targets import default_url, parse_engine, probe
-from servescope import knobs
+from servescope import knobs, slo
 from servescope.runfolder import RequestRecord, RunFolder
 
 PHASE_MESSAGE = "servescope_phase"  # master -> workers: index of the phase now current
@@ -176,6 +176,7 @@ class LLMUser(User):
             tokens_source=m.tokens_source,
             content_chunks=len(m.content_times),
             arrival_index=work.arrival_index,
+            scheduled_at=work.scheduled_at,
             engine_stats=m.engine_stats,
         )
         elapsed = m.elapsed_s or 0.0
@@ -285,6 +286,9 @@ def _ours(environment) -> bool:
 
 def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
     options = environment.parsed_options
+    if options.scenario == "knee" and isinstance(environment.runner, MasterRunner):
+        # Workers step through a phase list they build themselves; the knee's next load exists only on the master.
+        raise ValueError("knee: each load is picked from the last one's results in one process: run without workers")
     url = environment.host or options.engine_url or default_url(options.engine)
     target = parse_engine(f"{options.engine}={url}", ignore_eos=not options.no_ignore_eos)
     settings = Settings(
@@ -362,6 +366,10 @@ def _conduct(environment, run: LoadRun) -> None:
             left = phase.time_left() if master and isinstance(phase, ClosedLoopPhase) else None
             if left is not None and left <= 0:
                 phase.finish_now()
+        if phase.planner is not None and run.folder is not None:  # the knee: the next load from this one's results
+            follow_up = phase.planner.after(phase, run.folder)
+            if follow_up is not None:
+                run.phases.append(follow_up)
 
 
 @events.init.add_listener
@@ -376,6 +384,10 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
         problem = str(exc)
     if options.http_client not in llm.TRANSPORTS:
         problem = f"--http-client {options.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}"
+    try:
+        spec = slo.resolve(options.slo, options.slo_attainment)
+    except slo.SloError as exc:
+        problem = str(exc)
     if problem:
         print(f"loadgen: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -399,7 +411,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
         options.num_users = options.burst_size
     options.spawn_rate = options.num_users
     if options.metrics_port:
-        metrics = ClientMetrics()
+        metrics = ClientMetrics(spec)
         try:
             metrics.serve(options.metrics_port, addr=knobs.get("SERVESCOPE_BIND"))
             environment.servescope_metrics = metrics

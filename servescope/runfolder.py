@@ -409,6 +409,8 @@ def latest(results_dir: Path) -> RunFolder:
 # values is written with `missing` saying why, never filled in; a read that came late leaves a gap
 # longer than the interval, which readers treat as missing too.
 SAMPLES = "samples.jsonl"
+# `python -m loadgen knee` writes its search (levels, verdicts, the knee, the binding resource) beside the records.
+KNEE = "knee.json"
 
 
 @dataclass
