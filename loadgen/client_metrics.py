@@ -73,7 +73,10 @@ class ClientMetrics:
             registry=self.registry,
         )
         self.good_tokens = Counter(
-            series.CLIENT_GOOD_OUTPUT_TOKENS, "Output tokens of requests that met every SLO term.", labels, registry=self.registry
+            series.CLIENT_GOOD_OUTPUT_TOKENS,
+            "Output tokens of requests that met every SLO term.",
+            labels,
+            registry=self.registry,
         )
         self.objective = Gauge(
             series.CLIENT_SLO_OBJECTIVE, "The attainment the SLOs ask for (SLO_ATTAINMENT).", registry=self.registry

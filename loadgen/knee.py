@@ -124,7 +124,14 @@ class KneeSearch:
         ended = max((slo.finished_at(r) for r in records), default=None)
         wall = (ended - started) if started is not None and ended is not None else 0.0
         self.probes.append(
-            Probe(phase.name, phase.level, started, ended, slo.evaluate(self.spec, records, wall), binding.classify(samples))
+            Probe(
+                phase.name,
+                phase.level,
+                started,
+                ended,
+                slo.evaluate(self.spec, records, wall),
+                binding.classify(samples),
+            )
         )
         self._records[phase.name] = records
         self._samples[phase.name] = samples

@@ -290,14 +290,18 @@ OPTIONS: tuple[Option, ...] = (
         choices=("concurrency", "rate"),
         commands=KNEE,
     ),
-    Option("--min-load", "knee: the lowest load it may try", knob="LOADGEN_KNEE_MIN", type=positive_number, commands=KNEE),
+    Option(
+        "--min-load", "knee: the lowest load it may try", knob="LOADGEN_KNEE_MIN", type=positive_number, commands=KNEE
+    ),
     Option(
         "--start-load",
         "knee: where the bracket starts (empty: --min-load); `make tune` starts at the last knee",
         type=positive_number,
         commands=KNEE,
     ),
-    Option("--max-load", "knee: the highest load it may try", knob="LOADGEN_KNEE_MAX", type=positive_number, commands=KNEE),
+    Option(
+        "--max-load", "knee: the highest load it may try", knob="LOADGEN_KNEE_MAX", type=positive_number, commands=KNEE
+    ),
     Option(
         "--knee-repeats",
         "knee: measurements of each boundary load (pooled: a repeat that flips a verdict moves the boundary)",

@@ -510,6 +510,7 @@ class _Handler(BaseHTTPRequestHandler):
         late: list[float] = []
         writes: list[float] = []
         generated = 0
+        due = first
         try:
             for k in range(n):
                 if fault.cut is not None and k == fault.cut:
@@ -524,7 +525,8 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 if slow > 0:
                     # Each step's length depends on the batch running now: deadlines follow one another.
-                    due = first if k == 0 else due + itl * scheduler.slowdown(slow)
+                    if k:
+                        due += itl * scheduler.slowdown(slow)
                     late.append(self._wait_until(due))
                 elif itl > 0 or k == 0:
                     late.append(self._wait_until(first + k * itl))
