@@ -35,7 +35,9 @@ from servescope.runfolder import RequestRecord
 
 METRICS = ("ttft", "itl", "tpot", "e2e")
 SPEC_HELP = "terms METRIC[_pQ]<=SECONDS (ttft, itl, tpot, e2e; e.g. ttft_p95<=0.5,itl_p95<=100ms,e2e<=10)"
-_TERM = re.compile(r"(?P<metric>[a-z]+)(?:_p(?P<q>\d+(?:\.\d+)?))?\s*<=\s*(?P<limit>[0-9.eE+-]+)\s*(?P<unit>ms|s)?")
+_TERM = re.compile(
+    r"(?P<metric>[a-z][a-z0-9]*?)(?:_p(?P<q>\d+(?:\.\d+)?))?\s*<=\s*(?P<limit>[0-9a-zA-Z.+-]+?)\s*(?P<unit>ms|s)?"
+)
 ERRORS = "errors"  # the `failed most` name of requests that failed outright
 
 

@@ -1,0 +1,129 @@
+"""`python -m loadgen knee` on the synthetic engine behind the real exporter: the knee, and the resource that ran out above it.
+
+Three engines that run out of three different things (issue 16's done-when): 2 batch slots (vLLM
+--max-num-seqs 2), a KV pool of 4 blocks, and one that admits everything but slows every step with
+the batch. The search must find each one's knee and name the binding resource from the run's own
+server samples, with the engine's knob.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servescope import binding
+from tests.doubles.synthetic_openai import SyntheticServer
+from tests.test_sampler import EngineExporter
+
+REPO = Path(__file__).resolve().parent.parent
+SLO = "ttft_p95<=0.1,itl_p95<=0.05"
+
+
+def knee(tmp_path: Path, engine_url: str, exporter_url: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter_url, "SAMPLE_INTERVAL_MS": "50"}
+    options = (
+        f"--max-tokens 10 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 --quiet "
+        f"--duration 1 --max-load 16 --slo {SLO}"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "knee", "--engine", f"vllm={engine_url}", *options.split(), *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc, tmp_path / "knee"
+
+
+def search(tmp_path: Path, **engine) -> dict:
+    with (
+        SyntheticServer(ttft=0.02, itl=0.01, tokens=10, **engine) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        proc, run = knee(tmp_path, server.url, exporter.url)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run / "knee.json").read_text())
+    assert "knee: " in proc.stdout and f"binding at {result['binding_level']:g} users" in proc.stdout
+    return result
+
+
+def test_two_batch_slots_are_the_binding_resource(tmp_path):
+    result = search(tmp_path, max_running=2)
+    # 2 users run at once; a third waits a whole request (~0.12 s) for its first token: TTFT p95 breaks.
+    assert (result["knee"], result["first_failing"], result["status"]) == (2, 3, "found")
+    assert result["binding"]["resource"] == binding.BATCH_SLOTS
+    assert result["knob"]["env"] == "VLLM_MAX_NUM_SEQS" and "--max-num-seqs" in result["binding"]["advice"]
+    assert result["binding"]["peak_running"] == 2 and result["binding"]["kv_max_while_waiting"] < 0.8
+    by_level = {row["level"]: row for row in result["levels"]}
+    assert by_level[2]["measurements"] >= 2 and by_level[3]["measurements"] >= 2  # confirmed by repeats
+    assert by_level[3]["result"]["failed_most"] == "ttft_p95<=0.1"
+    assert not result["non_monotonic"]
+
+
+def test_a_tiny_kv_pool_is_the_binding_resource(tmp_path):
+    result = search(tmp_path, kv_blocks=4)
+    assert result["status"] == "found" and result["binding"]["resource"] == binding.KV_CAPACITY
+    assert result["binding"]["kv_mean_while_waiting"] >= 0.9
+    assert result["knob"]["env"] == "VLLM_CPU_KVCACHE_SPACE" and "--max-model-len" in result["binding"]["advice"]
+
+
+def test_an_engine_that_slows_with_load_but_never_queues_is_compute_bound(tmp_path):
+    result = search(tmp_path, slowdown=1.0)
+    # ITL = 0.01 x (1 + (users - 1)): 0.05 at 5 users, past the 0.05 limit from 6 on (and TTFT with it).
+    assert result["status"] == "found" and 3 <= result["knee"] <= 5 and result["first_failing"] == result["knee"] + 1
+    assert result["binding"]["resource"] == binding.COMPUTE and result["binding"]["peak_waiting"] == 0
+    assert result["knob"] is None and "no serving knob" in result["binding"]["advice"]
+
+
+def test_an_slo_that_holds_up_to_the_highest_load_says_so(tmp_path):
+    with (
+        SyntheticServer(ttft=0.02, itl=0.01, tokens=10) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        proc, run = knee(tmp_path, server.url, exporter.url, "--max-load", "2", "--knee-repeats", "1")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run / "knee.json").read_text())
+    assert (result["knee"], result["first_failing"]) == (2, None)
+    assert result["status"] == "meets the SLOs up to the highest load"
+    assert "the SLOs hold up to --max-load 2" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--slo", "ttft<0.5"], "expected terms METRIC[_pQ]<=SECONDS"),
+        (["--slo-attainment", "2"], "SLO attainment '2'"),
+        (["--min-load", "4", "--max-load", "2"], "expected --min-load <= --start-load <= --max-load"),
+        (["--min-load", "1.5"], "a concurrency is a whole number"),
+        (["--engine", "llamacpp=http://127.0.0.1:9"], "knee searches one engine at a time"),
+    ],
+)
+def test_bad_knee_input_is_one_line_and_exit_2(tmp_path, flags, says):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "knee",
+            "--engine",
+            "vllm=http://127.0.0.1:9",
+            "--results",
+            str(tmp_path),
+            "--metrics-port",
+            "0",
+            *flags,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], proc.stderr
