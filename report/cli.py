@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from report import load, table
+from report import load, table, tuning
 from servescope import knobs
 
 
@@ -40,7 +40,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        run = load.load(load.resolve(args.run, args.results))
+        path = load.resolve(args.run, args.results)
+        if tuning.is_tune_folder(path):  # a `make tune` folder: its trajectory (each step's runs report alone)
+            written = tuning.write(path)
+            print(f"report: wrote {', '.join(p.name for p in written)} for the tune in {path}", file=sys.stderr)
+            print(path / "report.html")
+            return 0
+        run = load.load(path)
         if args.table_only:
             sys.stdout.write(table.render_text(table.build(run), run.run_id))
             return 0

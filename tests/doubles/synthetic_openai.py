@@ -19,6 +19,7 @@ was read. The stream looks like vLLM's:
 CLI (stable; other tests rely on it):
   python -m tests.doubles.synthetic_openai --port N [--host 127.0.0.1] [--ttft 0.2] [--itl 0.02]
       [--tokens 64] [--model NAME] [--no-usage] [--timings] [--fault SPEC] [--version-string S]
+      [--max-running N] [--kv-blocks N] [--slowdown F]
   --port 0 picks a free port. The first stdout line is always `listening on http://HOST:PORT`.
   tokens per request = min(--tokens, the request's max_tokens); --itl 0 sends as fast as it can.
 
@@ -701,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timings", action="store_true", help="add llama.cpp's timings object to the final chunk")
     parser.add_argument("--fault", default="", help="fault for every request, e.g. status=503 or cut=5")
     parser.add_argument("--version-string", default="0.0.0-synthetic", help="what GET /version answers")
+    parser.add_argument("--max-running", type=int, default=0, help="batch slots (0: no cap)")
+    parser.add_argument("--kv-blocks", type=int, default=0, help="a KV pool of this many 16-token blocks (0: none)")
+    parser.add_argument("--slowdown", type=float, default=0.0, help="each step x (1 + F x (running - 1))")
     args = parser.parse_args(argv)
     try:
         Fault.parse(args.fault)
@@ -715,6 +719,9 @@ def main(argv: list[str] | None = None) -> int:
             timings=args.timings,
             fault=args.fault,
             version=args.version_string,
+            max_running=args.max_running,
+            kv_blocks=args.kv_blocks,
+            slowdown=args.slowdown,
         )
     except (ValueError, OSError) as exc:
         print(f"synthetic_openai: {exc}", file=sys.stderr)
