@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from report import load, table, tuning
-from servescope import knobs
+from servescope import knobs, slo
 
 
 def default_prometheus_url() -> str:
@@ -30,6 +30,11 @@ def parser() -> argparse.ArgumentParser:
         metavar="URL",
         default=None,
         help="Prometheus for the gauges (default: http://127.0.0.1:${PROMETHEUS_PORT})",
+    )
+    p.add_argument(
+        "--slo",
+        metavar="SPEC",
+        help="judge goodput against these SLOs instead of the run's own (servescope/slo.py: e.g. ttft_p95<=0.5)",
     )
     p.add_argument(
         "--table-only", action="store_true", help="print the seed's comparison table to the terminal and write nothing"
@@ -61,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             f"querying {url} and drawing plots",
             file=sys.stderr,
         )
-        doc, numbers = sections.build(run, url, baseline)
+        doc, numbers = sections.build(run, url, baseline, slo_spec=args.slo)
         written = render.write(run.path, doc, numbers)
-    except load.RunError as exc:
+    except (load.RunError, slo.SloError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""Builds the report's eight sections (and the JSON of every number in them) from one run, Prometheus and a baseline."""
+"""Builds the report's nine sections (and the JSON of every number in them) from one run, Prometheus and a baseline."""
 
 from __future__ import annotations
 
@@ -6,7 +6,21 @@ import datetime as dt
 import re
 from typing import Any
 
-from report import compare, crosscheck, fairness, gauges, latency, plots, stats, sweep, table, ttft_split, verdict
+from report import (
+    compare,
+    crosscheck,
+    fairness,
+    gauges,
+    goodput,
+    latency,
+    plots,
+    schedule,
+    stats,
+    sweep,
+    table,
+    ttft_split,
+    verdict,
+)
 from report.load import Run
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
 from servescope import series
@@ -40,8 +54,12 @@ def build(
     baseline: Run | None = None,
     figures: bool = True,
     client: gauges.Prometheus | None = None,
+    slo_spec: str | None = None,
 ) -> tuple[Document, dict[str, Any]]:
     rows = table.build(run)
+    spec = goodput.spec_of(run, slo_spec)
+    good = goodput.build(run, spec)
+    lags = schedule.build(run)
     warn = fairness.warnings(run, rows)
     groups = latency.build(run)
     gauge_report = gauges.collect(run, prometheus_url, client)
@@ -108,6 +126,7 @@ def build(
             + figure("arrival", "TTFT by arrival order within the bursts."),
         ),
         _compare(deltas, how, baseline, figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")),
+        goodput.section(run, spec, good, lags, "9. Goodput under the SLOs"),
     ]
     subtitle = (
         f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
@@ -150,6 +169,7 @@ def build(
         "sweeps": sweep.to_json(sweeps_, drains),
         "comparison": {"baseline": baseline.run_id if baseline else None, **compare.to_json(deltas, how)},
         "plots": sorted(p.name for p in fig.values() if p),
+        "goodput": goodput.to_json(spec, good, lags, run),
     }
     return doc, numbers
 
