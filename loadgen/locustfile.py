@@ -38,6 +38,7 @@ from loadgen.scenarios import ClosedLoopPhase, LoadRun, RatePhase, Settings, bui
 from loadgen.targets import default_url, parse_engine, probe
 from servescope import knobs, slo
 from servescope.runfolder import RequestRecord, RunFolder
+from servescope.sampler import Sampler
 
 PHASE_MESSAGE = "servescope_phase"  # master -> workers: index of the phase now current
 
@@ -346,7 +347,7 @@ class ScenarioShape(LoadTestShape):
         if run.finished or run.failure:
             return None
         phase = run.phase
-        if phase is None:
+        if phase is None or run.draining:
             return 0, 1.0
         return phase.users, float(phase.users), [USER_CLASSES[phase.user_class]]
 
@@ -362,14 +363,30 @@ def _conduct(environment, run: LoadRun) -> None:
             return
         if master and isinstance(phase, ClosedLoopPhase):
             phase.start_clock()  # the master sends nothing itself: its clock ends the step for every worker
+        sampler: Sampler | None = getattr(environment, "servescope_sampler", None)
+        if sampler is not None:
+            sampler.start(phase.name)  # the engine's gauges into samples.jsonl, as a headless run has them
         while not phase.done.wait(timeout=1.0):
             left = phase.time_left() if master and isinstance(phase, ClosedLoopPhase) else None
             if left is not None and left <= 0:
                 phase.finish_now()
+        if sampler is not None:
+            sampler.stop()
         if phase.planner is not None and run.folder is not None:  # the knee: the next load from this one's results
             follow_up = phase.planner.after(phase, run.folder)
             if follow_up is not None:
                 run.phases.append(follow_up)
+        if run.index + 1 < len(run.phases) and run.phases[run.index + 1].users < phase.users:
+            _drain(environment, run)
+
+
+def _drain(environment, run: LoadRun, timeout: float = 10.0) -> None:
+    """Stop every (idle) user before a phase with fewer: Locust would stop the surplus ones mid-request of the next."""
+    run.draining = True
+    deadline = time.monotonic() + timeout
+    while environment.runner.user_count > 0 and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    run.draining = False
 
 
 @events.init.add_listener
@@ -463,6 +480,8 @@ def _on_test_start(environment, **_kwargs) -> None:
         return
     _write_manifest(environment, run, "running")
     recorder.line(f"run folder: {folder.path}")
+    target = run.phases[0].settings.target if run.phases else None
+    environment.servescope_sampler = Sampler.for_run(folder, [(target.kind, target.instance)] if target else [])
     environment.servescope_run = run
     environment.servescope_conductor = gevent.spawn(_conduct, environment, run)
 
@@ -473,6 +492,10 @@ def _on_test_stop(environment, **_kwargs) -> None:
     if conductor is not None:
         conductor.kill()
         environment.servescope_conductor = None
+    sampler = getattr(environment, "servescope_sampler", None)
+    if sampler is not None:
+        sampler.close()
+        environment.servescope_sampler = None
     environment.servescope_error = None  # a later START tries again
     run: LoadRun | None = getattr(environment, "servescope_run", None)
     if run is None or run.folder is None or run.closed:

@@ -334,6 +334,8 @@ class RatePhase(Phase):
 class LoadRun:
     """The phases of one run in order, the current one, and where finished records go."""
 
+    draining = False  # the load shape asks for 0 users between two phases (loadgen/locustfile.py's conductor)
+
     def __init__(
         self,
         phases: list[Phase],

@@ -127,3 +127,37 @@ def test_bad_knee_input_is_one_line_and_exit_2(tmp_path, flags, says):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], proc.stderr
+
+
+def test_the_knee_runs_through_locusts_own_entry_point_with_samples(tmp_path):
+    """`locust -f loadgen/locustfile.py --scenario knee` (the web UI's path, headless here): the same search, the
+    phases picked one by one by the conductor, and the sampler running there too so the binding resource is named."""
+    with (
+        SyntheticServer(ttft=0.02, itl=0.01, tokens=10, max_running=2) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                str(REPO / "loadgen" / "locustfile.py"),
+                "--headless",
+                "--host",
+                server.url,
+                *"--engine vllm --scenario knee --max-tokens 10 --duration 1 --max-load 4 --knee-repeats 1".split(),
+                *f"--slo {SLO} --metrics-port 0 --results {tmp_path}".split(),
+            ],
+            cwd=REPO,
+            env={**os.environ, "SAMPLE_EXPORTER_URL": exporter.url, "SAMPLE_INTERVAL_MS": "50"},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = [p for p in tmp_path.iterdir() if (p / "knee.json").exists()]
+    result = json.loads((run / "knee.json").read_text())
+    assert (result["knee"], result["first_failing"]) == (2, 3)
+    assert result["binding"]["resource"] == binding.BATCH_SLOTS
+    assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
