@@ -11,6 +11,9 @@ one load phase per measurement, each as long as a sweep level (--duration / --re
             level's verdict pools all its measurements, so a repeat that flips it moves the boundary
             and the bisection goes on (--knee-probes bounds the whole search)
 
+A measurement the host noise rule flags (issue 15: another program took the CPU while it ran) is
+kept in knee.json but left out of every verdict, and the same load is measured again.
+
 Whether a load meets the SLOs is servescope/slo.py's rule over that phase's records. At the lowest
 failing load, the resource that ran out is named from the phase's own server samples
 (servescope/binding.py: batch slots, KV capacity or compute) with the engine's knob for it. The
@@ -27,6 +30,11 @@ from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
 from servescope import binding, slo
 from servescope.runfolder import KNEE, RequestRecord, RunFolder, SampleRecord, read_samples
 
+try:  # issue 15's host noise: a phase the host disturbed is measured again, never concluded from
+    from servescope.hostnoise import flags as noise_flags
+except ImportError:  # pragma: no cover - before servescope/hostnoise.py is merged
+    noise_flags = None
+
 CONCURRENCY, RATE = "concurrency", "rate"
 OVER = (CONCURRENCY, RATE)
 UNITS = {CONCURRENCY: "users", RATE: "req/s"}
@@ -42,6 +50,17 @@ class Probe:
     ended_at: float | None
     result: slo.SloResult
     binding: binding.Binding
+    noisy: tuple[str, ...] = ()  # why the host noise rule does not trust it: left out of every verdict
+
+
+def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[str, ...]:
+    """The host noise rule's flags on a finished phase (its PhaseRecord's `noise`, when the run measured it)."""
+    if noise_flags is None:
+        return ()
+    for record in folder.phases():
+        if record.phase == phase and record.instance == instance:
+            return tuple(noise_flags(getattr(record, "noise", None), instance))
+    return ()
 
 
 class KneeSearch:
@@ -131,6 +150,7 @@ class KneeSearch:
                 ended,
                 slo.evaluate(self.spec, records, wall),
                 binding.classify(samples),
+                noise_of(folder, phase.name, target.instance),
             )
         )
         self._records[phase.name] = records
@@ -141,12 +161,16 @@ class KneeSearch:
 
     # ------------------------------------------------------------ the search
 
+    def trusted(self, level: float | None = None) -> list[Probe]:
+        """The measurements the search concludes from (of one level): every one the host noise rule did not flag."""
+        return [p for p in self.probes if not p.noisy and (level is None or p.level == level)]
+
     def levels(self) -> list[float]:
-        return sorted({p.level for p in self.probes})
+        return sorted({p.level for p in self.trusted()})
 
     def verdict(self, level: float) -> slo.SloResult:
-        """All measurements of a level pooled: more requests, a steadier percentile."""
-        probes = [p for p in self.probes if p.level == level]
+        """All trusted measurements of a level pooled: more requests, a steadier percentile."""
+        probes = self.trusted(level)
         records = [r for p in probes for r in self._records.get(p.phase, [])]
         return slo.evaluate(self.spec, records, sum(p.result.wall_s for p in probes))
 
@@ -162,6 +186,9 @@ class KneeSearch:
         if len(self.probes) >= self.max_probes:
             self.note = f"the probe budget (--knee-probes {self.max_probes}) was spent before the search settled"
             return None
+        last = self.probes[-1]
+        if last.noisy:
+            return last.level  # the host disturbed it: the same load again, nothing concluded
         knee, fail = self.boundary()
         if fail is None:
             top = max(self.levels())
@@ -174,7 +201,7 @@ class KneeSearch:
 
     def _confirm(self, *levels: float) -> float | None:
         for level in levels:
-            if sum(1 for p in self.probes if p.level == level) < self.repeats:
+            if len(self.trusted(level)) < self.repeats:
                 return level
         return None
 
@@ -195,8 +222,9 @@ class KneeSearch:
     def limit_binding(self) -> tuple[float | None, binding.Binding]:
         """The binding resource at the lowest failing level (else the highest measured), over all its samples."""
         knee, fail = self.boundary()
-        level = fail if fail is not None else (max(self.levels()) if self.probes else None)
-        samples = [s for p in self.probes if p.level == level for s in self._samples.get(p.phase, [])]
+        measured = self.levels()
+        level = fail if fail is not None else (max(measured) if measured else None)
+        samples = [s for p in self.trusted(level) for s in self._samples.get(p.phase, [])]
         return level, binding.classify(samples)
 
     def non_monotonic(self) -> bool:
@@ -210,7 +238,7 @@ class KneeSearch:
         level, b = self.limit_binding()
         engine = self.settings.target.kind
         knob = binding.knob_for(engine, b.resource)
-        if not self.probes:
+        if not self.trusted():
             status = "nothing measured"
         elif knee is None:
             status = "fails at the lowest load"
@@ -252,6 +280,7 @@ class KneeSearch:
                     "ended_at": p.ended_at,
                     "result": asdict(p.result),
                     "binding": p.binding.resource,
+                    "noisy": list(p.noisy),
                 }
                 for p in self.probes
             ],
@@ -259,7 +288,7 @@ class KneeSearch:
 
     def _level_json(self, level: float) -> dict[str, Any]:
         v = self.verdict(level)
-        probes = [p for p in self.probes if p.level == level]
+        probes = self.trusted(level)
         return {
             "level": level,
             "measurements": len(probes),
@@ -300,6 +329,11 @@ class KneeSearch:
         if s["binding_level"] is not None:
             b = s["binding"]
             out.append(f"binding at {s['binding_level']:g} {unit}: {b['advice']} ({b['evidence']})")
+        noisy = [p for p in self.probes if p.noisy]
+        if noisy:
+            out.append(
+                f"note: {len(noisy)} measurement(s) left out and repeated, the host was noisy: {noisy[0].noisy[0]}"
+            )
         if s["non_monotonic"]:
             out.append("note: a load above a failing one met the SLOs (feasibility not monotone: a noisy machine?)")
         if s["note"]:

@@ -151,7 +151,11 @@ class Tuner:
     def windows(self, run_id: str, result: dict[str, Any], level: float) -> list[float]:
         """Good requests/s per time window of every measurement of `level` in a knee run."""
         spec = slo.parse(result["spec"], result["objective"])
-        probes = [p for p in result["probes"] if p["level"] == level and p["started_at"] is not None]
+        probes = [
+            p
+            for p in result["probes"]
+            if p["level"] == level and p["started_at"] is not None and not p.get("noisy")  # the knee's trusted ones
+        ]
         names = {p["phase"] for p in probes}
         records: dict[str, list[RequestRecord]] = {name: [] for name in names}
         for r in RunFolder(self.folder / run_id).requests():
@@ -196,7 +200,9 @@ class Tuner:
                 return
             level = f"{workload:g}"
             measure_run = f"step{n}-measure"
-            repeats = str(max(1, len([p for p in knee_result["probes"] if p["level"] == workload])))
+            repeats = str(
+                max(1, len([p for p in knee_result["probes"] if p["level"] == workload and not p.get("noisy")]))
+            )
             measured = self.knee(
                 measure_run,
                 *("--min-load", level, "--start-load", level, "--max-load", level, "--knee-repeats", repeats),

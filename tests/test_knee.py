@@ -161,3 +161,55 @@ def test_the_knee_runs_through_locusts_own_entry_point_with_samples(tmp_path):
     assert (result["knee"], result["first_failing"]) == (2, 3)
     assert result["binding"]["resource"] == binding.BATCH_SLOTS
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_a_measurement_the_host_noise_rule_flags_is_left_out_and_taken_again(tmp_path, monkeypatch):
+    """Issue 15's rule says whether the host disturbed a phase; the knee never concludes from one it flags."""
+    from argparse import Namespace
+
+    from loadgen import knee as knee_module
+    from loadgen.prompts import load as load_prompts
+    from loadgen.scenarios import Settings
+    from loadgen.targets import Target
+    from servescope.runfolder import RunFolder
+    from tests.test_slo import rec
+
+    target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")
+    settings = Settings(target, load_prompts("seed3"), max_tokens=4, temperature=0.0, timeout_s=10.0)
+    options = Namespace(
+        over="concurrency",
+        slo="ttft_p95<=0.5",
+        slo_attainment=None,
+        min_load=1,
+        start_load=None,
+        max_load=8,
+        knee_repeats=1,
+        knee_precision=0.1,
+        knee_probes=10,
+        arrivals="constant",
+        max_in_flight=8,
+    )
+    search = knee_module.KneeSearch(settings, options, 1.0, None)
+    folder = RunFolder.create(tmp_path, "run")
+    monkeypatch.setattr(
+        knee_module,
+        "noise_of",
+        lambda folder, phase, instance: ("noisy: 1.9 cores used by hog",) * (phase == "knee-c1-1"),
+    )
+
+    def measured(phase, ttft):
+        for i in range(10):
+            r = rec(ttft=ttft, started=100.0 + i)
+            r.phase = phase.name
+            folder.append_request(r)
+        return search.after(phase, folder)
+
+    first = search.first()
+    again = measured(first, ttft=2.0)  # fails the SLO, but the host was noisy: not a verdict
+    assert again.level == 1 and again.name == "knee-c1-2"
+    nxt = measured(again, ttft=0.1)
+    assert nxt.level == 2  # concluded from the trusted measurement only: 1 user meets the SLO
+    result = json.loads((folder.path / "knee.json").read_text())
+    assert result["probes"][0]["noisy"] == ["noisy: 1.9 cores used by hog"] and not result["probes"][1]["noisy"]
+    assert result["levels"] == [result["levels"][0]] and result["levels"][0]["measurements"] == 1
+    assert result["levels"][0]["meets"] and any("left out and repeated" in line for line in search.lines())
