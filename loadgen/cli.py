@@ -188,7 +188,7 @@ def run_headless(args: argparse.Namespace) -> int:
 
     out = None if args.quiet else sys.stdout
     bind = knobs.get("SERVESCOPE_BIND")
-    metrics = ClientMetrics(spec) if args.metrics_port else None
+    metrics = ClientMetrics(spec=spec) if args.metrics_port else None
     if metrics is not None:
         try:
             metrics.serve(args.metrics_port, addr=bind)

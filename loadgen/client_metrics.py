@@ -30,7 +30,7 @@ def outcome(record: RequestRecord) -> str:
 class ClientMetrics:
     """Histograms and counters on their own registry; `serve()` exposes them on 127.0.0.1."""
 
-    def __init__(self, spec: slo.SloSpec | None = None, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None, *, spec: slo.SloSpec | None = None):
         self.registry = registry or CollectorRegistry()
         self.spec = spec or slo.resolve()
         labels = series.CLIENT_LABELS

@@ -428,7 +428,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
         options.num_users = options.burst_size
     options.spawn_rate = options.num_users
     if options.metrics_port:
-        metrics = ClientMetrics(spec)
+        metrics = ClientMetrics(spec=spec)
         try:
             metrics.serve(options.metrics_port, addr=knobs.get("SERVESCOPE_BIND"))
             environment.servescope_metrics = metrics

@@ -28,10 +28,22 @@ class PhaseGoodput:
 
 
 def spec_of(run: Run, override: str | None = None) -> slo.SloSpec:
-    """The spec asked for, else the one the run recorded, else the knobs' (servescope/slo.resolve)."""
-    flags = run.manifest.get("flags") or {}
-    text = override or flags.get("slo") or None
-    return slo.resolve(text, flags.get("slo_attainment") or None)
+    """The spec asked for, else the one the run recorded, else the knobs' (servescope/slo.resolve).
+
+    A manifest is the run's word, not the user's: one whose SLO cannot be read costs the run its own
+    SLO (the knobs' is used), never the report; a bad --slo given here is the user's, and said so.
+    """
+    flags = run.manifest.get("flags")
+    flags = flags if isinstance(flags, dict) else {}
+    text, share = flags.get("slo"), flags.get("slo_attainment")
+    text = text if isinstance(text, str) and text.strip() else None
+    share = share if isinstance(share, (int, float, str)) and not isinstance(share, bool) and share != "" else None
+    if override:
+        return slo.resolve(override, share)
+    try:
+        return slo.resolve(text, share)
+    except slo.SloError:
+        return slo.resolve()
 
 
 def build(run: Run, spec: slo.SloSpec) -> list[PhaseGoodput]:

@@ -45,10 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         help="tune: the native stack's engine to tune (vllm, llamacpp); options after it go to `python -m loadgen knee`",
     )
     args, knee_args = parser.parse_known_args(argv)
+    usage = None
     if knee_args and args.command != "tune":
-        parser.error(f"unrecognized arguments: {' '.join(knee_args)}")
-    if args.command == "tune" and args.engine not in tune.TUNED:
-        parser.error(f"tune: --engine (ENGINE=) {args.engine or ''!r}: expected one of {', '.join(tune.TUNED)}")
+        usage = f"unrecognized arguments: {' '.join(knee_args)} (only tune passes options on, to the knee)"
+    elif args.command == "tune" and args.engine not in tune.TUNED:
+        usage = f"tune: --engine (ENGINE=) {args.engine or ''!r}: expected one of {', '.join(tune.TUNED)}"
+    if usage:
+        print(f"stack: {usage}", file=sys.stderr, flush=True)
+        return 2
     try:
         if args.command == "tune":
             return tune.main(args.engine or "", knee_args)

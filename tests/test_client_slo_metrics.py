@@ -8,7 +8,7 @@ from tests.test_slo import rec
 
 
 def test_good_and_total_counters_follow_the_slo_rule_and_the_objective_is_exposed():
-    metrics = ClientMetrics(slo.parse("ttft<=0.5", objective=0.9))
+    metrics = ClientMetrics(spec=slo.parse("ttft<=0.5", objective=0.9))
     for record in (rec(ttft=0.1), rec(ttft=0.2, started=101.0, scheduled=100.0), rec(ttft=0.9), rec(ok=False)):
         metrics.observe(record)
     value = metrics.registry.get_sample_value

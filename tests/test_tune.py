@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from report import cli as report_cli
 from report import tuning
@@ -18,6 +21,7 @@ from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticProcess
 from tests.test_sampler import EngineExporter
 
+REPO = Path(__file__).resolve().parent.parent
 ENGINE = ("--ttft", "0.02", "--itl", "0.01", "--tokens", "10", "--slowdown", "0.6")
 SLO = "ttft_p95<=0.1,itl_p95<=0.05"
 
@@ -91,3 +95,30 @@ def test_raise_knob_doubles_the_named_resource_and_keeps_llamacpp_per_slot_conte
     assert new["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert tune.raise_knob("vllm", binding.COMPUTE, {"VLLM_MAX_NUM_SEQS": "8"}) is None
     assert tune.raise_knob("vllm", binding.BATCH_SLOTS, {"VLLM_MAX_NUM_SEQS": str(tune.MAX_SLOTS)}) is None
+
+
+def run_stack(*args: str, state) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "stack", *args],
+        cwd=REPO,
+        env={**os.environ, "SERVESCOPE_STATE": str(state)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_make_tune_without_the_native_stack_up_is_one_line(tmp_path):
+    proc = run_stack("tune", "--engine", "vllm", state=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "stack: tune: vllm is not running on the native stack: `make up` first (tune restarts it)"
+    ]
+
+
+def test_make_tune_with_an_engine_it_cannot_tune_is_a_usage_error(tmp_path):
+    proc = run_stack("tune", "--engine", "ollama", state=tmp_path)
+    assert proc.returncode == 2 and "expected one of vllm, llamacpp" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_stack("status", "--duration", "3", state=tmp_path)  # knee options only go with tune
+    assert proc.returncode == 2 and "unrecognized arguments: --duration 3" in proc.stderr
