@@ -122,3 +122,29 @@ def test_make_tune_with_an_engine_it_cannot_tune_is_a_usage_error(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
     proc = run_stack("status", "--duration", "3", state=tmp_path)  # knee options only go with tune
     assert proc.returncode == 2 and "unrecognized arguments: --duration 3" in proc.stderr
+
+
+def test_tune_knows_whether_the_running_engine_has_the_knobs_values(tmp_path, monkeypatch):
+    """The native stack's engine is restarted at the start only when its command line (vLLM: its KV space in its
+    environment) differs from the knobs: a real supervised process stands in for vLLM here."""
+    from stack import supervisor
+
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    service = supervisor.Service(
+        "vllm",
+        "vLLM-CPU",
+        [sys.executable, "-c", "import time; time.sleep(60)", "--max-num-seqs", "2"],
+        "127.0.0.1",
+        free_port(),
+        "VLLM_PORT",
+        "/v1/models",
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    _, record = supervisor.start(service)
+    try:
+        assert tune.running_with("vllm", {"VLLM_MAX_NUM_SEQS": "2", "VLLM_CPU_KVCACHE_SPACE": "1"})
+        assert not tune.running_with("vllm", {"VLLM_MAX_NUM_SEQS": "4", "VLLM_CPU_KVCACHE_SPACE": "1"})
+        assert not tune.running_with("vllm", {"VLLM_MAX_NUM_SEQS": "2", "VLLM_CPU_KVCACHE_SPACE": "2"})
+    finally:
+        supervisor.stop(record)
+    assert not tune.running_with("vllm", {"VLLM_MAX_NUM_SEQS": "2", "VLLM_CPU_KVCACHE_SPACE": "1"})  # not running
