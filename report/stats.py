@@ -108,39 +108,53 @@ def bootstrap_median_delta(
     return out
 
 
-def bootstrap_mean_delta(
-    current: Sequence[float],
-    baseline: Sequence[float],
+def bootstrap_ratio_delta(
+    current: tuple[Sequence[float], Sequence[float], float],
+    baseline: tuple[Sequence[float], Sequence[float], float],
     *,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
     confidence: float = CONFIDENCE,
 ) -> dict[str, float | int | None]:
-    """mean(current) - mean(baseline), each side resampled on its own, with a percentile bootstrap CI.
+    """Difference of two ratio estimates, scale x sum(num) / sum(den), with a percentile bootstrap CI.
 
-    For rates per time window (goodput): their mean is the rate over the whole time, which a median of a
-    few windows with a handful of completions each is not.
+    Each side is (numerators, denominators, scale), one pair per unit (a request); pairs are resampled
+    together within each side. Goodput is such a ratio: a closed loop of N users completes good requests
+    at N x sum(good) / sum(request time) (Little's law), an open loop at its arrival rate x their share.
     """
-    cur, base = np.asarray(current, dtype=float), np.asarray(baseline, dtype=float)
+    sides = []
+    for num, den, scale in (current, baseline):
+        num_a, den_a = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+        if len(num_a) != len(den_a):
+            raise ValueError("a ratio needs as many denominators as numerators")
+        sides.append((num_a, den_a, float(scale)))
+
+    def estimate(num_a, den_a, scale) -> float | None:
+        return scale * float(num_a.sum()) / float(den_a.sum()) if len(num_a) and den_a.sum() > 0 else None
+
+    cur_est, base_est = estimate(*sides[0]), estimate(*sides[1])
     out: dict[str, float | int | None] = {
-        "n_current": len(cur),
-        "n_baseline": len(base),
+        "n_current": len(sides[0][0]),
+        "n_baseline": len(sides[1][0]),
         "resamples": resamples,
         "seed": seed,
-        "mean_current": float(cur.mean()) if len(cur) else None,
-        "mean_baseline": float(base.mean()) if len(base) else None,
+        "current": cur_est,
+        "baseline": base_est,
         "delta": None,
         "ci_low": None,
         "ci_high": None,
     }
-    if not len(cur) or not len(base):
+    if cur_est is None or base_est is None:
         return out
-    out["delta"] = out["mean_current"] - out["mean_baseline"]
+    out["delta"] = cur_est - base_est
     rng = np.random.default_rng(seed)
-    deltas = cur[rng.integers(0, len(cur), size=(resamples, len(cur)))].mean(axis=1) - base[
-        rng.integers(0, len(base), size=(resamples, len(base)))
-    ].mean(axis=1)
+    boot = []
+    for num_a, den_a, scale in sides:
+        idx = rng.integers(0, len(num_a), size=(resamples, len(num_a)))
+        dens = den_a[idx].sum(axis=1)
+        boot.append(scale * num_a[idx].sum(axis=1) / np.where(dens > 0, dens, np.nan))
+    deltas = [d for d in (boot[0] - boot[1]).tolist() if math.isfinite(d)]
     alpha = (1.0 - confidence) / 2.0
-    out["ci_low"] = percentile(deltas.tolist(), 100.0 * alpha)
-    out["ci_high"] = percentile(deltas.tolist(), 100.0 * (1.0 - alpha))
+    out["ci_low"] = percentile(deltas, 100.0 * alpha)
+    out["ci_high"] = percentile(deltas, 100.0 * (1.0 - alpha))
     return out

@@ -14,8 +14,9 @@ TUNE = "tune.json"  # written by stack/tune.py
 RULE = (
     "Each step raises the knob the binding resource names (servescope/binding.py) and restarts the engine; the same "
     "workload (the lowest load that failed the SLOs, same prompts, max_tokens, duration and measurements) is measured "
-    "again. Goodput is compared as the mean of good requests/s over time windows of each measurement, with a seeded "
-    "bootstrap 95% CI on the difference: a setting is kept only when the CI lies above zero. The loop stops when a "
+    "again. Goodput there is compared with a seeded bootstrap 95% CI on the difference, requests resampled (closed "
+    "loop: N users x good requests / their time, Little's law; open loop: the arrival rate x the good share): a "
+    "setting is kept only when the CI lies above zero. The loop stops when a "
     "change brings no such gain, when the binding resource is compute, or when nothing fails below the knee's "
     "highest load."
 )
@@ -108,9 +109,9 @@ def plot(data: dict[str, Any], path: Path) -> Path | None:
         ax_good.plot([s["step"]], [y], marker="o", color="C1", fillstyle="full" if filled else "none")
         label = s["decision"] + (f" @ {_num(s.get('workload'))}" if s.get("workload") is not None else "")
         ax_good.annotate(label, (s["step"], y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        if d.get("ci_low") is not None and d.get("mean_baseline") is not None:
+        if d.get("ci_low") is not None and d.get("baseline") is not None:
             # The CI of the difference, drawn from the old setting's goodput.
-            lo, hi = d["mean_baseline"] + d["ci_low"], d["mean_baseline"] + d["ci_high"]
+            lo, hi = d["baseline"] + d["ci_low"], d["baseline"] + d["ci_high"]
             ax_good.vlines(s["step"], lo, hi, color="C1", alpha=0.5)
     ax_good.set_title("Goodput at the judged load (bars: 95% CI of the change)")
     ax_good.set_xlabel("step")

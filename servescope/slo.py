@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -251,25 +251,3 @@ def _term_result(
     share = met / units if units else None
     observed = float(np.percentile(values, term.percentile)) if values else None
     return TermResult(term.name, share, observed, share is not None and share * 100 >= term.percentile, missed)
-
-
-def windows(
-    spec: SloSpec, records: Iterable[RequestRecord], start: float, end: float, count: int
-) -> list[tuple[float, float]]:
-    """(good requests/s, good tokens/s) in `count` equal windows of [start, end], each request where it finished.
-
-    The spread of these is what a bootstrap CI on goodput resamples: the phase's goodput over time, not
-    the requests one by one (a closed loop's throughput is in how many finish per second).
-    """
-    if end <= start or count < 1:
-        return []
-    width = (end - start) / count
-    reqs = [0] * count
-    toks = [0] * count
-    for r in records:
-        if not spec.good(r):
-            continue
-        i = min(count - 1, max(0, int((finished_at(r) - start) / width)))
-        reqs[i] += 1
-        toks[i] += r.output_tokens or 0
-    return [(reqs[i] / width, toks[i] / width) for i in range(count)]

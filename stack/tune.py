@@ -8,10 +8,10 @@ From the current knobs (.env.example < .env < environment) on the native stack:
   3. The knob goes up (slots and KV space double; llama.cpp's context grows with its slots so each
      slot keeps its share) and the engine is restarted with it.
   4. The same workload is measured again: the failing load, the same prompts, max_tokens, duration
-     and number of measurements. Goodput per time window (servescope/slo.py) of the new setting
-     against the old, with a seeded bootstrap CI on the difference of their means (report/stats.py):
-     kept only when the CI lies above zero, else the engine goes back to the old value and the loop
-     stops. A kept value gets its own knee (step 1), from the last knee up.
+     and number of measurements. Goodput (servescope/slo.py's good requests; closed loop: N users x
+     good / request time, Little's law; open loop: arrivals/s x good share) of the new setting against
+     the old, with a seeded bootstrap CI on the difference, requests resampled (report/stats.py): kept
+     only when the CI lies above zero, else the engine goes back to the old value and the loop stops. A kept value gets its own knee (step 1), from the last knee up.
 
 Everything goes to one folder, results/<tune-id>/: each knee and measurement run as a run folder
 inside it, tune.json (the trajectory), and report.md/.html/.json with the trajectory's table and
@@ -33,7 +33,7 @@ from typing import Any
 
 from report import stats
 from servescope import binding, knobs, slo
-from servescope.runfolder import KNEE, MANIFEST, RequestRecord, RunFolder, new_run_id
+from servescope.runfolder import KNEE, MANIFEST, RunFolder, new_run_id
 from stack.errors import StackError
 from stack.progress import elapsed, say
 
@@ -44,9 +44,6 @@ TUNED = {  # the knobs a tune may move, per engine (servescope/binding.py names 
 }
 MAX_SLOTS = 256  # past this, more slots is not a serving setting a CPU can use
 MAX_CONTEXT = 1 << 20
-# Goodput is compared over time windows of each measurement, not request by request: a closed loop's
-# throughput is how many finish per second, which resampling single requests would never vary.
-WINDOWS_PER_MEASUREMENT = 5
 
 
 class TuneError(StackError):
@@ -69,7 +66,7 @@ class Step:
     workload: float | None = None  # the load this setting's goodput was judged at
     goodput_rps: float | None = None
     good_tokens_per_s: float | None = None
-    delta: dict[str, Any] | None = None  # mean window goodput vs the setting before, with its bootstrap CI
+    delta: dict[str, Any] | None = None  # goodput vs the setting before, with its bootstrap CI
     runs: list[str] = field(default_factory=list)
 
 
@@ -148,8 +145,13 @@ class Tuner:
         say(f"  ({run_id}: {elapsed(time.monotonic() - started)})")
         return json.loads(out.read_text())
 
-    def windows(self, run_id: str, result: dict[str, Any], level: float) -> list[float]:
-        """Good requests/s per time window of every measurement of `level` in a knee run."""
+    def goodput_sample(self, run_id: str, result: dict[str, Any], level: float) -> tuple[list, list, float]:
+        """(good per request, its time share, scale) over every trusted measurement of `level` in a knee run.
+
+        Closed loop, N users: goodput = N x sum(good) / sum(E2E) (Little's law: each user sends again as its
+        request ends). Open loop: the phases' requests per second x their good share. A failed request without
+        an E2E has no time to count and is left out of the closed loop's sums.
+        """
         spec = slo.parse(result["spec"], result["objective"])
         probes = [
             p
@@ -157,15 +159,12 @@ class Tuner:
             if p["level"] == level and p["started_at"] is not None and not p.get("noisy")  # the knee's trusted ones
         ]
         names = {p["phase"] for p in probes}
-        records: dict[str, list[RequestRecord]] = {name: [] for name in names}
-        for r in RunFolder(self.folder / run_id).requests():
-            if r.phase in records:
-                records[r.phase].append(r)
-        out: list[float] = []
-        for p in probes:
-            w = slo.windows(spec, records[p["phase"]], p["started_at"], p["ended_at"], WINDOWS_PER_MEASUREMENT)
-            out += [rps for rps, _ in w]
-        return out
+        records = [r for r in RunFolder(self.folder / run_id).requests() if r.phase in names]
+        if result["over"] == "concurrency":
+            timed = [r for r in records if r.e2e_s]
+            return [float(spec.good(r)) for r in timed], [r.e2e_s for r in timed], float(level)
+        wall = sum(p["ended_at"] - p["started_at"] for p in probes)
+        return [float(spec.good(r)) for r in records], [1.0] * len(records), len(records) / wall if wall > 0 else 0.0
 
     # ------------------------------------------------------------ the loop
 
@@ -207,9 +206,9 @@ class Tuner:
                 measure_run,
                 *("--min-load", level, "--start-load", level, "--max-load", level, "--knee-repeats", repeats),
             )
-            before = self.windows(knee_run, knee_result, workload)
-            after = self.windows(measure_run, measured, workload)
-            delta = stats.bootstrap_mean_delta(after, before)
+            before = self.goodput_sample(knee_run, knee_result, workload)
+            after = self.goodput_sample(measure_run, measured, workload)
+            delta = stats.bootstrap_ratio_delta(after, before)
             row = _level(measured, workload)
             step = Step(
                 n,
@@ -223,8 +222,8 @@ class Tuner:
             )
             gain = delta["ci_low"] is not None and delta["ci_low"] > 0
             say(
-                f"tune: goodput at {level} {knee_result['unit']}: mean per window {_n(delta['mean_baseline'])} -> "
-                f"{_n(delta['mean_current'])} req/s, delta {_n(delta['delta'])} "
+                f"tune: goodput at {level} {knee_result['unit']}: {_n(delta['baseline'])} -> "
+                f"{_n(delta['current'])} good req/s, delta {_n(delta['delta'])} "
                 f"[{_n(delta['ci_low'])}, {_n(delta['ci_high'])}] 95% CI: {'kept' if gain else 'no gain'}"
             )
             if not gain:
@@ -303,7 +302,6 @@ class Tuner:
             "start_knobs": self.steps[0].knobs if self.steps else self.values,
             "best_knobs": self.values,
             "stop_reason": self.stop_reason or "interrupted",
-            "windows_per_measurement": WINDOWS_PER_MEASUREMENT,
             "steps": [asdict(s) for s in self.steps],
         }
         tmp = self.folder / (TUNE + ".tmp")
