@@ -22,8 +22,10 @@ from tests.doubles.synthetic_openai import SyntheticProcess
 from tests.test_sampler import EngineExporter
 
 REPO = Path(__file__).resolve().parent.parent
-ENGINE = ("--ttft", "0.02", "--itl", "0.01", "--tokens", "10", "--slowdown", "0.6")
-SLO = "ttft_p95<=0.1,itl_p95<=0.05"
+ENGINE = ("--ttft", "0.005", "--itl", "0.01", "--tokens", "20", "--slowdown", "0.4")
+# A request that waits for a slot misses the TTFT limit; ITL (0.01 s x (1 + 0.4 x (running - 1))) passes its limit
+# from 8 running requests on: compute, whatever the slots.
+SLO = "ttft_p95<=0.05,itl_p95<=0.035"
 
 
 class RestartableEngine:
@@ -60,7 +62,7 @@ def test_the_tune_loop_raises_slots_while_they_bind_keeps_what_raises_goodput_an
                 {"VLLM_MAX_NUM_SEQS": "2", "VLLM_CPU_KVCACHE_SPACE": "1"},
                 engine.restart,
                 tmp_path,
-                loadgen_args=f"--max-tokens 10 --warmup 0 --metrics-port 0 --duration 2 --max-load 16 --slo {SLO}".split(),
+                loadgen_args=f"--max-tokens 20 --warmup 0 --metrics-port 0 --duration 2 --knee-repeats 3 --max-load 16 --slo {SLO}".split(),
                 max_steps=5,
                 env=env,
             )
