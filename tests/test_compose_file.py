@@ -220,7 +220,7 @@ def test_images_pinned_and_volumes_named(config, raw):
     for name, service in config["services"].items():
         image = service["image"]
         assert ":" in image and not image.endswith(":latest"), f"{name}: {image}"
-    assert set(config["volumes"]) == {"models", "ollama", "prometheus", "grafana", "results"}
+    assert set(config["volumes"]) == {"models", "vllm-compile-cache", "ollama", "prometheus", "grafana", "results"}
     for name, service in config["services"].items():
         for kind, source, _target in volumes_of(service):
             if kind == "volume":

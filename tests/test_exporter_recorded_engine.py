@@ -27,13 +27,16 @@ class RecordedEngine:
     """Serves `pages[path] = (status, body, content_type)`; `delay[path]` seconds before answering.
 
     Pages can be changed while it runs; `hits[path]` counts requests (a test can prove that
-    something did NOT touch the network).
+    something did NOT touch the network). With `api_key` set, the paths in `guarded` answer 401
+    without `Authorization: Bearer <api_key>`, as an engine started with --api-key does.
     """
 
     def __init__(self, pages: dict[str, tuple[int, str | bytes, str]] | None = None):
         self.pages: dict[str, tuple[int, str | bytes, str]] = dict(pages or {})
         self.delay: dict[str, float] = {}
         self.hits: dict[str, int] = {}
+        self.api_key: str | None = None
+        self.guarded: set[str] = set()
         self._connections: set = set()
         engine = self
 
@@ -56,6 +59,8 @@ class RecordedEngine:
                 if wait:
                     time.sleep(wait)
                 status, body, content_type = engine.pages.get(path, (404, "not found\n", "text/plain"))
+                if path in engine.guarded and self.headers.get("Authorization") != f"Bearer {engine.api_key}":
+                    status, body, content_type = 401, '{"error": "Unauthorized"}', "application/json"
                 data = body.encode(errors="surrogatepass") if isinstance(body, str) else body
                 try:
                     self.send_response(status)

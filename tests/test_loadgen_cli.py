@@ -444,7 +444,9 @@ def test_a_user_that_fails_unexpectedly_stops_the_run_with_one_line_not_a_loop(s
         timeout=30,
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == [
+    # (No exporter runs here: the sampler's one line says its reads are marked missing.)
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("server samples: ")]
+    assert lines == [
         "loadgen: a load generator user failed: RuntimeError: no transport today; the run stopped, "
         "the run folder keeps what finished"
     ]

@@ -140,7 +140,7 @@ def test_status_rows_ready_memory_absent_dead_and_external(dirs):
         assert rows[2][3] == "dead"
         assert rows[3][1:4] == ("external", record.url, "yes")
         table = supervisor.format_table(rows)
-        assert table.splitlines()[0].split() == ["service", "pid", "URL", "ready", "resident"]
+        assert table.splitlines()[0].split() == ["service", "pid", "URL", "ready", "memory", "(PSS)"]
         assert len(table.splitlines()) == 5
     finally:
         supervisor.stop(record, grace=5, directory=pids)

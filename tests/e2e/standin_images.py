@@ -1,15 +1,17 @@
 """Local stand-ins for registry images this machine cannot pull (Docker Hub is unreachable here), built once per engine.
 
-- `python:3.11-slim-bookworm` -> a debootstrap'd Debian bookworm with Python 3.11 in a venv on PATH, and this host's
-  CA bundle (the one PyPI is served with here) so `pip install` works in image builds. Only the stand-in carries it:
+- `python:3.11-slim-bookworm` -> a debootstrap'd Debian bookworm with Python 3.11 (and its headers, as upstream has:
+  torch's inductor compiles against Python.h when vLLM starts) in a venv on PATH, and this host's CA bundle (the one PyPI is served with here) so `pip install` works in image builds. Only the stand-in carries it:
   users' builds use the upstream image untouched (the PYTHON_BASE_IMAGE knob picks).
 - `prom/prometheus` -> Debian's prometheus package on that base, entrypoint /usr/bin/prometheus, with curl for the
   healthcheck (the upstream image has busybox wget).
 Grafana and Ollama have no package to build one from: the Compose suite runs without them (profiles).
+Each tag carries a hash of its recipe: a changed recipe builds a new stand-in, never reuses a stale one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import shutil
 import subprocess
@@ -20,9 +22,8 @@ from pathlib import Path
 import docker
 from stack.progress import Step
 
-PYTHON_BASE = "servescope-standin/python:3.11-bookworm"
-PROMETHEUS = "servescope-standin/prometheus:debian-bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBOOTSTRAP_INCLUDE = "python3,python3-venv,python3-dev,ca-certificates,passwd"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # Where the stand-in keeps the host's bundle: a path no Debian package rewrites (update-ca-certificates
 # regenerates /etc/ssl/certs/ca-certificates.crt when a build installs ca-certificates).
@@ -35,10 +36,18 @@ PYTHON_BASE_CHANGES = [
     "ENV LANG=C.UTF-8",
     'CMD ["python3"]',
 ]
+
+
+def recipe_tag(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:10]
+
+
+PYTHON_BASE = f"servescope-standin/python:3.11-bookworm-{recipe_tag(DEBOOTSTRAP_INCLUDE, *PYTHON_BASE_CHANGES)}"
 PROMETHEUS_DOCKERFILE = f"""FROM {PYTHON_BASE}
 RUN apt-get update && apt-get install -y --no-install-recommends prometheus curl && rm -rf /var/lib/apt/lists/*
 ENTRYPOINT ["/usr/bin/prometheus"]
 """
+PROMETHEUS = f"servescope-standin/prometheus:debian-bookworm-{recipe_tag(PROMETHEUS_DOCKERFILE)}"
 
 
 def exists(client: docker.DockerClient, tag: str) -> bool:
@@ -58,7 +67,7 @@ def build_python_base(client: docker.DockerClient, workdir: Path) -> None:
                 [
                     "debootstrap",
                     "--variant=minbase",
-                    "--include=python3,python3-venv,ca-certificates,passwd",
+                    f"--include={DEBOOTSTRAP_INCLUDE}",
                     "bookworm",
                     str(rootfs),
                     DEBIAN_MIRROR,

@@ -123,6 +123,8 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
             # Two slots at most for vLLM: the burst of BURST queues there too.
             "VLLM_MAX_NUM_SEQS": "2",
             "GRAFANA_ADMIN_PASSWORD": "",
+            # vLLM's start-up compile took 70 s natively on a quiet machine and over 10 min on a loaded one.
+            "VLLM_READY_TIMEOUT": "1800",
         }
     )
     if has_cpu_torch(wheels):
