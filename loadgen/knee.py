@@ -326,9 +326,11 @@ class KneeSearch:
             out.append(f"knee: none - the SLOs fail even at {s['first_failing']:g} {unit} (--min-load)")
         elif s["status"] == "meets the SLOs up to the highest load":
             out.append(f"knee: at least {s['knee']:g} {unit} - the SLOs hold up to --max-load {self.max_load:g}")
-        if s["binding_level"] is not None:
-            b = s["binding"]
+        b = s["binding"]
+        if s["first_failing"] is not None:
             out.append(f"binding at {s['binding_level']:g} {unit}: {b['advice']} ({b['evidence']})")
+        elif s["binding_level"] is not None:  # nothing failed: what the server did at the top, not what ran out
+            out.append(f"at {s['binding_level']:g} {unit}, the highest load tried: {b['evidence']}")
         noisy = [p for p in self.probes if p.noisy]
         if noisy:
             out.append(

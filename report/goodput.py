@@ -159,8 +159,13 @@ def _knee_text(knee: dict[str, Any]) -> str:
     else:
         found = f"the SLOs hold up to {knee['knee']} {unit}, the highest load tried"
     b = knee["binding"]
-    at = f"; at {knee['binding_level']:g} {unit} the binding resource is {b['advice']} ({b['evidence']})"
-    return f"Knee search over {knee['over']} ({len(knee['probes'])} measurements, knee.json): {found}{at if knee['binding_level'] is not None else ''}."
+    if knee["binding_level"] is None:
+        at = ""
+    elif knee["first_failing"] is not None:
+        at = f"; at {knee['binding_level']:g} {unit} the binding resource is {b['advice']} ({b['evidence']})"
+    else:
+        at = f"; at {knee['binding_level']:g} {unit}, the highest load tried, {b['evidence']}"
+    return f"Knee search over {knee['over']} ({len(knee['probes'])} measurements, knee.json): {found}{at}."
 
 
 def _s(v: float | None) -> str:
