@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from report import cli as report_cli
 from servescope import binding
+from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.test_sampler import EngineExporter
 
@@ -50,6 +52,7 @@ def search(tmp_path: Path, **engine) -> dict:
     assert proc.returncode == 0, proc.stderr
     result = json.loads((run / "knee.json").read_text())
     assert "knee: " in proc.stdout and f"binding at {result['binding_level']:g} users" in proc.stdout
+    result["run"] = run
     return result
 
 
@@ -64,6 +67,13 @@ def test_two_batch_slots_are_the_binding_resource(tmp_path):
     assert by_level[2]["measurements"] >= 2 and by_level[3]["measurements"] >= 2  # confirmed by repeats
     assert by_level[3]["result"]["failed_most"] == "ttft_p95<=0.1"
     assert not result["non_monotonic"]
+    # The run's report, section 9: goodput per measurement under the run's own SLOs, and the knee.
+    assert report_cli.main(["--run", str(result["run"]), "--prometheus", f"http://127.0.0.1:{free_port()}"]) == 0
+    numbers = json.loads((result["run"] / "report.json").read_text())
+    assert numbers["goodput"]["spec"] == SLO and numbers["goodput"]["knee"]["knee"] == 2
+    assert {row["phase"] for row in numbers["goodput"]["phases"]} == {p["phase"] for p in result["probes"]}
+    text = (result["run"] / "report.md").read_text()
+    assert "9. Goodput under the SLOs" in text and "the knee is 2 users (3 users fails)" in text
 
 
 def test_a_tiny_kv_pool_is_the_binding_resource(tmp_path):
