@@ -342,6 +342,8 @@ def native_restart(engine: str) -> Callable[[dict[str, str]], None]:
     from stack import native, supervisor
 
     def restart(values: dict[str, str]) -> None:
+        if running_with(engine, values):
+            return  # already so (a refused change never stopped it): no warm-up for nothing
         knob = {**knobs.load(), **values}
         prep = native.prepare([engine])  # cached after `make up`: a few checks
         swap_used = native.check_vllm_plan(knob, prep) if engine == "vllm" else False  # refuses what cannot fit
