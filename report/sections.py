@@ -29,7 +29,10 @@ from servescope import series
 def _utc(ts: float | None) -> str:
     if ts is None:
         return "unknown"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # a manifest's time past year 9999: its word, not a date
+        return f"{ts:g} (not a date)"
 
 
 def _s(v: float | None, digits: int = 3) -> str:
