@@ -264,8 +264,10 @@ def live(tmp_path_factory):
         except subprocess.TimeoutExpired:
             pytest.fail(f"loadgen did not finish in 120 s:\n{procs.log('loadgen')}")
         assert code == 0, f"loadgen exited {code}:\n{procs.log('loadgen')}"
-        # A few more scrapes of the exporter after the load, so rates span the whole window.
-        time.sleep(4)
+        # Two more scrapes of the exporter after the load, so rates span the whole window: one that began
+        # more than a scrape interval after the load generator ended.
+        after = time.time() + float(SCRAPE.removesuffix("s"))
+        prometheus.wait_for(f'timestamp(up{{job="exporter"}}) > {after:.3f}', timeout=30)
         yield {
             "prometheus": prometheus,
             "start": started,

@@ -171,8 +171,9 @@ def test_cpu_counter_grows_between_scrapes(tmp_path):
         (tmp_path / "busy.pid").write_text(str(proc.pid))
         registry = registry_of(ResourceCollector([WatchedProcess("vllm", "vllm", tmp_path / "busy.pid")]))
         first = value(registry, CPU)
-        time.sleep(0.5)
-        assert value(registry, CPU) > first
+        deadline = time.monotonic() + 10
+        while value(registry, CPU) <= first:  # each read is a scrape; the busy loop adds CPU time between them
+            assert time.monotonic() < deadline, f"CPU seconds stayed at {first} for 10 s of a busy loop"
     finally:
         stop(proc)
 
