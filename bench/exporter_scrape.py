@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The recorded-page server and the simulator are the test doubles: real HTTP, recorded engine pages.
     sys.path.insert(0, str(REPO))
-    from tests.test_exporter_recorded_engine import FIXTURES, RecordedEngine, vllm_engine
+    from tests.doubles.recorded_engine import FIXTURES, RecordedEngine, vllm_engine
 
     vllm_page = next(
         name

@@ -29,9 +29,9 @@ from servescope import prometheus_config
 from servescope.knobs import REPO_ROOT
 from tests.conftest import PrometheusServer, free_port, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
+from tests.doubles.recorded_engine import FIXTURES
 from tests.doubles.synthetic_openai import SyntheticServer
 
-FIXTURES = REPO_ROOT / "tests" / "fixtures"
 SCRAPE = "2s"  # with a 1.6 s scrape timeout: the exporter stays scrapable on a busy 2-core machine
 SERVED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

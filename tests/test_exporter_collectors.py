@@ -25,7 +25,7 @@ from exporter.server import Collected
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
 from servescope import series
-from tests.test_exporter_recorded_engine import RecordedEngine, fixture, vllm_engine
+from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

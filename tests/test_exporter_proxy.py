@@ -17,7 +17,7 @@ from exporter.server import build, run
 from servescope import series
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
-from tests.test_exporter_recorded_engine import fixture
+from tests.doubles.recorded_engine import fixture
 
 MODEL = "smollm2-135m:latest"
 LABELS = {"engine": "ollama", "instance": "ollama"}

@@ -87,7 +87,7 @@ def test_each_user_reports_what_the_one_definition_computes(rigged):
     from report.verdict import kv_arithmetic as report_kv
     from servescope import series
     from stack import vllm as stack_vllm
-    from tests.test_exporter_recorded_engine import vllm_engine
+    from tests.doubles.recorded_engine import vllm_engine
 
     with vllm_engine("vllm-0.9.1-cpu-metrics.txt", max_model_len=1024) as engine:
         registry = CollectorRegistry()

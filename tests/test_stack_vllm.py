@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from stack import vllm
+from tests.doubles.recorded_engine import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures"
 GIB = 1 << 30
 # SmolLM2-135M-Instruct's config as the conversion writes it (the fields the arithmetic reads).
 SMOLLM2 = {
