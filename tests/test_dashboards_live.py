@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,7 +26,7 @@ import requests
 from dashboards import build, render
 from servescope import prometheus_config
 from servescope.knobs import REPO_ROOT
-from tests.conftest import PrometheusServer, free_port, wait_http
+from tests.conftest import PrometheusServer, free_port, serve_in_thread, stop_process, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.recorded_engine import FIXTURES
 from tests.doubles.synthetic_openai import SyntheticServer
@@ -138,9 +137,7 @@ def serve_vllm_capture(page: AdvancingPage) -> ThreadingHTTPServer:
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    return server
+    return serve_in_thread(Handler)
 
 
 class Processes:
@@ -164,13 +161,7 @@ class Processes:
 
     def stop(self) -> None:
         for proc, log in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, 10)
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # whatever it left behind in its group
             except (ProcessLookupError, PermissionError):

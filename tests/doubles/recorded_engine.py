@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from tests.doubles.serving import ServedInThread
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -21,7 +22,7 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
-class RecordedEngine:
+class RecordedEngine(ServedInThread):
     """Serves `pages[path] = (status, body, content_type)`; `delay[path]` seconds before answering.
 
     Pages can be changed while it runs; `hits[path]` counts requests (a test can prove that
@@ -76,7 +77,6 @@ class RecordedEngine:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._thread: threading.Thread | None = None
 
     def set_text(self, path: str, text: str, status: int = 200) -> None:
         self.pages[path] = (status, text, "text/plain; version=0.0.4")
@@ -84,26 +84,14 @@ class RecordedEngine:
     def set_json(self, path: str, value, status: int = 200) -> None:
         self.pages[path] = (status, json.dumps(value), "application/json")
 
-    def start(self) -> RecordedEngine:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
     def stop(self) -> None:
         """Stop like a dying process: the listener AND every kept-alive connection close."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().stop()
         for connection in list(self._connections):
             try:
                 connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-
-    def __enter__(self) -> RecordedEngine:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def vllm_engine(
