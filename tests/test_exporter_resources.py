@@ -70,7 +70,8 @@ time.sleep(120)
 def start(script: str, ready: Path, timeout: float = 30) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", script, str(ready)], start_new_session=True)
     deadline = time.monotonic() + timeout
-    while not ready.exists():
+    # Not just there: written. write_text creates the file before it writes, and the tree fixture reads a pid from it.
+    while not (ready.exists() and ready.read_text()):
         assert proc.poll() is None, "test process died"
         assert time.monotonic() < deadline, "test process not ready"
         time.sleep(0.02)
