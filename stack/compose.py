@@ -166,6 +166,7 @@ def up(compare: bool = True, ready_timeout: float | None = None) -> int:
         _compose(["up", "-d", "--build", "--scale", f"locust-worker={workers}"]), env=env, cwd=knobs.REPO_ROOT
     )
     if code != 0:
+        explain_failures()
         raise StackError(f"`compose up` failed (exit {code}): see its output above")
     timeout = ready_timeout if ready_timeout is not None else float(env.get("VLLM_READY_TIMEOUT", "900"))
     wait_healthy(timeout)
@@ -258,6 +259,40 @@ def _health(container) -> str:
     return f"exited ({state.get('ExitCode', '?')})" if status == "exited" else status
 
 
+def _failed(health: str) -> bool:
+    return health in ("unhealthy", "dead") or health.startswith("exited (") and health != "exited (0)"
+
+
+def explain_failures(client=None, log_lines: int = 15) -> None:
+    """Each unhealthy or failed container's last health-check output and the tail of its log: the
+    container is gone after `make down`, and CI keeps only what was printed."""
+    import docker
+
+    own = client is None
+    try:
+        client = client or docker.from_env(timeout=10)
+        for container in _project_containers(client):
+            container.reload()
+            health = _health(container)
+            if not _failed(health):
+                continue
+            checks = container.attrs.get("State", {}).get("Health", {}).get("Log") or []
+            if checks:
+                last = checks[-1]
+                output = " ".join(str(last.get("Output", "")).split())[:400]
+                say(f"compose: {_service(container)} {health}; last check exit {last.get('ExitCode')}: {output}")
+            else:
+                say(f"compose: {_service(container)} {health}")
+            tail = container.logs(tail=log_lines).decode("utf-8", "replace").rstrip()
+            for line in tail.splitlines():
+                say(f"  {_service(container)} | {line}")
+    except docker.errors.DockerException as exc:
+        say(f"compose: could not read the failed containers' state: {exc}")
+    finally:
+        if own and client is not None:
+            client.close()
+
+
 def wait_healthy(timeout: float, poll: float = 5.0) -> None:
     """Poll the project's containers until every one with a healthcheck is healthy; progress every ~poll s."""
     import docker
@@ -271,12 +306,9 @@ def wait_healthy(timeout: float, poll: float = 5.0) -> None:
             for container in containers:
                 container.reload()
                 states[_service(container)] = _health(container)
-            failed = {
-                s: h
-                for s, h in states.items()
-                if h in ("unhealthy", "dead") or h.startswith("exited (") and h != "exited (0)"
-            }
+            failed = {s: h for s, h in states.items() if _failed(h)}
             if failed:
+                explain_failures(client)
                 raise StackError(f"unhealthy: {', '.join(sorted(failed))}: see `docker compose logs <service>`")
             waiting = {s: h for s, h in states.items() if h in ("starting", "created", "restarting")}
             if states and not waiting:
