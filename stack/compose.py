@@ -252,6 +252,8 @@ def _service(container) -> str:
 def _health(container) -> str:
     """healthy/unhealthy/starting where a healthcheck exists, else running, or `exited (CODE)` for one-shot steps."""
     state = container.attrs.get("State", {})
+    if container.attrs.get("RestartCount", 0) >= CRASH_LOOP_RESTARTS:
+        return "crash loop"
     health = state.get("Health", {}).get("Status")
     if health:
         return health
@@ -259,8 +261,13 @@ def _health(container) -> str:
     return f"exited ({state.get('ExitCode', '?')})" if status == "exited" else status
 
 
+# A service that died this many times since `up` is in a crash loop (restart: unless-stopped hides it as
+# "starting"): say so now rather than at VLLM_READY_TIMEOUT.
+CRASH_LOOP_RESTARTS = 3
+
+
 def _failed(health: str) -> bool:
-    return health in ("unhealthy", "dead") or health.startswith("exited (") and health != "exited (0)"
+    return health in ("unhealthy", "dead", "crash loop") or health.startswith("exited (") and health != "exited (0)"
 
 
 def explain_failures(client=None, log_lines: int = 15) -> None:
@@ -274,8 +281,11 @@ def explain_failures(client=None, log_lines: int = 15) -> None:
         for container in _project_containers(client):
             container.reload()
             health = _health(container)
-            if not _failed(health):
+            restarts = container.attrs.get("RestartCount", 0)
+            if not _failed(health) and not restarts:
                 continue
+            if restarts:
+                health = f"{health}, restarted {restarts} times"
             checks = container.attrs.get("State", {}).get("Health", {}).get("Log") or []
             if checks:
                 last = checks[-1]

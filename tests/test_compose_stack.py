@@ -131,10 +131,10 @@ def test_first_stats_sample_has_no_cpu_delta():
 class Container:
     """The docker SDK's Container as stack/compose.py reads it: labels, attrs["State"], reload(), logs(tail=)."""
 
-    def __init__(self, service: str, state: dict, log: bytes = b""):
+    def __init__(self, service: str, state: dict, log: bytes = b"", restarts: int = 0):
         self.name = f"servescope-{service}"
         self.labels = {"com.docker.compose.service": service}
-        self.attrs = {"State": state}
+        self.attrs = {"State": state, "RestartCount": restarts}
         self._log = log
 
     def reload(self) -> None:
@@ -182,3 +182,16 @@ def test_wait_healthy_explains_an_unhealthy_service_before_failing(monkeypatch, 
     with pytest.raises(StackError, match="unhealthy: locust-master"):
         compose.wait_healthy(timeout=60, poll=0)
     assert "locust-master | line 39" in capsys.readouterr().out
+
+
+def test_a_crash_loop_fails_the_wait_at_once_with_the_last_error(monkeypatch, capsys):
+    import docker
+
+    # What CI met: locust-master exited 2 on a bad option, Docker restarted it, health said "starting".
+    log = b"locust: error: argument --slo-attainment: SLO attainment ''\n"
+    master = Container("locust-master", {"Status": "restarting", "Health": {"Status": "starting"}}, log, restarts=3)
+    monkeypatch.setattr(docker, "from_env", lambda timeout: Client([master]))
+    with pytest.raises(StackError, match="unhealthy: locust-master"):
+        compose.wait_healthy(timeout=3600, poll=0)
+    out = capsys.readouterr().out
+    assert "locust-master crash loop, restarted 3 times" in out and "--slo-attainment" in out
