@@ -304,8 +304,10 @@ class _GeventResponse:
     def blocks(self, clock: Callable[[], float]) -> Iterator[tuple[float, bytes]]:
         response = self.response
         kernel = self.kernel_stamps and clock is time.perf_counter  # kernel stamps convert to perf_counter only
+        last = float("-inf")
         if response._body_buffer:  # body bytes that came with the headers
-            yield clock(), _take(response._body_buffer)
+            last = clock()
+            yield last, _take(response._body_buffer)
         while not response.message_complete:
             sock = response._sock
             if sock is None:
@@ -327,7 +329,11 @@ class _GeventResponse:
                 response.release()
                 raise
             if response._body_buffer:
-                yield stamp, _take(response._body_buffer)
+                # Bytes that came with the headers are stamped when parsed, after the kernel took them; on a
+                # starved client the next read's kernel stamp can be earlier still. Stamps never go back: a
+                # negative gap is no measurement (the run-folder reader refuses the record).
+                last = max(stamp, last)
+                yield last, _take(response._body_buffer)
             if not data and not response.message_complete:
                 raise EOFError("connection closed mid-stream")
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from bench import requests_transport
 from loadgen import client as llm
 from loadgen import prompts
+from servescope.kernel_stamps import SO_TIMESTAMPNS, TIMESPEC
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
 
@@ -275,3 +278,46 @@ def test_the_outcome_label_is_the_records_kind_never_its_text():
     assert value(name, {**labels, "outcome": "ok"}) == 1
     assert value(name, {**labels, "outcome": "timeout"}) == 1
     assert value(name, {**labels, "outcome": "other_error"}) == 1
+
+
+class _Sock:
+    """A socket whose reads carry kernel receive stamps (SO_TIMESTAMPNS ancillary data), as recvmsg returns them."""
+
+    def __init__(self, reads: list[tuple[bytes, float]]):
+        self.reads = reads  # (bytes, receive time on the perf_counter clock)
+
+    def recvmsg(self, size, ancsize):
+        data, at = self.reads.pop(0)
+        wall = at + (time.time() - time.perf_counter())
+        sec = int(wall)
+        return data, [(socket.SOL_SOCKET, SO_TIMESTAMPNS, TIMESPEC.pack(sec, int((wall - sec) * 1e9)))], 0, None
+
+
+class _Response:
+    """geventhttpclient's response as the client reads it: the body bytes parsed with the headers, then the socket."""
+
+    def __init__(self, with_headers: bytes, sock: _Sock):
+        self._body_buffer = bytearray(with_headers)
+        self._sock = sock
+        self.status_code = 200
+        self.message_complete = False
+
+    def feed(self, data: bytes) -> None:
+        self._body_buffer += data
+        self.message_complete = not self._sock.reads
+
+    def release(self) -> None:
+        pass
+
+
+@pytest.mark.skipif(llm.SO_TIMESTAMPNS is None or llm.CMSG_SIZE == 0, reason="no kernel receive stamps on this OS")
+def test_stamps_never_go_back_when_the_next_reads_kernel_stamp_precedes_the_parsed_headers():
+    # A starved client: the headers (with the first event) are parsed at 'now', while the kernel had already
+    # received the next two events 30 ms and 20 ms earlier. Before the fix their gaps came out negative and the
+    # run-folder reader refused the whole record ("itl_s: a value out of range").
+    now = time.perf_counter()
+    sock = _Sock([(b"data: 2\n\n", now - 0.030), (b"data: 3\n\n", now - 0.020)])
+    blocks = list(llm._GeventResponse(_Response(b"data: 1\n\n", sock), kernel_stamps=True).blocks(time.perf_counter))
+    stamps = [t for t, _ in blocks]
+    assert [b for _, b in blocks] == [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
+    assert stamps == sorted(stamps), stamps
