@@ -19,7 +19,6 @@ from locust.exception import InterruptTaskSet, RescheduleTask, RescheduleTaskImm
 from locust.runners import MasterRunner, WorkerRunner
 
 import functools
-import json
 import sys
 import time
 
@@ -28,20 +27,20 @@ import gevent.pool
 from greenlet import GreenletExit
 
 from loadgen import client as llm
+from loadgen import distributed
 from loadgen import options as option_table
 from loadgen import prompts as prompt_sets
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
-from loadgen.recorder import RECORD_MESSAGE, ForwardingRecorder, Recorder
-from loadgen.scenarios import ClosedLoopPhase, LoadRun, RatePhase, Settings, build_phases
+from loadgen.recorder import Recorder
+from loadgen.scenarios import LoadRun, RatePhase, Settings, build_phases
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
 from servescope import knobs
 from servescope.runfolder import RequestRecord, RunFolder
 from servescope.urls import redact
 
-PHASE_MESSAGE = "servescope_phase"  # master -> workers: index of the phase now current
-CLOCK_CHECK_S = 0.1  # how soon the master starts a timed step's clock once its users are sent
+DISPATCH_CHECK_S = 0.05  # how often the master looks whether the load shape has sent a phase's users
 
 
 @events.init_command_line_parser.add_listener
@@ -131,6 +130,8 @@ class LLMUser(User):
                 response=None,
             )
 
+        run: LoadRun = self.environment.servescope_run
+        key = run.recorder.begin(phase, work)  # before the send: a distributed master counts it in flight
         holder: list[llm.Measurement] = []
         interrupted = None
         try:
@@ -192,9 +193,8 @@ class LLMUser(User):
             url=redact(target.url) + target.chat_path,
             response=None,
         )
-        run: LoadRun = self.environment.servescope_run
         try:
-            run.recorder.request(record)
+            run.recorder.request(record, key)
         finally:
             phase.finished(work, record, elapsed)  # whatever happened to the record, the phase can end
         if interrupted is not None:
@@ -302,8 +302,6 @@ def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
         build_phases(options.scenario, settings, options),
         recorder,
         folder=folder,
-        # A distributed master hears of late records after a phase moved on: it writes PhaseRecords at the end.
-        emit_on_advance=not isinstance(environment.runner, MasterRunner),
     )
 
 
@@ -312,6 +310,7 @@ def _write_manifest(environment, run: LoadRun, status: str) -> None:
     settings = run.phases[0].settings if run.phases else None
     flags = {o.dest: getattr(options, o.dest, None) for o in option_table.for_locust()}
     flags["driver"] = "locust-web-ui" if not options.headless else "locust-headless"
+    coordinator: distributed.Coordinator | None = getattr(environment, "servescope_coordinator", None)
     run.folder.write_manifest(
         build_manifest(
             command="locust -f loadgen/locustfile.py",
@@ -323,6 +322,7 @@ def _write_manifest(environment, run: LoadRun, status: str) -> None:
             status=status,
             ended_at=None if status == "running" else time.time(),
             phases=[p.name for p in run.phases],
+            workers=coordinator.describe() if coordinator is not None else None,
         )
     )
 
@@ -352,23 +352,23 @@ class ScenarioShape(LoadTestShape):
 
 
 def _conduct(environment, run: LoadRun) -> None:
-    """On the master (or a single process): each phase in turn until it is done; workers hear of each change."""
-    master = isinstance(environment.runner, MasterRunner)
+    """On the master (or a single process): each phase in turn until it is done.
+
+    With workers, loadgen/distributed.py starts each phase on all of them once the shape has sent its users, and
+    ends it when every worker's part is over (a timed step by the master's clock)."""
+    coordinator: distributed.Coordinator | None = getattr(environment, "servescope_coordinator", None)
     while True:
         phase = run.advance()
-        if master:
-            environment.runner.send_message(PHASE_MESSAGE, run.index)
         if phase is None:
+            if coordinator is not None:
+                coordinator.finish()
             return
-        timed = master and isinstance(phase, ClosedLoopPhase)  # the master's clock ends the step for every worker
-        while not phase.done.wait(timeout=CLOCK_CHECK_S if timed and phase.t_start is None else 1.0):
-            if not timed:
-                continue
-            if phase.t_start is None and _dispatched(environment.runner, phase):
-                phase.start_clock()  # from the moment the shape has sent the step's users, not before
-            left = phase.time_left()
-            if left is not None and left <= 0:
-                phase.finish_now()
+        if coordinator is not None:
+            coordinator.prepare(phase)
+            while not _dispatched(environment.runner, phase):
+                gevent.sleep(DISPATCH_CHECK_S)
+            coordinator.start(phase)
+        phase.done.wait()
 
 
 def _dispatched(runner, phase) -> bool:
@@ -392,14 +392,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
         print(f"loadgen: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
     if isinstance(runner, WorkerRunner):
-
-        def follow_phase(msg, **_kw):
-            run = getattr(environment, "servescope_run", None)
-            if run is not None:
-                while run.index < int(msg.data) and not run.finished:
-                    run.advance()
-
-        runner.register_message(PHASE_MESSAGE, follow_phase)
+        environment.servescope_agent = distributed.WorkerAgent(runner)
         return
     # The form, filled in: Host = the engine's URL, Number of users = the burst size; a phase starts its users at
     # once, so the ramp-up shows the same number.
@@ -421,18 +414,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
                 file=sys.stderr,
             )
     if isinstance(runner, MasterRunner):
-
-        def store_record(msg, **_kw):
-            run = getattr(environment, "servescope_run", None)
-            if run is None:
-                return
-            record = RequestRecord.from_dict(json.loads(msg.data))
-            run.recorder.request(record)
-            phase = run.phase_named(record.phase)
-            if phase is not None:
-                phase.add_worker_record(record)
-
-        runner.register_message(RECORD_MESSAGE, store_record)
+        environment.servescope_coordinator = distributed.Coordinator(runner, print)
 
 
 @events.test_start.add_listener
@@ -441,12 +423,9 @@ def _on_test_start(environment, **_kwargs) -> None:
         return
     options = environment.parsed_options
     if isinstance(environment.runner, WorkerRunner):
-        runner = environment.runner
-        run = _new_run(environment, ForwardingRecorder(runner))
-        # This worker's share of each user class, as the master dispatched it (known once its users are spawned).
-        run.follow_master(lambda user_class: runner.target_user_classes_count.get(user_class, 0))
-        # The master's "phase 0" message came before this run existed: start on the first phase.
-        run.advance()
+        # Its phases start when the master says (distributed.WorkerAgent), each with this worker's part of it.
+        run = _new_run(environment, environment.servescope_agent.recorder())
+        environment.servescope_agent.attach(run)
         environment.servescope_run = run
         return
     if options.scenario == "burst" and options.num_users:
@@ -471,6 +450,9 @@ def _on_test_start(environment, **_kwargs) -> None:
     _write_manifest(environment, run, "running")
     recorder.line(f"run folder: {folder.path}")
     environment.servescope_run = run
+    coordinator = getattr(environment, "servescope_coordinator", None)
+    if coordinator is not None:
+        coordinator.attach(run)
     environment.servescope_conductor = gevent.spawn(_conduct, environment, run)
 
 

@@ -5,6 +5,7 @@ results/<run-id>/
   requests.jsonl    one RequestRecord per measured request (warm-up excluded), appended as they finish
   phases.jsonl      one PhaseRecord per load phase (sequential pass, burst k, ramp step, sweep level)
   locust_*.csv, locust.html   Locust's own stats (rounded by Locust: never the source of a reported number)
+  workers.log       `python -m loadgen ... --workers N`: what its worker processes printed
   report.md / report.html / report.json / *.png   written by `make report`
 
 All durations are seconds (float); wall-clock instants are Unix epoch seconds; engine-native
@@ -59,6 +60,7 @@ class RequestRecord:
     content_chunks: int = 0
     arrival_index: int | None = None  # order of release within a burst
     engine_stats: dict[str, Any] = field(default_factory=dict)  # Ollama *_ns fields, llama.cpp timings
+    worker: int | None = None  # the load generator worker process that sent it (--workers, Locust workers); None: one
 
     def to_json(self) -> str:
         # Not asdict(): it deep-copies itl_s one float at a time (12 ms for a 4000-token record).
@@ -275,6 +277,7 @@ REQUEST_FIELDS = (
     Field("content_chunks", "int", default=0),
     Field("arrival_index", "int"),
     Field("engine_stats", "object", default={}),
+    Field("worker", "int"),
 )
 PHASE_FIELDS = (
     Field("engine", "str", required=True),

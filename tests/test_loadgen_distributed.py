@@ -1,0 +1,164 @@
+"""`python -m loadgen ... --workers N` against the synthetic server: one burst barrier, one run folder, a worker lost."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from loadgen.clock_sync import clock_offset
+from servescope.runfolder import RunFolder
+from tests.doubles.synthetic_openai import SyntheticServer
+
+REPO = Path(__file__).resolve().parent.parent
+QUIET_SAMPLER = {**os.environ, "SAMPLE_INTERVAL_MS": "0"}  # no exporter here: the sampler's own lines are noise
+
+
+@pytest.fixture
+def server():
+    with SyntheticServer(ttft=0.02, itl=0.002, tokens=4) as s:
+        yield s
+
+
+def prompt_file(tmp_path: Path, *texts: str) -> str:
+    path = tmp_path / "prompts.txt"
+    path.write_text("".join(f"{t}\n" for t in texts))
+    return str(path)
+
+
+def command(server, tmp_path: Path, scenario: str, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "loadgen",
+        scenario,
+        "--engine",
+        f"vllm={server.url}",
+        "--workers",
+        "2",
+        "--max-tokens",
+        "4",
+        "--warmup",
+        "0",
+        "--metrics-port",
+        "0",
+        "--results",
+        str(tmp_path),
+        "--run-id",
+        "run",
+        *args,
+    ]
+
+
+def run(server, tmp_path: Path, scenario: str, *args: str) -> RunFolder:
+    proc = subprocess.run(
+        command(server, tmp_path, scenario, *args),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=QUIET_SAMPLER,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folder = RunFolder(tmp_path / "run")
+    assert folder.manifest()["status"] == "complete"
+    return folder
+
+
+def test_a_burst_split_over_two_workers_is_released_by_one_barrier(server, tmp_path):
+    # Worker 1 runs prompts 3-4 (the users after worker 0's two); prompt 3 stalls 1.5 s in round 1. A barrier per
+    # worker would send worker 0's round 2 while that request is still streaming: the one barrier waits for it.
+    prompts = prompt_file(tmp_path, "p1", "p2", "p3 [[fault:stall=1.5]]", "p4")
+    folder = run(
+        server, tmp_path, "burst", "--burst-size", "4", "--bursts", "2", "--burst-pause", "0", "--prompts", prompts
+    )
+    records = list(folder.requests())
+    assert all(r.ok for r in records) and len(records) == 8 == server.stats.requests
+    # Every request of every worker in the one folder, each prompt once per round (the matched set).
+    assert sorted((r.phase, r.prompt_id, r.worker) for r in records) == [
+        (f"burst-{n}", f"prompts-{i}", 0 if i <= 2 else 1) for n in (1, 2) for i in (1, 2, 3, 4)
+    ]
+    first = [r for r in records if r.phase == "burst-1"]
+    second = [r for r in records if r.phase == "burst-2"]
+    stalled = next(r for r in first if r.prompt_id == "prompts-3")
+    assert min(r.started_at for r in second) >= max(r.started_at + r.e2e_s for r in first) >= stalled.ttft_s > 1.5
+    assert [(p.phase, p.requests, p.concurrency) for p in folder.phases()] == [("burst-1", 4, 4), ("burst-2", 4, 4)]
+    workers = folder.manifest()["workers"]
+    assert [(w["index"], w["records"], w["lost"]) for w in workers] == [(0, 4, None), (1, 4, None)]
+    assert all(w["clock_offset_s"] == 0 and 0 < w["clock_bound_s"] < 1 for w in workers)  # one host: one clock
+
+
+def test_closed_loop_users_and_an_open_loop_schedule_are_split_across_the_workers(server, tmp_path):
+    sweep = run(server, tmp_path / "sweep", "sweep", "--concurrencies", "2,3", "--requests", "2")
+    counts = Counter((r.phase, r.worker) for r in sweep.requests())
+    # --requests counts per user: 2 x 2 and 2 x 3, each worker sending for its own users.
+    assert counts == {("sweep-c2", 0): 2, ("sweep-c2", 1): 2, ("sweep-c3", 0): 4, ("sweep-c3", 1): 2}
+    rate = run(server, tmp_path / "rate", "rate", "--rate", "40", "--requests", "10")
+    records = sorted(rate.requests(), key=lambda r: r.arrival_index)
+    # One schedule: every arrival once, the workers taking every other one.
+    assert [(r.arrival_index, r.worker) for r in records] == [(i, i % 2) for i in range(10)]
+    assert all(r.ok for r in records)
+
+
+def test_a_worker_killed_mid_run_leaves_its_requests_recorded_as_failed_and_the_run_completes(server, tmp_path):
+    prompts = prompt_file(tmp_path, "q1", "q2", "q3 [[fault:stall=30]]", "q4 [[fault:stall=30]]")
+    proc = subprocess.Popen(
+        command(server, tmp_path, "burst", "--burst-size", "4", "--prompts", prompts),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=QUIET_SAMPLER,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        pid, deadline, seen = None, time.monotonic() + 60, []
+        while pid is None and time.monotonic() < deadline:
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                continue
+            match = re.match(r"\[.*\] worker 1: pid (\d+)", seen[-1])
+            pid = int(match.group(1)) if match else None
+        assert pid is not None, "".join(seen)
+        while server.stats.requests < 4 and time.monotonic() < deadline:  # worker 1's two requests are streaming
+            time.sleep(0.05)
+        assert server.stats.requests == 4
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == 0, "".join(seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    folder = RunFolder(tmp_path / "run")
+    records = sorted(folder.requests(), key=lambda r: r.prompt_id)
+    assert [(r.prompt_id, r.worker, r.ok, r.error_kind) for r in records] == [
+        ("prompts-1", 0, True, None),
+        ("prompts-2", 0, True, None),
+        ("prompts-3", 1, False, "worker_lost"),
+        ("prompts-4", 1, False, "worker_lost"),
+    ]
+    assert "load generator worker 1 was lost mid-run" in records[2].error
+    manifest = folder.manifest()
+    assert manifest["status"] == "complete"
+    assert [(w["index"], w["lost"] is not None) for w in manifest["workers"]] == [(0, False), (1, True)]
+
+
+def test_a_workers_clock_is_put_on_the_masters_within_half_the_shortest_round_trip():
+    # Probes: (worker epoch at send, round trip, master epoch in the answer).
+    same = [(100.0, 0.004, 100.0021), (200.0, 0.0006, 200.0002)]
+    assert clock_offset(same) == (0.0, pytest.approx(-0.0001), pytest.approx(0.0003))  # one clock: not shifted
+    behind = [(100.0, 0.002, 103.001), (200.0, 0.0004, 203.0003)]  # the worker's clock is 3 s behind
+    offset, estimate, bound = clock_offset(behind)
+    assert offset == estimate == pytest.approx(3.0001) and bound == pytest.approx(0.0002)
+    assert clock_offset([]) is None
