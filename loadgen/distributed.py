@@ -496,8 +496,11 @@ class WorkerAgent:
             requests=share.get("requests"),
             hold=functools.partial(self._hold, index) if isinstance(phase, BurstPhase) else None,
         )
-        while run.index < index and not run.finished:
-            run.advance()  # the users waiting for a change see the phase now
+        if phase.share.users > 0:
+            # Its users, waiting for a change, see the phase now. A worker without users of it stays on the last
+            # phase it had users of, which gives no more work: users spawned for the next phase wait there.
+            while run.index < index and not run.finished:
+                run.advance()
         gevent.spawn(self._report_done, index, phase)
 
     def _report_done(self, index: int, phase: Phase) -> None:

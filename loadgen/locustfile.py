@@ -260,7 +260,7 @@ class RateUser(LLMUser):
     def arrivals(self) -> None:
         run: LoadRun | None = getattr(self.environment, "servescope_run", None)
         phase = run.phase if run is not None else None
-        if not isinstance(phase, RatePhase):
+        if not isinstance(phase, RatePhase) or phase.scheduling:  # one schedule per process: the others wait
             if run is None:
                 gevent.sleep(0.2)
             else:

@@ -109,6 +109,16 @@ def test_closed_loop_users_and_an_open_loop_schedule_are_split_across_the_worker
     assert all(r.ok for r in records)
 
 
+def test_the_seeds_compare_over_two_workers_sends_each_phase_once(server, tmp_path):
+    # The sequential pass runs on one worker: the other's users of the burst after it once took its prompts from the
+    # sequential phase (not over on a worker that ran none of it) before the burst started.
+    folder = run(server, tmp_path, "compare", "--burst-size", "3", "--no-seed4")
+    records = list(folder.requests())
+    assert Counter(r.phase for r in records) == {"sequential": 3, "burst-1": 3} and all(r.ok for r in records)
+    assert len({r.worker for r in records if r.phase == "sequential"}) == 1
+    assert server.stats.requests == 6
+
+
 def test_a_worker_killed_mid_run_leaves_its_requests_recorded_as_failed_and_the_run_completes(server, tmp_path):
     prompts = prompt_file(tmp_path, "q1", "q2", "q3 [[fault:stall=30]]", "q4 [[fault:stall=30]]")
     proc = subprocess.Popen(
