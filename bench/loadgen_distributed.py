@@ -1,0 +1,172 @@
+"""Distributed load: TTFT/ITL error against the synthetic server's stamps at 256 and 1,024 streams over 4 workers, every request in the one run folder, tokens per client CPU-second, beside vLLM's client."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from collections import Counter
+
+from bench.loadgen_accuracy import (
+    Window,
+    accuracy_row,
+    content_aligned,
+    errors_vs_server,
+    loadgen_burst,
+    percentile,
+    vllm_available,
+    vllm_bench,
+)
+from tests.doubles.synthetic_openai import SyntheticProcess
+
+# The server's timing: 1,024 streams of a token every 50 ms are ~20,000 writes/s from one Python process sharing the
+# cores with the clients; the truth is its own stamps, so its lateness is not charged to the client.
+TTFT_S, ITL_S, TOKENS = 0.5, 0.05, 32
+GOAL_STREAMS, GOAL_TTFT_MEDIAN_MS, GOAL_TTFT_P99_MS = 1024, 2.0, 10.0
+
+
+def _servescope(server: SyntheticProcess, streams: int, rounds: int, workers: int) -> tuple[list[dict], Window]:
+    prompts = f"synthetic:16x{streams}"  # one prompt per stream of a round: each record paired with its stream
+    records, _phases, window = loadgen_burst(
+        server,
+        size=streams,
+        bursts=rounds,
+        max_tokens=TOKENS,
+        http_client="geventhttpclient",
+        prompts=prompts,
+        timeout=1800,
+        workers=workers,
+    )
+    return records, window
+
+
+def _window_row(label: str, streams: int, window: Window, extra: str = "") -> str:
+    rate = window.tokens / window.wall_s if window.wall_s and window.wall_s > 0 else math.nan
+    return (
+        f"{label:<26} {streams:>5} {window.tokens:>8} {window.wall_s:>8.2f} {rate:>9.0f} {window.cpu_s:>7.2f} "
+        f"{window.tokens_per_cpu_s:>10.0f}  {extra}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.loadgen_distributed", description=__doc__)
+    parser.add_argument("--streams", default="256,1024", help="concurrent streams (burst size), comma-separated")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2, help="bursts per level (the first also pays TCP connects)")
+    parser.add_argument("--no-single", action="store_true", help="skip the one-process load generator")
+    parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's own client")
+    args = parser.parse_args(argv)
+    levels = [int(x) for x in args.streams.split(",") if x]
+    with_vllm = not args.no_vllm and vllm_available() and not os.environ.get("SERVESCOPE_BENCH_NO_VLLM")
+    server_args = ("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS))
+    print(
+        f"server: synthetic, TTFT {TTFT_S * 1000:.0f} ms, ITL {ITL_S * 1000:.0f} ms, {TOKENS} tokens; bursts of N "
+        f"streams x {args.rounds} rounds; servescope over {args.workers} worker processes (--workers) and in one. "
+        f"error = reported - truth, ms (columns as bench.loadgen_accuracy: vs configured, the server's lateness, vs "
+        f"the server's own stamps). CPU = the client's process tree (master + workers). "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+    )
+    print(f"{'':<28}{'--- vs configured ---':^44} {'srv late':^17} {'--- vs server stamps ---':^39}")
+    print(
+        f"{'client':<18} {'conc':>4} {'n':>5} {'TTFT med':>10} {'TTFT p99':>10} {'ITL med':>10} {'ITL p99':>10} "
+        f"{'p50':>8} {'p99':>8} {'TTFT med':>9} {'TTFT p99':>9} {'ITL med':>9} {'ITL p99':>9} {'queued':>8}"
+    )
+    clients = [args.workers] + ([] if args.no_single else [0])
+    windows: list[tuple[str, int, Window, str]] = []
+    goal: dict[str, object] = {}
+    failures = 0
+    for streams in levels:
+        for workers in clients:
+            label = f"servescope/{workers}w" if workers else "servescope/1proc"
+            with SyntheticProcess(*server_args) as server:
+                try:
+                    records, window = _servescope(server, streams, args.rounds, workers)
+                except RuntimeError as exc:
+                    print(f"{label:<18} {streams:>4} failed: {exc}", flush=True)
+                    failures += 1
+                    continue
+                ok = [r for r in records if r["ok"]]
+                vs_server = errors_vs_server(ok, server.url, f"synthetic:16x{streams}")
+                print(
+                    accuracy_row(
+                        label,
+                        streams,
+                        len(ok),
+                        [r["ttft_s"] for r in ok],
+                        [gap for r in ok for gap in r["itl_s"]],
+                        server.stats(),
+                        vs_server,
+                        (TTFT_S, ITL_S),
+                    ),
+                    flush=True,
+                )
+            # Every request of every worker in the one folder: as many records as requests sent, none failed.
+            expected = streams * args.rounds
+            by_worker = Counter(r.get("worker") for r in records)
+            complete = len(records) == expected and len(ok) == expected
+            folder = f"{len(records)}/{expected} records" + (
+                f" from workers {dict(sorted(by_worker.items()))}" if workers else ""
+            )
+            windows.append((label, streams, window, folder + ("" if complete else " INCOMPLETE")))
+            if workers and streams == GOAL_STREAMS and vs_server[0]:
+                goal = {
+                    "median": statistics.median(vs_server[0]),
+                    "p99": percentile(vs_server[0], 0.99),
+                    "complete": complete,
+                }
+        if with_vllm:
+            with SyntheticProcess(*server_args) as server:
+                try:
+                    result, window = vllm_bench(
+                        server, concurrency=streams, prompts=streams * args.rounds, output_len=TOKENS, timeout=1800
+                    )
+                except RuntimeError as exc:
+                    print(f"{'vllm bench serve':<18} {streams:>4} failed: {exc}", flush=True)
+                    failures += 1
+                    continue
+                ttfts, itls = content_aligned(result)
+                print(
+                    accuracy_row(
+                        "vllm bench serve*",
+                        streams,
+                        result.get("completed", 0),
+                        ttfts,
+                        itls,
+                        server.stats(),
+                        truth=(TTFT_S, ITL_S),
+                    ),
+                    flush=True,
+                )
+            windows.append(("vllm bench serve", streams, window, f"{result.get('completed', 0)} completed"))
+    print(
+        "\nclient tokens per CPU-second. Window: from just before the client's first chat request (the warm-up) to "
+        "the server's last completed stream; tokens = what the server streamed in it; CPU s = the client's process "
+        "tree's user+system CPU in it"
+    )
+    print(
+        f"{'client':<26} {'conc':>5} {'tokens':>8} {'wall s':>8} {'tok/s':>9} {'CPU s':>7} {'tok/CPU-s':>10}  run folder"
+    )
+    for label, streams, window, note in windows:
+        print(_window_row(label, streams, window, note))
+    if with_vllm:
+        print(
+            "* vllm bench serve: TTFT and ITL under our definitions from its own per-request stamps (as in "
+            "bench.loadgen_accuracy); it keeps no per-request send time, so it has no column against the server's stamps"
+        )
+    else:
+        print("vLLM's client skipped: ~/.cache/servescope/venv-vllm or its tokenizer is missing (or --no-vllm)")
+    if goal:
+        met = goal["median"] <= GOAL_TTFT_MEDIAN_MS and goal["p99"] <= GOAL_TTFT_P99_MS and goal["complete"]
+        print(
+            f"goal, {GOAL_STREAMS} streams over {args.workers} workers: TTFT error vs the server's stamps median "
+            f"{goal['median']:+.3f} ms (<= {GOAL_TTFT_MEDIAN_MS:g}), p99 {goal['p99']:+.3f} ms (<= "
+            f"{GOAL_TTFT_P99_MS:g}), every request in the one run folder: {'yes' if goal['complete'] else 'NO'}: "
+            f"{'met' if met else 'NOT met'}"
+        )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
