@@ -235,30 +235,40 @@ TTFT_S, ITL_S, TOKENS = 0.2, 0.02, 64
 PROMPTS = "synthetic:16x64"  # 64 distinct prompts: each request of a burst can be paired with the server's stream
 
 
+def paired_streams(records: list[dict], server_url: str, prompts: str = PROMPTS) -> list[tuple[dict, dict]]:
+    """Each ok record with the server's stream that served it: the same prompt, in order (the warm-up came first),
+    as many content chunks written as the client counted."""
+    texts = {p.id: p.text for p in prompt_sets.load(prompts).prompts}
+    streams = requests.get(f"{server_url}/stats/streams", timeout=30).json()["streams"]
+    by_prompt: dict[str, list[dict]] = {}
+    for stream in streams:
+        by_prompt.setdefault(stream["prompt"], []).append(stream)
+    by_id: dict[str, list[dict]] = {}
+    for record in records:
+        if record["ok"]:
+            by_id.setdefault(record["prompt_id"], []).append(record)
+    pairs = []
+    for prompt_id, text in texts.items():
+        mine = sorted(by_id.get(prompt_id, []), key=lambda r: r["started_at"])
+        theirs = sorted(by_prompt.get(text, []), key=lambda s: s["t_arrival"])
+        theirs = theirs[len(theirs) - len(mine) :] if len(theirs) >= len(mine) else []  # the warm-up came first
+        pairs += [(r, s) for r, s in zip(mine, theirs, strict=False) if len(s["writes"]) == r["content_chunks"]]
+    return pairs
+
+
 def errors_vs_server(
     records: list[dict], server_url: str, prompts: str = PROMPTS
 ) -> tuple[list[float], list[float], list[float]]:
     """Client error against what the server actually did, per request: TTFT vs (first write - arrival of the request's
     bytes at the server's socket, the kernel's stamp), each gap vs the server's write-to-write gap. Also, per request, how
     long the request's bytes waited before a server thread read them (the old truth started there and blamed the client)."""
-    texts = {p.id: p.text for p in prompt_sets.load(prompts).prompts}
-    streams = requests.get(f"{server_url}/stats/streams", timeout=30).json()["streams"]
-    by_prompt: dict[str, list[dict]] = {}
-    for stream in streams:
-        by_prompt.setdefault(stream["prompt"], []).append(stream)
     ttft_err, itl_err, queued = [], [], []
-    for prompt_id, text in texts.items():
-        mine = sorted((r for r in records if r["prompt_id"] == prompt_id and r["ok"]), key=lambda r: r["started_at"])
-        theirs = sorted(by_prompt.get(text, []), key=lambda s: s["t_arrival"])
-        theirs = theirs[len(theirs) - len(mine) :] if len(theirs) >= len(mine) else []  # the warm-up came first
-        for record, stream in zip(mine, theirs, strict=False):
-            writes = stream["writes"]
-            if len(writes) != record["content_chunks"]:
-                continue
-            ttft_err.append((record["ttft_s"] - (writes[0] - stream["t_arrival"])) * 1000)
-            queued.append((stream["t_request_line"] - stream["t_arrival"]) * 1000)
-            server_gaps = [b - a for a, b in zip(writes, writes[1:], strict=False)]
-            itl_err.extend((c - s) * 1000 for c, s in zip(record["itl_s"], server_gaps, strict=False))
+    for record, stream in paired_streams(records, server_url, prompts):
+        writes = stream["writes"]
+        ttft_err.append((record["ttft_s"] - (writes[0] - stream["t_arrival"])) * 1000)
+        queued.append((stream["t_request_line"] - stream["t_arrival"]) * 1000)
+        server_gaps = [b - a for a, b in zip(writes, writes[1:], strict=False)]
+        itl_err.extend((c - s) * 1000 for c, s in zip(record["itl_s"], server_gaps, strict=False))
     return ttft_err, itl_err, queued
 
 

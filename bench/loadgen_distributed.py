@@ -7,6 +7,7 @@ import math
 import os
 import statistics
 import sys
+import time
 from collections import Counter
 
 from bench.loadgen_accuracy import (
@@ -15,6 +16,7 @@ from bench.loadgen_accuracy import (
     content_aligned,
     errors_vs_server,
     loadgen_burst,
+    paired_streams,
     percentile,
     vllm_available,
     vllm_bench,
@@ -23,23 +25,40 @@ from tests.doubles.synthetic_openai import SyntheticProcess
 
 # The server's timing: 1,024 streams of a token every 50 ms are ~20,000 writes/s from one Python process sharing the
 # cores with the clients; the truth is its own stamps, so its lateness is not charged to the client.
-TTFT_S, ITL_S, TOKENS = 0.5, 0.05, 32
+TTFT_S, ITL_S, TOKENS = 0.5, 0.2, 16
 GOAL_STREAMS, GOAL_TTFT_MEDIAN_MS, GOAL_TTFT_P99_MS = 1024, 2.0, 10.0
 
 
 def _servescope(server: SyntheticProcess, streams: int, rounds: int, workers: int) -> tuple[list[dict], Window]:
-    prompts = f"synthetic:16x{streams}"  # one prompt per stream of a round: each record paired with its stream
     records, _phases, window = loadgen_burst(
         server,
         size=streams,
         bursts=rounds,
         max_tokens=TOKENS,
         http_client="geventhttpclient",
-        prompts=prompts,
+        prompts=f"synthetic:16x{streams}",  # one prompt per stream of a round: each record paired with its stream
         timeout=1800,
         workers=workers,
     )
     return records, window
+
+
+def _split(records: list[dict], server: SyntheticProcess, prompts: str) -> str:
+    """Where the TTFT error is: send stamp -> the request's arrival at the server (kernel stamp), and the server's
+    first write -> the client's stamp of it (the rest). On one host both clocks are CLOCK_MONOTONIC / CLOCK_REALTIME."""
+    epoch_of_monotonic = time.time() - time.monotonic()
+    send, receive = [], []
+    for record, stream in paired_streams(records, server.url, prompts):
+        sent = (stream["t_arrival"] + epoch_of_monotonic - record["started_at"]) * 1000
+        send.append(sent)
+        receive.append((record["ttft_s"] - (stream["writes"][0] - stream["t_arrival"])) * 1000 - sent)
+    if not send:
+        return "TTFT error split: no request paired with its stream"
+    return (
+        f"  TTFT error split, ms p50/p99/max: send stamp -> arrival at the server {percentile(send, 0.5):.3f}/"
+        f"{percentile(send, 0.99):.3f}/{max(send):.3f}; server's first write -> client's stamp "
+        f"{percentile(receive, 0.5):.3f}/{percentile(receive, 0.99):.3f}/{max(receive):.3f}"
+    )
 
 
 def _window_row(label: str, streams: int, window: Window, extra: str = "") -> str:
@@ -88,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                     failures += 1
                     continue
                 ok = [r for r in records if r["ok"]]
-                vs_server = errors_vs_server(ok, server.url, f"synthetic:16x{streams}")
+                prompts = f"synthetic:16x{streams}"
+                vs_server = errors_vs_server(ok, server.url, prompts)
                 print(
                     accuracy_row(
                         label,
@@ -102,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                     flush=True,
                 )
+                print(_split(ok, server, prompts), flush=True)
             # Every request of every worker in the one folder: as many records as requests sent, none failed.
             expected = streams * args.rounds
             by_worker = Counter(r.get("worker") for r in records)
