@@ -188,7 +188,13 @@ def run_headless(args: argparse.Namespace) -> int:
     environment.servescope_run = run
     if args.workers:
         try:
-            fleet = distributed.Fleet(environment, args.workers, folder.path / distributed.WORKERS_LOG, recorder.line)
+            fleet = distributed.Fleet(
+                environment,
+                args.workers,
+                folder.path / distributed.WORKERS_LOG,
+                say=recorder.line,
+                warn=lambda text: print(f"loadgen: {text}", file=sys.stderr, flush=True),
+            )
             fleet.send_plan(args, targets)
             fleet.coordinator.attach(run)
         except distributed.FleetError as exc:

@@ -143,9 +143,12 @@ class Coordinator:
     """The master's side: each phase started and ended on every worker, one barrier per burst round, the workers'
     records into the run (the master's recorder), and a lost worker's requests in flight written as failed."""
 
-    def __init__(self, runner: MasterRunner, say: Callable[[str], None] | None = None):
+    def __init__(
+        self, runner: MasterRunner, say: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None
+    ):
         self.runner = runner
-        self.say = say or (lambda text: None)
+        self.say = say or (lambda text: None)  # progress (each worker's clock)
+        self.warn = warn or self.say  # a worker lost
         self.run: LoadRun | None = None
         self.workers: dict[str, _Worker] = {}
         self.step: _Step | None = None
@@ -364,34 +367,39 @@ class Coordinator:
     def _watch(self) -> None:
         while True:
             gevent.sleep(WATCH_S)
-            for worker in list(self.workers.values()):
-                client = self.runner.clients.get(worker.id)
-                if worker.lost is None and (client is None or client.state == STATE_MISSING):
-                    self._lose(worker, "it quit" if client is None else "no heartbeat for 3 s")
+            try:
+                for worker in list(self.workers.values()):
+                    client = self.runner.clients.get(worker.id)
+                    if worker.lost is None and (client is None or client.state == STATE_MISSING):
+                        self._lose(worker, "it quit" if client is None else "no heartbeat for 3 s")
+            except Exception as exc:  # noqa: BLE001 - a run that can no longer see its workers stops, saying why
+                if self.run is not None:
+                    self.run.abort(f"watching the load generator workers failed: {type(exc).__name__}: {exc}")
+                return
 
     def _lose(self, worker: _Worker, why: str) -> None:
         worker.lost = why
         if self.runner.clients.pop(worker.id, None) is not None:
             # Given up on: Locust would hand its users to the others a minute later, in the middle of a phase.
             self.runner.send_message("quit", client_id=worker.id)  # should it come back
-        step = self.step
-        running = self.run is not None and not self.run.finished and step is not None
+        if self.run is None or self.run.finished:
+            return
         lost = self._write_unreported(
             worker, ErrorKind.WORKER_LOST, f"load generator worker {worker.index} was lost mid-run ({why})"
         )
-        if not running or (not lost and (step.phase.done.is_set() or worker.id not in step.participants)):
-            return
         live = self.live()
-        self.say(
-            f"worker {worker.index} lost ({why}): {lost} request(s) in flight recorded as failed (worker_lost); "
-            f"the run goes on with {len(live)} worker(s)"
+        self.warn(
+            f"load generator worker {worker.index} lost ({why}): {lost} request(s) in flight recorded as failed "
+            f"(worker_lost); the run goes on with {len(live)} worker(s)"
         )
         if not live:
             self.run.abort("every load generator worker was lost")
             return
-        for round_no in sorted(set(step.ready) - step.released):
-            self._try_release(round_no)
-        self._check_done()
+        step = self.step
+        if step is not None:
+            for round_no in sorted(set(step.ready) - step.released):
+                self._try_release(round_no)
+            self._check_done()
 
     def _write_unreported(self, worker: _Worker, kind: ErrorKind, why: str) -> int:
         entries, worker.in_flight = list(worker.in_flight.values()), {}
@@ -601,9 +609,11 @@ class FleetError(RuntimeError):
 class Fleet:
     """A Locust master in this process and N worker processes (`python -m loadgen.worker`) on this machine."""
 
-    def __init__(self, environment, count: int, log_path: Path, say: Callable[[str], None]):
+    def __init__(
+        self, environment, count: int, log_path: Path, say: Callable[[str], None], warn: Callable[[str], None]
+    ):
         self.runner: MasterRunner = environment.create_master_runner("127.0.0.1", 0)
-        self.coordinator = Coordinator(self.runner, say)
+        self.coordinator = Coordinator(self.runner, say, warn)
         self.log_path = log_path
         self.log = open(log_path, "ab")
         port = str(self.runner.server.port)
