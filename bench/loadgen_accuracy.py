@@ -107,6 +107,7 @@ def loadgen_burst(
     prompts: str = "seed3",
     timeout: float = 600,
     workers: int = 0,
+    warmup: int = 1,
 ) -> tuple[list[dict], dict, Window]:
     """`python -m loadgen burst` against the server (with `workers` worker processes); returns raw records, phases
     and the traffic window."""
@@ -131,7 +132,7 @@ def loadgen_burst(
             "--http-client",
             http_client,
             "--warmup",
-            "1",
+            str(warmup),
             "--prompts",
             prompts,
             "--results",
