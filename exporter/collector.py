@@ -22,6 +22,7 @@ ENGINE_FAMILIES: tuple[tuple[str, str], ...] = (
     (series.KV_CACHE_USAGE, "gauge"),
     (series.GENERATED_TOKENS, "counter"),
     (series.PROMPT_TOKENS, "counter"),
+    (series.PROMPT_CACHED_TOKENS, "counter"),
     (series.ENGINE_INFO, "gauge"),
 )
 
@@ -229,8 +230,14 @@ HELP = {
         "Ollama: eval_count / usage.completion_tokens of responses seen by the proxy."
     ),
     series.PROMPT_TOKENS: (
-        "Prompt tokens processed. vLLM: vllm:prompt_tokens_total; llama.cpp: llamacpp:prompt_tokens_total; "
-        "Ollama: prompt_eval_count / usage.prompt_tokens of responses seen by the proxy."
+        "Prompt tokens of the requests, computed or taken from a cache. vLLM: vllm:prompt_tokens_total; "
+        "llama.cpp: llamacpp:prompt_tokens_total (the tokens it computed) + llamacpp:prompt_tokens_cached_total "
+        "where the build has it; Ollama: prompt_eval_count / usage.prompt_tokens of responses seen by the proxy."
+    ),
+    series.PROMPT_CACHED_TOKENS: (
+        "Prompt tokens taken from the engine's prefix / prompt cache instead of computed. vLLM: "
+        "vllm:prefix_cache_hits_total (0.9.2-0.10: vllm:gpu_prefix_cache_hits_total; it stays 0 while prefix "
+        "caching is off); llama.cpp: llamacpp:prompt_tokens_cached_total (builds that have it). Ollama reports none."
     ),
     series.ENGINE_INFO: "Engine version, value 1. vLLM: GET /version; llama.cpp: GET /props build_info; Ollama: GET /api/version.",
     series.KV_BLOCK_SIZE: "Tokens per KV-cache block. vLLM: block_size label of vllm:cache_config_info.",

@@ -30,6 +30,7 @@ LLAMACPP_SAMPLES = frozenset(
         "llamacpp:requests_deferred",
         "llamacpp:tokens_predicted_total",
         "llamacpp:prompt_tokens_total",
+        "llamacpp:prompt_tokens_cached_total",
     )
 )
 
@@ -55,20 +56,26 @@ class LlamacppCollector(EngineCollector):
         info.add_metric(self.labels(bounded(identity.version or "unknown")), 1.0)
         yield info
 
-        for name, source, typ in (
-            (series.REQUESTS_RUNNING, "llamacpp:requests_processing", "gauge"),
-            (series.REQUESTS_WAITING, "llamacpp:requests_deferred", "gauge"),
-            (series.GENERATED_TOKENS, "llamacpp:tokens_predicted_total", "counter"),
-            (series.PROMPT_TOKENS, "llamacpp:prompt_tokens_total", "counter"),
+        # The counters, once each (a value that is not a count costs its series); prompt_tokens_total counts only the
+        # tokens it computed: the cached ones (builds that count them) are added, so prompt tokens mean the whole
+        # prompt here as they do on vLLM.
+        totals = {source: self._total(samples, source) for source in LLAMACPP_SAMPLES}
+        cached = totals["llamacpp:prompt_tokens_cached_total"]
+        prompt = totals["llamacpp:prompt_tokens_total"]
+        for name, value, typ in (
+            (series.REQUESTS_RUNNING, totals["llamacpp:requests_processing"], "gauge"),
+            (series.REQUESTS_WAITING, totals["llamacpp:requests_deferred"], "gauge"),
+            (series.GENERATED_TOKENS, totals["llamacpp:tokens_predicted_total"], "counter"),
+            (series.PROMPT_TOKENS, None if prompt is None else prompt + (cached or 0.0), "counter"),
+            (series.PROMPT_CACHED_TOKENS, cached, "counter"),
         ):
             family = (
                 self.gauge(name, HELP[name], ["model"])
                 if typ == "gauge"
                 else CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
             )
-            values = [self.valid(value, count, source) for _, value in samples.get(source, ())]
-            if values and None not in values:
-                family.add_metric(self.labels(model), sum(values))
+            if value is not None:
+                family.add_metric(self.labels(model), value)
             elif name == series.REQUESTS_RUNNING and occupancy is not None:
                 family.add_metric(self.labels(model), float(occupancy.processing))  # busy slots, as /metrics counts
             yield family
@@ -82,6 +89,11 @@ class LlamacppCollector(EngineCollector):
                 family = self.gauge(name, HELP[name], ["model"])
                 family.add_metric(self.labels(model), value)
                 yield family
+
+    def _total(self, samples, source: str) -> float | None:
+        """One sample name's value (summed over its lines), or None when absent or any line is not a count."""
+        values = [self.valid(value, count, source) for _, value in samples.get(source, ())]
+        return sum(values) if values and None not in values else None
 
     def _occupancy(self, slots: object) -> Occupancy | None:
         """slot_occupancy() with its impossible values counted; a /slots that is not a list of slots costs the

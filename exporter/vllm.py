@@ -24,6 +24,8 @@ from servescope.exposition import Samples, parse_exposition
 
 # vLLM renamed its KV gauge in 0.9.2 and kept both until 0.11: read the new one when present.
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# Prefix-cache hits in tokens, the same rename (0.9.2-0.10 has both; 0.9.1's V0 engine only a block hit-rate gauge).
+PREFIX_HIT_NAMES = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 
 # The only sample names read from vLLM's page.
 CACHE_INFO = "vllm:cache_config_info"
@@ -32,6 +34,7 @@ VLLM_SAMPLES = frozenset(
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         *KV_USAGE_NAMES,
+        *PREFIX_HIT_NAMES,
         "vllm:generation_tokens_total",
         "vllm:prompt_tokens_total",
         CACHE_INFO,
@@ -73,9 +76,11 @@ class VllmCollector(EngineCollector):
                 family.add_metric(self.labels(model), value)
             yield family
 
+        hits_source = next((name for name in PREFIX_HIT_NAMES if samples.get(name)), PREFIX_HIT_NAMES[0])
         for name, source in (
             (series.GENERATED_TOKENS, "vllm:generation_tokens_total"),
             (series.PROMPT_TOKENS, "vllm:prompt_tokens_total"),
+            (series.PROMPT_CACHED_TOKENS, hits_source),
         ):
             family = CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
             for model, value in self.by_model(samples, source, count, models).items():

@@ -49,7 +49,7 @@ class PhaseAnnotator:
         ended = max(r.ended_at for r in records)
         target = phase.settings.target
         requests = sum(r.requests for r in records)
-        text = f"{target.instance} · {phase.scenario} · {phase.name}: {requests} requests in {ended - started:.1f} s"
+        text = f"{target.instance} · {phase.scenario} · {phase.title}: {requests} requests in {ended - started:.1f} s"
         post = self._post
         if post is None:
             from dashboards.annotations import post_phase as post

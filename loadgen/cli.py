@@ -17,17 +17,18 @@ import gevent
 from gevent.event import Event
 
 from loadgen import client as llm
-from loadgen import distributed, options
+from loadgen import distributed, options, trials
 from loadgen.annotations import PhaseAnnotator
 from loadgen.commands import USAGE_ERRORS, UsageError, build_parser, prepare
 from loadgen.client_metrics import ClientMetrics
+from loadgen.isolate import Isolation
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import Recorder
-from loadgen.scenarios import LoadRun, Settings, spawn_rate_for
+from loadgen.scenarios import BurstPhase, LoadRun, SequentialPhase, spawn_rate_for
 from loadgen.summary import print_summary
-from loadgen.targets import Target, chosen_url_line, default_url, probe
+from loadgen.targets import chosen_url_line, default_url, probe
 from servescope import knobs
 from servescope.runfolder import RunFolder
 from servescope.sampler import Sampler
@@ -146,6 +147,11 @@ def run_headless(args: argparse.Namespace) -> int:
     fleet: distributed.Fleet | None = None  # --workers N: the worker processes and their coordinator
     flags = {k: v for k, v in vars(args).items() if k not in ("engine", "model", "quiet")}
     flags["ignore_eos"] = not args.no_ignore_eos
+    retries = getattr(args, "noise_retries", 0)
+    isolation = Isolation(getattr(args, "isolate", "off"), recorder.line)
+    keeper = trials.NoiseKeeper(targets)
+    recorder.annotate = keeper.annotate  # every phase record carries the host's noise while it ran
+    trial_notes: dict = {"repetitions": getattr(args, "repetitions", 1), "isolate": isolation.mode, "warmup": {}}
 
     def manifest(status: str, ended_at: float | None = None) -> str | None:
         """Write manifest.json; why not, in one line, when the folder refuses it."""
@@ -168,7 +174,8 @@ def run_headless(args: argparse.Namespace) -> int:
                 started_at=started_at,
                 status=status,
                 ended_at=ended_at,
-                phases=[p.name for p in phases],
+                phases=[p.title for p in phases],
+                trials=trial_notes,
                 workers=fleet.coordinator.describe() if fleet is not None else None,
             )
         )
@@ -203,17 +210,28 @@ def run_headless(args: argparse.Namespace) -> int:
     annotator = PhaseAnnotator(args.grafana_url)
     status = "complete"
     try:
-        warmed: set[str] = set()
-        for phase in phases:
+        for phase in phases:  # a retry is inserted right after the phase it repeats
             if interrupted.is_set() or run.aborted.is_set():
                 break
             target = phase.settings.target
-            if target.instance not in warmed:
-                warmed.add(target.instance)
-                if not _warmup(target, phase.settings, args, recorder, interrupted):
+            isolation.focus(target)
+            if target.instance not in trial_notes["warmup"]:
+                warm = trials.warm_up(
+                    target,
+                    phase.settings,
+                    args.warmup,
+                    http_client=args.http_client,
+                    timeout_s=args.request_timeout,
+                    say=recorder.line,
+                    interrupted=interrupted,
+                )
+                if warm is None:
                     break
+                trial_notes["warmup"][target.instance] = warm
+                recorder.line(keeper.locate(target))
+            keeper.begin(target)
             run.advance()
-            sampler.start(phase.name)
+            sampler.start(phase.title)
             if fleet is not None:
                 fleet.coordinator.prepare(phase)
             runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
@@ -228,6 +246,14 @@ def run_headless(args: argparse.Namespace) -> int:
             if runner.spawning_greenlet is not None:
                 runner.spawning_greenlet.join(timeout=10)
             annotator.phase_done(phase)
+            noisy = keeper.flags()
+            if noisy and phase.attempt <= retries and isinstance(phase, (SequentialPhase, BurstPhase)):
+                retry = trials.again(phase)
+                phases.insert(phases.index(phase) + 1, retry)
+                recorder.line(
+                    f"{target.instance} {phase.title}: {noisy[0]}: running it again as {retry.title} "
+                    f"(LOADGEN_NOISE_RETRIES={retries})"
+                )
         if run.aborted.is_set():
             status = "failed"
             runner.stop()
@@ -239,6 +265,7 @@ def run_headless(args: argparse.Namespace) -> int:
         # Close the last phase (its PhaseRecords; an interrupted one keeps what finished); skip what never started.
         run.finish()
     finally:
+        isolation.release()
         sampler.close()
         runner.stop()
         if fleet is not None:
@@ -274,35 +301,3 @@ def run_headless(args: argparse.Namespace) -> int:
         print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_INTERRUPTED if status == "interrupted" else 0
-
-
-def _warmup(
-    target: Target, settings: Settings, args: argparse.Namespace, recorder: Recorder, interrupted: Event
-) -> bool:
-    """Warm-up requests (cold caches, first-request compile) that never reach the results."""
-    if args.warmup <= 0:
-        return True
-    transport = llm.make_transport(args.http_client, target.url, timeout=args.request_timeout)
-    try:
-        for i in range(args.warmup):
-            payload = llm.chat_payload(
-                target.api,
-                target.model,
-                settings.prompt_set[i].text,
-                settings.max_tokens,
-                settings.temperature,
-                bool(target.ignore_eos),
-            )
-            job = gevent.spawn(llm.stream_chat, transport, target.chat_path, target.api, payload)
-            gevent.wait([job, interrupted], count=1)
-            if interrupted.is_set():
-                job.kill()
-                return False
-            m = job.value
-            outcome = "ok" if m.ok else f"FAILED ({m.error})"
-            recorder.line(
-                f"warm-up {target.instance} {i + 1}/{args.warmup}: {outcome} {m.elapsed_s or 0:.3f}s (not recorded)"
-            )
-    finally:
-        transport.close()
-    return True

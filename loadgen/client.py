@@ -100,10 +100,12 @@ class Measurement:
     content_times: list[float] = field(default_factory=list)  # perf_counter per non-empty content chunk
     usage_tokens: int | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens the engine took from its cache, where it says so
     tokens_source: str | None = None
     engine_stats: dict[str, Any] = field(default_factory=dict)
     finished: bool = False  # saw [DONE] (OpenAI) or done:true (Ollama)
     t_end: float | None = None  # perf_counter when the exchange ended (ok or not)
+    answer: list[str] | None = None  # the content's text, kept only when asked (a conversation's next turn needs it)
 
     @property
     def ok(self) -> bool:
@@ -139,6 +141,10 @@ class Measurement:
         return (self.e2e_s - self.ttft_s) / (tokens - 1)
 
     @property
+    def text(self) -> str | None:
+        return None if self.answer is None else "".join(self.answer)
+
+    @property
     def elapsed_s(self) -> float | None:
         """send -> end of the exchange (a failure's partial time; Locust's response_time)."""
         end = self.t_end if self.t_end is not None else (self.content_times[-1] if self.content_times else None)
@@ -148,8 +154,11 @@ class Measurement:
 # --- the request body per API flavour ---
 
 
-def chat_payload(api: str, model: str, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool) -> dict:
-    messages = [{"role": "user", "content": prompt}]
+def chat_payload(
+    api: str, model: str, prompt: str | list[dict[str, str]], max_tokens: int, temperature: float, ignore_eos: bool
+) -> dict:
+    """The streaming chat request: `prompt` is one user message's text, or the messages of a conversation so far."""
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if api == "ollama":
         # Ollama has no ignore_eos; num_predict is its max_tokens.
         return {
@@ -415,14 +424,15 @@ def stream_chat(
     on_first_content: Callable[[Measurement], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     into: list[Measurement] | None = None,
+    keep_text: bool = False,
 ) -> Measurement:
     """Send one streaming chat request and stamp every content chunk; never raises for a failed request.
 
     `into` receives the measurement before the send, so a caller whose greenlet is killed mid-stream
-    (Ctrl-C, runner stop) still holds the partial stamps.
+    (Ctrl-C, runner stop) still holds the partial stamps. `keep_text` keeps the answer's text.
     """
     body = json.dumps(payload).encode()
-    m = Measurement(started_at=time.time(), t_send=clock())
+    m = Measurement(started_at=time.time(), t_send=clock(), answer=[] if keep_text else None)
     if into is not None:
         into.append(m)
     response = None
@@ -510,6 +520,8 @@ def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None
                 content_times.append(stamp)
                 if len(content_times) == 1 and on_first is not None:
                     on_first(m)
+                if m.answer is not None and isinstance(delta.get("content"), str):
+                    m.answer.append(delta["content"])
                 break
         usage = event.get("usage")
         if usage:
@@ -518,8 +530,15 @@ def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None
                 m.tokens_source = "usage"
             if usage.get("prompt_tokens") is not None:
                 m.prompt_tokens = int(usage["prompt_tokens"])
-        if event.get("timings"):
-            m.engine_stats["timings"] = event["timings"]  # llama.cpp's own prompt/predicted ms
+            # llama.cpp always, vLLM with --enable-prompt-tokens-details: the prompt tokens its cache supplied.
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and _is_count(details.get("cached_tokens")):
+                m.cached_tokens = details["cached_tokens"]
+        timings = event.get("timings")
+        if timings:
+            m.engine_stats["timings"] = timings  # llama.cpp's own prompt/predicted ms
+            if m.cached_tokens is None and isinstance(timings, dict) and _is_count(timings.get("cache_n")):
+                m.cached_tokens = timings["cache_n"]  # llama.cpp: prompt tokens reused from the slot's cache
 
 
 def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> None:
@@ -539,6 +558,8 @@ def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> N
             content_times.append(stamp)
             if len(content_times) == 1 and on_first is not None:
                 on_first(m)
+            if m.answer is not None and isinstance(message.get("content"), str):
+                m.answer.append(message["content"])
         if event.get("done"):
             m.finished = True
             for key in OLLAMA_STATS:
@@ -552,6 +573,10 @@ def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> N
             if event.get("prompt_eval_count") is not None:
                 m.prompt_tokens = int(event["prompt_eval_count"])
             return
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _error_message(body: str | dict) -> str:

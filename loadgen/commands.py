@@ -8,12 +8,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from loadgen import client as llm
-from loadgen import options
+from loadgen import options, trials, workloads
 from loadgen import prompts as prompt_sets
 from loadgen.prompts import PromptSet
 from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings, build_phases
 from loadgen.targets import Target, TargetError, parse_engine
 from servescope import knobs
+from servescope.thresholds import NoiseRule, WarmupRule
 
 
 class UsageError(Exception):
@@ -30,6 +31,7 @@ COMMANDS = {
     "ramp": "steps of closed-loop users, each held",
     "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
     "sweep": "one closed-loop phase per concurrency level",
+    "replay": "a trace's requests at their own times (--prompts trace:FILE), open loop, --speed times faster",
 }
 web_port = options.bounded(int, "a port from 1 to 65535", 1, 65535)
 
@@ -84,7 +86,29 @@ def prepare(args: argparse.Namespace) -> Plan:
     if len(set(instances)) != len(instances):
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
     prompt_set = prompt_sets.load(args.prompts)
+    workloads.check(args.command, prompt_set, getattr(args, "bursts", 1))
+    if getattr(args, "workers", 0):
+        _check_workers(args, prompt_set)
+    # The trials' rules are knobs: a bad one is one line now, not a traceback after the first phase.
+    WarmupRule.current()
+    NoiseRule.current()
     return Plan(targets, prompt_set, _phases(args, targets, prompt_set), _models(args.model))
+
+
+def _check_workers(args: argparse.Namespace, prompt_set: PromptSet) -> None:
+    """What worker processes cannot share: each builds the master's phases once, and holds its own conversations."""
+    from loadgen.workloads.conversation import ConversationSet
+
+    if isinstance(prompt_set, ConversationSet):
+        raise UsageError(
+            f"--workers: the conversations of {prompt_set.name} are held in one process (each turn carries its "
+            f"history): run it without --workers"
+        )
+    if getattr(args, "noise_retries", 0):
+        raise UsageError(
+            "--workers: a noisy phase's retry is decided by the master alone, after the workers built their phases: "
+            "set LOADGEN_NOISE_RETRIES=0 (or --noise-retries 0)"
+        )
 
 
 def _models(specs: list[str]) -> dict[str, str]:
@@ -97,24 +121,35 @@ def _models(specs: list[str]) -> dict[str, str]:
 
 
 def _phases(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet) -> list[Phase]:
-    """The phases of the whole run, engine after engine, in the order they will run."""
-    phases: list[Phase] = []
-    for target in targets:
-        settings = Settings(
+    """The phases of the whole run in the order they will run: the seed's experiment interleaved over repetitions."""
+
+    def settings_of(target: Target) -> Settings:
+        return Settings(
             target=target,
             prompt_set=prompt_set,
             max_tokens=args.max_tokens,
             temperature=args.temperature,
             timeout_s=args.request_timeout,
+            think_s=args.think_time,
         )
-        if args.command == "compare":
-            # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
-            # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
-            phases.append(SequentialPhase(settings, name="sequential", count=args.burst_size))
-            phases.append(BurstPhase(settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause))
-            if not args.no_seed4 and prompt_set.name != "seed4":
-                seed4 = dataclasses.replace(settings, prompt_set=prompt_sets.load("seed4"))
-                phases.append(SequentialPhase(seed4, name="sequential-seed4"))
-        else:
-            phases.extend(build_phases(args.command, settings, args))
-    return phases
+
+    if args.command != "compare":
+        return [phase for target in targets for phase in build_phases(args.command, settings_of(target), args)]
+    seed4_set = prompt_sets.load("seed4") if not args.no_seed4 and prompt_set.name != "seed4" else None
+
+    def one_pass(target: Target, repetition: int) -> list[Phase]:
+        # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
+        # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
+        settings = settings_of(target)
+        phases: list[Phase] = [
+            SequentialPhase(settings, name="sequential", count=args.burst_size, repetition=repetition),
+            BurstPhase(
+                settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause, repetition=repetition
+            ),
+        ]
+        if seed4_set is not None:
+            seed4 = dataclasses.replace(settings, prompt_set=seed4_set)
+            phases.append(SequentialPhase(seed4, name="sequential-seed4", repetition=repetition))
+        return phases
+
+    return trials.interleave(targets, one_pass, getattr(args, "repetitions", 1))

@@ -194,7 +194,7 @@ class Coordinator:
         self.step = _Step(self.run.index, phase, set(participants))
         for wid in participants:
             self._worker(wid)
-            self.runner.send_message(PHASE, {"index": self.step.index, "name": phase.name}, client_id=wid)
+            self.runner.send_message(PHASE, {"index": self.step.index, "name": phase.title}, client_id=wid)
         if not participants:
             self.run.abort("no load generator worker is connected")
 
@@ -479,8 +479,8 @@ class WorkerAgent:
             self.send(READY, {**ready, "error": "its run could not be set up (see its log)"})
             return
         phase = run.phases[index]
-        if phase.name != name:
-            self.send(READY, {**ready, "error": f"phase {index} is {phase.name!r} here, {name!r} on the master"})
+        if phase.title != name:
+            self.send(READY, {**ready, "error": f"phase {index} is {phase.title!r} here, {name!r} on the master"})
             return
         spawning = self.runner.spawning_greenlet  # the master's spawn for this phase came before its PHASE
         if spawning is not None:

@@ -30,12 +30,14 @@ from loadgen import client as llm
 from loadgen import distributed
 from loadgen import options as option_table
 from loadgen import prompts as prompt_sets
+from loadgen import workloads
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import Recorder
 from loadgen.scenarios import LoadRun, RatePhase, Settings, build_phases
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
+from loadgen.workloads.conversation import ConversationSet
 from servescope import knobs
 from servescope.runfolder import RequestRecord, RunFolder
 from servescope.urls import redact
@@ -107,13 +109,11 @@ class LLMUser(User):
         settings: Settings = phase.settings
         target = settings.target
         name = f"{target.instance} {phase.scenario}"
+        # The workload source makes the request: a conversation's turn carries its history (and may wait for its
+        # think time first), a dataset's or a trace's prompt its own output length.
+        turn = phase.source.begin(work, settings.max_tokens)
         payload = llm.chat_payload(
-            target.api,
-            target.model,
-            work.prompt.text,
-            settings.max_tokens,
-            settings.temperature,
-            bool(target.ignore_eos),
+            target.api, target.model, turn.messages, turn.max_tokens, settings.temperature, bool(target.ignore_eos)
         )
         fire = self.environment.events.request.fire
 
@@ -142,6 +142,7 @@ class LLMUser(User):
                 payload,
                 on_first_content=first_content,
                 into=holder,
+                keep_text=turn.keep_answer,
             )
         except GreenletExit as exc:  # the runner stopped us mid-stream (Ctrl-C, phase end): keep what we have
             interrupted = exc
@@ -154,6 +155,7 @@ class LLMUser(User):
             m.t_end = time.perf_counter()
             if m.usage_tokens is None and m.content_times:
                 m.tokens_source = "chunks"
+        phase.source.end(turn, m)
         record = RequestRecord(
             engine=target.kind,
             instance=target.instance,
@@ -163,8 +165,8 @@ class LLMUser(User):
             model=target.model,
             prompt_set=settings.prompt_set.name,
             prompt_set_sha256=settings.prompt_set.sha256,
-            prompt_id=work.prompt.id,
-            max_tokens=settings.max_tokens,
+            prompt_id=turn.prompt_id,
+            max_tokens=turn.max_tokens,
             started_at=m.started_at,
             ok=m.ok,
             status=m.status,
@@ -180,6 +182,12 @@ class LLMUser(User):
             content_chunks=len(m.content_times),
             arrival_index=work.arrival_index,
             engine_stats=m.engine_stats,
+            conversation=turn.conversation,
+            turn=turn.turn,
+            history_messages=turn.history_messages,
+            history_tokens=turn.history_tokens,
+            cached_tokens=m.cached_tokens,
+            scheduled_at=work.scheduled_at,
         )
         elapsed = m.elapsed_s or 0.0
         fire(
@@ -291,12 +299,18 @@ def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
     options = environment.parsed_options
     url = environment.host or options.engine_url or default_url(options.engine)
     target = parse_engine(f"{options.engine}={url}", ignore_eos=not options.no_ignore_eos)
+    prompt_set = prompt_sets.load(options.prompts)
+    workloads.check(options.scenario, prompt_set)
+    if isinstance(environment.runner, MasterRunner) and isinstance(prompt_set, ConversationSet):
+        # loadgen/distributed.py splits users, bursts and schedules; a conversation's history lives in one process.
+        raise ValueError(f"the conversations of {prompt_set.name} are held in one process: run them without workers")
     settings = Settings(
         target=probe(target, options.model or None),
-        prompt_set=prompt_sets.load(options.prompts),
+        prompt_set=prompt_set,
         max_tokens=options.max_tokens,
         temperature=options.temperature,
         timeout_s=options.request_timeout,
+        think_s=float(options.think_time or 0),
     )
     return LoadRun(
         build_phases(options.scenario, settings, options),

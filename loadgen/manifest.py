@@ -48,6 +48,7 @@ def build(
     status: str = "running",
     ended_at: float | None = None,
     phases: list[str] | None = None,
+    trials: dict[str, Any] | None = None,
     workers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Everything a report needs to say what was run where; status is running -> complete | interrupted."""
@@ -62,14 +63,24 @@ def build(
         "ended_at": ended_at,
         "started_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started_at)),
         "engines": {t.instance: t.manifest() for t in targets},
+        # Each set's kind and how it was made (a workload's lengths, a shared-prefix set's reuse ceiling), then
+        # its prompts; a prompt's own output length where it has one.
         "prompt_sets": {
-            p.name: {"sha256": p.sha256, "prompts": [{"id": x.id, "text": x.text} for x in p.prompts]}
+            p.name: {
+                **p.describe(),
+                "sha256": p.sha256,
+                "prompts": [
+                    {"id": x.id, "text": x.text, **({"max_tokens": x.max_tokens} if x.max_tokens is not None else {})}
+                    for x in p.prompts
+                ],
+            }
             for p in prompt_sets
         },
         "prompt_set": prompt_sets[0].name if prompt_sets else None,
         "prompt_set_sha256": prompt_sets[0].sha256 if prompt_sets else None,
         "flags": flags,
         "phases": phases or [],
+        "trials": trials or {},  # repetitions, isolation, each engine's warm-up (loadgen/trials.py)
         "machine": machine(),
         "locust_version": locust_version,
     }

@@ -20,7 +20,7 @@ from servescope.runfolder import check_run_id
 
 HEADLESS = frozenset({"compare", *SCENARIOS})
 BURSTS = frozenset({"compare", "burst"})
-TIMED = frozenset({"ramp", "rate", "sweep"})
+TIMED = frozenset({"ramp", "rate", "sweep", "replay"})
 
 
 # --- what a value may be: each raises argparse.ArgumentTypeError, a ValueError, with the one line to show ---
@@ -54,11 +54,13 @@ positive_seconds = bounded(float, "a number of seconds > 0", 0, above=True)
 non_negative_seconds = bounded(float, "a number of seconds >= 0", 0)
 linger_seconds = bounded(float, "a number of seconds from 0 to 600", 0, 600)
 positive_rate = bounded(float, "a number of arrivals per second > 0", 0, above=True)
+speed = bounded(float, "a speed-up factor > 0 (1: the trace's own times)", 0, above=True)
 temperature = bounded(float, "a temperature >= 0", 0)
 port = bounded(int, "a port from 0 (off) to 65535", 0, 65535)
 workers = bounded(int, "a whole number of worker processes from 0 (one process) to 64", 0, 64)
 # The sequential queue holds passes x prompts up front: a bound keeps it in memory.
 repeats = bounded(int, "a whole number of passes from 1 to 100000", 1, 100_000)
+repetitions = bounded(int, "a whole number of repetitions from 1 to 1000", 1, 1000)
 
 
 def levels(text: str) -> str:
@@ -156,7 +158,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--scenario",
-        "sequential, burst, ramp, rate or sweep (burst: the Number of users is the burst size)",
+        "sequential, burst, ramp, rate, sweep or replay (burst: the Number of users is the burst size; "
+        "replay: a trace's requests at their own times)",
         knob="LOADGEN_SCENARIO",
         choices=SCENARIOS,
         commands=frozenset(),
@@ -171,8 +174,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("--model", "model to request (empty: what the engine lists)", knob="LOADGEN_MODEL", commands=frozenset()),
     Option(
         "--prompts",
-        "seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], or a txt/JSONL file",
+        "seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], a txt/JSONL file, or a workload: conversation[:NAME|FILE], "
+        "shared-prefix[:P,L,S[,Q]], dataset[:NAME|FILE[,input=MIN-MAX,output=MIN-MAX,sample=N,seed=S]], "
+        "trace[:NAME|FILE] (loadgen/workloads/)",
         knob="LOADGEN_PROMPTS",
+    ),
+    Option(
+        "--think-time",
+        "conversation sets: seconds between an answer and the conversation's next turn (not in a burst: "
+        "the pause between bursts is its think time)",
+        knob="LOADGEN_THINK_TIME",
+        type=non_negative_seconds,
     ),
     Option("--max-tokens", "output tokens per request", knob="MAX_TOKENS", type=positive_int),
     Option("--temperature", "sampling temperature", knob="TEMPERATURE", type=temperature),
@@ -225,14 +237,22 @@ OPTIONS: tuple[Option, ...] = (
         commands=frozenset({"rate"}),
     ),
     Option(
+        "--speed",
+        "replay: the trace's clock runs this many times faster (2: twice the arrival rate)",
+        knob="LOADGEN_REPLAY_SPEED",
+        type=speed,
+        commands=frozenset({"replay"}),
+    ),
+    Option(
         "--duration",
-        "seconds per ramp step / sweep level / rate phase (empty: LOADGEN_DURATION unless --requests)",
+        "seconds per ramp step / sweep level / rate phase (empty: LOADGEN_DURATION unless --requests); "
+        "replay: replay the trace's first SECONDS (after --speed), default all of it",
         type=positive_seconds,
         commands=TIMED,
     ),
     Option(
         "--requests",
-        "requests per user per ramp step / sweep level (rate: in total) instead of a duration",
+        "requests per user per ramp step / sweep level (rate, replay: in total) instead of a duration",
         type=positive_int,
         commands=TIMED,
     ),
@@ -290,9 +310,36 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--warmup",
-        "warm-up requests per engine, excluded from results",
+        "warm-up per engine, excluded from results: at least this many requests (0: none), then until "
+        "WARMUP_STABLE_COUNT latencies agree within WARMUP_TOLERANCE (at most WARMUP_MAX_S seconds)",
         knob="LOADGEN_WARMUP",
         type=non_negative_int,
+        locust=False,
+    ),
+    Option(
+        "--repetitions",
+        "passes of the seed's experiment, engines and phases interleaved (A B B A ...): the table gives the median "
+        "wall per phase and the scaling factor's 95%% CI over them",
+        knob="LOADGEN_REPETITIONS",
+        type=repetitions,
+        commands=frozenset({"compare"}),
+        locust=False,
+    ),
+    Option(
+        "--noise-retries",
+        "run a phase flagged noisy (host noise over the NOISE_* thresholds) again right away, up to this many times",
+        knob="LOADGEN_NOISE_RETRIES",
+        type=non_negative_int,
+        commands=frozenset({"compare"}),
+        locust=False,
+    ),
+    Option(
+        "--isolate",
+        "while one engine is measured: off (the others run on, their CPU is measured and flags the phase) or "
+        "pause (SIGSTOP the other engines the native stack started, SIGCONT after)",
+        knob="LOADGEN_ISOLATE",
+        choices=("off", "pause"),
+        commands=frozenset({"compare"}),
         locust=False,
     ),
     Option(

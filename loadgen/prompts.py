@@ -1,4 +1,8 @@
-"""Prompt sets: the shipped data files (seed4, seed3, mixed), synthetic prompts of a target length, a user's txt/JSONL file."""
+"""Prompt sets: the shipped data files (seed4, seed3, mixed), synthetic prompts of a target length, a user's txt/JSONL file.
+
+The workload kinds (conversation, shared-prefix, dataset, trace) are prompt sets too: `load` hands
+their specs to loadgen/workloads/.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from loadgen.workloads.turns import SingleTurn
 
 DATA_DIR = Path(__file__).resolve().parent / "prompts"
 SHIPPED = ("seed4", "seed3", "mixed")
@@ -33,6 +40,11 @@ class PromptSetError(ValueError):
 class Prompt:
     id: str
     text: str
+    max_tokens: int | None = None  # the output length this prompt asks for (a dataset's, a trace's); None: --max-tokens
+
+    def canonical(self) -> Any:
+        """What the set's hash covers: the text, and the output length when the prompt sets one."""
+        return self.text if self.max_tokens is None else [self.text, self.max_tokens]
 
 
 @dataclass(frozen=True)
@@ -43,8 +55,23 @@ class PromptSet:
     @property
     def sha256(self) -> str:
         """Content hash: two runs used the same set exactly when this matches (ids don't count)."""
-        canonical = json.dumps([p.text for p in self.prompts], ensure_ascii=False, separators=(",", ":"))
+        canonical = json.dumps(self.canonical(), ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def canonical(self) -> Any:
+        return [p.canonical() for p in self.prompts]
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest says about the set beside its prompts: its kind and, for generated sets, how it was made."""
+        return {"kind": "prompts"}
+
+    def source(self, phase) -> SingleTurn:
+        """What turns one phase's work into requests (a conversation set keeps each conversation's history here)."""
+        return SingleTurn()
+
+    def warmup_text(self, index: int) -> str:
+        """The warm-up's prompt: one of the set's own (a set measuring cache reuse sends one that shares nothing)."""
+        return self[index].text
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -54,7 +81,15 @@ class PromptSet:
 
 
 def load(spec: str) -> PromptSet:
-    """seed4 | seed3 | mixed | synthetic:TOKENS[xCOUNT] | path/to/file.txt | path/to/file.jsonl"""
+    """seed4 | seed3 | mixed | synthetic:TOKENS[xCOUNT] | path/to/file.txt | path/to/file.jsonl | a workload kind
+
+    Workload kinds (loadgen/workloads/): conversation[:NAME|FILE], shared-prefix[:P,L,S[,Q]],
+    dataset[:NAME|FILE[,options]], trace[:NAME|FILE].
+    """
+    from loadgen import workloads
+
+    if workloads.is_workload(spec):
+        return workloads.load(spec)
     if spec.startswith("synthetic:") and not SYNTHETIC.match(spec):
         raise PromptSetError(f"prompt set {spec!r}: expected synthetic:TOKENS[xCOUNT], e.g. synthetic:256x16")
     if spec in SHIPPED:
@@ -66,7 +101,8 @@ def load(spec: str) -> PromptSet:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise PromptSetError(
-            f"prompt set {spec!r}: not one of {', '.join(SHIPPED)}, synthetic:TOKENS[xCOUNT], or a readable file"
+            f"prompt set {spec!r}: not one of {', '.join(SHIPPED)}, synthetic:TOKENS[xCOUNT], "
+            f"{', '.join(workloads.KINDS)}[:...], or a readable file"
         )
     return _from_file(path, name=path.stem)
 
@@ -86,9 +122,14 @@ def synthetic(tokens: int, count: int = 8, seed: int = 0) -> PromptSet:
     prompts = []
     for i in range(count):
         # The instruction sits in front so every prompt asks for an answer of the same kind.
-        words = ["Summarise:"] + [rng.choice(_WORDS) for _ in range(max(0, tokens - 1))]
-        prompts.append(Prompt(id=f"synthetic-{tokens}-{i + 1}", text=" ".join(words)))
+        text = " ".join(filter(None, ("Summarise:", filler(tokens - 1, rng))))
+        prompts.append(Prompt(id=f"synthetic-{tokens}-{i + 1}", text=text))
     return PromptSet(name=f"synthetic-{tokens}x{count}", prompts=tuple(prompts))
+
+
+def filler(words: int, rng: random.Random) -> str:
+    """WORDS plain words drawn with `rng`: about one token each (the synthetic sets' and the workloads' text)."""
+    return " ".join(rng.choice(_WORDS) for _ in range(max(0, words)))
 
 
 def _from_file(path: Path, name: str) -> PromptSet:

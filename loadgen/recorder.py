@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from loadgen.client_metrics import ClientMetrics
+from servescope import hostnoise
 from servescope.runfolder import PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder
 
 
@@ -30,6 +31,7 @@ class Recorder:
         self.t0 = time.monotonic() if t0 is None else t0
         self.tokens: dict[tuple[str, str], int] = defaultdict(int)
         self.on_failure = on_failure
+        self.annotate: Callable[[PhaseRecord], None] | None = None  # adds the host's noise before a phase is written
         self.failure: str | None = None
 
     def _append(self, write: Callable[[], None], name: str) -> None:
@@ -66,12 +68,19 @@ class Recorder:
         )
 
     def phase(self, record: PhaseRecord) -> None:
+        if self.annotate is not None:
+            self.annotate(record)
         self._append(lambda: self.folder.append_phase(record), PHASES)
         tokens = self.tokens.get((record.instance, record.phase), 0)
         rate = tokens / record.wall_s if record.wall_s > 0 else 0.0
+        noise = ""
+        if record.noise is not None:
+            noise = "; " + "; ".join(
+                [hostnoise.describe(record.noise), *hostnoise.flags(record.noise, record.instance)]
+            )
         self.line(
             f"{record.instance} {record.phase} done: {record.requests} requests, wall {record.wall_s:.3f}s, "
-            f"{tokens} tokens, {rate:.1f} tok/s"
+            f"{tokens} tokens, {rate:.1f} tok/s{noise}"
         )
 
     def users(self, engine: str, scenario: str, users: int) -> None:

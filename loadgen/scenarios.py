@@ -20,9 +20,9 @@ from gevent.event import Event
 from loadgen.prompts import Prompt, PromptSet
 from loadgen.targets import Target
 from servescope import knobs
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
 
-SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep")
+SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep", "replay")
 MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
 
 
@@ -35,6 +35,7 @@ class Settings:
     max_tokens: int
     temperature: float
     timeout_s: float  # REQUEST_TIMEOUT unless the user says otherwise
+    think_s: float = 0.0  # a conversation's pause between an answer and its next turn (--think-time)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Work:
     prompt: Prompt
     phase_name: str  # for bursts the round: burst-1, burst-2, ...
     arrival_index: int | None = None
+    scheduled_at: float | None = None  # open loop: epoch seconds the schedule said to send it
 
 
 @dataclass
@@ -74,16 +76,34 @@ class Phase:
     scenario = ""
     user_class = "ClosedLoopUser"
 
-    def __init__(self, settings: Settings, name: str, users: int):
+    def __init__(self, settings: Settings, name: str, users: int, repetition: int = 1, attempt: int = 1):
         self.settings = settings
         self.name = name
         self.users = users
+        self.repetition, self.attempt = repetition, attempt  # which pass and which run of it (PhaseRecord)
         self.done = Event()
         self.in_flight = 0
         self.spans: dict[str, _Span] = {}
         self.emitted: set[str] = set()
         self.recorder = None  # where PhaseRecords go, from begin()
         self.share: Share | None = None  # on a distributed worker: this process's part (None: all of it)
+        self.sessions: int | None = users  # conversations a conversation set keeps open at once (None: open loop)
+        self._source = None
+
+    def label(self, name: str) -> str:
+        """A span's recorded name: unique across repetitions and attempts ("burst-1#2")."""
+        return trial_phase_name(name, self.repetition, self.attempt)
+
+    @property
+    def title(self) -> str:
+        return self.label(self.name)
+
+    @property
+    def source(self):
+        """What turns this phase's work into requests: the prompt set's per-phase state (a conversation's history)."""
+        if self._source is None:
+            self._source = self.settings.prompt_set.source(self)
+        return self._source
 
     def begin(self, recorder) -> None:
         """The phase becomes current: its finished spans go to `recorder`."""
@@ -138,13 +158,15 @@ class Phase:
                 prompt_set=s.prompt_set.name,
                 prompt_set_sha256=s.prompt_set.sha256,
                 max_tokens=s.max_tokens,
+                repetition=self.repetition,
+                attempt=self.attempt,
             )
             for name, span in self.spans.items()
             if span.started_at is not None
         ]
 
     def describe(self) -> str:
-        return f"{self.settings.target.instance} {self.name}: {self.users} user(s)"
+        return f"{self.settings.target.instance} {self.title}: {self.users} user(s)"
 
 
 class SequentialPhase(Phase):
@@ -153,9 +175,19 @@ class SequentialPhase(Phase):
     scenario = "sequential"
     user_class = "SequentialUser"
 
-    def __init__(self, settings: Settings, name: str = "sequential", repeat: int = 1, count: int | None = None):
-        super().__init__(settings, name, users=1)
+    def __init__(
+        self,
+        settings: Settings,
+        name: str = "sequential",
+        repeat: int = 1,
+        count: int | None = None,
+        repetition: int = 1,
+        attempt: int = 1,
+    ):
+        super().__init__(settings, name, users=1, repetition=repetition, attempt=attempt)
         # `count` sends the first COUNT prompts, cycling, exactly as a burst of COUNT does: the matched set.
+        if count is not None:
+            self.sessions = count  # a conversation set plays the burst's conversations, one request at a time
         # Handed out one at a time (nothing queued up front: the memory of a run does not grow with its length).
         self.count = len(settings.prompt_set.prompts) * repeat if count is None else count
         self.issued = 0
@@ -163,7 +195,7 @@ class SequentialPhase(Phase):
     def next_work(self) -> Work | None:
         if self.exhausted():
             return None
-        work = Work(self.settings.prompt_set[self.issued], self.name)
+        work = Work(self.settings.prompt_set[self.issued], self.title)
         self.issued += 1
         self.in_flight += 1
         return work
@@ -178,8 +210,17 @@ class BurstPhase(Phase):
     scenario = "burst"
     user_class = "BurstUser"
 
-    def __init__(self, settings: Settings, size: int, rounds: int = 1, pause_s: float = 1.0, name: str = "burst"):
-        super().__init__(settings, name, users=size)
+    def __init__(
+        self,
+        settings: Settings,
+        size: int,
+        rounds: int = 1,
+        pause_s: float = 1.0,
+        name: str = "burst",
+        repetition: int = 1,
+        attempt: int = 1,
+    ):
+        super().__init__(settings, name, users=size, repetition=repetition, attempt=attempt)
         self.size, self.rounds, self.pause_s = size, rounds, pause_s
         self.round = 0  # rounds released so far
         self.arrived = 0
@@ -188,8 +229,8 @@ class BurstPhase(Phase):
         self.last_round_end: float | None = None
 
     def round_name(self, round_no: int) -> str:
-        """The recorded phase of round `round_no` (1-based): burst-1, burst-2, ..."""
-        return f"{self.name}-{round_no}"
+        """The recorded phase of round `round_no` (1-based): burst-1, burst-2, ... ("burst-1#2" in a repetition)."""
+        return self.label(f"{self.name}-{round_no}")
 
     def barrier(self) -> int:
         """How many users a round waits for in this process (on a distributed worker: the ones that run here)."""
@@ -229,7 +270,7 @@ class BurstPhase(Phase):
         return self.round >= self.rounds
 
     def describe(self) -> str:
-        return f"{self.settings.target.instance} {self.name}: {self.size} at once x {self.rounds}"
+        return f"{self.settings.target.instance} {self.title}: {self.size} at once x {self.rounds}"
 
 
 class ClosedLoopPhase(Phase):
@@ -295,6 +336,7 @@ class RatePhase(Phase):
 
     scenario = "rate"
     user_class = "RateUser"
+    scheduling = False  # its schedule has started in this process (one per process, whatever its rate users)
 
     def __init__(
         self,
@@ -307,6 +349,7 @@ class RatePhase(Phase):
         seed: int = 0,
     ):
         super().__init__(settings, f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
+        self.sessions = None
         if rate <= 0:
             raise ValueError("--rate must be > 0")
         if duration_s is None and requests is None:
@@ -317,7 +360,6 @@ class RatePhase(Phase):
         self.rng = random.Random(seed)
         self.issued = 0  # arrivals of the schedule so far (on a distributed worker, every worker's)
         self.stopped = False
-        self.scheduling = False
         self.slot_free = Event()
 
     def arrivals(self) -> Iterator[Work]:
@@ -492,6 +534,10 @@ def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
         return closed_loop_steps(
             settings, parse_levels(options.concurrencies, "--concurrencies"), duration, requests, "sweep"
         )
+    if scenario == "replay":
+        from loadgen.workloads.trace import replay_phase
+
+        return [replay_phase(settings, options)]
     if scenario == "rate":
         return [
             RatePhase(

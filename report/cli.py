@@ -9,6 +9,7 @@ from pathlib import Path
 
 from report import load, table
 from servescope import knobs
+from servescope.thresholds import NoiseRule
 
 
 def default_prometheus_url() -> str:
@@ -39,6 +40,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:
+        NoiseRule.current()  # the rule that flags phases is knobs: a bad one is one line
+    except ValueError as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return 2
     try:
         run = load.load(load.resolve(args.run, args.results))
         if args.table_only:

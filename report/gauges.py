@@ -17,6 +17,8 @@ from servescope.sampler import combine_models, split_at_gaps
 
 GAUGES = series.LEVER_GAUGES  # running, waiting, KV usage
 KV_SERIES = (series.KV_BLOCK_SIZE, series.KV_BLOCKS, series.KV_CAPACITY_TOKENS, series.KV_MAX_CONCURRENCY)
+# Counters kept beside the gauges from the run's own samples: prefix-cache reuse (report/workloads.py).
+REUSE_COUNTERS = (series.PROMPT_TOKENS, series.PROMPT_CACHED_TOKENS)
 MAX_POINTS = 600  # query_range resolution: a step that gives at most this many points
 PAD_S = 5.0  # look a little beyond the run so a scrape just after the last request still counts
 TIMEOUT_S = 5.0
@@ -151,7 +153,7 @@ def _from_prometheus(run: Run, url: str, client: Prometheus | None) -> GaugeRepo
             values = _merge(_pick(result, instance, info.kind, run), gauge)
             if values:
                 eg.series[gauge] = values
-        _summarise(eg, run, slack=step)
+        summarise(eg, run, slack=step)
         for name, result in kv_results.items():
             picked = _pick(result, instance, info.kind, run)
             eg.kv[name] = max((float(s["value"][1]) for s in picked), default=None)
@@ -197,11 +199,11 @@ def _mine(samples: list[SampleRecord], instance: str, kind: str, run: Run) -> li
 def _from_samples(run: Run, instance: str, kind: str, records: list[SampleRecord]) -> EngineGauges:
     interval = statistics.median(r.interval_s for r in records)
     eg = EngineGauges(instance, kind, source="samples", spacing_s=interval)
-    for gauge in GAUGES:
+    for gauge in (*GAUGES, *REUSE_COUNTERS):
         points = [(r.t, None if r.missing else r.values.get(gauge)) for r in records]
         if any(v is not None for _, v in points):
             eg.series[gauge] = points
-    _summarise(eg, run, slack=interval)
+    summarise(eg, run, slack=interval)
     for name in KV_SERIES:
         eg.kv[name] = next((r.values[name] for r in reversed(records) if not r.missing and name in r.values), None)
     for phase in run.phases_of(instance):
@@ -214,7 +216,7 @@ def _from_samples(run: Run, instance: str, kind: str, records: list[SampleRecord
     return eg
 
 
-def _summarise(eg: EngineGauges, run: Run, slack: float) -> None:
+def summarise(eg: EngineGauges, run: Run, slack: float) -> None:
     """Peaks over the run and per phase (within one sample of its edges), and KV usage while requests waited."""
     start, end = run.started_at, run.ended_at
     for gauge in GAUGES:

@@ -8,7 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from servescope import engines, knobs
-from servescope.runfolder import MANIFEST, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, Skips, latest
+from servescope.runfolder import (
+    MANIFEST,
+    MAX_EPOCH_S,
+    PHASES,
+    REQUESTS,
+    PhaseRecord,
+    RequestRecord,
+    RunFolder,
+    Skips,
+    latest,
+)
 
 
 class RunError(Exception):
@@ -264,7 +274,9 @@ def _norm(name: str) -> str:
 
 
 def _as_float(value: Any) -> float | None:
+    """A manifest's instant, or None when it is not one a record could hold (runfolder's epoch bounds)."""
     try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
+        number = float(value) if value is not None else None
+    except (TypeError, ValueError, OverflowError):
         return None
+    return number if number is not None and 0 <= number <= MAX_EPOCH_S else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +18,7 @@ from report.gauges import GaugeReport, with_gaps  # noqa: E402
 from report.load import Run  # noqa: E402
 from report.sweep import BurstDrain, Sweep, mean_ttft_by_arrival  # noqa: E402
 from report.table import TableRow  # noqa: E402
+from report.workloads import WorkloadReport  # noqa: E402
 from servescope import series  # noqa: E402
 
 DPI = 110
@@ -296,4 +298,44 @@ def compare(deltas: list[Delta], path: Path, what: str = "") -> Path | None:
     ax.set_title(f"Comparison{': ' + what if what else ''}: per-metric median deltas")
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def turns(run: Run, report: WorkloadReport, path: Path) -> Path | None:
+    """TTFT (median) and prefix-cache reuse by conversation turn, one line per engine and scenario."""
+    groups: dict[tuple[str, str], list] = {}
+    for row in report.turns:
+        groups.setdefault((row.instance, row.scenario), []).append(row)
+    if not groups:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for k, ((instance, scenario), rows) in enumerate(groups.items()):
+        label = f"{run.engines[instance].title if instance in run.engines else instance} {scenario}"
+        color = COLORS[k % len(COLORS)]
+        xs = [r.turn for r in rows]
+        left.plot(xs, [(r.ttft["p50"] or math.nan) * 1000 for r in rows], marker="o", color=color, label=label)
+        for attr, style in (("reuse_per_request", "-"), ("reuse_server", "--")):
+            ys = [getattr(r, attr) for r in rows]
+            if any(y is not None for y in ys):
+                source = "per request" if attr == "reuse_per_request" else "server"
+                right.plot(
+                    xs,
+                    [math.nan if y is None else y for y in ys],
+                    style,
+                    marker="o",
+                    color=color,
+                    label=f"{label} ({source})",
+                )
+    left.set_xlabel("turn")
+    left.set_ylabel("TTFT p50 (ms)")
+    left.set_title("TTFT by turn")
+    right.set_xlabel("turn")
+    right.set_ylabel("cached / prompt tokens")
+    right.set_ylim(0, 1.05)
+    right.set_title("Prefix-cache reuse by turn")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     return _save(fig, path)

@@ -6,7 +6,21 @@ import datetime as dt
 import re
 from typing import Any
 
-from report import compare, crosscheck, fairness, gauges, latency, plots, stats, sweep, table, ttft_split, verdict
+from report import (
+    compare,
+    crosscheck,
+    fairness,
+    gauges,
+    latency,
+    noise,
+    plots,
+    stats,
+    sweep,
+    table,
+    ttft_split,
+    verdict,
+    workloads,
+)
 from report.load import Run
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
 from servescope import series
@@ -15,7 +29,10 @@ from servescope import series
 def _utc(ts: float | None) -> str:
     if ts is None:
         return "unknown"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # a manifest's time past the year 9999: say so, never a traceback
+        return f"{ts:g} (not a date)"
 
 
 def _s(v: float | None, digits: int = 3) -> str:
@@ -41,7 +58,8 @@ def build(
     figures: bool = True,
     client: gauges.Prometheus | None = None,
 ) -> tuple[Document, dict[str, Any]]:
-    rows = table.build(run)
+    assessment = noise.assess(run)
+    rows = table.build(run, assessment)
     warn = fairness.warnings(run, rows)
     groups = latency.build(run)
     gauge_report = gauges.collect(run, prometheus_url, client)
@@ -51,11 +69,25 @@ def build(
     kv = verdict.kv_arithmetic(run, gauge_report)
     sweeps_ = sweep.sweeps(run)
     drains = sweep.bursts(run, gauge_report)
-    verdicts = verdict.build(run, gauge_report, drains, splits, kv)
+    # The verdict rests only on trusted phases: flagged ones (host noise, outliers) are taken out first.
+    trusted = noise.clean(run, assessment)
+    trusted_gauges = noise.clean_gauges(gauge_report, run, assessment)
+    verdicts = verdict.refuse_flagged(
+        verdict.build(
+            trusted,
+            trusted_gauges,
+            sweep.bursts(trusted, trusted_gauges),
+            ttft_split.build(trusted, checks),
+            kv,
+        ),
+        run,
+        assessment,
+    )
     if baseline is not None:
         deltas, how = compare.between_runs(run, baseline)
     else:
         deltas, how = compare.within_run(run)
+    work = workloads.build(run, gauge_report)
 
     out = run.path
     fig = {}
@@ -73,13 +105,14 @@ def build(
                 out / "comparison.png",
                 f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run",
             ),
+            "turns": plots.turns(run, work, out / "turns.png"),
         }
 
     def figure(key: str, caption: str) -> list[Figure]:
         return [Figure(fig[key], caption)] if fig.get(key) else []
 
     sections = [
-        _setup(run, warn),
+        _setup(run, warn, assessment),
         _table(run, rows, figure("table", "Wall time per engine and mode; bold numbers are scaling factors.")),
         _latency(
             groups,
@@ -108,6 +141,7 @@ def build(
             + figure("arrival", "TTFT by arrival order within the bursts."),
         ),
         _compare(deltas, how, baseline, figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")),
+        workloads.section(run, work, figure("turns", "TTFT (median) and prefix-cache reuse by conversation turn.")),
     ]
     subtitle = (
         f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
@@ -127,6 +161,7 @@ def build(
         "engines": {i: vars(e) for i, e in run.engines.items()},
         "phases": [{**vars(p), "wall_s": p.wall_s} for p in run.phases],
         "loader_warnings": run.warnings,
+        "noise": noise.to_json(assessment),
         "fairness_warnings": warn,
         "table": {
             "rule": table.READING_RULE,
@@ -149,12 +184,13 @@ def build(
         "verdict": verdict.to_json(verdicts, kv),
         "sweeps": sweep.to_json(sweeps_, drains),
         "comparison": {"baseline": baseline.run_id if baseline else None, **compare.to_json(deltas, how)},
+        "workloads": workloads.to_json(work),
         "plots": sorted(p.name for p in fig.values() if p),
     }
     return doc, numbers
 
 
-def _setup(run: Run, warn: list[str]) -> Section:
+def _setup(run: Run, warn: list[str], assessment: noise.Assessment) -> Section:
     sec = Section("1. Setup")
     m = run.manifest
     duration = (run.ended_at - run.started_at) if run.started_at and run.ended_at else None
@@ -234,10 +270,87 @@ def _setup(run: Run, warn: list[str]) -> Section:
     )
     if warn:
         sec.add(Bullets(warn))
+    _host_noise(run, assessment, sec)
     if run.warnings:
         sec.add(Paragraph("Skipped while loading the run folder:"))
         sec.add(Bullets(run.warnings))
     return sec
+
+
+def _cores(v: object) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) else "n/a"
+
+
+def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
+    """Repetitions, warm-ups, and the host's noise while each phase ran (servescope/hostnoise.py)."""
+    trials = run.manifest.get("trials") if isinstance(run.manifest.get("trials"), dict) else {}
+    if trials:
+        reps, isolate = trials.get("repetitions"), trials.get("isolate")
+        sec.add(
+            Paragraph(
+                f"Trials: {reps} repetition(s), engines and phases interleaved (A B B A ...); co-resident engines: "
+                f"{'paused while another is measured' if isolate == 'pause' else 'left running, their CPU measured'}."
+            )
+        )
+        warm = trials.get("warmup") if isinstance(trials.get("warmup"), dict) else {}
+        lines = []
+        for instance, w in warm.items():
+            if not isinstance(w, dict):
+                continue
+            latencies = "/".join(
+                f"{x:.2f}" if isinstance(x, (int, float)) else "failed" for x in w.get("latencies_s") or []
+            )
+            state = {True: "stable", False: "NOT stable", None: "off"}.get(w.get("stable"), "?")
+            seconds = w.get("seconds")
+            took = f" in {seconds:.0f}s" if isinstance(seconds, (int, float)) else ""
+            lines.append(f"{instance}: {state} after {w.get('requests')} request(s){took} ({latencies} s)")
+        if lines:
+            rule = next((w.get("rule") for w in warm.values() if isinstance(w, dict) and w.get("rule")), "")
+            sec.add(Paragraph(f"Warm-up until stable ({rule}):" if rule else "Warm-up:"))
+            sec.add(Bullets(lines))
+    if not any(p.noise for p in run.phases):
+        sec.add(Paragraph("Host noise: not recorded in this run folder (recorded by servescope since issue 15)."))
+        return
+    rows = []
+    for p in run.phases:
+        t = assessment.of(p.instance, p.phase)
+        n = p.noise if isinstance(p.noise, dict) else {}
+        groups = [g for g in n.get("groups") or [] if isinstance(g, dict)]
+        top = ", ".join(f"{g.get('name')} {_cores(g.get('cores'))}" for g in groups[:3]) or "-"
+        steal = n.get("steal_share")
+        load = (n.get("load1_start"), n.get("load1_end"))
+        verdict_ = "; ".join(t.flags) if t and t.flags else ("superseded by a retry" if t and t.superseded else "ok")
+        rows.append(
+            [
+                run.engines[p.instance].title if p.instance in run.engines else p.instance,
+                p.phase,
+                _s(p.wall_s),
+                _cores(n.get("engine_cores")),
+                f"{_cores(n.get('foreign_cores'))} ({top})",
+                _cores(n.get("observer_cores")),
+                f"{steal:.1%}" if isinstance(steal, (int, float)) else "n/a",
+                " -> ".join(f"{x:.1f}" for x in load if isinstance(x, (int, float))) or "n/a",
+                verdict_,
+            ]
+        )
+    sec.add(
+        Table(
+            [
+                "Engine",
+                "Phase",
+                "Wall",
+                "Engine cores",
+                "Others' cores (largest)",
+                "Exporter/Prometheus",
+                "Steal",
+                "Load avg",
+                "Trusted?",
+            ],
+            rows,
+            "Host noise per phase: CPU cores used on average while the phase ran",
+        )
+    )
+    sec.add(Paragraph("Rule: " + assessment.rule.text() + "."))
 
 
 def _table(run: Run, rows: list[table.TableRow], figs: list[Figure]) -> Section:
@@ -505,8 +618,17 @@ def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArith
     sec.add(Paragraph(verdict.RULE))
     sec.add(
         Table(
-            ["Engine", "Verdict", "Evidence", "Where the evidence disagrees"],
-            [[run.engines[v.instance].title, v.text, v.evidence or "n/a", v.disagreement or "-"] for v in verdicts],
+            ["Engine", "Verdict", "Evidence", "Where the evidence disagrees", "Not concluded from (rerun)"],
+            [
+                [
+                    run.engines[v.instance].title,
+                    v.text,
+                    v.evidence or "n/a",
+                    v.disagreement or "-",
+                    "; ".join(v.left_out) or "-",
+                ]
+                for v in verdicts
+            ],
         )
     )
     lines = [f"{run.engines[a.instance].title}: {line}" for a in kv for line in a.lines]

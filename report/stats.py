@@ -106,3 +106,24 @@ def bootstrap_median_delta(
     out["ci_low"] = percentile(deltas, 100.0 * alpha)
     out["ci_high"] = percentile(deltas, 100.0 * (1.0 - alpha))
     return out
+
+
+def bootstrap_median_ci(
+    values: Sequence[float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    confidence: float = CONFIDENCE,
+) -> tuple[float | None, float | None, float | None]:
+    """(median, CI low, CI high) of one small sample (e.g. one value per repetition), percentile bootstrap.
+
+    With n values every resampled median is one of them or the mean of two, so the CI never leaves
+    [min, max]; with 3 repetitions it is close to that range: a wide CI says "repeat more", not "certain".
+    """
+    data = np.asarray([float(v) for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if not len(data):
+        return None, None, None
+    rng = np.random.default_rng(seed)
+    medians = np.median(data[rng.integers(0, len(data), size=(resamples, len(data)))], axis=1).tolist()
+    alpha = (1.0 - confidence) / 2.0
+    return float(np.median(data)), percentile(medians, 100.0 * alpha), percentile(medians, 100.0 * (1.0 - alpha))

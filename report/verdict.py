@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from report.gauges import EngineGauges, GaugeReport
 from report.load import EngineInfo, Run
+from report.noise import Assessment
 from report.sweep import BurstDrain
 from report.ttft_split import TtftSplit
 from servescope import series, thresholds
@@ -44,6 +45,7 @@ class Verdict:
     text: str
     evidence: str = ""
     disagreement: str = ""  # when the gauges, the clients and the engine's timings tell different stories: why
+    left_out: list[str] = field(default_factory=list)  # flagged phases it did not conclude from: rerun them
     peak_running: float | None = None
     peak_waiting: float | None = None
     peak_kv_usage: float | None = None
@@ -379,6 +381,31 @@ def build(
                 phases_ran=bool(run.phases_of(instance)),
             )
         )
+    return out
+
+
+def refuse_flagged(verdicts: list[Verdict], run: Run, assessment: Assessment) -> list[Verdict]:
+    """A verdict never rests on a flagged phase (report/noise.py): it names the ones it left out, to be rerun.
+
+    The verdicts come from the run without its flagged phases; an engine with no trusted phase
+    left gets no verdict at all.
+    """
+    out = []
+    for v in verdicts:
+        flagged = assessment.flagged(v.instance)
+        if flagged:
+            v.left_out = [f"{t.phase}: {'; '.join(t.flags)}" for t in flagged]
+            if not any(assessment.usable(p) for p in run.phases_of(v.instance)):
+                v = Verdict(
+                    v.instance,
+                    v.engine,
+                    False,
+                    None,
+                    f"no verdict: every phase of {v.instance} was flagged, and none is concluded from; rerun "
+                    f"{', '.join(t.phase for t in flagged)} on a quiet host",
+                    left_out=v.left_out,
+                )
+        out.append(v)
     return out
 
 

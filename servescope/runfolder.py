@@ -3,13 +3,19 @@
 results/<run-id>/
   manifest.json     RunManifest: engines (url, version, model, flags), prompt set + sha256, machine, times
   requests.jsonl    one RequestRecord per measured request (warm-up excluded), appended as they finish
-  phases.jsonl      one PhaseRecord per load phase (sequential pass, burst k, ramp step, sweep level)
+  phases.jsonl      one PhaseRecord per load phase (sequential pass, burst k, ramp step, sweep level), with its
+                    repetition, attempt and the host's noise while it ran (see PhaseRecord)
   locust_*.csv, locust.html   Locust's own stats (rounded by Locust: never the source of a reported number)
   workers.log       `python -m loadgen ... --workers N`: what its worker processes printed
   report.md / report.html / report.json / *.png   written by `make report`
 
 All durations are seconds (float); wall-clock instants are Unix epoch seconds; engine-native
 durations keep the engine's own unit and say so in their key (Ollama: *_ns).
+
+Workload fields (issue 17; absent in older runs, read as null): a conversation's turn carries
+`conversation`, `turn` and how long its history was (`history_messages`, `history_tokens`);
+`cached_tokens` is what the engine said its prompt cache supplied; an open-loop request (rate,
+replay) carries `scheduled_at` beside `started_at`, and their difference is its schedule lag.
 
 The one reader of a run folder is here too: every record is checked against REQUEST_FIELDS / PHASE_FIELDS
 once, and what fails is skipped and counted by reason (Skips), never passed on to a consumer.
@@ -60,6 +66,14 @@ class RequestRecord:
     content_chunks: int = 0
     arrival_index: int | None = None  # order of release within a burst
     engine_stats: dict[str, Any] = field(default_factory=dict)  # Ollama *_ns fields, llama.cpp timings
+    conversation: str | None = None  # the conversation (session) this turn belongs to; None for a single prompt
+    turn: int | None = None  # 1-based place in its conversation
+    history_messages: int | None = None  # messages sent before this turn's user message (system prompt, earlier turns)
+    history_tokens: int | None = None  # the previous turn's prompt + output tokens, as the engine counted them
+    # Prompt tokens the engine took from its cache: llama.cpp's timings.cache_n, or usage.prompt_tokens_details.
+    # cached_tokens (llama.cpp; vLLM started with --enable-prompt-tokens-details). None: the engine did not say.
+    cached_tokens: int | None = None
+    scheduled_at: float | None = None  # open loop (rate, replay): epoch seconds the schedule said to send it
     worker: int | None = None  # the load generator worker process that sent it (--workers, Locust workers); None: one
 
     def to_json(self) -> str:
@@ -74,10 +88,26 @@ class RequestRecord:
 
 @dataclass
 class PhaseRecord:
+    """One load phase as it ran.
+
+    Repeated trials (issue 15): the seed's experiment runs each phase several times, interleaved
+    with the other engines'. `repetition` (1, 2, ...) says which pass a record belongs to and
+    `attempt` (1, 2, ...) which run of it: a phase flagged noisy may be run again, and the later
+    attempt supersedes the earlier one, which stays in the file. The phase name stays unique per
+    engine: repetition 1, attempt 1 keeps the plain name ("sequential", "burst-1") and later ones
+    carry a suffix (trial_phase_name: "burst-1#2", "sequential#3.retry1"); a request's `phase` is
+    that full name. Records written before these fields existed read as repetition 1, attempt 1,
+    no noise.
+
+    `noise` (servescope/hostnoise.py) is the host's CPU while the phase ran: the engine's own cores,
+    every other program's (other engines by name, other processes by program), servescope's own
+    observers, CPU steal and the load average; null when it was not measured.
+    """
+
     engine: str
     instance: str
     scenario: str
-    phase: str  # e.g. "sequential", "burst-1", "ramp-4users", "sweep-c8"
+    phase: str  # e.g. "sequential", "burst-1", "ramp-4users", "sweep-c8"; "burst-1#2" in repetition 2
     started_at: float  # epoch seconds: first request sent
     ended_at: float  # epoch seconds: last request finished
     requests: int
@@ -85,6 +115,9 @@ class PhaseRecord:
     prompt_set: str
     prompt_set_sha256: str
     max_tokens: int
+    repetition: int = 1
+    attempt: int = 1
+    noise: dict[str, Any] | None = None
 
     @property
     def wall_s(self) -> float:
@@ -99,6 +132,20 @@ class PhaseRecord:
     def from_dict(cls, data: dict[str, Any]) -> PhaseRecord:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+_TRIAL_SUFFIX = re.compile(r"(#\d+)?(\.retry\d+)?$")
+
+
+def trial_phase_name(base: str, repetition: int = 1, attempt: int = 1) -> str:
+    """The recorded name of a phase in a repetition and attempt: the base name, then #REPETITION, then .retryN."""
+    name = base if repetition == 1 else f"{base}#{repetition}"
+    return name if attempt == 1 else f"{name}.retry{attempt - 1}"
+
+
+def base_phase(name: str) -> str:
+    """The phase across repetitions and attempts: "burst-1#2.retry1" -> "burst-1"."""
+    return _TRIAL_SUFFIX.sub("", name, count=1) or name
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -277,6 +324,12 @@ REQUEST_FIELDS = (
     Field("content_chunks", "int", default=0),
     Field("arrival_index", "int"),
     Field("engine_stats", "object", default={}),
+    Field("conversation", "str"),
+    Field("turn", "int"),
+    Field("history_messages", "int"),
+    Field("history_tokens", "int"),
+    Field("cached_tokens", "int"),
+    Field("scheduled_at", "float", hi=MAX_EPOCH_S),
     Field("worker", "int"),
 )
 PHASE_FIELDS = (
@@ -291,6 +344,9 @@ PHASE_FIELDS = (
     Field("prompt_set", "str", default=""),
     Field("prompt_set_sha256", "str", default=""),
     Field("max_tokens", "int", default=0),
+    Field("repetition", "int", default=1, lo=1),
+    Field("attempt", "int", default=1, lo=1),
+    Field("noise", "object"),
 )
 # Reasons a whole line is unusable, before any field is looked at.
 NOT_JSON = "not a JSON record"

@@ -36,6 +36,7 @@ KEPT = (
     series.KV_CACHE_USAGE,
     series.GENERATED_TOKENS,
     series.PROMPT_TOKENS,
+    series.PROMPT_CACHED_TOKENS,
     series.KV_BLOCK_SIZE,
     series.KV_BLOCKS,
     series.KV_CAPACITY_TOKENS,

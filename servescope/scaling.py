@@ -27,7 +27,8 @@ def match_sequential(burst: PhaseRecord, sequential: list[PhaseRecord]) -> tuple
             f"refused: max_tokens differ (sequential {seen}, burst {burst.max_tokens}); "
             f"the seed's matched-set rule needs the same generation length"
         )
-    return min(same_len, key=lambda p: abs(p.started_at - burst.started_at)), None
+    # Repeated trials: the sequential pass of the burst's own repetition (interleaved next to it), else the nearest.
+    return min(same_len, key=lambda p: (p.repetition != burst.repetition, abs(p.started_at - burst.started_at))), None
 
 
 def scaling_factor(

@@ -16,7 +16,10 @@ REQUESTS_RUNNING = f"{PREFIX}_requests_running"  # sequences in the running batc
 REQUESTS_WAITING = f"{PREFIX}_requests_waiting"  # queued, not yet scheduled
 KV_CACHE_USAGE = f"{PREFIX}_kv_cache_usage_ratio"  # 0..1 of the paged KV pool in use
 GENERATED_TOKENS = f"{PREFIX}_generated_tokens_total"  # counter (exposed with _total)
-PROMPT_TOKENS = f"{PREFIX}_prompt_tokens_total"  # counter (exposed with _total)
+PROMPT_TOKENS = f"{PREFIX}_prompt_tokens_total"  # counter: every prompt token, computed or taken from a cache
+# Prompt tokens the engine took from its prefix / prompt cache instead of computing them (counter). Prefix-cache
+# reuse, one series for every engine that reports it: rate(PROMPT_CACHED_TOKENS) / rate(PROMPT_TOKENS).
+PROMPT_CACHED_TOKENS = f"{PREFIX}_prompt_tokens_cached_total"
 ENGINE_INFO = f"{PREFIX}_engine_info"  # version and kind as labels, value 1
 ENGINE_INVALID_SAMPLES = f"{PREFIX}_engine_invalid_samples_total"  # counter: values dropped as impossible
 

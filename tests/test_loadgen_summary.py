@@ -1,4 +1,5 @@
-"""The table a headless run ends with: its scaling factor is servescope.scaling's, refused on an unmatched set."""
+"""The table a headless run ends with is the report's (report.table): its scaling factor is servescope.scaling's,
+refused on an unmatched set."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def phase(name: str, scenario: str, wall: float, sha: str = "a" * 64, max_tokens
 
 def summary(tmp_path, *phases: PhaseRecord) -> str:
     folder = RunFolder.create(tmp_path, "run")
+    folder.write_manifest({"run_id": "run", "started_at": 100.0, "ended_at": 120.0})
     for record in phases:
         folder.append_phase(record)
     out = io.StringIO()
@@ -35,7 +37,7 @@ def summary(tmp_path, *phases: PhaseRecord) -> str:
 
 def test_a_matched_burst_gets_the_seeds_factor(tmp_path):
     text = summary(tmp_path, phase("sequential", "sequential", 12.393), phase("burst-1", "burst", 3.965))
-    assert "scaling factor vllm burst-1: matched-set sequential 12.393s / burst 3.965s = 3.13x" in text
+    assert "vLLM-CPU: 12.393s / 3.965s = 3.13x" in text
 
 
 def test_an_unmatched_burst_is_refused_not_divided(tmp_path):
@@ -43,7 +45,7 @@ def test_an_unmatched_burst_is_refused_not_divided(tmp_path):
     text = summary(
         tmp_path, phase("sequential", "sequential", 12.0, sha="b" * 64), phase("burst-1", "burst", 4.0, max_tokens=48)
     )
-    assert "scaling factor vllm burst-1: refused: the burst ran prompt set seed3" in text and "3.00x" not in text
+    assert "refused: the burst ran prompt set seed3" in text and "3.00x" not in text
     text = summary(
         tmp_path / "2", phase("sequential", "sequential", 12.0, max_tokens=8), phase("burst-1", "burst", 4.0)
     )
@@ -51,4 +53,5 @@ def test_an_unmatched_burst_is_refused_not_divided(tmp_path):
 
 
 def test_a_burst_without_a_sequential_pass_has_no_factor_line(tmp_path):
-    assert "scaling factor" not in summary(tmp_path, phase("burst-1", "burst", 4.0))
+    text = summary(tmp_path, phase("burst-1", "burst", 4.0))
+    assert "no sequential pass for this engine: no scaling factor" in text and "x -- " not in text

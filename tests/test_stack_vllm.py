@@ -26,6 +26,7 @@ KNOBS = {
     "VLLM_MAX_MODEL_LEN": "1024",
     "VLLM_MAX_NUM_SEQS": "8",
     "VLLM_SWAP_SPACE": "1",
+    "VLLM_PREFIX_CACHING": "1",
     "SERVED_MODEL_NAME": "HuggingFaceTB/SmolLM2-135M-Instruct",
 }
 
@@ -115,6 +116,10 @@ def test_command_passes_the_seed_knobs_and_swap_only_when_supported(tmp_path):
     ):
         assert piece in joined
     assert "--swap-space" not in cmd
+    # Each request's cached prompt tokens in its usage; prefix caching on unless VLLM_PREFIX_CACHING=0.
+    assert "--enable-prompt-tokens-details" in cmd and "--enable-prefix-caching" in cmd
+    off = vllm.command(Path("/v/bin/python"), tmp_path, {**KNOBS, "VLLM_PREFIX_CACHING": "0"}, "127.0.0.1", 1, False)
+    assert "--no-enable-prefix-caching" in off and "--enable-prefix-caching" not in off
     with_swap = vllm.command(Path("/v/bin/python"), tmp_path, KNOBS, "127.0.0.1", 8123, swap_used=True)
     assert with_swap[-2:] == ["--swap-space", "1"]
     assert vllm.environment(KNOBS)["VLLM_CPU_KVCACHE_SPACE"] == "1"

@@ -30,7 +30,8 @@ GET /stats/streams (per stream: prompt, t_arrival (kernel receive stamp; t0), t_
 thread read it), t_body (body read) and every content write (stamped as the write starts), all on
 time.monotonic()),
 POST /control (JSON body with any of ttft, itl, tokens, usage, timings, fault, max_running,
-serial_prefill, metrics_fault: changes them live).
+serial_prefill, metrics_fault, prefix_cache, prefix_block, prompt_tokens_details, prefill_per_token:
+changes them live).
 
 Scheduling of streamed requests, like the engines it stands in for: `max_running` N > 0 admits at most N streams at
 once (vLLM's --max-num-seqs, llama.cpp's --parallel); the rest wait in arrival order and show in
@@ -41,6 +42,19 @@ ended, while every request counts as running. KV usage is the tokens of the runn
 (prompt + generated so far) over a pool of 1456 blocks x 16 tokens (the seed's).
 `metrics_fault` (`status=503` or `stall=S`) makes GET /metrics fail or hang: an engine whose
 metrics page stops answering while it still serves.
+
+Prefix cache, like vLLM's automatic prefix caching and llama.cpp's per-slot prompt cache
+(`prefix_cache`): a streamed request's prompt (its messages' words, one token each, in order) is
+matched against the sequences earlier requests left behind (their prompts, and prompt + answer once
+they finished: both engines keep the generated tokens' KV too); the longest common prefix, less the
+last prompt token (which both engines always compute: it gives the first logits), rounded down to
+`prefix_block` tokens (vLLM's block size; 1 is llama.cpp's token granularity), is the cached part.
+With it off nothing is ever cached. The cached tokens show where each engine shows them: llama.cpp's
+`timings` (`cache_n`, and `prompt_n` = the tokens it computed), `usage.prompt_tokens_details.
+cached_tokens` (llama.cpp always, vLLM with --enable-prompt-tokens-details: `prompt_tokens_details`),
+and vLLM's counters `vllm:prefix_cache_queries_total` (prompt tokens looked up: none while caching is
+off, as vLLM counts) and `vllm:prefix_cache_hits_total`. `prefill_per_token` adds that many seconds
+to a request's TTFT per prompt token it computes, so TTFT falls with reuse as on a real engine.
 
 Faults (SPEC, comma-separated): `status=503` answer that HTTP status with a JSON error;
 `cut=N` close the connection after N content chunks (no [DONE]); `malformed=N` content chunk N
@@ -92,6 +106,10 @@ class Behaviour:
     max_running: int = 0  # 0: no cap (every stream at once)
     serial_prefill: bool = False
     metrics_fault: str = ""
+    prefix_cache: bool = False
+    prefix_block: int = 16  # tokens per cached block (vLLM's block size; 1: llama.cpp's token granularity)
+    prompt_tokens_details: bool = False  # usage.prompt_tokens_details even without timings (vLLM's opt-in)
+    prefill_per_token: float = 0.0  # seconds of TTFT per computed (uncached) prompt token
 
 
 @dataclass
@@ -149,6 +167,34 @@ KV_BLOCK_SIZE = 16
 KV_BLOCKS = 1456  # the seed's pool: 23,296 tokens
 
 
+class PrefixCache:
+    """The token sequences earlier requests left behind, most recent last; a bounded LRU like an engine's free blocks."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self.sequences: collections.OrderedDict[tuple[str, ...], None] = collections.OrderedDict()
+
+    def lookup(self, tokens: list[str], block: int) -> int:
+        """Cached tokens of this prompt: the longest prefix it shares, less its last token, in whole blocks."""
+        best = 0
+        for seq in self.sequences:
+            n = 0
+            for a, b in zip(seq, tokens, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        hits = min(best, len(tokens) - 1)
+        return max(0, hits - hits % max(1, block))
+
+    def store(self, tokens: list[str]) -> None:
+        key = tuple(tokens)
+        self.sequences.pop(key, None)
+        self.sequences[key] = None
+        while len(self.sequences) > self.capacity:
+            self.sequences.popitem(last=False)
+
+
 class Scheduler:
     """Admission (a FIFO queue behind `max_running` slots), serial prefill, and the counts GET /metrics shows."""
 
@@ -160,6 +206,24 @@ class Scheduler:
         self.held_tokens = 0  # prompt + generated tokens of the running requests
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.prefix_cache = PrefixCache()
+        self.prefix_queries_total = 0
+        self.prefix_hits_total = 0
+
+    def cached(self, tokens: list[str], enabled: bool, block: int) -> int:
+        """Look the prompt up (when caching is on) and count it as vLLM does; the prompt joins the cache."""
+        with self.lock:
+            if not enabled:
+                return 0
+            hits = self.prefix_cache.lookup(tokens, block)
+            self.prefix_queries_total += len(tokens)
+            self.prefix_hits_total += hits
+            self.prefix_cache.store(tokens)
+            return hits
+
+    def remember(self, tokens: list[str]) -> None:
+        with self.lock:
+            self.prefix_cache.store(tokens)
 
     def admit(self, limit: int) -> bool:
         """Block until this request may run; True when it had to wait."""
@@ -205,6 +269,8 @@ class Scheduler:
                 ("vllm:kv_cache_usage_perc", "gauge", usage),
                 ("vllm:prompt_tokens_total", "counter", self.prompt_tokens_total),
                 ("vllm:generation_tokens_total", "counter", self.generation_tokens_total),
+                ("vllm:prefix_cache_queries_total", "counter", self.prefix_queries_total),
+                ("vllm:prefix_cache_hits_total", "counter", self.prefix_hits_total),
             )
         lines = []
         for name, kind, value in gauges:
@@ -470,8 +536,11 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(fault.stall)
         scheduler, limit = self.server.scheduler, b.max_running
         waited = scheduler.admit(limit)
-        first = scheduler.first_token_at(time.monotonic() if waited else t0, ttft, b.serial_prefill)
-        prompt_tokens = _prompt_tokens(request["messages"])
+        words = _prompt_words(request["messages"])
+        prompt_tokens = len(words)
+        cached = scheduler.cached(words, b.prefix_cache, b.prefix_block)
+        prefill = ttft + b.prefill_per_token * (prompt_tokens - cached)
+        first = scheduler.first_token_at(time.monotonic() if waited else t0, prefill, b.serial_prefill)
         scheduler.tokens(prompt=prompt_tokens, held=prompt_tokens)
         late: list[float] = []
         writes: list[float] = []
@@ -505,18 +574,20 @@ class _Handler(BaseHTTPRequestHandler):
                 # spent waiting for a slot is in neither.
                 generation_s = time.monotonic() - first
                 timings = {
-                    "prompt_n": prompt_tokens,
-                    "prompt_ms": round(ttft * 1000, 3),
+                    "cache_n": cached,
+                    "prompt_n": prompt_tokens - cached,  # llama.cpp: the prompt tokens it computed
+                    "prompt_ms": round(prefill * 1000, 3),
                     "predicted_n": n,
                     "predicted_ms": round(generation_s * 1000, 3),
                     "predicted_per_second": round(n / max(1e-9, generation_s), 3),
-                    "cache_n": 0,
                 }
                 final = final[:-3] + b',"timings":' + json.dumps(timings, separators=(",", ":")).encode() + b"}\n\n"
             self._chunk(final)
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
             if b.usage and include_usage:
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+                if b.timings or b.prompt_tokens_details:
+                    usage["prompt_tokens_details"] = {"cached_tokens": cached}
                 self._chunk(
                     (
                         "data: "
@@ -535,6 +606,8 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
+            if b.prefix_cache:
+                scheduler.remember(words + [f"tok{k}" for k in range(n)])
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
             return
@@ -547,6 +620,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.stats.streams.append(
                     {
                         "prompt": str(request["messages"][-1].get("content", "")),
+                        "prompt_tokens": prompt_tokens,
+                        "cached_tokens": cached,
                         "t_arrival": self.t_arrival,
                         "t_request_line": self.t_request_line,
                         "t_body": self.t_body,
@@ -567,8 +642,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _prompt_tokens(messages: list) -> int:
-    # A stand-in tokenizer: one token per whitespace-separated word.
-    return sum(len(str(m.get("content", "")).split()) for m in messages)
+    return len(_prompt_words(messages))
+
+
+def _prompt_words(messages: list) -> list[str]:
+    # A stand-in tokenizer: one token per whitespace-separated word, the messages in order.
+    return [word for m in messages for word in str(m.get("content", "")).split()]
 
 
 class SyntheticServer:

@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 import docker
 from stack import paths
 
@@ -57,6 +59,7 @@ class DockerEngine:
             raise RuntimeError("dockerd is not installed (apt-get install docker.io)")
         (self.root / "data").mkdir(parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
+        self._clear_stale_pidfile()
         # The exec root holds containerd's sockets: a short path under /tmp keeps them below the 108-byte limit.
         exec_root = tempfile.mkdtemp(prefix="ssd-")
         self._log = open(self.log_path, "a")
@@ -84,6 +87,17 @@ class DockerEngine:
                 self.stop()
                 raise RuntimeError(f"dockerd did not answer within {START_TIMEOUT_S:.0f}s; log: {self.log_path}")
             time.sleep(0.5)
+
+    def _clear_stale_pidfile(self) -> None:
+        """dockerd refuses to start over a pid file it left when it was killed: drop one whose process is gone."""
+        pidfile = self.root / "dockerd.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            pidfile.unlink(missing_ok=True)
+            return
+        if not psutil.pid_exists(pid) or "dockerd" not in " ".join(psutil.Process(pid).cmdline()):
+            pidfile.unlink(missing_ok=True)
 
     def client(self) -> docker.DockerClient:
         return docker.DockerClient(base_url=self.host, timeout=600)
