@@ -109,12 +109,28 @@ def test_closed_loop_users_and_an_open_loop_schedule_are_split_across_the_worker
     # One schedule: every arrival once, the workers taking every other one.
     assert [(r.arrival_index, r.worker) for r in records] == [(i, i % 2) for i in range(10)]
     assert all(r.ok for r in records)
+    replay = run(server, tmp_path / "replay", "replay", "--prompts", "trace", "--speed", "20", "--requests", "6")
+    records = sorted(replay.requests(), key=lambda r: r.arrival_index)
+    assert [(r.arrival_index, r.worker) for r in records] == [(i, i % 2) for i in range(6)]  # a trace: the same
+
+
+def test_workers_refuse_in_one_line_what_one_process_must_hold(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "burst", "--engine", "vllm=http://127.0.0.1:9", "--workers", "2"]
+        + ["--prompts", "conversation", "--results", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "held in one process" in proc.stderr
+    assert not any(tmp_path.iterdir())  # refused before a run folder exists
 
 
 def test_the_seeds_compare_over_two_workers_sends_each_phase_once(server, tmp_path):
     # The sequential pass runs on one worker: the other's users of the burst after it once took its prompts from the
     # sequential phase (not over on a worker that ran none of it) before the burst started.
-    folder = run(server, tmp_path, "compare", "--burst-size", "3", "--no-seed4")
+    folder = run(server, tmp_path, "compare", "--burst-size", "3", "--no-seed4", "--repetitions", "1")
     records = list(folder.requests())
     assert Counter(r.phase for r in records) == {"sequential": 3, "burst-1": 3} and all(r.ok for r in records)
     assert len({r.worker for r in records if r.phase == "sequential"}) == 1
