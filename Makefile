@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help install constraints test e2e lint up down status report bench dashboards webui compare
+.PHONY: help install constraints test e2e lint up down status report bench dashboards webui compare tune
 
 help:
 	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native; MODE=native|compose forces one) and run the comparison"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench    proxy, exporter and load generator benchmarks"
 	@echo "make webui    Locust web UI on LOCUST_PORT (engine and scenario are chosen in the UI)"
 	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the seed's experiment on running engines"
+	@echo "make tune ENGINE=vllm|llamacpp  knee, turn the knob the binding resource names, restart, keep it if goodput rises (native stack up)"
 	@echo "make lint     ruff"
 	@echo "make constraints  re-pin constraints.txt from the venv (after a dependency change in pyproject.toml)"
 
@@ -63,6 +64,11 @@ report: install
 
 webui: install
 	$(BIN)/python -m loadgen webui
+
+# The native stack must be up (`make up`): tune restarts the engine with each knob value it tries.
+# TUNE_ARGS go to `python -m loadgen knee` (e.g. TUNE_ARGS="--duration 20 --slo ttft_p95<=1").
+tune: install
+	$(BIN)/python -m stack tune --engine $(ENGINE) $(TUNE_ARGS)
 
 compare: install
 	$(BIN)/python -m loadgen compare $(foreach e,$(ENGINES),--engine $(e))

@@ -29,7 +29,7 @@ from loadgen.recorder import Recorder
 from loadgen.scenarios import BurstPhase, LoadRun, SequentialPhase, spawn_rate_for
 from loadgen.summary import print_summary
 from loadgen.targets import chosen_url_line, default_url, probe
-from servescope import knobs
+from servescope import knobs, slo
 from servescope.runfolder import RunFolder
 from servescope.sampler import Sampler
 from servescope.urls import redact
@@ -82,6 +82,7 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
 def run_headless(args: argparse.Namespace) -> int:
     plan = prepare(args)
     targets, prompt_set, phases = plan.targets, plan.prompt_set, plan.phases
+    spec = slo.resolve(args.slo, args.slo_attainment)  # a bad SLO is one line before anything starts
     for target in targets:
         if target.url_from:
             print(f"loadgen: {chosen_url_line(target.kind, target.url)}", flush=True)
@@ -110,7 +111,7 @@ def run_headless(args: argparse.Namespace) -> int:
 
     out = None if args.quiet else sys.stdout
     bind = knobs.get("SERVESCOPE_BIND")
-    metrics = ClientMetrics() if args.metrics_port else None
+    metrics = ClientMetrics(spec=spec) if args.metrics_port else None
     if metrics is not None:
         try:
             metrics.serve(args.metrics_port, addr=bind)
@@ -254,6 +255,10 @@ def run_headless(args: argparse.Namespace) -> int:
                     f"{target.instance} {phase.title}: {noisy[0]}: running it again as {retry.title} "
                     f"(LOADGEN_NOISE_RETRIES={retries})"
                 )
+            if phase.planner is not None:  # the knee: the next load depends on this one's results
+                follow_up = phase.planner.after(phase, folder)
+                if follow_up is not None:
+                    phases.append(follow_up)  # the run's own list: this loop and LoadRun see it
         if run.aborted.is_set():
             status = "failed"
             runner.stop()
@@ -296,6 +301,8 @@ def run_headless(args: argparse.Namespace) -> int:
         print_summary(folder, out or sys.stdout)
     except OSError:
         pass  # a folder that cannot be read back: the failure line below says what happened to it
+    for planner in dict.fromkeys(p.planner for p in phases if p.planner is not None):
+        print("\n".join(planner.lines()), flush=True)
     print(f"run folder: {folder.path}", flush=True)
     if run.failure:
         print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)

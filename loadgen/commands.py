@@ -32,6 +32,7 @@ COMMANDS = {
     "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
     "sweep": "one closed-loop phase per concurrency level",
     "replay": "a trace's requests at their own times (--prompts trace:FILE), open loop, --speed times faster",
+    "knee": "the highest concurrency (or rate) that meets the SLOs, and the server resource that ran out above it",
 }
 web_port = options.bounded(int, "a port from 1 to 65535", 1, 65535)
 
@@ -85,6 +86,8 @@ def prepare(args: argparse.Namespace) -> Plan:
     instances = [t.instance for t in targets]
     if len(set(instances)) != len(instances):
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
+    if args.command == "knee" and len(targets) != 1:
+        raise UsageError("knee searches one engine at a time: give one --engine")
     prompt_set = prompt_sets.load(args.prompts)
     workloads.check(args.command, prompt_set, getattr(args, "bursts", 1))
     if getattr(args, "workers", 0):
@@ -103,6 +106,10 @@ def _check_workers(args: argparse.Namespace, prompt_set: PromptSet) -> None:
         raise UsageError(
             f"--workers: the conversations of {prompt_set.name} are held in one process (each turn carries its "
             f"history): run it without --workers"
+        )
+    if args.command == "knee":
+        raise UsageError(
+            "--workers: the knee picks each load from the last one's results, in one process: run it without --workers"
         )
     if getattr(args, "noise_retries", 0):
         raise UsageError(

@@ -38,8 +38,9 @@ from loadgen.recorder import Recorder
 from loadgen.scenarios import LoadRun, RatePhase, Settings, build_phases
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
 from loadgen.workloads.conversation import ConversationSet
-from servescope import knobs
+from servescope import knobs, slo
 from servescope.runfolder import RequestRecord, RunFolder
+from servescope.sampler import Sampler
 from servescope.urls import redact
 
 DISPATCH_CHECK_S = 0.05  # how often the master looks whether the load shape has sent a phase's users
@@ -181,13 +182,13 @@ class LLMUser(User):
             tokens_source=m.tokens_source,
             content_chunks=len(m.content_times),
             arrival_index=work.arrival_index,
+            scheduled_at=work.scheduled_at,
             engine_stats=m.engine_stats,
             conversation=turn.conversation,
             turn=turn.turn,
             history_messages=turn.history_messages,
             history_tokens=turn.history_tokens,
             cached_tokens=m.cached_tokens,
-            scheduled_at=work.scheduled_at,
         )
         elapsed = m.elapsed_s or 0.0
         fire(
@@ -297,6 +298,9 @@ def _ours(environment) -> bool:
 
 def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
     options = environment.parsed_options
+    if options.scenario == "knee" and isinstance(environment.runner, MasterRunner):
+        # Workers step through a phase list they build themselves; the knee's next load exists only on the master.
+        raise ValueError("knee: each load is picked from the last one's results in one process: run without workers")
     url = environment.host or options.engine_url or default_url(options.engine)
     target = parse_engine(f"{options.engine}={url}", ignore_eos=not options.no_ignore_eos)
     prompt_set = prompt_sets.load(options.prompts)
@@ -360,7 +364,7 @@ class ScenarioShape(LoadTestShape):
         if run.finished or run.failure:
             return None
         phase = run.phase
-        if phase is None:
+        if phase is None or run.draining:
             return 0, 1.0
         return phase.users, float(phase.users), [USER_CLASSES[phase.user_class]]
 
@@ -377,12 +381,32 @@ def _conduct(environment, run: LoadRun) -> None:
             if coordinator is not None:
                 coordinator.finish()
             return
+        sampler: Sampler | None = getattr(environment, "servescope_sampler", None)
+        if sampler is not None:
+            sampler.start(phase.title)  # the engine's gauges into samples.jsonl, as a headless run has them
         if coordinator is not None:
             coordinator.prepare(phase)
             while not _dispatched(environment.runner, phase):
                 gevent.sleep(DISPATCH_CHECK_S)
             coordinator.start(phase)
         phase.done.wait()
+        if sampler is not None:
+            sampler.stop()
+        if phase.planner is not None and run.folder is not None:  # the knee: the next load from this one's results
+            follow_up = phase.planner.after(phase, run.folder)
+            if follow_up is not None:
+                run.phases.append(follow_up)
+        if run.index + 1 < len(run.phases) and run.phases[run.index + 1].users < phase.users:
+            _drain(environment, run)
+
+
+def _drain(environment, run: LoadRun, timeout: float = 10.0) -> None:
+    """Stop every (idle) user before a phase with fewer: Locust would stop the surplus ones mid-request of the next."""
+    run.draining = True
+    deadline = time.monotonic() + timeout
+    while environment.runner.user_count > 0 and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    run.draining = False
 
 
 def _dispatched(runner, phase) -> bool:
@@ -402,6 +426,10 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
         problem = str(exc)
     if options.http_client not in llm.TRANSPORTS:
         problem = f"--http-client {options.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}"
+    try:
+        spec = slo.resolve(options.slo, options.slo_attainment)
+    except slo.SloError as exc:
+        problem = str(exc)
     if problem:
         print(f"loadgen: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -418,7 +446,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
         options.num_users = options.burst_size
     options.spawn_rate = options.num_users
     if options.metrics_port:
-        metrics = ClientMetrics()
+        metrics = ClientMetrics(spec=spec)
         try:
             metrics.serve(options.metrics_port, addr=knobs.get("SERVESCOPE_BIND"))
             environment.servescope_metrics = metrics
@@ -463,6 +491,8 @@ def _on_test_start(environment, **_kwargs) -> None:
         return
     _write_manifest(environment, run, "running")
     recorder.line(f"run folder: {folder.path}")
+    target = run.phases[0].settings.target if run.phases else None
+    environment.servescope_sampler = Sampler.for_run(folder, [(target.kind, target.instance)] if target else [])
     environment.servescope_run = run
     coordinator = getattr(environment, "servescope_coordinator", None)
     if coordinator is not None:
@@ -476,6 +506,10 @@ def _on_test_stop(environment, **_kwargs) -> None:
     if conductor is not None:
         conductor.kill()
         environment.servescope_conductor = None
+    sampler = getattr(environment, "servescope_sampler", None)
+    if sampler is not None:
+        sampler.close()
+        environment.servescope_sampler = None
     environment.servescope_error = None  # a later START tries again
     run: LoadRun | None = getattr(environment, "servescope_run", None)
     if run is None or run.folder is None or run.closed:

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.scenarios import MAX_USERS, SCENARIOS, parse_levels
-from servescope import engines, knobs
+from servescope import engines, knobs, slo
 from servescope.runfolder import check_run_id
 
 HEADLESS = frozenset({"compare", *SCENARIOS})
 BURSTS = frozenset({"compare", "burst"})
-TIMED = frozenset({"ramp", "rate", "sweep", "replay"})
+TIMED = frozenset({"ramp", "rate", "sweep", "replay", "knee"})
+KNEE = frozenset({"knee"})
+OPEN_LOOP = frozenset({"rate", "knee"})
 
 
 # --- what a value may be: each raises argparse.ArgumentTypeError, a ValueError, with the one line to show ---
@@ -61,6 +63,26 @@ workers = bounded(int, "a whole number of worker processes from 0 (one process) 
 # The sequential queue holds passes x prompts up front: a bound keeps it in memory.
 repeats = bounded(int, "a whole number of passes from 1 to 100000", 1, 100_000)
 repetitions = bounded(int, "a whole number of repetitions from 1 to 1000", 1, 1000)
+
+
+positive_number = bounded(float, "a number > 0", 0, above=True)
+
+
+def slo_spec(text: str) -> str:
+    """An SLO spec (servescope/slo.py), kept as text: empty means the SLO knob, else the threshold table's."""
+    if str(text).strip():
+        try:
+            slo.parse(text)
+        except slo.SloError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return str(text)
+
+
+def slo_share(text: str) -> float:
+    try:
+        return slo.check_objective(text)
+    except slo.SloError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def levels(text: str) -> str:
@@ -158,8 +180,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--scenario",
-        "sequential, burst, ramp, rate, sweep or replay (burst: the Number of users is the burst size; "
-        "replay: a trace's requests at their own times)",
+        "sequential, burst, ramp, rate, sweep, replay or knee (burst: the Number of users is the burst size; "
+        "replay: a trace's requests at their own times; knee: the highest load that meets the SLOs)",
         knob="LOADGEN_SCENARIO",
         choices=SCENARIOS,
         commands=frozenset(),
@@ -231,10 +253,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--arrivals",
-        "rate: constant gaps or Poisson arrivals",
+        "rate (and knee over rate): constant gaps or Poisson arrivals",
         knob="LOADGEN_ARRIVALS",
         choices=("constant", "poisson"),
-        commands=frozenset({"rate"}),
+        commands=OPEN_LOOP,
     ),
     Option(
         "--speed",
@@ -245,16 +267,82 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--duration",
-        "seconds per ramp step / sweep level / rate phase (empty: LOADGEN_DURATION unless --requests); "
-        "replay: replay the trace's first SECONDS (after --speed), default all of it",
+        "seconds per ramp step / sweep level / rate phase / knee measurement (empty: LOADGEN_DURATION unless "
+        "--requests); replay: replay the trace's first SECONDS (after --speed), default all of it",
         type=positive_seconds,
         commands=TIMED,
     ),
     Option(
         "--requests",
-        "requests per user per ramp step / sweep level (rate, replay: in total) instead of a duration",
+        "requests per user per ramp step / sweep level / knee measurement (rate, replay: in total) instead of a "
+        "duration",
         type=positive_int,
         commands=TIMED,
+    ),
+    Option(
+        "--max-in-flight",
+        "rate / knee over rate: the client's own ceiling of requests in flight; arrivals beyond it wait and the "
+        "report counts their wait from the schedule",
+        knob="LOADGEN_MAX_IN_FLIGHT",
+        type=positive_int,
+        commands=OPEN_LOOP,
+    ),
+    # -- service level objectives: goodput in every run, the knee's pass/fail --
+    Option(
+        "--slo",
+        f"service level objectives, {slo.SPEC_HELP} (empty: servescope/thresholds.py's SLO_DEFAULT)",
+        knob="SLO",
+        type=slo_spec,
+        metavar="SPEC",
+    ),
+    Option(
+        "--slo-attainment",
+        "share of requests that must meet every per-request SLO term; also the burn-rate rules' objective "
+        "(empty: servescope/thresholds.py's SLO_ATTAINMENT)",
+        knob="SLO_ATTAINMENT",
+        type=slo_share,
+        metavar="SHARE",
+    ),
+    # -- the knee: the highest load that meets the SLOs --
+    Option(
+        "--over",
+        "knee: search over concurrency (closed loop) or rate (open loop, arrivals per second)",
+        knob="LOADGEN_KNEE_OVER",
+        choices=("concurrency", "rate"),
+        commands=KNEE,
+    ),
+    Option(
+        "--min-load", "knee: the lowest load it may try", knob="LOADGEN_KNEE_MIN", type=positive_number, commands=KNEE
+    ),
+    Option(
+        "--start-load",
+        "knee: where the bracket starts (empty: --min-load); `make tune` starts at the last knee",
+        type=positive_number,
+        commands=KNEE,
+    ),
+    Option(
+        "--max-load", "knee: the highest load it may try", knob="LOADGEN_KNEE_MAX", type=positive_number, commands=KNEE
+    ),
+    Option(
+        "--knee-repeats",
+        "knee: measurements of each boundary load (pooled: a repeat that flips a verdict moves the boundary)",
+        knob="LOADGEN_KNEE_REPEATS",
+        type=positive_int,
+        commands=KNEE,
+    ),
+    Option(
+        "--knee-precision",
+        "knee over rate: stop bisecting when the failing rate is within this fraction of the passing one",
+        knob="LOADGEN_KNEE_PRECISION",
+        type=positive_number,
+        commands=KNEE,
+    ),
+    Option(
+        "--knee-probes",
+        "knee: at most this many measurements in all",
+        knob="LOADGEN_KNEE_PROBES",
+        type=positive_int,
+        commands=KNEE,
     ),
     # -- how requests are sent and where results go --
     Option(

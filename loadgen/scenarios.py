@@ -22,7 +22,7 @@ from loadgen.targets import Target
 from servescope import knobs
 from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
 
-SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep", "replay")
+SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep", "replay", "knee")
 MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
 
 
@@ -75,6 +75,8 @@ class _Span:
 class Phase:
     scenario = ""
     user_class = "ClosedLoopUser"
+    planner = None  # a search that picks the next phase from this one's results (loadgen/knee.py)
+    level: float | None = None  # the load the planner asked of this phase
 
     def __init__(self, settings: Settings, name: str, users: int, repetition: int = 1, attempt: int = 1):
         self.settings = settings
@@ -347,9 +349,12 @@ class RatePhase(Phase):
         poisson: bool = False,
         max_in_flight: int = 256,
         seed: int = 0,
+        name: str | None = None,
+        scenario: str = "rate",
     ):
-        super().__init__(settings, f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
+        super().__init__(settings, name or f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
         self.sessions = None
+        self.scenario = scenario
         if rate <= 0:
             raise ValueError("--rate must be > 0")
         if duration_s is None and requests is None:
@@ -365,6 +370,9 @@ class RatePhase(Phase):
     def arrivals(self) -> Iterator[Work]:
         """Yields work at its scheduled instant (absolute schedule: a slow send never delays the next arrival).
 
+        Each work carries that instant (`scheduled_at`, epoch seconds): when the client falls behind (its own
+        in-flight ceiling, a busy CPU), the send comes later than the schedule and the report counts the wait.
+
         On a distributed worker every worker draws the whole schedule (same seed, same start: the master's
         release) and sends every stride-th arrival from its place, so together they send the one schedule.
         """
@@ -374,6 +382,7 @@ class RatePhase(Phase):
         share = self.share or Share(1)
         max_in_flight = math.ceil(self.max_in_flight / share.stride)
         t0 = time.monotonic()
+        epoch0 = time.time()
         due = t0
         while not self.stopped:
             if self.max_requests is not None and self.issued >= self.max_requests:
@@ -386,7 +395,12 @@ class RatePhase(Phase):
                     self.slot_free.clear()
                     self.slot_free.wait(1.0)
                 self.in_flight += 1
-                yield Work(self.settings.prompt_set[self.issued], self.name, arrival_index=self.issued)
+                yield Work(
+                    self.settings.prompt_set[self.issued],
+                    self.name,
+                    arrival_index=self.issued,
+                    scheduled_at=epoch0 + (due - t0),
+                )
             self.issued += 1
             due += self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
         self.stopped = True
@@ -405,6 +419,8 @@ class RatePhase(Phase):
 
 class LoadRun:
     """The phases of one run in order, the current one, and where finished records go."""
+
+    draining = False  # the load shape asks for 0 users between two phases (loadgen/locustfile.py's conductor)
 
     def __init__(
         self,
@@ -546,8 +562,13 @@ def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
                 duration_s=duration,
                 requests=requests,
                 poisson=(options.arrivals == "poisson"),
+                max_in_flight=int(options.max_in_flight),
             )
         ]
+    if scenario == "knee":
+        from loadgen.knee import KneeSearch  # the search builds phases of this module
+
+        return [KneeSearch(settings, options, duration, requests).first()]
     raise ValueError(f"unknown scenario {scenario!r}: expected one of {', '.join(SCENARIOS)}")
 
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from report import stats
 from report.load import Run
 from servescope.runfolder import RequestRecord
+from servescope.slo import tpot  # one definition: the SLOs judge the TPOT the report shows
 
 METRICS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
 METRIC_TITLES = {"ttft_s": "TTFT", "itl_s": "ITL", "tpot_s": "TPOT", "e2e_s": "E2E", "output_tokens": "output tokens"}
@@ -41,14 +42,6 @@ def failure_reason(record: RequestRecord) -> str:
     if record.status and record.status != 200:
         return f"HTTP {record.status}: {reason}" if reason else f"HTTP {record.status}"
     return reason or ("no response" if not record.status else "failed (no reason recorded)")
-
-
-def tpot(record: RequestRecord) -> float | None:
-    if record.tpot_s is not None:
-        return record.tpot_s
-    if record.e2e_s is not None and record.ttft_s is not None and (record.output_tokens or 0) > 1:
-        return (record.e2e_s - record.ttft_s) / (record.output_tokens - 1)
-    return None
 
 
 def samples(records: list[RequestRecord], metric: str) -> list[float]:

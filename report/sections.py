@@ -1,4 +1,4 @@
-"""Builds the report's eight sections (and the JSON of every number in them) from one run, Prometheus and a baseline."""
+"""Builds the report's ten sections (and the JSON of every number in them) from one run, Prometheus and a baseline."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from report import (
     crosscheck,
     fairness,
     gauges,
+    goodput,
     latency,
     noise,
     plots,
+    schedule,
     stats,
     sweep,
     table,
@@ -57,9 +59,13 @@ def build(
     baseline: Run | None = None,
     figures: bool = True,
     client: gauges.Prometheus | None = None,
+    slo_spec: str | None = None,
 ) -> tuple[Document, dict[str, Any]]:
     assessment = noise.assess(run)
     rows = table.build(run, assessment)
+    spec = goodput.spec_of(run, slo_spec)
+    good = goodput.build(run, spec)
+    lags = schedule.build(run)
     warn = fairness.warnings(run, rows)
     groups = latency.build(run)
     gauge_report = gauges.collect(run, prometheus_url, client)
@@ -142,6 +148,7 @@ def build(
         ),
         _compare(deltas, how, baseline, figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")),
         workloads.section(run, work, figure("turns", "TTFT (median) and prefix-cache reuse by conversation turn.")),
+        goodput.section(run, spec, good, lags, "10. Goodput under the SLOs"),
     ]
     subtitle = (
         f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
@@ -186,6 +193,7 @@ def build(
         "comparison": {"baseline": baseline.run_id if baseline else None, **compare.to_json(deltas, how)},
         "workloads": workloads.to_json(work),
         "plots": sorted(p.name for p in fig.values() if p),
+        "goodput": goodput.to_json(spec, good, lags, run),
     }
     return doc, numbers
 

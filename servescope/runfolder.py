@@ -65,6 +65,7 @@ class RequestRecord:
     tokens_source: str | None = None  # "usage", "eval_count", or "chunks" (fallback, flagged)
     content_chunks: int = 0
     arrival_index: int | None = None  # order of release within a burst
+    scheduled_at: float | None = None  # epoch seconds the schedule said to send it (open loop: rate, trace replay)
     engine_stats: dict[str, Any] = field(default_factory=dict)  # Ollama *_ns fields, llama.cpp timings
     conversation: str | None = None  # the conversation (session) this turn belongs to; None for a single prompt
     turn: int | None = None  # 1-based place in its conversation
@@ -73,7 +74,6 @@ class RequestRecord:
     # Prompt tokens the engine took from its cache: llama.cpp's timings.cache_n, or usage.prompt_tokens_details.
     # cached_tokens (llama.cpp; vLLM started with --enable-prompt-tokens-details). None: the engine did not say.
     cached_tokens: int | None = None
-    scheduled_at: float | None = None  # open loop (rate, replay): epoch seconds the schedule said to send it
     worker: int | None = None  # the load generator worker process that sent it (--workers, Locust workers); None: one
 
     def to_json(self) -> str:
@@ -323,13 +323,13 @@ REQUEST_FIELDS = (
     Field("tokens_source", "str"),
     Field("content_chunks", "int", default=0),
     Field("arrival_index", "int"),
+    Field("scheduled_at", "float", hi=MAX_EPOCH_S),
     Field("engine_stats", "object", default={}),
     Field("conversation", "str"),
     Field("turn", "int"),
     Field("history_messages", "int"),
     Field("history_tokens", "int"),
     Field("cached_tokens", "int"),
-    Field("scheduled_at", "float", hi=MAX_EPOCH_S),
     Field("worker", "int"),
 )
 PHASE_FIELDS = (
@@ -466,6 +466,8 @@ def latest(results_dir: Path) -> RunFolder:
 # values is written with `missing` saying why, never filled in; a read that came late leaves a gap
 # longer than the interval, which readers treat as missing too.
 SAMPLES = "samples.jsonl"
+# `python -m loadgen knee` writes its search (levels, verdicts, the knee, the binding resource) beside the records.
+KNEE = "knee.json"
 
 
 @dataclass

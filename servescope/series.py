@@ -59,6 +59,9 @@ CLIENT_E2E = f"{PREFIX}_client_e2e_seconds"  # histogram
 CLIENT_OUTPUT_TOKENS = f"{PREFIX}_client_output_tokens_total"
 CLIENT_REQUESTS = f"{PREFIX}_client_requests_total"  # + outcome label: ok / error reason
 CLIENT_USERS = f"{PREFIX}_client_users"  # gauge: Locust users running
+CLIENT_GOOD_REQUESTS = f"{PREFIX}_client_good_requests_total"  # met every SLO term (servescope/slo.py)
+CLIENT_GOOD_OUTPUT_TOKENS = f"{PREFIX}_client_good_output_tokens_total"
+CLIENT_SLO_OBJECTIVE = f"{PREFIX}_client_slo_objective"  # gauge: the attainment the SLOs ask for
 
 # The three gauges of the seed's section 4, in the order a person reads them.
 LEVER_GAUGES = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE)

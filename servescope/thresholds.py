@@ -8,7 +8,11 @@ waited: the pool "had room" when its HIGHEST usage stayed below KV_ROOM, it "was
 MEAN usage reached KV_FULL (a pool pinned near full, not one that touched it once).
 
 `python -m servescope.lever_rules --write` regenerates prometheus/rules/ from this table; the
-tests fail when the committed rules are stale. SLO defaults will join this table.
+tests fail when the committed rules are stale. The SLO defaults are here too (servescope/slo.py reads
+them; the SLO and SLO_ATTAINMENT knobs, --slo flags and the web UI override them), and the rules that
+name the binding resource at the knee (servescope/binding.py) and flag an open-loop client that fell
+behind its schedule (report/schedule.py).
+
 
 The second half says when a measurement can be trusted on a shared machine (issue 15): when a
 warm-up is over, when a phase was measured on a noisy host, when a request is an outlier. Each
@@ -46,6 +50,25 @@ SERVED_AFTER_SLACK_S = 0.005
 # A burst is under-sampled by the gauges when fewer samples than this fell inside it: a queue can
 # come and go between two of them.
 MIN_SAMPLES_PER_BURST = 3
+
+
+# --- service level objectives (servescope/slo.py): what a request must meet to count as good ---
+# Terms METRIC[_pQ]<=SECONDS: a percentile term holds for a phase when at least Q% of its requests (ITL: of
+# its gaps) meet the limit; a plain term judges every request alone. Used when the SLO knob is empty.
+SLO_DEFAULT = "ttft_p95<=0.5,itl_p95<=0.1"
+# The share of requests that must be good for a phase with per-request terms to meet its SLOs, and the
+# objective the Prometheus burn-rate rules divide by (1 - SLO_ATTAINMENT is the error budget).
+SLO_ATTAINMENT = 0.95
+
+# --- the binding resource at the knee (servescope/binding.py), read from the phase's own samples ---
+# Requests "waited" at a load when at least this share of the phase's samples saw waiting > 0: a queue
+# that shows once between two reads is a step's admission, not a resource that ran out.
+BINDING_WAITING_SHARE = 0.2
+
+# --- open-loop honesty (report/schedule.py): the client fell behind its own schedule ---
+# A rate run whose send lag behind the schedule has a p99 above this did not send the load it claims:
+# its send-based latency hides the wait (coordinated omission); the schedule-based one shows it.
+SCHEDULE_LAG_P99_MAX_S = 0.05
 
 
 def kv_pool_state(kv_max_while_waiting: float | None, kv_mean_while_waiting: float | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stack import compose, native, provision, supervisor
+from stack import compose, native, provision, supervisor, tune
 from stack.errors import StackError
 
 
@@ -21,7 +21,7 @@ def use_compose(mode: str, command: str, native_has_state: bool) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stack", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("up", "down", "status", "provision"))
+    parser.add_argument("command", choices=("up", "down", "status", "provision", "tune"))
     parser.add_argument(
         "--mode",
         choices=("auto", "native", "compose"),
@@ -40,8 +40,22 @@ def main(argv: list[str] | None = None) -> int:
         default="up",
         help="provision: install what this entry point drives (apt-get as root on Debian, else one line each)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--engine",
+        help="tune: the native stack's engine to tune (vllm, llamacpp); options after it go to `python -m loadgen knee`",
+    )
+    args, knee_args = parser.parse_known_args(argv)
+    usage = None
+    if knee_args and args.command != "tune":
+        usage = f"unrecognized arguments: {' '.join(knee_args)} (only tune passes options on, to the knee)"
+    elif args.command == "tune" and args.engine not in tune.TUNED:
+        usage = f"tune: --engine (ENGINE=) {args.engine or ''!r}: expected one of {', '.join(tune.TUNED)}"
+    if usage:
+        print(f"stack: {usage}", file=sys.stderr, flush=True)
+        return 2
     try:
+        if args.command == "tune":
+            return tune.main(args.engine or "", knee_args)
         if args.command == "provision":
             return provision.main(args.purpose)
         if use_compose(args.mode, args.command, bool(supervisor.records())):

@@ -69,3 +69,17 @@ def test_huge_pools_are_subsampled_and_stay_fast():
     assert r["subsampled"] and r["n_current"] == 300_000
     true_delta = 0.02 * np.log(2) - 0.01 * np.log(2)
     assert r["ci_low"] < true_delta < r["ci_high"]
+
+
+def test_the_ratio_bootstrap_sees_goodput_rise_and_not_when_the_sides_are_alike():
+    from report.stats import bootstrap_ratio_delta
+
+    # 3 users; 40 requests of 0.2 s each: all good (15 good/s) against 3 in 4 good (11.25 good/s).
+    better = ([1.0] * 40, [0.2] * 40, 3.0)
+    worse = ([1.0, 1.0, 1.0, 0.0] * 10, [0.2] * 40, 3.0)
+    d = bootstrap_ratio_delta(better, worse)
+    assert d["current"] == pytest.approx(15.0) and d["baseline"] == pytest.approx(11.25)
+    assert d["delta"] == pytest.approx(3.75) and 0 < d["ci_low"] <= d["delta"] <= d["ci_high"]
+    same = bootstrap_ratio_delta(worse, ([0.0, 1.0, 1.0, 1.0] * 10, [0.2] * 40, 3.0))
+    assert same["delta"] == pytest.approx(0) and same["ci_low"] < 0 < same["ci_high"]
+    assert bootstrap_ratio_delta(([], [], 1.0), worse)["delta"] is None

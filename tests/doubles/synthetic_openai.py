@@ -19,6 +19,7 @@ was read. The stream looks like vLLM's:
 CLI (stable; other tests rely on it):
   python -m tests.doubles.synthetic_openai --port N [--host 127.0.0.1] [--ttft 0.2] [--itl 0.02]
       [--tokens 64] [--model NAME] [--no-usage] [--timings] [--fault SPEC] [--version-string S]
+      [--max-running N] [--kv-blocks N] [--slowdown F]
   --port 0 picks a free port. The first stdout line is always `listening on http://HOST:PORT`.
   tokens per request = min(--tokens, the request's max_tokens); --itl 0 sends as fast as it can.
 
@@ -30,8 +31,8 @@ GET /stats/streams (per stream: prompt, t_arrival (kernel receive stamp; t0), t_
 thread read it), t_body (body read) and every content write (stamped as the write starts), all on
 time.monotonic()),
 POST /control (JSON body with any of ttft, itl, tokens, usage, timings, fault, max_running,
-serial_prefill, metrics_fault, prefix_cache, prefix_block, prompt_tokens_details, prefill_per_token:
-changes them live).
+serial_prefill, metrics_fault, prefix_cache, prefix_block, prompt_tokens_details, prefill_per_token,
+kv_blocks, slowdown: changes them live).
 
 Scheduling of streamed requests, like the engines it stands in for: `max_running` N > 0 admits at most N streams at
 once (vLLM's --max-num-seqs, llama.cpp's --parallel); the rest wait in arrival order and show in
@@ -40,6 +41,11 @@ is admitted. `serial_prefill` makes admitted requests' prefills run one after an
 chunked prefill under a token budget): each first token comes `ttft` after the previous prefill
 ended, while every request counts as running. KV usage is the tokens of the running requests
 (prompt + generated so far) over a pool of 1456 blocks x 16 tokens (the seed's).
+`kv_blocks` N > 0 makes the KV pool N blocks of 16 tokens, and admission waits (in arrival order) until the pool
+has the blocks of a request's whole length free (vLLM waits for KV blocks the same way once its pool is the
+limit); KV usage is then the reserved blocks over N. `slowdown` F > 0 is a compute-bound engine: every step
+(prefill, each token) takes (1 + F x (running - 1)) times its time, so latency grows with the load while
+nothing ever waits (set no `max_running` with it).
 `metrics_fault` (`status=503` or `stall=S`) makes GET /metrics fail or hang: an engine whose
 metrics page stops answering while it still serves.
 
@@ -110,6 +116,8 @@ class Behaviour:
     prefix_block: int = 16  # tokens per cached block (vLLM's block size; 1: llama.cpp's token granularity)
     prompt_tokens_details: bool = False  # usage.prompt_tokens_details even without timings (vLLM's opt-in)
     prefill_per_token: float = 0.0  # seconds of TTFT per computed (uncached) prompt token
+    kv_blocks: int = 0  # > 0: a KV pool of this many 16-token blocks that admission waits on (0: the seed's pool)
+    slowdown: float = 0.0  # > 0: every step takes (1 + slowdown x (running - 1)) times longer; nothing ever queues
 
 
 @dataclass
@@ -196,12 +204,16 @@ class PrefixCache:
 
 
 class Scheduler:
-    """Admission (a FIFO queue behind `max_running` slots), serial prefill, and the counts GET /metrics shows."""
+    """Admission (a FIFO queue behind `max_running` slots and, in KV-pool mode, free KV blocks), serial prefill,
+    the compute slowdown, and the counts GET /metrics shows."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.turns = threading.Condition(self.lock)
         self.running = 0
-        self.queue: collections.deque[threading.Event] = collections.deque()
+        self.queue: collections.deque[object] = collections.deque()
+        self.reserved_blocks = 0  # KV-pool mode: blocks held by the running requests
+        self.kv_blocks = 0  # KV-pool mode: the pool's size (0: the seed's pool, never a limit)
         self.prefill_free_at = 0.0  # time.monotonic() when the prefill in progress ends
         self.held_tokens = 0  # prompt + generated tokens of the running requests
         self.prompt_tokens_total = 0
@@ -225,23 +237,39 @@ class Scheduler:
         with self.lock:
             self.prefix_cache.store(tokens)
 
-    def admit(self, limit: int) -> bool:
-        """Block until this request may run; True when it had to wait."""
-        with self.lock:
-            if limit <= 0 or (self.running < limit and not self.queue):
-                self.running += 1
-                return False
-            turn = threading.Event()
-            self.queue.append(turn)
-        turn.wait()  # release() hands its slot over: `running` already counts this request
-        return True
+    def admit(self, limit: int, blocks: int = 0) -> bool:
+        """Block until this request may run (its turn in arrival order, a free slot, its KV blocks free); True when
+        it had to wait. In KV-pool mode a request reserves the blocks of its whole length (prompt + output) at
+        admission: vLLM allocates them as it decodes and preempts when it runs out; either way a pool that is the
+        limit reads near full while requests wait."""
+        ticket = object()
+        with self.turns:
+            self.queue.append(ticket)
+            waited = False
+            while not (self.queue[0] is ticket and self._fits(limit, blocks)):
+                waited = True
+                self.turns.wait()
+            self.queue.popleft()
+            self.running += 1
+            self.reserved_blocks += blocks
+            self.turns.notify_all()  # the next in line may fit too
+        return waited
 
-    def release(self, limit: int) -> None:
+    def _fits(self, limit: int, blocks: int) -> bool:
+        slot = limit <= 0 or self.running < limit
+        kv = self.kv_blocks <= 0 or self.reserved_blocks + blocks <= self.kv_blocks or self.running == 0
+        return slot and kv
+
+    def release(self, blocks: int = 0) -> None:
+        with self.turns:
+            self.running -= 1
+            self.reserved_blocks -= blocks
+            self.turns.notify_all()
+
+    def slowdown(self, factor: float) -> float:
+        """How much longer a step takes with this many requests running (compute shared by the batch)."""
         with self.lock:
-            if self.queue and (limit <= 0 or self.running <= limit):
-                self.queue.popleft().set()
-            else:
-                self.running -= 1
+            return 1.0 + factor * max(0, self.running - 1)
 
     def first_token_at(self, admitted: float, ttft: float, serial: bool) -> float:
         """When the first token is due: `ttft` after admission, or after the prefill before this one ended."""
@@ -262,7 +290,11 @@ class Scheduler:
         """The scheduler lines of vLLM 0.32's /metrics (same names, labels and types)."""
         labels = f'engine="0",model_name="{model}"'
         with self.lock:
-            usage = self.held_tokens / (KV_BLOCK_SIZE * KV_BLOCKS)
+            if self.kv_blocks > 0:
+                usage = self.reserved_blocks / self.kv_blocks
+            else:
+                usage = self.held_tokens / (KV_BLOCK_SIZE * KV_BLOCKS)
+            blocks = self.kv_blocks or KV_BLOCKS
             gauges = (
                 ("vllm:num_requests_running", "gauge", self.running),
                 ("vllm:num_requests_waiting", "gauge", len(self.queue)),
@@ -277,7 +309,7 @@ class Scheduler:
             lines += [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)!r}"]
         lines += [
             "# TYPE vllm:cache_config_info gauge",
-            f'vllm:cache_config_info{{block_size="{KV_BLOCK_SIZE}",engine="0",num_gpu_blocks="{KV_BLOCKS}"}} 1.0',
+            f'vllm:cache_config_info{{block_size="{KV_BLOCK_SIZE}",engine="0",num_gpu_blocks="{blocks}"}} 1.0',
         ]
         return "\n".join(lines) + "\n"
 
@@ -294,6 +326,7 @@ class _Server(ThreadingHTTPServer):
         self.stats = Stats()
         self.lock = threading.Lock()
         self.scheduler = Scheduler()
+        self.scheduler.kv_blocks = behaviour.kv_blocks
 
     def handle_error(self, request, client_address) -> None:
         # A client that hung up on an idle keep-alive connection is normal in a load test: no traceback.
@@ -535,9 +568,14 @@ class _Handler(BaseHTTPRequestHandler):
         if fault.stall:
             time.sleep(fault.stall)
         scheduler, limit = self.server.scheduler, b.max_running
-        waited = scheduler.admit(limit)
         words = _prompt_words(request["messages"])
         prompt_tokens = len(words)
+        scheduler.kv_blocks = b.kv_blocks
+        blocks = -(-(prompt_tokens + n) // KV_BLOCK_SIZE) if b.kv_blocks > 0 else 0
+        waited = scheduler.admit(limit, blocks)
+        slow = b.slowdown
+        if slow > 0:
+            ttft *= scheduler.slowdown(slow)
         cached = scheduler.cached(words, b.prefix_cache, b.prefix_block)
         prefill = ttft + b.prefill_per_token * (prompt_tokens - cached)
         first = scheduler.first_token_at(time.monotonic() if waited else t0, prefill, b.serial_prefill)
@@ -545,6 +583,7 @@ class _Handler(BaseHTTPRequestHandler):
         late: list[float] = []
         writes: list[float] = []
         generated = 0
+        due = first
         try:
             for k in range(n):
                 if fault.cut is not None and k == fault.cut:
@@ -557,7 +596,12 @@ class _Handler(BaseHTTPRequestHandler):
                     self._chunk(b"data: [DONE]\n\n")
                     self._chunk(b"")
                     return
-                if itl > 0 or k == 0:
+                if slow > 0:
+                    # Each step's length depends on the batch running now: deadlines follow one another.
+                    if k:
+                        due += itl * scheduler.slowdown(slow)
+                    late.append(self._wait_until(due))
+                elif itl > 0 or k == 0:
                     late.append(self._wait_until(first + k * itl))
                 # Stamped as the write starts: on loopback the bytes reach the client inside this syscall.
                 writes.append(time.monotonic())
@@ -613,7 +657,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         finally:
             scheduler.tokens(held=-(prompt_tokens + generated))
-            scheduler.release(limit)
+            scheduler.release(blocks)
             with self.server.lock:
                 self.server.stats.tokens_sent += len(writes)
                 self.server.stats.lateness_s.extend(late)
@@ -740,6 +784,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timings", action="store_true", help="add llama.cpp's timings object to the final chunk")
     parser.add_argument("--fault", default="", help="fault for every request, e.g. status=503 or cut=5")
     parser.add_argument("--version-string", default="0.0.0-synthetic", help="what GET /version answers")
+    parser.add_argument("--max-running", type=int, default=0, help="batch slots (0: no cap)")
+    parser.add_argument("--kv-blocks", type=int, default=0, help="a KV pool of this many 16-token blocks (0: none)")
+    parser.add_argument("--slowdown", type=float, default=0.0, help="each step x (1 + F x (running - 1))")
     args = parser.parse_args(argv)
     try:
         Fault.parse(args.fault)
@@ -754,6 +801,9 @@ def main(argv: list[str] | None = None) -> int:
             timings=args.timings,
             fault=args.fault,
             version=args.version_string,
+            max_running=args.max_running,
+            kv_blocks=args.kv_blocks,
+            slowdown=args.slowdown,
         )
     except (ValueError, OSError) as exc:
         print(f"synthetic_openai: {exc}", file=sys.stderr)

@@ -125,6 +125,8 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
             "GRAFANA_ADMIN_PASSWORD": "",
             # vLLM's start-up compile took 70 s natively on a quiet machine and over 10 min on a loaded one.
             "VLLM_READY_TIMEOUT": "1800",
+            # One pass of the seed's experiment: this suite proves the Compose path; repetitions are make up's.
+            "LOADGEN_REPETITIONS": "1",
         }
     )
     if has_cpu_torch(wheels):
