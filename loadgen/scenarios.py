@@ -243,7 +243,10 @@ class BurstPhase(Phase):
             return None
         round_no = self.round
         self.arrived += 1
-        if self.arrived < self.barrier():
+        # Users arrive once their request of the last round is over. On a distributed worker Locust may add users
+        # mid-phase (a lost worker's, handed over): one of those arriving early must not release a round that
+        # still has requests in flight.
+        if self.arrived < self.barrier() or self.in_flight > 0:
             self.gate.wait()
         else:
             # The last user in: every request of the previous round has finished (all users are here).

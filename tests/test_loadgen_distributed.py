@@ -13,10 +13,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import gevent
 import pytest
 
+from loadgen import prompts
 from loadgen.clock_sync import clock_offset
-from servescope.runfolder import RunFolder
+from loadgen.scenarios import BurstPhase, Settings, Share
+from loadgen.targets import parse_engine
+from servescope.runfolder import RequestRecord, RunFolder
 from tests.doubles.synthetic_openai import SyntheticServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -190,3 +194,29 @@ def test_a_workers_clock_is_put_on_the_masters_within_half_the_shortest_round_tr
     offset, estimate, bound = clock_offset(behind)
     assert offset == estimate == pytest.approx(3.0001) and bound == pytest.approx(0.0002)
     assert clock_offset([]) is None
+
+
+def test_a_burst_round_waits_for_the_last_rounds_requests_whatever_users_arrive():
+    # A worker's barrier counts the users it had when the phase started; Locust may hand it a lost worker's user
+    # mid-phase. That user arriving early once released round 2 while round 1 still had a request in flight.
+    settings = Settings(parse_engine("vllm=http://127.0.0.1:9"), prompts.load("seed3"), 4, 0.0, 5.0)
+    phase = BurstPhase(settings, size=4, rounds=2, pause_s=0)
+    released = []
+    phase.share = Share(users=2, hold=lambda round_no: released.append((round_no, phase.in_flight)))
+
+    def finish(work) -> None:
+        record = RequestRecord(
+            "vllm", "vllm", "burst", work.phase_name, "openai", "m", "seed3", "", "p", 4, 0.0, True, 200
+        )
+        phase.finished(work, record, 0.1)
+
+    first = [gevent.spawn(phase.next_work) for _ in range(2)]
+    gevent.joinall(first)
+    finish(first[0].value)
+    back, handed_over = gevent.spawn(phase.next_work), gevent.spawn(phase.next_work)
+    gevent.idle()  # both are at the barrier
+    assert released == [(1, 0)]  # round 2 waits: the other request of round 1 is still in flight
+    finish(first[1].value)
+    last = gevent.spawn(phase.next_work)
+    gevent.joinall([back, handed_over, last], timeout=5)
+    assert released == [(1, 0), (2, 0)] and all(g.value is not None for g in (back, handed_over, last))
