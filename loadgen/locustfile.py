@@ -489,14 +489,14 @@ def _on_test_start(environment, **_kwargs) -> None:
         if options.headless:
             environment.process_exit_code = 2
         return
+    coordinator = getattr(environment, "servescope_coordinator", None)
+    if coordinator is not None:
+        coordinator.attach(run)  # the workers' records go to this run from now on
     _write_manifest(environment, run, "running")
     recorder.line(f"run folder: {folder.path}")
     target = run.phases[0].settings.target if run.phases else None
     environment.servescope_sampler = Sampler.for_run(folder, [(target.kind, target.instance)] if target else [])
     environment.servescope_run = run
-    coordinator = getattr(environment, "servescope_coordinator", None)
-    if coordinator is not None:
-        coordinator.attach(run)
     environment.servescope_conductor = gevent.spawn(_conduct, environment, run)
 
 
