@@ -12,19 +12,17 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import psutil
 import requests
 
+from bench.processes import python_module, stop
 from bench.proxy_overhead import free_port, wait_ready
 
-REPO = Path(__file__).resolve().parent.parent
 BUDGET_S = 3.0  # the exporter's default per-engine timeout
 GOAL_SCRAPE_S = BUDGET_S + 0.5
 GOAL_RSS_RATIO = 1.2
@@ -214,26 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {attack:<34} | {worst_s:>14} | {page_b:>14} | {after}")
         return 0
     finally:
-        for proc in (exporter, sim):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(exporter, sim)
         vllm.close()
         llamacpp.close()
-
-
-def python_module(module: str, *args: object) -> subprocess.Popen:
-    """`python -m MODULE ARGS` from the repository, its output discarded."""
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *map(str, args)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
 
 HEADER = ("attack", "worst scrape", "largest page", "RSS after (x idle), goal met")

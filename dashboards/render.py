@@ -189,7 +189,7 @@ def _formatter(unit: str):
 # The same engine keeps its colour on every panel (instances named like vllm-b share their kind's).
 ENGINE_COLOURS = {"vllm": "C0", "ollama": "C1", "llamacpp": "C2"}
 # Legend suffixes that name a variant of one engine's series (build.py's legends).
-VARIANTS = {"p50", "p95", "p99", "used", "limit", "resident"}
+VARIANTS = {"p50", "p95", "p99", "used", "limit"}
 DASHED = {"p95", "p99", "limit"}
 
 

@@ -9,7 +9,7 @@ import pytest
 from exporter.llamacpp import LlamacppCollector
 from exporter.upstream import Upstream, UpstreamError
 from servescope import engine_identity
-from tests.test_exporter_recorded_engine import RecordedEngine, fixture, vllm_engine
+from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
 
 
 def recorded_llama_server() -> RecordedEngine:

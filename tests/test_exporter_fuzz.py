@@ -27,9 +27,9 @@ from exporter.server import Collected
 from exporter.upstream import Upstream, UpstreamError
 from exporter.vllm import VllmCollector
 from servescope import series
+from tests.doubles.recorded_engine import RecordedEngine, fixture
 from tests.test_exporter_proxy import ExporterThread, wait_until
 from tests.test_exporter_proxy_http import RawUpstream, read_response
-from tests.test_exporter_recorded_engine import RecordedEngine, fixture
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -15,9 +15,9 @@ from exporter.server import build
 from servescope import series
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
+from tests.doubles.recorded_engine import RecordedEngine
 from tests.test_exporter_proxy import MODEL, ExporterThread, chat_body, wait_until
 from tests.test_exporter_proxy_http import RawUpstream
-from tests.test_exporter_recorded_engine import RecordedEngine
 from tests.test_exporter_upstream import PAGE
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,7 +18,7 @@ from exporter.proxy import OllamaTail
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
 from servescope import series
-from tests.test_exporter_recorded_engine import RecordedEngine, fixture
+from tests.doubles.recorded_engine import RecordedEngine, fixture
 
 # A fixed seed (derandomize): the same examples every run.
 SETTINGS = settings(

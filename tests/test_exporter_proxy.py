@@ -17,7 +17,7 @@ from exporter.server import build, run
 from servescope import series
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
-from tests.test_exporter_recorded_engine import fixture
+from tests.doubles.recorded_engine import fixture
 
 MODEL = "smollm2-135m:latest"
 LABELS = {"engine": "ollama", "instance": "ollama"}
@@ -157,7 +157,7 @@ def test_connect_is_refused(simulator):
     ):
         conn.sendall(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
         conn.settimeout(5)
-        assert conn.recv(65536)[:10] in (b"HTTP/1.1 4", b"HTTP/1.1 405"[:10])  # refused, never tunnelled
+        assert conn.recv(65536).startswith(b"HTTP/1.1 405 ")  # refused, never tunnelled
 
 
 def test_streams_chunks_as_they_arrive():

@@ -1034,7 +1034,7 @@ def test_a_client_stalling_inside_a_request_head_is_closed_after_the_keepalive_t
             pytest.fail("the half-sent request holds the connection open past the keep-alive timeout")
         except ConnectionResetError:
             rest = b""
-        assert rest == b"" or rest.startswith(b"HTTP/1.1 408")
+        assert rest == b""  # closed as idle: a 408 would be the request deadline (REQUEST_TIMEOUT), 30 s away
         assert upstream.requests == []
 
 

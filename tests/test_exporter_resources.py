@@ -70,7 +70,8 @@ time.sleep(120)
 def start(script: str, ready: Path, timeout: float = 30) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", script, str(ready)], start_new_session=True)
     deadline = time.monotonic() + timeout
-    while not ready.exists():
+    # Not just there: written. write_text creates the file before it writes, and the tree fixture reads a pid from it.
+    while not (ready.exists() and ready.read_text()):
         assert proc.poll() is None, "test process died"
         assert time.monotonic() < deadline, "test process not ready"
         time.sleep(0.02)
@@ -171,8 +172,9 @@ def test_cpu_counter_grows_between_scrapes(tmp_path):
         (tmp_path / "busy.pid").write_text(str(proc.pid))
         registry = registry_of(ResourceCollector([WatchedProcess("vllm", "vllm", tmp_path / "busy.pid")]))
         first = value(registry, CPU)
-        time.sleep(0.5)
-        assert value(registry, CPU) > first
+        deadline = time.monotonic() + 10
+        while value(registry, CPU) <= first:  # each read is a scrape; the busy loop adds CPU time between them
+            assert time.monotonic() < deadline, f"CPU seconds stayed at {first} for 10 s of a busy loop"
     finally:
         stop(proc)
 

@@ -98,7 +98,8 @@ def test_report_gauge_plot_draws_missing_and_late_reads_as_gaps(tmp_path):
     xs, ys = plots.gauge_traces(run, report)["vllm"][W]
     nan_at = [round(x, 2) for x, y in zip(xs, ys, strict=True) if math.isnan(y)]
     assert nan_at == [0.5, 0.6, 0.7, 1.2]  # three missing reads, then the pause after the read at 1.1 s
-    assert plots.gauges(run, report, tmp_path / "gauges.png") is not None
+    png = plots.gauges(run, report, tmp_path / "gauges.png")
+    assert png == tmp_path / "gauges.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_torn_or_odd_samples_file_costs_only_its_bad_records(tmp_path):

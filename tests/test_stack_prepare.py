@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -38,8 +39,15 @@ def test_conversion_is_reused_only_for_the_same_gguf(tmp_path):
 
 def test_step_prints_heartbeats_with_elapsed_time():
     lines: list[str] = []
-    with Step("building llama.cpp", interval=0.05, detail=lambda: "[42%]", emit=lines.append):
-        time.sleep(0.3)
+    beat = threading.Event()
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        if line.startswith("…"):
+            beat.set()
+
+    with Step("building llama.cpp", interval=0.05, detail=lambda: "[42%]", emit=emit):
+        assert beat.wait(10), "no heartbeat line within 10 s"
     assert lines[0] == "→ building llama.cpp"
     assert any(line.startswith("… building llama.cpp (0s) [42%]") for line in lines[1:-1])
     assert lines[-1] == "✓ building llama.cpp (0s)"

@@ -93,6 +93,7 @@ from pathlib import Path
 import requests
 
 from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
+from tests.doubles.serving import ServedInThread
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -694,7 +695,7 @@ def _prompt_words(messages: list) -> list[str]:
     return [word for m in messages for word in str(m.get("content", "")).split()]
 
 
-class SyntheticServer:
+class SyntheticServer(ServedInThread):
     """The server in a background thread of the test process: `with SyntheticServer(ttft=0.05) as s: s.url`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, **behaviour):
@@ -703,26 +704,10 @@ class SyntheticServer:
         self.httpd = _Server((host, port), self.behaviour)
         self.host, self.port = self.httpd.server_address[:2]
         self.url = f"http://{self.host}:{self.port}"
-        self._thread: threading.Thread | None = None
 
     @property
     def stats(self) -> Stats:
         return self.httpd.stats
-
-    def start(self) -> SyntheticServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def __enter__(self) -> SyntheticServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 class SyntheticProcess:

@@ -84,6 +84,8 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
         "BURST_SIZE": str(BURST),
         "MAX_TOKENS": str(MAX_TOKENS),
         "PYTHONUNBUFFERED": "1",
+        # One pass: this suite proves the stack end to end; repetitions and their CIs are tested on the simulators.
+        "LOADGEN_REPETITIONS": "1",
     }
     env.pop("OLLAMA_HOST", None)
     # Never the defaults: a user's own stack may be up on this machine.
