@@ -40,6 +40,7 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import logging
 import os
 import socket
 import subprocess
@@ -612,6 +613,9 @@ class Fleet:
     def __init__(
         self, environment, count: int, log_path: Path, say: Callable[[str], None], warn: Callable[[str], None]
     ):
+        # Locust's runner warns on stderr of what its web UI's users choose (a burst's spawn rate "is very high");
+        # here this module says what matters, in its own lines. Its errors still show.
+        logging.getLogger("locust.runners").setLevel(logging.ERROR)
         self.runner: MasterRunner = environment.create_master_runner("127.0.0.1", 0)
         self.coordinator = Coordinator(self.runner, say, warn)
         self.log_path = log_path
