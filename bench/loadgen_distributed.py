@@ -113,16 +113,21 @@ def _vllm_accuracy(streams: int, rounds: int) -> str:
         )
 
 
-def _capacity(streams: int, client: int | str) -> tuple[str, Window]:
-    """Tokens per client CPU-second: one burst from a server streaming CAPACITY_TOKENS as fast as it can."""
+def _capacity(streams: int, client: int | str) -> tuple[str, Window, float]:
+    """Tokens per client CPU-second: one burst from a server streaming CAPACITY_TOKENS as fast as it can; and the
+    share of gaps that are 0 (tokens that came in one read with the one before: the more, the fewer reads)."""
     with SyntheticProcess("--ttft", "0", "--itl", "0", "--tokens", str(CAPACITY_TOKENS)) as server:
         if client == "vllm":
-            _result, window = vllm_bench(
+            result, window = vllm_bench(
                 server, concurrency=streams, prompts=streams, output_len=CAPACITY_TOKENS, timeout=1800
             )
-            return "vllm bench serve", window
-        _records, window = _servescope(server, streams, 1, CAPACITY_TOKENS, f"synthetic:16x{streams}", client)
-        return _label(client), window
+            gaps = content_aligned(result)[1]
+            label = "vllm bench serve"
+        else:
+            records, window = _servescope(server, streams, 1, CAPACITY_TOKENS, f"synthetic:16x{streams}", client)
+            gaps = [gap for r in records for gap in r["itl_s"]]
+            label = _label(client)
+    return label, window, (sum(1 for gap in gaps if gap == 0) / len(gaps) if gaps else math.nan)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,16 +177,24 @@ def main(argv: list[str] | None = None) -> int:
         f"completed stream; tokens = what the server streamed in it; CPU s = the client's process tree (master and "
         f"workers) user+system CPU in it. load average {os.getloadavg()[0]:.2f}"
     )
-    print(f"{'client':<26} {'conc':>5} {'tokens':>8} {'wall s':>8} {'tok/s':>9} {'CPU s':>7} {'tok/CPU-s':>10}")
+    print(
+        f"{'client':<26} {'conc':>5} {'tokens':>8} {'wall s':>8} {'tok/s':>9} {'CPU s':>7} {'tok/CPU-s':>10}  "
+        f"{'0 gaps':>6}"
+    )
     for streams in levels:
         for client in clients + (["vllm"] if with_vllm else []):
             try:
-                label, window = _capacity(streams, client)
+                label, window, zero = _capacity(streams, client)
             except RuntimeError as exc:
                 print(f"{client!s:<26} {streams:>5} failed: {exc}", flush=True)
                 failures += 1
                 continue
-            print(_window_row(label, streams, window), flush=True)
+            print(_window_row(label, streams, window, f"{zero:>6.3f}"), flush=True)
+    print(
+        "0 gaps: share of inter-token gaps that are 0 (a token read with the one before it). A client that falls "
+        "behind a server streaming as fast as it can reads many tokens per read and spends less CPU per token; "
+        "one that keeps up reads fewer per read"
+    )
     if with_vllm:
         print(
             "* vllm bench serve: TTFT and ITL under our definitions from its own per-request stamps (as in "

@@ -188,9 +188,8 @@ def run_headless(args: argparse.Namespace) -> int:
     environment = Environment(
         user_classes=list(USER_CLASSES.values()),
         events=Events(),
-        parsed_options=distributed.locust_options(http_client=args.http_client, headless=True)
-        if args.workers
-        else argparse.Namespace(http_client=args.http_client, headless=True),
+        # With workers, Locust's master also reads enable_rebalancing (off: loadgen/distributed.py decides).
+        parsed_options=argparse.Namespace(http_client=args.http_client, headless=True, enable_rebalancing=False),
     )
     run = LoadRun(phases, recorder, folder=folder, started_at=started_at)
     environment.servescope_run = run
