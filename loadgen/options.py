@@ -485,7 +485,23 @@ def add_command_options(parser: argparse.ArgumentParser, command: str) -> None:
         parser.add_argument(option.flag, **kwargs)
 
 
+def _empty_means_default(option: Option, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Compose sets every knob it passes, an unset one as "" (`${SLO_ATTAINMENT:-}`), and configargparse converts
+    the environment variable as given: empty means the knob's default there, as it does in .env."""
+
+    def check(text: str) -> Any:
+        if str(text).strip():
+            return convert(text)
+        default = option.default()
+        return None if default in (None, "") else convert(default)
+
+    return check
+
+
 def add_locust_options(parser) -> None:
     """Locust's parser (configargparse): the knob is also the environment variable, the web UI shows what it should."""
     for option in for_locust():
-        parser.add_argument(option.flag, env_var=option.knob, include_in_web_ui=option.web_ui, **option.kwargs())
+        kwargs = option.kwargs()
+        if option.type not in (None, str):
+            kwargs["type"] = _empty_means_default(option, option.type)
+        parser.add_argument(option.flag, env_var=option.knob, include_in_web_ui=option.web_ui, **kwargs)

@@ -166,6 +166,7 @@ def up(compare: bool = True, ready_timeout: float | None = None) -> int:
         _compose(["up", "-d", "--build", "--scale", f"locust-worker={workers}"]), env=env, cwd=knobs.REPO_ROOT
     )
     if code != 0:
+        explain_failures()
         raise StackError(f"`compose up` failed (exit {code}): see its output above")
     timeout = ready_timeout if ready_timeout is not None else float(env.get("VLLM_READY_TIMEOUT", "900"))
     wait_healthy(timeout)
@@ -251,11 +252,55 @@ def _service(container) -> str:
 def _health(container) -> str:
     """healthy/unhealthy/starting where a healthcheck exists, else running, or `exited (CODE)` for one-shot steps."""
     state = container.attrs.get("State", {})
+    if container.attrs.get("RestartCount", 0) >= CRASH_LOOP_RESTARTS:
+        return "crash loop"
     health = state.get("Health", {}).get("Status")
     if health:
         return health
     status = state.get("Status", "unknown")
     return f"exited ({state.get('ExitCode', '?')})" if status == "exited" else status
+
+
+# A service that died this many times since `up` is in a crash loop (restart: unless-stopped hides it as
+# "starting"): say so now rather than at VLLM_READY_TIMEOUT.
+CRASH_LOOP_RESTARTS = 3
+
+
+def _failed(health: str) -> bool:
+    return health in ("unhealthy", "dead", "crash loop") or health.startswith("exited (") and health != "exited (0)"
+
+
+def explain_failures(client=None, log_lines: int = 15) -> None:
+    """Each unhealthy or failed container's last health-check output and the tail of its log: the
+    container is gone after `make down`, and CI keeps only what was printed."""
+    import docker
+
+    own = client is None
+    try:
+        client = client or docker.from_env(timeout=10)
+        for container in _project_containers(client):
+            container.reload()
+            health = _health(container)
+            restarts = container.attrs.get("RestartCount", 0)
+            if not _failed(health) and not restarts:
+                continue
+            if restarts:
+                health = f"{health}, restarted {restarts} times"
+            checks = container.attrs.get("State", {}).get("Health", {}).get("Log") or []
+            if checks:
+                last = checks[-1]
+                output = " ".join(str(last.get("Output", "")).split())[:400]
+                say(f"compose: {_service(container)} {health}; last check exit {last.get('ExitCode')}: {output}")
+            else:
+                say(f"compose: {_service(container)} {health}")
+            tail = container.logs(tail=log_lines).decode("utf-8", "replace").rstrip()
+            for line in tail.splitlines():
+                say(f"  {_service(container)} | {line}")
+    except docker.errors.DockerException as exc:
+        say(f"compose: could not read the failed containers' state: {exc}")
+    finally:
+        if own and client is not None:
+            client.close()
 
 
 def wait_healthy(timeout: float, poll: float = 5.0) -> None:
@@ -271,12 +316,9 @@ def wait_healthy(timeout: float, poll: float = 5.0) -> None:
             for container in containers:
                 container.reload()
                 states[_service(container)] = _health(container)
-            failed = {
-                s: h
-                for s, h in states.items()
-                if h in ("unhealthy", "dead") or h.startswith("exited (") and h != "exited (0)"
-            }
+            failed = {s: h for s, h in states.items() if _failed(h)}
             if failed:
+                explain_failures(client)
                 raise StackError(f"unhealthy: {', '.join(sorted(failed))}: see `docker compose logs <service>`")
             waiting = {s: h for s, h in states.items() if h in ("starting", "created", "restarting")}
             if states and not waiting:

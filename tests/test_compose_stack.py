@@ -126,3 +126,72 @@ def test_first_stats_sample_has_no_cpu_delta():
     assert compose.cpu_percent(first) == 0.0
     cgroup_v1 = {"memory_stats": {"usage": 300, "limit": 1000, "stats": {"total_inactive_file": 100}}}
     assert compose.memory_usage(cgroup_v1) == (200, 1000)
+
+
+class Container:
+    """The docker SDK's Container as stack/compose.py reads it: labels, attrs["State"], reload(), logs(tail=)."""
+
+    def __init__(self, service: str, state: dict, log: bytes = b"", restarts: int = 0):
+        self.name = f"servescope-{service}"
+        self.labels = {"com.docker.compose.service": service}
+        self.attrs = {"State": state, "RestartCount": restarts}
+        self._log = log
+
+    def reload(self) -> None:
+        pass
+
+    def logs(self, tail: int) -> bytes:
+        return b"\n".join(self._log.splitlines()[-tail:])
+
+
+class Client:
+    def __init__(self, containers):
+        self.containers = self
+        self._containers = containers
+
+    def list(self, all: bool, filters: dict):  # noqa: A002 - the SDK's keyword
+        assert filters == {"label": f"com.docker.compose.project={compose.PROJECT}"}
+        return self._containers
+
+    def close(self) -> None:
+        pass
+
+
+def unhealthy_master() -> Container:
+    checks = [{"ExitCode": 1, "Output": "Traceback …\nTimeoutError: timed out\n"}]
+    log = b"".join(f"line {i}\n".encode() for i in range(40))
+    return Container("locust-master", {"Status": "running", "Health": {"Status": "unhealthy", "Log": checks}}, log)
+
+
+def test_a_failed_start_prints_each_failed_containers_last_check_and_log_tail(capsys):
+    healthy = Container("exporter", {"Status": "running", "Health": {"Status": "healthy", "Log": []}}, b"fine\n")
+    init = Container("model-init", {"Status": "exited", "ExitCode": 3}, b"no space left on device\n")
+    compose.explain_failures(Client([healthy, unhealthy_master(), init]), log_lines=5)
+    err = capsys.readouterr().out
+    assert "locust-master unhealthy; last check exit 1: Traceback … TimeoutError: timed out" in err
+    assert "locust-master | line 39" in err and "locust-master | line 35" in err
+    assert "line 34" not in err
+    assert "model-init exited (3)" in err and "model-init | no space left on device" in err
+    assert "exporter" not in err
+
+
+def test_wait_healthy_explains_an_unhealthy_service_before_failing(monkeypatch, capsys):
+    import docker
+
+    monkeypatch.setattr(docker, "from_env", lambda timeout: Client([unhealthy_master()]))
+    with pytest.raises(StackError, match="unhealthy: locust-master"):
+        compose.wait_healthy(timeout=60, poll=0)
+    assert "locust-master | line 39" in capsys.readouterr().out
+
+
+def test_a_crash_loop_fails_the_wait_at_once_with_the_last_error(monkeypatch, capsys):
+    import docker
+
+    # What CI met: locust-master exited 2 on a bad option, Docker restarted it, health said "starting".
+    log = b"locust: error: argument --slo-attainment: SLO attainment ''\n"
+    master = Container("locust-master", {"Status": "restarting", "Health": {"Status": "starting"}}, log, restarts=3)
+    monkeypatch.setattr(docker, "from_env", lambda timeout: Client([master]))
+    with pytest.raises(StackError, match="unhealthy: locust-master"):
+        compose.wait_healthy(timeout=3600, poll=0)
+    out = capsys.readouterr().out
+    assert "locust-master crash loop, restarted 3 times" in out and "--slo-attainment" in out

@@ -116,6 +116,9 @@ def test_the_form_opens_filled_in_from_environment_variables(server, tmp_path):
             "BURST_SIZE": "5",
             "LOADGEN_SCENARIO": "sweep",
             "LOADGEN_ENGINE": "llamacpp",
+            # Compose passes unset knobs as empty (`${SLO_ATTAINMENT:-}`): empty means the default, not an error.
+            "SLO_ATTAINMENT": "",
+            "SLO": "",
         },
     )
     try:
@@ -125,6 +128,7 @@ def test_the_form_opens_filled_in_from_environment_variables(server, tmp_path):
     extra = {name: option["default_value"] for name, option in args["extra_options"].items()}
     assert args["host"] == server.url and args["num_users"] == 5
     assert extra["scenario"] == "sweep" and extra["engine"] == "llamacpp"
+    assert extra["slo_attainment"] in (None, "") and extra["slo"] in (None, "")
 
 
 def test_swarm_with_custom_parameters_runs_the_chosen_engine_and_scenario(webui, server):

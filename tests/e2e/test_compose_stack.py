@@ -156,7 +156,8 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
         folder = RunFolder(sorted(p for p in results.iterdir() if (p / "manifest.json").exists())[-1])
         engines = {r.engine for r in folder.requests()}
         assert engines == ({"vllm", "llamacpp"} if with_vllm() else {"llamacpp"})
-        assert all(r.ok for r in folder.requests())
+        failed = [f"{r.engine} {r.phase}: {r.error}" for r in folder.requests() if not r.ok]
+        assert not failed, failed
         assert "scaling factor" in up.stdout.lower()
 
         # Prometheus saw the burst: the engine under load ran and queued (llama.cpp has one slot).
