@@ -85,8 +85,16 @@ def run_measured(
 
 
 def _cpu(proc: psutil.Popen) -> float:
+    """The client's CPU seconds: its own, its children's (load generator workers) and those of children it reaped."""
     times = proc.cpu_times()
-    return times.user + times.system
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in proc.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.Error:
+            continue  # gone between the listing and the reading
+        total += child_times.user + child_times.system
+    return total
 
 
 def loadgen_burst(
@@ -98,8 +106,11 @@ def loadgen_burst(
     http_client: str,
     prompts: str = "seed3",
     timeout: float = 600,
+    workers: int = 0,
+    warmup: int = 1,
 ) -> tuple[list[dict], dict, Window]:
-    """`python -m loadgen burst` against the server; returns raw records, phases and the traffic window."""
+    """`python -m loadgen burst` against the server (with `workers` worker processes); returns raw records, phases
+    and the traffic window."""
     with tempfile.TemporaryDirectory(prefix="servescope-bench-") as results:
         # The load generator ships geventhttpclient only: requests runs through the same CLI with it registered.
         entry = "bench.requests_transport" if http_client == requests_transport.NAME else "loadgen"
@@ -121,7 +132,7 @@ def loadgen_burst(
             "--http-client",
             http_client,
             "--warmup",
-            "1",
+            str(warmup),
             "--prompts",
             prompts,
             "--results",
@@ -132,6 +143,8 @@ def loadgen_burst(
             "0",
             "--quiet",
             "--no-ignore-eos",
+            "--workers",
+            str(workers),
         ]
         proc, window = run_measured(cmd, server, timeout)
         if proc.returncode != 0:
@@ -223,28 +236,40 @@ TTFT_S, ITL_S, TOKENS = 0.2, 0.02, 64
 PROMPTS = "synthetic:16x64"  # 64 distinct prompts: each request of a burst can be paired with the server's stream
 
 
-def _errors_vs_server(records: list[dict], server_url: str) -> tuple[list[float], list[float], list[float]]:
-    """Client error against what the server actually did, per request: TTFT vs (first write - arrival of the request's
-    bytes at the server's socket, the kernel's stamp), each gap vs the server's write-to-write gap. Also, per request, how
-    long the request's bytes waited before a server thread read them (the old truth started there and blamed the client)."""
-    texts = {p.id: p.text for p in prompt_sets.load(PROMPTS).prompts}
+def paired_streams(records: list[dict], server_url: str, prompts: str = PROMPTS) -> list[tuple[dict, dict]]:
+    """Each ok record with the server's stream that served it: the same prompt, in order (the warm-up came first),
+    as many content chunks written as the client counted."""
+    texts = {p.id: p.text for p in prompt_sets.load(prompts).prompts}
     streams = requests.get(f"{server_url}/stats/streams", timeout=30).json()["streams"]
     by_prompt: dict[str, list[dict]] = {}
     for stream in streams:
         by_prompt.setdefault(stream["prompt"], []).append(stream)
-    ttft_err, itl_err, queued = [], [], []
+    by_id: dict[str, list[dict]] = {}
+    for record in records:
+        if record["ok"]:
+            by_id.setdefault(record["prompt_id"], []).append(record)
+    pairs = []
     for prompt_id, text in texts.items():
-        mine = sorted((r for r in records if r["prompt_id"] == prompt_id and r["ok"]), key=lambda r: r["started_at"])
+        mine = sorted(by_id.get(prompt_id, []), key=lambda r: r["started_at"])
         theirs = sorted(by_prompt.get(text, []), key=lambda s: s["t_arrival"])
         theirs = theirs[len(theirs) - len(mine) :] if len(theirs) >= len(mine) else []  # the warm-up came first
-        for record, stream in zip(mine, theirs, strict=False):
-            writes = stream["writes"]
-            if len(writes) != record["content_chunks"]:
-                continue
-            ttft_err.append((record["ttft_s"] - (writes[0] - stream["t_arrival"])) * 1000)
-            queued.append((stream["t_request_line"] - stream["t_arrival"]) * 1000)
-            server_gaps = [b - a for a, b in zip(writes, writes[1:], strict=False)]
-            itl_err.extend((c - s) * 1000 for c, s in zip(record["itl_s"], server_gaps, strict=False))
+        pairs += [(r, s) for r, s in zip(mine, theirs, strict=False) if len(s["writes"]) == r["content_chunks"]]
+    return pairs
+
+
+def errors_vs_server(
+    records: list[dict], server_url: str, prompts: str = PROMPTS
+) -> tuple[list[float], list[float], list[float]]:
+    """Client error against what the server actually did, per request: TTFT vs (first write - arrival of the request's
+    bytes at the server's socket, the kernel's stamp), each gap vs the server's write-to-write gap. Also, per request, how
+    long the request's bytes waited before a server thread read them (the old truth started there and blamed the client)."""
+    ttft_err, itl_err, queued = [], [], []
+    for record, stream in paired_streams(records, server_url, prompts):
+        writes = stream["writes"]
+        ttft_err.append((record["ttft_s"] - (writes[0] - stream["t_arrival"])) * 1000)
+        queued.append((stream["t_request_line"] - stream["t_arrival"]) * 1000)
+        server_gaps = [b - a for a, b in zip(writes, writes[1:], strict=False)]
+        itl_err.extend((c - s) * 1000 for c, s in zip(record["itl_s"], server_gaps, strict=False))
     return ttft_err, itl_err, queued
 
 
@@ -253,7 +278,7 @@ def _errors_ms(values: list[float], truth: float) -> tuple[float, float]:
     return (statistics.median(errors), percentile(errors, 0.99)) if errors else (float("nan"), float("nan"))
 
 
-def _row(
+def accuracy_row(
     client: str,
     concurrency: int,
     n: int,
@@ -261,9 +286,11 @@ def _row(
     itls: list[float],
     server: dict,
     vs_server: tuple[list[float], list[float], list[float]] | None = None,
+    truth: tuple[float, float] = (TTFT_S, ITL_S),
 ) -> str:
-    t_med, t_p99 = _errors_ms(ttfts, TTFT_S)
-    i_med, i_p99 = _errors_ms(itls, ITL_S)
+    """One table row; `truth` is the server's configured TTFT and ITL (s)."""
+    t_med, t_p99 = _errors_ms(ttfts, truth[0])
+    i_med, i_p99 = _errors_ms(itls, truth[1])
     if vs_server and vs_server[0]:
         ttft_err, itl_err, queued = vs_server
         exact = (
@@ -322,14 +349,14 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 ok = [r for r in records if r["ok"]]
                 print(
-                    _row(
+                    accuracy_row(
                         f"servescope/{client}"[:18],
                         concurrency,
                         len(ok),
                         [r["ttft_s"] for r in ok],
                         [gap for r in ok for gap in r["itl_s"]],
                         server.stats(),
-                        _errors_vs_server(ok, server.url),
+                        errors_vs_server(ok, server.url),
                     ),
                     flush=True,
                 )
@@ -345,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 ttfts, itls = content_aligned(result)
                 print(
-                    _row("vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()),
+                    accuracy_row(
+                        "vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()
+                    ),
                     flush=True,
                 )
     if with_vllm:

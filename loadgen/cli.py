@@ -17,7 +17,7 @@ import gevent
 from gevent.event import Event
 
 from loadgen import client as llm
-from loadgen import options, trials
+from loadgen import distributed, options, trials
 from loadgen.annotations import PhaseAnnotator
 from loadgen.commands import USAGE_ERRORS, UsageError, build_parser, prepare
 from loadgen.client_metrics import ClientMetrics
@@ -145,6 +145,7 @@ def run_headless(args: argparse.Namespace) -> int:
     used_sets = {prompt_set.name: prompt_set}
     for phase in phases:
         used_sets.setdefault(phase.settings.prompt_set.name, phase.settings.prompt_set)
+    fleet: distributed.Fleet | None = None  # --workers N: the worker processes and their coordinator
     flags = {k: v for k, v in vars(args).items() if k not in ("engine", "model", "quiet")}
     flags["ignore_eos"] = not args.no_ignore_eos
     retries = getattr(args, "noise_retries", 0)
@@ -176,6 +177,7 @@ def run_headless(args: argparse.Namespace) -> int:
                 ended_at=ended_at,
                 phases=[p.title for p in phases],
                 trials=trial_notes,
+                workers=fleet.coordinator.describe() if fleet is not None else None,
             )
         )
 
@@ -186,16 +188,30 @@ def run_headless(args: argparse.Namespace) -> int:
     environment = Environment(
         user_classes=list(USER_CLASSES.values()),
         events=Events(),
-        parsed_options=argparse.Namespace(http_client=args.http_client, headless=True),
+        # With workers, Locust's master also reads enable_rebalancing (off: loadgen/distributed.py decides).
+        parsed_options=argparse.Namespace(http_client=args.http_client, headless=True, enable_rebalancing=False),
     )
-    runner = environment.create_local_runner()
     run = LoadRun(phases, recorder, folder=folder, started_at=started_at)
     environment.servescope_run = run
+    if args.workers:
+        try:
+            fleet = distributed.Fleet(
+                environment,
+                args.workers,
+                folder.path / distributed.WORKERS_LOG,
+                say=recorder.line,
+                warn=lambda text: print(f"loadgen: {text}", file=sys.stderr, flush=True),
+            )
+            fleet.send_plan(args, targets)
+            fleet.coordinator.attach(run)
+        except distributed.FleetError as exc:
+            run.abort(str(exc))
+    runner = fleet.runner if fleet is not None else environment.create_local_runner()
     annotator = PhaseAnnotator(args.grafana_url)
     status = "complete"
     try:
         for phase in phases:  # a retry is inserted right after the phase it repeats
-            if interrupted.is_set():
+            if interrupted.is_set() or run.aborted.is_set():
                 break
             target = phase.settings.target
             isolation.focus(target)
@@ -216,7 +232,11 @@ def run_headless(args: argparse.Namespace) -> int:
             keeper.begin(target)
             run.advance()
             sampler.start(phase.title)
+            if fleet is not None:
+                fleet.coordinator.prepare(phase)
             runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
+            if fleet is not None:
+                fleet.coordinator.start(phase)  # each worker's part of it, once every worker's users are in
             gevent.wait([phase.done, interrupted, run.aborted], count=1)
             if interrupted.is_set() or run.aborted.is_set():
                 # Users stop first, mid-stream (each writes its partial record): the sampler's last read can take
@@ -248,13 +268,18 @@ def run_headless(args: argparse.Namespace) -> int:
         elif interrupted.is_set():
             status = "interrupted"
             runner.stop()  # kills users mid-stream: each writes its partial record as "interrupted"
+        if fleet is not None and status != "complete":
+            fleet.coordinator.drain()  # the workers' interrupted records
         # Close the last phase (its PhaseRecords; an interrupted one keeps what finished); skip what never started.
         run.finish()
     finally:
         isolation.release()
         sampler.close()
         runner.stop()
-        runner.quit()
+        if fleet is not None:
+            fleet.close()  # after its last records, before the folder is finished
+        else:
+            runner.quit()
         if recorder.failure is None:  # a folder that refused a record would refuse these too
             try:
                 write_locust_outputs(environment, folder.path)

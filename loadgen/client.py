@@ -72,6 +72,7 @@ class ErrorKind(enum.StrEnum):
     MALFORMED_CHUNK = "malformed_chunk"
     ENGINE_ERROR = "engine_error"
     INTERRUPTED = "interrupted"
+    WORKER_LOST = "worker_lost"  # its load generator worker process died or went silent with it in flight
     OTHER = "other_error"
 
 

@@ -90,10 +90,32 @@ def prepare(args: argparse.Namespace) -> Plan:
         raise UsageError("knee searches one engine at a time: give one --engine")
     prompt_set = prompt_sets.load(args.prompts)
     workloads.check(args.command, prompt_set, getattr(args, "bursts", 1))
+    if getattr(args, "workers", 0):
+        _check_workers(args, prompt_set)
     # The trials' rules are knobs: a bad one is one line now, not a traceback after the first phase.
     WarmupRule.current()
     NoiseRule.current()
     return Plan(targets, prompt_set, _phases(args, targets, prompt_set), _models(args.model))
+
+
+def _check_workers(args: argparse.Namespace, prompt_set: PromptSet) -> None:
+    """What worker processes cannot share: each builds the master's phases once, and holds its own conversations."""
+    from loadgen.workloads.conversation import ConversationSet
+
+    if isinstance(prompt_set, ConversationSet):
+        raise UsageError(
+            f"--workers: the conversations of {prompt_set.name} are held in one process (each turn carries its "
+            f"history): run it without --workers"
+        )
+    if args.command == "knee":
+        raise UsageError(
+            "--workers: the knee picks each load from the last one's results, in one process: run it without --workers"
+        )
+    if getattr(args, "noise_retries", 0):
+        raise UsageError(
+            "--workers: a noisy phase's retry is decided by the master alone, after the workers built their phases: "
+            "set LOADGEN_NOISE_RETRIES=0 (or --noise-retries 0)"
+        )
 
 
 def _models(specs: list[str]) -> dict[str, str]:

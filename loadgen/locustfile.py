@@ -19,7 +19,6 @@ from locust.exception import InterruptTaskSet, RescheduleTask, RescheduleTaskImm
 from locust.runners import MasterRunner, WorkerRunner
 
 import functools
-import json
 import sys
 import time
 
@@ -28,22 +27,23 @@ import gevent.pool
 from greenlet import GreenletExit
 
 from loadgen import client as llm
+from loadgen import distributed
 from loadgen import options as option_table
 from loadgen import prompts as prompt_sets
 from loadgen import workloads
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
-from loadgen.recorder import RECORD_MESSAGE, ForwardingRecorder, Recorder
-from loadgen.scenarios import ClosedLoopPhase, LoadRun, RatePhase, Settings, build_phases
+from loadgen.recorder import Recorder
+from loadgen.scenarios import LoadRun, RatePhase, Settings, build_phases
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
+from loadgen.workloads.conversation import ConversationSet
 from servescope import knobs, slo
 from servescope.runfolder import RequestRecord, RunFolder
 from servescope.sampler import Sampler
 from servescope.urls import redact
 
-PHASE_MESSAGE = "servescope_phase"  # master -> workers: index of the phase now current
-CLOCK_CHECK_S = 0.1  # how soon the master starts a timed step's clock once its users are sent
+DISPATCH_CHECK_S = 0.05  # how often the master looks whether the load shape has sent a phase's users
 
 
 @events.init_command_line_parser.add_listener
@@ -131,6 +131,8 @@ class LLMUser(User):
                 response=None,
             )
 
+        run: LoadRun = self.environment.servescope_run
+        key = run.recorder.begin(phase, work)  # before the send: a distributed master counts it in flight
         holder: list[llm.Measurement] = []
         interrupted = None
         try:
@@ -200,9 +202,8 @@ class LLMUser(User):
             url=redact(target.url) + target.chat_path,
             response=None,
         )
-        run: LoadRun = self.environment.servescope_run
         try:
-            run.recorder.request(record)
+            run.recorder.request(record, key)
         finally:
             phase.finished(work, record, elapsed)  # whatever happened to the record, the phase can end
         if interrupted is not None:
@@ -268,7 +269,7 @@ class RateUser(LLMUser):
     def arrivals(self) -> None:
         run: LoadRun | None = getattr(self.environment, "servescope_run", None)
         phase = run.phase if run is not None else None
-        if not isinstance(phase, RatePhase):
+        if not isinstance(phase, RatePhase) or phase.scheduling:  # one schedule per process: the others wait
             if run is None:
                 gevent.sleep(0.2)
             else:
@@ -304,6 +305,9 @@ def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
     target = parse_engine(f"{options.engine}={url}", ignore_eos=not options.no_ignore_eos)
     prompt_set = prompt_sets.load(options.prompts)
     workloads.check(options.scenario, prompt_set)
+    if isinstance(environment.runner, MasterRunner) and isinstance(prompt_set, ConversationSet):
+        # loadgen/distributed.py splits users, bursts and schedules; a conversation's history lives in one process.
+        raise ValueError(f"the conversations of {prompt_set.name} are held in one process: run them without workers")
     settings = Settings(
         target=probe(target, options.model or None),
         prompt_set=prompt_set,
@@ -316,8 +320,6 @@ def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
         build_phases(options.scenario, settings, options),
         recorder,
         folder=folder,
-        # A distributed master hears of late records after a phase moved on: it writes PhaseRecords at the end.
-        emit_on_advance=not isinstance(environment.runner, MasterRunner),
     )
 
 
@@ -326,6 +328,7 @@ def _write_manifest(environment, run: LoadRun, status: str) -> None:
     settings = run.phases[0].settings if run.phases else None
     flags = {o.dest: getattr(options, o.dest, None) for o in option_table.for_locust()}
     flags["driver"] = "locust-web-ui" if not options.headless else "locust-headless"
+    coordinator: distributed.Coordinator | None = getattr(environment, "servescope_coordinator", None)
     run.folder.write_manifest(
         build_manifest(
             command="locust -f loadgen/locustfile.py",
@@ -337,6 +340,7 @@ def _write_manifest(environment, run: LoadRun, status: str) -> None:
             status=status,
             ended_at=None if status == "running" else time.time(),
             phases=[p.name for p in run.phases],
+            workers=coordinator.describe() if coordinator is not None else None,
         )
     )
 
@@ -366,26 +370,26 @@ class ScenarioShape(LoadTestShape):
 
 
 def _conduct(environment, run: LoadRun) -> None:
-    """On the master (or a single process): each phase in turn until it is done; workers hear of each change."""
-    master = isinstance(environment.runner, MasterRunner)
+    """On the master (or a single process): each phase in turn until it is done.
+
+    With workers, loadgen/distributed.py starts each phase on all of them once the shape has sent its users, and
+    ends it when every worker's part is over (a timed step by the master's clock)."""
+    coordinator: distributed.Coordinator | None = getattr(environment, "servescope_coordinator", None)
     while True:
         phase = run.advance()
-        if master:
-            environment.runner.send_message(PHASE_MESSAGE, run.index)
         if phase is None:
+            if coordinator is not None:
+                coordinator.finish()
             return
-        timed = master and isinstance(phase, ClosedLoopPhase)  # the master's clock ends the step for every worker
         sampler: Sampler | None = getattr(environment, "servescope_sampler", None)
         if sampler is not None:
             sampler.start(phase.title)  # the engine's gauges into samples.jsonl, as a headless run has them
-        while not phase.done.wait(timeout=CLOCK_CHECK_S if timed and phase.t_start is None else 1.0):
-            if not timed:
-                continue
-            if phase.t_start is None and _dispatched(environment.runner, phase):
-                phase.start_clock()  # from the moment the shape has sent the step's users, not before
-            left = phase.time_left()
-            if left is not None and left <= 0:
-                phase.finish_now()
+        if coordinator is not None:
+            coordinator.prepare(phase)
+            while not _dispatched(environment.runner, phase):
+                gevent.sleep(DISPATCH_CHECK_S)
+            coordinator.start(phase)
+        phase.done.wait()
         if sampler is not None:
             sampler.stop()
         if phase.planner is not None and run.folder is not None:  # the knee: the next load from this one's results
@@ -430,14 +434,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
         print(f"loadgen: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
     if isinstance(runner, WorkerRunner):
-
-        def follow_phase(msg, **_kw):
-            run = getattr(environment, "servescope_run", None)
-            if run is not None:
-                while run.index < int(msg.data) and not run.finished:
-                    run.advance()
-
-        runner.register_message(PHASE_MESSAGE, follow_phase)
+        environment.servescope_agent = distributed.WorkerAgent(runner)
         return
     # The form, filled in: Host = the engine's URL, Number of users = the burst size; a phase starts its users at
     # once, so the ramp-up shows the same number.
@@ -459,18 +456,7 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
                 file=sys.stderr,
             )
     if isinstance(runner, MasterRunner):
-
-        def store_record(msg, **_kw):
-            run = getattr(environment, "servescope_run", None)
-            if run is None:
-                return
-            record = RequestRecord.from_dict(json.loads(msg.data))
-            run.recorder.request(record)
-            phase = run.phase_named(record.phase)
-            if phase is not None:
-                phase.add_worker_record(record)
-
-        runner.register_message(RECORD_MESSAGE, store_record)
+        environment.servescope_coordinator = distributed.Coordinator(runner, print)
 
 
 @events.test_start.add_listener
@@ -479,12 +465,9 @@ def _on_test_start(environment, **_kwargs) -> None:
         return
     options = environment.parsed_options
     if isinstance(environment.runner, WorkerRunner):
-        runner = environment.runner
-        run = _new_run(environment, ForwardingRecorder(runner))
-        # This worker's share of each user class, as the master dispatched it (known once its users are spawned).
-        run.follow_master(lambda user_class: runner.target_user_classes_count.get(user_class, 0))
-        # The master's "phase 0" message came before this run existed: start on the first phase.
-        run.advance()
+        # Its phases start when the master says (distributed.WorkerAgent), each with this worker's part of it.
+        run = _new_run(environment, environment.servescope_agent.recorder())
+        environment.servescope_agent.attach(run)
         environment.servescope_run = run
         return
     if options.scenario == "burst" and options.num_users:
@@ -506,6 +489,9 @@ def _on_test_start(environment, **_kwargs) -> None:
         if options.headless:
             environment.process_exit_code = 2
         return
+    coordinator = getattr(environment, "servescope_coordinator", None)
+    if coordinator is not None:
+        coordinator.attach(run)  # the workers' records go to this run from now on
     _write_manifest(environment, run, "running")
     recorder.line(f"run folder: {folder.path}")
     target = run.phases[0].settings.target if run.phases else None

@@ -49,6 +49,7 @@ def build(
     ended_at: float | None = None,
     phases: list[str] | None = None,
     trials: dict[str, Any] | None = None,
+    workers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Everything a report needs to say what was run where; status is running -> complete | interrupted."""
     from locust import __version__ as locust_version
@@ -83,5 +84,7 @@ def build(
         "machine": machine(),
         "locust_version": locust_version,
     }
+    if workers is not None:  # load from several processes: each one's pid, host, clock offset and bound, fate
+        manifest["workers"] = workers
     # Prompts are stored as sent (their sha256 is of this text): everything else is redacted.
     return {k: v if k == "prompt_sets" else _redacted(v) for k, v in manifest.items()}

@@ -59,6 +59,7 @@ positive_rate = bounded(float, "a number of arrivals per second > 0", 0, above=T
 speed = bounded(float, "a speed-up factor > 0 (1: the trace's own times)", 0, above=True)
 temperature = bounded(float, "a temperature >= 0", 0)
 port = bounded(int, "a port from 0 (off) to 65535", 0, 65535)
+workers = bounded(int, "a whole number of worker processes from 0 (one process) to 64", 0, 64)
 # The sequential queue holds passes x prompts up front: a bound keeps it in memory.
 repeats = bounded(int, "a whole number of passes from 1 to 100000", 1, 100_000)
 repetitions = bounded(int, "a whole number of repetitions from 1 to 1000", 1, 1000)
@@ -355,6 +356,14 @@ OPTIONS: tuple[Option, ...] = (
         "the HTTP client requests go through",
         knob="LOADGEN_HTTP_CLIENT",
         web_ui=False,
+    ),
+    Option(
+        "--workers",
+        "worker processes sharing the load under this one (one run folder, one burst barrier, one clock)",
+        knob="LOADGEN_WORKERS",
+        type=workers,
+        metavar="N",
+        locust=False,
     ),
     Option(
         "--results",

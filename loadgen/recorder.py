@@ -12,8 +12,6 @@ from loadgen.client_metrics import ClientMetrics
 from servescope import hostnoise
 from servescope.runfolder import PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder
 
-RECORD_MESSAGE = "servescope_record"  # worker -> master: one RequestRecord as JSON
-
 
 class Recorder:
     """Appends each record as it finishes. A run folder that stops taking writes (permissions, a full disk) ends
@@ -50,7 +48,12 @@ class Recorder:
         if self.out is not None:
             print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
 
-    def request(self, record: RequestRecord) -> None:
+    def begin(self, phase, work):
+        """A request is about to be sent; what comes back goes with its record to request() (a distributed
+        worker's key for it: loadgen/distributed.py)."""
+        return None
+
+    def request(self, record: RequestRecord, key=None) -> None:
         self._append(lambda: self.folder.append_request(record), REQUESTS)
         if self.metrics is not None:
             self.metrics.observe(record)
@@ -83,18 +86,3 @@ class Recorder:
     def users(self, engine: str, scenario: str, users: int) -> None:
         if self.metrics is not None:
             self.metrics.set_users(engine, scenario, users)
-
-
-class ForwardingRecorder(Recorder):
-    """On a distributed worker: records go to the master, which owns the run folder and the metrics."""
-
-    def __init__(self, runner, out: TextIO | None = sys.stdout):
-        super().__init__(folder=None, metrics=None, out=out)
-        self.runner = runner
-
-    def request(self, record: RequestRecord) -> None:
-        self.runner.send_message(RECORD_MESSAGE, record.to_json())
-        super().request(record)
-
-    def phase(self, record: PhaseRecord) -> None:
-        pass  # phases are timed by the master's load shape

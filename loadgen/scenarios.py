@@ -8,7 +8,7 @@ iteration: sends go out within a millisecond or two, where `curl ... &` spawns p
 
 from __future__ import annotations
 
-import functools
+import math
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +46,17 @@ class Work:
     scheduled_at: float | None = None  # open loop: epoch seconds the schedule said to send it
 
 
+@dataclass
+class Share:
+    """A distributed worker's part of a phase, set by loadgen/distributed.py when the master starts the phase."""
+
+    users: int  # this worker's users of the phase
+    first: int = 0  # burst: the first prompt of its users (the users of the workers before it); else its place
+    stride: int = 1  # workers sharing a closed-loop or open-loop phase: each takes every stride-th prompt / arrival
+    requests: int | None = None  # closed loop: its quota (requests per user x its users); None: until told to stop
+    hold: Callable[[int], None] | None = None  # burst: returns when the master releases round N on every worker
+
+
 class _Span:
     """First send and last finish of a group of requests (a phase or one burst round)."""
 
@@ -77,7 +88,7 @@ class Phase:
         self.spans: dict[str, _Span] = {}
         self.emitted: set[str] = set()
         self.recorder = None  # where PhaseRecords go, from begin()
-        self.received = 0  # records from distributed workers (on the master)
+        self.share: Share | None = None  # on a distributed worker: this process's part (None: all of it)
         self.sessions: int | None = users  # conversations a conversation set keeps open at once (None: open loop)
         self._source = None
 
@@ -113,18 +124,10 @@ class Phase:
         """Widen the span of the record's phase (or burst round)."""
         self.spans.setdefault(record.phase, _Span()).add(record, elapsed_s)
 
-    def expected_requests(self) -> int | None:
-        """How many requests the phase sends in all, when that is known up front (not for timed phases)."""
-        return None
-
     def add_worker_record(self, record: RequestRecord) -> None:
-        """On a distributed master, which sends nothing itself: a record a worker measured; the last one ends a
-        phase of known size."""
+        """On a distributed master, which sends nothing itself: a record a worker measured (loadgen/distributed.py
+        ends the phase when every worker says its part is over)."""
         self.add_record(record, record.e2e_s or 0.0)
-        self.received += 1
-        expected = self.expected_requests()
-        if expected is not None and self.received >= expected:
-            self.done.set()
 
     def _check_done(self) -> None:
         if self.exhausted() and self.in_flight == 0:
@@ -132,10 +135,6 @@ class Phase:
 
     def exhausted(self) -> bool:
         raise NotImplementedError
-
-    def finish_now(self) -> None:
-        """The time-based end as seen by a process that sends no requests itself (the distributed master)."""
-        self.done.set()
 
     def emit(self, names: list[str] | None = None) -> None:
         """Write the PhaseRecords of finished spans (each once)."""
@@ -206,9 +205,6 @@ class SequentialPhase(Phase):
     def exhausted(self) -> bool:
         return self.issued >= self.count
 
-    def expected_requests(self) -> int:
-        return self.count
-
 
 class BurstPhase(Phase):
     """SIZE users released at the same instant, all awaited, ROUNDS times with PAUSE between (the seed's `&` + `wait`)."""
@@ -233,37 +229,41 @@ class BurstPhase(Phase):
         self.next_index = 0
         self.gate = Event()
         self.last_round_end: float | None = None
-        # On a distributed worker only some of the SIZE users run here: the barrier waits for those (a callable,
-        # since the master's split is known once the users are dispatched).
-        self.local_users: Callable[[], int] | None = None
 
-    def expected_requests(self) -> int:
-        return self.size * self.rounds
+    def round_name(self, round_no: int) -> str:
+        """The recorded phase of round `round_no` (1-based): burst-1, burst-2, ... ("burst-1#2" in a repetition)."""
+        return self.label(f"{self.name}-{round_no}")
 
     def barrier(self) -> int:
-        """How many users a round waits for in this process."""
-        return self.size if self.local_users is None else max(1, min(self.size, self.local_users()))
+        """How many users a round waits for in this process (on a distributed worker: the ones that run here)."""
+        return self.size if self.share is None else max(1, min(self.size, self.share.users))
 
     def next_work(self) -> Work | None:
         if self.round >= self.rounds:
             return None
         round_no = self.round
         self.arrived += 1
-        if self.arrived < self.barrier():
+        # Users arrive once their request of the last round is over. On a distributed worker Locust may add users
+        # mid-phase (a lost worker's, handed over): one of those arriving early must not release a round that
+        # still has requests in flight.
+        if self.arrived < self.barrier() or self.in_flight > 0:
             self.gate.wait()
         else:
             # The last user in: every request of the previous round has finished (all users are here).
-            if round_no > 0 and self.pause_s > 0:
-                gevent.sleep(max(0.0, self.last_round_end + self.pause_s - time.monotonic()))
             self.arrived = 0
+            if self.share is not None and self.share.hold is not None:
+                self.share.hold(round_no + 1)  # and every other worker's users: the master releases (and pauses)
+            elif round_no > 0 and self.pause_s > 0:
+                gevent.sleep(max(0.0, self.last_round_end + self.pause_s - time.monotonic()))
             self.next_index = 0
             self.round += 1
             gate, self.gate = self.gate, Event()
             gate.set()  # waiters wake in arrival order, all in this hub iteration
-        index = self.next_index
+        # A distributed worker's users take the prompts after the users of the workers before it: the matched set.
+        index = self.next_index + (self.share.first if self.share is not None else 0)
         self.next_index += 1
         self.in_flight += 1
-        return Work(self.settings.prompt_set[index], self.label(f"{self.name}-{round_no + 1}"), arrival_index=index)
+        return Work(self.settings.prompt_set[index], self.round_name(round_no + 1), arrival_index=index)
 
     def finished(self, work: Work, record: RequestRecord, elapsed_s: float) -> None:
         self.last_round_end = time.monotonic()
@@ -305,7 +305,8 @@ class ClosedLoopPhase(Phase):
             self.closed = True
             self._check_done()
             return None
-        work = Work(self.settings.prompt_set[self.issued], self.name)
+        share = self.share or Share(self.users)
+        work = Work(self.settings.prompt_set[share.first + self.issued * share.stride], self.name)
         self.issued += 1
         self.in_flight += 1
         return work
@@ -313,13 +314,21 @@ class ClosedLoopPhase(Phase):
     def exhausted(self) -> bool:
         if self.closed:
             return True
-        if self.max_requests is not None and self.issued >= self.max_requests:
+        # A distributed worker sends its quota, or until the master's clock ends the phase for every worker.
+        limit = self.max_requests if self.share is None else self.share.requests
+        if limit is not None and self.issued >= limit:
             return True
         return (
-            self.duration_s is not None
+            self.share is None
+            and self.duration_s is not None
             and self.t_start is not None
             and time.monotonic() - self.t_start >= self.duration_s
         )
+
+    def stop(self) -> None:
+        """No more requests: the master's clock ended the step on every worker (in-flight ones finish)."""
+        self.closed = True
+        self._check_done()
 
     def time_left(self) -> float | None:
         if self.duration_s is None or self.t_start is None:
@@ -332,6 +341,7 @@ class RatePhase(Phase):
 
     scenario = "rate"
     user_class = "RateUser"
+    scheduling = False  # its schedule has started in this process (one per process, whatever its rate users)
 
     def __init__(
         self,
@@ -356,7 +366,7 @@ class RatePhase(Phase):
         self.duration_s, self.max_requests = duration_s, requests
         self.max_in_flight = max_in_flight
         self.rng = random.Random(seed)
-        self.issued = 0
+        self.issued = 0  # arrivals of the schedule so far (on a distributed worker, every worker's)
         self.stopped = False
         self.slot_free = Event()
 
@@ -365,7 +375,15 @@ class RatePhase(Phase):
 
         Each work carries that instant (`scheduled_at`, epoch seconds): when the client falls behind (its own
         in-flight ceiling, a busy CPU), the send comes later than the schedule and the report counts the wait.
+
+        On a distributed worker every worker draws the whole schedule (same seed, same start: the master's
+        release) and sends every stride-th arrival from its place, so together they send the one schedule.
         """
+        if self.scheduling:
+            return  # one schedule per process, whatever number of rate users it was given
+        self.scheduling = True
+        share = self.share or Share(1)
+        max_in_flight = math.ceil(self.max_in_flight / share.stride)
         t0 = time.monotonic()
         epoch0 = time.time()
         due = t0
@@ -374,19 +392,19 @@ class RatePhase(Phase):
                 break
             if self.duration_s is not None and due - t0 >= self.duration_s:
                 break
-            gevent.sleep(max(0.0, due - time.monotonic()))
-            while self.in_flight >= self.max_in_flight:  # the client's own ceiling: bounded memory
-                self.slot_free.clear()
-                self.slot_free.wait(1.0)
-            work = Work(
-                self.settings.prompt_set[self.issued],
-                self.name,
-                arrival_index=self.issued,
-                scheduled_at=epoch0 + (due - t0),
-            )
+            if self.issued % share.stride == share.first:
+                gevent.sleep(max(0.0, due - time.monotonic()))
+                while self.in_flight >= max_in_flight:  # the client's own ceiling: bounded memory
+                    self.slot_free.clear()
+                    self.slot_free.wait(1.0)
+                self.in_flight += 1
+                yield Work(
+                    self.settings.prompt_set[self.issued],
+                    self.name,
+                    arrival_index=self.issued,
+                    scheduled_at=epoch0 + (due - t0),
+                )
             self.issued += 1
-            self.in_flight += 1
-            yield work
             due += self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
         self.stopped = True
         self._check_done()
@@ -414,14 +432,11 @@ class LoadRun:
         *,
         folder: RunFolder | None = None,
         started_at: float | None = None,
-        emit_on_advance: bool = True,
     ):
         self.phases = phases
         self.recorder = recorder
         self.folder = folder  # the run folder this process writes (None on a distributed worker)
         self.started_at = time.time() if started_at is None else started_at
-        # A distributed master hears of late records after a phase moved on: it writes PhaseRecords at the end.
-        self.emit_on_advance = emit_on_advance
         self.index = -1
         self.changed = Event()
         self.closed = False  # its folder is finished: manifest, Locust's files
@@ -467,8 +482,7 @@ class LoadRun:
     def _close_current(self) -> Phase | None:
         current = self.phase
         if current is not None:
-            if self.emit_on_advance:
-                current.emit()
+            current.emit()
             if isinstance(current, RatePhase):
                 current.stopped = True
             if isinstance(current, ClosedLoopPhase):
@@ -485,15 +499,6 @@ class LoadRun:
             if name == phase.name or name.startswith(phase.name + "-"):
                 return phase
         return None
-
-    def follow_master(self, local_users: Callable[[str], int]) -> None:
-        """On a distributed worker: phases end when the master says so, not by a local clock, and a burst's barrier
-        waits for the users of its user class that run here (`local_users(class name)`)."""
-        for phase in self.phases:
-            if isinstance(phase, ClosedLoopPhase):
-                phase.duration_s, phase.max_requests = None, None
-            if isinstance(phase, BurstPhase):
-                phase.local_users = functools.partial(local_users, phase.user_class)
 
     def wait_for_change(self, timeout: float = 1.0) -> None:
         self.changed.wait(timeout)

@@ -6,6 +6,7 @@ results/<run-id>/
   phases.jsonl      one PhaseRecord per load phase (sequential pass, burst k, ramp step, sweep level), with its
                     repetition, attempt and the host's noise while it ran (see PhaseRecord)
   locust_*.csv, locust.html   Locust's own stats (rounded by Locust: never the source of a reported number)
+  workers.log       `python -m loadgen ... --workers N`: what its worker processes printed
   report.md / report.html / report.json / *.png   written by `make report`
 
 All durations are seconds (float); wall-clock instants are Unix epoch seconds; engine-native
@@ -73,6 +74,7 @@ class RequestRecord:
     # Prompt tokens the engine took from its cache: llama.cpp's timings.cache_n, or usage.prompt_tokens_details.
     # cached_tokens (llama.cpp; vLLM started with --enable-prompt-tokens-details). None: the engine did not say.
     cached_tokens: int | None = None
+    worker: int | None = None  # the load generator worker process that sent it (--workers, Locust workers); None: one
 
     def to_json(self) -> str:
         # Not asdict(): it deep-copies itl_s one float at a time (12 ms for a 4000-token record).
@@ -328,6 +330,7 @@ REQUEST_FIELDS = (
     Field("history_messages", "int"),
     Field("history_tokens", "int"),
     Field("cached_tokens", "int"),
+    Field("worker", "int"),
 )
 PHASE_FIELDS = (
     Field("engine", "str", required=True),

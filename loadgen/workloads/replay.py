@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 
 import gevent
 from gevent.event import Event
 
-from loadgen.scenarios import Phase, RatePhase, Settings, Work
+from loadgen.scenarios import Phase, RatePhase, Settings, Share, Work
 
 
 class ReplayPhase(RatePhase):
@@ -37,18 +38,28 @@ class ReplayPhase(RatePhase):
         self.slot_free = Event()
 
     def arrivals(self) -> Iterator[Work]:
-        """Request k at start + offset_k / speed: a late send never moves the ones after it (absolute schedule)."""
+        """Request k at start + offset_k / speed: a late send never moves the ones after it (absolute schedule).
+
+        On a distributed worker (loadgen/distributed.py) every worker walks the whole trace from the master's
+        release and sends every stride-th request from its place."""
+        if self.scheduling:
+            return
+        self.scheduling = True
+        share = self.share or Share(1)
+        max_in_flight = math.ceil(self.max_in_flight / share.stride)
         t0, epoch0 = time.monotonic(), time.time()
         for index, row in enumerate(self.rows):
             at = row.offset_s / self.speed
-            if self.stopped or (self.max_requests is not None and self.issued >= self.max_requests):
+            if self.stopped or (self.max_requests is not None and index >= self.max_requests):
                 break
             if self.duration_s is not None and at >= self.duration_s:
                 break
+            if index % share.stride != share.first:
+                continue
             gevent.sleep(max(0.0, t0 + at - time.monotonic()))
             if self.stopped:
                 break
-            while self.in_flight >= self.max_in_flight:  # the client's own ceiling: bounded memory; shows as lag
+            while self.in_flight >= max_in_flight:  # the client's own ceiling: bounded memory; shows as lag
                 self.slot_free.clear()
                 self.slot_free.wait(1.0)
             work = Work(

@@ -1,0 +1,672 @@
+"""Load from several processes as one load generator: `python -m loadgen ... --workers N` and Compose's Locust workers.
+
+Locust's MasterRunner dispatches the users to its WorkerRunners; these messages (Locust's custom messages,
+delivered in order per worker) make the workers one load generator with one run folder:
+
+  master -> worker  PHASE {index, name}        the phase now current (sent once its users are dispatched)
+  worker -> master  READY {index, round 0, users, clock}    its users of the phase exist
+  master -> worker  GO {index, round 0, share} every worker is ready: its part of the phase (Share), start
+  worker -> master  READY {index, round R, ended}           a burst: all its users are at round R's barrier
+  master -> worker  GO {index, round R}        every worker's users are: release round R (one barrier)
+  master -> worker  STOP {index}               a timed closed-loop phase is over (the master's clock)
+  worker -> master  BEGIN {key, ...}           a closed- or open-loop request is about to go out
+  worker -> master  RECORD {key, record}       a request finished: its raw record
+  worker -> master  DONE {index, sent}         its part of the phase is over, `sent` records forwarded
+  worker -> master  CLOCK_PROBE {t1};  master -> worker  CLOCK_REPLY {t1, t2}
+
+The split: a burst's users are spread by Locust; a worker's users take the prompts after those of the
+workers before it (the matched set, each prompt once per round). Closed-loop users send their requests
+per user (`--requests`) or until the master's clock ends the step. Open loop: every worker draws the whole
+schedule (same seed, started by the master's GO) and sends every W-th arrival from its place.
+
+No request is lost with a worker. The master knows every request in flight: a burst's from the release
+(each worker's users and prompts), others from their BEGIN. When Locust stops hearing a worker's heartbeat
+(about 4 s) or it quits mid-phase, each of its requests still in flight is written as failed with
+error_kind "worker_lost", and the phase goes on with the other workers.
+
+Clocks. TTFT, ITL and E2E are differences of one worker's monotonic clock (kernel receive stamps): exact
+whatever the hosts. A record's started_at (epoch seconds) is the worker's time.time() at send, put on the
+master's clock: before each phase a worker asks the master's time CLOCK_PROBES times (NTP's way: offset =
+master time - the probe's midpoint, from the probe with the shortest round trip; its error is at most half
+that round trip). On one host every process reads the same clock: an estimate within that bound is taken as
+0 and nothing is shifted. Across hosts (Compose on several machines) the offset is applied, and its bound is
+stated per worker in the manifest (`workers`). A burst round is released by the master's GO, on receipt by
+each worker: the skew between workers is the message's delivery, not the clocks' difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import gevent
+from gevent.event import AsyncResult, Event
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
+
+from loadgen.client import ErrorKind
+from loadgen.clock_sync import clock_offset
+from loadgen.recorder import Recorder
+from loadgen.scenarios import BurstPhase, ClosedLoopPhase, LoadRun, Phase, RatePhase, Share, Work
+from servescope.runfolder import RequestRecord
+
+PLAN = "servescope_plan"  # master -> worker (`--workers N` only): the command's options and the probed engines
+PHASE = "servescope_phase"
+READY = "servescope_ready"
+GO = "servescope_go"
+STOP = "servescope_stop"
+BEGIN = "servescope_begin"
+RECORD = "servescope_record"
+DONE = "servescope_done"
+CLOCK_PROBE = "servescope_clock_probe"
+CLOCK_REPLY = "servescope_clock_reply"
+
+CLOCK_PROBES = 5
+CLOCK_PROBE_TIMEOUT_S = 2.0
+WATCH_S = 0.25  # how often the master looks for workers Locust no longer hears
+WORKER_START_TIMEOUT_S = 120.0  # `--workers N`: for all N processes to start and connect (Locust's import is slow)
+DRAIN_S = 10.0  # after a stop, for the workers' interrupted records to arrive
+WORKERS_LOG = "workers.log"  # `--workers N`: in the run folder, what the worker processes printed
+
+Key = tuple[int, int, int]  # (phase index, burst round or 0, arrival index in a burst or the worker's own count)
+
+
+def locust_options(**values: Any) -> argparse.Namespace:
+    """Locust's own option defaults (its runners read some: enable_rebalancing, web_base_path), with `values`."""
+    from locust import argument_parser
+
+    parser = argument_parser.get_empty_argument_parser(add_help=False, default_config_files=[])
+    argument_parser.setup_parser_arguments(parser)
+    options = parser.parse_args(args=[])
+    vars(options).update(values)
+    return options
+
+
+# ---------------------------------------------------------------- the master's side
+
+
+@dataclass
+class _Worker:
+    """What the master knows of one worker process."""
+
+    id: str  # Locust's client id
+    index: int  # Locust's worker index: the `worker` of its records
+    host: str = ""
+    pid: int | None = None
+    offset_s: float = 0.0  # added to its epoch stamps (0: the master's clock, within the bound)
+    estimate_s: float | None = None
+    bound_s: float | None = None
+    lost: str | None = None  # why it was given up on
+    in_flight: dict[Key, dict] = field(default_factory=dict)  # what to write for each request if it is lost
+    received: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # records per phase index
+    records: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "host": self.host,
+            "pid": self.pid,
+            "clock_offset_s": self.offset_s,
+            "clock_estimate_s": self.estimate_s,
+            "clock_bound_s": self.bound_s,
+            "records": self.records,
+            "lost": self.lost,
+        }
+
+
+class _Step:
+    """One phase as the master runs it across its workers."""
+
+    def __init__(self, index: int, phase: Phase, participants: set[str]):
+        self.index, self.phase = index, phase
+        self.participants = participants  # the workers connected when it started
+        self.users: dict[str, int] = {}  # worker id -> its users of the phase
+        self.shares: dict[str, dict] = {}
+        self.ready: dict[int, dict[str, dict]] = defaultdict(dict)  # round -> worker id -> READY
+        self.released: set[int] = set()
+        self.done: dict[str, int] = {}  # worker id -> records it says it sent
+        self.stop_timer: gevent.Greenlet | None = None
+
+
+class Coordinator:
+    """The master's side: each phase started and ended on every worker, one barrier per burst round, the workers'
+    records into the run (the master's recorder), and a lost worker's requests in flight written as failed."""
+
+    def __init__(
+        self, runner: MasterRunner, say: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None
+    ):
+        self.runner = runner
+        self.say = say or (lambda text: None)  # progress (each worker's clock)
+        self.warn = warn or self.say  # a worker lost
+        self.run: LoadRun | None = None
+        self.workers: dict[str, _Worker] = {}
+        self.step: _Step | None = None
+        for name, handler in (
+            (READY, self._on_ready),
+            (BEGIN, self._on_begin),
+            (RECORD, self._on_record),
+            (DONE, self._on_done),
+            (CLOCK_PROBE, self._on_clock_probe),
+        ):
+            runner.register_message(name, handler)
+        self._watcher = gevent.spawn(self._watch)
+
+    def attach(self, run: LoadRun) -> None:
+        """A new run (the web UI's START): its records go to `run`; what was known of the last one is forgotten."""
+        self.run, self.step, self.workers = run, None, {}
+
+    def close(self) -> None:
+        self._watcher.kill(block=False)
+
+    def live(self) -> list[str]:
+        """Connected workers Locust still hears and this run has not given up on, in Locust's worker order."""
+        ids = [
+            c.id
+            for c in self.runner.clients.values()
+            if c.state != STATE_MISSING and not (c.id in self.workers and self.workers[c.id].lost)
+        ]
+        return sorted(ids, key=self.runner.get_worker_index)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The workers of the run, for the manifest."""
+        return [w.describe() for w in sorted(self.workers.values(), key=lambda w: w.index)]
+
+    # -- phases --
+    def prepare(self, phase: Phase) -> None:
+        """Before the phase's users are dispatched: an open-loop phase runs one schedule user per worker."""
+        if isinstance(phase, RatePhase):
+            phase.users = max(1, len(self.live()))
+
+    def start(self, phase: Phase) -> None:
+        """The phase's users are dispatched: tell the workers, which report their users when they are in."""
+        participants = self.live()
+        self.step = _Step(self.run.index, phase, set(participants))
+        for wid in participants:
+            self._worker(wid)
+            self.runner.send_message(PHASE, {"index": self.step.index, "name": phase.title}, client_id=wid)
+        if not participants:
+            self.run.abort("no load generator worker is connected")
+
+    def finish(self) -> None:
+        """The run is over: workers end theirs."""
+        if self.run is not None:
+            self.runner.send_message(PHASE, {"index": len(self.run.phases), "name": None})
+
+    def drain(self, timeout: float = DRAIN_S) -> None:
+        """After a stop: wait for the workers' last (interrupted) records; what never came is written as failed."""
+        deadline = time.monotonic() + timeout
+        while any(w.in_flight for w in self.workers.values() if not w.lost) and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        for w in self.workers.values():
+            self._write_unreported(w, ErrorKind.INTERRUPTED, "the run stopped before its worker reported it")
+
+    # -- messages --
+    def _worker(self, wid: str) -> _Worker:
+        if wid not in self.workers:
+            self.workers[wid] = _Worker(wid, self.runner.get_worker_index(wid))
+        return self.workers[wid]
+
+    def _current(self, msg) -> tuple[_Step, _Worker] | tuple[None, None]:
+        """The step and worker a phase message is about; none when stale or from a worker given up on."""
+        step, worker = self.step, self.workers.get(msg.node_id)
+        if step is None or worker is None or worker.lost or msg.data.get("index") != step.index:
+            return None, None
+        return step, worker
+
+    def _on_ready(self, environment, msg, **_kw) -> None:
+        step, worker = self._current(msg)
+        if step is None or worker.id not in step.participants:
+            return
+        data = msg.data
+        if data.get("error"):
+            self.run.abort(f"load generator worker {worker.index}: {data['error']}")
+            return
+        if data.get("clock"):
+            self._clock(worker, data["clock"])
+        if data["round"] == 0:
+            step.users[worker.id] = int(data["users"])
+        step.ready[data["round"]][worker.id] = data
+        self._try_release(data["round"])
+
+    def _on_begin(self, environment, msg, **_kw) -> None:
+        worker = self._worker(msg.node_id)
+        if not worker.lost:
+            worker.in_flight[tuple(msg.data["key"])] = msg.data
+
+    def _on_record(self, environment, msg, **_kw) -> None:
+        worker = self._worker(msg.node_id)
+        if worker.lost or self.run is None:
+            return  # a worker given up on came back: its requests were written as lost already
+        record = RequestRecord.from_dict(msg.data["record"])
+        record.worker = worker.index
+        key = tuple(msg.data["key"]) if msg.data.get("key") else None
+        index = key[0] if key else self.run.index
+        if key is not None:
+            worker.in_flight.pop(key, None)
+        worker.received[index] += 1
+        worker.records += 1
+        self._write(record, index)
+        self._check_done()
+
+    def _on_done(self, environment, msg, **_kw) -> None:
+        step, worker = self._current(msg)
+        if step is not None:
+            step.done[worker.id] = int(msg.data["sent"])
+            self._check_done()
+
+    def _on_clock_probe(self, environment, msg, **_kw) -> None:
+        self.runner.send_message(CLOCK_REPLY, {"t1": msg.data["t1"], "t2": time.time()}, client_id=msg.node_id)
+
+    def _clock(self, worker: _Worker, clock: dict) -> None:
+        first = worker.bound_s is None
+        worker.host, worker.pid = clock.get("host", ""), clock.get("pid")
+        worker.offset_s, worker.estimate_s, worker.bound_s = clock["offset"], clock["estimate"], clock["bound"]
+        if first and worker.bound_s is not None:
+            same = "one clock with the master's" if worker.offset_s == 0 else f"shifted {worker.offset_s:+.4f} s"
+            self.say(
+                f"worker {worker.index}: pid {worker.pid} on {worker.host}, {same} (offset estimate "
+                f"{worker.estimate_s * 1000:+.3f} ms, bound ±{worker.bound_s * 1000:.3f} ms)"
+            )
+
+    # -- barriers --
+    def _members(self, step: _Step, round_no: int) -> list[str]:
+        """Who a round waits for: every participant to start the phase; a burst's workers with users after that."""
+        live = self.live()
+        if round_no == 0:
+            return [w for w in live if w in step.participants]
+        return [w for w in live if step.users.get(w, 0) > 0]
+
+    def _try_release(self, round_no: int) -> None:
+        step = self.step
+        if step is None or round_no in step.released or step.phase.done.is_set():
+            return
+        members = self._members(step, round_no)
+        if any(w not in step.ready[round_no] for w in members):
+            return
+        step.released.add(round_no)
+        if round_no == 0:
+            self._start_phase(step, members)
+        else:
+            gevent.spawn(self._release_round, step, round_no, members)
+
+    def _start_phase(self, step: _Step, members: list[str]) -> None:
+        phase = step.phase
+        with_users = [w for w in members if step.users.get(w, 0) > 0]
+        first = 0
+        for place, wid in enumerate(with_users):
+            users = step.users[wid]
+            if isinstance(phase, BurstPhase):
+                step.shares[wid] = {"users": users, "first": first}
+            else:
+                step.shares[wid] = {"users": users, "first": place, "stride": len(with_users)}
+                if isinstance(phase, ClosedLoopPhase) and phase.max_requests is not None:
+                    step.shares[wid]["requests"] = round(phase.max_requests * users / max(1, phase.users))
+            first += users
+        for wid in members:
+            share = step.shares.get(wid, {"users": 0})
+            self.runner.send_message(GO, {"index": step.index, "round": 0, "share": share}, client_id=wid)
+        if isinstance(phase, ClosedLoopPhase):
+            phase.start_clock()  # the step's clock: from the moment every worker was told to start
+            if phase.duration_s is not None:
+                step.stop_timer = gevent.spawn_later(phase.duration_s, self._stop, step)
+        self._check_done()  # no users anywhere: nothing to wait for
+
+    def _release_round(self, step: _Step, round_no: int, members: list[str]) -> None:
+        phase: BurstPhase = step.phase
+        if round_no > 1 and phase.pause_s > 0:
+            # The pause runs from the end of the previous round on every worker (their clocks are the master's).
+            ended = [d["ended"] for d in step.ready[round_no].values() if d.get("ended") is not None]
+            gevent.sleep(max(0.0, (max(ended) if ended else time.time()) + phase.pause_s - time.time()))
+        if self.step is not step:
+            return
+        released_at = time.time()
+        name = phase.round_name(round_no)
+        for wid in members:
+            worker, share = self.workers[wid], step.shares[wid]
+            if worker.lost:
+                continue
+            for index in range(share["first"], share["first"] + share["users"]):
+                worker.in_flight[(step.index, round_no, index)] = {
+                    "key": [step.index, round_no, index],
+                    "phase": name,
+                    "prompt_id": phase.settings.prompt_set[index].id,
+                    "arrival": index,
+                    "at": released_at,
+                }
+            self.runner.send_message(GO, {"index": step.index, "round": round_no}, client_id=wid)
+
+    def _stop(self, step: _Step) -> None:
+        if self.step is step:
+            for wid in self._members(step, 0):
+                self.runner.send_message(STOP, {"index": step.index}, client_id=wid)
+
+    def _check_done(self) -> None:
+        step = self.step
+        if step is None or step.phase.done.is_set() or 0 not in step.released:
+            return
+        for wid in self._members(step, 0):
+            sent = step.done.get(wid)
+            if sent is None or self.workers[wid].received[step.index] < sent:
+                return
+        if step.stop_timer is not None:
+            step.stop_timer.kill(block=False)
+        step.phase.done.set()
+
+    # -- lost workers --
+    def _watch(self) -> None:
+        while True:
+            gevent.sleep(WATCH_S)
+            try:
+                for worker in list(self.workers.values()):
+                    client = self.runner.clients.get(worker.id)
+                    if worker.lost is None and (client is None or client.state == STATE_MISSING):
+                        self._lose(worker, "it quit" if client is None else "no heartbeat for 3 s")
+            except Exception as exc:  # noqa: BLE001 - a run that can no longer see its workers stops, saying why
+                if self.run is not None:
+                    self.run.abort(f"watching the load generator workers failed: {type(exc).__name__}: {exc}")
+                return
+
+    def _lose(self, worker: _Worker, why: str) -> None:
+        worker.lost = why
+        if self.runner.clients.pop(worker.id, None) is not None:
+            # Given up on: Locust would hand its users to the others a minute later, in the middle of a phase.
+            self.runner.send_message("quit", client_id=worker.id)  # should it come back
+        if self.run is None or self.run.finished:
+            return
+        lost = self._write_unreported(
+            worker, ErrorKind.WORKER_LOST, f"load generator worker {worker.index} was lost mid-run ({why})"
+        )
+        live = self.live()
+        self.warn(
+            f"load generator worker {worker.index} lost ({why}): {lost} request(s) in flight recorded as failed "
+            f"(worker_lost); the run goes on with {len(live)} worker(s)"
+        )
+        if not live:
+            self.run.abort("every load generator worker was lost")
+            return
+        step = self.step
+        if step is not None:
+            for round_no in sorted(set(step.ready) - step.released):
+                self._try_release(round_no)
+            self._check_done()
+
+    def _write_unreported(self, worker: _Worker, kind: ErrorKind, why: str) -> int:
+        entries, worker.in_flight = list(worker.in_flight.values()), {}
+        for entry in entries:
+            index = entry["key"][0]
+            phase = self.run.phases[index]
+            s = phase.settings
+            record = RequestRecord(
+                engine=s.target.kind,
+                instance=s.target.instance,
+                scenario=phase.scenario,
+                phase=entry["phase"],
+                api=s.target.api,
+                model=s.target.model,
+                prompt_set=s.prompt_set.name,
+                prompt_set_sha256=s.prompt_set.sha256,
+                prompt_id=entry["prompt_id"],
+                max_tokens=s.max_tokens,
+                started_at=entry["at"],
+                ok=False,
+                status=0,
+                error=f"{why}: this request was in flight; its stamps went with the worker",
+                error_kind=kind.value,
+                arrival_index=entry.get("arrival"),
+                worker=worker.index,
+            )
+            self._write(record, index)
+        return len(entries)
+
+    def _write(self, record: RequestRecord, index: int) -> None:
+        self.run.recorder.request(record)
+        if 0 <= index < len(self.run.phases):
+            self.run.phases[index].add_worker_record(record)
+
+
+# ---------------------------------------------------------------- a worker's side
+
+
+class WorkerAgent:
+    """A worker's side: its part of each phase when the master starts it, its burst barrier held until every
+    worker's users are in, and its records forwarded with their keys on the master's clock."""
+
+    def __init__(self, runner: WorkerRunner):
+        self.runner = runner
+        self.run: LoadRun | None = None
+        self.offset_s = 0.0
+        self.sent: dict[int, int] = defaultdict(int)  # records forwarded per phase index
+        self.releases: dict[tuple[int, int], Event] = {}
+        self.replies: dict[float, AsyncResult] = {}
+        self.seq = itertools.count(1)
+        for name, handler in ((PHASE, self._on_phase), (GO, self._on_go), (STOP, self._on_stop)):
+            runner.register_message(name, handler)
+        runner.register_message(CLOCK_REPLY, self._on_clock_reply)
+
+    def recorder(self, out: TextIO | None = sys.stdout) -> ForwardingRecorder:
+        return ForwardingRecorder(self, out)
+
+    def attach(self, run: LoadRun) -> None:
+        self.run = run
+        self.sent.clear()
+        self.releases.clear()
+
+    def send(self, name: str, data: dict) -> None:
+        self.runner.send_message(name, data)
+
+    # -- a phase's start --
+    def _on_phase(self, environment, msg, **_kw) -> None:
+        gevent.spawn(self._prepare, msg.data["index"], msg.data.get("name"))  # never block Locust's message loop
+
+    def _prepare(self, index: int, name: str | None) -> None:
+        run = self.run
+        if run is not None and index >= len(run.phases):
+            run.finish()
+            return
+        ready = {"index": index, "round": 0}
+        if run is None:
+            self.send(READY, {**ready, "error": "its run could not be set up (see its log)"})
+            return
+        phase = run.phases[index]
+        if phase.title != name:
+            self.send(READY, {**ready, "error": f"phase {index} is {phase.title!r} here, {name!r} on the master"})
+            return
+        spawning = self.runner.spawning_greenlet  # the master's spawn for this phase came before its PHASE
+        if spawning is not None:
+            spawning.join()
+        users = self.runner.user_classes_count.get(phase.user_class, 0)
+        self.send(READY, {**ready, "users": users, "clock": self._probe_clock()})
+
+    def _on_go(self, environment, msg, **_kw) -> None:
+        index, round_no = msg.data["index"], msg.data["round"]
+        if round_no:
+            release = self.releases.pop((index, round_no), None)
+            if release is not None:
+                release.set()
+            return
+        run, share = self.run, msg.data["share"]
+        phase = run.phases[index]
+        phase.share = Share(
+            users=share["users"],
+            first=share.get("first", 0),
+            stride=share.get("stride", 1),
+            requests=share.get("requests"),
+            hold=functools.partial(self._hold, index) if isinstance(phase, BurstPhase) else None,
+        )
+        if phase.share.users > 0:
+            # Its users, waiting for a change, see the phase now. A worker without users of it stays on the last
+            # phase it had users of, which gives no more work: users spawned for the next phase wait there.
+            while run.index < index and not run.finished:
+                run.advance()
+        gevent.spawn(self._report_done, index, phase)
+
+    def _report_done(self, index: int, phase: Phase) -> None:
+        if phase.share.users > 0:
+            phase.done.wait()
+        self.send(DONE, {"index": index, "sent": self.sent[index]})
+
+    def _on_stop(self, environment, msg, **_kw) -> None:
+        phase = self.run.phases[msg.data["index"]] if self.run is not None else None
+        if isinstance(phase, ClosedLoopPhase):
+            phase.stop()
+
+    def _hold(self, index: int, round_no: int) -> None:
+        """The last of this worker's users at a burst round's barrier: tell the master, wait for its release."""
+        phase: BurstPhase = self.run.phases[index]
+        ended = None
+        if phase.last_round_end is not None:  # monotonic: the same instant on the epoch clock, then the master's
+            ended = time.time() - (time.monotonic() - phase.last_round_end) + self.offset_s
+        release = self.releases[(index, round_no)] = Event()
+        self.send(READY, {"index": index, "round": round_no, "users": phase.share.users, "ended": ended})
+        release.wait()
+
+    # -- the clock --
+    def _probe_clock(self) -> dict[str, Any]:
+        """Ask the master's time; the offset to apply to this worker's epoch stamps and its error bound."""
+        probes: list[tuple[float, float, float]] = []
+        for _ in range(CLOCK_PROBES):
+            t1, m1 = time.time(), time.monotonic()
+            reply = self.replies[t1] = AsyncResult()
+            self.send(CLOCK_PROBE, {"t1": t1})
+            try:
+                t2 = reply.get(timeout=CLOCK_PROBE_TIMEOUT_S)
+            except gevent.Timeout:
+                continue
+            finally:
+                self.replies.pop(t1, None)
+            probes.append((t1, time.monotonic() - m1, t2))
+        clock: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "offset": self.offset_s}
+        found = clock_offset(probes)
+        if found is None:
+            return {**clock, "estimate": None, "bound": None}  # the master did not answer: keep the last offset
+        self.offset_s, estimate, bound = found
+        return {**clock, "offset": self.offset_s, "estimate": estimate, "bound": bound}
+
+    def _on_clock_reply(self, environment, msg, **_kw) -> None:
+        reply = self.replies.get(msg.data["t1"])
+        if reply is not None:
+            reply.set(msg.data["t2"])
+
+
+class ForwardingRecorder(Recorder):
+    """On a worker: each request announced before it is sent (a burst's by the release) and its record forwarded
+    to the master, which owns the run folder and the metrics; epoch stamps on the master's clock."""
+
+    def __init__(self, agent: WorkerAgent, out: TextIO | None = sys.stdout):
+        super().__init__(folder=None, metrics=None, out=out)
+        self.agent = agent
+
+    def begin(self, phase: Phase, work: Work) -> Key:
+        agent = self.agent
+        index = agent.run.index
+        if isinstance(phase, BurstPhase):
+            return (index, phase.round, work.arrival_index)  # the master counted it in flight at the release
+        key = (index, 0, next(agent.seq))
+        agent.send(
+            BEGIN,
+            {
+                "key": list(key),
+                "phase": work.phase_name,
+                "prompt_id": work.prompt.id,
+                "arrival": work.arrival_index,
+                "at": time.time() + agent.offset_s,
+            },
+        )
+        return key
+
+    def request(self, record: RequestRecord, key: Key | None = None) -> None:
+        agent = self.agent
+        for name in ("started_at", "scheduled_at"):
+            if getattr(record, name, None) is not None:
+                setattr(record, name, getattr(record, name) + agent.offset_s)
+        data = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        agent.send(RECORD, {"key": list(key) if key else None, "record": data})
+        agent.sent[key[0] if key else agent.run.index] += 1
+        super().request(record)
+
+    def phase(self, record) -> None:
+        pass  # the master writes the phases from every worker's records
+
+
+# ---------------------------------------------------------------- `python -m loadgen ... --workers N`
+
+
+class FleetError(RuntimeError):
+    """The workers could not be started: one line for the terminal."""
+
+
+class Fleet:
+    """A Locust master in this process and N worker processes (`python -m loadgen.worker`) on this machine."""
+
+    def __init__(
+        self, environment, count: int, log_path: Path, say: Callable[[str], None], warn: Callable[[str], None]
+    ):
+        # Locust's runner warns on stderr of what its web UI's users choose (a burst's spawn rate "is very high");
+        # here this module says what matters, in its own lines. Its errors still show.
+        logging.getLogger("locust.runners").setLevel(logging.ERROR)
+        self.runner: MasterRunner = environment.create_master_runner("127.0.0.1", 0)
+        self.coordinator = Coordinator(self.runner, say, warn)
+        self.log_path = log_path
+        self.log = open(log_path, "ab")
+        port = str(self.runner.server.port)
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "loadgen.worker", "--master-port", port],
+                stdin=subprocess.DEVNULL,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches the master, which stops them in order
+            )
+            for _ in range(count)
+        ]
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        while self.runner.worker_count < count:
+            exited = [p for p in self.procs if p.poll() is not None]
+            if exited:
+                self.close()
+                raise FleetError(f"a load generator worker exited ({exited[0].returncode}) at start: see {log_path}")
+            if time.monotonic() > deadline:
+                self.close()
+                raise FleetError(
+                    f"{count - self.runner.worker_count} of {count} load generator workers did not connect within "
+                    f"{WORKER_START_TIMEOUT_S:g} s: see {log_path}"
+                )
+            gevent.sleep(0.05)
+        say(f"{count} load generator workers connected (pids {', '.join(str(p.pid) for p in self.procs)})")
+
+    def send_plan(self, options: argparse.Namespace, targets) -> None:
+        """What each worker needs to build the master's phases: the command's options, the engines as probed."""
+        described = [{"instance": t.instance, "model": t.model, "info": t.info} for t in targets]
+        self.runner.send_message(PLAN, {"options": vars(options), "targets": described})
+
+    def close(self) -> None:
+        self.coordinator.close()
+        self.runner.quit()  # each worker is told to quit
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.log.close()
+
+
+def adopt_targets(targets, described: list[dict]) -> None:
+    """On a worker: the engines as the master probed them (model, version), not probed again."""
+    by_instance = {d["instance"]: d for d in described}
+    for target in targets:
+        if target.instance in by_instance:
+            target.model = by_instance[target.instance]["model"]
+            target.info = by_instance[target.instance]["info"]
