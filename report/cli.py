@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         url = args.prometheus or default_prometheus_url()
         started = time.monotonic()
         print(
-            f"report: run {run.run_id}: {len(run.requests)} requests, {len(run.phases)} phases; "
+            f"report: run {run.run_id}: {run.request_count} requests, {len(run.phases)} phases; "
             f"querying {url} and drawing plots",
             file=sys.stderr,
         )

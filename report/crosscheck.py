@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import statistics
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
+from report import query
 from report.gauges import PAD_S, Prometheus, PrometheusError
 from report.load import Run
-from servescope.runfolder import RequestRecord
 
 COLD_LOAD_S = 1.0  # an Ollama load_duration above this means the model was (re)loaded for the request
 VLLM_HISTOGRAMS = {
@@ -42,50 +44,78 @@ class CrossCheck:
     notes: list[str] = field(default_factory=list)
 
 
-def _ns(stats: dict[str, Any], key: str) -> float | None:
-    for name in (f"{key}_ns", key):
-        value = stats.get(name)
-        if isinstance(value, (int, float)):
-            return value / 1e9
-    return None
+MAX_COLD_LOADS = 100  # cold loads listed per engine; a run reloading the model every request says so once
 
 
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
+def _number(stats: str, path: str) -> str:
+    """SQL: the number at a JSON path of an engine's stats, NULL when it is missing or not a number."""
+    return f"CASE WHEN json_type({stats}, '{path}') IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN ({stats}->>'{path}')::DOUBLE END"
 
 
-def ollama(instance: str, records: list[RequestRecord]) -> CrossCheck:
-    rows = []
-    for r in records:
-        st = r.engine_stats or {}
-        total, load, pe, ev = (
-            _ns(st, k) for k in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
-        )
-        if total is None or r.e2e_s is None:
-            continue
-        load, pe, ev = load or 0.0, pe or 0.0, ev or 0.0
-        rows.append((r, total, load, pe, ev))
+def _ns(key: str) -> str:
+    """SQL: an Ollama duration in seconds, from key_ns or key (nanoseconds either way)."""
+    return f"coalesce({_number('engine_stats', f'$.{key}_ns')}, {_number('engine_stats', f'$.{key}')}) / 1e9"
+
+
+def _fmean(values: np.ndarray) -> float:
+    return math.fsum(values.tolist()) / len(values)  # statistics.fmean: the exact sum over n
+
+
+def _mean(values: np.ndarray) -> float | None:
+    values = values[np.isfinite(values)]
+    return _fmean(values) if len(values) else None
+
+
+def _columns(run: Run, where: str, params: list, **exprs: str) -> dict[str, np.ndarray]:
+    """Per-request expressions over one engine's successful requests, in the report's order."""
+    sql = f"SELECT {', '.join(f'{e} AS {k}' for k, e in exprs.items())} FROM requests WHERE {where} ORDER BY {query.ORDER}"
+    data = run.con.execute(sql, params).fetchnumpy()
+    return {
+        k: v.astype(float).filled(np.nan) if isinstance(v, np.ma.MaskedArray) and v.dtype.kind in "iuf" else v
+        for k, v in data.items()
+    }
+
+
+def ollama(run: Run, instance: str) -> CrossCheck:
+    c = _columns(
+        run,
+        f"ok AND instance = ? AND {_ns('total_duration')} IS NOT NULL AND e2e_s IS NOT NULL",
+        [instance],
+        e2e="e2e_s",
+        ttft="ttft_s",
+        total=_ns("total_duration"),
+        load=f"coalesce({_ns('load_duration')}, 0.0)",
+        pe=f"coalesce({_ns('prompt_eval_duration')}, 0.0)",
+        ev=f"coalesce({_ns('eval_duration')}, 0.0)",
+        prompt_id="prompt_id",
+        phase="phase",
+    )
+    n = len(c["e2e"])
     cc = CrossCheck(
         instance,
         "ollama",
-        bool(rows),
-        "Ollama's final object: *_duration (ns)" if rows else "no Ollama durations in the records (engine_stats empty)",
-        requests=len(rows),
+        bool(n),
+        "Ollama's final object: *_duration (ns)" if n else "no Ollama durations in the records (engine_stats empty)",
+        requests=n,
     )
-    if not rows:
+    if not n:
         return cc
     cc.components_mean_s = {
-        "load": statistics.fmean(x[2] for x in rows),
-        "queue": statistics.fmean(max(0.0, x[1] - x[2] - x[3] - x[4]) for x in rows),
-        "compute": statistics.fmean(x[3] + x[4] for x in rows),
-        "transport": statistics.fmean(max(0.0, x[0].e2e_s - x[1]) for x in rows),
+        "load": _fmean(c["load"]),
+        "queue": _fmean(np.maximum(0.0, c["total"] - c["load"] - c["pe"] - c["ev"])),
+        "compute": _fmean(c["pe"] + c["ev"]),
+        "transport": _fmean(np.maximum(0.0, c["e2e"] - c["total"])),
     }
-    cc.client_e2e_mean_s = statistics.fmean(x[0].e2e_s for x in rows)
-    cc.client_ttft_mean_s = _mean([x[0].ttft_s for x in rows if x[0].ttft_s is not None])
-    cc.engine_first_token_mean_s = statistics.fmean(x[2] + x[3] for x in rows)
+    cc.client_e2e_mean_s = _fmean(c["e2e"])
+    cc.client_ttft_mean_s = _mean(c["ttft"])
+    cc.engine_first_token_mean_s = _fmean(c["load"] + c["pe"])
+    cold = np.flatnonzero(c["load"] > COLD_LOAD_S)
     cc.cold_loads = [
-        {"prompt_id": x[0].prompt_id, "phase": x[0].phase, "load_s": x[2]} for x in rows if x[2] > COLD_LOAD_S
+        {"prompt_id": c["prompt_id"][i], "phase": c["phase"][i], "load_s": float(c["load"][i])}
+        for i in cold[:MAX_COLD_LOADS]
     ]
+    if len(cold) > MAX_COLD_LOADS:
+        cc.notes.append(f"{len(cold)} cold loads, the first {MAX_COLD_LOADS} listed")
     cc.notes.append(
         "queue = total - load - prompt eval - eval (time in Ollama outside the model); "
         "transport = client E2E - total_duration, floored at 0"
@@ -93,46 +123,58 @@ def ollama(instance: str, records: list[RequestRecord]) -> CrossCheck:
     return cc
 
 
-def llamacpp(instance: str, records: list[RequestRecord]) -> CrossCheck:
-    rows = []
-    for r in records:
-        st = r.engine_stats or {}
-        t = st.get("timings") if isinstance(st.get("timings"), dict) else st
-        pm, dm = t.get("prompt_ms"), t.get("predicted_ms")
-        if not isinstance(pm, (int, float)) or not isinstance(dm, (int, float)) or r.e2e_s is None:
-            continue
-        rows.append((r, pm / 1000.0, dm / 1000.0, t.get("cache_n"), t.get("predicted_n")))
+# llama.cpp puts its numbers under "timings"; a record may hold them at the top level.
+_TIMINGS = (
+    "(CASE WHEN json_type(engine_stats, '$.timings') = 'OBJECT' THEN engine_stats->'$.timings' ELSE engine_stats END)"
+)
+
+
+def llamacpp(run: Run, instance: str) -> CrossCheck:
+    pm, dm = _number(_TIMINGS, "$.prompt_ms"), _number(_TIMINGS, "$.predicted_ms")
+    c = _columns(
+        run,
+        f"ok AND instance = ? AND {pm} IS NOT NULL AND {dm} IS NOT NULL AND e2e_s IS NOT NULL",
+        [instance],
+        e2e="e2e_s",
+        ttft="ttft_s",
+        prompt=f"{pm} / 1000.0",
+        predicted=f"{dm} / 1000.0",
+        cache_n=_number(_TIMINGS, "$.cache_n"),
+        predicted_n=f"CASE WHEN json_type({_TIMINGS}, '$.predicted_n') IN ('BIGINT', 'UBIGINT') "
+        f"THEN ({_TIMINGS}->>'$.predicted_n')::DOUBLE END",
+        tokens="output_tokens",
+    )
+    n = len(c["e2e"])
     cc = CrossCheck(
         instance,
         "llamacpp",
-        bool(rows),
+        bool(n),
         "llama.cpp's `timings` (prompt_ms, predicted_ms)"
-        if rows
+        if n
         else "no llama.cpp timings in the records (engine_stats empty)",
-        requests=len(rows),
+        requests=n,
     )
-    if not rows:
+    if not n:
         return cc
     cc.components_mean_s = {
-        "compute": statistics.fmean(x[1] + x[2] for x in rows),
-        "queue+transport": statistics.fmean(max(0.0, x[0].e2e_s - x[1] - x[2]) for x in rows),
+        "compute": _fmean(c["prompt"] + c["predicted"]),
+        "queue+transport": _fmean(np.maximum(0.0, c["e2e"] - c["prompt"] - c["predicted"])),
     }
-    cc.client_e2e_mean_s = statistics.fmean(x[0].e2e_s for x in rows)
-    cc.client_ttft_mean_s = _mean([x[0].ttft_s for x in rows if x[0].ttft_s is not None])
-    cc.engine_first_token_mean_s = statistics.fmean(x[1] for x in rows)
-    cached = [x[3] for x in rows if isinstance(x[3], (int, float))]
-    if cached:
-        cc.notes.append(f"prompt tokens reused from the cache (cache_n): mean {statistics.fmean(cached):.1f}")
-    mismatched = sum(
-        1 for x in rows if isinstance(x[4], int) and x[0].output_tokens is not None and x[4] != x[0].output_tokens
-    )
+    cc.client_e2e_mean_s = _fmean(c["e2e"])
+    cc.client_ttft_mean_s = _mean(c["ttft"])
+    cc.engine_first_token_mean_s = _fmean(c["prompt"])
+    cached = c["cache_n"][np.isfinite(c["cache_n"])]
+    if len(cached):
+        cc.notes.append(f"prompt tokens reused from the cache (cache_n): mean {_fmean(cached):.1f}")
+    counted = np.isfinite(c["predicted_n"]) & np.isfinite(c["tokens"])
+    mismatched = int(np.count_nonzero(c["predicted_n"][counted] != c["tokens"][counted]))
     if mismatched:
         cc.notes.append(f"{mismatched} request(s) where predicted_n differs from the client's output token count")
     return cc
 
 
-def vllm(instance: str, records: list[RequestRecord], run: Run, client: Prometheus | None) -> CrossCheck:
-    ok = [r for r in records if r.e2e_s is not None]
+def vllm(run: Run, instance: str, client: Prometheus | None) -> CrossCheck:
+    c = _columns(run, "ok AND instance = ? AND e2e_s IS NOT NULL", [instance], e2e="e2e_s", ttft="ttft_s")
     if client is None:
         return CrossCheck(
             instance,
@@ -141,7 +183,7 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
             "vLLM's queue/prefill histograms come from Prometheus, which did not answer (see section 5)",
         )
     phases = run.phases_of(instance)
-    if not phases or not ok:
+    if not phases or not len(c["e2e"]):
         return CrossCheck(instance, "vllm", False, "no phases or successful requests for this engine")
     start, end = min(p.started_at for p in phases), max(p.ended_at for p in phases)
     window = f"{int(end - start + 2 * PAD_S) + 1}s"
@@ -164,10 +206,14 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
             f"no {VLLM_HISTOGRAMS['queue']} samples in the run window (is raw vLLM /metrics scraped?)",
         )
     cc = CrossCheck(
-        instance, "vllm", True, f"Prometheus: vLLM histograms, mean over the run window ({window})", requests=len(ok)
+        instance,
+        "vllm",
+        True,
+        f"Prometheus: vLLM histograms, mean over the run window ({window})",
+        requests=len(c["e2e"]),
     )
-    cc.client_e2e_mean_s = statistics.fmean(r.e2e_s for r in ok)
-    cc.client_ttft_mean_s = _mean([r.ttft_s for r in ok if r.ttft_s is not None])
+    cc.client_e2e_mean_s = _fmean(c["e2e"])
+    cc.client_ttft_mean_s = _mean(c["ttft"])
     cc.components_mean_s["queue"] = means["queue"]
     if "prefill" in means or "decode" in means:
         cc.components_mean_s["compute"] = means.get("prefill", 0.0) + means.get("decode", 0.0)
@@ -183,13 +229,12 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
 def build(run: Run, client: Prometheus | None) -> list[CrossCheck]:
     out = []
     for instance, info in run.engines.items():
-        ok = [r for r in run.requests_of(instance) if r.ok]
         if info.kind == "ollama":
-            out.append(ollama(instance, ok))
+            out.append(ollama(run, instance))
         elif info.kind == "llamacpp":
-            out.append(llamacpp(instance, ok))
+            out.append(llamacpp(run, instance))
         elif info.kind == "vllm":
-            out.append(vllm(instance, ok, run, client))
+            out.append(vllm(run, instance, client))
         else:
             out.append(CrossCheck(instance, info.kind, False, f"no engine-side timings known for {info.kind!r}"))
     return out

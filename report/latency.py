@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from report import stats
+import numpy as np
+
+from report import query, stats
 from report.load import Run
 from servescope.runfolder import RequestRecord
 
@@ -36,11 +38,21 @@ class LatencyGroup:
     notes: list[str] = field(default_factory=list)
 
 
-def failure_reason(record: RequestRecord) -> str:
-    reason = (record.error or "").strip().splitlines()[0] if record.error else ""
-    if record.status and record.status != 200:
-        return f"HTTP {record.status}: {reason}" if reason else f"HTTP {record.status}"
-    return reason or ("no response" if not record.status else "failed (no reason recorded)")
+# TPOT per request: the record's, else derived like the load generator does.
+TPOT_SQL = (
+    "coalesce(tpot_s, CASE WHEN e2e_s IS NOT NULL AND ttft_s IS NOT NULL AND output_tokens > 1 "
+    "THEN (e2e_s - ttft_s) / (output_tokens - 1) END)"
+)
+PER_REQUEST_SQL = {"ttft_s": "ttft_s", "tpot_s": TPOT_SQL, "e2e_s": "e2e_s", "output_tokens": "output_tokens"}
+GROUP = "instance = ? AND scenario = ?"  # one engine instance in one scenario
+
+
+def failure_reason(error: str | None, status: int) -> str:
+    lines = (error or "").strip().splitlines()
+    reason = lines[0] if lines else ""
+    if status and status != 200:
+        return f"HTTP {status}: {reason}" if reason else f"HTTP {status}"
+    return reason or ("no response" if not status else "failed (no reason recorded)")
 
 
 def tpot(record: RequestRecord) -> float | None:
@@ -51,41 +63,67 @@ def tpot(record: RequestRecord) -> float | None:
     return None
 
 
-def samples(records: list[RequestRecord], metric: str) -> list[float]:
-    """Raw samples of one metric over successful requests (ITL pools every gap)."""
-    ok = [r for r in records if r.ok]
-    if metric == "itl_s":
-        return [g for r in ok for g in (r.itl_s or []) if g is not None]
-    if metric == "tpot_s":
-        return [v for v in (tpot(r) for r in ok) if v is not None]
-    return [getattr(r, metric) for r in ok if getattr(r, metric) is not None]
+def groups(run: Run) -> list[tuple[str, str]]:
+    """(instance, scenario) pairs: engines in the run's order, each one's scenarios as they first appear."""
+    rows = run.con.execute(f"SELECT instance, scenario FROM requests GROUP BY ALL ORDER BY min(({query.ORDER}))")
+    by_instance: dict[str, list[str]] = {}
+    for instance, scenario in rows.fetchall():
+        by_instance.setdefault(instance, []).append(scenario)
+    return [(i, s) for i in run.engines for s in by_instance.get(i, [])]
+
+
+def samples(run: Run, instance: str, scenario: str, metric: str) -> np.ndarray:
+    """Raw samples of a per-request metric over one group's successful requests, in the report's order."""
+    values = query.column(run.con, PER_REQUEST_SQL[metric], f"ok AND {GROUP}", [instance, scenario])
+    return values[np.isfinite(values)]
+
+
+def pool(run: Run, instance: str, scenario: str) -> query.Pool:
+    """Every inter-token gap of one group's successful requests (kept per run: the selection is not free)."""
+    key = ("itl", instance, scenario)
+    if key not in run.cache:
+        run.cache[key] = query.Pool(run.con, f"ok AND {GROUP}", [instance, scenario])
+    return run.cache[key]
+
+
+def failures(run: Run, where: str, params: list) -> dict[str, int]:
+    """Failed requests counted by reason, most frequent first (ties: as they first happened)."""
+    rows = run.con.execute(
+        f"SELECT error, status, count(*) FROM requests WHERE NOT ok AND {where} GROUP BY error, status "
+        f"ORDER BY min(({query.ORDER}))",
+        params,
+    ).fetchall()
+    counts: Counter[str] = Counter()
+    for error, status, n in rows:
+        counts[failure_reason(error, status)] += n
+    return dict(counts.most_common())
 
 
 def build(run: Run) -> list[LatencyGroup]:
-    groups: list[LatencyGroup] = []
-    for instance in run.engines:
-        records = run.requests_of(instance)
-        for scenario in dict.fromkeys(r.scenario for r in records):
-            recs = [r for r in records if r.scenario == scenario]
-            ok = [r for r in recs if r.ok]
-            failures = Counter(failure_reason(r) for r in recs if not r.ok)
-            notes = []
-            if any(r.tokens_source == "chunks" for r in ok):
-                notes.append("some output token counts come from counting chunks (fallback)")
-            groups.append(
-                LatencyGroup(
-                    instance=instance,
-                    engine=recs[0].engine,
-                    scenario=scenario,
-                    requests=len(recs),
-                    ok=len(ok),
-                    failures=dict(failures.most_common()),
-                    metrics={m: stats.summary(samples(recs, m)) for m in METRICS},
-                    output_tokens=stats.summary([r.output_tokens for r in ok if r.output_tokens is not None]),
-                    notes=notes,
-                )
+    out: list[LatencyGroup] = []
+    for instance, scenario in groups(run):
+        params = [instance, scenario]
+        engine, total, ok, chunked = run.con.execute(
+            f"SELECT first(engine ORDER BY {query.ORDER}), count(*), count(*) FILTER (WHERE ok), "
+            f"count(*) FILTER (WHERE ok AND tokens_source = 'chunks') FROM requests WHERE {GROUP}",
+            params,
+        ).fetchone()
+        metrics = {m: stats.summary(samples(run, instance, scenario, m)) for m in METRICS if m != "itl_s"}
+        metrics["itl_s"] = pool(run, instance, scenario).summary()
+        out.append(
+            LatencyGroup(
+                instance=instance,
+                engine=engine,
+                scenario=scenario,
+                requests=total,
+                ok=ok,
+                failures=failures(run, GROUP, params),
+                metrics={m: metrics[m] for m in METRICS},
+                output_tokens=stats.summary(samples(run, instance, scenario, "output_tokens")),
+                notes=["some output token counts come from counting chunks (fallback)"] if chunked else [],
             )
-    return groups
+        )
+    return out
 
 
 def to_json(groups: list[LatencyGroup]) -> list[dict]:

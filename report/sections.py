@@ -108,7 +108,7 @@ def build(
     ]
     subtitle = (
         f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
-        f"{len(run.requests)} requests over {len(run.phases)} phases on {len(run.engines)} engine(s)"
+        f"{run.request_count} requests over {len(run.phases)} phases on {len(run.engines)} engine(s)"
     )
     doc = Document("servescope report", subtitle, sections)
     numbers = {
@@ -117,7 +117,7 @@ def build(
             "path": str(run.path),
             "started_at": run.started_at,
             "ended_at": run.ended_at,
-            "requests": len(run.requests),
+            "requests": run.request_count,
             "phases": len(run.phases),
         },
         "manifest": run.manifest,
@@ -196,14 +196,15 @@ def _setup(run: Run, warn: list[str]) -> Section:
         sec.add(Paragraph(f"Machine: {machine}"))
     sets: dict[tuple[str, str], dict[str, Any]] = {}
     for p in run.phases:
-        entry = sets.setdefault(
-            (p.prompt_set, p.prompt_set_sha256), {"phases": [], "max_tokens": set(), "prompts": set()}
-        )
+        entry = sets.setdefault((p.prompt_set, p.prompt_set_sha256), {"phases": [], "max_tokens": set(), "prompts": 0})
         entry["phases"].append(f"{p.instance}/{p.phase}")
         entry["max_tokens"].add(p.max_tokens)
-    for r in run.requests:
-        if (r.prompt_set, r.prompt_set_sha256) in sets:
-            sets[(r.prompt_set, r.prompt_set_sha256)]["prompts"].add(r.prompt_id)
+    prompts = run.con.execute(
+        "SELECT prompt_set, prompt_set_sha256, count(DISTINCT prompt_id) FROM requests GROUP BY ALL"
+    ).fetchall()
+    for name, sha, count in prompts:
+        if (name, sha) in sets:
+            sets[(name, sha)]["prompts"] = count
     sec.add(
         Table(
             ["Prompt set", "sha256", "Prompts", "max_tokens", "Phases"],
@@ -211,7 +212,7 @@ def _setup(run: Run, warn: list[str]) -> Section:
                 [
                     n or "?",
                     h or "n/a",
-                    str(len(v["prompts"])),
+                    str(v["prompts"]),
                     ", ".join(map(str, sorted(v["max_tokens"]))),
                     ", ".join(v["phases"]),
                 ]

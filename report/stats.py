@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -18,73 +17,115 @@ CONFIDENCE = 0.95
 BOOTSTRAP_MAX_SAMPLES = 20_000
 
 
+def rank_of(n: int, q: float) -> tuple[int, int, float]:
+    """Type 7 for n sorted values: (lower rank, upper rank, weight of the upper), ranks 0-based."""
+    h = (n - 1) * q / 100.0
+    lo = math.floor(h)
+    return lo, min(lo + 1, n - 1), h - lo
+
+
+def interpolate(lo_value: float, hi_value: float, weight: float) -> float:
+    return lo_value + weight * (hi_value - lo_value)
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100), type 7: rank h = (n-1)·q/100, interpolated between floor and ceil."""
     data = sorted(values)
     if not data:
         return None
-    h = (len(data) - 1) * q / 100.0
-    lo = math.floor(h)
-    hi = min(lo + 1, len(data) - 1)
-    return data[lo] + (h - lo) * (data[hi] - data[lo])
+    lo, hi, w = rank_of(len(data), q)
+    return interpolate(data[lo], data[hi], w)
 
 
-def summary(values: Sequence[float]) -> dict[str, float | int | None]:
+def finite(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The finite values as a float array (None and NaN dropped)."""
+    data = np.asarray([np.nan if v is None else v for v in values] if not isinstance(values, np.ndarray) else values)
+    data = data.astype(float, copy=False)
+    return data[np.isfinite(data)]
+
+
+def summary(values: Sequence[float] | np.ndarray) -> dict[str, float | int | None]:
     """n, p50/p90/p95/p99, mean, min, max of one sample set; None where there are no samples."""
-    data = [float(v) for v in values if v is not None and math.isfinite(v)]
-    out: dict[str, float | int | None] = {"n": len(data)}
+    data = np.sort(finite(values))
+    return summary_of(len(data), lambda r: float(data[r]), math.fsum(data.tolist()) if len(data) else 0.0)
+
+
+def summary_of(n: int, at: Callable[[int], float], total: float) -> dict[str, float | int | None]:
+    """The summary from a count, the value at any 0-based rank of the sorted samples, and their exact sum."""
+    out: dict[str, float | int | None] = {"n": n}
     for q in QUANTILES:
-        out[f"p{q}"] = percentile(data, q)
-    out["mean"] = statistics.fmean(data) if data else None
-    out["min"] = min(data) if data else None
-    out["max"] = max(data) if data else None
+        out[f"p{q}"] = None
+        if n:
+            lo, hi, w = rank_of(n, q)
+            out[f"p{q}"] = interpolate(at(lo), at(hi), w)
+    out["mean"] = total / n if n else None  # statistics.fmean: the exact sum (fsum) over n
+    out["min"] = at(0) if n else None
+    out["max"] = at(n - 1) if n else None
     return out
 
 
-def median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
+def summary_ranks(n: int) -> set[int]:
+    """The ranks summary_of reads: what to select from a pool too large to sort."""
+    ranks = {0, n - 1} if n else set()
+    for q in QUANTILES:
+        ranks |= set(rank_of(n, q)[:2]) if n else set()
+    return ranks
+
+
+def median(values: Sequence[float] | np.ndarray) -> float | None:
+    """statistics.median on any sequence or array: the middle value, or the mean of the two middle values."""
+    data = np.asarray(values, dtype=float)
+    n = len(data)
+    if not n:
+        return None
+    mid = n // 2
+    part = np.partition(data, [mid - 1, mid] if n > 1 else [mid])
+    return float(part[mid]) if n % 2 else (float(part[mid - 1]) + float(part[mid])) / 2
 
 
 def bootstrap_median_delta(
-    current: Sequence[float],
-    baseline: Sequence[float],
+    current: Sequence[float] | np.ndarray,
+    baseline: Sequence[float] | np.ndarray,
     *,
     paired: bool,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
     confidence: float = CONFIDENCE,
+    pools: tuple[tuple[int, float | None], tuple[int, float | None]] | None = None,
 ) -> dict[str, float | int | bool | None]:
     """median(current) - median(baseline) with a percentile bootstrap CI.
 
     Paired: current[i] and baseline[i] are the same prompt; whole pairs are resampled so the
-    prompt-to-prompt spread cancels. Unpaired: each side is resampled on its own.
+    prompt-to-prompt spread cancels. Unpaired: each side is resampled on its own. pools: (n, exact median)
+    of each side when current and baseline are already uniform subsamples of pools too large to pass whole.
     """
-    cur, base = list(current), list(baseline)
+    cur, base = np.asarray(current, dtype=float), np.asarray(baseline, dtype=float)
+    (n_cur, m_cur), (n_base, m_base) = pools or ((len(cur), median(cur)), (len(base), median(base)))
     out: dict[str, float | int | bool | None] = {
         "paired": paired,
-        "n_current": len(cur),
-        "n_baseline": len(base),
+        "n_current": n_cur,
+        "n_baseline": n_base,
         "resamples": resamples,
         "seed": seed,
-        "median_current": median(cur),
-        "median_baseline": median(base),
+        "median_current": m_cur,
+        "median_baseline": m_base,
         "delta": None,
         "ci_low": None,
         "ci_high": None,
         "delta_pct": None,
     }
-    if not cur or not base:
+    if not len(cur) or not len(base):
         return out
     if paired and len(cur) != len(base):
         raise ValueError("paired bootstrap needs equally long samples")
-    delta = statistics.median(cur) - statistics.median(base)
+    delta = m_cur - m_base
     out["delta"] = delta
-    if out["median_baseline"]:
-        out["delta_pct"] = 100.0 * delta / float(out["median_baseline"])
+    if m_base:
+        out["delta_pct"] = 100.0 * delta / float(m_base)
     rng = np.random.default_rng(seed)
-    cur_a, base_a = np.asarray(cur, dtype=float), np.asarray(base, dtype=float)
+    cur_a, base_a = cur, base
     if not paired:
-        out["subsampled"] = len(cur) > BOOTSTRAP_MAX_SAMPLES or len(base) > BOOTSTRAP_MAX_SAMPLES
+        out["subsampled"] = max(n_cur, n_base) > BOOTSTRAP_MAX_SAMPLES
         if len(cur_a) > BOOTSTRAP_MAX_SAMPLES:
             cur_a = rng.choice(cur_a, BOOTSTRAP_MAX_SAMPLES, replace=False)
         if len(base_a) > BOOTSTRAP_MAX_SAMPLES:

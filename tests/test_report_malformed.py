@@ -80,7 +80,8 @@ def test_wrong_typed_fields_are_skipped_and_the_report_is_written(tmp_path, caps
         ({"ok": 1}, "ok: expected true or false, got an integer"),
         ({"output_tokens": 12.5}, "output_tokens: expected an integer, got a number"),
         ({"output_tokens": True}, "output_tokens: expected an integer, got true/false"),
-        ({"output_tokens": 10**400}, "output_tokens: out of range (0 to 1e+09)"),
+        ({"output_tokens": 10**400}, "output_tokens: expected an integer, got a number"),  # beyond any integer type
+        ({"output_tokens": 10**12}, "output_tokens: out of range (0 to 1e+09)"),
         ({"e2e_s": -0.5}, "e2e_s: out of range (0 to 1e+07)"),
         ({"itl_s": [0.1, "0.2"]}, "itl_s: expected a list of numbers, got a list"),
         ({"itl_s": 0.1}, "itl_s: expected a list of numbers, got a number"),
@@ -96,7 +97,7 @@ def test_wrong_typed_fields_are_skipped_and_the_report_is_written(tmp_path, caps
 def test_each_contract_rule_names_its_reason(tmp_path, change, reason):
     run = load(with_record_changes(RUNS / "seed-vllm-ollama", tmp_path / "r", {0: change}))
     assert run.warnings == [f"requests.jsonl: 1 record skipped, {reason} (line 1)"]
-    assert len(run.requests) == 19
+    assert run.request_count == 19
 
 
 def test_nan_and_infinity_literals_are_refused(tmp_path):
@@ -232,15 +233,15 @@ def check_report(folder: Path) -> None:
         name: sum(int(w.split(" ", 2)[1]) for w in run.warnings if w.startswith(f"{name}: ") and " skipped, " in w)
         for name in ("requests.jsonl", "phases.jsonl")
     }
-    assert len(run.requests) + skipped["requests.jsonl"] == lines_in(folder / "requests.jsonl")
-    assert all(math.isfinite(r.started_at) for r in run.requests)
+    assert run.request_count + skipped["requests.jsonl"] == lines_in(folder / "requests.jsonl")
+    assert all(math.isfinite(r.started_at) for i in run.engines for r in run.requests_of(i))
     json.loads((folder / "report.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in report.json"))
 
 
 @settings(
-    max_examples=150,
+    max_examples=40,
     deadline=None,
-    derandomize=True,  # a fixed seed: the same 150 folders on every run
+    derandomize=True,  # a fixed seed: the same 40 folders on every run
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(run_folders())
@@ -248,7 +249,7 @@ def test_fuzzed_run_folders_always_get_a_report(tmp_path, changes):
     check_report(fuzzed_copy(tmp_path / "fuzzed", *changes))
 
 
-@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(run_folders())
 def test_fuzzed_run_folders_through_the_cli_with_plots(tmp_path, changes):
     folder = fuzzed_copy(tmp_path / "fuzzed", *changes)

@@ -1,0 +1,364 @@
+"""The one reader of a run folder's JSONL: DuckDB streams each file once and checks every line against the contract.
+
+Why DuckDB: a long run's requests.jsonl is gigabytes (1 M requests x 256 tokens), more than Python objects can
+hold. DuckDB parses JSON in C++ on every core, streams it, spills to disk past its memory limit, and gives exact
+aggregates and quantiles, so the report asks it questions instead of loading the records.
+
+Each line lands in a table with its line number and either typed columns or the reason it was refused;
+`requests` and `phases` are views of the accepted rows. The checks are generated from the contract's field
+table (servescope.runfolder), so the rule is written once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+
+from servescope import runfolder
+from servescope.runfolder import MAX_ENGINE_NUMBER, NOT_JSON, NOT_OBJECT, TORN, Field, Skips
+
+# Memory the engine may use before it spills to its temporary directory; the report process's peak stays near
+# this plus the plots, whatever the size of the run.
+MEMORY_LIMIT = "1GB"
+IN_MEMORY_BYTES = 64 << 20  # JSONL below this is read into memory; above, into a compressed temporary database
+ONE_THREAD_BYTES = 8 << 20
+# Lines are read whole (a CSV scan with a delimiter no JSON line can hold: raw control characters are invalid
+# JSON) so that each keeps its line number and a bad one costs only itself.
+_NO_DELIMITER = "\x01\x02\x03\x04"
+_MAX_LINE_BYTES = 1 << 25  # 32 MB: a record of 1.5 M tokens at full precision
+_TYPE_WORDS = {
+    "VARCHAR": "a string",
+    "BIGINT": "an integer",
+    "UBIGINT": "an integer",
+    "DOUBLE": "a number",
+    "BOOLEAN": "true/false",
+    "ARRAY": "a list",
+    "OBJECT": "an object",
+    "NULL": "null",
+}
+_JSON_TYPES = {  # the json_type() values each kind of field accepts
+    "str": ("VARCHAR",),
+    "int": ("BIGINT", "UBIGINT"),
+    "float": ("BIGINT", "UBIGINT", "DOUBLE"),
+    "bool": ("BOOLEAN",),
+    "object": ("OBJECT",),
+}
+_KIND_WORDS = {
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "object": "an object",
+}
+_SQL_TYPES = {"str": "VARCHAR", "int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "object": "JSON"}
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _num(value: float) -> str:
+    return repr(float(value))
+
+
+def _type_word(expr: str) -> str:
+    cases = " ".join(f"WHEN {_q(t)} THEN {_q(w)}" for t, w in _TYPE_WORDS.items())
+    return f"(CASE {expr} {cases} ELSE lower({expr}) END)"
+
+
+def _struct(spec: tuple[Field, ...], typed: bool) -> str:
+    types = {f.name: ("DOUBLE[]" if f.kind == "floats" else _SQL_TYPES[f.kind] if typed else "JSON") for f in spec}
+    return _q("{" + ", ".join(f'"{name}": "{t}"' for name, t in types.items()) + "}")
+
+
+def _range_checks(f: Field, value: str) -> list[tuple[str, str]]:
+    """[(condition, reason)] on a field's typed value (NULL passes): the same whichever way it was parsed."""
+    if f.kind == "floats":
+        return [
+            (
+                f"len({value}) > 0 AND NOT (list_min({value}) >= {_num(f.lo)} AND list_max({value}) <= {_num(f.hi)})",
+                _q(f"{f.name}: a value out of range ({f.lo:g} to {f.hi:g})"),
+            )
+        ]
+    if f.kind in ("int", "float"):  # NaN and infinities fail BETWEEN
+        return [
+            (
+                f"NOT ({value} BETWEEN {_num(f.lo)} AND {_num(f.hi)})",
+                _q(f"{f.name}: out of range ({f.lo:g} to {f.hi:g})"),
+            )
+        ]
+    return []
+
+
+def _strict_checks(spec: tuple[Field, ...]) -> str:
+    """The contract, checked in full on a line parsed with every field as JSON (j) beside its raw text (line):
+    the first failing rule's reason in field order, '' for a blank line, NULL for a record that meets it."""
+    first = spec[0].name  # a required field: NULL may mean the line is not an object at all
+    checks = [
+        ("j IS NULL AND trim(line) = ''", "''"),
+        ("j IS NULL AND json_valid(line)", _q(NOT_OBJECT)),
+        ("j IS NULL", _q(NOT_JSON)),
+        (f"j.{first} IS NULL AND json_type(line) <> 'OBJECT'", _q(NOT_OBJECT)),
+    ]
+    for f in spec:
+        col = f"j.{f.name}"
+        if f.required:
+            checks.append((f"{col} IS NULL", _q(f"missing {f.name}")))
+        if f.kind == "floats":
+            # Parsed as DOUBLE[], which would read "0.2" as 0.2 and true as 1.0: the raw text must hold numbers only.
+            raw_type = f"json_type(line, '$.{f.name}')"
+            checks.append(
+                (
+                    f"{col} IS NULL AND coalesce({raw_type}, 'NULL') <> 'NULL'",
+                    f"{_q(f'{f.name}: expected a list of numbers, got ')} || {_type_word(raw_type)}",
+                )
+            )
+            checks.append(
+                (
+                    f"regexp_matches(line, {_q(_LIST_OF_NON_NUMBERS.format(name=f.name))})",
+                    _q(f"{f.name}: expected a list of numbers, got a list"),
+                )
+            )
+            checks += _range_checks(f, col)
+            continue
+        jtype = f"json_type({col})"
+        allowed = ", ".join(_q(t) for t in _JSON_TYPES[f.kind])
+        checks.append(
+            (
+                f"{col} IS NOT NULL AND {jtype} NOT IN ({allowed})",
+                f"{_q(f'{f.name}: expected {_KIND_WORDS[f.kind]}, got ')} || {_type_word(jtype)}",
+            )
+        )
+        checks += _range_checks(f, f"TRY_CAST({col} AS DOUBLE)")
+        if f.kind == "object":
+            checks.append(
+                (
+                    f"{col} <> '{{}}' AND EXISTS (SELECT 1 FROM json_tree({col}) "
+                    f"WHERE type IN ('BIGINT', 'UBIGINT', 'DOUBLE') "
+                    f"AND NOT abs(TRY_CAST(value AS DOUBLE)) <= {_num(MAX_ENGINE_NUMBER)})",
+                    _q(f"{f.name}: holds a number that is not finite or beyond 2^63"),
+                )
+            )
+    checks += _cross_checks(spec, "TRY_CAST(j.{} AS DOUBLE)")
+    return "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in checks) + " END"
+
+
+def _cross_checks(spec: tuple[Field, ...], value: str) -> list[tuple[str, str]]:
+    names = {f.name for f in spec}
+    if {"started_at", "ended_at"} <= names:
+        return [(f"{value.format('ended_at')} < {value.format('started_at')}", _q(runfolder.ENDS_BEFORE_START))]
+    return []
+
+
+# A list holding anything but numbers: a quote, a letter other than an exponent's e, a nested [ or {.
+_LIST_OF_NON_NUMBERS = r'"{name}"\s*:\s*\[[^\]]*[^-+0-9.eE,\s\]]'
+
+
+def _suspect_pattern(spec: tuple[Field, ...]) -> str:
+    """A regex for the lines a typed parse could read leniently ("12" as 12, true as 1.0, 12.5 as 13, a number past
+    BIGINT as NULL...): it misses none of them and may match good lines (the full check passes those).
+
+    Each pattern is anchored on a key; engine stats are free-form, so every number after their key is looked at.
+    Scanning the number list costs as much as parsing it: the price of refusing "0.2" in a list of gaps."""
+
+    def keys(*kinds: str) -> str:
+        return "|".join(f.name for f in spec if f.kind in kinds)
+
+    # Groups do not capture: RE2 answers a match with no captures from its DFA.
+    value = r'"(?:{keys})"\s*:\s*'
+    number = r"[:,\[]\s*-?"  # where a JSON number can start
+    huge = r"(?:[0-9]{19,}|[0-9.]+[eE]\+?0*(?:1[89]|[2-9][0-9]|[1-9][0-9]{2,})|NaN|Infinity)"  # >= 10^18, not finite
+    patterns = [
+        value.format(keys=keys("str")) + r'[^"n\s]',  # a string field that is not a string or null
+        value.format(keys=keys("int", "float")) + r"[^-0-9n\s]",  # a number field that is not a number or null
+        value.format(keys=keys("int")) + r"-?(?:[0-9]*[.eE]|[0-9]{19,})",  # a fraction, an exponent, past BIGINT
+        value.format(keys=keys("bool")) + r"[^tfn\s]",
+        value.format(keys=keys("floats")) + r"[^\[n\s]",
+        value.format(keys=keys("object")) + r"[^{n\s]",
+        value.format(keys=keys("object")) + r"\{.*" + number + huge,
+        r"\\u",  # an escaped character could spell a key the patterns above do not see
+        # A number list holding a string ("0.2") or true/false (the parse leaves a hole for null, [..], {..}).
+        value.format(keys=keys("floats")) + r'\[[^\]"tf]*["tf]',
+    ]
+    return "|".join(f"(?:{p})" for p in patterns if '"(?:)"' not in p)
+
+
+def _fast_columns(spec: tuple[Field, ...]) -> tuple[str, str, list[str]]:
+    """(suspect condition, reason for an unsuspected line, typed value columns) from the typed parse k."""
+    suspect = " OR ".join(
+        ["k IS NULL"]
+        + [f"k.{f.name} IS NULL" for f in spec if f.required]
+        + [f"list_count(k.{f.name}) < len(k.{f.name})" for f in spec if f.kind == "floats"]  # null, [..], {..}
+        + [f"regexp_matches(line, {_q(_suspect_pattern(spec))})"]
+    )
+    checks = [c for f in spec for c in _range_checks(f, f"k.{f.name}")] + _cross_checks(spec, "k.{}")
+    reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in checks) + " END" if checks else "NULL"
+    columns = []
+    for f in spec:
+        value = f"k.{f.name}"
+        if f.name == "instance":
+            value = "coalesce(k.instance, k.engine)"  # a record without one is its engine's only instance
+        elif f.default == {}:
+            value = f"coalesce({value}, '{{}}'::JSON)"
+        elif f.default == []:
+            value = f"coalesce({value}, []::DOUBLE[])"
+        elif f.default is not None:
+            value = f"coalesce({value}, {_q(f.default) if isinstance(f.default, str) else repr(f.default)})"
+        columns.append(f"{value}::{'DOUBLE[]' if f.kind == 'floats' else _SQL_TYPES[f.kind]} AS {f.name}")
+    return suspect, reason, columns
+
+
+def _ingest_sql(table: str, path: Path, spec: tuple[Field, ...], rejects: str) -> list[str]:
+    """Statements that read one JSONL file into table: a typed parse of every line (fast), then the full check of
+    the few lines the typed parse could have read leniently (their raw text is kept for it)."""
+    lines = (
+        f"read_csv({_q(str(path))}, columns={{'line': 'VARCHAR'}}, delim={_q(_NO_DELIMITER)}, quote='', escape='', "
+        f"header=false, auto_detect=false, new_line='\\n', strict_mode=false, max_line_size={_MAX_LINE_BYTES}, buffer_size={_MAX_LINE_BYTES}, "
+        f"ignore_errors=true, store_rejects=true, rejects_table={_q(rejects + '_errors')}, "
+        f"rejects_scan={_q(rejects + '_scans')}) WITH ORDINALITY"
+    )
+    suspect, reason, columns = _fast_columns(spec)
+    return [
+        f"CREATE TABLE {table} AS "
+        f"WITH src AS (SELECT ordinality AS line_no, line, TRY(from_json(line, {_struct(spec, typed=True)})) AS k "
+        f"FROM {lines} WHERE line IS NOT NULL), "
+        f"flagged AS (SELECT *, {suspect} AS suspect FROM src) "
+        f"SELECT line_no, CASE WHEN suspect THEN line END AS raw, CASE WHEN NOT suspect THEN {reason} END AS reason, "
+        f"{', '.join(columns)} FROM flagged",
+        f"CREATE TEMP TABLE {table}_checks AS SELECT line_no, {_strict_checks(spec)} AS reason "
+        f"FROM (SELECT line_no, raw AS line, TRY(from_json(raw, {_struct(spec, typed=False)})) AS j "
+        f"FROM {table} WHERE raw IS NOT NULL)",
+        f"UPDATE {table} SET reason = c.reason, raw = NULL FROM {table}_checks c WHERE {table}.line_no = c.line_no",
+        f"DELETE FROM {table} WHERE reason = ''",  # blank lines
+        f"DROP TABLE {table}_checks",
+    ]
+
+
+class RunData:
+    """One run folder's requests.jsonl and phases.jsonl read into DuckDB (tables request_lines, phase_lines: every
+    non-blank line with its number and the reason it was refused, or NULL; views requests, phases: the accepted)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        files: tuple[str, ...] = (runfolder.REQUESTS, runfolder.PHASES),
+        memory_limit: str = MEMORY_LIMIT,
+    ):
+        self.folder = Path(folder)
+        self.skips = Skips()
+        self._tmp = tempfile.mkdtemp(prefix="servescope-run-")
+        size = sum((self.folder / name).stat().st_size for name in files if (self.folder / name).exists())
+        # A small run stays in memory; a large one goes to a database file in a temporary directory, compressed,
+        # whose pages DuckDB evicts past its memory limit (instead of failing), and nothing outlives the reader.
+        database = ":memory:" if size < IN_MEMORY_BYTES else str(Path(self._tmp) / "run.duckdb")
+        config = {"memory_limit": memory_limit, "temp_directory": str(Path(self._tmp) / "spill")}
+        if size < ONE_THREAD_BYTES:
+            config["threads"] = 1  # a few hundred records: a second thread costs more than it parses
+        self.con = duckdb.connect(database, config=config)
+        self._closer = weakref.finalize(self, _remove, self.con, self._tmp)
+        for table, name, spec in (
+            ("request_lines", runfolder.REQUESTS, runfolder.REQUEST_FIELDS),
+            ("phase_lines", runfolder.PHASES, runfolder.PHASE_FIELDS),
+        ):
+            self._ingest(table, self.folder / name if name in files else None, spec)
+        self.con.execute(
+            "CREATE VIEW requests AS SELECT * EXCLUDE (raw, reason) FROM request_lines WHERE reason IS NULL"
+        )
+        self.con.execute("CREATE VIEW phases AS SELECT * EXCLUDE (raw, reason) FROM phase_lines WHERE reason IS NULL")
+
+    def close(self) -> None:
+        self._closer()
+
+    def _ingest(self, table: str, path: Path | None, spec: tuple[Field, ...]) -> None:
+        if path is None or not path.exists():
+            empty = ", ".join(
+                f"NULL::{'DOUBLE[]' if f.kind == 'floats' else _SQL_TYPES[f.kind]} AS {f.name}" for f in spec
+            )
+            self.con.execute(
+                f"CREATE TABLE {table} AS SELECT 0::BIGINT AS line_no, NULL::VARCHAR AS raw, NULL::VARCHAR AS reason, "
+                f"{empty} LIMIT 0"
+            )
+            return
+        rejects = f"{table}_rejects"
+        for statement in _ingest_sql(table, path, spec, rejects):
+            self.con.execute(statement)
+        self._count_skips(table, path.name, rejects)
+
+    def _count_skips(self, table: str, name: str, rejects: str) -> None:
+        """Refused lines by reason, at their physical line numbers (a line the CSV scan rejected shifts the rest)."""
+        rejected = self.con.execute(
+            f"SELECT line, error_type, error_message FROM {rejects}_errors ORDER BY line"
+        ).fetchall()
+        shifts = [line for line, _, _ in rejected]
+
+        def physical(n: int) -> int:
+            for line in shifts:
+                if line <= n:
+                    n += 1
+            return n
+
+        last = max(
+            [physical(self.con.execute(f"SELECT coalesce(max(line_no), 0) FROM {table}").fetchone()[0])] + shifts
+        )
+        found: dict[str, list] = {}
+        for line, _, message in rejected:
+            reason = TORN if line == last else _rejected_reason(message)
+            entry = found.setdefault(reason, [0, []])
+            entry[0] += 1
+            entry[1].append(line)
+        rows = self.con.execute(
+            f"SELECT reason, count(*), list(line_no ORDER BY line_no)[:{Skips.SHOW_LINES}], max(line_no) "
+            f"FROM {table} WHERE reason IS NOT NULL GROUP BY reason ORDER BY min(line_no)"
+        ).fetchall()
+        for reason, count, lines, _ in rows:
+            lines = [physical(n) for n in lines]
+            if reason == NOT_JSON and lines[-1] == last:
+                # A run killed mid-write leaves at most one torn last line: skip it, keep the rest.
+                torn = found.setdefault(TORN, [0, []])
+                torn[0] += 1
+                torn[1].append(last)
+                count -= 1
+                lines = lines[:-1]
+                if not count:
+                    continue
+            entry = found.setdefault(reason, [0, []])
+            entry[0] += count
+            entry[1].extend(lines)
+        for reason, (count, lines) in sorted(found.items(), key=lambda kv: min(kv[1][1] or [math.inf])):
+            self.skips.add(name, reason, count, sorted(lines)[: Skips.SHOW_LINES])
+
+    def records(self, view: str, cls, where: str = "", params: list | None = None, order: str = "line_no") -> Iterator:
+        """The accepted rows of a view as contract dataclasses, in batches (small selections: each is a Python object)."""
+        names = [f.name for f in (runfolder.REQUEST_FIELDS if view == "requests" else runfolder.PHASE_FIELDS)]
+        cur = self.con.cursor()
+        cur.execute(
+            f"SELECT {', '.join(names)} FROM {view} {('WHERE ' + where) if where else ''} ORDER BY {order}",
+            params or [],
+        )
+        while batch := cur.fetchmany(10_000):
+            for row in batch:
+                data = dict(zip(names, row, strict=True))
+                if "engine_stats" in data:
+                    data["engine_stats"] = json.loads(data["engine_stats"]) if data["engine_stats"] else {}
+                yield cls(**data)
+        cur.close()
+
+
+def _rejected_reason(message: str) -> str:
+    if "unicode" in message.lower():
+        return "not UTF-8 text"
+    if "maximum line size" in message.lower():
+        return f"a line longer than {_MAX_LINE_BYTES >> 20} MB"
+    return "unreadable line (" + message.split("\n")[0][:80] + ")"
+
+
+def _remove(con: duckdb.DuckDBPyConnection, tmp: str) -> None:
+    con.close()
+    shutil.rmtree(tmp, ignore_errors=True)
