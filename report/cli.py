@@ -39,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    run = baseline = None
+    started = time.monotonic()
     try:
         run = load.load(load.resolve(args.run, args.results))
         if args.table_only:
@@ -49,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
 
         baseline = load.load(load.resolve(args.baseline, args.results)) if args.baseline else None
         url = args.prometheus or default_prometheus_url()
-        started = time.monotonic()
         print(
             f"report: run {run.run_id}: {run.request_count} requests, {len(run.phases)} phases; "
             f"querying {url} and drawing plots",
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             f"report: cannot write the report: {exc.strerror or exc} ({getattr(exc, 'filename', '')})", file=sys.stderr
         )
         return 1
+    finally:
+        for opened in (run, baseline):
+            if opened is not None:
+                opened.close()  # the engine's temporary files go now, not at exit
     for warning in run.warnings:
         print(f"report: warning: {warning}", file=sys.stderr)
     gauge = numbers["gauges"]

@@ -16,8 +16,8 @@ METHOD = (
     f"CI over {stats.BOOTSTRAP_RESAMPLES} resamples (seed {stats.BOOTSTRAP_SEED}). Paired when both sides ran the same "
     f"prompt set: each prompt's median on one side against the same prompt's on the other, whole pairs resampled. "
     f"ITL pools every gap, so it is never paired; a side above {stats.BOOTSTRAP_MAX_SAMPLES:,} samples is subsampled "
-    f"once (seeded) before resampling, which can only widen the interval (past {query.FETCH_WHOLE:,} gaps the "
-    f"subsample is drawn in the engine; the medians stay exact)."
+    f"once (seeded) before resampling, which can only widen the interval (past {query.FETCH_WHOLE:,} gaps it is an "
+    f"even sample drawn in the engine: every j-th gap of each request; the medians stay exact)."
 )
 
 
@@ -108,7 +108,7 @@ def _unpaired(side: Side, metric: str) -> np.ndarray:
 
 
 def _pooled(current: Side, baseline: Side) -> dict:
-    """ITL: every gap of each side; a pool too large to fetch gives its exact median and a seeded uniform sample."""
+    """ITL: every gap of each side; a pool too large to fetch gives its exact median and an even sample."""
     pc, pb = (latency.pool(s.run, s.instance, s.scenario) for s in (current, baseline))
     if pc.whole and pb.whole:
         return stats.bootstrap_median_delta(pc.in_order(), pb.in_order(), paired=False)

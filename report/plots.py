@@ -105,20 +105,21 @@ def _any_ok(run: Run, instance: str, scenario: str) -> bool:
 
 
 def _box(run: Run, instance: str, scenario: str, metric: str) -> dict | None:
-    """One box's statistics in ms, as matplotlib's boxplot(whis=(5, 95)) computes them; a pooled metric too large
-    to fetch gets them from exact order statistics and at most MAX_FLIERS fliers (a seeded sample)."""
+    """One box's statistics in ms, as matplotlib's boxplot(whis=(p5, p95)) computes them; a pooled metric too large
+    to fetch gets them from exact order statistics and at most MAX_FLIERS fliers (an even sample)."""
+    whis = (latency.BOX_QUANTILES[0], latency.BOX_QUANTILES[-1])
     if metric != "itl_s":
         data = latency.samples(run, instance, scenario, metric) * 1000
-        return cbook.boxplot_stats(data, whis=(5, 95))[0] if len(data) else None
+        return cbook.boxplot_stats(data, whis=whis)[0] if len(data) else None
     pool = latency.pool(run, instance, scenario)
     if not pool.n:
         return None
     if pool.whole:
-        return cbook.boxplot_stats(pool.in_order() * 1000, whis=(5, 95))[0]
+        return cbook.boxplot_stats(pool.in_order() * 1000, whis=whis)[0]
     # The whiskers are data points: the smallest value >= p5 and the largest <= p95.
-    low, high = pool.percentile(5), pool.percentile(95)
-    lo5, hi5, _ = stats.rank_of(pool.n, 5)
-    lo95, hi95, _ = stats.rank_of(pool.n, 95)
+    low, high = (pool.percentile(q) for q in whis)
+    lo5, hi5, _ = stats.rank_of(pool.n, whis[0])
+    lo95, hi95, _ = stats.rank_of(pool.n, whis[1])
     whislo = pool.at(lo5) if pool.at(lo5) >= low else pool.at(hi5)
     whishi = pool.at(hi95) if pool.at(hi95) <= high else pool.at(lo95)
     return {

@@ -2,9 +2,9 @@
 
 Per-request columns (a 1 M-request run is 8 MB a column) come back as numpy arrays and are computed on exactly as
 lists were. A pool of every inter-token gap (256 M values for 1 M requests) is never fetched whole past
-FETCH_WHOLE values: its percentiles are exact order statistics found by selection in the engine (a sample sets a
-bracket around each wanted rank, one pass counts what lies below and inside it, only the inside is fetched), and
-the plots and the bootstrap get seeded uniform samples drawn in the engine.
+FETCH_WHOLE values: its percentiles are exact order statistics found by selection in the engine (an even sample
+sets a narrow bracket around each wanted rank; one pass counts what lies below, on and inside each bracket and
+fetches only the inside), and the plots and the bootstrap get an even sample of it.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from report import stats
 # The report's order of requests: as sent, ties by arrival within a burst, then as written.
 ORDER = "started_at, coalesce(arrival_index, 0), line_no"
 FETCH_WHOLE = 2_000_000  # a pool up to this many values (16 MB) is fetched and computed on like a list
-FETCH_BRACKET = 4_000_000  # the most values one step of the selection brings back (32 MB)
-SAMPLE_VALUES = 1_000_000  # the sample that places the brackets (its size only sets the speed, never the result)
-SPLIT = 4096  # a bracket still too full is split into this many equal-width buckets, and the search goes on
-SEED = stats.BOOTSTRAP_SEED
+# The even sample that places the brackets: its size sets how much each pass fetches (about 12 / sqrt of it of the
+# pool per bracket), never the result.
+SAMPLE_VALUES = 1_000_000
 
 
 def column(con, expr: str, where: str = "TRUE", params: Sequence[Any] = (), order: bool = True) -> np.ndarray:
@@ -43,8 +42,11 @@ class Pool:
         self.where = where
         self.params = list(params)
         self.source = f"SELECT unnest(itl_s) AS v FROM requests WHERE {where}"
+        # Totals from each list's count, sum, min and max (kept beside the list when it was read).
         n, total, low, high = con.execute(
-            f"SELECT count(v), fsum(v), min(v), max(v) FROM ({self.source})", self.params
+            f"SELECT coalesce(sum(itl_s_n), 0), fsum(itl_s_sum), min(itl_s_min), max(itl_s_max) FROM requests "
+            f"WHERE {where}",
+            self.params,
         ).fetchone()
         self.n = int(n)
         self._whole: np.ndarray | None = None  # sorted, when the pool is small enough to hold
@@ -52,9 +54,10 @@ class Pool:
             self._whole = np.sort(self.in_order())
             self.total = math.fsum(self._whole.tolist())
         else:
-            self.total = float(total)  # compensated (Kahan-Babuska) sum: the mean to within rounding
+            self.total = float(total)  # compensated (Kahan-Babuska) sum of the lists' sums: to within rounding
         self.min, self.max = (low, high) if self.n else (None, None)
         self._known: dict[int, float] = {}
+        self._sample: np.ndarray | None = None
 
     @property
     def whole(self) -> bool:
@@ -98,60 +101,83 @@ class Pool:
         self.select([mid - 1, mid])
         return (self.at(mid - 1) + self.at(mid)) / 2
 
-    def sample(self, k: int, seed: int = SEED) -> np.ndarray:
-        """k values drawn uniformly without replacement, the same on every run (all of them when n <= k)."""
+    def sample(self, k: int) -> np.ndarray:
+        """About k values (never more), spread evenly over the pool: every j-th gap of each request, starting at an
+        offset that moves with the request's line, so each gap is equally likely and no request gives many."""
         if self.n <= k:
-            return self.in_order() if self.n <= FETCH_WHOLE else self._fetch("TRUE")
-        return self._fetch("TRUE", limit=k, seed=seed)
+            return self.in_order() if self.n <= FETCH_WHOLE else self._every(1)
+        return self._every(math.ceil(self.n / k))[:k]
 
-    def outside(self, low: float, high: float, k: int, seed: int = SEED) -> np.ndarray:
-        """Values below low or above high (a box plot's fliers): all when there are few, else a seeded sample of k."""
+    def outside(self, low: float, high: float, k: int) -> np.ndarray:
+        """Values below low or above high (a box plot's fliers): all of them in a small pool, else at most k of an
+        even sample (an even sample of the pool, kept where it lies outside, is an even sample of the outside)."""
         if self._whole is not None:
             data = self._whole
             return data[(data < low) | (data > high)]
-        return self._fetch(f"v < {low!r} OR v > {high!r}", limit=k, seed=seed)
+        sample = self._bracket_sample()
+        out = sample[(sample < low) | (sample > high)]
+        return out[:: max(1, math.ceil(len(out) / k))]
 
-    def _fetch(self, condition: str, limit: int | None = None, seed: int = SEED) -> np.ndarray:
-        if limit is None:
-            sql = f"SELECT v FROM ({self.source}) WHERE {condition}"
-        else:
-            # Seeded hash order of (request, position): a uniform sample without replacement, in one pass.
-            sql = (
-                f"SELECT v FROM (SELECT unnest(itl_s) AS v, generate_subscripts(itl_s, 1) AS i, line_no "
-                f"FROM requests WHERE {self.where}) WHERE {condition} ORDER BY hash(line_no, i, {int(seed)}) "
-                f"LIMIT {int(limit)}"
-            )
+    def _every(self, j: int) -> np.ndarray:
+        sql = (
+            f"SELECT unnest(list_slice(itl_s, 1 + line_no % {j}, len(itl_s), {j})) AS v FROM requests "
+            f"WHERE {self.where} ORDER BY line_no"
+        )
         return np.asarray(self.con.execute(sql, self.params).fetchnumpy()["v"], dtype=float)
+
+    def _bracket_sample(self) -> np.ndarray:
+        if self._sample is None:
+            self._sample = np.sort(self._every(max(1, round(self.n / SAMPLE_VALUES))))
+        return self._sample
 
     # ------------------------------------------------------------ exact selection in bounded memory
 
     def select(self, ranks: Iterable[int]) -> None:
-        """Find the values at these 0-based ranks of the sorted pool, exactly, fetching a few brackets at most."""
+        """Find the values at these 0-based ranks of the sorted pool, exactly, in one pass over the pool (more only
+        when the even sample that places the brackets misplaced one)."""
         wanted = sorted({r for r in ranks if r not in self._known and 0 <= r < self.n})
         if self._whole is not None or not wanted:
             return
-        sample = np.sort(self._sample_for_brackets())
+        sample = self._bracket_sample()
         widen = 1.0
         while wanted:
-            brackets = self._brackets(wanted, sample, widen)
-            counts = self._region_counts([b[:2] for b in brackets])
-            missed = []
-            for j, (low, high, targets) in enumerate(brackets):
-                below, inside = sum(counts[: 2 * j + 1]), counts[2 * j + 1]
-                hit = [r for r in targets if below <= r < below + inside]
-                missed += [r for r in targets if r not in hit]
-                if hit:
-                    self._resolve(f"v BETWEEN {_sql_float(low)} AND {_sql_float(high)}", below, inside, hit)
-            wanted = missed  # the sample misplaced a bracket: widen it and count again
-            widen *= 8
+            wanted = self._select_once(wanted, sample, widen)
+            widen *= 8  # a bracket missed its rank: wider ones, counted again
 
-    def _sample_for_brackets(self) -> np.ndarray:
-        """Every gap of about one request in k (by a hash of the line): cheap, and enough to aim the brackets."""
-        rows = self.con.execute(f"SELECT count(*) FROM requests WHERE {self.where}", self.params).fetchone()[0]
-        every = max(1, round(self.n / SAMPLE_VALUES))
-        sql = f"SELECT unnest(itl_s) AS v FROM requests WHERE ({self.where}) AND hash(line_no) % {every} = 0"
-        data = np.asarray(self.con.execute(sql, self.params).fetchnumpy()["v"], dtype=float)
-        return data if len(data) or not rows else self._fetch("TRUE", limit=SAMPLE_VALUES)
+    def _select_once(self, ranks: list[int], sample: np.ndarray, widen: float) -> list[int]:
+        """One pass: count the values below, at and inside each bracket and fetch the inside; the missed ranks."""
+        brackets = self._brackets(ranks, sample, widen)
+        bounds: list[float] = []
+        for low, high, _ in brackets:
+            # Ties sit on a bracket's ends, counted and never fetched: (.., low), [low], (low, high), [high].
+            bounds += [np.nextafter(low, -np.inf), low] + ([np.nextafter(high, -np.inf), high] if high > low else [])
+        inside = " OR ".join(f"(v > {_sql_float(low)} AND v < {_sql_float(high)})" for low, high, _ in brackets)
+        counts, values = self.con.execute(
+            f"SELECT histogram(v, [{', '.join(map(_sql_float, bounds))}]), list(v) FILTER (WHERE {inside}) "
+            f"FROM ({self.source})",
+            self.params,
+        ).fetchone()
+        counts = dict(counts)
+        values = np.sort(np.asarray(values or [], dtype=float))
+        below = 0  # values under the current bracket's low end
+        seen = [b for b in sorted(counts) if b != math.inf]
+        missed = []
+        for low, high, targets in brackets:
+            below = sum(counts[b] for b in seen if b < low)
+            at_low = counts.get(low, 0)
+            between = values[(values > low) & (values < high)]
+            at_high = counts.get(high, 0) if high > low else 0
+            for r in targets:
+                offset = r - below
+                if 0 <= offset < at_low:
+                    self._known[r] = float(low)
+                elif 0 <= offset - at_low < len(between):
+                    self._known[r] = float(between[offset - at_low])
+                elif 0 <= offset - at_low - len(between) < at_high:
+                    self._known[r] = float(high)
+                else:
+                    missed.append(r)
+        return missed
 
     def _brackets(self, ranks: list[int], sample: np.ndarray, widen: float) -> list[tuple[float, float, list[int]]]:
         """Disjoint value ranges, each expected to hold some of the ranks, with a margin of many standard errors."""
@@ -159,7 +185,7 @@ class Pool:
         spans = []
         for r in ranks:
             p = r / max(1, self.n - 1)
-            margin = widen * (6 * math.sqrt(m * p * (1 - p)) + 0.002 * m + 16)
+            margin = widen * (6 * math.sqrt(m * p * (1 - p)) + 16)
             lo_i, hi_i = math.floor(p * (m - 1) - margin), math.ceil(p * (m - 1) + margin)
             low = float(sample[lo_i]) if m and lo_i > 0 else -math.inf
             high = float(sample[hi_i]) if m and hi_i < m - 1 else math.inf
@@ -174,46 +200,6 @@ class Pool:
                 merged.append(span)
         return [(low, high, targets) for low, high, targets in merged]
 
-    def _region_counts(self, brackets: list[tuple[float, float]]) -> list[int]:
-        """Counts of values below the first bracket, in it, between it and the next, ... (2k + 1 regions)."""
-        cases = []
-        for j, (low, high) in enumerate(brackets):
-            cases.append(f"WHEN v < {_sql_float(low)} THEN {2 * j}")
-            cases.append(f"WHEN v <= {_sql_float(high)} THEN {2 * j + 1}")
-        sql = (
-            f"SELECT region, count(*) FROM (SELECT CASE {' '.join(cases)} ELSE {2 * len(brackets)} END AS region "
-            f"FROM ({self.source})) GROUP BY region"
-        )
-        found = dict(self.con.execute(sql, self.params).fetchall())
-        return [int(found.get(i, 0)) for i in range(2 * len(brackets) + 1)]
-
-    def _resolve(self, condition: str, below: int, inside: int, ranks: list[int], depth: int = 0) -> None:
-        """The values at ranks, all of which lie among the `inside` values meeting condition (`below` lie under)."""
-        if inside <= FETCH_BRACKET or depth >= 8:
-            values = np.sort(self._fetch(condition))
-            for r in ranks:
-                self._known[r] = float(values[r - below])
-            return
-        low, high = self.con.execute(
-            f"SELECT min(v), max(v) FROM ({self.source}) WHERE {condition}", self.params
-        ).fetchone()
-        if low == high:
-            for r in ranks:
-                self._known[r] = float(low)
-            return
-        # Equal-width buckets; the bucket of a value only grows with the value (IEEE arithmetic is monotone), so
-        # counts of lower buckets are counts of smaller values.
-        key = f"least(floor((v - {low!r}) * {SPLIT / (high - low)!r}), {SPLIT - 1})::INTEGER"
-        hist = self.con.execute(
-            f"SELECT {key} AS b, count(*) FROM ({self.source}) WHERE {condition} GROUP BY b ORDER BY b", self.params
-        ).fetchall()
-        start = below
-        for b, count in hist:
-            inner = [r for r in ranks if start <= r < start + count]
-            if inner:
-                self._resolve(f"({condition}) AND {key} = {b}", start, count, inner, depth + 1)
-            start += count
-
 
 def _sql_float(value: float) -> str:
-    return "'inf'::DOUBLE" if value == math.inf else "'-inf'::DOUBLE" if value == -math.inf else repr(value)
+    return "'inf'::DOUBLE" if value == math.inf else "'-inf'::DOUBLE" if value == -math.inf else repr(float(value))

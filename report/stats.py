@@ -64,11 +64,11 @@ def summary_of(n: int, at: Callable[[int], float], total: float) -> dict[str, fl
     return out
 
 
-def summary_ranks(n: int) -> set[int]:
-    """The ranks summary_of reads: what to select from a pool too large to sort."""
+def summary_ranks(n: int, quantiles: tuple[float, ...] = QUANTILES) -> set[int]:
+    """The ranks summary_of reads (and those of any other percentiles): what to select from a pool too large to sort."""
     ranks = {0, n - 1} if n else set()
-    for q in QUANTILES:
-        ranks |= set(rank_of(n, q)[:2]) if n else set()
+    for q in quantiles if n else ():
+        ranks |= set(rank_of(n, q)[:2])
     return ranks
 
 
@@ -131,19 +131,46 @@ def bootstrap_median_delta(
         if len(base_a) > BOOTSTRAP_MAX_SAMPLES:
             base_a = rng.choice(base_a, BOOTSTRAP_MAX_SAMPLES, replace=False)
     deltas: list[float] = []
+    cur_r, base_r = _Ranked(cur_a), _Ranked(base_a)
     # Chunks keep memory bounded when ITL pools thousands of gaps per side.
     chunk = max(1, min(resamples, 2_000_000 // max(len(cur_a), len(base_a))))
     while len(deltas) < resamples:
         k = min(chunk, resamples - len(deltas))
         if paired:
             idx = rng.integers(0, len(cur_a), size=(k, len(cur_a)))
-            d = np.median(cur_a[idx], axis=1) - np.median(base_a[idx], axis=1)
+            d = cur_r.medians(idx) - base_r.medians(idx)
         else:
             ci = rng.integers(0, len(cur_a), size=(k, len(cur_a)))
             bi = rng.integers(0, len(base_a), size=(k, len(base_a)))
-            d = np.median(cur_a[ci], axis=1) - np.median(base_a[bi], axis=1)
+            d = cur_r.medians(ci) - base_r.medians(bi)
         deltas.extend(d.tolist())
     alpha = (1.0 - confidence) / 2.0
     out["ci_low"] = percentile(deltas, 100.0 * alpha)
     out["ci_high"] = percentile(deltas, 100.0 * (1.0 - alpha))
     return out
+
+
+def resampled_medians(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """np.median(values[idx], axis=1), found by counting instead of partitioning each row (faster, same bits):
+    a row's median is the value at its middle rank, and the counts of its ranks say where that is."""
+    return _Ranked(values).medians(idx)
+
+
+class _Ranked:
+    """A sample sorted once, so that each resample's median costs a count rather than a partition."""
+
+    def __init__(self, values: np.ndarray):
+        order = np.argsort(values, kind="stable")
+        self.ranks = np.empty(len(values), dtype=np.int64)
+        self.ranks[order] = np.arange(len(values))
+        self.ordered = values[order]
+
+    def medians(self, idx: np.ndarray) -> np.ndarray:
+        k, size = idx.shape
+        n = len(self.ordered)
+        flat = (self.ranks[idx] + (np.arange(k) * n)[:, None]).ravel()
+        below = np.cumsum(np.bincount(flat, minlength=k * n).reshape(k, n), axis=1)
+        # The m-th smallest (0-based) of a row sits at the first rank whose running count passes m.
+        lo = np.count_nonzero(below <= (size - 1) // 2, axis=1)
+        hi = np.count_nonzero(below <= size // 2, axis=1)
+        return (self.ordered[lo] + self.ordered[hi]) / 2  # odd sizes: lo == hi, and (x + x) / 2 is x exactly

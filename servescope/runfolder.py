@@ -10,8 +10,8 @@ results/<run-id>/
 All durations are seconds (float); wall-clock instants are Unix epoch seconds; engine-native
 durations keep the engine's own unit and say so in their key (Ollama: *_ns).
 
-The one reader of a run folder is here too: every record is checked against REQUEST_FIELDS / PHASE_FIELDS
-once, and what fails is skipped and counted by reason (Skips), never passed on to a consumer.
+Records are read in one place, servescope/runreader.py (DuckDB): every line is checked against REQUEST_FIELDS /
+PHASE_FIELDS once, and what fails is skipped and counted by reason (Skips), never passed on to a consumer.
 """
 
 from __future__ import annotations

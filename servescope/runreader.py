@@ -57,6 +57,7 @@ _KIND_WORDS = {
     "bool": "true or false",
     "object": "an object",
 }
+LIST_SUMMARY = {"n": "len", "sum": "list_sum", "min": "list_min", "max": "list_max"}  # columns beside each list
 _SQL_TYPES = {"str": "VARCHAR", "int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "object": "JSON"}
 
 
@@ -212,6 +213,10 @@ def _fast_columns(spec: tuple[Field, ...]) -> tuple[str, str, list[str]]:
         elif f.default is not None:
             value = f"coalesce({value}, {_q(f.default) if isinstance(f.default, str) else repr(f.default)})"
         columns.append(f"{value}::{'DOUBLE[]' if f.kind == 'floats' else _SQL_TYPES[f.kind]} AS {f.name}")
+        if f.kind == "floats":
+            # Each list's count, sum, min and max, taken while it is in memory: a pool's totals then cost a row
+            # scan, not a pass over every value.
+            columns += [f"{agg}(k.{f.name}) AS {f.name}_{name}" for name, agg in LIST_SUMMARY.items()]
     return suspect, reason, columns
 
 
@@ -258,10 +263,14 @@ class RunData:
         # A small run stays in memory; a large one goes to a database file in a temporary directory, compressed,
         # whose pages DuckDB evicts past its memory limit (instead of failing), and nothing outlives the reader.
         database = ":memory:" if size < IN_MEMORY_BYTES else str(Path(self._tmp) / "run.duckdb")
-        config = {"memory_limit": memory_limit, "temp_directory": str(Path(self._tmp) / "spill")}
+        config = {
+            "memory_limit": memory_limit,
+            "temp_directory": str(Path(self._tmp) / "spill"),
+        }
         if size < ONE_THREAD_BYTES:
             config["threads"] = 1  # a few hundred records: a second thread costs more than it parses
         self.con = duckdb.connect(database, config=config)
+        self.con.execute("SET enable_progress_bar = false")  # the report's output is its own
         self._closer = weakref.finalize(self, _remove, self.con, self._tmp)
         for table, name, spec in (
             ("request_lines", runfolder.REQUESTS, runfolder.REQUEST_FIELDS),
@@ -280,6 +289,11 @@ class RunData:
         if path is None or not path.exists():
             empty = ", ".join(
                 f"NULL::{'DOUBLE[]' if f.kind == 'floats' else _SQL_TYPES[f.kind]} AS {f.name}" for f in spec
+            ) + "".join(
+                f", NULL::{'BIGINT' if name == 'n' else 'DOUBLE'} AS {f.name}_{name}"
+                for f in spec
+                if f.kind == "floats"
+                for name in LIST_SUMMARY
             )
             self.con.execute(
                 f"CREATE TABLE {table} AS SELECT 0::BIGINT AS line_no, NULL::VARCHAR AS raw, NULL::VARCHAR AS reason, "

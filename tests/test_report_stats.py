@@ -69,3 +69,16 @@ def test_huge_pools_are_subsampled_and_stay_fast():
     assert r["subsampled"] and r["n_current"] == 300_000
     true_delta = 0.02 * np.log(2) - 0.01 * np.log(2)
     assert r["ci_low"] < true_delta < r["ci_high"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=30),
+    st.integers(1, 8),
+    st.integers(0, 2**32),
+)
+def test_resampled_medians_are_numpys_medians(values, rows, seed):
+    """The bootstrap counts ranks instead of partitioning: the same medians, bit for bit (ties and odd/even sizes)."""
+    data = np.asarray(values + values[: len(values) // 3])  # some exact ties
+    idx = np.random.default_rng(seed).integers(0, len(data), size=(rows, len(data) + seed % 2))
+    assert np.array_equal(stats.resampled_medians(data, idx), np.median(data[idx], axis=1))
