@@ -20,7 +20,7 @@ from servescope.runfolder import REQUEST_FIELDS, REQUESTS, PhaseRecord, RunFolde
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SERVESCOPE_BENCH_CACHE", Path.home() / ".cache" / "servescope" / "bench")) / "report-scale"
-GENERATOR_VERSION = 1  # bump when the generated records change: cached folders are rebuilt
+GENERATOR_VERSION = 2  # bump when the generated records change: cached folders are rebuilt
 OLD_REPORT = "6364460"  # the last commit whose report held every record in Python lists
 T0 = 1796000000.0
 RATE_PER_S = 300.0  # requests sent per second, spread over the engines
@@ -47,7 +47,7 @@ def generate(path: Path, requests: int, tokens: int, decimals: int) -> None:
         "model": "'HuggingFaceTB/SmolLM2-135M-Instruct'",
         "prompt_set": f"'synthetic:{tokens}'",
         "prompt_set_sha256": "'" + "5e" * 32 + "'",
-        "prompt_id": "'p' || (i % 64)",
+        "prompt_id": "'p' || ((i // 2) % 64)",  # both engines get every prompt
         "max_tokens": str(tokens),
         "started_at": f"{T0} + i / {RATE_PER_S}",
         "ok": "NOT failed",
@@ -121,6 +121,9 @@ def generate(path: Path, requests: int, tokens: int, decimals: int) -> None:
 
 def folder_for(requests: int, tokens: int, decimals: int) -> Path:
     path = CACHE / f"v{GENERATOR_VERSION}-{requests}x{tokens}-d{decimals}"
+    for stale in CACHE.glob(f"v*-{requests}x{tokens}-d{decimals}"):
+        if stale != path:  # an older generator's folder: gigabytes nobody will read again
+            shutil.rmtree(stale, ignore_errors=True)
     if not (path / "manifest.json").exists():
         started = time.monotonic()
         print(f"generating {path} ...", flush=True)

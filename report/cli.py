@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from report import load, table
@@ -42,13 +43,18 @@ def main(argv: list[str] | None = None) -> int:
     run = baseline = None
     started = time.monotonic()
     try:
-        run = load.load(load.resolve(args.run, args.results))
+        path = load.resolve(args.run, args.results)
         if args.table_only:
+            run = load.load(path)
             sys.stdout.write(table.render_text(table.build(run), run.run_id))
             return 0
-        # matplotlib and friends load only when a full report is asked for: --table-only stays instant.
-        from report import render, sections
+        # The engine reads the run folder on its own threads (it lets go of the GIL) while Python imports
+        # matplotlib and friends, which only a full report needs: --table-only stays quick.
+        with ThreadPoolExecutor(1) as reader:
+            reading = reader.submit(load.load, path)
+            from report import render, sections
 
+            run = reading.result()
         baseline = load.load(load.resolve(args.baseline, args.results)) if args.baseline else None
         url = args.prometheus or default_prometheus_url()
         print(

@@ -16,8 +16,9 @@ METHOD = (
     f"CI over {stats.BOOTSTRAP_RESAMPLES} resamples (seed {stats.BOOTSTRAP_SEED}). Paired when both sides ran the same "
     f"prompt set: each prompt's median on one side against the same prompt's on the other, whole pairs resampled. "
     f"ITL pools every gap, so it is never paired; a side above {stats.BOOTSTRAP_MAX_SAMPLES:,} samples is subsampled "
-    f"once (seeded) before resampling, which can only widen the interval (past {query.FETCH_WHOLE:,} gaps it is an "
-    f"even sample drawn in the engine: every j-th gap of each request; the medians stay exact)."
+    f"once (seeded) before resampling, which can only widen the interval, and the interval is moved to sit around the "
+    f"exact delta. Past {query.FETCH_WHOLE:,} gaps the subsample is an even one drawn in the engine (every j-th gap "
+    f"of each request); the medians stay exact."
 )
 
 

@@ -305,8 +305,9 @@ def compare(deltas: list[Delta], path: Path, what: str = "") -> Path | None:
         for d in rows
     ]
     pct = [100 * d.delta / d.median_baseline for d in rows]
-    lo = [100 * (d.delta - d.ci_low) / d.median_baseline for d in rows]
-    hi = [100 * (d.ci_high - d.delta) / d.median_baseline for d in rows]
+    # An interval from a subsample may not hold the exact delta: draw what it holds on each side, never less than 0.
+    lo = [max(0.0, 100 * (d.delta - d.ci_low) / d.median_baseline) for d in rows]
+    hi = [max(0.0, 100 * (d.ci_high - d.delta) / d.median_baseline) for d in rows]
     colors = [COLORS[3] if d.excludes_zero else COLORS[7] for d in rows]
     ax.errorbar(pct, range(len(rows)), xerr=[lo, hi], fmt="none", ecolor="gray", capsize=3)
     ax.scatter(pct, range(len(rows)), c=colors, zorder=3, label="median delta (red: CI excludes 0)")

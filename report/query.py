@@ -147,23 +147,22 @@ class Pool:
     def _select_once(self, ranks: list[int], sample: np.ndarray, widen: float) -> list[int]:
         """One pass: count the values below, at and inside each bracket and fetch the inside; the missed ranks."""
         brackets = self._brackets(ranks, sample, widen)
-        bounds: list[float] = []
+        bounds: set[float] = set()
         for low, high, _ in brackets:
             # Ties sit on a bracket's ends, counted and never fetched: (.., low), [low], (low, high), [high].
-            bounds += [np.nextafter(low, -np.inf), low] + ([np.nextafter(high, -np.inf), high] if high > low else [])
+            bounds |= {float(np.nextafter(low, -np.inf)), low, float(np.nextafter(high, -np.inf)), high}
         inside = " OR ".join(f"(v > {_sql_float(low)} AND v < {_sql_float(high)})" for low, high, _ in brackets)
         counts, values = self.con.execute(
-            f"SELECT histogram(v, [{', '.join(map(_sql_float, bounds))}]), list(v) FILTER (WHERE {inside}) "
+            f"SELECT histogram(v, [{', '.join(map(_sql_float, sorted(bounds)))}]), list(v) FILTER (WHERE {inside}) "
             f"FROM ({self.source})",
             self.params,
         ).fetchone()
         counts = dict(counts)
         values = np.sort(np.asarray(values or [], dtype=float))
-        below = 0  # values under the current bracket's low end
-        seen = [b for b in sorted(counts) if b != math.inf]
+        ends = sorted(b for b in counts if b in bounds)  # each key: the values in (the bound before, this bound]
         missed = []
         for low, high, targets in brackets:
-            below = sum(counts[b] for b in seen if b < low)
+            below = sum(counts[b] for b in ends if b < low)
             at_low = counts.get(low, 0)
             between = values[(values > low) & (values < high)]
             at_high = counts.get(high, 0) if high > low else 0
@@ -187,8 +186,8 @@ class Pool:
             p = r / max(1, self.n - 1)
             margin = widen * (6 * math.sqrt(m * p * (1 - p)) + 16)
             lo_i, hi_i = math.floor(p * (m - 1) - margin), math.ceil(p * (m - 1) + margin)
-            low = float(sample[lo_i]) if m and lo_i > 0 else -math.inf
-            high = float(sample[hi_i]) if m and hi_i < m - 1 else math.inf
+            low = float(sample[lo_i]) if m and lo_i > 0 else float(self.min)
+            high = float(sample[hi_i]) if m and hi_i < m - 1 else float(self.max)
             spans.append([low, high, [r]])
         spans.sort(key=lambda s: (s[0], s[1]))
         merged: list[list] = []

@@ -130,6 +130,9 @@ def bootstrap_median_delta(
             cur_a = rng.choice(cur_a, BOOTSTRAP_MAX_SAMPLES, replace=False)
         if len(base_a) > BOOTSTRAP_MAX_SAMPLES:
             base_a = rng.choice(base_a, BOOTSTRAP_MAX_SAMPLES, replace=False)
+    # A subsample's medians differ a little from the whole's: its resampled deltas are moved by that much, so the
+    # interval sits around the exact delta rather than around the subsample's.
+    shift = delta - (median(cur_a) - median(base_a)) if (len(cur_a), len(base_a)) != (n_cur, n_base) else 0.0
     deltas: list[float] = []
     cur_r, base_r = _Ranked(cur_a), _Ranked(base_a)
     # Chunks keep memory bounded when ITL pools thousands of gaps per side.
@@ -143,7 +146,7 @@ def bootstrap_median_delta(
             ci = rng.integers(0, len(cur_a), size=(k, len(cur_a)))
             bi = rng.integers(0, len(base_a), size=(k, len(base_a)))
             d = cur_r.medians(ci) - base_r.medians(bi)
-        deltas.extend(d.tolist())
+        deltas.extend((d + shift).tolist() if shift else d.tolist())
     alpha = (1.0 - confidence) / 2.0
     out["ci_low"] = percentile(deltas, 100.0 * alpha)
     out["ci_high"] = percentile(deltas, 100.0 * (1.0 - alpha))

@@ -27,7 +27,7 @@ from servescope.runfolder import MAX_ENGINE_NUMBER, NOT_JSON, NOT_OBJECT, TORN, 
 # Memory the engine may use before it spills to its temporary directory; the report process's peak stays near
 # this plus the plots, whatever the size of the run.
 MEMORY_LIMIT = "1GB"
-IN_MEMORY_BYTES = 64 << 20  # JSONL below this is read into memory; above, into a compressed temporary database
+IN_MEMORY_BYTES = 512 << 20  # JSONL below this is read into memory; above, into a compressed temporary database
 ONE_THREAD_BYTES = 8 << 20
 # Lines are read whole (a CSV scan with a delimiter no JSON line can hold: raw control characters are invalid
 # JSON) so that each keeps its line number and a bad one costs only itself.
@@ -366,11 +366,12 @@ class RunData:
 
 
 def _rejected_reason(message: str) -> str:
+    """A line the line scan itself refused, in a few words (not the message: one reason line per kind)."""
     if "unicode" in message.lower():
         return "not UTF-8 text"
     if "maximum line size" in message.lower():
         return f"a line longer than {_MAX_LINE_BYTES >> 20} MB"
-    return "unreadable line (" + message.split("\n")[0][:80] + ")"
+    return "an unreadable line"
 
 
 def _remove(con: duckdb.DuckDBPyConnection, tmp: str) -> None:

@@ -262,3 +262,23 @@ def test_not_a_run_folder_is_still_one_line(tmp_path):
     (tmp_path / "r" / "manifest.json").write_text("[]")
     with pytest.raises(RunError, match="not a JSON object, and no requests.jsonl"):
         load(tmp_path / "r")
+
+
+def test_a_line_that_is_not_utf8_costs_only_itself(tmp_path):
+    shutil.copytree(RUNS / "seed-vllm-ollama", tmp_path / "r")
+    path = tmp_path / "r" / "requests.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    lines[3] = b"\xff\xfe" + lines[3]
+    path.write_bytes(b"\n".join(lines))
+    run = load(tmp_path / "r")
+    assert run.warnings == ["requests.jsonl: 1 record skipped, not UTF-8 text (line 4)"]
+    assert run.request_count == 19
+
+
+def test_a_record_torn_inside_a_character_is_a_torn_record(tmp_path):
+    """A run killed mid-write can cut a UTF-8 character in two: still the torn last line, not bad text."""
+    shutil.copytree(RUNS / "seed-vllm-ollama", tmp_path / "r")
+    with open(tmp_path / "r" / "requests.jsonl", "ab") as fh:
+        fh.write('{"engine": "vllm", "error": "caf\u00e9'.encode()[:-1])
+    run = load(tmp_path / "r")
+    assert run.warnings == ["requests.jsonl: 1 record skipped, torn last record (run killed mid-write?) (line 21)"]
