@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -47,14 +48,33 @@ class CrossCheck:
 MAX_COLD_LOADS = 100  # cold loads listed per engine; a run reloading the model every request says so once
 
 
-def _number(stats: str, path: str) -> str:
-    """SQL: the number at a JSON path of an engine's stats, NULL when it is missing or not a number."""
-    return f"CASE WHEN json_type({stats}, '{path}') IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN ({stats}->>'{path}')::DOUBLE END"
+# The numbers the cross-check reads from an engine's own stats, parsed once per request (each kept as JSON so that
+# its type is checked: a string or true there is not a duration).
+_OLLAMA_KEYS = ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
+_LLAMACPP_KEYS = ("prompt_ms", "predicted_ms", "cache_n", "predicted_n")
+_STATS = json.dumps(
+    {
+        **{k: "JSON" for key in _OLLAMA_KEYS for k in (f"{key}_ns", key)},
+        **{k: "JSON" for k in _LLAMACPP_KEYS},
+        "timings": {k: "JSON" for k in _LLAMACPP_KEYS},
+    }
+)
+
+
+def _number(value: str, integer: bool = False) -> str:
+    """SQL: a parsed stats value as a DOUBLE when it is a JSON number (an integer one, if asked), else NULL."""
+    types = "('BIGINT', 'UBIGINT')" if integer else "('BIGINT', 'UBIGINT', 'DOUBLE')"
+    return f"CASE WHEN json_type({value}) IN {types} THEN ({value})::DOUBLE END"
 
 
 def _ns(key: str) -> str:
     """SQL: an Ollama duration in seconds, from key_ns or key (nanoseconds either way)."""
-    return f"coalesce({_number('engine_stats', f'$.{key}_ns')}, {_number('engine_stats', f'$.{key}')}) / 1e9"
+    return f"coalesce({_number(f's.{key}_ns')}, {_number(f's.{key}')}) / 1e9"
+
+
+def _timing(key: str, integer: bool = False) -> str:
+    """SQL: a llama.cpp timing, from its `timings` object, or from the top level when there is none."""
+    return f"CASE WHEN s.timings IS NOT NULL THEN {_number(f's.timings.{key}', integer)} ELSE {_number(f's.{key}', integer)} END"
 
 
 def _fmean(values: np.ndarray) -> float:
@@ -67,8 +87,11 @@ def _mean(values: np.ndarray) -> float | None:
 
 
 def _columns(run: Run, where: str, params: list, **exprs: str) -> dict[str, np.ndarray]:
-    """Per-request expressions over one engine's successful requests, in the report's order."""
-    sql = f"SELECT {', '.join(f'{e} AS {k}' for k, e in exprs.items())} FROM requests WHERE {where} ORDER BY {query.ORDER}"
+    """Per-request expressions over one engine's requests (s: their parsed stats), in the report's order."""
+    sql = (
+        f"SELECT {', '.join(f'{e} AS {k}' for k, e in exprs.items())} FROM (SELECT *, "
+        f"from_json(engine_stats, '{_STATS}') AS s FROM requests) WHERE {where} ORDER BY {query.ORDER}"
+    )
     data = run.con.execute(sql, params).fetchnumpy()
     return {
         k: v.astype(float).filled(np.nan) if isinstance(v, np.ma.MaskedArray) and v.dtype.kind in "iuf" else v
@@ -123,14 +146,8 @@ def ollama(run: Run, instance: str) -> CrossCheck:
     return cc
 
 
-# llama.cpp puts its numbers under "timings"; a record may hold them at the top level.
-_TIMINGS = (
-    "(CASE WHEN json_type(engine_stats, '$.timings') = 'OBJECT' THEN engine_stats->'$.timings' ELSE engine_stats END)"
-)
-
-
 def llamacpp(run: Run, instance: str) -> CrossCheck:
-    pm, dm = _number(_TIMINGS, "$.prompt_ms"), _number(_TIMINGS, "$.predicted_ms")
+    pm, dm = _timing("prompt_ms"), _timing("predicted_ms")
     c = _columns(
         run,
         f"ok AND instance = ? AND {pm} IS NOT NULL AND {dm} IS NOT NULL AND e2e_s IS NOT NULL",
@@ -139,9 +156,8 @@ def llamacpp(run: Run, instance: str) -> CrossCheck:
         ttft="ttft_s",
         prompt=f"{pm} / 1000.0",
         predicted=f"{dm} / 1000.0",
-        cache_n=_number(_TIMINGS, "$.cache_n"),
-        predicted_n=f"CASE WHEN json_type({_TIMINGS}, '$.predicted_n') IN ('BIGINT', 'UBIGINT') "
-        f"THEN ({_TIMINGS}->>'$.predicted_n')::DOUBLE END",
+        cache_n=_timing("cache_n"),
+        predicted_n=_timing("predicted_n", integer=True),
         tokens="output_tokens",
     )
     n = len(c["e2e"])

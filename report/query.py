@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from report import stats
+from servescope import runreader
 
 # The report's order of requests: as sent, ties by arrival within a burst, then as written.
 ORDER = "started_at, coalesce(arrival_index, 0), line_no"
@@ -102,11 +103,11 @@ class Pool:
         return (self.at(mid - 1) + self.at(mid)) / 2
 
     def sample(self, k: int) -> np.ndarray:
-        """About k values (never more), spread evenly over the pool: every j-th gap of each request, starting at an
-        offset that moves with the request's line, so each gap is equally likely and no request gives many."""
-        if self.n <= k:
-            return self.in_order() if self.n <= FETCH_WHOLE else self._every(1)
-        return self._every(math.ceil(self.n / k))[:k]
+        """About k values (never more) spread evenly over the pool; all of them when they are k at most."""
+        if self.n <= min(k, FETCH_WHOLE):
+            return self.in_order()
+        sample = self._even()
+        return sample[:: max(1, math.ceil(len(sample) / k))][:k]
 
     def outside(self, low: float, high: float, k: int) -> np.ndarray:
         """Values below low or above high (a box plot's fliers): all of them in a small pool, else at most k of an
@@ -114,20 +115,21 @@ class Pool:
         if self._whole is not None:
             data = self._whole
             return data[(data < low) | (data > high)]
-        sample = self._bracket_sample()
+        sample = self._even()
         out = sample[(sample < low) | (sample > high)]
         return out[:: max(1, math.ceil(len(out) / k))]
 
-    def _every(self, j: int) -> np.ndarray:
-        sql = (
-            f"SELECT unnest(list_slice(itl_s, 1 + line_no % {j}, len(itl_s), {j})) AS v FROM requests "
-            f"WHERE {self.where} ORDER BY line_no"
-        )
-        return np.asarray(self.con.execute(sql, self.params).fetchnumpy()["v"], dtype=float)
-
-    def _bracket_sample(self) -> np.ndarray:
+    def _even(self) -> np.ndarray:
+        """The even sample the reader kept beside each list (every 64th gap from an offset moving with the line),
+        thinned to about SAMPLE_VALUES by whole requests (a hash of the line), in the order of the lines."""
         if self._sample is None:
-            self._sample = np.sort(self._every(max(1, round(self.n / SAMPLE_VALUES))))
+            rows = self.n / runreader.LIST_SAMPLE_EVERY
+            keep = max(1, round(rows / SAMPLE_VALUES))
+            sql = (
+                f"SELECT unnest(itl_s_sample) AS v FROM requests WHERE ({self.where}) AND hash(line_no) % {keep} = 0 "
+                f"ORDER BY line_no"
+            )
+            self._sample = np.asarray(self.con.execute(sql, self.params).fetchnumpy()["v"], dtype=float)
         return self._sample
 
     # ------------------------------------------------------------ exact selection in bounded memory
@@ -138,7 +140,7 @@ class Pool:
         wanted = sorted({r for r in ranks if r not in self._known and 0 <= r < self.n})
         if self._whole is not None or not wanted:
             return
-        sample = self._bracket_sample()
+        sample = np.sort(self._even())
         widen = 1.0
         while wanted:
             wanted = self._select_once(wanted, sample, widen)

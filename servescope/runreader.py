@@ -57,7 +57,10 @@ _KIND_WORDS = {
     "bool": "true or false",
     "object": "an object",
 }
-LIST_SUMMARY = {"n": "len", "sum": "list_sum", "min": "list_min", "max": "list_max"}  # columns beside each list
+# Beside each number list: its count, sum, min and max, and every LIST_SAMPLE_EVERY-th value from an offset that
+# moves with the line (an even sample of any pool of lists, taken while the list is in memory).
+LIST_SUMMARY = {"n": "len({})", "sum": "list_sum({})", "min": "list_min({})", "max": "list_max({})"}
+LIST_SAMPLE_EVERY = 64
 _SQL_TYPES = {"str": "VARCHAR", "int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN", "object": "JSON"}
 
 
@@ -216,7 +219,11 @@ def _fast_columns(spec: tuple[Field, ...]) -> tuple[str, str, list[str]]:
         if f.kind == "floats":
             # Each list's count, sum, min and max, taken while it is in memory: a pool's totals then cost a row
             # scan, not a pass over every value.
-            columns += [f"{agg}(k.{f.name}) AS {f.name}_{name}" for name, agg in LIST_SUMMARY.items()]
+            columns += [f"{agg.format('k.' + f.name)} AS {f.name}_{name}" for name, agg in LIST_SUMMARY.items()]
+            every = LIST_SAMPLE_EVERY
+            columns.append(
+                f"list_slice(k.{f.name}, 1 + line_no % {every}, len(k.{f.name}), {every}) AS {f.name}_sample"
+            )
     return suspect, reason, columns
 
 
@@ -290,10 +297,10 @@ class RunData:
             empty = ", ".join(
                 f"NULL::{'DOUBLE[]' if f.kind == 'floats' else _SQL_TYPES[f.kind]} AS {f.name}" for f in spec
             ) + "".join(
-                f", NULL::{'BIGINT' if name == 'n' else 'DOUBLE'} AS {f.name}_{name}"
+                f", NULL::{'BIGINT' if name == 'n' else 'DOUBLE[]' if name == 'sample' else 'DOUBLE'} AS {f.name}_{name}"
                 for f in spec
                 if f.kind == "floats"
-                for name in LIST_SUMMARY
+                for name in [*LIST_SUMMARY, "sample"]
             )
             self.con.execute(
                 f"CREATE TABLE {table} AS SELECT 0::BIGINT AS line_no, NULL::VARCHAR AS raw, NULL::VARCHAR AS reason, "

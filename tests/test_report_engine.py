@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from report import query, render, sections, stats
 from report.load import load
-from servescope import runfolder
+from servescope import runfolder, runreader
 from servescope.runreader import RunData
 from tests.test_report_cli import slower_copy
 from tests.test_report_loadgen_shape import write_run
@@ -91,7 +91,7 @@ def test_selection_is_exact_when_the_pool_is_not_fetched(tmp_path, monkeypatch, 
     gaps = [list(map(float, chunk)) for chunk in np.array_split(values, 600)]
     # Small limits make this pool "too large": the even sample, the brackets, the counting pass all run.
     monkeypatch.setattr(query, "FETCH_WHOLE", 1_000)
-    monkeypatch.setattr(query, "SAMPLE_VALUES", 3_000)
+    monkeypatch.setattr(query, "SAMPLE_VALUES", 300)
     run, pool = pool_of(tmp_path, gaps)
     assert not pool.whole and pool.n == len(values)
     assert pool.summary() == {**stats.summary(values), "mean": pytest.approx(stats.summary(values)["mean"], rel=1e-12)}
@@ -104,14 +104,14 @@ def test_selection_is_exact_when_the_pool_is_not_fetched(tmp_path, monkeypatch, 
 
 def test_a_pool_sample_is_even_repeatable_and_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(query, "FETCH_WHOLE", 100)
-    monkeypatch.setattr(query, "SAMPLE_VALUES", 2_000)
+    monkeypatch.setattr(runreader, "LIST_SAMPLE_EVERY", 5)  # the reader keeps every 5th gap beside each list
     run, pool = pool_of(tmp_path, [[i / 1000 + k / 1e6 for k in range(50)] for i in range(200)])
     first, again = pool.sample(1_000), pool.sample(1_000)
     assert 900 <= len(first) <= 1_000 and np.array_equal(first, again)  # the same sample on every report
     assert len(set(first.tolist())) == len(first)  # without replacement
     assert abs(np.median(first) - 0.1) < 0.01  # the pool's median is about 0.1
     per_request = np.bincount(np.floor(first * 1000).astype(int))
-    assert per_request.min() == per_request.max() == 5  # every 10th gap of each of the 200 requests of 50
+    assert per_request.min() == per_request.max() == 5  # of each request's 50 gaps: every 5th kept, half of those
     fliers = pool.outside(0.01, 0.19, 50)
     assert 0 < len(fliers) <= 50 and ((fliers < 0.01) | (fliers > 0.19)).all()
     run.close()
