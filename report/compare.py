@@ -105,7 +105,7 @@ def compare_groups(current: Side, baseline: Side) -> list[Delta]:
 
 
 def _unpaired(side: Side, metric: str) -> np.ndarray:
-    return latency.samples(side.run, side.instance, side.scenario, metric)
+    return latency.samples(side.run, side.instance, side.scenario, metric, ordered=True)
 
 
 def _pooled(current: Side, baseline: Side) -> dict:

@@ -73,9 +73,10 @@ def groups(run: Run) -> list[tuple[str, str]]:
     return [(i, s) for i in run.engines for s in by_instance.get(i, [])]
 
 
-def samples(run: Run, instance: str, scenario: str, metric: str) -> np.ndarray:
-    """Raw samples of a per-request metric over one group's successful requests, in the report's order."""
-    values = query.column(run.con, PER_REQUEST_SQL[metric], f"ok AND {GROUP}", [instance, scenario])
+def samples(run: Run, instance: str, scenario: str, metric: str, ordered: bool = False) -> np.ndarray:
+    """Raw samples of a per-request metric over one group's successful requests (in the report's order if asked:
+    the bootstrap's resamples depend on it; percentiles do not)."""
+    values = query.column(run.con, PER_REQUEST_SQL[metric], f"ok AND {GROUP}", [instance, scenario], order=ordered)
     return values[np.isfinite(values)]
 
 

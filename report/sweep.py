@@ -90,8 +90,8 @@ def sweeps(run: Run) -> list[Sweep]:
                         output_tokens=int(tokens),
                         tokens_per_s=tokens / wall if wall > 0 else None,
                         requests_per_s=n_ok / wall if wall > 0 else None,
-                        ttft=stats.summary(query.column(run.con, "ttft_s", f"ok AND {where}", params)),
-                        e2e=stats.summary(query.column(run.con, "e2e_s", f"ok AND {where}", params)),
+                        ttft=stats.summary(query.column(run.con, "ttft_s", f"ok AND {where}", params, order=False)),
+                        e2e=stats.summary(query.column(run.con, "e2e_s", f"ok AND {where}", params, order=False)),
                     )
                 )
             knee, text = knee_of(levels)
