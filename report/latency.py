@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -84,11 +85,28 @@ def pool(run: Run, instance: str, scenario: str) -> query.Pool:
     """Every inter-token gap of one group's successful requests (kept per run: the selection is not free)."""
     key = ("itl", instance, scenario)
     if key not in run.cache:
-        gaps = query.Pool(run.con, f"ok AND {GROUP}", [instance, scenario])
-        # Every rank the report reads (its percentiles, the median, the box plot's), found in one search.
-        gaps.select(stats.summary_ranks(gaps.n, stats.QUANTILES + BOX_QUANTILES) | {gaps.n // 2 - 1, gaps.n // 2})
-        run.cache[key] = gaps
-    return run.cache[key]
+        run.cache[key] = _pool(run.con, instance, scenario)
+    found = run.cache[key]
+    return found.result() if isinstance(found, Future) else found
+
+
+def start_pools(run: Run) -> None:
+    """Begin every group's pool on a thread of its own (on its own cursor): the engine's passes over the gaps then
+    overlap with the Python work (and the Prometheus queries) the report does meanwhile."""
+    pending = [g for g in groups(run) if ("itl", *g) not in run.cache]
+    if not pending:
+        return
+    worker = ThreadPoolExecutor(1, thread_name_prefix="pools")
+    for instance, scenario in pending:
+        run.cache[("itl", instance, scenario)] = worker.submit(_pool, run.con.cursor(), instance, scenario)
+    worker.shutdown(wait=False)
+
+
+def _pool(con, instance: str, scenario: str) -> query.Pool:
+    gaps = query.Pool(con, f"ok AND {GROUP}", [instance, scenario])
+    # Every rank the report reads (its percentiles, the median, the box plot's), found in one search.
+    gaps.select(stats.summary_ranks(gaps.n, stats.QUANTILES + BOX_QUANTILES) | {gaps.n // 2 - 1, gaps.n // 2})
+    return gaps
 
 
 def failures(run: Run, where: str, params: list) -> dict[str, int]:
@@ -114,7 +132,6 @@ def build(run: Run) -> list[LatencyGroup]:
             params,
         ).fetchone()
         metrics = {m: stats.summary(samples(run, instance, scenario, m)) for m in METRICS if m != "itl_s"}
-        metrics["itl_s"] = pool(run, instance, scenario).summary()
         out.append(
             LatencyGroup(
                 instance=instance,
@@ -123,11 +140,13 @@ def build(run: Run) -> list[LatencyGroup]:
                 requests=total,
                 ok=ok,
                 failures=failures(run, GROUP, params),
-                metrics={m: metrics[m] for m in METRICS},
+                metrics={m: metrics.get(m) for m in METRICS},
                 output_tokens=stats.summary(samples(run, instance, scenario, "output_tokens")),
                 notes=["some output token counts come from counting chunks (fallback)"] if chunked else [],
             )
         )
+    for g in out:  # the pooled gaps last: their passes may still be running
+        g.metrics["itl_s"] = pool(run, g.instance, g.scenario).summary()
     return out
 
 

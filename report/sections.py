@@ -41,6 +41,7 @@ def build(
     figures: bool = True,
     client: gauges.Prometheus | None = None,
 ) -> tuple[Document, dict[str, Any]]:
+    latency.start_pools(run)  # the engine's passes over every gap run while the rest is computed
     rows = table.build(run)
     warn = fairness.warnings(run, rows)
     groups = latency.build(run)
