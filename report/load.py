@@ -1,4 +1,4 @@
-"""Reads one run folder (manifest, requests.jsonl, phases.jsonl) tolerantly into a Run the report sections share."""
+"""Opens one run folder (manifest, requests.jsonl, phases.jsonl) as a Run: its records held by the analytic engine."""
 
 from __future__ import annotations
 

@@ -187,7 +187,7 @@ GOOD = json.loads((RUNS / "live-failures" / "requests.jsonl").read_text().splitl
 
 
 @settings(
-    max_examples=60,
+    max_examples=40,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
