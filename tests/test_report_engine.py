@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from report import query, render, sections, stats
+from report import cli, query, render, sections, stats
 from report.load import load
 from servescope import runfolder, runreader
 from servescope.runreader import RunData
@@ -218,3 +218,21 @@ def test_the_fast_path_accepts_nothing_the_contract_refuses(tmp_path, changes):
     ]
     assert got == expected
     assert all(math.isfinite(r.started_at) for r in got)
+
+
+def test_a_report_whose_pools_are_not_fetched_has_the_same_percentiles(tmp_path, monkeypatch):
+    """Every pool made "too large" (selection, even samples, fliers, the recentred bootstrap, the box plot from
+    order statistics): the same ITL percentiles as when each pool is fetched whole, and a whole report."""
+    whole = {
+        (g["instance"], g["scenario"]): g["metrics"]["itl_s"]
+        for g in numbers(load(RUNS / "seed-vllm-ollama"))["latency"]["groups"]
+    }
+    monkeypatch.setattr(query, "FETCH_WHOLE", 1)
+    shutil.copytree(RUNS / "seed-vllm-ollama", tmp_path / "r")
+    assert cli.main(["--run", str(tmp_path / "r"), "--prometheus", NO_PROMETHEUS]) == 0
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert "latency.png" in report["plots"] and "comparison.png" in report["plots"]
+    for g in report["latency"]["groups"]:
+        selected, fetched = g["metrics"]["itl_s"], whole[(g["instance"], g["scenario"])]
+        assert {k: v for k, v in selected.items() if k != "mean"} == {k: v for k, v in fetched.items() if k != "mean"}
+        assert selected["mean"] == pytest.approx(fetched["mean"], rel=1e-12)
