@@ -105,17 +105,17 @@ def _any_ok(run: Run, instance: str, scenario: str) -> bool:
 
 
 def _box(run: Run, instance: str, scenario: str, metric: str) -> dict | None:
-    """One box's statistics in ms, as matplotlib's boxplot(whis=(p5, p95)) computes them; a pooled metric too large
-    to fetch gets them from exact order statistics and at most MAX_FLIERS fliers (an even sample)."""
+    """One box's statistics in ms, as matplotlib's boxplot(whis=(p5, p95)) computes them (a pool too large to fetch:
+    from exact order statistics); every box draws at most MAX_FLIERS fliers, evenly spread."""
     whis = (latency.BOX_QUANTILES[0], latency.BOX_QUANTILES[-1])
     if metric != "itl_s":
         data = latency.samples(run, instance, scenario, metric) * 1000
-        return cbook.boxplot_stats(data, whis=whis)[0] if len(data) else None
+        return _thin(cbook.boxplot_stats(data, whis=whis)[0]) if len(data) else None
     pool = latency.pool(run, instance, scenario)
     if not pool.n:
         return None
     if pool.whole:
-        return cbook.boxplot_stats(pool.in_order() * 1000, whis=whis)[0]
+        return _thin(cbook.boxplot_stats(pool.in_order() * 1000, whis=whis)[0])
     # The whiskers are data points: the smallest value >= p5 and the largest <= p95.
     low, high = (pool.percentile(q) for q in whis)
     lo5, hi5, _ = stats.rank_of(pool.n, whis[0])
@@ -131,6 +131,13 @@ def _box(run: Run, instance: str, scenario: str, metric: str) -> dict | None:
         "mean": pool.total / pool.n * 1000,
         "fliers": pool.outside(whislo, whishi, MAX_FLIERS) * 1000,
     }
+
+
+def _thin(box: dict) -> dict:
+    """At most MAX_FLIERS fliers, evenly spread over them: 50,000 markers per box draw slowly and show no more."""
+    fliers = box["fliers"]
+    box["fliers"] = fliers[:: -(-len(fliers) // MAX_FLIERS)] if len(fliers) > MAX_FLIERS else fliers
+    return box
 
 
 def output_tokens(run: Run, path: Path) -> Path | None:
