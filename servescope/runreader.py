@@ -37,7 +37,7 @@ ONE_THREAD_BYTES = 8 << 20
 # Lines are read whole (a CSV scan with a delimiter no JSON line can hold: raw control characters are invalid
 # JSON) so that each keeps its line number and a bad one costs only itself.
 _NO_DELIMITER = "\x01\x02\x03\x04"
-_MAX_LINE_BYTES = 1 << 25  # 32 MB: a record of 1.5 M tokens at full precision
+_MAX_LINE_BYTES = 8 << 20  # a record of ~400,000 tokens at full precision
 _TYPE_WORDS = {
     "VARCHAR": "a string",
     "BIGINT": "an integer",
@@ -226,34 +226,41 @@ def _fast_columns(spec: tuple[Field, ...]) -> tuple[str, str, list[str]]:
             # scan, not a pass over every value.
             columns += [f"{agg.format('k.' + f.name)} AS {f.name}_{name}" for name, agg in LIST_SUMMARY.items()]
             every = LIST_SAMPLE_EVERY
-            columns.append(
-                f"list_slice(k.{f.name}, 1 + line_no % {every}, len(k.{f.name}), {every}) AS {f.name}_sample"
-            )
+            offset = f"1 + hash(k.started_at) % {every}"  # moves from line to line (lines are numbered later)
+            columns.append(f"list_slice(k.{f.name}, {offset}, len(k.{f.name}), {every}) AS {f.name}_sample")
     return suspect, reason, columns
 
 
-def _ingest_sql(table: str, path: Path, spec: tuple[Field, ...], rejects: str) -> list[str]:
+def _ingest_sql(table: str, path: Path, spec: tuple[Field, ...], rejects: str | None) -> list[str]:
     """Statements that read one JSONL file into table: a typed parse of every line (fast), then the full check of
-    the few lines the typed parse could have read leniently (their raw text is kept for it)."""
-    lines = (
-        f"read_csv({_q(str(path))}, columns={{'line': 'VARCHAR'}}, delim={_q(_NO_DELIMITER)}, quote='', escape='', "
-        f"header=false, auto_detect=false, new_line='\\n', strict_mode=false, max_line_size={_MAX_LINE_BYTES}, buffer_size={_MAX_LINE_BYTES}, "
-        f"ignore_errors=true, store_rejects=true, rejects_table={_q(rejects + '_errors')}, "
-        f"rejects_scan={_q(rejects + '_scans')}) WITH ORDINALITY"
+    the few lines the typed parse could have read leniently (their raw text is kept for it).
+
+    A row's rowid + 1 is its line number: the scan keeps the file's order and gives blank lines a row too. Asking
+    the scan for numbered lines (WITH ORDINALITY) or for rejected lines would make it single-threaded, so the
+    second (rejects) is only asked for when the first read failed on a line that is not text at all."""
+    options = (
+        f"columns={{'line': 'VARCHAR'}}, delim={_q(_NO_DELIMITER)}, quote='', escape='', header=false, "
+        f"auto_detect=false, new_line='\\n', strict_mode=false, max_line_size={_MAX_LINE_BYTES}, "
+        f"buffer_size={2 * _MAX_LINE_BYTES}"
     )
+    if rejects:
+        options += (
+            f", ignore_errors=true, store_rejects=true, rejects_table={_q(rejects + '_errors')}, "
+            f"rejects_scan={_q(rejects + '_scans')}"
+        )
     suspect, reason, columns = _fast_columns(spec)
     return [
         f"CREATE TABLE {table} AS "
-        f"WITH src AS (SELECT ordinality AS line_no, line, TRY(from_json(line, {_struct(spec, typed=True)})) AS k "
-        f"FROM {lines} WHERE line IS NOT NULL), "
+        f"WITH src AS (SELECT coalesce(line, '') AS line, TRY(from_json(line, {_struct(spec, typed=True)})) AS k "
+        f"FROM read_csv({_q(str(path))}, {options})), "
         f"flagged AS (SELECT *, {suspect} AS suspect FROM src) "
-        f"SELECT line_no, CASE WHEN suspect THEN line END AS raw, CASE WHEN NOT suspect THEN {reason} END AS reason, "
+        f"SELECT CASE WHEN suspect THEN line END AS raw, CASE WHEN NOT suspect THEN {reason} END AS reason, "
         f"{', '.join(columns)} FROM flagged",
-        f"CREATE TEMP TABLE {table}_checks AS SELECT line_no, {_strict_checks(spec)} AS reason "
-        f"FROM (SELECT line_no, raw AS line, TRY(from_json(raw, {_struct(spec, typed=False)})) AS j "
+        f"CREATE TEMP TABLE {table}_checks AS SELECT rid, {_strict_checks(spec)} AS reason "
+        f"FROM (SELECT rowid AS rid, raw AS line, TRY(from_json(raw, {_struct(spec, typed=False)})) AS j "
         f"FROM {table} WHERE raw IS NOT NULL)",
-        f"UPDATE {table} SET reason = c.reason, raw = NULL FROM {table}_checks c WHERE {table}.line_no = c.line_no",
-        f"DELETE FROM {table} WHERE reason = ''",  # blank lines
+        f"UPDATE {table} SET reason = c.reason, raw = NULL FROM {table}_checks c WHERE {table}.rowid = c.rid",
+        f"DELETE FROM {table} WHERE reason = ''",  # blank lines (the other rows keep their rowid)
         f"DROP TABLE {table}_checks",
     ]
 
@@ -289,10 +296,11 @@ class RunData:
             ("phase_lines", runfolder.PHASES, runfolder.PHASE_FIELDS),
         ):
             self._ingest(table, self.folder / name if name in files else None, spec)
-        self.con.execute(
-            "CREATE VIEW requests AS SELECT * EXCLUDE (raw, reason) FROM request_lines WHERE reason IS NULL"
-        )
-        self.con.execute("CREATE VIEW phases AS SELECT * EXCLUDE (raw, reason) FROM phase_lines WHERE reason IS NULL")
+        for view, table in (("requests", "request_lines"), ("phases", "phase_lines")):
+            self.con.execute(
+                f"CREATE VIEW {view} AS SELECT rowid + 1 AS line_no, * EXCLUDE (raw, reason) FROM {table} "
+                f"WHERE reason IS NULL"
+            )
 
     def close(self) -> None:
         self._closer()
@@ -308,21 +316,31 @@ class RunData:
                 for name in [*LIST_SUMMARY, "sample"]
             )
             self.con.execute(
-                f"CREATE TABLE {table} AS SELECT 0::BIGINT AS line_no, NULL::VARCHAR AS raw, NULL::VARCHAR AS reason, "
-                f"{empty} LIMIT 0"
+                f"CREATE TABLE {table} AS SELECT NULL::VARCHAR AS raw, NULL::VARCHAR AS reason, {empty} LIMIT 0"
             )
             return
-        rejects = f"{table}_rejects"
-        for statement in _ingest_sql(table, path, spec, rejects):
-            self.con.execute(statement)
+        try:
+            for statement in _ingest_sql(table, path, spec, None):
+                self.con.execute(statement)
+            rejects = None
+        except duckdb.InvalidInputException:
+            # A line that is not UTF-8 text (or is past the line size) fails the parallel scan: read again, one
+            # thread, with the scan setting such lines aside (and counting them).
+            self.con.execute(f"DROP TABLE IF EXISTS {table}")
+            self.con.execute(f"DROP TABLE IF EXISTS {table}_checks")
+            rejects = f"{table}_rejects"
+            for statement in _ingest_sql(table, path, spec, rejects):
+                self.con.execute(statement)
         self._count_skips(table, path.name, rejects)
 
-    def _count_skips(self, table: str, name: str, rejects: str) -> None:
-        """Refused lines by reason, at their physical line numbers (a line the CSV scan rejected shifts the rest)."""
-        rejected = self.con.execute(
-            f"SELECT line, error_type, error_message FROM {rejects}_errors ORDER BY line"
-        ).fetchall()
-        shifts = [line for line, _, _ in rejected]
+    def _count_skips(self, table: str, name: str, rejects: str | None) -> None:
+        """Refused lines by reason, at their physical line numbers (a line the scan set aside shifts the rest)."""
+        rejected = (
+            self.con.execute(f"SELECT line, error_message FROM {rejects}_errors ORDER BY line").fetchall()
+            if rejects
+            else []
+        )
+        shifts = [line for line, _ in rejected]
 
         def physical(n: int) -> int:
             for line in shifts:
@@ -330,28 +348,26 @@ class RunData:
                     n += 1
             return n
 
-        last = max(
-            [physical(self.con.execute(f"SELECT coalesce(max(line_no), 0) FROM {table}").fetchone()[0])] + shifts
-        )
+        last = max([physical(self.con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])] + shifts)
         found: dict[str, list] = {}
-        for line, _, message in rejected:
+        for line, message in rejected:
             reason = TORN if line == last else _rejected_reason(message)
             entry = found.setdefault(reason, [0, []])
             entry[0] += 1
             entry[1].append(line)
         rows = self.con.execute(
-            f"SELECT reason, count(*), list(line_no ORDER BY line_no)[:{Skips.SHOW_LINES}], max(line_no) "
-            f"FROM {table} WHERE reason IS NOT NULL GROUP BY reason ORDER BY min(line_no)"
+            f"SELECT reason, count(*), list(rowid + 1 ORDER BY rowid)[:{Skips.SHOW_LINES}], max(rowid + 1) "
+            f"FROM {table} WHERE reason IS NOT NULL GROUP BY reason ORDER BY min(rowid)"
         ).fetchall()
-        for reason, count, lines, _ in rows:
+        for reason, count, lines, highest in rows:
             lines = [physical(n) for n in lines]
-            if reason == NOT_JSON and lines[-1] == last:
+            if reason == NOT_JSON and physical(highest) == last:
                 # A run killed mid-write leaves at most one torn last line: skip it, keep the rest.
                 torn = found.setdefault(TORN, [0, []])
                 torn[0] += 1
                 torn[1].append(last)
                 count -= 1
-                lines = lines[:-1]
+                lines = [n for n in lines if n != last]
                 if not count:
                     continue
             entry = found.setdefault(reason, [0, []])
