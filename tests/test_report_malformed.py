@@ -282,3 +282,16 @@ def test_a_record_torn_inside_a_character_is_a_torn_record(tmp_path):
         fh.write('{"engine": "vllm", "error": "caf\u00e9'.encode()[:-1])
     run = load(tmp_path / "r")
     assert run.warnings == ["requests.jsonl: 1 record skipped, torn last record (run killed mid-write?) (line 21)"]
+
+
+def test_garbage_lines_and_a_torn_last_line_are_told_apart(tmp_path):
+    shutil.copytree(RUNS / "seed-vllm-ollama", tmp_path / "r")
+    path = tmp_path / "r" / "requests.jsonl"
+    lines = path.read_text().splitlines()
+    lines[1:4] = ["garbage"] * 3
+    path.write_text("\n".join(lines) + "\n" + "garbage" + "\n" + lines[5][:40])
+    run = load(tmp_path / "r")
+    assert run.warnings == [
+        "requests.jsonl: 4 records skipped, not a JSON record (lines 2, 3, 4 and 1 more)",
+        "requests.jsonl: 1 record skipped, torn last record (run killed mid-write?) (line 22)",
+    ]
