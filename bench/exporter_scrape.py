@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -13,9 +12,9 @@ from pathlib import Path
 import psutil
 import requests
 
+from bench.processes import REPO, python_module, stop
 from bench.proxy_overhead import free_port, percentile, wait_ready
 
-REPO = Path(__file__).resolve().parent.parent
 GOAL_P99_MS = 50.0
 GOAL_RSS_MB = 80.0
 
@@ -26,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The recorded-page server and the simulator are the test doubles: real HTTP, recorded engine pages.
     sys.path.insert(0, str(REPO))
-    from tests.test_exporter_recorded_engine import FIXTURES, RecordedEngine, vllm_engine
+    from tests.doubles.recorded_engine import FIXTURES, RecordedEngine, vllm_engine
 
     vllm_page = next(
         name
@@ -49,24 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         llamacpp.set_json("/v1/models", {"object": "list", "data": [{"id": "SmolLM2-135M-Instruct.Q4_1.gguf"}]})
 
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     sim_port, port, proxy_port = free_port(), free_port(), free_port()
-    sim = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.doubles.ollama_simulator",
-            "--port",
-            str(sim_port),
-            "--token-delay",
-            "0.001",
-            "--load-delay",
-            "0",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    sim = python_module("tests.doubles.ollama_simulator", "--port", sim_port, "--token-delay", 0.001, "--load-delay", 0)
     workdir = Path(tempfile.mkdtemp(prefix="servescope-bench-"))
     config = workdir / "exporter.yml"
     config.write_text(
@@ -75,13 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  - {{kind: llamacpp, name: llamacpp, url: '{llamacpp.url}'}}\n"
         f"  - {{kind: ollama, name: ollama, url: 'http://127.0.0.1:{sim_port}', proxy_port: {proxy_port}}}\n"
     )
-    exporter = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--config", str(config)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    exporter = python_module("exporter", "--config", config)
     try:
         wait_ready(f"http://127.0.0.1:{sim_port}/api/version", sim)
         wait_ready(f"http://127.0.0.1:{port}/metrics", exporter)
@@ -145,14 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     finally:
-        for proc in (exporter, sim):
-            proc.terminate()
-        for proc in (exporter, sim):
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(exporter, sim)
         vllm.stop()
         llamacpp.stop()
 

@@ -17,8 +17,10 @@ from pathlib import Path
 import psutil
 import requests
 
+from bench import requests_transport
 from loadgen import prompts as prompt_sets
 from servescope import knobs
+from tests.doubles.synthetic_openai import SyntheticProcess
 
 REPO = Path(__file__).resolve().parent.parent
 POLL_S = 0.02  # client CPU / server counter sampling while a client runs
@@ -34,46 +36,6 @@ VLLM_CLI_SHIM = (
     "from vllm.entrypoints.cli.main import main\n"
     "main()\n"
 )
-
-
-class SyntheticProcess:
-    """tests/doubles/synthetic_openai.py in its own process (its own GIL), port chosen by the kernel."""
-
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.doubles.synthetic_openai", "--port", "0", *args],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        if not line.startswith("listening on "):
-            self.stop()
-            raise RuntimeError(f"synthetic server did not start: {line!r}")
-        self.url = line.split()[-1]
-        self.session = requests.Session()  # polled every POLL_S while a client runs: one kept-alive connection
-
-    def stats(self) -> dict:
-        return requests.get(f"{self.url}/stats", timeout=10).json()
-
-    def counters(self) -> dict:
-        return self.session.get(f"{self.url}/stats/counters", timeout=10).json()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def __enter__(self) -> SyntheticProcess:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 @dataclass
@@ -139,10 +101,12 @@ def loadgen_burst(
 ) -> tuple[list[dict], dict, Window]:
     """`python -m loadgen burst` against the server; returns raw records, phases and the traffic window."""
     with tempfile.TemporaryDirectory(prefix="servescope-bench-") as results:
+        # The load generator ships geventhttpclient only: requests runs through the same CLI with it registered.
+        entry = "bench.requests_transport" if http_client == requests_transport.NAME else "loadgen"
         cmd = [
             sys.executable,
             "-m",
-            "loadgen",
+            entry,
             "burst",
             "--engine",
             f"vllm={server.url}",

@@ -7,7 +7,8 @@ import os
 import statistics
 import sys
 
-from bench.loadgen_accuracy import SyntheticProcess, Window, loadgen_burst, vllm_available, vllm_bench
+from bench.loadgen_accuracy import Window, loadgen_burst, vllm_available, vllm_bench
+from tests.doubles.synthetic_openai import SyntheticProcess
 
 
 def main(argv: list[str] | None = None) -> int:

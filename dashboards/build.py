@@ -3,6 +3,15 @@
 Every panel query is built by the small PromQL helpers below so that every rate is taken over
 `$__rate_interval` and every selector honours the dashboard variables (datasource, engine,
 instance, model). Metric names are the exporter's (servescope.series) and the engines' own.
+
+Why plain dicts and not Grafana's typed builders (grafana-foundation-sdk, alpha): the panel, variable
+and shell helpers below rewritten on its 11.2 builders produced dashboards that passed --check and the
+live every-query test, but saved 38 of their 227 lines (29 of the file's 906, at 9b3f78f). Against: its
+versions carry a build-time epoch ("1769699630!11.2.0"), so the newest build is the 10.1 schema and no
+`>=` range is safe, only an exact pin; builds with the same Grafana label differ (an 11.2 build of
+2024-10 lacks Dataquery.range(), the 10.1 one AnnotationQuery.built_in(), the 11.6 one rewrites every
+file); it would tie the JSON to one Grafana schema while GRAFANA_IMAGE is a knob (Grafana migrates our
+schemaVersion 39 forward on load); and it cannot write a variable's `definition`.
 """
 
 from __future__ import annotations
@@ -95,14 +104,27 @@ def or_zero(expr: str, zero_like: str, on: Iterable[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def target(expr: str, legend: str, ref: str = "A") -> dict:
-    return {"refId": ref, "expr": expr, "legendFormat": legend, "datasource": DS, "range": True, "instant": False}
+def target(expr: str, legend: str) -> dict:
+    """One query of a panel; the panel letters its queries A, B, ... in order."""
+    return {"refId": "A", "expr": expr, "legendFormat": legend, "datasource": DS, "range": True, "instant": False}
 
 
-def _with_refs(targets: list[dict]) -> list[dict]:
+def _panel(
+    kind: str, title: str, description: str, defaults: dict, options: dict, targets: list[dict], size: tuple[int, int]
+) -> dict:
+    """What every data panel has: the datasource variable, field defaults, its queries lettered A, B, ..., a size."""
     for index, tgt in enumerate(targets):
         tgt["refId"] = chr(ord("A") + index)
-    return targets
+    return {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
+        "targets": targets,
+        "_size": size,
+    }
 
 
 def timeseries(
@@ -122,19 +144,11 @@ def timeseries(
     defaults: dict = {"unit": unit, "custom": custom}
     if min_zero:
         defaults["min"] = 0
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-        "targets": _with_refs(targets),
-        "_size": (width, height),
+    options = {
+        "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+        "tooltip": {"mode": "multi", "sort": "desc"},
     }
+    return _panel("timeseries", title, description, defaults, options, targets, (width, height))
 
 
 def stat(
@@ -150,23 +164,15 @@ def stat(
 ) -> dict:
     defaults: dict = {"unit": unit, "mappings": mappings or []}
     defaults["thresholds"] = {"mode": "absolute", "steps": thresholds or [{"color": "blue", "value": None}]}
-    return {
-        "type": "stat",
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "background" if thresholds else "value",
-            "graphMode": "area",
-            "textMode": "value_and_name",
-            "justifyMode": "auto",
-            "orientation": "auto",
-        },
-        "targets": _with_refs(targets),
-        "_size": (width, height),
+    options = {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "colorMode": "background" if thresholds else "value",
+        "graphMode": "area",
+        "textMode": "value_and_name",
+        "justifyMode": "auto",
+        "orientation": "auto",
     }
+    return _panel("stat", title, description, defaults, options, targets, (width, height))
 
 
 def row(title: str) -> dict:
@@ -334,17 +340,34 @@ def _client_failures(by: list[str], matchers: dict[str, str]) -> str:
     return or_zero(failed, every, keys)
 
 
+def _quantile_targets(bucket_selectors: list[str], by: list[str], legend: str) -> list[dict]:
+    """p50 and p95 of one histogram (or of its names across engine versions, joined with `or`)."""
+    return [target(quantile(q, bucket_selectors, by), f"{legend} p{int(q * 100)}") for q in (0.5, 0.95)]
+
+
 def _latency_targets(metric: str, matchers: dict[str, str], by: list[str], legend: str) -> list[dict]:
-    return [
-        target(quantile(q, [sel(f"{metric}_bucket", matchers)], by), f"{legend} p{int(q * 100)}") for q in (0.5, 0.95)
-    ]
+    return _quantile_targets([sel(f"{metric}_bucket", matchers)], by, legend)
+
+
+# vLLM's inter-token latency histogram, named time_per_output_token before 0.11.
+VLLM_ITL_BUCKETS = [
+    sel("vllm:inter_token_latency_seconds_bucket", VLLM_RAW),
+    sel("vllm:time_per_output_token_seconds_bucket", VLLM_RAW),
+]
+
+
+def _prompt_rate(name: str) -> str:
+    return sum_by(["engine", "instance"], rate(sel(name, NEUTRAL)))
+
+
+def _reuse_ratio(matchers: dict[str, str]) -> str:
+    """Cached prompt tokens / prompt tokens over the window; no point while no prompt came (not a 0/0)."""
+    cached = sum_by(["engine", "instance"], rate(sel(series.PROMPT_CACHED_TOKENS, matchers)))
+    prompt = sum_by(["engine", "instance"], rate(sel(series.PROMPT_TOKENS, matchers)))
+    return f"{cached} / ({prompt} > 0)"
 
 
 def engine_comparison() -> dict:
-    vllm_itl = [
-        sel("vllm:inter_token_latency_seconds_bucket", VLLM_RAW),
-        sel("vllm:time_per_output_token_seconds_bucket", VLLM_RAW),
-    ]
     panels = [
         row("Which lever? running, waiting and KV usage per engine (the seed's section 4)"),
         stat(
@@ -397,6 +420,29 @@ def engine_comparison() -> dict:
             "reqps",
             [target(_client_failures(["engine"], CLIENT), "{{engine}}")],
         ),
+        row("Prefix-cache reuse (conversations, shared prefixes: what the engine did not compute again)"),
+        timeseries(
+            "Prefix-cache reuse",
+            "Share of prompt tokens the engine took from its prefix / prompt cache: rate of "
+            f"{series.PROMPT_CACHED_TOKENS} / rate of {series.PROMPT_TOKENS} (vLLM prefix_cache_hits; llama.cpp "
+            "prompt_tokens_cached). Near 0 with caching off; Ollama reports no cached tokens (no line).",
+            "percentunit",
+            [target(_reuse_ratio(NEUTRAL), "{{instance}}")],
+            width=12,
+        ),
+        timeseries(
+            "Prompt tokens/s: computed vs cached",
+            "Prompt tokens per second the engine computed, and those it took from its cache instead.",
+            TOKENS_PER_S,
+            [
+                target(
+                    f"{_prompt_rate(series.PROMPT_TOKENS)} - {_prompt_rate(series.PROMPT_CACHED_TOKENS)}",
+                    "{{instance}} computed",
+                ),
+                target(_prompt_rate(series.PROMPT_CACHED_TOKENS), "{{instance}} cached"),
+            ],
+            width=12,
+        ),
         row("Latency: server view (engine histograms; Ollama via the exporter's proxy)"),
         timeseries(
             "TTFT (server)",
@@ -415,7 +461,7 @@ def engine_comparison() -> dict:
             "ITL (server)",
             "vLLM inter_token_latency histogram (time_per_output_token before 0.11).",
             "s",
-            [target(quantile(q, vllm_itl, ["instance"]), f"{{{{instance}}}} p{int(q * 100)}") for q in (0.5, 0.95)],
+            _quantile_targets(VLLM_ITL_BUCKETS, ["instance"], "{{instance}}"),
             width=12,
         ),
         row("Latency: client view (the load generator: send -> first content chunk; gaps between content chunks)"),
@@ -450,10 +496,11 @@ def engine_comparison() -> dict:
         ),
         timeseries(
             "Memory vs limit",
-            "Resident memory of the engine against its memory limit (its cgroup limit, else the machine's memory).",
+            "Memory in use by the engine (native: the PSS of its process tree, shared pages once; Compose: as "
+            "docker stats shows it) against its memory limit (its cgroup limit, else the machine's memory).",
             "bytes",
             [
-                target(sel(series.ENGINE_RESIDENT_BYTES, ENGINE_ONLY), "{{instance}} resident"),
+                target(sel(series.ENGINE_RESIDENT_BYTES, ENGINE_ONLY), "{{instance}} used"),
                 target(sel(series.ENGINE_MEMORY_LIMIT, ENGINE_ONLY), "{{instance}} limit"),
             ],
             width=12,
@@ -480,34 +527,35 @@ def vllm_dashboard() -> dict:
     ]
     panels = [
         row("KV capacity: VLLM_CPU_KVCACHE_SPACE / (block size x dtype) -> blocks -> tokens -> max concurrency"),
-        stat(
-            "KV blocks",
-            "num_gpu_blocks from vllm:cache_config_info (on CPU all from VLLM_CPU_KVCACHE_SPACE; "
-            "--swap-space adds none).",
-            "none",
-            [target(sel(series.KV_BLOCKS, vllm), "{{instance}}")],
-            width=6,
-        ),
-        stat(
-            "Block size",
-            "Tokens per KV block (block_size label of vllm:cache_config_info).",
-            "none",
-            [target(sel(series.KV_BLOCK_SIZE, vllm), "{{instance}}")],
-            width=6,
-        ),
-        stat(
-            "KV capacity",
-            "Tokens the KV cache holds: blocks x block size.",
-            "suffix: tokens",
-            [target(sel(series.KV_CAPACITY_TOKENS, vllm), "{{instance}}")],
-            width=6,
-        ),
-        stat(
-            "Max concurrency",
-            "Requests of the served max-model-len that fit at once (the startup log's 'Maximum concurrency ... x').",
-            "suffix: x",
-            [target(sel(series.KV_MAX_CONCURRENCY, vllm), "{{instance}}")],
-            width=6,
+        *(
+            stat(title, description, unit, [target(sel(metric, vllm), "{{instance}}")], width=6)
+            for title, description, unit, metric in (
+                (
+                    "KV blocks",
+                    "num_gpu_blocks from vllm:cache_config_info (on CPU all from VLLM_CPU_KVCACHE_SPACE; "
+                    "--swap-space adds none).",
+                    "none",
+                    series.KV_BLOCKS,
+                ),
+                (
+                    "Block size",
+                    "Tokens per KV block (block_size label of vllm:cache_config_info).",
+                    "none",
+                    series.KV_BLOCK_SIZE,
+                ),
+                (
+                    "KV capacity",
+                    "Tokens the KV cache holds: blocks x block size.",
+                    "suffix: tokens",
+                    series.KV_CAPACITY_TOKENS,
+                ),
+                (
+                    "Max concurrency",
+                    "Requests of the served max-model-len that fit at once (the startup log's 'Maximum concurrency ... x').",
+                    "suffix: x",
+                    series.KV_MAX_CONCURRENCY,
+                ),
+            )
         ),
         row("Scheduler"),
         timeseries(
@@ -595,20 +643,7 @@ def vllm_dashboard() -> dict:
             "ITL",
             "vllm:inter_token_latency_seconds (time_per_output_token before 0.11).",
             "s",
-            [
-                target(
-                    quantile(
-                        q,
-                        [
-                            sel("vllm:inter_token_latency_seconds_bucket", VLLM_RAW),
-                            sel("vllm:time_per_output_token_seconds_bucket", VLLM_RAW),
-                        ],
-                        by_instance,
-                    ),
-                    f"{{{{instance}}}} p{int(q * 100)}",
-                )
-                for q in (0.5, 0.95)
-            ],
+            _quantile_targets(VLLM_ITL_BUCKETS, by_instance, "{{instance}}"),
         ),
         timeseries(
             "End-to-end latency",

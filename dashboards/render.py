@@ -20,6 +20,7 @@ from pathlib import Path
 import requests
 
 from dashboards.build import DASHBOARDS, SCRAPE_INTERVAL
+from servescope.sampler import split_at_gaps
 
 # Grafana asks for at most about this many points per series; so do we.
 MAX_POINTS = 300
@@ -142,12 +143,14 @@ def panel_data(
                 data.errors.append(str(exc))
                 continue
             for item in result:
-                points = [(float(t), float(v)) for t, v in item["values"]]
+                # Steps with no sample (a stack that was down, a target that stopped answering) are gaps, as in
+                # Grafana: a NaN where two points are more than a step or so apart, never a line across.
+                points = split_at_gaps([(float(t), float(v)) for t, v in item["values"]], step)
                 data.series.append(
                     Series(
                         legend_text(target.get("legendFormat", ""), item["metric"]),
                         [p[0] for p in points],
-                        [p[1] for p in points],
+                        [math.nan if p[1] is None else p[1] for p in points],
                     )
                 )
         panels.append(data)
@@ -186,7 +189,7 @@ def _formatter(unit: str):
 # The same engine keeps its colour on every panel (instances named like vllm-b share their kind's).
 ENGINE_COLOURS = {"vllm": "C0", "ollama": "C1", "llamacpp": "C2"}
 # Legend suffixes that name a variant of one engine's series (build.py's legends).
-VARIANTS = {"p50", "p95", "p99", "used", "limit", "resident"}
+VARIANTS = {"p50", "p95", "p99", "used", "limit"}
 DASHED = {"p95", "p99", "limit"}
 
 
@@ -199,10 +202,10 @@ def draw(panel: PanelData, ax, start: float | None = None, end: float | None = N
     colours: dict[str, str] = {}
     palette = [f"C{i}" for i in range(3, 10)]
     for s in panel.series:
-        points = [
-            (dt.datetime.fromtimestamp(t), v) for t, v in zip(s.times, s.values, strict=True) if not math.isnan(v)
-        ]
-        if not points:
+        # NaN stays in: matplotlib breaks the line there, so a gap is drawn as a gap.
+        points = [(dt.datetime.fromtimestamp(t), v) for t, v in zip(s.times, s.values, strict=True)]
+        finite = [v for _, v in points if not math.isnan(v)]
+        if not finite:
             continue
         # One colour per engine/instance; its p95 or its limit dashed beside its p50 or its use.
         base, _, variant = s.legend.rpartition(" ")
@@ -219,7 +222,7 @@ def draw(panel: PanelData, ax, start: float | None = None, end: float | None = N
             linestyle="--" if variant in DASHED else "-",
             drawstyle="steps-post" if panel.kind == "stat" else "default",
         )
-        highest = max(highest, max(p[1] for p in points))
+        highest = max(highest, max(finite))
         drawn += 1
     if drawn == 0:
         reason = panel.errors[0] if panel.errors else "no data in this window"

@@ -14,7 +14,7 @@ except ImportError:  # not built for this platform
     uvloop = None
 
 from exporter import config as exporter_config
-from exporter import server
+from exporter import relay, server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="servescope-exporter",
         description="Prometheus exporter for vLLM, llama.cpp and Ollama (with Ollama's streaming proxy).",
         epilog="Env: EXPORTER_PORT, SERVESCOPE_BIND, VLLM_URL, LLAMACPP_URL, OLLAMA_URL, OLLAMA_PROXY_PORT, "
-        "OLLAMA_NUM_PARALLEL. The config file format is described in `python -m pydoc exporter.config`. "
+        "OLLAMA_NUM_PARALLEL, VLLM_API_KEY and LLAMACPP_API_KEY (engines started with --api-key). "
+        "The config file format is described in `python -m pydoc exporter.config`. "
         "Resource series: --process/--container, or processes:/containers: in the file.",
     )
     # Defaults are None so that "not given" falls through to the file, then the environment.
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     except exporter_config.ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    relay.raise_fd_limit()  # before the proxies size their connection caps from it
     exporter = server.build(config)
     # Everything built so far lives as long as the process: frozen, the garbage collector never
     # walks it again. Unfrozen, a collection in the middle of a burst of chunks stalled the proxy

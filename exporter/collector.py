@@ -6,10 +6,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.upstream import Upstream, UpstreamError
-from servescope import series
+from exporter.bounds import MAX_MODELS, OVERFLOW_MODEL, ModelLabels
+from exporter.upstream import MISSING, Unauthorized, Upstream, UpstreamError
+from servescope import engine_identity, engines, series
 
 log = logging.getLogger("exporter")
 
@@ -21,6 +22,7 @@ ENGINE_FAMILIES: tuple[tuple[str, str], ...] = (
     (series.KV_CACHE_USAGE, "gauge"),
     (series.GENERATED_TOKENS, "counter"),
     (series.PROMPT_TOKENS, "counter"),
+    (series.PROMPT_CACHED_TOKENS, "counter"),
     (series.ENGINE_INFO, "gauge"),
 )
 
@@ -50,6 +52,8 @@ class EngineCollector:
         self.timeout = timeout
         self.clock = clock
         self._last_error: str | None = None
+        self._said: set[str] = set()  # what note() has logged since the engine last failed
+        self.invalid = 0  # values dropped as impossible since the exporter started (a counter)
         # What an engine states once per start (served model, max-model-len, version): read on the
         # first good scrape, forgotten when the engine fails so a restarted engine is re-read.
         self.cache: dict = {}
@@ -66,6 +70,7 @@ class EngineCollector:
     def describe(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(series.ENGINE_UP, "")
         yield GaugeMetricFamily(series.SCRAPE_DURATION, "")
+        yield Metric(series.ENGINE_INVALID_SAMPLES.removesuffix("_total"), "", "counter")
         for name, typ in self.family_names:
             yield Metric(name.removesuffix("_total") if typ == "counter" else name, "", typ)
 
@@ -81,7 +86,7 @@ class EngineCollector:
             self._failed(str(exc))
         except Exception as exc:  # noqa: BLE001 -- any surprise in a payload is "engine unreadable", never a crash
             families, up = [], 0.0
-            self._failed(f"malformed response from {self.upstream.base_url}: {type(exc).__name__}: {exc}")
+            self._failed(f"malformed response from {self.upstream.shown_url}: {type(exc).__name__}: {exc}")
         labels = [self.kind, self.name]
         up_family = GaugeMetricFamily(
             series.ENGINE_UP,
@@ -97,15 +102,44 @@ class EngineCollector:
         )
         duration.add_metric(labels, self.clock() - started)
         yield duration
+        invalid = CounterMetricFamily(
+            series.ENGINE_INVALID_SAMPLES,
+            "Values the engine sent that cannot be true (NaN, infinite, a negative count, a ratio outside 0..1, "
+            "tokens past a slot's context, an unreadable date), dropped instead of exported.",
+            labels=list(series.ENGINE_LABELS),
+        )
+        invalid.add_metric(labels, float(self.invalid))
+        yield invalid
         yield from families
         yield from self.always()
 
     # --- one log line per failure, not one per scrape ---
     def _failed(self, reason: str) -> None:
         self.cache.clear()
+        self._said.clear()
         if reason != self._last_error:
             log.warning("%s %s down: %s", self.kind, self.name, reason)
         self._last_error = reason
+
+    def note(self, what: str, key: str | None = None) -> None:
+        """Say once (until the engine next fails) what could not be read or was not exported, and why;
+        `key` (default: the text) decides what counts as saying the same again."""
+        key = what if key is None else key
+        if key not in self._said and len(self._said) < 64:
+            self._said.add(key)
+            log.warning("%s %s: %s", self.kind, self.name, what)
+
+    def valid(self, value: object, check: Callable[[object], float | None], what: str) -> float | None:
+        """check(value) (a function of exporter.bounds); None, rejected, when it cannot be true."""
+        number = check(value)
+        if number is None:
+            self.reject(value, what)
+        return number
+
+    def reject(self, value: object, what: str) -> None:
+        """Count a value left out as impossible; said once per `what`."""
+        self.invalid += 1
+        self.note(f"dropped {what} = {str(value)[:40]!r}: not a value the engine can mean", key=f"invalid {what}")
 
     def _recovered(self) -> None:
         if self._last_error is not None:
@@ -118,6 +152,62 @@ class EngineCollector:
 
     def labels(self, *extra: str) -> list[str]:
         return [self.kind, self.name, *extra]
+
+    def model_labels(self, names: Iterable[str]) -> ModelLabels:
+        """Label values for the models this engine lists (exporter.bounds): its first MAX_MODELS, then "other"."""
+        labels = ModelLabels(names)
+        if labels.overflow:
+            self.note(
+                f"lists more than {MAX_MODELS} models: {labels.overflow} of them are reported as model={OVERFLOW_MODEL!r}",
+                key="overflow",
+            )
+        return labels
+
+    def identity(self, deadline: float) -> engine_identity.Identity:
+        """What the engine says about itself (servescope.engine_identity), read once per engine start.
+
+        An endpoint that is off (404/501) or wants an API key costs what it would have said, not the
+        engine: that is noted once and read again after IDENTITY_RETRY_S. An engine that does not
+        answer at all raises (engine down).
+        """
+        cached = self.cache.get("identity")
+        if cached is not None and (not cached.errors or self.clock() < self.cache["identity_at"] + IDENTITY_RETRY_S):
+            return cached
+
+        def get_json(path: str):
+            payload = self.upstream.get_json(path, deadline, missing_ok=True)
+            if payload is MISSING:
+                raise EndpointOff("not served by this engine (404/501)")
+            return payload
+
+        identity = engine_identity.identify(self.kind, get_json, recoverable=(EndpointOff, Unauthorized))
+        for path, reason in identity.errors.items():
+            self.note(f"cannot read {path}: {reason}{self.key_hint(reason)}")
+        self.cache["identity"], self.cache["identity_at"] = identity, self.clock()
+        return identity
+
+    def optional(self, get: Callable, path: str, deadline: float, without: str):
+        """get(path) for an endpoint the engine may have off (404/501) or behind an API key: MISSING then, said once."""
+        try:
+            payload = get(path, deadline, missing_ok=True)
+        except Unauthorized as exc:
+            self.note(f"cannot read {path}: {exc}{self.key_hint(str(exc))}: {without}")
+            return MISSING
+        if payload is MISSING:
+            self.note(f"{path} is off (404/501): {without}")
+        return payload
+
+    def key_hint(self, reason: str) -> str:
+        env = engines.ENGINES[self.kind].api_key_env
+        return f" (set {env}, or api_key in the config file)" if env and "API key" in reason else ""
+
+
+# An identity endpoint that failed is asked again this often (a key set, a feature turned on, a restart).
+IDENTITY_RETRY_S = 60.0
+
+
+class EndpointOff(Exception):
+    """The engine answered 404/501 for an endpoint: the feature is off in this build or this start."""
 
 
 # One HELP per engine-neutral family: families from every engine are merged under one name,
@@ -140,8 +230,14 @@ HELP = {
         "Ollama: eval_count / usage.completion_tokens of responses seen by the proxy."
     ),
     series.PROMPT_TOKENS: (
-        "Prompt tokens processed. vLLM: vllm:prompt_tokens_total; llama.cpp: llamacpp:prompt_tokens_total; "
-        "Ollama: prompt_eval_count / usage.prompt_tokens of responses seen by the proxy."
+        "Prompt tokens of the requests, computed or taken from a cache. vLLM: vllm:prompt_tokens_total; "
+        "llama.cpp: llamacpp:prompt_tokens_total (the tokens it computed) + llamacpp:prompt_tokens_cached_total "
+        "where the build has it; Ollama: prompt_eval_count / usage.prompt_tokens of responses seen by the proxy."
+    ),
+    series.PROMPT_CACHED_TOKENS: (
+        "Prompt tokens taken from the engine's prefix / prompt cache instead of computed. vLLM: "
+        "vllm:prefix_cache_hits_total (0.9.2-0.10: vllm:gpu_prefix_cache_hits_total; it stays 0 while prefix "
+        "caching is off); llama.cpp: llamacpp:prompt_tokens_cached_total (builds that have it). Ollama reports none."
     ),
     series.ENGINE_INFO: "Engine version, value 1. vLLM: GET /version; llama.cpp: GET /props build_info; Ollama: GET /api/version.",
     series.KV_BLOCK_SIZE: "Tokens per KV-cache block. vLLM: block_size label of vllm:cache_config_info.",

@@ -21,6 +21,11 @@ lists the instances instead; URL flags and env vars are then ignored::
         url: http://127.0.0.1:11434
         proxy_port: 11435         # ollama only: where the streaming proxy listens; null = no proxy
         num_parallel: 1           # ollama only: the OLLAMA_NUM_PARALLEL that Ollama runs with
+      - kind: llamacpp
+        name: llama
+        url: http://127.0.0.1:8081
+        api_key: sk-...           # optional: the key of an engine started with --api-key; else
+                                  # VLLM_API_KEY / LLAMACPP_API_KEY (never logged or shown)
     processes:                    # optional: native engines whose CPU and memory to export
       - kind: vllm
         name: vllm-a              # the `instance` label (default: the kind)
@@ -50,12 +55,13 @@ import yaml
 
 from exporter.resources import WatchedContainer, WatchedProcess
 from servescope import engines, knobs
+from servescope.urls import redact
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 TOP_KEYS = {"listen_address", "port", "timeout_seconds", "engines", "processes", "containers"}
 PROCESS_KEYS = {"kind", "name", "pidfile"}
 CONTAINER_KEYS = {"kind", "name", "container"}
-ENGINE_KEYS = {"kind", "name", "url", "timeout_seconds", "proxy_port", "num_parallel"}
+ENGINE_KEYS = {"kind", "name", "url", "timeout_seconds", "proxy_port", "num_parallel", "api_key"}
 OLLAMA_ONLY = {"proxy_port", "num_parallel"}
 DEFAULT_TIMEOUT = 3.0
 
@@ -66,7 +72,8 @@ class ConfigError(Exception):
     def __init__(self, key: str, problem: str):
         # A key is user text too: one with a newline or control character is shown quoted.
         shown = key if key.isprintable() and key.strip() == key and key else repr(key)
-        super().__init__(f"config error: {shown}: {problem}".replace("\n", "\\n"))
+        # Redacted: a URL the user wrote with user:password@ in it is echoed back without the password.
+        super().__init__(redact(f"config error: {shown}: {problem}").replace("\n", "\\n"))
         self.key = key
 
 
@@ -78,6 +85,7 @@ class Instance:
     timeout: float = DEFAULT_TIMEOUT
     proxy_port: int | None = None  # Ollama only
     num_parallel: int = 1  # Ollama only
+    api_key: str = field(default="", repr=False)  # sent as a Bearer token; a secret, so never in a repr
 
 
 @dataclass(frozen=True)
@@ -188,6 +196,7 @@ def _file_instances(entries: object, timeout: float) -> tuple[Instance, ...]:
                 timeout=_seconds(f"{where}.timeout_seconds", entry.get("timeout_seconds", timeout)),
                 proxy_port=None if proxy_port is None else _port(f"{where}.proxy_port", proxy_port),
                 num_parallel=_positive_int(f"{where}.num_parallel", entry.get("num_parallel", 1)),
+                api_key=_api_key(f"{where}.api_key", entry["api_key"]) if "api_key" in entry else _knob_api_key(kind),
             )
         )
     return tuple(instances)
@@ -275,7 +284,16 @@ def _url_instances(args, timeout: float) -> tuple[Instance, ...]:
                 "--ollama-num-parallel" if args.ollama_num_parallel is not None else "OLLAMA_NUM_PARALLEL",
                 _pick(args.ollama_num_parallel, None, knobs.get("OLLAMA_NUM_PARALLEL", "1")),
             )
-        instances.append(Instance(kind=kind.name, name=kind.name, url=_url(key, url), timeout=timeout, **extra))
+        instances.append(
+            Instance(
+                kind=kind.name,
+                name=kind.name,
+                url=_url(key, url),
+                timeout=timeout,
+                api_key=_knob_api_key(kind.name),
+                **extra,
+            )
+        )
     return tuple(instances)
 
 
@@ -316,6 +334,18 @@ def _url(key: str, value: object) -> str:
     except ValueError:
         raise ConfigError(key, f"bad port in {value!r}") from None
     return value.rstrip("/")
+
+
+def _knob_api_key(kind: str) -> str:
+    env = engines.ENGINES[kind].api_key_env
+    return _api_key(env, knobs.get(env, "")) if env else ""
+
+
+def _api_key(key: str, value: object) -> str:
+    # Checked for what would break the request head; the value itself is never echoed.
+    if not isinstance(value, str) or not (value.isascii() and value.isprintable()) or value != value.strip():
+        raise ConfigError(key, "expected an API key: printable characters, no surrounding blanks")
+    return value
 
 
 def _port(key: str, value: object) -> int:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from prometheus_client.core import Metric
 
@@ -19,8 +20,12 @@ class FanoutCollector:
 
     def __init__(self, collectors: Sequence[EngineCollector], *, max_workers: int | None = None):
         self.collectors = list(collectors)
+        self._lock = threading.Lock()
+        self._running: Future | None = None  # the collection under way, shared with whoever comes meanwhile
+        # A thread per instance: every instance is read at once, so a scrape lasts as long as the
+        # slowest instance's budget, never the sum of several.
         self._pool = ThreadPoolExecutor(
-            max_workers=max_workers or max(1, min(len(self.collectors), 16)), thread_name_prefix="scrape"
+            max_workers=max_workers or max(1, len(self.collectors)), thread_name_prefix="scrape"
         )
 
     def describe(self) -> Iterator[Metric]:
@@ -32,6 +37,25 @@ class FanoutCollector:
                     yield family
 
     def collect(self) -> Iterator[Metric]:
+        """Every instance read once; a collect() that comes while one runs (another scrape, the run's sampler)
+        gets that one's families: an engine is never read twice at once, and its counts never race."""
+        with self._lock:
+            shared, self._running = self._running, self._running or Future()
+        if shared is not None:
+            yield from shared.result()
+            return
+        try:
+            families = self._read_all()
+            self._running.set_result(families)
+        except BaseException as exc:
+            self._running.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                self._running = None
+        yield from families
+
+    def _read_all(self) -> list[Metric]:
         results = list(self._pool.map(lambda collector: list(collector.collect()), self.collectors))
         merged: dict[str, Metric] = {}
         for families in results:
@@ -41,7 +65,7 @@ class FanoutCollector:
                     merged[family.name] = family
                 else:
                     into.samples.extend(family.samples)
-        yield from merged.values()
+        return list(merged.values())
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

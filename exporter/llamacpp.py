@@ -13,13 +13,16 @@ produced for one instance (two slots, one streaming)::
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from exporter.bounds import bounded, count
 from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
 from exporter.upstream import MISSING
-from exporter.vllm import parse_exposition
 from servescope import series
+from servescope.engine_identity import gguf_file_name
+from servescope.exposition import parse_exposition
 
 LLAMACPP_SAMPLES = frozenset(
     (
@@ -27,6 +30,7 @@ LLAMACPP_SAMPLES = frozenset(
         "llamacpp:requests_deferred",
         "llamacpp:tokens_predicted_total",
         "llamacpp:prompt_tokens_total",
+        "llamacpp:prompt_tokens_cached_total",
     )
 )
 
@@ -39,88 +43,113 @@ class LlamacppCollector(EngineCollector):
     )
 
     def scrape(self, deadline: float) -> Iterator[Metric]:
-        samples = parse_exposition(self.upstream.get_text("/metrics", deadline), LLAMACPP_SAMPLES)
-        if "model" not in self.cache:
-            self.cache["model"], self.cache["version"] = self._identity(deadline)
-        model = self.cache["model"]
-        # /slots answers 501 when started with --no-slots (404 on builds without it): KV series are
-        # then omitted, the engine is still up.
-        slots = self.upstream.get_json("/slots", deadline, missing_ok=True)
+        # Without --metrics llama-server answers 501 on /metrics, without slots 501 on /slots, and
+        # behind --api-key 401 on both: each costs the series it feeds, never the engine.
+        page = self.optional(self.upstream.get_text, "/metrics", deadline, "no queue and no token counters")
+        samples = parse_exposition(page, LLAMACPP_SAMPLES) if page is not MISSING else {}
+        slots = self.optional(self.upstream.get_json, "/slots", deadline, "no KV-cache usage or capacity")
+        occupancy = self._occupancy(slots) if slots is not MISSING else None
+        identity = self.identity(deadline)
+        model = bounded(gguf_file_name(identity.model))
 
         info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
-        info.add_metric(self.labels(self.cache["version"]), 1.0)
+        info.add_metric(self.labels(bounded(identity.version or "unknown")), 1.0)
         yield info
 
-        for name, source in (
-            (series.REQUESTS_RUNNING, "llamacpp:requests_processing"),
-            (series.REQUESTS_WAITING, "llamacpp:requests_deferred"),
+        # The counters, once each (a value that is not a count costs its series); prompt_tokens_total counts only the
+        # tokens it computed: the cached ones (builds that count them) are added, so prompt tokens mean the whole
+        # prompt here as they do on vLLM.
+        totals = {source: self._total(samples, source) for source in LLAMACPP_SAMPLES}
+        cached = totals["llamacpp:prompt_tokens_cached_total"]
+        prompt = totals["llamacpp:prompt_tokens_total"]
+        for name, value, typ in (
+            (series.REQUESTS_RUNNING, totals["llamacpp:requests_processing"], "gauge"),
+            (series.REQUESTS_WAITING, totals["llamacpp:requests_deferred"], "gauge"),
+            (series.GENERATED_TOKENS, totals["llamacpp:tokens_predicted_total"], "counter"),
+            (series.PROMPT_TOKENS, None if prompt is None else prompt + (cached or 0.0), "counter"),
+            (series.PROMPT_CACHED_TOKENS, cached, "counter"),
         ):
-            family = self.gauge(name, HELP[name], ["model"])
-            if source in samples:
-                family.add_metric(self.labels(model), sum(value for _, value in samples[source]))
+            family = (
+                self.gauge(name, HELP[name], ["model"])
+                if typ == "gauge"
+                else CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
+            )
+            if value is not None:
+                family.add_metric(self.labels(model), value)
+            elif name == series.REQUESTS_RUNNING and occupancy is not None:
+                family.add_metric(self.labels(model), float(occupancy.processing))  # busy slots, as /metrics counts
             yield family
 
-        for name, source in (
-            (series.GENERATED_TOKENS, "llamacpp:tokens_predicted_total"),
-            (series.PROMPT_TOKENS, "llamacpp:prompt_tokens_total"),
-        ):
-            family = CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
-            if source in samples:
-                family.add_metric(self.labels(model), sum(value for _, value in samples[source]))
-            yield family
-
-        if slots is not MISSING:
-            held, capacity, count = slot_occupancy(slots)
+        if occupancy is not None:
             for name, value in (
-                (series.KV_CACHE_USAGE, held / capacity if capacity else 0.0),
-                (series.KV_CAPACITY_TOKENS, float(capacity)),
-                (series.KV_MAX_CONCURRENCY, float(count)),
+                (series.KV_CACHE_USAGE, occupancy.held / occupancy.capacity if occupancy.capacity else 0.0),
+                (series.KV_CAPACITY_TOKENS, float(occupancy.capacity)),
+                (series.KV_MAX_CONCURRENCY, float(occupancy.slots)),
             ):
                 family = self.gauge(name, HELP[name], ["model"])
                 family.add_metric(self.labels(model), value)
                 yield family
 
-    def _identity(self, deadline: float) -> tuple[str, str]:
-        """(model, version): the served model id from /v1/models, else /props' alias or path; build from /props.
+    def _total(self, samples, source: str) -> float | None:
+        """One sample name's value (summed over its lines), or None when absent or any line is not a count."""
+        values = [self.valid(value, count, source) for _, value in samples.get(source, ())]
+        return sum(values) if values and None not in values else None
 
-        Without --alias llama-server names the model by its file path; the label keeps the file
-        name only, so it does not change with where the cache lives.
-        """
-        props = self.upstream.get_json("/props", deadline, missing_ok=True)
-        props = props if isinstance(props, dict) else {}
-        version = str(props.get("build_info") or "unknown")
-        model = ""
-        models = self.upstream.get_json("/v1/models", deadline, missing_ok=True)
-        if isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]:
-            first = models["data"][0]
-            if isinstance(first, dict) and isinstance(first.get("id"), str):
-                model = first["id"]
-        model = model or str(props.get("model_alias") or props.get("model_path") or "")
-        if model.lower().endswith(".gguf"):
-            model = model.replace("\\", "/").rsplit("/", 1)[-1]
-        return model, version
+    def _occupancy(self, slots: object) -> Occupancy | None:
+        """slot_occupancy() with its impossible values counted; a /slots that is not a list of slots costs the
+        KV series only."""
+        try:
+            occupancy = slot_occupancy(slots)
+        except ValueError as exc:
+            self.reject(slots, f"/slots ({exc})")
+            return None
+        for what, value in occupancy.invalid:
+            self.reject(value, what)
+        return occupancy
 
 
-def slot_occupancy(slots: object) -> tuple[int, int, int]:
-    """(tokens held by processing slots, sum of n_ctx, number of slots) from GET /slots.
+class Occupancy(NamedTuple):
+    held: int  # tokens held by the slots that are processing
+    capacity: int  # sum of n_ctx
+    slots: int
+    processing: int  # slots processing a request
+    invalid: tuple[tuple[str, object], ...] = ()  # (what, value) of each impossible value left out
+
+
+def slot_occupancy(slots: object) -> Occupancy:
+    """Tokens held by processing slots, total n_ctx, slots and busy slots from GET /slots.
 
     Builds differ in what a busy slot reports: older ones `n_past` (tokens in its KV cells),
     newer ones `n_prompt_tokens`, the size of the slot's token cache, which the server extends
     with every sampled token (server-context.cpp: `prompt.tokens.push_back(sampled)`), so it
     already counts the generated tokens. An idle slot's leftover cache is reusable by the next
-    request, so it counts as free.
+    request, so it counts as free. A slot without a positive integer n_ctx is left out; tokens that
+    are not a count are left out, past n_ctx they count as n_ctx (a slot cannot hold more).
     """
     if not isinstance(slots, list):
-        raise ValueError("/slots: expected a list of slots")
-    held = capacity = 0
+        raise ValueError("expected a list of slots")
+    held = capacity = counted = processing = 0
+    invalid: list[tuple[str, object]] = []
     for slot in slots:
-        if not isinstance(slot, dict) or not isinstance(slot.get("n_ctx"), int):
-            raise ValueError("/slots: every slot needs an integer n_ctx")
-        capacity += slot["n_ctx"]
+        n_ctx = slot.get("n_ctx") if isinstance(slot, dict) else None
+        if not _whole(n_ctx) or n_ctx <= 0:
+            invalid.append(("/slots n_ctx", n_ctx))
+            continue
+        counted += 1
+        capacity += n_ctx
         if not slot.get("is_processing"):
             continue
+        processing += 1
         tokens = slot.get("n_past", slot.get("n_prompt_tokens", 0))
-        if not isinstance(tokens, int):
-            raise ValueError("/slots: n_past / n_prompt_tokens must be integers")
+        if not _whole(tokens) or tokens < 0:
+            invalid.append(("/slots n_past / n_prompt_tokens", tokens))
+            continue
+        if tokens > n_ctx:
+            invalid.append(("/slots tokens past n_ctx", tokens))
+            tokens = n_ctx
         held += tokens
-    return held, capacity, len(slots)
+    return Occupancy(held, capacity, counted, processing, tuple(invalid))
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,14 +1,19 @@
-"""What the Ollama proxy has seen so far: requests in flight and token totals per model, read on scrape."""
+"""What the Ollama proxy has seen so far: requests in flight and token totals per model label, read on scrape.
+
+Model names come from client requests, so the labels they become must stay bounded whatever
+clients send (exporter.bounds): a name is bounded in length, and it is a label of its own while
+fewer than MAX_MODELS labels exist; it stays one once Ollama has vouched for it (a request for it
+succeeded, or the collector saw it in /api/tags or /api/ps). A name Ollama never vouched for (a
+typo, a model that is not installed, junk) is forgotten when its last request ends, and its
+outcomes count under OVERFLOW_MODEL, as do names past the cap. So the proxy's series exist for at
+most MAX_MODELS models plus OVERFLOW_MODEL, whatever clients send.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 
-# Model names come from client requests; past this many distinct ones a name is reported as
-# "other" so a client cannot blow up the series count.
-MAX_MODELS = 64
-OTHER_MODEL = "other"
+from exporter.bounds import MAX_MODELS, OVERFLOW_MODEL, bounded
 
 
 def normalise_model(name: object) -> str:
@@ -29,45 +34,69 @@ class ProxyObservations:
     def __init__(self, num_parallel: int = 1):
         self.num_parallel = num_parallel
         self._lock = threading.Lock()
-        self._in_flight: dict[str, int] = defaultdict(int)
-        self._generated: dict[str, int] = defaultdict(int)
-        self._prompt: dict[str, int] = defaultdict(int)
+        self._in_flight: dict[str, int] = {}  # every label that exists: confirmed ones stay at 0
+        self._confirmed: set[str] = {OVERFLOW_MODEL}  # labels whose requests succeeded at least once
+        self._listed: frozenset[str] = frozenset()  # labels of the models Ollama listed at the last scrape
+        self._generated: dict[str, int] = {}
+        self._prompt: dict[str, int] = {}
 
-    def model_label(self, model: str) -> str:
+    def admit(self, name: str) -> str:
+        """The label a request for model `name` is counted under while in flight."""
+        label = bounded(normalise_model(name))
         with self._lock:
-            if model in self._in_flight or len(self._in_flight) < MAX_MODELS:
-                return model
-        return OTHER_MODEL
+            labels = len(self._in_flight) - (OVERFLOW_MODEL in self._in_flight)
+            if label != OVERFLOW_MODEL and (label in self._in_flight or labels < MAX_MODELS):
+                self._in_flight.setdefault(label, 0)
+                return label
+            self._in_flight.setdefault(OVERFLOW_MODEL, 0)
+        return OVERFLOW_MODEL
 
-    def started(self, model: str) -> None:
+    def listed(self, labels: frozenset[str]) -> None:
+        """The models Ollama has installed or loaded, as the collector read them (already bounded)."""
         with self._lock:
-            self._in_flight[model] += 1
+            self._listed = labels
 
-    def finished(self, model: str, *, failed: bool = False) -> None:
-        """The key normally stays (the model keeps reporting 0, not nothing); a name that only ever
-        failed (a typo, a model that is not installed) is forgotten instead of reported forever."""
+    def confirmed(self, label: str) -> bool:
         with self._lock:
-            self._in_flight[model] -= 1
-            if failed and self._in_flight[model] == 0 and model not in self._prompt:
-                del self._in_flight[model]
+            return label in self._confirmed or label in self._listed
 
-    def tokens(self, model: str, prompt: int, generated: int) -> None:
+    def started(self, label: str) -> None:
         with self._lock:
-            self._prompt[model] += prompt
-            self._generated[model] += generated
+            self._in_flight[label] = self._in_flight.get(label, 0) + 1
+
+    def finished(self, label: str, *, ok: bool) -> str:
+        """One request of `label` is over; returns the label its outcome counts under (OVERFLOW_MODEL for a
+        name that never succeeded). The label of a name that never succeeded goes with its last request."""
+        with self._lock:
+            self._in_flight[label] -= 1
+            if ok:
+                self._confirmed.add(label)
+                return label
+            if label in self._confirmed or label in self._listed:
+                return label
+            if self._in_flight[label] == 0:
+                del self._in_flight[label]
+            return OVERFLOW_MODEL
+
+    def tokens(self, label: str, prompt: int, generated: int) -> None:
+        with self._lock:
+            self._prompt[label] = self._prompt.get(label, 0) + prompt
+            self._generated[label] = self._generated.get(label, 0) + generated
 
     def snapshot(self) -> dict[str, tuple[int, int, int, int]]:
-        """model -> (running, waiting, prompt tokens, generated tokens)."""
+        """label -> (running, waiting, prompt tokens, generated tokens), for every label in use."""
         with self._lock:
-            models = set(self._in_flight) | set(self._prompt)
+            labels = (set(self._in_flight) - {OVERFLOW_MODEL}) | {
+                label for label, count in self._in_flight.items() if count
+            }
             return {
-                model: (
-                    min(self._in_flight.get(model, 0), self.num_parallel),
-                    max(self._in_flight.get(model, 0) - self.num_parallel, 0),
-                    self._prompt.get(model, 0),
-                    self._generated.get(model, 0),
+                label: (
+                    min(self._in_flight.get(label, 0), self.num_parallel),
+                    max(self._in_flight.get(label, 0) - self.num_parallel, 0),
+                    self._prompt.get(label, 0),
+                    self._generated.get(label, 0),
                 )
-                for model in models
+                for label in labels | set(self._prompt)
             }
 
     def in_flight(self) -> int:

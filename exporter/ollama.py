@@ -19,10 +19,14 @@ from datetime import datetime
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from exporter.bounds import MAX_MODELS, OVERFLOW_MODEL, bounded, count, finite
 from exporter.collector import HELP, EngineCollector
 from exporter.observations import ProxyObservations, normalise_model
 from exporter.upstream import Upstream
 from servescope import series
+from servescope.engine_identity import ollama_models, version_of
+
+OVERFLOW_NOTE = f' Loaded models past the first {MAX_MODELS} by name add up under model="other".'
 
 
 class OllamaCollector(EngineCollector):
@@ -54,75 +58,119 @@ class OllamaCollector(EngineCollector):
         super().__init__(name, upstream, **kwargs)
         self.observations = observations
         self.wall_clock = wall_clock
-        self._loaded_names = []
+        self._loaded_labels: list[str] = []
 
     def scrape(self, deadline: float) -> Iterator[Metric]:
-        self._loaded_names: list[str] = []
-        version = self.upstream.get_json("/api/version", deadline)
-        loaded = _models(self.upstream.get_json("/api/ps", deadline), "/api/ps")
-        installed = _models(self.upstream.get_json("/api/tags", deadline), "/api/tags")
+        self._loaded_labels: list[str] = []
+        version = version_of(self.upstream.get_json("/api/version", deadline), "/api/version")
+        loaded = self._entries(self.upstream.get_json("/api/ps", deadline), "/api/ps")
+        installed = self._entries(self.upstream.get_json("/api/tags", deadline), "/api/tags")
 
         info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
-        if not isinstance(version, dict) or not isinstance(version.get("version"), str):
-            raise ValueError('/api/version: expected {"version": "x.y.z"}')
-        info.add_metric(self.labels(version["version"]), 1.0)
+        info.add_metric(self.labels(bounded(version)), 1.0)
         yield info
 
-        size = self.gauge(series.OLLAMA_MODEL_SIZE, "Bytes a loaded model occupies, from GET /api/ps size.", ["model"])
-        vram = self.gauge(
-            series.OLLAMA_MODEL_VRAM, "Bytes of a loaded model in GPU memory, from GET /api/ps size_vram.", ["model"]
-        )
-        context = self.gauge(
-            series.OLLAMA_MODEL_CONTEXT,
-            "Context length a loaded model was loaded with, from GET /api/ps context_length.",
-            ["model"],
-        )
-        expires = self.gauge(
-            series.OLLAMA_MODEL_EXPIRES,
-            "Seconds until Ollama unloads the model (GET /api/ps expires_at minus now); negative when overdue.",
-            ["model"],
-        )
+        # Per model label: a name listed twice, or beyond MAX_MODELS, must not give Prometheus one
+        # series twice (it would refuse the whole page). Sizes of the models past the cap add up
+        # under "other"; their context and expiry, which do not add up, are left out.
+        # One set of labels for both lists: a model loaded and installed is one label, and an instance
+        # has at most MAX_MODELS model labels from what Ollama lists.
+        models = self.model_labels(name for name, _ in (*loaded, *installed))
+        per_model: dict[str, dict[str, float]] = {}
         now = self.wall_clock()
-        for model in loaded:
-            name = normalise_model(model.get("name") or model.get("model"))
-            labels = self.labels(name)
-            size.add_metric(labels, _number(model, "size"))
-            if "size_vram" in model:
-                vram.add_metric(labels, _number(model, "size_vram"))
-            if "context_length" in model:  # Ollama 0.9.7+
-                context.add_metric(labels, _number(model, "context_length"))
-            if model.get("expires_at"):
-                expires.add_metric(labels, _timestamp(model["expires_at"]) - now)
-        yield from (size, vram, context, expires)
+        for name, entry in loaded:
+            label = models[name]
+            values = per_model.setdefault(label, {})
+            for key in ("size", "size_vram"):
+                if key in entry or key == "size":
+                    number = self.valid(entry.get(key), count, f"/api/ps {key}")
+                    if number is not None and (label == OVERFLOW_MODEL or key not in values):
+                        values[key] = values.get(key, 0.0) + number
+            if label == OVERFLOW_MODEL:
+                continue
+            if "context_length" in entry and "context_length" not in values:  # Ollama 0.9.7+
+                number = self.valid(entry["context_length"], count, "/api/ps context_length")
+                if number is not None:
+                    values["context_length"] = number
+            if entry.get("expires_at") and "expires_at" not in values:
+                at = self.valid(_timestamp(entry["expires_at"]), finite, "/api/ps expires_at")
+                if at is not None:
+                    values["expires_at"] = at - now
+        for name, key, documentation in (
+            (series.OLLAMA_MODEL_SIZE, "size", "Bytes a loaded model occupies, from GET /api/ps size." + OVERFLOW_NOTE),
+            (
+                series.OLLAMA_MODEL_VRAM,
+                "size_vram",
+                "Bytes of a loaded model in GPU memory, from GET /api/ps size_vram." + OVERFLOW_NOTE,
+            ),
+            (
+                series.OLLAMA_MODEL_CONTEXT,
+                "context_length",
+                "Context length a loaded model was loaded with, from GET /api/ps context_length.",
+            ),
+            (
+                series.OLLAMA_MODEL_EXPIRES,
+                "expires_at",
+                "Seconds until Ollama unloads the model (GET /api/ps expires_at minus now); negative when overdue.",
+            ),
+        ):
+            family = self.gauge(name, documentation, ["model"])
+            for label, values in per_model.items():
+                if key in values:
+                    family.add_metric(self.labels(label), values[key])
+            yield family
 
         tags = self.gauge(
             series.OLLAMA_MODEL_INFO,
-            "An installed model (GET /api/tags), value 1, with its details as labels.",
+            'An installed model (GET /api/tags), value 1, with its details as labels; model="other" counts the '
+            f"installed models past the first {MAX_MODELS} by name.",
             ["model", "family", "parameter_size", "quantization_level"],
         )
-        for model in installed:
-            details = model.get("details") if isinstance(model.get("details"), dict) else {}
-            tags.add_metric(
-                self.labels(
-                    normalise_model(model.get("name") or model.get("model")),
-                    str(details.get("family", "")),
-                    str(details.get("parameter_size", "")),
-                    str(details.get("quantization_level", "")),
-                ),
-                1.0,
-            )
+        seen: set[str] = set()
+        overflow = 0
+        for name, entry in installed:
+            label = models[name]
+            if label == OVERFLOW_MODEL:
+                overflow += 1
+                continue
+            if label in seen:
+                continue
+            seen.add(label)
+            details = entry.get("details") if isinstance(entry.get("details"), dict) else {}
+            fields = (bounded(details.get(key, "")) for key in ("family", "parameter_size", "quantization_level"))
+            tags.add_metric(self.labels(label, *fields), 1.0)
+        if overflow:
+            tags.add_metric(self.labels(OVERFLOW_MODEL, "", "", ""), float(overflow))
         yield tags
 
         if self.observations is not None:
             # Loaded models report zero before any request has gone through the proxy.
-            self._loaded_names = [normalise_model(m.get("name") or m.get("model")) for m in loaded]
+            self._loaded_labels = [label for label in per_model if label != OVERFLOW_MODEL]
+            # Requests for a model Ollama lists count under its name even before one has succeeded.
+            self.observations.listed(frozenset(models.labels.values()))
+
+    def _entries(self, payload: object, path: str) -> list[tuple[str, dict]]:
+        """(normalised name, entry) of each model an Ollama list gives; an entry that is not a named model is
+        left out and counted, the rest of the list still counts."""
+        entries = ollama_models(payload, path)  # ValueError when the page itself is not a model list
+        if isinstance(payload, dict) and len(entries) != len(payload["models"]):
+            for _ in range(len(payload["models"]) - len(entries)):
+                self.reject("not an object", f"{path} model entry")
+        named = []
+        for entry in entries:
+            name = normalise_model(entry.get("name") or entry.get("model"))
+            if name:
+                named.append((name, entry))
+            else:
+                self.reject(entry.get("name"), f"{path} model name")
+        return named
 
     def always(self) -> Iterator[Metric]:
         """The proxy's view: reported even while Ollama's API is down (in-flight requests still exist)."""
         if self.observations is None:
             return
         snapshot = self.observations.snapshot()
-        for model in self._loaded_names:
+        for model in self._loaded_labels:
             snapshot.setdefault(model, (0, 0, 0, 0))
         families = [
             self.gauge(series.REQUESTS_RUNNING, HELP[series.REQUESTS_RUNNING], ["model"]),
@@ -154,23 +202,12 @@ class OllamaCollector(EngineCollector):
         yield parallel
 
 
-def _models(payload: object, path: str) -> list[dict]:
-    if not isinstance(payload, dict) or not isinstance(payload.get("models"), list):
-        raise ValueError(f"{path}: expected an object with a 'models' list")
-    if not all(isinstance(model, dict) for model in payload["models"]):
-        raise ValueError(f"{path}: every model must be an object")
-    return payload["models"]
-
-
-def _number(model: dict, key: str) -> float:
-    value = model.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{key}: expected a number, got {value!r}")
-    return float(value)
-
-
-def _timestamp(text: object) -> float:
-    """Unix seconds of Ollama's RFC 3339 time (Go prints up to 9 fractional digits; 3.11's fromisoformat takes them)."""
+def _timestamp(text: object) -> float | None:
+    """Unix seconds of Ollama's RFC 3339 time (Go prints up to 9 fractional digits; 3.11's fromisoformat takes
+    them); None when it is not one."""
     if not isinstance(text, str):
-        raise ValueError(f"expires_at: expected a string, got {text!r}")
-    return datetime.fromisoformat(text).timestamp()
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return None

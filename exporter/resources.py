@@ -9,7 +9,8 @@ Exposition produced for a native vLLM (no cgroup limit: the machine's cores and 
     servescope_engine_cpu_seconds_total{engine="ollama",instance="ollama",source="container"} 95.1
     servescope_engine_memory_limit_bytes{engine="ollama",instance="ollama",source="container"} 5.0e+09
 
-Read on every scrape (never from a timer). A process that is not running (no pid file, a pid
+A native engine's memory is the PSS of its process tree (servescope.process_memory: shared pages
+counted once). Read on every scrape (never from a timer). A process that is not running (no pid file, a pid
 that is gone or was reused) or a container Docker cannot show has NO series for that scrape,
 and one log line when that starts, never an error for the other engines.
 """
@@ -26,6 +27,7 @@ import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from servescope import series
+from servescope.process_memory import process_memory
 
 log = logging.getLogger("exporter")
 
@@ -42,9 +44,10 @@ HELP = {
         "cpu_stats.cpu_usage.total_usage."
     ),
     series.ENGINE_RESIDENT_BYTES: (
-        "Memory in use by the engine. Native: resident set size summed over the process and its children "
-        "(pages they share count once per process); container: docker stats memory usage minus inactive "
-        "page cache, as `docker stats` shows it."
+        "Memory in use by the engine. Native: proportional set size (PSS) summed over the process and its "
+        "children, so pages they share count once (servescope.process_memory; RSS for a process whose PSS "
+        "cannot be read); container: docker stats memory usage minus inactive page cache, as `docker stats` "
+        "shows it."
     ),
     series.ENGINE_CPU_LIMIT: (
         "CPU cores the engine may use. Native: its cgroup's CPU quota (cpu.max, or cfs_quota_us/cfs_period_us "
@@ -150,7 +153,7 @@ def _usage(proc: psutil.Process) -> tuple[float, int]:
         members += proc.children(recursive=True)
     except psutil.NoSuchProcess:
         raise NotRunning(f"pid {proc.pid} exited") from None
-    cpu, rss = 0.0, 0
+    cpu, memory = 0.0, 0
     for index, member in enumerate(members):
         try:
             with member.oneshot():
@@ -158,7 +161,7 @@ def _usage(proc: psutil.Process) -> tuple[float, int]:
                 # children_* hold the CPU of children already reaped: a worker that exits keeps its
                 # seconds in the sum, so the counter does not step back.
                 cpu += times.user + times.system + times.children_user + times.children_system
-                rss += member.memory_info().rss
+                memory += process_memory(member)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             if index == 0:
                 raise NotRunning(f"pid {proc.pid} exited") from None
@@ -166,19 +169,7 @@ def _usage(proc: psutil.Process) -> tuple[float, int]:
         except psutil.AccessDenied:
             if index == 0:
                 raise NotRunning(f"pid {proc.pid}: access denied") from None
-    return cpu, rss
-
-
-def read_process_usage(pid: int) -> tuple[float, int]:
-    """(CPU seconds, resident bytes) of a process and all its children: for `stack status` and the collector.
-
-    Raises NotRunning when the process is gone or cannot be read.
-    """
-    try:
-        proc = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        raise NotRunning(f"pid {pid} is not running") from None
-    return _usage(proc)
+    return cpu, memory
 
 
 def machine_limits() -> tuple[float, float]:
@@ -263,14 +254,14 @@ def process_budget(
     cgroup_root: Path = Path("/sys/fs/cgroup"),
     machine: Callable[[], tuple[float, float]] = machine_limits,
 ) -> Budget:
-    cpu, rss = _usage(proc)
+    cpu, memory_used = _usage(proc)
     cores, memory = machine()
     cgroup_cores, cgroup_memory = cgroup_limits(proc.pid, proc_root=proc_root, cgroup_root=cgroup_root)
     limited = cgroup_cores is not None and cgroup_cores < cores or cgroup_memory is not None and cgroup_memory < memory
     # A cgroup limit above the machine's size limits nothing: report what can actually be used.
     return Budget(
         cpu,
-        float(rss),
+        float(memory_used),
         min(cores, cgroup_cores or cores),
         min(memory, cgroup_memory or memory),
         "cgroup" if limited else "machine",

@@ -24,8 +24,19 @@ from exporter.proxy import OllamaProxy, ProxyMetrics
 from exporter.resources import ResourceCollector
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
+from servescope.urls import redact
 
 log = logging.getLogger("exporter")
+
+
+class Collected:
+    """The families of one collection, for prometheus_client's encoders (they only call collect())."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families
 
 
 class PortInUse(Exception):
@@ -54,7 +65,7 @@ def build(config: Config) -> Exporter:
     collectors: list[EngineCollector] = []
     proxies: list[tuple[Instance, OllamaProxy]] = []
     for instance in config.instances:
-        upstream = Upstream(instance.url)
+        upstream = Upstream(instance.url, api_key=instance.api_key)
         if instance.kind == "vllm":
             collectors.append(VllmCollector(instance.name, upstream, timeout=instance.timeout))
         elif instance.kind == "llamacpp":
@@ -82,7 +93,7 @@ def build(config: Config) -> Exporter:
 def metrics_app(exporter: Exporter) -> web.Application:
     rows = (
         "".join(
-            f"<li>{html.escape(i.kind)} <b>{html.escape(i.name)}</b>: {html.escape(i.url)}"
+            f"<li>{html.escape(i.kind)} <b>{html.escape(i.name)}</b>: {html.escape(redact(i.url))}"
             + (f" (proxy on port {i.proxy_port})" if i.proxy_port else "")
             + "</li>"
             for i in exporter.config.instances
@@ -105,10 +116,27 @@ def metrics_app(exporter: Exporter) -> web.Application:
     async def index(_request: web.Request) -> web.Response:
         return web.Response(text=landing, content_type="text/html")
 
+    # One collection at a time per question: scrapes that arrive while one runs (a second Prometheus,
+    # a retry after a scrape timeout, another exposition format) share its families instead of queueing
+    # engine reads behind it, so a slow engine never builds a backlog of scrapes and threads. (The
+    # fan-out shares its engine reads between questions too: no engine collector runs twice at once.)
+    running: dict[tuple[str, ...], asyncio.Future] = {}
+
     async def metrics(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        # Collectors block on engine HTTP calls: keep them off the event loop the proxies share.
-        body = await asyncio.get_running_loop().run_in_executor(None, encoder, exporter.registry)
+        # `?name[]=...` (prometheus_client's own filter) reads only the collectors that produce those
+        # series: the run's sampler asks for the engine gauges 10x a second, not for the resource budget.
+        names = tuple(sorted(set(request.query.getall("name[]", []))))
+        loop = asyncio.get_running_loop()
+        collection = running.get(names)
+        if collection is None:
+            registry = exporter.registry.restricted_registry(names) if names else exporter.registry
+            # Collectors block on engine HTTP calls: keep them off the event loop the proxies share.
+            collection = loop.run_in_executor(None, lambda: Collected(list(registry.collect())))
+            running[names] = collection
+            collection.add_done_callback(lambda _done: running.pop(names, None))
+        collected = await asyncio.shield(collection)  # a scraper that gives up does not cancel it for the others
+        body = await loop.run_in_executor(None, encoder, collected)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     app = web.Application()
@@ -156,7 +184,7 @@ async def run(
                 instance.name,
                 config.listen_address,
                 instance.proxy_port,
-                instance.url,
+                redact(instance.url),
             )
         if not config.instances:
             log.warning("no engines configured: set VLLM_URL, LLAMACPP_URL, OLLAMA_URL or use --config FILE")

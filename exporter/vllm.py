@@ -13,70 +13,33 @@ Exposition produced for one instance (the seed's image, 0.9.1, idle)::
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.bounds import OVERFLOW_MODEL, ModelLabels, bounded, count, ratio
 from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
-from servescope import series
+from servescope import kv_arithmetic, series
+from servescope.exposition import Samples, parse_exposition
 
 # vLLM renamed its KV gauge in 0.9.2 and kept both until 0.11: read the new one when present.
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# Prefix-cache hits in tokens, the same rename (0.9.2-0.10 has both; 0.9.1's V0 engine only a block hit-rate gauge).
+PREFIX_HIT_NAMES = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 
-# The only sample names read from vLLM's page (about 600 lines in 0.32: parsing all of it costs
-# tens of milliseconds, parsing these few lines well under one).
+# The only sample names read from vLLM's page.
+CACHE_INFO = "vllm:cache_config_info"
 VLLM_SAMPLES = frozenset(
     (
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         *KV_USAGE_NAMES,
+        *PREFIX_HIT_NAMES,
         "vllm:generation_tokens_total",
         "vllm:prompt_tokens_total",
-        "vllm:cache_config_info",
+        CACHE_INFO,
     )
 )
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def parse_exposition(text: str, wanted: frozenset[str]) -> Samples:
-    """Sample name -> [(labels, value)] for the `wanted` samples of a Prometheus text page.
-
-    Only the wanted sample lines are handed to prometheus_client's parser; ValueError when one of
-    them is malformed or when the page has none of them (an HTML error page, another server).
-    """
-    prefixes = tuple(wanted)  # str.startswith with a tuple: the per-line test stays in C
-    lines = []
-    for line in text.splitlines():
-        if line.startswith(prefixes):
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in wanted:
-                lines.append(line)
-    if not lines:
-        raise ValueError(f"none of {', '.join(sorted(wanted))} on the page")
-    samples: Samples = defaultdict(list)
-    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        for sample in family.samples:
-            samples[sample.name].append((sample.labels, float(sample.value)))
-    return samples
-
-
-def by_model(samples: Samples, name: str, *, mean: bool = False) -> dict[str, float]:
-    """Values of one sample name per model_name, summed (or averaged) over vLLM's other labels.
-
-    The other labels are vLLM's `engine` (data-parallel rank): counts add up across ranks,
-    a usage ratio of equally sized pools averages.
-    """
-    totals: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    for labels, value in samples.get(name, ()):
-        model = labels.get("model_name", "")
-        totals[model] += value
-        counts[model] += 1
-    if mean:
-        return {model: totals[model] / counts[model] for model in totals}
-    return dict(totals)
 
 
 class VllmCollector(EngineCollector):
@@ -89,83 +52,96 @@ class VllmCollector(EngineCollector):
     )
 
     def scrape(self, deadline: float) -> Iterator[Metric]:
+        # vLLM's --api-key guards /v1/* only: its /metrics page is read without a key.
         samples = parse_exposition(self.upstream.get_text("/metrics", deadline), VLLM_SAMPLES)
-        if "served" not in self.cache:
-            self.cache["served"] = served_models(self.upstream.get_json("/v1/models", deadline))
-            version = self.upstream.get_json("/version", deadline, missing_ok=True)
-            self.cache["version"] = str(version.get("version", "unknown")) if isinstance(version, dict) else "unknown"
-        served: dict[str, int | None] = self.cache["served"]
-
+        identity = self.identity(deadline)
+        on_page = {
+            labels.get("model_name", "") for name in VLLM_SAMPLES - {CACHE_INFO} for labels, _ in samples.get(name, ())
+        }
+        models = self.model_labels([*identity.models, *on_page])
         info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
-        info.add_metric(self.labels(self.cache["version"]), 1.0)
+        info.add_metric(self.labels(bounded(identity.version or "unknown")), 1.0)
         yield info
 
-        for name, source in (
-            (series.REQUESTS_RUNNING, "vllm:num_requests_running"),
-            (series.REQUESTS_WAITING, "vllm:num_requests_waiting"),
+        for name, source, check, mean in (
+            (series.REQUESTS_RUNNING, "vllm:num_requests_running", count, False),
+            (series.REQUESTS_WAITING, "vllm:num_requests_waiting", count, False),
+            # a usage ratio of data-parallel ranks' equally sized pools averages; the counts add up
+            (series.KV_CACHE_USAGE, next((n for n in KV_USAGE_NAMES if samples.get(n)), None), ratio, True),
         ):
+            if source is None:
+                continue  # a page without either KV gauge
             family = self.gauge(name, HELP[name], ["model"])
-            for model, value in by_model(samples, source).items():
+            for model, value in self.by_model(samples, source, check, models, mean=mean).items():
                 family.add_metric(self.labels(model), value)
             yield family
 
-        kv_source = next((name for name in KV_USAGE_NAMES if samples.get(name)), None)
-        if kv_source is not None:
-            family = self.gauge(series.KV_CACHE_USAGE, HELP[series.KV_CACHE_USAGE], ["model"])
-            for model, value in by_model(samples, kv_source, mean=True).items():
-                family.add_metric(self.labels(model), value)
-            yield family
-
+        hits_source = next((name for name in PREFIX_HIT_NAMES if samples.get(name)), PREFIX_HIT_NAMES[0])
         for name, source in (
             (series.GENERATED_TOKENS, "vllm:generation_tokens_total"),
             (series.PROMPT_TOKENS, "vllm:prompt_tokens_total"),
+            (series.PROMPT_CACHED_TOKENS, hits_source),
         ):
             family = CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
-            for model, value in by_model(samples, source).items():
+            for model, value in self.by_model(samples, source, count, models).items():
                 family.add_metric(self.labels(model), value)
             yield family
 
-        yield from self._capacity(samples, served)
+        yield from self._capacity(samples, identity.models, on_page, models)
 
-    def _capacity(self, samples: Samples, served: dict[str, int | None]) -> Iterator[Metric]:
+    def by_model(
+        self, samples: Samples, name: str, check: Callable, models: ModelLabels, *, mean: bool = False
+    ) -> dict[str, float]:
+        """Values of one sample name per model label, summed (or averaged) over vLLM's other labels (its
+        data-parallel `engine` rank); impossible values are dropped and counted."""
+        totals: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        for labels, value in samples.get(name, ()):
+            number = self.valid(value, check, name)
+            if number is not None:
+                model = models[labels.get("model_name", "")]
+                totals[model] += number
+                counts[model] += 1
+        if mean:
+            return {model: totals[model] / counts[model] for model in totals}
+        return dict(totals)
+
+    def _capacity(
+        self, samples: Samples, served: dict[str, int | None], on_page: set[str], models: ModelLabels
+    ) -> Iterator[Metric]:
         """The seed's section-3 arithmetic from vllm:cache_config_info: blocks x block size, / max-model-len."""
         block_size: dict[str, float] = {}
         blocks: dict[str, float] = defaultdict(float)
-        for labels, _ in samples.get("vllm:cache_config_info", ()):
-            try:
-                size = float(labels["block_size"])
-                count = float(labels["num_gpu_blocks"])
-            except (KeyError, ValueError):
+        # cache_config_info carries no model_name in most versions: one served model owns the pool. When
+        # /v1/models cannot be read (vLLM behind --api-key without the key), the page's one model does.
+        owners = list(served) or sorted(on_page)
+        owner = owners[0] if len(owners) == 1 else ""
+        for labels, _ in samples.get(CACHE_INFO, ()):
+            pool = kv_arithmetic.pool_from_cache_config(labels)
+            if pool is None:
                 continue  # "None" before the engine has profiled its memory
-            # cache_config_info carries no model_name in most versions: one served model owns the pool.
-            model = labels.get("model_name") or (next(iter(served)) if len(served) == 1 else "")
+            size = self.valid(pool.block_size, count, "cache_config_info block_size")
+            number = self.valid(pool.blocks, count, "cache_config_info num_gpu_blocks")
+            if not size or number is None:
+                continue  # a pool of no or impossible size
+            model = models[labels.get("model_name") or owner]
             block_size[model] = size
-            blocks[model] += count
+            blocks[model] += number
         if not block_size:
             return
+        lengths = {models[model]: length for model, length in served.items() if models[model] != OVERFLOW_MODEL}
         families = {
             name: self.gauge(name, HELP[name], ["model"])
             for name in (series.KV_BLOCK_SIZE, series.KV_BLOCKS, series.KV_CAPACITY_TOKENS, series.KV_MAX_CONCURRENCY)
         }
         for model, size in block_size.items():
-            capacity = blocks[model] * size
+            capacity = kv_arithmetic.capacity_tokens(blocks[model], size)
             families[series.KV_BLOCK_SIZE].add_metric(self.labels(model), size)
             families[series.KV_BLOCKS].add_metric(self.labels(model), blocks[model])
             families[series.KV_CAPACITY_TOKENS].add_metric(self.labels(model), capacity)
-            max_model_len = served.get(model)
+            max_model_len = lengths.get(model)
             if max_model_len:
-                families[series.KV_MAX_CONCURRENCY].add_metric(self.labels(model), capacity / max_model_len)
+                families[series.KV_MAX_CONCURRENCY].add_metric(
+                    self.labels(model), kv_arithmetic.max_concurrency(capacity, max_model_len)
+                )
         yield from families.values()
-
-
-def served_models(payload: object) -> dict[str, int | None]:
-    """Model id -> max_model_len from vLLM's GET /v1/models (an OpenAI model list plus max_model_len)."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-        raise ValueError("/v1/models: expected an object with a 'data' list")
-    served: dict[str, int | None] = {}
-    for entry in payload["data"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            raise ValueError("/v1/models: every entry needs a string 'id'")
-        length = entry.get("max_model_len")
-        served[entry["id"]] = int(length) if isinstance(length, int | float) and length > 0 else None
-    return served

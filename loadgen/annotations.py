@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
+from servescope.urls import redact
+
 if TYPE_CHECKING:
     from loadgen.scenarios import Phase
 
@@ -47,7 +49,7 @@ class PhaseAnnotator:
         ended = max(r.ended_at for r in records)
         target = phase.settings.target
         requests = sum(r.requests for r in records)
-        text = f"{target.instance} · {phase.scenario} · {phase.name}: {requests} requests in {ended - started:.1f} s"
+        text = f"{target.instance} · {phase.scenario} · {phase.title}: {requests} requests in {ended - started:.1f} s"
         post = self._post
         if post is None:
             from dashboards.annotations import post_phase as post
@@ -72,7 +74,8 @@ class PhaseAnnotator:
         self.enabled = False
         reason = capture.messages[-1] if capture.messages else f"grafana annotation for phase {phase.name} not accepted"
         print(
-            f"loadgen: {' '.join(reason.split())} (GRAFANA_URL={self.url}); later phases are not annotated",
+            f"loadgen: {redact(' '.join(reason.split()))} (GRAFANA_URL={redact(self.url)}); "
+            f"later phases are not annotated",
             file=self.err or sys.stderr,
             flush=True,
         )

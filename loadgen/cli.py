@@ -9,7 +9,6 @@ from locust.event import Events
 import argparse
 import os
 import signal
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -18,150 +17,26 @@ import gevent
 from gevent.event import Event
 
 from loadgen import client as llm
-from loadgen import prompts as prompt_sets
+from loadgen import options, trials
 from loadgen.annotations import PhaseAnnotator
+from loadgen.commands import USAGE_ERRORS, UsageError, build_parser, prepare
 from loadgen.client_metrics import ClientMetrics
+from loadgen.isolate import Isolation
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
 from loadgen.manifest import build as build_manifest
-from loadgen.prompts import PromptSet
 from loadgen.recorder import Recorder
-from loadgen.scenarios import BurstPhase, LoadRun, Phase, SequentialPhase, Settings, build_phases, spawn_rate_for
-from loadgen.targets import Target, TargetError, parse_engine, probe
-from servescope import knobs
+from loadgen.scenarios import BurstPhase, LoadRun, SequentialPhase, spawn_rate_for
+from loadgen.summary import print_summary
+from loadgen.targets import chosen_url_line, default_url, probe
+from servescope import knobs, slo
 from servescope.runfolder import RunFolder
+from servescope.sampler import Sampler
+from servescope.urls import redact
 
-SCENARIO_COMMANDS = ("sequential", "burst", "ramp", "rate", "sweep")
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-
-class UsageError(Exception):
-    """Bad input from the user: one line on stderr, no traceback."""
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--engine",
-        action="append",
-        default=[],
-        metavar="NAME=URL",
-        help="engine kind (vllm, llamacpp, ollama), optionally kind:instance; repeat for several, run back to back",
-    )
-    parser.add_argument(
-        "--prompts", default="seed3", help="seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], or a txt/JSONL file"
-    )
-    parser.add_argument("--max-tokens", type=int, default=knobs.get_int("MAX_TOKENS", 48))
-    parser.add_argument("--temperature", type=float, default=float(knobs.get("TEMPERATURE", "0")))
-    parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per engine, excluded from results")
-    parser.add_argument("--results", default=str(knobs.REPO_ROOT / "results"), help="where run folders go")
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="[NAME=]MODEL",
-        help="model to request (default: what the engine lists; Ollama: OLLAMA_MODEL)",
-    )
-    parser.add_argument("--no-ignore-eos", action="store_true", help="don't send ignore_eos to engines that accept it")
-    parser.add_argument("--http-client", choices=list(llm.TRANSPORTS), default="geventhttpclient")
-    parser.add_argument(
-        "--request-timeout", type=float, default=120.0, help="seconds without a byte before a request fails"
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(os.environ.get("LOADGEN_METRICS_PORT") or knobs.get_int("LOADGEN_METRICS_PORT", 9465)),
-        help="client-side /metrics for Prometheus while the run lasts (0: off)",
-    )
-    parser.add_argument(
-        "--metrics-linger",
-        type=float,
-        default=knobs.get("LOADGEN_METRICS_LINGER", "5"),
-        metavar="SECONDS",
-        help="keep client /metrics up this long after the last request, one scrape interval, so "
-        "Prometheus gets the final samples (default LOADGEN_METRICS_LINGER, 5; 0: off)",
-    )
-    parser.add_argument(
-        "--grafana-url",
-        default=knobs.get("GRAFANA_URL", "") or None,
-        metavar="URL",
-        help="post each phase as a Grafana annotation (default GRAFANA_URL; unset: none). "
-        "Credential: GRAFANA_TOKEN, else GRAFANA_ADMIN_USER/GRAFANA_ADMIN_PASSWORD",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no per-request progress lines")
-
-
-def _burst_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--burst-size", type=int, default=knobs.get_int("BURST_SIZE", 3), help="requests released at once"
-    )
-    parser.add_argument("--bursts", type=int, default=1, help="how many bursts")
-    parser.add_argument("--burst-pause", type=float, default=1.0, help="seconds between bursts")
-
-
-def _timed_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--duration", type=float, default=None, help="seconds per step / level / phase (default 30 unless --requests)"
-    )
-    parser.add_argument("--requests", type=int, default=None, help="requests per user per step/level (rate: in total)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    compare = sub.add_parser("compare", help="the seed's experiment: per engine warm-up, matched-set sequential, burst")
-    _common(compare)
-    _burst_args(compare)
-    compare.add_argument(
-        "--seed4",
-        dest="seed4",
-        action="store_true",
-        default=True,
-        help="also the seed's four-prompt sequential pass (default)",
-    )
-    compare.add_argument("--no-seed4", dest="seed4", action="store_false")
-
-    seq = sub.add_parser("sequential", help="one user, the prompt set back to back")
-    _common(seq)
-    seq.add_argument("--repeat", type=int, default=1, help="passes over the prompt set")
-
-    burst = sub.add_parser("burst", help="N requests released at the same instant, awaited, K times")
-    _common(burst)
-    _burst_args(burst)
-
-    ramp = sub.add_parser("ramp", help="steps of closed-loop users, each held")
-    _common(ramp)
-    ramp.add_argument("--steps", default="1,2,4", help="users per step")
-    _timed_args(ramp)
-
-    rate = sub.add_parser("rate", help="open-loop arrivals (constant or Poisson); requests don't wait for each other")
-    _common(rate)
-    rate.add_argument("--rate", type=float, default=1.0, help="arrivals per second")
-    rate.add_argument("--arrivals", choices=["constant", "poisson"], default="constant")
-    _timed_args(rate)
-
-    sweep = sub.add_parser("sweep", help="one closed-loop phase per concurrency level")
-    _common(sweep)
-    sweep.add_argument("--concurrencies", default="1,2,4,8")
-    _timed_args(sweep)
-
-    webui = sub.add_parser(
-        "webui", help="Locust's web UI on LOCUST_PORT (127.0.0.1); engine and scenario under Custom parameters"
-    )
-    webui.add_argument("--port", type=int, default=knobs.get_int("LOCUST_PORT", 8089))
-    webui.add_argument("--bind", default=knobs.get("SERVESCOPE_BIND", "127.0.0.1"))
-    return parser
-
-
-def _models(specs: list[str]) -> dict[str, str]:
-    """`--model NAME` for every engine, `--model vllm=NAME` for one instance."""
-    models: dict[str, str] = {}
-    for spec in specs:
-        name, sep, model = spec.partition("=")
-        models[name if sep else "*"] = model if sep else name
-    return models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,79 +46,46 @@ def main(argv: list[str] | None = None) -> int:
         return webui(known, extra)
     args = build_parser().parse_args(argv)
     try:
+        llm.check_geventhttpclient()
         return run_headless(args)
-    except (UsageError, TargetError, prompt_sets.PromptSetError, ValueError) as exc:
+    except (*USAGE_ERRORS, llm.HttpClientError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 
 def webui(args: argparse.Namespace, extra: list[str]) -> int:
-    """Locust itself, on the project's locustfile; extra arguments (e.g. --engine llamacpp) pass through."""
+    """Locust itself on the project's locustfile, its form filled in so START runs the chosen scenario untouched.
+
+    Host is the engine's URL, Number of users the burst size (and the ramp-up the same: a phase starts its users
+    at once); the table's options go through as they were resolved here; other arguments pass to Locust as given.
+    """
+    url = args.engine_url or default_url(args.engine)
+    if not args.engine_url:
+        print(f"loadgen: {chosen_url_line(args.engine, url)}", flush=True)
     locustfile = Path(__file__).resolve().parent / "locustfile.py"
-    cmd = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(locustfile),
-        "--web-host",
-        args.bind,
-        "--web-port",
-        str(args.port),
-        *extra,
-    ]
-    print(f"Locust web UI on http://{args.bind}:{args.port}  (engine and scenario: Custom parameters)", flush=True)
-    os.execv(sys.executable, cmd)
+    cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--web-host", args.bind, "--web-port", str(args.port)]
+    cmd += ["--host", url, "--users", str(args.users), "--spawn-rate", str(args.users)]
+    for option in options.for_locust():
+        value = getattr(args, option.dest)
+        if option.dest == "engine_url" or value in (None, "", False):
+            continue
+        cmd += [option.flag] if option.switch else [option.flag, str(value)]
+    print(
+        f"Locust web UI on http://{args.bind}:{args.port}  ({args.engine} at {redact(url)}, "
+        f"{args.scenario}, {args.users} users; more under Custom parameters)",
+        flush=True,
+    )
+    os.execv(sys.executable, [*cmd, *extra])
     return 0  # not reached
 
 
-def _plan(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet) -> list[Phase]:
-    """The phases of the whole run, engine after engine, in the order they will run."""
-    phases: list[Phase] = []
-    for target in targets:
-        settings = Settings(
-            target=target,
-            prompt_set=prompt_set,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            timeout_s=args.request_timeout,
-        )
-        if args.command == "compare":
-            # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
-            # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
-            phases.append(SequentialPhase(settings, name="sequential", count=args.burst_size))
-            phases.append(BurstPhase(settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause))
-            if args.seed4 and prompt_set.name != "seed4":
-                seed4 = Settings(
-                    target=target,
-                    prompt_set=prompt_sets.load("seed4"),
-                    max_tokens=args.max_tokens,
-                    temperature=args.temperature,
-                    timeout_s=args.request_timeout,
-                )
-                phases.append(SequentialPhase(seed4, name="sequential-seed4"))
-        else:
-            options = argparse.Namespace(**vars(args))
-            if args.command in ("ramp", "sweep", "rate") and args.duration is None and args.requests is None:
-                options.duration = 30.0
-            phases.extend(build_phases(args.command, settings, options))
-    return phases
-
-
 def run_headless(args: argparse.Namespace) -> int:
-    if not args.engine:
-        raise UsageError("give at least one --engine NAME=URL (e.g. --engine vllm=http://127.0.0.1:8009)")
-    if args.max_tokens < 1:
-        raise UsageError("--max-tokens must be >= 1")
-    if getattr(args, "burst_size", 1) < 1 or getattr(args, "bursts", 1) < 1:
-        raise UsageError("--burst-size and --bursts must be >= 1")
-    if not 0 <= args.metrics_linger <= 600:
-        raise UsageError(f"--metrics-linger must be between 0 and 600 seconds, got {args.metrics_linger:g}")
-    targets = [parse_engine(spec, ignore_eos=not args.no_ignore_eos) for spec in args.engine]
-    instances = [t.instance for t in targets]
-    if len(set(instances)) != len(instances):
-        raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
-    prompt_set = prompt_sets.load(args.prompts)
+    plan = prepare(args)
+    targets, prompt_set, phases = plan.targets, plan.prompt_set, plan.phases
+    spec = slo.resolve(args.slo, args.slo_attainment)  # a bad SLO is one line before anything starts
+    for target in targets:
+        if target.url_from:
+            print(f"loadgen: {chosen_url_line(target.kind, target.url)}", flush=True)
     try:
         folder = RunFolder.create(Path(args.results), args.run_id)
     except FileExistsError:
@@ -268,19 +110,11 @@ def run_headless(args: argparse.Namespace) -> int:
     handlers = [gevent.signal_handler(sig, on_signal, sig) for sig in (signal.SIGINT, signal.SIGTERM)]
 
     out = None if args.quiet else sys.stdout
-    recorder = Recorder(folder=folder, out=out)
-    started_at = time.time()
-    recorder.line(f"run folder: {folder.path}")
-
-    metrics = None
-    if args.metrics_port:
-        metrics = ClientMetrics()
+    bind = knobs.get("SERVESCOPE_BIND")
+    metrics = ClientMetrics(spec=spec) if args.metrics_port else None
+    if metrics is not None:
         try:
-            metrics.serve(args.metrics_port, addr=knobs.get("SERVESCOPE_BIND", "127.0.0.1"))
-            recorder.metrics = metrics
-            recorder.line(
-                f"client metrics on http://{knobs.get('SERVESCOPE_BIND', '127.0.0.1')}:{args.metrics_port}/metrics"
-            )
+            metrics.serve(args.metrics_port, addr=bind)
         except OSError as exc:
             print(
                 f"loadgen: client metrics not exposed (port {args.metrics_port}: {exc.strerror or exc}); the run goes on",
@@ -288,26 +122,46 @@ def run_headless(args: argparse.Namespace) -> int:
                 flush=True,
             )
             metrics = None
+    # A folder that stops taking writes ends the run (the run exists before the first record is written).
+    recorder = Recorder(folder=folder, metrics=metrics, out=out, on_failure=lambda reason: run.abort(reason))
+    started_at = time.time()
+    recorder.line(f"run folder: {folder.path}")
+    if metrics is not None:
+        recorder.line(f"client metrics on http://{bind}:{args.metrics_port}/metrics")
 
-    models = _models(args.model)
     for target in targets:
-        probe(target, models.get(target.instance) or models.get(target.kind) or models.get("*"))
+        probe(target, plan.model_for(target))
         version = target.info.get("version") or "unknown"
         problems = (
             f" (engine not answering: {target.info['probe_errors'][0]})" if target.info.get("probe_errors") else ""
         )
         recorder.line(
-            f"engine {target.instance} at {target.url}: version {version}, model {target.model or '?'}{problems}"
+            f"engine {target.instance} at {redact(target.url)}: version {version}, "
+            f"model {target.model or '?'}{redact(problems)}"
         )
 
-    phases = _plan(args, targets, prompt_set)
+    sampler = Sampler.for_run(folder, [(t.kind, t.instance) for t in targets])  # engine gauges into samples.jsonl
+    recorder.line(sampler.describe())
     used_sets = {prompt_set.name: prompt_set}
     for phase in phases:
         used_sets.setdefault(phase.settings.prompt_set.name, phase.settings.prompt_set)
     flags = {k: v for k, v in vars(args).items() if k not in ("engine", "model", "quiet")}
     flags["ignore_eos"] = not args.no_ignore_eos
+    retries = getattr(args, "noise_retries", 0)
+    isolation = Isolation(getattr(args, "isolate", "off"), recorder.line)
+    keeper = trials.NoiseKeeper(targets)
+    recorder.annotate = keeper.annotate  # every phase record carries the host's noise while it ran
+    trial_notes: dict = {"repetitions": getattr(args, "repetitions", 1), "isolate": isolation.mode, "warmup": {}}
 
-    def manifest(status: str, ended_at: float | None = None) -> None:
+    def manifest(status: str, ended_at: float | None = None) -> str | None:
+        """Write manifest.json; why not, in one line, when the folder refuses it."""
+        try:
+            write_manifest(status, ended_at)
+        except OSError as exc:
+            return f"run folder {folder.path}: cannot write manifest.json ({exc.strerror or exc})"
+        return None
+
+    def write_manifest(status: str, ended_at: float | None) -> None:
         folder.write_manifest(
             build_manifest(
                 command=" ".join(["python -m loadgen", *sys.argv[1:]])
@@ -320,11 +174,14 @@ def run_headless(args: argparse.Namespace) -> int:
                 started_at=started_at,
                 status=status,
                 ended_at=ended_at,
-                phases=[p.name for p in phases],
+                phases=[p.title for p in phases],
+                trials=trial_notes,
             )
         )
 
-    manifest("running")
+    problem = manifest("running")
+    if problem:
+        raise UsageError(problem)
 
     environment = Environment(
         user_classes=list(USER_CLASSES.values()),
@@ -332,46 +189,77 @@ def run_headless(args: argparse.Namespace) -> int:
         parsed_options=argparse.Namespace(http_client=args.http_client, headless=True),
     )
     runner = environment.create_local_runner()
-    run = LoadRun(phases, recorder)
+    run = LoadRun(phases, recorder, folder=folder, started_at=started_at)
     environment.servescope_run = run
     annotator = PhaseAnnotator(args.grafana_url)
     status = "complete"
     try:
-        warmed: set[str] = set()
-        for phase in phases:
+        for phase in phases:  # a retry is inserted right after the phase it repeats
             if interrupted.is_set():
                 break
             target = phase.settings.target
-            if target.instance not in warmed:
-                warmed.add(target.instance)
-                if not _warmup(target, phase.settings, args, recorder, interrupted):
+            isolation.focus(target)
+            if target.instance not in trial_notes["warmup"]:
+                warm = trials.warm_up(
+                    target,
+                    phase.settings,
+                    args.warmup,
+                    http_client=args.http_client,
+                    timeout_s=args.request_timeout,
+                    say=recorder.line,
+                    interrupted=interrupted,
+                )
+                if warm is None:
                     break
+                trial_notes["warmup"][target.instance] = warm
+                recorder.line(keeper.locate(target))
+            keeper.begin(target)
             run.advance()
+            sampler.start(phase.title)
             runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
-            gevent.wait([phase.done, interrupted], count=1)
-            if interrupted.is_set():
+            gevent.wait([phase.done, interrupted, run.aborted], count=1)
+            sampler.stop()
+            if interrupted.is_set() or run.aborted.is_set():
                 break
             phase.emit()
             runner.start(0, spawn_rate=spawn_rate_for(phase))
             if runner.spawning_greenlet is not None:
                 runner.spawning_greenlet.join(timeout=10)
             annotator.phase_done(phase)
-        if interrupted.is_set():
+            noisy = keeper.flags()
+            if noisy and phase.attempt <= retries and isinstance(phase, (SequentialPhase, BurstPhase)):
+                retry = trials.again(phase)
+                phases.insert(phases.index(phase) + 1, retry)
+                recorder.line(
+                    f"{target.instance} {phase.title}: {noisy[0]}: running it again as {retry.title} "
+                    f"(LOADGEN_NOISE_RETRIES={retries})"
+                )
+            if phase.planner is not None:  # the knee: the next load depends on this one's results
+                follow_up = phase.planner.after(phase, folder)
+                if follow_up is not None:
+                    phases.append(follow_up)  # the run's own list: this loop and LoadRun see it
+        if run.aborted.is_set():
+            status = "failed"
+            runner.stop()
+        elif interrupted.is_set():
             status = "interrupted"
             runner.stop()  # kills users mid-stream: each writes its partial record as "interrupted"
         # Close the last phase (its PhaseRecords; an interrupted one keeps what finished); skip what never started.
-        if run.phase is not None:
-            run.advance()
-        run.index = len(run.phases)
+        run.finish()
     finally:
+        isolation.release()
+        sampler.close()
         runner.stop()
         runner.quit()
-        try:
-            write_locust_outputs(environment, folder.path)
-        except Exception as exc:  # noqa: BLE001 - Locust's own report must never cost us the run folder
-            print(f"loadgen: Locust CSV/HTML not written: {exc}", file=sys.stderr)
-        manifest(status, time.time())
-        if metrics is not None and args.metrics_linger > 0 and not interrupted.is_set():
+        if recorder.failure is None:  # a folder that refused a record would refuse these too
+            try:
+                write_locust_outputs(environment, folder.path)
+            except Exception as exc:  # noqa: BLE001 - Locust's own report must never cost us the run folder
+                print(f"loadgen: Locust CSV/HTML not written: {exc}", file=sys.stderr)
+            problem = manifest(status, time.time())
+            if problem:
+                run.abort(problem)
+        if metrics is not None and args.metrics_linger > 0 and status == "complete":
             # Prometheus scrapes every few seconds: without this the last requests' samples are never scraped.
             print(
                 f"loadgen: client metrics stay up {args.metrics_linger:g} s more so Prometheus scrapes the final "
@@ -383,71 +271,14 @@ def run_headless(args: argparse.Namespace) -> int:
             handler.cancel()
         if metrics is not None:
             metrics.close()
-    _print_summary(folder, out or sys.stdout)
-    print(f"run folder: {folder.path}", flush=True)
-    return EXIT_INTERRUPTED if status == "interrupted" else 0
-
-
-def _warmup(
-    target: Target, settings: Settings, args: argparse.Namespace, recorder: Recorder, interrupted: Event
-) -> bool:
-    """Warm-up requests (cold caches, first-request compile) that never reach the results."""
-    if args.warmup <= 0:
-        return True
-    transport = llm.make_transport(args.http_client, target.url, timeout=args.request_timeout)
     try:
-        for i in range(args.warmup):
-            payload = llm.chat_payload(
-                target.api,
-                target.model,
-                settings.prompt_set[i].text,
-                settings.max_tokens,
-                settings.temperature,
-                bool(target.ignore_eos),
-            )
-            job = gevent.spawn(llm.stream_chat, transport, target.chat_path, target.api, payload)
-            gevent.wait([job, interrupted], count=1)
-            if interrupted.is_set():
-                job.kill()
-                return False
-            m = job.value
-            outcome = "ok" if m.ok else f"FAILED ({m.error})"
-            recorder.line(
-                f"warm-up {target.instance} {i + 1}/{args.warmup}: {outcome} {m.elapsed_s or 0:.3f}s (not recorded)"
-            )
-    finally:
-        transport.close()
-    return True
-
-
-def _print_summary(folder: RunFolder, out) -> None:
-    """The seed's table shape from the raw records: per engine and phase, wall, tokens/s, TTFT; scaling factor."""
-    requests = list(folder.requests())
-    phases = list(folder.phases())
-    if not phases:
-        return
-    print(
-        f"\n{'engine':<16} {'phase':<18} {'reqs':>4} {'ok':>3} {'wall s':>8} {'tokens':>6} {'tok/s':>7} {'TTFT p50 s':>10}",
-        file=out,
-    )
-    walls: dict[tuple[str, str], float] = {}
-    for p in phases:
-        rs = [r for r in requests if r.instance == p.instance and r.phase == p.phase]
-        ok = [r for r in rs if r.ok]
-        tokens = sum(r.output_tokens or 0 for r in ok)
-        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-        ttft = f"{statistics.median(ttfts):.3f}" if ttfts else "-"
-        walls[(p.instance, p.phase)] = p.wall_s
-        print(
-            f"{p.instance:<16} {p.phase:<18} {len(rs):>4} {len(ok):>3} {p.wall_s:>8.3f} {tokens:>6} "
-            f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {ttft:>10}",
-            file=out,
-        )
-    for (instance, phase), wall in walls.items():
-        if phase == "sequential" and (instance, "burst-1") in walls and walls[(instance, "burst-1")] > 0:
-            factor = wall / walls[(instance, "burst-1")]
-            print(
-                f"scaling factor {instance}: matched-set sequential {wall:.3f}s / burst {walls[(instance, 'burst-1')]:.3f}s = {factor:.2f}x",
-                file=out,
-            )
-    print("", file=out, flush=True)
+        print_summary(folder, out or sys.stdout)
+    except OSError:
+        pass  # a folder that cannot be read back: the failure line below says what happened to it
+    for planner in dict.fromkeys(p.planner for p in phases if p.planner is not None):
+        print("\n".join(planner.lines()), flush=True)
+    print(f"run folder: {folder.path}", flush=True)
+    if run.failure:
+        print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_INTERRUPTED if status == "interrupted" else 0

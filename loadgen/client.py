@@ -14,24 +14,38 @@ before the gate opens). A chunk = the moment its bytes reached this host's socke
 stamp (SO_TIMESTAMPNS, plain-HTTP geventhttpclient on Linux), else the clock as the socket read returns;
 never after parsing, so neither JSON decoding nor the event loop serving 63 other streams first is in it.
 
-Two HTTP transports sit behind one interface so `bench/loadgen_accuracy.py` can measure them side by
-side: geventhttpclient (the default: what Locust's FastHttpUser uses) and requests.
+The transport is geventhttpclient (what Locust's FastHttpUser uses), reached below its public API for
+the stamps above: `check_geventhttpclient()` says in one line when an installed version lacks those
+internals. Other transports register in TRANSPORTS behind the same interface (bench/ adds requests to
+measure it beside this one).
 """
 
 from __future__ import annotations
 
+import base64
+import enum
 import json
 import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import gevent
 from gevent import monkey as gevent_monkey
+from geventhttpclient import HTTPClient
+from geventhttpclient.connectionpool import ConnectionPool
+from geventhttpclient.response import (
+    HTTPConnectionClosed,
+    HTTPParseError,
+    HTTPResponse,
+    HTTPSocketPoolResponse,
+    HTTPSocketResponse,
+)
 
 from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
+from servescope.urls import redact
 
 # Ollama's final NDJSON object: the engine-side numbers the report cross-checks (nanoseconds).
 OLLAMA_STATS = (
@@ -46,8 +60,31 @@ OLLAMA_STATS = (
 ERROR_BODY_CHARS = 200
 
 
+class ErrorKind(enum.StrEnum):
+    """Why a request failed, as a bounded value: the client metrics' `outcome` label and the record's error_kind."""
+
+    CONNECTION_REFUSED = "connection_refused"
+    HTTP_4XX = "http_4xx"
+    HTTP_5XX = "http_5xx"
+    HTTP_OTHER = "http_other"
+    TIMEOUT = "timeout"
+    STREAM_CUT = "stream_cut"
+    MALFORMED_CHUNK = "malformed_chunk"
+    ENGINE_ERROR = "engine_error"
+    INTERRUPTED = "interrupted"
+    OTHER = "other_error"
+
+
 class StreamError(Exception):
-    """A request that failed: str() is the one-line reason kept in the record and Locust's failures."""
+    """A request that failed: its kind, and str() the one-line reason kept in the record and Locust's failures."""
+
+    def __init__(self, kind: ErrorKind, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class HttpClientError(RuntimeError):
+    """The installed geventhttpclient lacks an internal this module relies on: one line for the terminal."""
 
 
 @dataclass
@@ -58,17 +95,23 @@ class Measurement:
     t_send: float  # perf_counter at send
     status: int = 0
     error: str | None = None
+    error_kind: ErrorKind | None = None
     content_times: list[float] = field(default_factory=list)  # perf_counter per non-empty content chunk
     usage_tokens: int | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens the engine took from its cache, where it says so
     tokens_source: str | None = None
     engine_stats: dict[str, Any] = field(default_factory=dict)
     finished: bool = False  # saw [DONE] (OpenAI) or done:true (Ollama)
     t_end: float | None = None  # perf_counter when the exchange ended (ok or not)
+    answer: list[str] | None = None  # the content's text, kept only when asked (a conversation's next turn needs it)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    def fail(self, error: StreamError) -> None:
+        self.error, self.error_kind = str(error), error.kind
 
     @property
     def ttft_s(self) -> float | None:
@@ -97,6 +140,10 @@ class Measurement:
         return (self.e2e_s - self.ttft_s) / (tokens - 1)
 
     @property
+    def text(self) -> str | None:
+        return None if self.answer is None else "".join(self.answer)
+
+    @property
     def elapsed_s(self) -> float | None:
         """send -> end of the exchange (a failure's partial time; Locust's response_time)."""
         end = self.t_end if self.t_end is not None else (self.content_times[-1] if self.content_times else None)
@@ -106,8 +153,11 @@ class Measurement:
 # --- the request body per API flavour ---
 
 
-def chat_payload(api: str, model: str, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool) -> dict:
-    messages = [{"role": "user", "content": prompt}]
+def chat_payload(
+    api: str, model: str, prompt: str | list[dict[str, str]], max_tokens: int, temperature: float, ignore_eos: bool
+) -> dict:
+    """The streaming chat request: `prompt` is one user message's text, or the messages of a conversation so far."""
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if api == "ollama":
         # Ollama has no ignore_eos; num_predict is its max_tokens.
         return {
@@ -169,21 +219,25 @@ class GeventTransport:
 
     name = "geventhttpclient"
 
-    def __init__(self, base_url: str, timeout: float = 120.0, concurrency: int = 1):
-        from geventhttpclient import HTTPClient
-
+    def __init__(self, base_url: str, timeout: float, concurrency: int = 1):
         parts = urlsplit(base_url)
         self.prefix = parts.path.rstrip("/")
         # Kernel receive stamps need recvmsg() on the plain socket: not through TLS.
         self.kernel_stamps = parts.scheme == "http" and CMSG_SIZE > 0 and SO_TIMESTAMPNS is not None
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/x-ndjson"}
+        if parts.username is not None:
+            # user:password@ in the engine's URL (an engine behind a proxy with basic auth), as requests would send it.
+            credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
         self.client = HTTPClient(
             parts.hostname,
-            port=parts.port or 80,
+            port=parts.port or (443 if parts.scheme == "https" else 80),
+            ssl=parts.scheme == "https",
             concurrency=max(1, concurrency),
             connection_timeout=min(timeout, 10.0),
             network_timeout=timeout,
             block_size=READ_SIZE,
-            headers={"Content-Type": "application/json", "Accept": "text/event-stream, application/x-ndjson"},
+            headers=headers,
         )
         pool = self.client._connection_pool
         # The pool checks a kept-alive socket with gevent's select(timeout=0), which also does a gevent.sleep(0):
@@ -202,8 +256,6 @@ class GeventTransport:
         pool.return_socket(sock)
 
     def post(self, path: str, body: bytes) -> _GeventResponse:
-        from geventhttpclient.response import HTTPConnectionClosed
-
         try:
             response = self.client.request("POST", self.prefix + path, body=body)
         except HTTPConnectionClosed:
@@ -257,7 +309,7 @@ class _GeventResponse:
         while not response.message_complete:
             sock = response._sock
             if sock is None:
-                raise StreamError("connection closed mid-stream")
+                raise EOFError("connection closed mid-stream")
             try:
                 if kernel:
                     data, ancillary, _flags, _addr = sock.recvmsg(READ_SIZE, CMSG_SIZE)
@@ -266,13 +318,18 @@ class _GeventResponse:
                     data = sock.recv(READ_SIZE)
                     stamp = clock()
                 response.feed(data)  # llhttp takes the chunked framing off into _body_buffer
+            except HTTPParseError:
+                response.release()
+                if not data:  # the server closed before the body's end: llhttp calls that incomplete
+                    raise EOFError("connection closed mid-stream") from None
+                raise
             except BaseException:
                 response.release()
                 raise
             if response._body_buffer:
                 yield stamp, _take(response._body_buffer)
             if not data and not response.message_complete:
-                raise StreamError("connection closed mid-stream")
+                raise EOFError("connection closed mid-stream")
 
     def body_text(self) -> str:
         return self.response.read().decode("utf-8", "replace")
@@ -306,71 +363,53 @@ def _take(buffer: bytearray) -> bytes:
     return data
 
 
-class RequestsTransport:
-    """requests + urllib3: the common choice; measured against geventhttpclient in bench/loadgen_accuracy.py."""
-
-    name = "requests"
-
-    def __init__(self, base_url: str, timeout: float = 120.0, concurrency: int = 1):
-        import requests
-        from requests.adapters import HTTPAdapter
-
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.session = requests.Session()
-        self.session.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=max(1, concurrency)))
-        self.session.headers.update({"Content-Type": "application/json"})
-
-    def connect(self) -> None:
-        try:
-            pool = self.session.get_adapter(self.base_url).poolmanager.connection_from_url(self.base_url)
-            conn = pool._get_conn()
-        except Exception:  # noqa: BLE001 - warming is best effort: the request reports its own failure
-            return
-        try:
-            if conn.sock is None:
-                conn.connect()
-        except OSError:
-            conn.close()
-        finally:
-            pool._put_conn(conn)
-
-    def post(self, path: str, body: bytes) -> _RequestsResponse:
-        return _RequestsResponse(
-            self.session.post(
-                self.base_url + path, data=body, stream=True, timeout=(min(self.timeout, 10.0), self.timeout)
-            )
-        )
-
-    def close(self) -> None:
-        self.session.close()
+# The transports `--http-client` can name; bench/ registers more to measure them beside this one.
+TRANSPORTS: dict[str, type] = {"geventhttpclient": GeventTransport}
 
 
-class _RequestsResponse:
-    def __init__(self, response):
-        self.response = response
-        self.status = response.status_code
-
-    def blocks(self, clock: Callable[[], float]) -> Iterator[tuple[float, bytes]]:
-        # chunk_size=None: each piece as the socket delivers it, never waiting to fill a buffer.
-        for piece in self.response.iter_content(chunk_size=None):
-            yield clock(), piece
-
-    def body_text(self) -> str:
-        return self.response.text
-
-    def close(self, complete: bool = False) -> None:
-        self.response.close()
-
-
-TRANSPORTS: dict[str, type] = {"geventhttpclient": GeventTransport, "requests": RequestsTransport}
-
-
-def make_transport(name: str, base_url: str, timeout: float = 120.0, concurrency: int = 1) -> Transport:
+def make_transport(name: str, base_url: str, timeout: float, concurrency: int = 1) -> Transport:
     try:
         return TRANSPORTS[name](base_url, timeout=timeout, concurrency=concurrency)
     except KeyError:
         raise ValueError(f"unknown HTTP client {name!r}: expected one of {', '.join(TRANSPORTS)}") from None
+
+
+# geventhttpclient below its public API, as GeventTransport and _GeventResponse use it. Not promised by its authors:
+# pyproject.toml pins the range these were tested with, and this check names what a newer version took away.
+_GEVENTHTTPCLIENT_INTERNALS: tuple[tuple[str, Callable[[], bool]], ...] = (
+    ("HTTPClient._connection_pool", lambda: "_connection_pool" in HTTPClient.__init__.__code__.co_names),
+    ("ConnectionPool._is_socket_alive", lambda: callable(getattr(ConnectionPool, "_is_socket_alive", None))),
+    ("ConnectionPool.after_connect", lambda: callable(getattr(ConnectionPool, "after_connect", None))),
+    (
+        "ConnectionPool.get_socket/return_socket/release_socket",
+        lambda: all(
+            callable(getattr(ConnectionPool, n, None)) for n in ("get_socket", "return_socket", "release_socket")
+        ),
+    ),
+    ("HTTPResponse._body_buffer", lambda: isinstance(getattr(HTTPResponse(), "_body_buffer", None), bytearray)),
+    ("HTTPResponse.feed/message_complete", lambda: callable(getattr(HTTPResponse, "feed", None))),
+    ("HTTPSocketResponse._sock", lambda: "_sock" in HTTPSocketResponse.__init__.__code__.co_names),
+    ("HTTPSocketPoolResponse._pool", lambda: "_pool" in HTTPSocketPoolResponse.__init__.__code__.co_names),
+)
+
+
+def check_geventhttpclient() -> None:
+    """Raise HttpClientError (one line) when the installed geventhttpclient lacks an internal used here."""
+    missing = [name for name, present in _GEVENTHTTPCLIENT_INTERNALS if not _holds(present)]
+    if missing:
+        from importlib.metadata import version
+
+        raise HttpClientError(
+            f"geventhttpclient {version('geventhttpclient')} lacks {', '.join(missing)}, which loadgen/client.py "
+            f"reads for its stamps: install the range pyproject.toml names (make install)"
+        )
+
+
+def _holds(check: Callable[[], bool]) -> bool:
+    try:
+        return bool(check())
+    except Exception:  # noqa: BLE001 - a changed internal may fail in any way: it is missing all the same
+        return False
 
 
 # --- the measured exchange ---
@@ -384,14 +423,15 @@ def stream_chat(
     on_first_content: Callable[[Measurement], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     into: list[Measurement] | None = None,
+    keep_text: bool = False,
 ) -> Measurement:
     """Send one streaming chat request and stamp every content chunk; never raises for a failed request.
 
     `into` receives the measurement before the send, so a caller whose greenlet is killed mid-stream
-    (Ctrl-C, runner stop) still holds the partial stamps.
+    (Ctrl-C, runner stop) still holds the partial stamps. `keep_text` keeps the answer's text.
     """
     body = json.dumps(payload).encode()
-    m = Measurement(started_at=time.time(), t_send=clock())
+    m = Measurement(started_at=time.time(), t_send=clock(), answer=[] if keep_text else None)
     if into is not None:
         into.append(m)
     response = None
@@ -399,19 +439,22 @@ def stream_chat(
         response = transport.post(path, body)
         m.status = response.status
         if response.status != 200:
-            raise StreamError(f"HTTP {response.status}: {_error_message(response.body_text())}")
+            raise StreamError(
+                _status_kind(response.status), f"HTTP {response.status}: {_error_message(response.body_text())}"
+            )
         if api == "ollama":
             _read_ndjson(response, m, on_first_content, clock)
         else:
             _read_sse(response, m, on_first_content, clock)
         if not m.finished:
             raise StreamError(
-                f"stream cut after {len(m.content_times)} content chunks (no {'done' if api == 'ollama' else '[DONE]'})"
+                ErrorKind.STREAM_CUT,
+                f"stream cut after {len(m.content_times)} content chunks (no {'done' if api == 'ollama' else '[DONE]'})",
             )
     except StreamError as exc:
-        m.error = str(exc)
+        m.fail(exc)
     except Exception as exc:  # noqa: BLE001 - every transport failure becomes a recorded reason, the run goes on
-        m.error = _describe(exc, len(m.content_times))
+        m.fail(_describe(exc, len(m.content_times)))
     finally:
         m.t_end = clock()
         if response is not None:
@@ -450,7 +493,7 @@ def _json_object(data: bytes, chunks: int) -> dict:
     except (ValueError, StopIteration):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         event, end, text = None, -1, ""
     if end != len(text) or not isinstance(event, dict):
-        raise StreamError(f"malformed chunk after {chunks} content chunks: {data[:80]!r}")
+        raise StreamError(ErrorKind.MALFORMED_CHUNK, f"malformed chunk after {chunks} content chunks: {data[:80]!r}")
     return event
 
 
@@ -466,7 +509,8 @@ def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None
         event = _json_object(data, len(content_times))
         if event.get("error"):
             raise StreamError(
-                f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}"
+                ErrorKind.ENGINE_ERROR,
+                f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}",
             )
         for choice in event.get("choices") or ():
             delta = choice.get("delta") or {}
@@ -475,6 +519,8 @@ def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None
                 content_times.append(stamp)
                 if len(content_times) == 1 and on_first is not None:
                     on_first(m)
+                if m.answer is not None and isinstance(delta.get("content"), str):
+                    m.answer.append(delta["content"])
                 break
         usage = event.get("usage")
         if usage:
@@ -483,8 +529,15 @@ def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None
                 m.tokens_source = "usage"
             if usage.get("prompt_tokens") is not None:
                 m.prompt_tokens = int(usage["prompt_tokens"])
-        if event.get("timings"):
-            m.engine_stats["timings"] = event["timings"]  # llama.cpp's own prompt/predicted ms
+            # llama.cpp always, vLLM with --enable-prompt-tokens-details: the prompt tokens its cache supplied.
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and _is_count(details.get("cached_tokens")):
+                m.cached_tokens = details["cached_tokens"]
+        timings = event.get("timings")
+        if timings:
+            m.engine_stats["timings"] = timings  # llama.cpp's own prompt/predicted ms
+            if m.cached_tokens is None and isinstance(timings, dict) and _is_count(timings.get("cache_n")):
+                m.cached_tokens = timings["cache_n"]  # llama.cpp: prompt tokens reused from the slot's cache
 
 
 def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> None:
@@ -496,13 +549,16 @@ def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> N
         event = _json_object(line, len(content_times))
         if event.get("error"):
             raise StreamError(
-                f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}"
+                ErrorKind.ENGINE_ERROR,
+                f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}",
             )
         message = event.get("message") or {}
         if message.get("content") or message.get("thinking"):
             content_times.append(stamp)
             if len(content_times) == 1 and on_first is not None:
                 on_first(m)
+            if m.answer is not None and isinstance(message.get("content"), str):
+                m.answer.append(message["content"])
         if event.get("done"):
             m.finished = True
             for key in OLLAMA_STATS:
@@ -516,6 +572,10 @@ def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> N
             if event.get("prompt_eval_count") is not None:
                 m.prompt_tokens = int(event["prompt_eval_count"])
             return
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _error_message(body: str | dict) -> str:
@@ -534,20 +594,48 @@ def _error_message(body: str | dict) -> str:
     return " ".join(str(data).split())[:ERROR_BODY_CHARS] or "(empty body)"
 
 
-def _describe(exc: BaseException, chunks: int) -> str:
+def _status_kind(status: int) -> ErrorKind:
+    if 400 <= status < 500:
+        return ErrorKind.HTTP_4XX
+    if 500 <= status < 600:
+        return ErrorKind.HTTP_5XX
+    return ErrorKind.HTTP_OTHER
+
+
+# What a transport raises, by type, outermost first; a wrapper (requests' ConnectionError around urllib3's
+# around the socket's) is looked through to the exception it was raised from.
+_EXCEPTION_KINDS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], ErrorKind], ...] = (
+    (ConnectionRefusedError, ErrorKind.CONNECTION_REFUSED),
+    ((TimeoutError, gevent.Timeout), ErrorKind.TIMEOUT),
+    ((ConnectionError, EOFError, HTTPConnectionClosed), ErrorKind.STREAM_CUT),  # reset, aborted, broken pipe, EOF
+)
+
+
+def classify(exc: BaseException) -> ErrorKind:
+    """The kind of a transport exception, from its type or the types it was raised from."""
+    pending: list[object] = [exc]
+    seen: set[int] = set()
+    while pending and len(seen) < 16:
+        current = pending.pop(0)
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        for types, kind in _EXCEPTION_KINDS:
+            if isinstance(current, types):
+                return kind
+        pending += [current.__cause__, current.__context__, getattr(current, "reason", None)]
+    return ErrorKind.OTHER
+
+
+def _describe(exc: BaseException, chunks: int) -> StreamError:
     """One line for any transport exception, naming where in the stream it happened."""
     where = f"after {chunks} content chunks" if chunks else "before the first content chunk"
-    if isinstance(exc, ConnectionRefusedError) or "refused" in str(exc).lower():
-        return "connection refused"
-    if (
-        isinstance(exc, socket.timeout | TimeoutError)
-        or "timed out" in str(exc).lower()
-        or type(exc).__name__ in ("Timeout", "ReadTimeout", "ConnectTimeout")
-    ):
-        return f"timeout {where}"
-    if isinstance(exc, ConnectionResetError | BrokenPipeError) or any(
-        word in str(exc).lower() for word in ("closed", "eof", "incomplete", "reset")
-    ):
-        return f"stream cut {where}: {type(exc).__name__}"
-    text = " ".join(str(exc).split())[:ERROR_BODY_CHARS]
-    return f"{type(exc).__name__} {where}: {text}" if text else f"{type(exc).__name__} {where}"
+    kind = classify(exc)
+    if kind is ErrorKind.CONNECTION_REFUSED:
+        return StreamError(kind, "connection refused")
+    if kind is ErrorKind.TIMEOUT:
+        return StreamError(kind, f"timeout {where}")
+    if kind is ErrorKind.STREAM_CUT:
+        return StreamError(kind, f"stream cut {where}: {type(exc).__name__}")
+    text = redact(" ".join(str(exc).split()))[:ERROR_BODY_CHARS]
+    return StreamError(kind, f"{type(exc).__name__} {where}: {text}" if text else f"{type(exc).__name__} {where}")

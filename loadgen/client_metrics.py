@@ -3,46 +3,36 @@
 servescope_client_ttft_seconds_bucket{engine="vllm",scenario="burst",le="0.5"} 3.0
 servescope_client_requests_total{engine="vllm",outcome="ok",scenario="burst"} 3.0
 servescope_client_users{engine="vllm",scenario="burst"} 3.0
+servescope_client_good_requests_total{engine="vllm",scenario="burst"} 2.0   (met every SLO term: servescope/slo.py)
+servescope_client_slo_objective 0.95   (the attainment the burn-rate rules in prometheus/rules/slo.yml measure against)
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from servescope import series
+from loadgen.client import ErrorKind
+from servescope import series, slo
 from servescope.runfolder import RequestRecord
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
-# Failure reasons collapse to a few outcome values: a label must not carry free text.
-OUTCOMES = (
-    ("connection refused", "connection_refused"),
-    ("HTTP 5", "http_5xx"),
-    ("HTTP 4", "http_4xx"),
-    ("timeout", "timeout"),
-    ("stream cut", "stream_cut"),
-    ("malformed chunk", "malformed_chunk"),
-    ("engine error", "engine_error"),
-    ("interrupted", "interrupted"),
-)
 
-
-def outcome(error: str | None) -> str:
-    if error is None:
+def outcome(record: RequestRecord) -> str:
+    """The `outcome` label: ok, or the failure's kind (a bounded value, never the free-text reason)."""
+    if record.ok:
         return "ok"
-    for prefix, value in OUTCOMES:
-        if error.startswith(prefix):
-            return value
-    return "other_error"
+    return record.error_kind or ErrorKind.OTHER.value
 
 
 class ClientMetrics:
     """Histograms and counters on their own registry; `serve()` exposes them on 127.0.0.1."""
 
-    def __init__(self, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None, *, spec: slo.SloSpec | None = None):
         self.registry = registry or CollectorRegistry()
+        self.spec = spec or slo.resolve()
         labels = series.CLIENT_LABELS
         self.ttft = Histogram(
             series.CLIENT_TTFT,
@@ -75,6 +65,23 @@ class ClientMetrics:
             series.CLIENT_REQUESTS, "Requests finished, by outcome.", (*labels, "outcome"), registry=self.registry
         )
         self.users = Gauge(series.CLIENT_USERS, "Locust users running.", labels, registry=self.registry)
+        # Good / total = attainment: the same rule as the report's goodput (servescope/slo.py).
+        self.good = Counter(
+            series.CLIENT_GOOD_REQUESTS,
+            f"Requests that met every SLO term ({self.spec.text}).",
+            labels,
+            registry=self.registry,
+        )
+        self.good_tokens = Counter(
+            series.CLIENT_GOOD_OUTPUT_TOKENS,
+            "Output tokens of requests that met every SLO term.",
+            labels,
+            registry=self.registry,
+        )
+        self.objective = Gauge(
+            series.CLIENT_SLO_OBJECTIVE, "The attainment the SLOs ask for (SLO_ATTAINMENT).", registry=self.registry
+        )
+        self.objective.set(self.spec.objective)
         self.server = None
 
     def observe(self, record: RequestRecord) -> None:
@@ -88,7 +95,12 @@ class ClientMetrics:
             self.e2e.labels(*labels).observe(record.e2e_s)
         if record.output_tokens:
             self.output_tokens.labels(*labels).inc(record.output_tokens)
-        self.requests.labels(*labels, outcome(record.error)).inc()
+        self.requests.labels(*labels, outcome(record)).inc()
+        good = self.good.labels(*labels)  # present (at 0) from the first request on: attainment is defined
+        good_tokens = self.good_tokens.labels(*labels)
+        if self.spec.good(record):
+            good.inc()
+            good_tokens.inc(record.output_tokens or 0)
 
     def set_users(self, engine: str, scenario: str, users: int) -> None:
         self.users.labels(engine, scenario).set(users)

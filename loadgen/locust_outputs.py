@@ -8,6 +8,8 @@ from pathlib import Path
 from locust.html import get_html_report
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
+from servescope.urls import redact
+
 
 def write_locust_outputs(environment, folder: Path) -> list[Path]:
     """Locust rounds what it shows: these files are for reading alongside, never the source of a reported number."""
@@ -24,6 +26,11 @@ def write_locust_outputs(environment, folder: Path) -> list[Path]:
             write(csv.writer(fh))
         written.append(path)
     html = folder / "locust.html"
-    html.write_text(get_html_report(environment, show_download_link=False), encoding="utf-8")
+    host = environment.host
+    environment.host = redact(host) if host else host  # the report prints the host: never credentials
+    try:
+        html.write_text(get_html_report(environment, show_download_link=False), encoding="utf-8")
+    finally:
+        environment.host = host
     written.append(html)
     return written

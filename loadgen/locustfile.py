@@ -1,18 +1,24 @@
 """Locust scenarios for LLM serving engines: an abstract streaming user, thin scenario users, one load shape for the web UI.
 
-  locust -f loadgen/locustfile.py --engine vllm --scenario burst      (web UI: pick engine + scenario under Custom parameters)
-  python -m loadgen webui                                            (the same, bound to 127.0.0.1:LOCUST_PORT)
-  python -m loadgen burst --engine vllm=http://127.0.0.1:8009        (headless, writes results/<run-id>/)
+  python -m loadgen webui --engine-url http://127.0.0.1:8009 --users 3    (web UI, its form filled in: START runs it)
+  locust -f loadgen/locustfile.py --host URL --engine vllm --scenario burst  (Locust itself; options: loadgen/options.py)
+  python -m loadgen burst --engine vllm=http://127.0.0.1:8009               (headless, writes results/<run-id>/)
 
 Every measurement fires `environment.events.request`: the request itself (request_type "chat",
 response_time = send -> end, response_length = output tokens, failures carry their reason) and TTFT
 as its own event (request_type "TTFT") fired at the first non-empty content chunk. Locust rounds
 these; the raw records in requests.jsonl are the source of every reported number.
+
+The run's life follows Locust's events: `test_start` opens the run folder and starts a conductor that
+steps through the phases, `test_stop` finishes the folder; the load shape only reads the current
+phase's users.
 """
 
 from locust import LoadTestShape, User, constant, events, task  # noqa: I001 - Locust first (gevent monkey-patching)
+from locust.exception import InterruptTaskSet, RescheduleTask, RescheduleTaskImmediately, StopUser
 from locust.runners import MasterRunner, WorkerRunner
 
+import functools
 import json
 import sys
 import time
@@ -22,158 +28,59 @@ import gevent.pool
 from greenlet import GreenletExit
 
 from loadgen import client as llm
+from loadgen import options as option_table
 from loadgen import prompts as prompt_sets
+from loadgen import workloads
 from loadgen.client_metrics import ClientMetrics
+from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import RECORD_MESSAGE, ForwardingRecorder, Recorder
-from loadgen.scenarios import SCENARIOS, ClosedLoopPhase, LoadRun, RatePhase, Settings, _Span, build_phases
-from loadgen.targets import parse_engine, probe
-from servescope import engines, knobs
+from loadgen.scenarios import ClosedLoopPhase, LoadRun, RatePhase, Settings, build_phases
+from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
+from servescope import knobs, slo
 from servescope.runfolder import RequestRecord, RunFolder
+from servescope.sampler import Sampler
+from servescope.urls import redact
 
 PHASE_MESSAGE = "servescope_phase"  # master -> workers: index of the phase now current
+CLOCK_CHECK_S = 0.1  # how soon the master starts a timed step's clock once its users are sent
 
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser):
-    """Engine and scenario knobs: the same names on the command line, in env vars and in the web UI's custom parameters."""
-    # Straight on Locust's parser: only its add_argument knows include_in_web_ui (argument groups don't).
-    group = parser
-    group.add_argument(
-        "--engine",
-        choices=list(engines.ENGINES),
-        default="vllm",
-        env_var="LOADGEN_ENGINE",
-        include_in_web_ui=True,
-        help="engine kind to load",
-    )
-    group.add_argument(
-        "--engine-url",
-        default="",
-        env_var="LOADGEN_ENGINE_URL",
-        include_in_web_ui=True,
-        help="engine base URL (empty: Host field, else the kind's URL knob / default port)",
-    )
-    group.add_argument(
-        "--scenario",
-        choices=list(SCENARIOS),
-        default="burst",
-        env_var="LOADGEN_SCENARIO",
-        include_in_web_ui=True,
-        help="sequential, burst, ramp, rate or sweep",
-    )
-    group.add_argument(
-        "--prompts",
-        default="seed3",
-        env_var="LOADGEN_PROMPTS",
-        include_in_web_ui=True,
-        help="seed4, seed3, mixed, synthetic:TOKENS[xCOUNT] or a txt/JSONL file",
-    )
-    group.add_argument(
-        "--max-tokens", type=int, default=knobs.get_int("MAX_TOKENS", 48), env_var="MAX_TOKENS", include_in_web_ui=True
-    )
-    group.add_argument(
-        "--temperature",
-        type=float,
-        default=float(knobs.get("TEMPERATURE", "0")),
-        env_var="TEMPERATURE",
-        include_in_web_ui=True,
-    )
-    group.add_argument(
-        "--burst-size",
-        type=int,
-        default=knobs.get_int("BURST_SIZE", 3),
-        env_var="BURST_SIZE",
-        include_in_web_ui=True,
-        help="requests released at the same instant",
-    )
-    group.add_argument("--bursts", type=int, default=1, env_var="LOADGEN_BURSTS", include_in_web_ui=True)
-    group.add_argument(
-        "--burst-pause",
-        type=float,
-        default=1.0,
-        env_var="LOADGEN_BURST_PAUSE",
-        include_in_web_ui=True,
-        help="seconds between bursts",
-    )
-    group.add_argument(
-        "--steps", default="1,2,4", env_var="LOADGEN_STEPS", include_in_web_ui=True, help="ramp: users per step"
-    )
-    group.add_argument(
-        "--concurrencies",
-        default="1,2,4,8",
-        env_var="LOADGEN_CONCURRENCIES",
-        include_in_web_ui=True,
-        help="sweep: one phase per concurrency",
-    )
-    group.add_argument(
-        "--duration",
-        type=float,
-        default=30.0,
-        env_var="LOADGEN_DURATION",
-        include_in_web_ui=True,
-        help="seconds per ramp step / sweep level / rate phase",
-    )
-    group.add_argument(
-        "--rate",
-        type=float,
-        default=1.0,
-        env_var="LOADGEN_RATE",
-        include_in_web_ui=True,
-        help="rate: arrivals per second",
-    )
-    group.add_argument(
-        "--arrivals",
-        choices=["constant", "poisson"],
-        default="constant",
-        env_var="LOADGEN_ARRIVALS",
-        include_in_web_ui=True,
-    )
-    group.add_argument(
-        "--model",
-        default="",
-        env_var="LOADGEN_MODEL",
-        include_in_web_ui=True,
-        help="model name (empty: what the engine lists)",
-    )
-    group.add_argument(
-        "--no-ignore-eos",
-        action="store_true",
-        default=False,
-        env_var="LOADGEN_NO_IGNORE_EOS",
-        include_in_web_ui=True,
-        help="don't send ignore_eos to engines that accept it",
-    )
-    group.add_argument(
-        "--http-client",
-        choices=list(llm.TRANSPORTS),
-        default="geventhttpclient",
-        env_var="LOADGEN_HTTP_CLIENT",
-        include_in_web_ui=False,
-    )
-    group.add_argument(
-        "--request-timeout",
-        type=float,
-        default=120.0,
-        env_var="LOADGEN_REQUEST_TIMEOUT",
-        include_in_web_ui=True,
-        help="seconds without a byte before a request fails",
-    )
-    group.add_argument(
-        "--results",
-        default=str(knobs.REPO_ROOT / "results"),
-        env_var="LOADGEN_RESULTS",
-        include_in_web_ui=False,
-        help="where run folders go",
-    )
-    group.add_argument(
-        "--metrics-port",
-        type=int,
-        default=knobs.get_int("LOADGEN_METRICS_PORT", 9465),
-        env_var="LOADGEN_METRICS_PORT",
-        include_in_web_ui=False,
-        help="client-side /metrics (0: off)",
-    )
+    """The option table's Locust side: flags, environment variables, custom parameters in the web UI."""
+    option_table.add_locust_options(parser)
+
+
+# Locust's own control flow passes through a task: never taken for a failure.
+_LOCUST_FLOW = (StopUser, InterruptTaskSet, RescheduleTask, RescheduleTaskImmediately)
+
+
+def _abort_run(user: User, exc: Exception) -> bool:
+    """A bug or an unforeseen input must not become a traceback per request: the run stops, saying why once."""
+    run: LoadRun | None = getattr(user.environment, "servescope_run", None)
+    if run is None:
+        return False
+    text = " ".join(str(exc).split())[:200]
+    run.abort(f"a load generator user failed: {type(exc).__name__}{': ' + text if text else ''}")
+    return True
+
+
+def guarded(task_method):
+    """A task that ends its user and the run on an unexpected exception instead of looping on it."""
+
+    @functools.wraps(task_method)
+    def run_task(user, *args):
+        try:
+            return task_method(user, *args)
+        except _LOCUST_FLOW:
+            raise
+        except Exception as exc:
+            if not _abort_run(user, exc):
+                raise
+            raise StopUser() from None
+
+    return run_task
 
 
 class LLMUser(User):
@@ -193,7 +100,7 @@ class LLMUser(User):
     def transport(self, settings: Settings, concurrency: int = 1) -> llm.Transport:
         key = (settings.target.url, concurrency)
         if key not in self._transports:
-            name = getattr(self.environment.parsed_options, "http_client", None) or "geventhttpclient"
+            name = self.environment.parsed_options.http_client
             self._transports[key] = llm.make_transport(
                 name, settings.target.url, timeout=settings.timeout_s, concurrency=concurrency
             )
@@ -203,13 +110,11 @@ class LLMUser(User):
         settings: Settings = phase.settings
         target = settings.target
         name = f"{target.instance} {phase.scenario}"
+        # The workload source makes the request: a conversation's turn carries its history (and may wait for its
+        # think time first), a dataset's or a trace's prompt its own output length.
+        turn = phase.source.begin(work, settings.max_tokens)
         payload = llm.chat_payload(
-            target.api,
-            target.model,
-            work.prompt.text,
-            settings.max_tokens,
-            settings.temperature,
-            bool(target.ignore_eos),
+            target.api, target.model, turn.messages, turn.max_tokens, settings.temperature, bool(target.ignore_eos)
         )
         fire = self.environment.events.request.fire
 
@@ -236,14 +141,20 @@ class LLMUser(User):
                 payload,
                 on_first_content=first_content,
                 into=holder,
+                keep_text=turn.keep_answer,
             )
         except GreenletExit as exc:  # the runner stopped us mid-stream (Ctrl-C, phase end): keep what we have
             interrupted = exc
             m = holder[0] if holder else llm.Measurement(started_at=time.time(), t_send=time.perf_counter())
-            m.error = f"interrupted after {len(m.content_times)} content chunks (run stopped)"
+            m.fail(
+                llm.StreamError(
+                    llm.ErrorKind.INTERRUPTED, f"interrupted after {len(m.content_times)} content chunks (run stopped)"
+                )
+            )
             m.t_end = time.perf_counter()
             if m.usage_tokens is None and m.content_times:
                 m.tokens_source = "chunks"
+        phase.source.end(turn, m)
         record = RequestRecord(
             engine=target.kind,
             instance=target.instance,
@@ -253,12 +164,13 @@ class LLMUser(User):
             model=target.model,
             prompt_set=settings.prompt_set.name,
             prompt_set_sha256=settings.prompt_set.sha256,
-            prompt_id=work.prompt.id,
-            max_tokens=settings.max_tokens,
+            prompt_id=turn.prompt_id,
+            max_tokens=turn.max_tokens,
             started_at=m.started_at,
             ok=m.ok,
             status=m.status,
             error=m.error,
+            error_kind=m.error_kind,
             ttft_s=m.ttft_s,
             e2e_s=m.e2e_s,
             itl_s=m.itl_s,
@@ -268,7 +180,13 @@ class LLMUser(User):
             tokens_source=m.tokens_source,
             content_chunks=len(m.content_times),
             arrival_index=work.arrival_index,
+            scheduled_at=work.scheduled_at,
             engine_stats=m.engine_stats,
+            conversation=turn.conversation,
+            turn=turn.turn,
+            history_messages=turn.history_messages,
+            history_tokens=turn.history_tokens,
+            cached_tokens=m.cached_tokens,
         )
         elapsed = m.elapsed_s or 0.0
         fire(
@@ -276,18 +194,27 @@ class LLMUser(User):
             name=name,
             response_time=elapsed * 1000,
             response_length=m.output_tokens or 0,
-            exception=None if m.ok else llm.StreamError(m.error),
+            exception=None if m.ok else llm.StreamError(m.error_kind, m.error),
             context={"phase": work.phase_name},
             start_time=m.started_at,
-            url=target.url + target.chat_path,
+            url=redact(target.url) + target.chat_path,
             response=None,
         )
         run: LoadRun = self.environment.servescope_run
-        run.recorder.request(record)
-        phase.finished(work, record, elapsed)
+        try:
+            run.recorder.request(record)
+        finally:
+            phase.finished(work, record, elapsed)  # whatever happened to the record, the phase can end
         if interrupted is not None:
             raise interrupted
         return record
+
+    def send_or_abort(self, phase, work, concurrency: int) -> None:
+        """send() in a greenlet of its own (open loop): an unexpected exception stops the run, once."""
+        try:
+            self.send(phase, work, concurrency)
+        except Exception as exc:  # noqa: BLE001 - said in one line by whoever drives the run
+            _abort_run(self, exc)
 
     def next_from_phase(self) -> None:
         run: LoadRun | None = getattr(self.environment, "servescope_run", None)
@@ -310,6 +237,7 @@ class SequentialUser(LLMUser):
     """One user walking the prompt set back to back."""
 
     @task
+    @guarded
     def next_prompt(self) -> None:
         self.next_from_phase()
 
@@ -318,6 +246,7 @@ class BurstUser(LLMUser):
     """One of BURST_SIZE users; the phase's barrier releases all of them at the same instant."""
 
     @task
+    @guarded
     def burst(self) -> None:
         self.next_from_phase()
 
@@ -326,6 +255,7 @@ class ClosedLoopUser(LLMUser):
     """A user sending back to back for a ramp step or a sweep level."""
 
     @task
+    @guarded
     def next_prompt(self) -> None:
         self.next_from_phase()
 
@@ -334,6 +264,7 @@ class RateUser(LLMUser):
     """Open loop: one user that schedules arrivals; each request runs in its own greenlet and nobody waits."""
 
     @task
+    @guarded
     def arrivals(self) -> None:
         run: LoadRun | None = getattr(self.environment, "servescope_run", None)
         phase = run.phase if run is not None else None
@@ -346,7 +277,7 @@ class RateUser(LLMUser):
         group = gevent.pool.Group()
         try:
             for work in phase.arrivals():
-                group.spawn(self.send, phase, work, phase.max_in_flight)
+                group.spawn(self.send_or_abort, phase, work, phase.max_in_flight)
             group.join()
         finally:
             group.kill()
@@ -355,72 +286,45 @@ class RateUser(LLMUser):
 USER_CLASSES = {cls.__name__: cls for cls in (SequentialUser, BurstUser, ClosedLoopUser, RateUser)}
 
 
-# --- the web UI / `locust -f` path: one load shape steps through the chosen scenario's phases ---
+# --- the web UI / `locust -f` path: Locust's events drive the run, the load shape reads it ---
 
 
-def _target_from_options(options, host: str | None):
-    url = options.engine_url or host or ""
-    target = parse_engine(f"{options.engine}={url}" if url else options.engine, ignore_eos=not options.no_ignore_eos)
-    return probe(target, options.model or None)
-
-
-def _new_run(environment, recorder) -> LoadRun:
+def _ours(environment) -> bool:
+    """Started through this locustfile's parser (not by loadgen.cli, which wires its own run)."""
     options = environment.parsed_options
-    target = _target_from_options(options, environment.host)
+    return options is not None and hasattr(options, "scenario")
+
+
+def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
+    options = environment.parsed_options
+    if options.scenario == "knee" and isinstance(environment.runner, MasterRunner):
+        # Workers step through a phase list they build themselves; the knee's next load exists only on the master.
+        raise ValueError("knee: each load is picked from the last one's results in one process: run without workers")
+    url = environment.host or options.engine_url or default_url(options.engine)
+    target = parse_engine(f"{options.engine}={url}", ignore_eos=not options.no_ignore_eos)
     prompt_set = prompt_sets.load(options.prompts)
+    workloads.check(options.scenario, prompt_set)
     settings = Settings(
-        target=target,
+        target=probe(target, options.model or None),
         prompt_set=prompt_set,
         max_tokens=options.max_tokens,
         temperature=options.temperature,
         timeout_s=options.request_timeout,
+        think_s=float(options.think_time or 0),
     )
-    return LoadRun(build_phases(options.scenario, settings, options), recorder)
-
-
-def _start_run(environment) -> LoadRun:
-    """On the master (or a single process): a run folder, its manifest, and the phases."""
-    options = environment.parsed_options
-    folder = RunFolder.create(options.results)
-    recorder = Recorder(folder=folder, metrics=getattr(environment, "servescope_metrics", None))
-    run = _new_run(environment, recorder)
-    run.folder = folder
-    run.started_at = time.time()
-    run.emit_on_advance = not isinstance(environment.runner, MasterRunner)
-    _write_manifest(environment, run, "running")
-    recorder.line(f"run folder: {folder.path}")
-    environment.servescope_run = run
-    return run
+    return LoadRun(
+        build_phases(options.scenario, settings, options),
+        recorder,
+        folder=folder,
+        # A distributed master hears of late records after a phase moved on: it writes PhaseRecords at the end.
+        emit_on_advance=not isinstance(environment.runner, MasterRunner),
+    )
 
 
 def _write_manifest(environment, run: LoadRun, status: str) -> None:
     options = environment.parsed_options
     settings = run.phases[0].settings if run.phases else None
-    flags = {
-        k: v
-        for k, v in vars(options).items()
-        if k
-        in (
-            "engine",
-            "engine_url",
-            "scenario",
-            "prompts",
-            "max_tokens",
-            "temperature",
-            "burst_size",
-            "bursts",
-            "burst_pause",
-            "steps",
-            "concurrencies",
-            "duration",
-            "rate",
-            "arrivals",
-            "model",
-            "no_ignore_eos",
-            "http_client",
-            "request_timeout",
-        )
-    }
+    flags = {o.dest: getattr(options, o.dest, None) for o in option_table.for_locust()}
     flags["driver"] = "locust-web-ui" if not options.headless else "locust-headless"
     run.folder.write_manifest(
         build_manifest(
@@ -438,39 +342,93 @@ def _write_manifest(environment, run: LoadRun, status: str) -> None:
 
 
 class ScenarioShape(LoadTestShape):
-    """Users per phase of the chosen scenario: burst = BURST_SIZE users per round, ramp steps, sweep levels, one rate user."""
+    """Users of the current phase: burst = the Number of users at once per round, ramp steps, sweep levels, one rate user.
+
+    A pure reading of the run the conductor steps through: 0 users until `test_start` (fired by that first
+    start) has built the run, None once it is over.
+    """
+
+    use_common_options = True  # the form's Number of users is the burst size
 
     def tick(self):
         environment = self.runner.environment
         run: LoadRun | None = getattr(environment, "servescope_run", None)
-        if run is None or getattr(run, "closed", False):
-            try:
-                run = _start_run(environment)
-            except (ValueError, OSError) as exc:
-                print(f"loadgen: {exc}", file=sys.stderr, flush=True)
-                return None
+        if getattr(environment, "servescope_error", None):
+            return None
+        if run is None or run.closed:
+            return 0, 1.0
+        if run.finished or run.failure:
+            return None
         phase = run.phase
-        master = isinstance(self.runner, MasterRunner)
-        if phase is not None and master and isinstance(phase, ClosedLoopPhase | RatePhase):
-            left = phase.time_left() if isinstance(phase, ClosedLoopPhase) else None
+        if phase is None or run.draining:
+            return 0, 1.0
+        return phase.users, float(phase.users), [USER_CLASSES[phase.user_class]]
+
+
+def _conduct(environment, run: LoadRun) -> None:
+    """On the master (or a single process): each phase in turn until it is done; workers hear of each change."""
+    master = isinstance(environment.runner, MasterRunner)
+    while True:
+        phase = run.advance()
+        if master:
+            environment.runner.send_message(PHASE_MESSAGE, run.index)
+        if phase is None:
+            return
+        timed = master and isinstance(phase, ClosedLoopPhase)  # the master's clock ends the step for every worker
+        sampler: Sampler | None = getattr(environment, "servescope_sampler", None)
+        if sampler is not None:
+            sampler.start(phase.title)  # the engine's gauges into samples.jsonl, as a headless run has them
+        while not phase.done.wait(timeout=CLOCK_CHECK_S if timed and phase.t_start is None else 1.0):
+            if not timed:
+                continue
+            if phase.t_start is None and _dispatched(environment.runner, phase):
+                phase.start_clock()  # from the moment the shape has sent the step's users, not before
+            left = phase.time_left()
             if left is not None and left <= 0:
                 phase.finish_now()
-        if phase is None or phase.done.is_set():
-            phase = run.advance()
-            if master:
-                self.runner.send_message(PHASE_MESSAGE, run.index)
-            if isinstance(phase, ClosedLoopPhase) and master:
-                phase.start_clock()
-        if phase is None:
-            return None
-        return phase.users, float(phase.users), [USER_CLASSES[phase.user_class]]
+        if sampler is not None:
+            sampler.stop()
+        if phase.planner is not None and run.folder is not None:  # the knee: the next load from this one's results
+            follow_up = phase.planner.after(phase, run.folder)
+            if follow_up is not None:
+                run.phases.append(follow_up)
+        if run.index + 1 < len(run.phases) and run.phases[run.index + 1].users < phase.users:
+            _drain(environment, run)
+
+
+def _drain(environment, run: LoadRun, timeout: float = 10.0) -> None:
+    """Stop every (idle) user before a phase with fewer: Locust would stop the surplus ones mid-request of the next."""
+    run.draining = True
+    deadline = time.monotonic() + timeout
+    while environment.runner.user_count > 0 and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    run.draining = False
+
+
+def _dispatched(runner, phase) -> bool:
+    """The master has sent this phase's users to the workers (the shape's next tick does it, within a second)."""
+    return runner.target_user_classes_count.get(phase.user_class, 0) == phase.users
 
 
 @events.init.add_listener
 def _on_init(environment, runner=None, **_kwargs) -> None:
+    if not _ours(environment):
+        return
     options = environment.parsed_options
-    if options is None or not hasattr(options, "scenario"):
-        return  # driven by loadgen.cli, which wires its own run
+    problem = None
+    try:
+        llm.check_geventhttpclient()
+    except llm.HttpClientError as exc:
+        problem = str(exc)
+    if options.http_client not in llm.TRANSPORTS:
+        problem = f"--http-client {options.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}"
+    try:
+        spec = slo.resolve(options.slo, options.slo_attainment)
+    except slo.SloError as exc:
+        problem = str(exc)
+    if problem:
+        print(f"loadgen: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
     if isinstance(runner, WorkerRunner):
 
         def follow_phase(msg, **_kw):
@@ -481,10 +439,19 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
 
         runner.register_message(PHASE_MESSAGE, follow_phase)
         return
+    # The form, filled in: Host = the engine's URL, Number of users = the burst size; a phase starts its users at
+    # once, so the ramp-up shows the same number.
+    if not environment.host:
+        environment.host = options.engine_url or default_url(options.engine)
+        if not options.engine_url:
+            print(f"loadgen: {chosen_url_line(options.engine, environment.host)}", flush=True)
+    if options.num_users is None:
+        options.num_users = options.burst_size
+    options.spawn_rate = options.num_users
     if options.metrics_port:
-        metrics = ClientMetrics()
+        metrics = ClientMetrics(spec=spec)
         try:
-            metrics.serve(options.metrics_port, addr=knobs.get("SERVESCOPE_BIND", "127.0.0.1"))
+            metrics.serve(options.metrics_port, addr=knobs.get("SERVESCOPE_BIND"))
             environment.servescope_metrics = metrics
         except OSError as exc:
             print(
@@ -501,37 +468,75 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
             run.recorder.request(record)
             phase = run.phase_named(record.phase)
             if phase is not None:
-                phase.spans.setdefault(record.phase, _Span()).add(record, record.e2e_s or 0.0)
+                phase.add_worker_record(record)
 
         runner.register_message(RECORD_MESSAGE, store_record)
 
 
 @events.test_start.add_listener
 def _on_test_start(environment, **_kwargs) -> None:
+    if not _ours(environment):
+        return
+    options = environment.parsed_options
     if isinstance(environment.runner, WorkerRunner):
-        options = environment.parsed_options
-        if options is not None and hasattr(options, "scenario"):
-            run = _new_run(environment, ForwardingRecorder(environment.runner))
-            run.follow_master()
-            # The master's "phase 0" message came before this run existed: start on the first phase.
-            run.advance()
-            environment.servescope_run = run
+        runner = environment.runner
+        run = _new_run(environment, ForwardingRecorder(runner))
+        # This worker's share of each user class, as the master dispatched it (known once its users are spawned).
+        run.follow_master(lambda user_class: runner.target_user_classes_count.get(user_class, 0))
+        # The master's "phase 0" message came before this run existed: start on the first phase.
+        run.advance()
+        environment.servescope_run = run
+        return
+    if options.scenario == "burst" and options.num_users:
+        options.burst_size = options.num_users  # the form's Number of users; workers get it with their spawn job
+    environment.servescope_error = None
+    try:
+        option_table.validate(options)  # what the web UI's form sends is text, unchecked by Locust
+        folder = RunFolder.create(options.results)
+        # A folder that stops taking writes ends the test (the run exists before the first record is written).
+        recorder = Recorder(
+            folder=folder,
+            metrics=getattr(environment, "servescope_metrics", None),
+            on_failure=lambda reason: environment.servescope_run.abort(reason),
+        )
+        run = _new_run(environment, recorder, folder)
+    except (ValueError, OSError) as exc:
+        print(f"loadgen: {exc}", file=sys.stderr, flush=True)
+        environment.servescope_error = str(exc)  # the shape's next tick ends the test
+        if options.headless:
+            environment.process_exit_code = 2
+        return
+    _write_manifest(environment, run, "running")
+    recorder.line(f"run folder: {folder.path}")
+    target = run.phases[0].settings.target if run.phases else None
+    environment.servescope_sampler = Sampler.for_run(folder, [(target.kind, target.instance)] if target else [])
+    environment.servescope_run = run
+    environment.servescope_conductor = gevent.spawn(_conduct, environment, run)
 
 
 @events.test_stop.add_listener
 def _on_test_stop(environment, **_kwargs) -> None:
+    conductor = getattr(environment, "servescope_conductor", None)
+    if conductor is not None:
+        conductor.kill()
+        environment.servescope_conductor = None
+    sampler = getattr(environment, "servescope_sampler", None)
+    if sampler is not None:
+        sampler.close()
+        environment.servescope_sampler = None
+    environment.servescope_error = None  # a later START tries again
     run: LoadRun | None = getattr(environment, "servescope_run", None)
-    if run is None or getattr(run, "folder", None) is None or getattr(run, "closed", False):
+    if run is None or run.folder is None or run.closed:
         return
     for phase in run.phases:  # each span once: a no-op for what was written as it finished
         phase.emit()
-    _write_locust_outputs(environment, run.folder.path)
-    _write_manifest(environment, run, "complete" if run.finished else "stopped")
+    if run.recorder.failure is None:  # a folder that refused a record would refuse these too
+        try:
+            write_locust_outputs(environment, run.folder.path)
+            _write_manifest(environment, run, "failed" if run.failure else "complete" if run.finished else "stopped")
+        except OSError as exc:
+            run.abort(f"run folder {run.folder.path}: cannot finish it ({exc.strerror or exc})")
+    if run.failure:
+        print(f"loadgen: {run.failure}; the run stopped, the run folder keeps what finished", file=sys.stderr)
     run.recorder.line(f"run folder: {run.folder.path}")
-    run.closed = True
-
-
-def _write_locust_outputs(environment, folder) -> None:
-    from loadgen.locust_outputs import write_locust_outputs
-
-    write_locust_outputs(environment, folder)
+    run.close()

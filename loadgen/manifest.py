@@ -13,6 +13,7 @@ import psutil
 
 from loadgen.prompts import PromptSet
 from loadgen.targets import Target
+from servescope.urls import redact
 
 
 def machine() -> dict[str, Any]:
@@ -23,6 +24,17 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
     }
+
+
+def _redacted(value: Any) -> Any:
+    """Credentials in any URL of the manifest (an engine's, a flag's, the command line's) replaced by ***."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value
 
 
 def build(
@@ -36,11 +48,12 @@ def build(
     status: str = "running",
     ended_at: float | None = None,
     phases: list[str] | None = None,
+    trials: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything a report needs to say what was run where; status is running -> complete | interrupted."""
     from locust import __version__ as locust_version
 
-    return {
+    manifest = {
         "tool": "servescope-loadgen",
         "command": command,
         "scenario": scenario,
@@ -49,14 +62,26 @@ def build(
         "ended_at": ended_at,
         "started_at_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started_at)),
         "engines": {t.instance: t.manifest() for t in targets},
+        # Each set's kind and how it was made (a workload's lengths, a shared-prefix set's reuse ceiling), then
+        # its prompts; a prompt's own output length where it has one.
         "prompt_sets": {
-            p.name: {"sha256": p.sha256, "prompts": [{"id": x.id, "text": x.text} for x in p.prompts]}
+            p.name: {
+                **p.describe(),
+                "sha256": p.sha256,
+                "prompts": [
+                    {"id": x.id, "text": x.text, **({"max_tokens": x.max_tokens} if x.max_tokens is not None else {})}
+                    for x in p.prompts
+                ],
+            }
             for p in prompt_sets
         },
         "prompt_set": prompt_sets[0].name if prompt_sets else None,
         "prompt_set_sha256": prompt_sets[0].sha256 if prompt_sets else None,
         "flags": flags,
         "phases": phases or [],
+        "trials": trials or {},  # repetitions, isolation, each engine's warm-up (loadgen/trials.py)
         "machine": machine(),
         "locust_version": locust_version,
     }
+    # Prompts are stored as sent (their sha256 is of this text): everything else is redacted.
+    return {k: v if k == "prompt_sets" else _redacted(v) for k, v in manifest.items()}

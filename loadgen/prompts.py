@@ -1,4 +1,8 @@
-"""Prompt sets: the shipped data files (seed4, seed3, mixed), synthetic prompts of a target length, a user's txt/JSONL file."""
+"""Prompt sets: the shipped data files (seed4, seed3, mixed), synthetic prompts of a target length, a user's txt/JSONL file.
+
+The workload kinds (conversation, shared-prefix, dataset, trace) are prompt sets too: `load` hands
+their specs to loadgen/workloads/.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,17 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from loadgen.workloads.turns import SingleTurn
 
 DATA_DIR = Path(__file__).resolve().parent / "prompts"
 SHIPPED = ("seed4", "seed3", "mixed")
-SYNTHETIC = re.compile(r"^synthetic:(\d+)(?:x(\d+))?$")
+SYNTHETIC = re.compile(r"^synthetic:(\d{1,12})(?:x(\d{1,12}))?$")
+# Synthetic sets are built in memory up front: bounded so a typo cannot take the machine's memory.
+MAX_SYNTHETIC_TOKENS = 131_072  # longer than any context the engines here serve
+MAX_SYNTHETIC_COUNT = 100_000
+MAX_SYNTHETIC_WORDS = 4_000_000  # TOKENS x COUNT: about 30 MB of prompt text
 
 # Plain words for synthetic prompts: about one token each for the usual BPE vocabularies.
 _WORDS = (
@@ -29,6 +40,11 @@ class PromptSetError(ValueError):
 class Prompt:
     id: str
     text: str
+    max_tokens: int | None = None  # the output length this prompt asks for (a dataset's, a trace's); None: --max-tokens
+
+    def canonical(self) -> Any:
+        """What the set's hash covers: the text, and the output length when the prompt sets one."""
+        return self.text if self.max_tokens is None else [self.text, self.max_tokens]
 
 
 @dataclass(frozen=True)
@@ -39,8 +55,23 @@ class PromptSet:
     @property
     def sha256(self) -> str:
         """Content hash: two runs used the same set exactly when this matches (ids don't count)."""
-        canonical = json.dumps([p.text for p in self.prompts], ensure_ascii=False, separators=(",", ":"))
+        canonical = json.dumps(self.canonical(), ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def canonical(self) -> Any:
+        return [p.canonical() for p in self.prompts]
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest says about the set beside its prompts: its kind and, for generated sets, how it was made."""
+        return {"kind": "prompts"}
+
+    def source(self, phase) -> SingleTurn:
+        """What turns one phase's work into requests (a conversation set keeps each conversation's history here)."""
+        return SingleTurn()
+
+    def warmup_text(self, index: int) -> str:
+        """The warm-up's prompt: one of the set's own (a set measuring cache reuse sends one that shares nothing)."""
+        return self[index].text
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -50,7 +81,17 @@ class PromptSet:
 
 
 def load(spec: str) -> PromptSet:
-    """seed4 | seed3 | mixed | synthetic:TOKENS[xCOUNT] | path/to/file.txt | path/to/file.jsonl"""
+    """seed4 | seed3 | mixed | synthetic:TOKENS[xCOUNT] | path/to/file.txt | path/to/file.jsonl | a workload kind
+
+    Workload kinds (loadgen/workloads/): conversation[:NAME|FILE], shared-prefix[:P,L,S[,Q]],
+    dataset[:NAME|FILE[,options]], trace[:NAME|FILE].
+    """
+    from loadgen import workloads
+
+    if workloads.is_workload(spec):
+        return workloads.load(spec)
+    if spec.startswith("synthetic:") and not SYNTHETIC.match(spec):
+        raise PromptSetError(f"prompt set {spec!r}: expected synthetic:TOKENS[xCOUNT], e.g. synthetic:256x16")
     if spec in SHIPPED:
         path = next(DATA_DIR.glob(f"{spec}.*"))
         return _from_file(path, name=spec)
@@ -60,22 +101,35 @@ def load(spec: str) -> PromptSet:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise PromptSetError(
-            f"prompt set {spec!r}: not one of {', '.join(SHIPPED)}, synthetic:TOKENS[xCOUNT], or a readable file"
+            f"prompt set {spec!r}: not one of {', '.join(SHIPPED)}, synthetic:TOKENS[xCOUNT], "
+            f"{', '.join(workloads.KINDS)}[:...], or a readable file"
         )
     return _from_file(path, name=path.stem)
 
 
 def synthetic(tokens: int, count: int = 8, seed: int = 0) -> PromptSet:
     """COUNT prompts of about TOKENS input tokens each (deterministic, so the hash is stable)."""
-    if tokens < 1 or count < 1:
-        raise PromptSetError("synthetic prompts need TOKENS >= 1 and COUNT >= 1")
+    if not (1 <= tokens <= MAX_SYNTHETIC_TOKENS and 1 <= count <= MAX_SYNTHETIC_COUNT):
+        raise PromptSetError(
+            f"synthetic:{tokens}x{count}: TOKENS from 1 to {MAX_SYNTHETIC_TOKENS}, COUNT from 1 to {MAX_SYNTHETIC_COUNT}"
+        )
+    if tokens * count > MAX_SYNTHETIC_WORDS:
+        raise PromptSetError(
+            f"synthetic:{tokens}x{count}: at most {MAX_SYNTHETIC_WORDS} words in all (TOKENS x COUNT), "
+            f"got {tokens * count}"
+        )
     rng = random.Random(seed)
     prompts = []
     for i in range(count):
         # The instruction sits in front so every prompt asks for an answer of the same kind.
-        words = ["Summarise:"] + [rng.choice(_WORDS) for _ in range(max(0, tokens - 1))]
-        prompts.append(Prompt(id=f"synthetic-{tokens}-{i + 1}", text=" ".join(words)))
+        text = " ".join(filter(None, ("Summarise:", filler(tokens - 1, rng))))
+        prompts.append(Prompt(id=f"synthetic-{tokens}-{i + 1}", text=text))
     return PromptSet(name=f"synthetic-{tokens}x{count}", prompts=tuple(prompts))
+
+
+def filler(words: int, rng: random.Random) -> str:
+    """WORDS plain words drawn with `rng`: about one token each (the synthetic sets' and the workloads' text)."""
+    return " ".join(rng.choice(_WORDS) for _ in range(max(0, words)))
 
 
 def _from_file(path: Path, name: str) -> PromptSet:

@@ -2,43 +2,58 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TextIO
 
 from loadgen.client_metrics import ClientMetrics
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope import hostnoise
+from servescope.runfolder import PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder
 
 RECORD_MESSAGE = "servescope_record"  # worker -> master: one RequestRecord as JSON
 
 
 class Recorder:
+    """Appends each record as it finishes. A run folder that stops taking writes (permissions, a full disk) ends
+    the writing, not the process: `on_failure` hears why once, and what was written before stays as it is."""
+
     def __init__(
         self,
         folder: RunFolder | None = None,
         metrics: ClientMetrics | None = None,
         out: TextIO | None = sys.stdout,
         t0: float | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ):
         self.folder = folder
         self.metrics = metrics
         self.out = out
         self.t0 = time.monotonic() if t0 is None else t0
         self.tokens: dict[tuple[str, str], int] = defaultdict(int)
-        self.counts = {"ok": 0, "failed": 0}
+        self.on_failure = on_failure
+        self.annotate: Callable[[PhaseRecord], None] | None = None  # adds the host's noise before a phase is written
+        self.failure: str | None = None
+
+    def _append(self, write: Callable[[], None], name: str) -> None:
+        if self.folder is None or self.failure is not None:
+            return
+        try:
+            write()
+        except OSError as exc:
+            self.failure = f"run folder {self.folder.path}: cannot write {name} ({exc.strerror or exc})"
+            if self.on_failure is not None:
+                self.on_failure(self.failure)
 
     def line(self, text: str) -> None:
         if self.out is not None:
             print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", file=self.out, flush=True)
 
     def request(self, record: RequestRecord) -> None:
-        if self.folder is not None:
-            self.folder.append_request(record)
+        self._append(lambda: self.folder.append_request(record), REQUESTS)
         if self.metrics is not None:
             self.metrics.observe(record)
-        self.counts["ok" if record.ok else "failed"] += 1
         if record.ok and record.output_tokens:
             self.tokens[(record.instance, record.phase)] += record.output_tokens
         ttft = f"{record.ttft_s:.3f}s" if record.ttft_s is not None else "-"
@@ -50,22 +65,24 @@ class Recorder:
         )
 
     def phase(self, record: PhaseRecord) -> None:
-        if self.folder is not None:
-            self.folder.append_phase(record)
+        if self.annotate is not None:
+            self.annotate(record)
+        self._append(lambda: self.folder.append_phase(record), PHASES)
         tokens = self.tokens.get((record.instance, record.phase), 0)
         rate = tokens / record.wall_s if record.wall_s > 0 else 0.0
+        noise = ""
+        if record.noise is not None:
+            noise = "; " + "; ".join(
+                [hostnoise.describe(record.noise), *hostnoise.flags(record.noise, record.instance)]
+            )
         self.line(
             f"{record.instance} {record.phase} done: {record.requests} requests, wall {record.wall_s:.3f}s, "
-            f"{tokens} tokens, {rate:.1f} tok/s"
+            f"{tokens} tokens, {rate:.1f} tok/s{noise}"
         )
 
     def users(self, engine: str, scenario: str, users: int) -> None:
         if self.metrics is not None:
             self.metrics.set_users(engine, scenario, users)
-
-    def write_record_json(self, text: str) -> None:
-        """A record forwarded by a distributed worker."""
-        self.request(RequestRecord.from_dict(json.loads(text)))
 
 
 class ForwardingRecorder(Recorder):

@@ -8,9 +8,9 @@ iteration: sends go out within a millisecond or two, where `curl ... &` spawns p
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -19,9 +19,11 @@ from gevent.event import Event
 
 from loadgen.prompts import Prompt, PromptSet
 from loadgen.targets import Target
-from servescope.runfolder import PhaseRecord, RequestRecord
+from servescope import knobs
+from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
 
-SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep")
+SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep", "replay", "knee")
+MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
 
 
 @dataclass
@@ -30,9 +32,10 @@ class Settings:
 
     target: Target
     prompt_set: PromptSet
-    max_tokens: int = 48
-    temperature: float = 0.0
-    timeout_s: float = 120.0
+    max_tokens: int
+    temperature: float
+    timeout_s: float  # REQUEST_TIMEOUT unless the user says otherwise
+    think_s: float = 0.0  # a conversation's pause between an answer and its next turn (--think-time)
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Work:
     prompt: Prompt
     phase_name: str  # for bursts the round: burst-1, burst-2, ...
     arrival_index: int | None = None
+    scheduled_at: float | None = None  # open loop: epoch seconds the schedule said to send it
 
 
 class _Span:
@@ -60,16 +64,41 @@ class _Span:
 class Phase:
     scenario = ""
     user_class = "ClosedLoopUser"
+    planner = None  # a search that picks the next phase from this one's results (loadgen/knee.py)
+    level: float | None = None  # the load the planner asked of this phase
 
-    def __init__(self, settings: Settings, name: str, users: int):
+    def __init__(self, settings: Settings, name: str, users: int, repetition: int = 1, attempt: int = 1):
         self.settings = settings
         self.name = name
         self.users = users
+        self.repetition, self.attempt = repetition, attempt  # which pass and which run of it (PhaseRecord)
         self.done = Event()
         self.in_flight = 0
         self.spans: dict[str, _Span] = {}
         self.emitted: set[str] = set()
-        self.recorder = None  # set by LoadRun when the phase becomes current
+        self.recorder = None  # where PhaseRecords go, from begin()
+        self.received = 0  # records from distributed workers (on the master)
+        self.sessions: int | None = users  # conversations a conversation set keeps open at once (None: open loop)
+        self._source = None
+
+    def label(self, name: str) -> str:
+        """A span's recorded name: unique across repetitions and attempts ("burst-1#2")."""
+        return trial_phase_name(name, self.repetition, self.attempt)
+
+    @property
+    def title(self) -> str:
+        return self.label(self.name)
+
+    @property
+    def source(self):
+        """What turns this phase's work into requests: the prompt set's per-phase state (a conversation's history)."""
+        if self._source is None:
+            self._source = self.settings.prompt_set.source(self)
+        return self._source
+
+    def begin(self, recorder) -> None:
+        """The phase becomes current: its finished spans go to `recorder`."""
+        self.recorder = recorder
 
     # -- work hand-out (called from user greenlets) --
     def next_work(self) -> Work | None:
@@ -77,8 +106,25 @@ class Phase:
 
     def finished(self, work: Work, record: RequestRecord, elapsed_s: float) -> None:
         self.in_flight -= 1
-        self.spans.setdefault(work.phase_name, _Span()).add(record, elapsed_s)
+        self.add_record(record, elapsed_s)
         self._check_done()
+
+    def add_record(self, record: RequestRecord, elapsed_s: float) -> None:
+        """Widen the span of the record's phase (or burst round)."""
+        self.spans.setdefault(record.phase, _Span()).add(record, elapsed_s)
+
+    def expected_requests(self) -> int | None:
+        """How many requests the phase sends in all, when that is known up front (not for timed phases)."""
+        return None
+
+    def add_worker_record(self, record: RequestRecord) -> None:
+        """On a distributed master, which sends nothing itself: a record a worker measured; the last one ends a
+        phase of known size."""
+        self.add_record(record, record.e2e_s or 0.0)
+        self.received += 1
+        expected = self.expected_requests()
+        if expected is not None and self.received >= expected:
+            self.done.set()
 
     def _check_done(self) -> None:
         if self.exhausted() and self.in_flight == 0:
@@ -115,13 +161,15 @@ class Phase:
                 prompt_set=s.prompt_set.name,
                 prompt_set_sha256=s.prompt_set.sha256,
                 max_tokens=s.max_tokens,
+                repetition=self.repetition,
+                attempt=self.attempt,
             )
             for name, span in self.spans.items()
             if span.started_at is not None
         ]
 
     def describe(self) -> str:
-        return f"{self.settings.target.instance} {self.name}: {self.users} user(s)"
+        return f"{self.settings.target.instance} {self.title}: {self.users} user(s)"
 
 
 class SequentialPhase(Phase):
@@ -130,20 +178,36 @@ class SequentialPhase(Phase):
     scenario = "sequential"
     user_class = "SequentialUser"
 
-    def __init__(self, settings: Settings, name: str = "sequential", repeat: int = 1, count: int | None = None):
-        super().__init__(settings, name, users=1)
+    def __init__(
+        self,
+        settings: Settings,
+        name: str = "sequential",
+        repeat: int = 1,
+        count: int | None = None,
+        repetition: int = 1,
+        attempt: int = 1,
+    ):
+        super().__init__(settings, name, users=1, repetition=repetition, attempt=attempt)
         # `count` sends the first COUNT prompts, cycling, exactly as a burst of COUNT does: the matched set.
-        count = len(settings.prompt_set.prompts) * repeat if count is None else count
-        self.queue = deque(Work(settings.prompt_set[i], name) for i in range(count))
+        if count is not None:
+            self.sessions = count  # a conversation set plays the burst's conversations, one request at a time
+        # Handed out one at a time (nothing queued up front: the memory of a run does not grow with its length).
+        self.count = len(settings.prompt_set.prompts) * repeat if count is None else count
+        self.issued = 0
 
     def next_work(self) -> Work | None:
-        if not self.queue:
+        if self.exhausted():
             return None
+        work = Work(self.settings.prompt_set[self.issued], self.title)
+        self.issued += 1
         self.in_flight += 1
-        return self.queue.popleft()
+        return work
 
     def exhausted(self) -> bool:
-        return not self.queue
+        return self.issued >= self.count
+
+    def expected_requests(self) -> int:
+        return self.count
 
 
 class BurstPhase(Phase):
@@ -152,21 +216,40 @@ class BurstPhase(Phase):
     scenario = "burst"
     user_class = "BurstUser"
 
-    def __init__(self, settings: Settings, size: int, rounds: int = 1, pause_s: float = 1.0, name: str = "burst"):
-        super().__init__(settings, name, users=size)
+    def __init__(
+        self,
+        settings: Settings,
+        size: int,
+        rounds: int = 1,
+        pause_s: float = 1.0,
+        name: str = "burst",
+        repetition: int = 1,
+        attempt: int = 1,
+    ):
+        super().__init__(settings, name, users=size, repetition=repetition, attempt=attempt)
         self.size, self.rounds, self.pause_s = size, rounds, pause_s
         self.round = 0  # rounds released so far
         self.arrived = 0
         self.next_index = 0
         self.gate = Event()
         self.last_round_end: float | None = None
+        # On a distributed worker only some of the SIZE users run here: the barrier waits for those (a callable,
+        # since the master's split is known once the users are dispatched).
+        self.local_users: Callable[[], int] | None = None
+
+    def expected_requests(self) -> int:
+        return self.size * self.rounds
+
+    def barrier(self) -> int:
+        """How many users a round waits for in this process."""
+        return self.size if self.local_users is None else max(1, min(self.size, self.local_users()))
 
     def next_work(self) -> Work | None:
         if self.round >= self.rounds:
             return None
         round_no = self.round
         self.arrived += 1
-        if self.arrived < self.size:
+        if self.arrived < self.barrier():
             self.gate.wait()
         else:
             # The last user in: every request of the previous round has finished (all users are here).
@@ -180,7 +263,7 @@ class BurstPhase(Phase):
         index = self.next_index
         self.next_index += 1
         self.in_flight += 1
-        return Work(self.settings.prompt_set[index], f"{self.name}-{round_no + 1}", arrival_index=index)
+        return Work(self.settings.prompt_set[index], self.label(f"{self.name}-{round_no + 1}"), arrival_index=index)
 
     def finished(self, work: Work, record: RequestRecord, elapsed_s: float) -> None:
         self.last_round_end = time.monotonic()
@@ -192,7 +275,7 @@ class BurstPhase(Phase):
         return self.round >= self.rounds
 
     def describe(self) -> str:
-        return f"{self.settings.target.instance} {self.name}: {self.size} at once x {self.rounds}"
+        return f"{self.settings.target.instance} {self.title}: {self.size} at once x {self.rounds}"
 
 
 class ClosedLoopPhase(Phase):
@@ -259,8 +342,12 @@ class RatePhase(Phase):
         poisson: bool = False,
         max_in_flight: int = 256,
         seed: int = 0,
+        name: str | None = None,
+        scenario: str = "rate",
     ):
-        super().__init__(settings, f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
+        super().__init__(settings, name or f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
+        self.sessions = None
+        self.scenario = scenario
         if rate <= 0:
             raise ValueError("--rate must be > 0")
         if duration_s is None and requests is None:
@@ -274,8 +361,13 @@ class RatePhase(Phase):
         self.slot_free = Event()
 
     def arrivals(self) -> Iterator[Work]:
-        """Yields work at its scheduled instant (absolute schedule: a slow send never delays the next arrival)."""
+        """Yields work at its scheduled instant (absolute schedule: a slow send never delays the next arrival).
+
+        Each work carries that instant (`scheduled_at`, epoch seconds): when the client falls behind (its own
+        in-flight ceiling, a busy CPU), the send comes later than the schedule and the report counts the wait.
+        """
         t0 = time.monotonic()
+        epoch0 = time.time()
         due = t0
         while not self.stopped:
             if self.max_requests is not None and self.issued >= self.max_requests:
@@ -286,7 +378,12 @@ class RatePhase(Phase):
             while self.in_flight >= self.max_in_flight:  # the client's own ceiling: bounded memory
                 self.slot_free.clear()
                 self.slot_free.wait(1.0)
-            work = Work(self.settings.prompt_set[self.issued], self.name, arrival_index=self.issued)
+            work = Work(
+                self.settings.prompt_set[self.issued],
+                self.name,
+                arrival_index=self.issued,
+                scheduled_at=epoch0 + (due - t0),
+            )
             self.issued += 1
             self.in_flight += 1
             yield work
@@ -308,14 +405,28 @@ class RatePhase(Phase):
 class LoadRun:
     """The phases of one run in order, the current one, and where finished records go."""
 
-    def __init__(self, phases: list[Phase], recorder, warmup: dict[str, int] | None = None):
+    draining = False  # the load shape asks for 0 users between two phases (loadgen/locustfile.py's conductor)
+
+    def __init__(
+        self,
+        phases: list[Phase],
+        recorder,
+        *,
+        folder: RunFolder | None = None,
+        started_at: float | None = None,
+        emit_on_advance: bool = True,
+    ):
         self.phases = phases
         self.recorder = recorder
+        self.folder = folder  # the run folder this process writes (None on a distributed worker)
+        self.started_at = time.time() if started_at is None else started_at
+        # A distributed master hears of late records after a phase moved on: it writes PhaseRecords at the end.
+        self.emit_on_advance = emit_on_advance
         self.index = -1
         self.changed = Event()
-        self.warmup = warmup or {}
-        # A distributed master hears of late records after a phase moved on: it writes PhaseRecords at the end.
-        self.emit_on_advance = True
+        self.closed = False  # its folder is finished: manifest, Locust's files
+        self.failure: str | None = None  # why the run was stopped early by something other than the user
+        self.aborted = Event()
 
     @property
     def phase(self) -> Phase | None:
@@ -323,6 +434,37 @@ class LoadRun:
 
     def advance(self) -> Phase | None:
         """Close the current phase (its PhaseRecords are written) and make the next one current."""
+        current = self._close_current()
+        self.index += 1
+        self._changed()
+        nxt = self.phase
+        if nxt is not None:
+            nxt.begin(self.recorder)
+            self.recorder.line(f"phase {nxt.describe()}")
+            self.recorder.users(nxt.settings.target.kind, nxt.scenario, nxt.users)
+        if current is not None and (nxt is None or nxt.scenario != current.scenario):
+            self.recorder.users(current.settings.target.kind, current.scenario, 0)
+        return nxt
+
+    def finish(self) -> None:
+        """End the run where it stands: the current phase keeps what finished, the ones after it never start."""
+        current = self._close_current()
+        self.index = len(self.phases)
+        self._changed()
+        if current is not None:
+            self.recorder.users(current.settings.target.kind, current.scenario, 0)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self, reason: str) -> None:
+        """Stop the run for `reason` (the first one is kept): whoever drives the run ends it and says why."""
+        if self.failure is None:
+            self.failure = " ".join(reason.split())
+        self.aborted.set()
+        self._changed()
+
+    def _close_current(self) -> Phase | None:
         current = self.phase
         if current is not None:
             if self.emit_on_advance:
@@ -331,17 +473,11 @@ class LoadRun:
                 current.stopped = True
             if isinstance(current, ClosedLoopPhase):
                 current.closed = True
-        self.index += 1
+        return current
+
+    def _changed(self) -> None:
         changed, self.changed = self.changed, Event()
         changed.set()
-        nxt = self.phase
-        if nxt is not None:
-            nxt.recorder = self.recorder
-            self.recorder.line(f"phase {nxt.describe()}")
-            self.recorder.users(nxt.settings.target.kind, nxt.scenario, nxt.users)
-        if current is not None and (nxt is None or nxt.scenario != current.scenario):
-            self.recorder.users(current.settings.target.kind, current.scenario, 0)
-        return nxt
 
     def phase_named(self, name: str) -> Phase | None:
         """The phase a record belongs to (burst rounds are named <phase>-<round>)."""
@@ -350,11 +486,14 @@ class LoadRun:
                 return phase
         return None
 
-    def follow_master(self) -> None:
-        """On a distributed worker: phases end when the master says so, not by a local clock."""
+    def follow_master(self, local_users: Callable[[str], int]) -> None:
+        """On a distributed worker: phases end when the master says so, not by a local clock, and a burst's barrier
+        waits for the users of its user class that run here (`local_users(class name)`)."""
         for phase in self.phases:
             if isinstance(phase, ClosedLoopPhase):
                 phase.duration_s, phase.max_requests = None, None
+            if isinstance(phase, BurstPhase):
+                phase.local_users = functools.partial(local_users, phase.user_class)
 
     def wait_for_change(self, timeout: float = 1.0) -> None:
         self.changed.wait(timeout)
@@ -378,33 +517,41 @@ def closed_loop_steps(
 
 
 def parse_levels(text: str, what: str) -> list[int]:
+    """`1,2,4`: the users of each step or level, each from 1 to MAX_USERS."""
     try:
         levels = [int(x) for x in str(text).replace(" ", "").split(",") if x]
     except ValueError:
         raise ValueError(f"{what}: expected a comma-separated list of integers, got {text!r}") from None
-    if not levels or any(n < 1 for n in levels):
-        raise ValueError(f"{what}: expected positive integers, got {text!r}")
+    if not levels or any(not 1 <= n <= MAX_USERS for n in levels):
+        raise ValueError(f"{what}: expected user counts from 1 to {MAX_USERS}, got {text!r}")
     return levels
 
 
 def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
-    """The phases of one scenario for one engine, from CLI/web-UI options (same names in both)."""
+    """The phases of one scenario for one engine, from CLI/web-UI options (loadgen.options: the same names in both)."""
     if scenario == "sequential":
-        return [SequentialPhase(settings, repeat=max(1, int(getattr(options, "repeat", 1) or 1)))]
+        return [SequentialPhase(settings, repeat=int(options.repeat))]
     if scenario == "burst":
         return [
             BurstPhase(
                 settings, size=int(options.burst_size), rounds=int(options.bursts), pause_s=float(options.burst_pause)
             )
         ]
-    duration = float(options.duration) if getattr(options, "duration", None) else None
-    requests = int(options.requests) if getattr(options, "requests", None) else None
+    # The web UI hands back an empty field as "": no bound of that kind.
+    duration = float(options.duration) if options.duration not in (None, "") else None
+    requests = int(options.requests) if options.requests not in (None, "") else None
+    if duration is None and requests is None:
+        duration = float(knobs.get("LOADGEN_DURATION"))
     if scenario == "ramp":
         return closed_loop_steps(settings, parse_levels(options.steps, "--steps"), duration, requests, "ramp")
     if scenario == "sweep":
         return closed_loop_steps(
             settings, parse_levels(options.concurrencies, "--concurrencies"), duration, requests, "sweep"
         )
+    if scenario == "replay":
+        from loadgen.workloads.trace import replay_phase
+
+        return [replay_phase(settings, options)]
     if scenario == "rate":
         return [
             RatePhase(
@@ -413,14 +560,16 @@ def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
                 duration_s=duration,
                 requests=requests,
                 poisson=(options.arrivals == "poisson"),
+                max_in_flight=int(options.max_in_flight),
             )
         ]
+    if scenario == "knee":
+        from loadgen.knee import KneeSearch  # the search builds phases of this module
+
+        return [KneeSearch(settings, options, duration, requests).first()]
     raise ValueError(f"unknown scenario {scenario!r}: expected one of {', '.join(SCENARIOS)}")
 
 
 def spawn_rate_for(phase: Phase) -> float:
     # All users of a phase at once: the barrier / the phase itself does the pacing, not Locust's ramp-up.
     return float(max(1, phase.users))
-
-
-Progress = Callable[[str], None]

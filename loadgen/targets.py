@@ -8,9 +8,8 @@ from urllib.parse import urlsplit
 
 import requests
 
-from servescope import engines, knobs
-
-PROBE_TIMEOUT_S = 5.0
+from servescope import engine_identity, engines, knobs
+from servescope.urls import parse_http_url, redact
 
 
 class TargetError(ValueError):
@@ -26,6 +25,7 @@ class Target:
     chat_path: str
     model: str = ""
     ignore_eos: bool | None = None  # None: the engine does not accept it (recorded as unavailable)
+    url_from: str | None = None  # where the URL came from when --engine gave none: the knob that set it
     info: dict[str, Any] = field(default_factory=dict)  # what the engine reported about itself
 
     @property
@@ -36,11 +36,12 @@ class Target:
     def manifest(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "url": self.url,
+            "url": redact(self.url),
             "api": self.api,
             "chat_path": self.chat_path,
             "model": self.model,
             "ignore_eos": "unavailable" if self.ignore_eos is None else self.ignore_eos,
+            "url_from": self.url_from or "--engine",
             **self.info,
         }
 
@@ -52,19 +53,21 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     try:
         kind = engines.kind(kind_name)
     except ValueError as exc:
-        raise TargetError(f"--engine {spec!r}: {exc}") from None
+        raise TargetError(f"--engine {redact(spec)!r}: {exc}") from None
+    url_from = None
     if not sep:
-        url = knobs.get(kind.url_env, "") or kind.default_url()
+        url, url_from = default_url(kind.name), default_url_source(kind.name)
     url = url.strip().rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise TargetError(f"--engine {spec!r}: expected NAME=http://HOST:PORT")
+    try:
+        parts = parse_http_url(url)
+    except ValueError as exc:
+        raise TargetError(f"--engine {redact(spec)!r}: {exc}") from None
     api, chat_path = kind.api, kind.chat_path
     if parts.path.endswith("/v1"):
         # Ollama's (or any engine's) OpenAI-compatible API under /v1.
         api, chat_path = "openai", "/chat/completions"
     elif parts.path:
-        raise TargetError(f"--engine {spec!r}: the URL takes no path other than /v1")
+        raise TargetError(f"--engine {redact(spec)!r}: the URL takes no path other than /v1")
     return Target(
         kind=kind.name,
         instance=f"{kind.name}:{label}" if label else kind.name,
@@ -72,72 +75,47 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
         api=api,
         chat_path=chat_path,
         ignore_eos=(ignore_eos if kind.accepts_ignore_eos else None),
+        url_from=url_from,
     )
 
 
-def _get_json(session: requests.Session, url: str) -> Any:
-    resp = session.get(url, timeout=PROBE_TIMEOUT_S)
-    resp.raise_for_status()
-    return resp.json()
+def default_url(kind_name: str) -> str:
+    """Where an engine of this kind is when no URL is given: its *_URL knob, else its default port on 127.0.0.1."""
+    kind = engines.kind(kind_name)
+    return knobs.get(kind.url_env, "") or kind.default_url()
+
+
+def default_url_source(kind_name: str) -> str:
+    """The knob default_url() read: the kind's *_URL when set, else its *_PORT."""
+    kind = engines.kind(kind_name)
+    return kind.url_env if knobs.get(kind.url_env, "") else kind.port_env
+
+
+def chosen_url_line(kind_name: str, url: str) -> str:
+    """What to tell the user when an engine URL was not given: which one is used, and which knob chose it."""
+    kind = engines.kind(kind_name)
+    url = redact(url)
+    if default_url_source(kind_name) == kind.url_env:
+        return f"{kind_name}: no engine URL given, using {url} (from {kind.url_env})"
+    return f"{kind_name}: no engine URL given, using {url} ({kind.port_env} on 127.0.0.1; {kind.url_env} is not set)"
 
 
 def probe(target: Target, model_override: str | None = None, session: requests.Session | None = None) -> Target:
-    """Ask the engine its version, models and serving settings; fill target.model and target.info.
+    """Ask the engine its version, models and serving settings (servescope.engine_identity); fill target.model and
+    target.info.
 
     Never raises: an engine that doesn't answer is recorded as such and the run goes on.
     """
-    session = session or requests.Session()
-    root = target.root_url
-    info: dict[str, Any] = {"version": None, "models": []}
-    errors: list[str] = []
-
-    def attempt(what: str, fn) -> None:
-        try:
-            fn()
-        except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError) as exc:
-            errors.append(f"{what}: {' '.join(str(exc).split())[:160]}")
-
-    if target.kind == "ollama":
-
-        def version():
-            info["version"] = _get_json(session, f"{root}/api/version")["version"]
-
-        def tags():
-            info["models"] = [m["name"] for m in _get_json(session, f"{root}/api/tags").get("models", [])]
-
-        attempt("/api/version", version)
-        attempt("/api/tags", tags)
-    else:
-
-        def models():
-            data = _get_json(session, f"{root}/v1/models").get("data", [])
-            info["models"] = [m["id"] for m in data]
-            if data and data[0].get("max_model_len"):
-                info.setdefault("settings", {})["max_model_len"] = data[0]["max_model_len"]
-
-        attempt("/v1/models", models)
-        if target.kind == "vllm":
-
-            def version():
-                info["version"] = _get_json(session, f"{root}/version")["version"]
-
-            attempt("/version", version)
-        elif target.kind == "llamacpp":
-
-            def props():
-                data = _get_json(session, f"{root}/props")
-                info["version"] = data.get("build_info") or data.get("version")
-                settings = info.setdefault("settings", {})
-                for key in ("total_slots", "model_path", "n_ctx"):
-                    if key in data:
-                        settings[key] = data[key]
-                n_ctx = (data.get("default_generation_settings") or {}).get("n_ctx")
-                if n_ctx is not None:
-                    settings["n_ctx"] = n_ctx
-
-            attempt("/props", props)
-    if errors:
-        info["probe_errors"] = errors
+    identity = engine_identity.probe(target.kind, target.root_url, session=session)
+    info: dict[str, Any] = {"version": identity.version, "models": list(identity.models)}
+    settings = dict(identity.settings)
+    max_model_len = next(iter(identity.models.values()), None)
+    if target.kind != "ollama" and max_model_len:
+        settings["max_model_len"] = max_model_len
+    if settings:
+        info["settings"] = settings
+    if identity.errors:
+        info["probe_errors"] = [f"{path}: {reason}" for path, reason in identity.errors.items()]
     target.info = info
     if model_override:
         target.model = model_override

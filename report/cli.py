@@ -8,8 +8,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from report import load, table
-from servescope import knobs
+from report import load, table, tuning
+from servescope import knobs, slo
+from servescope.thresholds import NoiseRule
 
 
 def default_prometheus_url() -> str:
@@ -33,6 +34,11 @@ def parser() -> argparse.ArgumentParser:
         help="Prometheus for the gauges (default: http://127.0.0.1:${PROMETHEUS_PORT})",
     )
     p.add_argument(
+        "--slo",
+        metavar="SPEC",
+        help="judge goodput against these SLOs instead of the run's own (servescope/slo.py: e.g. ttft_p95<=0.5)",
+    )
+    p.add_argument(
         "--table-only", action="store_true", help="print the seed's comparison table to the terminal and write nothing"
     )
     return p
@@ -43,7 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     run = baseline = None
     started = time.monotonic()
     try:
+        NoiseRule.current()  # the rule that flags phases is knobs: a bad one is one line
+    except ValueError as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return 2
+    try:
         path = load.resolve(args.run, args.results)
+        if tuning.is_tune_folder(path):  # a `make tune` folder: its trajectory (each step's runs report alone)
+            written = tuning.write(path)
+            print(f"report: wrote {', '.join(p.name for p in written)} for the tune in {path}", file=sys.stderr)
+            print(path / "report.html")
+            return 0
         if args.table_only:
             run = load.load(path)
             sys.stdout.write(table.render_text(table.build(run), run.run_id))
@@ -62,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             f"querying {url} and drawing plots",
             file=sys.stderr,
         )
-        doc, numbers = sections.build(run, url, baseline)
+        doc, numbers = sections.build(run, url, baseline, slo_spec=args.slo)
         written = render.write(run.path, doc, numbers)
-    except load.RunError as exc:
+    except (load.RunError, slo.SloError) as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -41,6 +41,7 @@ class CrossCheck:
     client_e2e_mean_s: float | None = None
     client_ttft_mean_s: float | None = None
     engine_first_token_mean_s: float | None = None  # what the engine says it spent before the first token
+    histogram_means_s: dict[str, float] = field(default_factory=dict)  # vLLM: queue, prefill, decode, server_e2e
     cold_loads: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -56,6 +57,7 @@ _STATS = json.dumps(
     {
         **{k: "JSON" for key in _OLLAMA_KEYS for k in (f"{key}_ns", key)},
         **{k: "JSON" for k in _LLAMACPP_KEYS},
+        "eval_count": "JSON",
         "timings": {k: "JSON" for k in _LLAMACPP_KEYS},
     }
 )
@@ -72,26 +74,46 @@ def _ns(key: str) -> str:
     return f"coalesce({_number(f's.{key}_ns')}, {_number(f's.{key}')}) / 1e9"
 
 
-def _timing(key: str, integer: bool = False) -> str:
+def timing(key: str, integer: bool = False) -> str:
     """SQL: a llama.cpp timing, from its `timings` object, or from the top level when there is none."""
     return f"CASE WHEN s.timings IS NOT NULL THEN {_number(f's.timings.{key}', integer)} ELSE {_number(f's.{key}', integer)} END"
 
 
-def _fmean(values: np.ndarray) -> float:
+# An engine's own numbers for one request, in seconds, as SQL over the parsed stats `s` (one rule each, used by the
+# cross-check, the TTFT split and the noise check alike). NULL where the record does not hold them.
+OLLAMA_TOTAL = _ns("total_duration")
+OLLAMA = {
+    "total": OLLAMA_TOTAL,
+    "load": f"coalesce({_ns('load_duration')}, 0.0)",
+    "prompt": f"coalesce({_ns('prompt_eval_duration')}, 0.0)",
+    "generation": f"coalesce({_ns('eval_duration')}, 0.0)",
+}
+LLAMACPP_PROMPT, LLAMACPP_GENERATION = f"{timing('prompt_ms')} / 1000.0", f"{timing('predicted_ms')} / 1000.0"
+HAS_LLAMACPP = f"{timing('prompt_ms')} IS NOT NULL AND {timing('predicted_ms')} IS NOT NULL"
+# What a request cost the engine: its own timing when it reports one (llama.cpp: prompt + generation; Ollama:
+# total_duration), else the client's E2E.
+REQUEST_TIME = (
+    f"CASE WHEN {HAS_LLAMACPP} THEN {LLAMACPP_PROMPT} + {LLAMACPP_GENERATION} ELSE coalesce({OLLAMA_TOTAL}, e2e_s) END"
+)
+
+
+def fmean(values: np.ndarray) -> float:
     return math.fsum(values.tolist()) / len(values)  # statistics.fmean: the exact sum over n
 
 
 def _mean(values: np.ndarray) -> float | None:
     values = values[np.isfinite(values)]
-    return _fmean(values) if len(values) else None
+    return fmean(values) if len(values) else None
 
 
-def _columns(run: Run, where: str, params: list, **exprs: str) -> dict[str, np.ndarray]:
-    """Per-request expressions over one engine's requests (s: their parsed stats), in the report's order."""
-    sql = (
-        f"SELECT {', '.join(f'{e} AS {k}' for k, e in exprs.items())} FROM (SELECT *, "
-        f"from_json(engine_stats, '{_STATS}') AS s FROM requests) WHERE {where} ORDER BY {query.ORDER}"
-    )
+# The requests with their engine stats parsed once (as `s`), for the expressions above.
+PARSED = f"(SELECT *, from_json(engine_stats, '{_STATS}') AS s FROM requests)"
+
+
+def columns(run: Run, where: str, params: list, **exprs: str) -> dict[str, np.ndarray]:
+    """Per-request expressions over the requests meeting where (s: their parsed stats), in the report's order;
+    NULL numbers read as NaN."""
+    sql = f"SELECT {', '.join(f'{e} AS {k}' for k, e in exprs.items())} FROM {PARSED} WHERE {where} ORDER BY {query.ORDER}"
     data = run.con.execute(sql, params).fetchnumpy()
     return {
         k: v.astype(float).filled(np.nan) if isinstance(v, np.ma.MaskedArray) and v.dtype.kind in "iuf" else v
@@ -100,16 +122,16 @@ def _columns(run: Run, where: str, params: list, **exprs: str) -> dict[str, np.n
 
 
 def ollama(run: Run, instance: str) -> CrossCheck:
-    c = _columns(
+    c = columns(
         run,
-        f"ok AND instance = ? AND {_ns('total_duration')} IS NOT NULL AND e2e_s IS NOT NULL",
+        f"ok AND instance = ? AND {OLLAMA_TOTAL} IS NOT NULL AND e2e_s IS NOT NULL",
         [instance],
         e2e="e2e_s",
         ttft="ttft_s",
-        total=_ns("total_duration"),
-        load=f"coalesce({_ns('load_duration')}, 0.0)",
-        pe=f"coalesce({_ns('prompt_eval_duration')}, 0.0)",
-        ev=f"coalesce({_ns('eval_duration')}, 0.0)",
+        total=OLLAMA["total"],
+        load=OLLAMA["load"],
+        pe=OLLAMA["prompt"],
+        ev=OLLAMA["generation"],
         prompt_id="prompt_id",
         phase="phase",
     )
@@ -124,14 +146,14 @@ def ollama(run: Run, instance: str) -> CrossCheck:
     if not n:
         return cc
     cc.components_mean_s = {
-        "load": _fmean(c["load"]),
-        "queue": _fmean(np.maximum(0.0, c["total"] - c["load"] - c["pe"] - c["ev"])),
-        "compute": _fmean(c["pe"] + c["ev"]),
-        "transport": _fmean(np.maximum(0.0, c["e2e"] - c["total"])),
+        "load": fmean(c["load"]),
+        "queue": fmean(np.maximum(0.0, c["total"] - c["load"] - c["pe"] - c["ev"])),
+        "compute": fmean(c["pe"] + c["ev"]),
+        "transport": fmean(np.maximum(0.0, c["e2e"] - c["total"])),
     }
-    cc.client_e2e_mean_s = _fmean(c["e2e"])
+    cc.client_e2e_mean_s = fmean(c["e2e"])
     cc.client_ttft_mean_s = _mean(c["ttft"])
-    cc.engine_first_token_mean_s = _fmean(c["load"] + c["pe"])
+    cc.engine_first_token_mean_s = fmean(c["load"] + c["pe"])
     cold = np.flatnonzero(c["load"] > COLD_LOAD_S)
     cc.cold_loads = [
         {"prompt_id": c["prompt_id"][i], "phase": c["phase"][i], "load_s": float(c["load"][i])}
@@ -147,17 +169,16 @@ def ollama(run: Run, instance: str) -> CrossCheck:
 
 
 def llamacpp(run: Run, instance: str) -> CrossCheck:
-    pm, dm = _timing("prompt_ms"), _timing("predicted_ms")
-    c = _columns(
+    c = columns(
         run,
-        f"ok AND instance = ? AND {pm} IS NOT NULL AND {dm} IS NOT NULL AND e2e_s IS NOT NULL",
+        f"ok AND instance = ? AND {HAS_LLAMACPP} AND e2e_s IS NOT NULL",
         [instance],
         e2e="e2e_s",
         ttft="ttft_s",
-        prompt=f"{pm} / 1000.0",
-        predicted=f"{dm} / 1000.0",
-        cache_n=_timing("cache_n"),
-        predicted_n=_timing("predicted_n", integer=True),
+        prompt=LLAMACPP_PROMPT,
+        predicted=LLAMACPP_GENERATION,
+        cache_n=timing("cache_n"),
+        predicted_n=timing("predicted_n", integer=True),
         tokens="output_tokens",
     )
     n = len(c["e2e"])
@@ -173,15 +194,15 @@ def llamacpp(run: Run, instance: str) -> CrossCheck:
     if not n:
         return cc
     cc.components_mean_s = {
-        "compute": _fmean(c["prompt"] + c["predicted"]),
-        "queue+transport": _fmean(np.maximum(0.0, c["e2e"] - c["prompt"] - c["predicted"])),
+        "compute": fmean(c["prompt"] + c["predicted"]),
+        "queue+transport": fmean(np.maximum(0.0, c["e2e"] - c["prompt"] - c["predicted"])),
     }
-    cc.client_e2e_mean_s = _fmean(c["e2e"])
+    cc.client_e2e_mean_s = fmean(c["e2e"])
     cc.client_ttft_mean_s = _mean(c["ttft"])
-    cc.engine_first_token_mean_s = _fmean(c["prompt"])
+    cc.engine_first_token_mean_s = fmean(c["prompt"])
     cached = c["cache_n"][np.isfinite(c["cache_n"])]
     if len(cached):
-        cc.notes.append(f"prompt tokens reused from the cache (cache_n): mean {_fmean(cached):.1f}")
+        cc.notes.append(f"prompt tokens reused from the cache (cache_n): mean {fmean(cached):.1f}")
     counted = np.isfinite(c["predicted_n"]) & np.isfinite(c["tokens"])
     mismatched = int(np.count_nonzero(c["predicted_n"][counted] != c["tokens"][counted]))
     if mismatched:
@@ -190,7 +211,7 @@ def llamacpp(run: Run, instance: str) -> CrossCheck:
 
 
 def vllm(run: Run, instance: str, client: Prometheus | None) -> CrossCheck:
-    c = _columns(run, "ok AND instance = ? AND e2e_s IS NOT NULL", [instance], e2e="e2e_s", ttft="ttft_s")
+    c = columns(run, "ok AND instance = ? AND e2e_s IS NOT NULL", [instance], e2e="e2e_s", ttft="ttft_s")
     if client is None:
         return CrossCheck(
             instance,
@@ -228,8 +249,9 @@ def vllm(run: Run, instance: str, client: Prometheus | None) -> CrossCheck:
         f"Prometheus: vLLM histograms, mean over the run window ({window})",
         requests=len(c["e2e"]),
     )
-    cc.client_e2e_mean_s = _fmean(c["e2e"])
+    cc.client_e2e_mean_s = fmean(c["e2e"])
     cc.client_ttft_mean_s = _mean(c["ttft"])
+    cc.histogram_means_s = means
     cc.components_mean_s["queue"] = means["queue"]
     if "prefill" in means or "decode" in means:
         cc.components_mean_s["compute"] = means.get("prefill", 0.0) + means.get("decode", 0.0)

@@ -1,18 +1,24 @@
-"""Prometheus over the run's window: the seed's three lever gauges per engine, their peaks, and the KV arithmetic."""
+"""The seed's three lever gauges per engine over the run (its own samples, else Prometheus), their peaks, and the KV arithmetic."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import statistics
+import warnings
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import requests
 
 from report.load import Run
 from servescope import series
+from servescope.runfolder import SAMPLES, RunFolder, SampleRecord, read_samples
+from servescope.sampler import combine_models, split_at_gaps
 
 GAUGES = series.LEVER_GAUGES  # running, waiting, KV usage
 KV_SERIES = (series.KV_BLOCK_SIZE, series.KV_BLOCKS, series.KV_CAPACITY_TOKENS, series.KV_MAX_CONCURRENCY)
+# Counters kept beside the gauges from the run's own samples: prefix-cache reuse (report/workloads.py).
+REUSE_COUNTERS = (series.PROMPT_TOKENS, series.PROMPT_CACHED_TOKENS)
 MAX_POINTS = 600  # query_range resolution: a step that gives at most this many points
 PAD_S = 5.0  # look a little beyond the run so a scrape just after the last request still counts
 TIMEOUT_S = 5.0
@@ -56,13 +62,30 @@ class Prometheus:
 
 
 @dataclass
+class PhaseCoverage:
+    """How well the gauges saw one load phase: reads inside it, and how many of them got no values."""
+
+    phase: str
+    wall_s: float
+    samples: int = 0  # reads with values inside [start, end]
+    missing: int = 0  # reads inside it that got no values
+    reasons: list[str] = field(default_factory=list)  # why, one line each (distinct)
+
+
+@dataclass
 class EngineGauges:
     instance: str
     engine: str
-    series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # gauge -> [(t, value)]
+    source: str = "prometheus"  # "samples" (the run's own, samples.jsonl) or "prometheus" (query_range)
+    spacing_s: float | None = None  # the sampling interval, or the query_range step
+    # gauge -> [(t, value)], None where a read got no value: plots draw it as a gap, peaks skip it
+    series: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)
     peaks: dict[str, float | None] = field(default_factory=dict)  # gauge -> peak over the engine's window
     phase_peaks: dict[str, dict[str, float | None]] = field(default_factory=dict)  # phase -> gauge -> peak
     kv: dict[str, float | None] = field(default_factory=dict)  # KV arithmetic series -> value at run end
+    coverage: dict[str, PhaseCoverage] = field(default_factory=dict)  # phase -> coverage
+    kv_while_waiting: tuple[float | None, float | None] = (None, None)  # (highest, mean) KV usage when waiting > 0
+    prometheus_peaks: dict[str, float | None] = field(default_factory=dict)  # what the scrapes saw, when samples led
 
 
 @dataclass
@@ -74,10 +97,40 @@ class GaugeReport:
     step_s: float | None = None
     engines: dict[str, EngineGauges] = field(default_factory=dict)
     reachable: bool = False  # Prometheus answered (even if with no data): worth asking it for more
+    warnings: list[str] = field(default_factory=list)  # what could not be read from samples.jsonl
 
 
 def collect(run: Run, url: str, client: Prometheus | None = None) -> GaugeReport:
-    """Query the gauges over [run start, run end]; never raises: no data is a reason, not a crash."""
+    """The gauges over the run: the run's own samples where it has them, else Prometheus; never raises."""
+    report = _from_prometheus(run, url, client)
+    samples, report.warnings = _read_samples(run)
+    for instance, info in run.engines.items():
+        mine = _mine(samples, instance, info.kind, run)
+        if not mine:
+            continue
+        eg = _from_samples(run, instance, info.kind, mine)
+        scraped = report.engines.get(instance)
+        if scraped is not None and scraped.series:
+            eg.prometheus_peaks = scraped.peaks
+            eg.kv = {k: v if v is not None else scraped.kv.get(k) for k, v in eg.kv.items()}
+        report.engines[instance] = eg
+    sampled = [eg for eg in report.engines.values() if eg.source == "samples"]
+    if sampled:
+        interval = max(eg.spacing_s or 0.0 for eg in sampled)
+        scraped = [eg.instance for eg in report.engines.values() if eg.source == "prometheus" and eg.series]
+        prometheus = f"Prometheus ({report.reason}) for {', '.join(scraped)}" if scraped else ""
+        if not report.reachable:
+            prometheus = f"Prometheus not used: {report.reason}"
+        report.reason = "; ".join(
+            x for x in (f"the run's own samples every {interval * 1000:g} ms ({SAMPLES})", prometheus) if x
+        )
+        report.available = True
+        report.window = report.window or (run.started_at, run.ended_at)
+    return report
+
+
+def _from_prometheus(run: Run, url: str, client: Prometheus | None) -> GaugeReport:
+    """Query the gauges over [run start, run end] from Prometheus."""
     start, end = run.started_at, run.ended_at
     if start is None or end is None:
         return GaugeReport(False, "the run folder has no timed records, so there is no window to query", url)
@@ -95,16 +148,12 @@ def collect(run: Run, url: str, client: Prometheus | None = None) -> GaugeReport
         return report
     report.reachable = True
     for instance, info in run.engines.items():
-        eg = EngineGauges(instance, info.kind)
+        eg = EngineGauges(instance, info.kind, spacing_s=step)
         for gauge, result in results.items():
-            values = _merge(_pick(result, instance, info.kind, run), ratio=gauge == series.KV_CACHE_USAGE)
+            values = _merge(_pick(result, instance, info.kind, run), gauge)
             if values:
                 eg.series[gauge] = values
-            eg.peaks[gauge] = _peak(values, start, end)
-            for phase in run.phases_of(instance):
-                eg.phase_peaks.setdefault(phase.phase, {})[gauge] = _peak(
-                    values, phase.started_at - step, phase.ended_at + step
-                )
+        summarise(eg, run, slack=step)
         for name, result in kv_results.items():
             picked = _pick(result, instance, info.kind, run)
             eg.kv[name] = max((float(s["value"][1]) for s in picked), default=None)
@@ -119,6 +168,70 @@ def collect(run: Run, url: str, client: Prometheus | None = None) -> GaugeReport
     report.available = True
     report.reason = f"query_range at {url}, step {step:g}s"
     return report
+
+
+def _read_samples(run: Run) -> tuple[list[SampleRecord], list[str]]:
+    if not (run.path / SAMPLES).exists():
+        return [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            records = list(read_samples(RunFolder(run.path)))
+        except (ValueError, TypeError, AttributeError, OSError) as exc:
+            return [], [f"{SAMPLES} unreadable, gauges from Prometheus only: {exc}"]
+    notes = [str(w.message) for w in caught]
+    usable = [
+        r
+        for r in records
+        if isinstance(r.t, int | float) and isinstance(r.values, dict) and isinstance(r.interval_s, int | float)
+    ]
+    if len(usable) < len(records):
+        notes.append(f"{SAMPLES}: {len(records) - len(usable)} record(s) without a time, interval or values, skipped")
+    return usable, notes
+
+
+def _mine(samples: list[SampleRecord], instance: str, kind: str, run: Run) -> list[SampleRecord]:
+    """One engine instance's records, by the exporter's labels (see _pick for the name rule)."""
+    labelled = [{"metric": {"instance": s.instance, "engine": s.engine}, "record": s} for s in samples]
+    return sorted((x["record"] for x in _pick(labelled, instance, kind, run)), key=lambda s: s.t)
+
+
+def _from_samples(run: Run, instance: str, kind: str, records: list[SampleRecord]) -> EngineGauges:
+    interval = statistics.median(r.interval_s for r in records)
+    eg = EngineGauges(instance, kind, source="samples", spacing_s=interval)
+    for gauge in (*GAUGES, *REUSE_COUNTERS):
+        points = [(r.t, None if r.missing else r.values.get(gauge)) for r in records]
+        if any(v is not None for _, v in points):
+            eg.series[gauge] = points
+    summarise(eg, run, slack=interval)
+    for name in KV_SERIES:
+        eg.kv[name] = next((r.values[name] for r in reversed(records) if not r.missing and name in r.values), None)
+    for phase in run.phases_of(instance):
+        inside = [r for r in records if phase.started_at <= r.t <= phase.ended_at]
+        cov = PhaseCoverage(phase.phase, phase.wall_s)
+        cov.samples = sum(1 for r in inside if not r.missing)
+        cov.missing = sum(1 for r in inside if r.missing)
+        cov.reasons = list(dict.fromkeys(r.missing for r in inside if r.missing))
+        eg.coverage[phase.phase] = cov
+    return eg
+
+
+def summarise(eg: EngineGauges, run: Run, slack: float) -> None:
+    """Peaks over the run and per phase (within one sample of its edges), and KV usage while requests waited."""
+    start, end = run.started_at, run.ended_at
+    for gauge in GAUGES:
+        values = eg.series.get(gauge, [])
+        eg.peaks[gauge] = _peak(values, start - slack, end + slack) if start is not None and end is not None else None
+        for phase in run.phases_of(eg.instance):
+            eg.phase_peaks.setdefault(phase.phase, {})[gauge] = _peak(
+                values, phase.started_at - slack, phase.ended_at + slack
+            )
+    kv = dict(eg.series.get(series.KV_CACHE_USAGE, []))
+    while_waiting = [
+        kv[t] for t, w in eg.series.get(series.REQUESTS_WAITING, []) if w and w > 0 and kv.get(t) is not None
+    ]
+    if while_waiting:
+        eg.kv_while_waiting = (max(while_waiting), statistics.fmean(while_waiting))
 
 
 def _pick(result: list[dict], instance: str, kind: str, run: Run) -> list[dict]:
@@ -142,20 +255,25 @@ def _pick(result: list[dict], instance: str, kind: str, run: Run) -> list[dict]:
     return []
 
 
-def _merge(picked: list[dict], ratio: bool) -> list[tuple[float, float]]:
-    """Several series for one engine (e.g. per model): counts add up, a usage ratio takes the fullest pool."""
-    points: dict[float, float] = {}
+def _merge(picked: list[dict], name: str) -> list[tuple[float, float]]:
+    """Several series for one engine (e.g. per model) merged the way the sampler merges them (combine_models)."""
+    points: dict[float, list[float]] = {}
     for s in picked:
         for t, v in s.get("values", []):
-            value, t = float(v), float(t)
+            value = float(v)
             if math.isfinite(value):
-                points[t] = max(points.get(t, value), value) if ratio else points.get(t, 0.0) + value
-    return sorted(points.items())
+                points.setdefault(float(t), []).append(value)
+    return sorted((t, combine_models(name, values)) for t, values in points.items())
 
 
-def _peak(values: list[tuple[float, float]], start: float, end: float) -> float | None:
-    inside = [v for t, v in values if start <= t <= end]
+def _peak(values: list[tuple[float, float | None]], start: float, end: float) -> float | None:
+    inside = [v for t, v in values if start <= t <= end and v is not None]
     return max(inside) if inside else None
+
+
+def with_gaps(points: list[tuple[float, float | None]], spacing: float | None) -> list[tuple[float, float]]:
+    """Points ready to draw: a read without a value, or a pause longer than GAP_FACTOR spacings, becomes NaN (a gap)."""
+    return [(t, math.nan if v is None else v) for t, v in split_at_gaps(points, spacing)]
 
 
 def to_json(report: GaugeReport) -> dict:
@@ -165,11 +283,17 @@ def to_json(report: GaugeReport) -> dict:
         "prometheus_url": report.url,
         "window": list(report.window) if report.window else None,
         "step_s": report.step_s,
+        "warnings": report.warnings,
         "engines": {
             i: {
                 "engine": e.engine,
+                "source": e.source,
+                "spacing_s": e.spacing_s,
                 "peaks": e.peaks,
                 "phase_peaks": e.phase_peaks,
+                "prometheus_peaks": e.prometheus_peaks,
+                "kv_while_waiting": {"max": e.kv_while_waiting[0], "mean": e.kv_while_waiting[1]},
+                "coverage": {p: asdict(c) for p, c in e.coverage.items()},
                 "kv": e.kv,
                 "series": {g: [[t, v] for t, v in pts] for g, pts in e.series.items()},
             }

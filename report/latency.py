@@ -10,7 +10,6 @@ import numpy as np
 
 from report import query, stats
 from report.load import Run
-from servescope.runfolder import RequestRecord
 
 METRICS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
 METRIC_TITLES = {"ttft_s": "TTFT", "itl_s": "ITL", "tpot_s": "TPOT", "e2e_s": "E2E", "output_tokens": "output tokens"}
@@ -55,14 +54,6 @@ def failure_reason(error: str | None, status: int) -> str:
     if status and status != 200:
         return f"HTTP {status}: {reason}" if reason else f"HTTP {status}"
     return reason or ("no response" if not status else "failed (no reason recorded)")
-
-
-def tpot(record: RequestRecord) -> float | None:
-    if record.tpot_s is not None:
-        return record.tpot_s
-    if record.e2e_s is not None and record.ttft_s is not None and (record.output_tokens or 0) > 1:
-        return (record.e2e_s - record.ttft_s) / (record.output_tokens - 1)
-    return None
 
 
 def groups(run: Run) -> list[tuple[str, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 from report import query
 from servescope import engines, knobs
-from servescope.runfolder import MANIFEST, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, latest
+from servescope.runfolder import MANIFEST, MAX_EPOCH_S, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, latest
 from servescope.runreader import RunData
 
 
@@ -59,7 +60,7 @@ class Run:
     path: Path
     run_id: str
     manifest: dict[str, Any]
-    db: RunData  # tables request_lines / phase_lines, views requests / phases (the accepted records)
+    db: RunData  # views requests and phases (the accepted records, servescope.runreader)
     request_count: int
     phases: list[PhaseRecord]
     engines: dict[str, EngineInfo]  # by instance, in manifest order then first appearance
@@ -68,9 +69,27 @@ class Run:
     warnings: list[str] = field(default_factory=list)  # what the loader skipped or guessed
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # answers worth computing once (pools)
 
+    view: Any = field(default=None, repr=False)  # a cursor whose `requests` leaves some phases out (Run.without)
+
     @property
     def con(self):
-        return self.db.con
+        return self.view if self.view is not None else self.db.con
+
+    def without(self, dropped: list[tuple[str, str]], phases: list[PhaseRecord]) -> Run:
+        """The same run without some (instance, phase) pairs and their requests: a cursor of its own whose
+        `requests` view leaves them out (a temporary view, seen by that cursor only)."""
+        if not dropped:
+            return self  # nothing left out: the same phases, the same requests
+        cursor = self.db.con.cursor()
+        cursor.execute("CREATE TEMP TABLE dropped (instance VARCHAR, phase VARCHAR)")
+        cursor.executemany("INSERT INTO dropped VALUES (?, ?)", dropped)
+        database = cursor.execute("SELECT current_database()").fetchone()[0]
+        cursor.execute(
+            f'CREATE TEMP VIEW requests AS SELECT r.* FROM "{database}".main.requests r '
+            f"ANTI JOIN dropped d USING (instance, phase)"
+        )
+        count = cursor.execute("SELECT count(*) FROM requests").fetchone()[0]
+        return dataclasses.replace(self, phases=phases, view=cursor, request_count=count, cache={})
 
     def requests_of(self, instance: str, phase: str | None = None) -> list[RequestRecord]:
         """One engine's records (one phase's) as objects, in the report's order: for small selections only."""
@@ -276,7 +295,9 @@ def _norm(name: str) -> str:
 
 
 def _as_float(value: Any) -> float | None:
+    """A manifest's instant, or None when it is not one a record could hold (runfolder's epoch bounds)."""
     try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
+        number = float(value) if value is not None else None
+    except (TypeError, ValueError, OverflowError):
         return None
+    return number if number is not None and 0 <= number <= MAX_EPOCH_S else None

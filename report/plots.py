@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -14,10 +15,11 @@ from matplotlib import cbook  # noqa: E402
 from report import latency, stats  # noqa: E402
 from report.compare import Delta  # noqa: E402
 from report.crosscheck import COMPONENTS, CrossCheck  # noqa: E402
-from report.gauges import GaugeReport  # noqa: E402
+from report.gauges import GaugeReport, with_gaps  # noqa: E402
 from report.load import Run  # noqa: E402
 from report.sweep import BurstDrain, Sweep, mean_ttft_by_arrival  # noqa: E402
 from report.table import TableRow  # noqa: E402
+from report.workloads import WorkloadReport  # noqa: E402
 from servescope import series  # noqa: E402
 
 DPI = 110
@@ -167,20 +169,36 @@ def output_tokens(run: Run, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def gauges(run: Run, report: GaugeReport, path: Path) -> Path | None:
-    engines = [e for e in report.engines.values() if e.series]
-    if not report.available or not engines or report.window is None:
-        return None
+def gauge_traces(run: Run, report: GaugeReport) -> dict[str, dict]:
+    """What the gauge plot draws, in seconds since the run's start: phase bands and each gauge with its gaps as NaN."""
+    if not report.available or report.window is None:
+        return {}
     t0 = report.window[0]
-    fig, axes = plt.subplots(len(engines), 1, figsize=(11, 3.2 * len(engines)), squeeze=False, sharex=True)
-    for ax, eg in zip(axes[:, 0], engines, strict=True):
-        for k, phase in enumerate(run.phases_of(eg.instance)):
-            ax.axvspan(phase.started_at - t0, phase.ended_at - t0, color=PHASE_SHADES[k % len(PHASE_SHADES)], zorder=0)
+    traces = {}
+    for eg in report.engines.values():
+        if not eg.series:
+            continue
+        trace = {"bands": [(p.phase, p.started_at - t0, p.ended_at - t0) for p in run.phases_of(eg.instance)]}
+        for gauge in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE):
+            points = with_gaps(eg.series.get(gauge, []), eg.spacing_s)
+            trace[gauge] = ([t - t0 for t, _ in points], [v for _, v in points])
+        traces[eg.instance] = trace
+    return traces
+
+
+def gauges(run: Run, report: GaugeReport, path: Path) -> Path | None:
+    traces = gauge_traces(run, report)
+    if not traces:
+        return None
+    fig, axes = plt.subplots(len(traces), 1, figsize=(11, 3.2 * len(traces)), squeeze=False, sharex=True)
+    for ax, (instance, trace) in zip(axes[:, 0], traces.items(), strict=True):
+        for k, (phase, start, end) in enumerate(trace["bands"]):
+            ax.axvspan(start, end, color=PHASE_SHADES[k % len(PHASE_SHADES)], zorder=0)
             # Staggered so the labels of short neighbouring phases do not print over each other.
             ax.text(
-                (phase.started_at + phase.ended_at) / 2 - t0,
+                (start + end) / 2,
                 1.01 + 0.07 * (k % 3),
-                phase.phase,
+                phase,
                 transform=ax.get_xaxis_transform(),
                 ha="center",
                 va="bottom",
@@ -191,28 +209,23 @@ def gauges(run: Run, report: GaugeReport, path: Path) -> Path | None:
             (series.REQUESTS_RUNNING, COLORS[0], "running"),
             (series.REQUESTS_WAITING, COLORS[3], "waiting"),
         ):
-            pts = eg.series.get(gauge, [])
-            if pts:
-                lines += ax.step([t - t0 for t, _ in pts], [v for _, v in pts], where="post", color=color, label=label)
+            xs, ys = trace[gauge]
+            if xs:
+                # Each read stands until the next one; NaN (a read with no value, or nobody reading) is a gap.
+                lines += ax.step(xs, ys, where="post", color=color, label=label)
         ax.set_ylabel("requests")
-        peak = max(
-            (v for g in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING) for _, v in eg.series.get(g, [])),
-            default=1.0,
-        )
-        ax.set_ylim(0, max(1.0, peak) * 1.15)
-        kv = eg.series.get(series.KV_CACHE_USAGE, [])
-        if kv:
+        counts = [v for g in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING) for v in trace[g][1] if v == v]
+        ax.set_ylim(0, max(1.0, max(counts, default=1.0)) * 1.15)
+        xs, ys = trace[series.KV_CACHE_USAGE]
+        kv = [v * 100 for v in ys]
+        if any(v == v for v in kv):
             ax2 = ax.twinx()
-            lines += ax2.plot(
-                [t - t0 for t, _ in kv],
-                [v * 100 for _, v in kv],
-                color=COLORS[2],
-                linestyle="--",
-                label="KV cache usage",
-            )
+            lines += ax2.plot(xs, kv, color=COLORS[2], linestyle="--", label="KV cache usage")
             ax2.set_ylabel("KV cache usage (%)")
-            ax2.set_ylim(0, max(5.0, max(v * 100 for _, v in kv) * 1.2))
-        ax.set_title(f"{run.engines[eg.instance].title}: lever gauges (shaded: load phases)", fontsize=10, pad=38)
+            ax2.set_ylim(0, max(5.0, max(v for v in kv if v == v) * 1.2))
+        eg = report.engines[instance]
+        how = f"samples every {eg.spacing_s * 1000:g} ms" if eg.source == "samples" else "Prometheus"
+        ax.set_title(f"{run.engines[instance].title}: lever gauges ({how}; shaded: load phases)", fontsize=10, pad=38)
         ax.legend(lines, [ln.get_label() for ln in lines], loc="upper right", fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since run start")
@@ -324,4 +337,44 @@ def compare(deltas: list[Delta], path: Path, what: str = "") -> Path | None:
     ax.set_title(f"Comparison{': ' + what if what else ''}: per-metric median deltas")
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def turns(run: Run, report: WorkloadReport, path: Path) -> Path | None:
+    """TTFT (median) and prefix-cache reuse by conversation turn, one line per engine and scenario."""
+    groups: dict[tuple[str, str], list] = {}
+    for row in report.turns:
+        groups.setdefault((row.instance, row.scenario), []).append(row)
+    if not groups:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for k, ((instance, scenario), rows) in enumerate(groups.items()):
+        label = f"{run.engines[instance].title if instance in run.engines else instance} {scenario}"
+        color = COLORS[k % len(COLORS)]
+        xs = [r.turn for r in rows]
+        left.plot(xs, [(r.ttft["p50"] or math.nan) * 1000 for r in rows], marker="o", color=color, label=label)
+        for attr, style in (("reuse_per_request", "-"), ("reuse_server", "--")):
+            ys = [getattr(r, attr) for r in rows]
+            if any(y is not None for y in ys):
+                source = "per request" if attr == "reuse_per_request" else "server"
+                right.plot(
+                    xs,
+                    [math.nan if y is None else y for y in ys],
+                    style,
+                    marker="o",
+                    color=color,
+                    label=f"{label} ({source})",
+                )
+    left.set_xlabel("turn")
+    left.set_ylabel("TTFT p50 (ms)")
+    left.set_title("TTFT by turn")
+    right.set_xlabel("turn")
+    right.set_ylabel("cached / prompt tokens")
+    right.set_ylim(0, 1.05)
+    right.set_title("Prefix-cache reuse by turn")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     return _save(fig, path)

@@ -1,4 +1,4 @@
-"""Builds the report's eight sections (and the JSON of every number in them) from one run, Prometheus and a baseline."""
+"""Builds the report's ten sections (and the JSON of every number in them) from one run, Prometheus and a baseline."""
 
 from __future__ import annotations
 
@@ -6,7 +6,23 @@ import datetime as dt
 import re
 from typing import Any
 
-from report import compare, crosscheck, fairness, gauges, latency, plots, stats, sweep, table, verdict
+from report import (
+    compare,
+    crosscheck,
+    fairness,
+    gauges,
+    goodput,
+    latency,
+    noise,
+    plots,
+    schedule,
+    stats,
+    sweep,
+    table,
+    ttft_split,
+    verdict,
+    workloads,
+)
 from report.load import Run
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
 from servescope import series
@@ -15,7 +31,10 @@ from servescope import series
 def _utc(ts: float | None) -> str:
     if ts is None:
         return "unknown"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # a manifest's time past the year 9999: say so, never a traceback
+        return f"{ts:g} (not a date)"
 
 
 def _s(v: float | None, digits: int = 3) -> str:
@@ -40,22 +59,42 @@ def build(
     baseline: Run | None = None,
     figures: bool = True,
     client: gauges.Prometheus | None = None,
+    slo_spec: str | None = None,
 ) -> tuple[Document, dict[str, Any]]:
     latency.start_pools(run)  # the engine's passes over every gap run while the rest is computed
-    rows = table.build(run)
+    assessment = noise.assess(run)
+    rows = table.build(run, assessment)
+    spec = goodput.spec_of(run, slo_spec)
+    good = goodput.build(run, spec)
+    lags = schedule.build(run)
     warn = fairness.warnings(run, rows)
     groups = latency.build(run)
     gauge_report = gauges.collect(run, prometheus_url, client)
     prom = (client or gauges.Prometheus(prometheus_url)) if gauge_report.reachable else None
     checks = crosscheck.build(run, prom)
-    verdicts = verdict.build(run, gauge_report)
+    splits = ttft_split.build(run, checks)
     kv = verdict.kv_arithmetic(run, gauge_report)
     sweeps_ = sweep.sweeps(run)
     drains = sweep.bursts(run, gauge_report)
+    # The verdict rests only on trusted phases: flagged ones (host noise, outliers) are taken out first.
+    trusted = noise.clean(run, assessment)
+    trusted_gauges = noise.clean_gauges(gauge_report, run, assessment)
+    verdicts = verdict.refuse_flagged(
+        verdict.build(
+            trusted,
+            trusted_gauges,
+            sweep.bursts(trusted, trusted_gauges),
+            ttft_split.build(trusted, checks),
+            kv,
+        ),
+        run,
+        assessment,
+    )
     if baseline is not None:
         deltas, how = compare.between_runs(run, baseline)
     else:
         deltas, how = compare.within_run(run)
+    work = workloads.build(run, gauge_report)
 
     out = run.path
     fig = {}
@@ -73,27 +112,30 @@ def build(
                 out / "comparison.png",
                 f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run",
             ),
+            "turns": plots.turns(run, work, out / "turns.png"),
         }
 
     def figure(key: str, caption: str) -> list[Figure]:
         return [Figure(fig[key], caption)] if fig.get(key) else []
 
     sections = [
-        _setup(run, warn),
+        _setup(run, warn, assessment),
         _table(run, rows, figure("table", "Wall time per engine and mode; bold numbers are scaling factors.")),
         _latency(
             groups,
             figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario.")
             + figure("tokens", "Output tokens per request."),
         ),
-        _crosscheck(run, checks, figure("crosscheck", "Mean seconds per request by component, against client E2E.")),
+        _crosscheck(
+            run, checks, splits, figure("crosscheck", "Mean seconds per request by component, against client E2E.")
+        ),
         _gauges(
             run,
             gauge_report,
             figure(
                 "gauges",
                 "Running and waiting requests (left axis) and KV cache usage "
-                "(right axis) over the run; shaded bands are load phases.",
+                "(right axis) over the run; shaded bands are load phases; breaks are reads that got no value.",
             ),
         ),
         _verdict(run, verdicts, kv),
@@ -106,6 +148,8 @@ def build(
             + figure("arrival", "TTFT by arrival order within the bursts."),
         ),
         _compare(deltas, how, baseline, figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")),
+        workloads.section(run, work, figure("turns", "TTFT (median) and prefix-cache reuse by conversation turn.")),
+        goodput.section(run, spec, good, lags, "10. Goodput under the SLOs"),
     ]
     subtitle = (
         f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
@@ -125,6 +169,7 @@ def build(
         "engines": {i: vars(e) for i, e in run.engines.items()},
         "phases": [{**vars(p), "wall_s": p.wall_s} for p in run.phases],
         "loader_warnings": run.warnings,
+        "noise": noise.to_json(assessment),
         "fairness_warnings": warn,
         "table": {
             "rule": table.READING_RULE,
@@ -142,16 +187,19 @@ def build(
             "cold_load_threshold_s": crosscheck.COLD_LOAD_S,
             "engines": crosscheck.to_json(checks),
         },
+        "ttft_split": ttft_split.to_json(splits),
         "gauges": gauges.to_json(gauge_report),
         "verdict": verdict.to_json(verdicts, kv),
         "sweeps": sweep.to_json(sweeps_, drains),
         "comparison": {"baseline": baseline.run_id if baseline else None, **compare.to_json(deltas, how)},
+        "workloads": workloads.to_json(work),
         "plots": sorted(p.name for p in fig.values() if p),
+        "goodput": goodput.to_json(spec, good, lags, run),
     }
     return doc, numbers
 
 
-def _setup(run: Run, warn: list[str]) -> Section:
+def _setup(run: Run, warn: list[str], assessment: noise.Assessment) -> Section:
     sec = Section("1. Setup")
     m = run.manifest
     duration = (run.ended_at - run.started_at) if run.started_at and run.ended_at else None
@@ -232,10 +280,87 @@ def _setup(run: Run, warn: list[str]) -> Section:
     )
     if warn:
         sec.add(Bullets(warn))
+    _host_noise(run, assessment, sec)
     if run.warnings:
         sec.add(Paragraph("Skipped while loading the run folder:"))
         sec.add(Bullets(run.warnings))
     return sec
+
+
+def _cores(v: object) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) else "n/a"
+
+
+def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
+    """Repetitions, warm-ups, and the host's noise while each phase ran (servescope/hostnoise.py)."""
+    trials = run.manifest.get("trials") if isinstance(run.manifest.get("trials"), dict) else {}
+    if trials:
+        reps, isolate = trials.get("repetitions"), trials.get("isolate")
+        sec.add(
+            Paragraph(
+                f"Trials: {reps} repetition(s), engines and phases interleaved (A B B A ...); co-resident engines: "
+                f"{'paused while another is measured' if isolate == 'pause' else 'left running, their CPU measured'}."
+            )
+        )
+        warm = trials.get("warmup") if isinstance(trials.get("warmup"), dict) else {}
+        lines = []
+        for instance, w in warm.items():
+            if not isinstance(w, dict):
+                continue
+            latencies = "/".join(
+                f"{x:.2f}" if isinstance(x, (int, float)) else "failed" for x in w.get("latencies_s") or []
+            )
+            state = {True: "stable", False: "NOT stable", None: "off"}.get(w.get("stable"), "?")
+            seconds = w.get("seconds")
+            took = f" in {seconds:.0f}s" if isinstance(seconds, (int, float)) else ""
+            lines.append(f"{instance}: {state} after {w.get('requests')} request(s){took} ({latencies} s)")
+        if lines:
+            rule = next((w.get("rule") for w in warm.values() if isinstance(w, dict) and w.get("rule")), "")
+            sec.add(Paragraph(f"Warm-up until stable ({rule}):" if rule else "Warm-up:"))
+            sec.add(Bullets(lines))
+    if not any(p.noise for p in run.phases):
+        sec.add(Paragraph("Host noise: not recorded in this run folder (recorded by servescope since issue 15)."))
+        return
+    rows = []
+    for p in run.phases:
+        t = assessment.of(p.instance, p.phase)
+        n = p.noise if isinstance(p.noise, dict) else {}
+        groups = [g for g in n.get("groups") or [] if isinstance(g, dict)]
+        top = ", ".join(f"{g.get('name')} {_cores(g.get('cores'))}" for g in groups[:3]) or "-"
+        steal = n.get("steal_share")
+        load = (n.get("load1_start"), n.get("load1_end"))
+        verdict_ = "; ".join(t.flags) if t and t.flags else ("superseded by a retry" if t and t.superseded else "ok")
+        rows.append(
+            [
+                run.engines[p.instance].title if p.instance in run.engines else p.instance,
+                p.phase,
+                _s(p.wall_s),
+                _cores(n.get("engine_cores")),
+                f"{_cores(n.get('foreign_cores'))} ({top})",
+                _cores(n.get("observer_cores")),
+                f"{steal:.1%}" if isinstance(steal, (int, float)) else "n/a",
+                " -> ".join(f"{x:.1f}" for x in load if isinstance(x, (int, float))) or "n/a",
+                verdict_,
+            ]
+        )
+    sec.add(
+        Table(
+            [
+                "Engine",
+                "Phase",
+                "Wall",
+                "Engine cores",
+                "Others' cores (largest)",
+                "Exporter/Prometheus",
+                "Steal",
+                "Load avg",
+                "Trusted?",
+            ],
+            rows,
+            "Host noise per phase: CPU cores used on average while the phase ran",
+        )
+    )
+    sec.add(Paragraph("Rule: " + assessment.rule.text() + "."))
 
 
 def _table(run: Run, rows: list[table.TableRow], figs: list[Figure]) -> Section:
@@ -339,7 +464,9 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
     return sec
 
 
-def _crosscheck(run: Run, checks: list[crosscheck.CrossCheck], figs: list[Figure]) -> Section:
+def _crosscheck(
+    run: Run, checks: list[crosscheck.CrossCheck], splits: list[ttft_split.TtftSplit], figs: list[Figure]
+) -> Section:
     sec = Section("4. Engine-side cross-check")
     sec.add(
         Bullets(
@@ -383,7 +510,48 @@ def _crosscheck(run: Run, checks: list[crosscheck.CrossCheck], figs: list[Figure
         sec.add(Bullets(notes))
     for fig_ in figs:
         sec.add(fig_)
+    _ttft_split(run, splits, sec)
     return sec
+
+
+def _ttft_split(run: Run, splits: list[ttft_split.TtftSplit], sec: Section) -> None:
+    """Each request's TTFT split into the engine's parts (bursts by arrival order first), per engine."""
+    sec.add(Paragraph("TTFT split, where the engine gives the parts:"))
+    sec.add(Bullets([f"{k}: {v}" for k, v in ttft_split.PART_HELP.items()]))
+    rows = []
+    for s in splits:
+        title = run.engines[s.instance].title
+        if not s.available:
+            rows.append([title, "mean", "n/a", *["n/a"] * len(ttft_split.PARTS), s.source])
+            continue
+        share = "n/a" if s.queue_share is None else f"queue {s.queue_share:.0%} of TTFT"
+        label = "mean (aggregate)" if s.aggregate else f"mean of {s.count}"
+        rows.append([title, label, _ms(s.ttft_mean_s), *[_ms(s.means_s.get(p)) for p in ttft_split.PARTS], share])
+        shown = sorted(
+            (r for r in s.requests if r.arrival_index is not None), key=lambda r: (r.phase, r.arrival_index)
+        )[:12]
+        for r in shown:
+            rows.append(
+                [
+                    title,
+                    f"{r.phase} #{r.arrival_index + 1}",
+                    _ms(r.ttft_s),
+                    *[_ms(r.parts_s.get(p)) for p in ttft_split.PARTS],
+                    "",
+                ]
+            )
+    sec.add(
+        Table(
+            ["Engine", "Request", "TTFT ms", *[f"{p.replace('_', ' ')} ms" for p in ttft_split.PARTS], "Note"],
+            rows,
+            "Per engine: the mean split, then the burst requests by arrival order (all requests in report.json)",
+        )
+    )
+    notes = [
+        f"{run.engines[s.instance].title}: {n}" for s in splits for n in ([s.source] if s.available else []) + s.notes
+    ]
+    if notes:
+        sec.add(Bullets(notes))
 
 
 def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section:
@@ -392,9 +560,9 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
         return sec.add(Paragraph(f"No gauge data: {report.reason}."))
     sec.add(
         Paragraph(
-            f"From Prometheus ({report.reason}) over {_utc(report.window[0])} to {_utc(report.window[1])}: "
-            f"{', '.join(series.LEVER_GAUGES)}. Gauges are scrape-time snapshots, so a queue shorter "
-            f"than the scrape interval can be missed."
+            f"From {report.reason} over {_utc(report.window[0])} to {_utc(report.window[1])}: "
+            f"{', '.join(series.LEVER_GAUGES)}. Gauges are snapshots: a queue shorter than the interval between "
+            f"two reads can be missed, and a read that got no value is missing, never filled in."
         )
     )
     rows = []
@@ -420,6 +588,36 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
             "Peaks over the run",
         )
     )
+    coverage = [
+        [
+            run.engines[instance].title,
+            c.phase,
+            _s(c.wall_s, 2),
+            str(c.samples),
+            str(c.missing),
+            "; ".join(c.reasons) or "none",
+        ]
+        for instance, eg in report.engines.items()
+        for c in eg.coverage.values()
+    ]
+    if coverage:
+        sec.add(
+            Table(
+                ["Engine", "Phase", "Wall", "Samples", "Missing", "Why missing"],
+                coverage,
+                "Samples inside each load phase (the run's own samples)",
+            )
+        )
+    scraped = [
+        f"{run.engines[i].title}: Prometheus' scrapes saw peak running {_num(eg.prometheus_peaks.get(series.REQUESTS_RUNNING))}, "
+        f"waiting {_num(eg.prometheus_peaks.get(series.REQUESTS_WAITING))} over the same run"
+        for i, eg in report.engines.items()
+        if eg.prometheus_peaks
+    ]
+    if scraped:
+        sec.add(Bullets(scraped))
+    if report.warnings:
+        sec.add(Bullets(report.warnings))
     for fig_ in figs:
         sec.add(fig_)
     return sec
@@ -430,8 +628,17 @@ def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArith
     sec.add(Paragraph(verdict.RULE))
     sec.add(
         Table(
-            ["Engine", "Verdict", "Evidence"],
-            [[run.engines[v.instance].title, v.text, v.evidence or "n/a"] for v in verdicts],
+            ["Engine", "Verdict", "Evidence", "Where the evidence disagrees", "Not concluded from (rerun)"],
+            [
+                [
+                    run.engines[v.instance].title,
+                    v.text,
+                    v.evidence or "n/a",
+                    v.disagreement or "-",
+                    "; ".join(v.left_out) or "-",
+                ]
+                for v in verdicts
+            ],
         )
     )
     lines = [f"{run.engines[a.instance].title}: {line}" for a in kv for line in a.lines]

@@ -177,3 +177,76 @@ class _Ranked:
         lo = np.count_nonzero(below <= (size - 1) // 2, axis=1)
         hi = np.count_nonzero(below <= size // 2, axis=1)
         return (self.ordered[lo] + self.ordered[hi]) / 2  # odd sizes: lo == hi, and (x + x) / 2 is x exactly
+
+
+def bootstrap_median_ci(
+    values: Sequence[float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    confidence: float = CONFIDENCE,
+) -> tuple[float | None, float | None, float | None]:
+    """(median, CI low, CI high) of one small sample (e.g. one value per repetition), percentile bootstrap.
+
+    With n values every resampled median is one of them or the mean of two, so the CI never leaves
+    [min, max]; with 3 repetitions it is close to that range: a wide CI says "repeat more", not "certain".
+    """
+    data = np.asarray([float(v) for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if not len(data):
+        return None, None, None
+    rng = np.random.default_rng(seed)
+    medians = np.median(data[rng.integers(0, len(data), size=(resamples, len(data)))], axis=1).tolist()
+    alpha = (1.0 - confidence) / 2.0
+    return float(np.median(data)), percentile(medians, 100.0 * alpha), percentile(medians, 100.0 * (1.0 - alpha))
+
+
+def bootstrap_ratio_delta(
+    current: tuple[Sequence[float], Sequence[float], float],
+    baseline: tuple[Sequence[float], Sequence[float], float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    confidence: float = CONFIDENCE,
+) -> dict[str, float | int | None]:
+    """Difference of two ratio estimates, scale x sum(num) / sum(den), with a percentile bootstrap CI.
+
+    Each side is (numerators, denominators, scale), one pair per unit (a request); pairs are resampled
+    together within each side. Goodput is such a ratio: a closed loop of N users completes good requests
+    at N x sum(good) / sum(request time) (Little's law), an open loop at its arrival rate x their share.
+    """
+    sides = []
+    for num, den, scale in (current, baseline):
+        num_a, den_a = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+        if len(num_a) != len(den_a):
+            raise ValueError("a ratio needs as many denominators as numerators")
+        sides.append((num_a, den_a, float(scale)))
+
+    def estimate(num_a, den_a, scale) -> float | None:
+        return scale * float(num_a.sum()) / float(den_a.sum()) if len(num_a) and den_a.sum() > 0 else None
+
+    cur_est, base_est = estimate(*sides[0]), estimate(*sides[1])
+    out: dict[str, float | int | None] = {
+        "n_current": len(sides[0][0]),
+        "n_baseline": len(sides[1][0]),
+        "resamples": resamples,
+        "seed": seed,
+        "current": cur_est,
+        "baseline": base_est,
+        "delta": None,
+        "ci_low": None,
+        "ci_high": None,
+    }
+    if cur_est is None or base_est is None:
+        return out
+    out["delta"] = cur_est - base_est
+    rng = np.random.default_rng(seed)
+    boot = []
+    for num_a, den_a, scale in sides:
+        idx = rng.integers(0, len(num_a), size=(resamples, len(num_a)))
+        dens = den_a[idx].sum(axis=1)
+        boot.append(scale * num_a[idx].sum(axis=1) / np.where(dens > 0, dens, np.nan))
+    deltas = [d for d in (boot[0] - boot[1]).tolist() if math.isfinite(d)]
+    alpha = (1.0 - confidence) / 2.0
+    out["ci_low"] = percentile(deltas, 100.0 * alpha)
+    out["ci_high"] = percentile(deltas, 100.0 * (1.0 - alpha))
+    return out

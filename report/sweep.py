@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 from report import query, stats
 from report.gauges import GaugeReport
 from report.load import Run
-from servescope import series
+from servescope import series, thresholds
+from servescope.runfolder import RequestRecord
 
 KNEE_FRACTION = 0.9
 KNEE_RULE = (
@@ -17,7 +18,7 @@ KNEE_RULE = (
 )
 DRAIN_RULE = (
     "queue drained = the moment the last request of the burst received its first token (every request admitted), "
-    "measured from the burst's first send; from the gauges: the first scrape after the peak where waiting is back to 0"
+    "measured from the burst's first send; from the gauges: the first sample after the peak where waiting is back to 0"
 )
 TABLE_SCENARIOS = ("sequential", "burst")
 
@@ -56,6 +57,9 @@ class BurstDrain:
     drain_s: float | None  # client side: last first-token minus first send
     gauge_drain_s: float | None  # gauge side: waiting back to 0
     ttft_by_arrival: list[tuple[int, float | None]] = field(default_factory=list)
+    queued: int = 0  # requests whose first token came late against the burst's fastest (thresholds.TTFT_QUEUED_*)
+    served_after: int = 0  # requests whose first token came only after another of the burst had finished
+    started_at: float | None = None  # epoch seconds: the burst's first send
 
 
 def sweeps(run: Run) -> list[Sweep]:
@@ -121,17 +125,15 @@ def bursts(run: Run, gauges: GaugeReport | None = None) -> list[BurstDrain]:
         for p in run.phases_of(instance):
             if p.scenario != "burst":
                 continue
-            # A burst is as large as its concurrency: its requests are few enough to list.
-            recs = run.con.execute(
-                f"SELECT started_at, ttft_s, ok, arrival_index FROM requests WHERE instance = ? AND phase = ? "
-                f"ORDER BY coalesce(arrival_index, {1 << 30}), {query.ORDER}",
-                [instance, p.phase],
-            ).fetchall()
-            firsts = [start + ttft for start, ttft, ok, _ in recs if ok and ttft is not None]
-            drain = max(firsts) - p.started_at if firsts else None
+            recs = run.requests_of(instance, p.phase)  # a burst is as large as its concurrency: few records
+            ok = [r for r in recs if r.ok and r.ttft_s is not None]
+            drain = max(r.started_at + r.ttft_s for r in ok) - p.started_at if ok else None
+            ordered = sorted(
+                recs, key=lambda r: (r.arrival_index if r.arrival_index is not None else 1 << 30, r.started_at)
+            )
             by_arrival = [
-                (arrival if arrival is not None else i, ttft if ok else None)
-                for i, (_, ttft, ok, arrival) in enumerate(recs)
+                (r.arrival_index if r.arrival_index is not None else i, r.ttft_s if r.ok else None)
+                for i, r in enumerate(ordered)
             ]
             out.append(
                 BurstDrain(
@@ -143,9 +145,31 @@ def bursts(run: Run, gauges: GaugeReport | None = None) -> list[BurstDrain]:
                     drain,
                     _gauge_drain(gauges, instance, p.started_at, p.ended_at),
                     by_arrival,
+                    *queueing(ok),
+                    started_at=p.started_at,
                 )
             )
     return out
+
+
+def queueing(ok: list[RequestRecord]) -> tuple[int, int]:
+    """(queued, served after another) among a burst's successful requests: what the clients saw of a queue."""
+    if not ok:
+        return 0, 0
+    fastest = min(r.ttft_s for r in ok)
+    late = max(thresholds.TTFT_QUEUED_RATIO * fastest, fastest + thresholds.TTFT_QUEUED_MIN_S)
+    queued = sum(1 for r in ok if r.ttft_s >= late)
+    served_after = sum(
+        1
+        for r in ok
+        if r.ttft_s >= late
+        and any(
+            r.started_at + r.ttft_s >= other.started_at + other.e2e_s - thresholds.SERVED_AFTER_SLACK_S
+            for other in ok
+            if other is not r and other.e2e_s is not None
+        )
+    )
+    return queued, served_after
 
 
 def mean_ttft_by_arrival(drains: list[BurstDrain], instance: str) -> list[tuple[int, float]]:
@@ -162,9 +186,10 @@ def mean_ttft_by_arrival(drains: list[BurstDrain], instance: str) -> list[tuple[
 def _gauge_drain(gauges: GaugeReport | None, instance: str, start: float, end: float) -> float | None:
     if gauges is None or not gauges.available or instance not in gauges.engines:
         return None
-    points = gauges.engines[instance].series.get(series.REQUESTS_WAITING, [])
-    step = gauges.step_s or 0.0
-    window = [(t, v) for t, v in points if start - step <= t <= end + 10 * step]
+    eg = gauges.engines[instance]
+    points = eg.series.get(series.REQUESTS_WAITING, [])
+    step = eg.spacing_s or gauges.step_s or 0.0
+    window = [(t, v) for t, v in points if start - step <= t <= end + 10 * step and v is not None]
     seen_wait = False
     for t, v in window:
         if v > 0:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from report import query
+from report import noise, query, stats
 from report.load import Run
-from servescope.runfolder import PhaseRecord
+from servescope.runfolder import PhaseRecord, base_phase
+from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
 
 # The seed reads 3.13x for a burst of 3 as "strongly sub-linear (batching overlap visible)" and 1.10x
 # as "near-linear (little/no overlap benefit)". A burst of N can at best be N times faster than the
@@ -21,7 +22,6 @@ READING_RULE = (
     f"factor >= max({STRONG_FRACTION_OF_N:g} x N, {STRONG_MIN:g}) -> strongly sub-linear (batching overlap visible); "
     f"factor <= {NEAR_LINEAR_MAX:g} -> near-linear (requests handled one at a time); in between -> partial overlap."
 )
-SEQUENTIAL, BURST = "sequential", "burst"
 MAX_CELLS = 64  # per-request times listed per phase: the seed's table lists 3; a burst of 1,024 would not read
 
 
@@ -42,30 +42,75 @@ class RequestCell:
 
 
 @dataclass
+class Repetition:
+    """One pass of a phase: its own wall time and factor, and whether the table may use them."""
+
+    repetition: int
+    attempt: int
+    phase: str  # the recorded name ("burst-1#2")
+    wall_s: float
+    host: str  # the host's noise while it ran (hostnoise.describe)
+    flags: list[str] = field(default_factory=list)  # why its own numbers are not trusted
+    superseded: bool = False  # a retry of the same repetition replaced it
+    scaling_factor: float | None = None  # this repetition's matched-set sequential wall / this burst's wall
+    matched_phase: str | None = None
+    matched_wall_s: float | None = None
+    partner_flags: list[str] = field(default_factory=list)  # why its matched sequential pass is not trusted
+
+    @property
+    def wall_used(self) -> bool:
+        return not self.flags and not self.superseded
+
+    @property
+    def factor_used(self) -> bool:
+        return self.wall_used and not self.partner_flags and self.scaling_factor is not None
+
+    @property
+    def left_out(self) -> str | None:
+        """Why (some of) its numbers are not in the row's medians; None when they all are."""
+        if self.superseded:
+            return "superseded by a retry"
+        if self.flags:
+            return "; ".join(self.flags)
+        if self.partner_flags:
+            return f"its matched {self.matched_phase} was flagged: {'; '.join(self.partner_flags)}"
+        return None
+
+
+@dataclass
 class TableRow:
     instance: str
     engine: str
     title: str
-    phase: str
+    phase: str  # the phase across repetitions ("burst-1")
     scenario: str
     mode: str
     prompt_set: str
     prompt_set_sha256: str
     max_tokens: int
     concurrency: int
-    wall_s: float
-    requests: list[RequestCell]
+    wall_s: float  # median over the repetitions it may use (all of them when none may: then `trusted` is False)
+    requests: list[RequestCell]  # the repetition whose wall is closest to that median
     n_ok: int
     n_failed: int
     output_tokens: int
     tokens_per_s: float | None
     notes: list[str] = field(default_factory=list)
     matched_phase: str | None = None
-    matched_wall_s: float | None = None
-    scaling_factor: float | None = None
+    matched_wall_s: float | None = None  # median over the pairs used
+    scaling_factor: float | None = None  # median of the per-repetition factors used
+    scaling_ci: tuple[float | None, float | None] = (None, None)  # bootstrap 95% CI over those repetitions
+    wall_ci: tuple[float | None, float | None] = (None, None)
     reading: str | None = None
     refusal: str | None = None  # why no scaling factor was computed for this burst
+    repetitions: list[Repetition] = field(default_factory=list)
+    trusted: bool = True  # at least one repetition was neither flagged nor superseded
     recorded: int = 0  # requests recorded for the phase (requests lists at most MAX_CELLS of them)
+
+    @property
+    def left_out(self) -> list[Repetition]:
+        """Repetitions flagged (or paired with a flagged one), retries' superseded attempts aside."""
+        return [r for r in self.repetitions if r.left_out and not r.superseded]
 
 
 def reading(factor: float, burst_size: int) -> str:
@@ -85,59 +130,82 @@ def is_burst(phase: PhaseRecord) -> bool:
     return phase.scenario == BURST
 
 
-def build(run: Run) -> list[TableRow]:
-    """One row per sequential or burst phase, engines in manifest order, phases in time order."""
+def build(run: Run, assessment: noise.Assessment | None = None) -> list[TableRow]:
+    """One row per sequential or burst phase over its repetitions, engines in manifest order, phases in time order."""
+    assessment = assessment or noise.assess(run)
     rows: list[TableRow] = []
     for instance, info in run.engines.items():
         phases = [p for p in run.phases_of(instance) if is_sequential(p) or is_burst(p)]
-        seq = [p for p in phases if is_sequential(p)]
-        matched: dict[str, PhaseRecord | None] = {}
-        refusals: dict[str, str] = {}
-        for burst in (p for p in phases if is_burst(p)):
-            partner, why = match_sequential(burst, seq)
-            matched[burst.phase] = partner
-            if why:
-                refusals[burst.phase] = why
-        matched_names = {p.phase for p in matched.values() if p is not None}
-        for phase in phases:
-            row = _row(run, info.title, phase)
-            if is_sequential(phase):
-                label = "matched set" if phase.phase in matched_names else f"{_count(phase, row)} prompts"
-                row.mode = f"sequential ({phase.prompt_set or 'prompts'}, {label})"
+        current = [p for p in phases if not assessment.of(p.instance, p.phase).superseded]
+        seq = [p for p in current if is_sequential(p)]
+        pairs = {b.phase: scaling_factor(b, seq) for b in current if is_burst(b)}
+        matched_names = {base_phase(partner.phase) for _, partner, _ in pairs.values() if partner is not None}
+        groups: dict[str, list[PhaseRecord]] = {}
+        for p in phases:
+            groups.setdefault(base_phase(p.phase), []).append(p)
+        for base, records in groups.items():
+            row = _aggregate(run, info.title, base, records, assessment, pairs)
+            if is_sequential(records[0]):
+                label = "matched set" if base in matched_names else f"{_count(records[0], row)} prompts"
+                row.mode = f"sequential ({records[0].prompt_set or 'prompts'}, {label})"
             else:
-                row.mode = f"burst ({phase.concurrency} concurrent)"
-                partner = matched.get(phase.phase)
-                if partner is None:
-                    row.refusal = refusals.get(phase.phase)
-                elif row.wall_s > 0:
-                    row.matched_phase, row.matched_wall_s = partner.phase, partner.wall_s
-                    row.scaling_factor = partner.wall_s / row.wall_s
-                    row.reading = reading(row.scaling_factor, phase.concurrency)
+                row.mode = f"burst ({records[0].concurrency} concurrent)"
             rows.append(row)
     return rows
 
 
-def match_sequential(burst: PhaseRecord, sequential: list[PhaseRecord]) -> tuple[PhaseRecord | None, str | None]:
-    """The sequential phase that ran the burst's prompts with the burst's max_tokens, or why there is none."""
-    if not sequential:
-        return None, "no sequential pass for this engine: no scaling factor (the seed's matched-set rule)"
-    same_set = [p for p in sequential if p.prompt_set_sha256 == burst.prompt_set_sha256]
-    if not same_set:
-        seen = ", ".join(
-            sorted({f"{p.prompt_set or '?'} ({p.prompt_set_sha256[:12] or 'no hash'})" for p in sequential})
+def _aggregate(
+    run: Run,
+    title: str,
+    base: str,
+    records: list[PhaseRecord],
+    assessment: noise.Assessment,
+    pairs: dict[str, tuple[float | None, PhaseRecord | None, str | None]],
+) -> TableRow:
+    """The repetitions of one phase folded into one row: medians and CIs over what may be used, the rest listed."""
+    by_name = {p.phase: p for p in records}
+    reps = []
+    for p in sorted(records, key=lambda p: (p.repetition, p.attempt)):
+        trust = assessment.of(p.instance, p.phase)
+        rep = Repetition(p.repetition, p.attempt, p.phase, p.wall_s, trust.host, trust.flags, trust.superseded)
+        factor, partner, _ = pairs.get(p.phase, (None, None, None))
+        if partner is not None:
+            rep.scaling_factor, rep.matched_phase, rep.matched_wall_s = factor, partner.phase, partner.wall_s
+            rep.partner_flags = assessment.of(partner.instance, partner.phase).flags
+        reps.append(rep)
+    current = [r for r in reps if not r.superseded]
+    used = [r for r in current if r.wall_used] or current  # none usable: show them all, untrusted
+    per_rep = {r.phase: _row(run, title, by_name[r.phase]) for r in used}
+    middle, lo, hi = stats.bootstrap_median_ci([r.wall_s for r in used])
+    shown = min(used, key=lambda r: abs(r.wall_s - middle))
+    row = per_rep[shown.phase]
+    row.phase, row.wall_s, row.repetitions = base, middle, reps
+    row.trusted = any(r.wall_used for r in current)
+    if len(used) > 1:
+        row.wall_ci = (lo, hi)
+        rates = [x.tokens_per_s for x in per_rep.values() if x.tokens_per_s is not None]
+        row.tokens_per_s = statistics.median(rates) if rates else None
+        row.notes.insert(0, f"per-request times from {shown.phase}, the repetition nearest the median wall")
+    if not is_burst(by_name[shown.phase]):
+        return row
+    paired = [r for r in current if r.factor_used]
+    if paired:
+        factor, ci_low, ci_high = stats.bootstrap_median_ci([r.scaling_factor for r in paired])
+        row.scaling_factor, row.reading = factor, reading(factor, row.concurrency)
+        row.scaling_ci = (ci_low, ci_high) if len(paired) > 1 else (None, None)
+        row.matched_phase = base_phase(paired[0].matched_phase)
+        row.matched_wall_s = statistics.median(r.matched_wall_s for r in paired)
+        return row
+    refusals = [pairs[r.phase][2] for r in current if pairs.get(r.phase, (None, None, None))[2]]
+    flagged = [r for r in current if r.left_out]
+    if refusals:
+        row.refusal = refusals[0]
+    elif flagged:
+        row.refusal = (
+            f"refused: every repetition of {base} is flagged ({', '.join(r.phase for r in flagged)}): "
+            f"rerun on a quiet host"
         )
-        return None, (
-            f"refused: the burst ran prompt set {burst.prompt_set or '?'} ({burst.prompt_set_sha256[:12] or 'no hash'}) "
-            f"but the sequential pass ran {seen}; the seed's matched-set rule needs the same prompts"
-        )
-    same_len = [p for p in same_set if p.max_tokens == burst.max_tokens]
-    if not same_len:
-        seen = ", ".join(str(m) for m in sorted({p.max_tokens for p in same_set}))
-        return None, (
-            f"refused: max_tokens differ (sequential {seen}, burst {burst.max_tokens}); "
-            f"the seed's matched-set rule needs the same generation length"
-        )
-    return min(same_len, key=lambda p: abs(p.started_at - burst.started_at)), None
+    return row
 
 
 def _row(run: Run, title: str, phase: PhaseRecord) -> TableRow:
@@ -198,10 +266,42 @@ def requests_text(row: TableRow) -> str:
     return " / ".join(c.text() for c in row.requests) or "no requests recorded"
 
 
+def _pairs(row: TableRow) -> list[Repetition]:
+    return [r for r in row.repetitions if r.factor_used]
+
+
+def ci_text(ci: tuple[float | None, float | None], unit: str) -> str:
+    lo, hi = ci
+    return f" [95% CI {lo:.2f}{unit}-{hi:.2f}{unit}]" if lo is not None and hi is not None else ""
+
+
 def scaling_text(row: TableRow) -> str:
-    if row.scaling_factor is not None:
-        return f"{row.matched_wall_s:.3f}s / {row.wall_s:.3f}s = {row.scaling_factor:.2f}x"
-    return ""
+    """The seed's arithmetic for one pair (a / b = factor); over repetitions, their median with its CI."""
+    if row.scaling_factor is None:
+        return ""
+    pairs = _pairs(row)
+    if len(pairs) == 1:
+        return f"{pairs[0].matched_wall_s:.3f}s / {pairs[0].wall_s:.3f}s = {row.scaling_factor:.2f}x"
+    return (
+        f"median of {len(pairs)} repetitions {row.scaling_factor:.2f}x{ci_text(row.scaling_ci, 'x')} "
+        f"(walls {row.matched_wall_s:.3f}s / {row.wall_s:.3f}s)"
+    )
+
+
+def wall_text(row: TableRow) -> str:
+    current = [r for r in row.repetitions if not r.superseded]
+    used = [r for r in current if r.wall_used]
+    if len(current) <= 1:
+        return f"{row.wall_s:.3f}s" + ("" if row.trusted else " (flagged)")
+    if not used:
+        return f"{row.wall_s:.3f}s (median of {len(current)}, all flagged)"
+    return f"{row.wall_s:.3f}s (median of {len(used)}/{len(current)}){ci_text(row.wall_ci, 's')}"
+
+
+def flags_text(row: TableRow) -> str:
+    """What the row leaves out and why, with the phases to rerun."""
+    out = [f"{r.phase} left out: {r.left_out}" for r in row.left_out]
+    return "; ".join(out)
 
 
 def notes_text(row: TableRow) -> str:
@@ -210,6 +310,8 @@ def notes_text(row: TableRow) -> str:
         parts.append(f"{row.reading}; matched set: {row.matched_phase}")
     if row.refusal:
         parts.append(row.refusal)
+    if row.left_out:
+        parts.append(flags_text(row))
     return "; ".join(parts + row.notes)
 
 
@@ -226,39 +328,80 @@ HEADERS = [
 
 def cells(row: TableRow) -> list[str]:
     tps = f"{row.tokens_per_s:.1f}" if row.tokens_per_s is not None else "n/a"
-    return [row.title, row.mode, requests_text(row), f"{row.wall_s:.3f}s", tps, scaling_text(row), notes_text(row)]
+    return [row.title, row.mode, requests_text(row), wall_text(row), tps, scaling_text(row), notes_text(row)]
 
 
-def render_text(rows: list[TableRow], run_id: str) -> str:
-    """The table for a terminal: one line per phase, then the per-request times like the seed's results file."""
-    if not rows:
-        return f"run {run_id}: no sequential or burst phases recorded (nothing for the seed's table)\n"
+def _main_table(rows: list[TableRow]) -> list[str]:
     heads = ["Engine", "Mode", "Wall", "tok/s", "Scaling", "Reading"]
     body = []
     for row in rows:
         tps = f"{row.tokens_per_s:.1f}" if row.tokens_per_s is not None else "n/a"
-        scaling = f"{row.scaling_factor:.2f}x" if row.scaling_factor is not None else ("refused" if row.refusal else "")
+        scaling = (
+            f"{row.scaling_factor:.2f}x{ci_text(row.scaling_ci, 'x')}"
+            if row.scaling_factor is not None
+            else ("refused" if row.refusal else "")
+        )
         read = row.reading or (row.refusal or "")
         if row.n_failed:
             read = f"{read}{'; ' if read else ''}{row.n_failed} failed"
-        body.append([row.title, row.mode, f"{row.wall_s:.3f}s", tps, scaling, read])
+        flagged = len(row.left_out)
+        if flagged and not row.refusal:
+            read = f"{read}{'; ' if read else ''}FLAGGED: {flagged} repetition(s) left out (see below)"
+        body.append([row.title, row.mode, wall_text(row), tps, scaling, read])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(heads[:-1])]
-    lines = [f"servescope: the seed's comparison table (run {run_id})"]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
-    lines.append(fmt.format(*heads))
-    lines.append(fmt.format(*("-" * w for w in widths), "-" * 7))
-    lines += [fmt.format(*b) for b in body]
-    lines.append("")
-    lines.append("Per request (status time), in arrival order:")
-    for row in rows:
-        lines.append(f"  {row.title} {row.mode}: {requests_text(row)} -> wall {row.wall_s:.3f}s")
-    factors = [r for r in rows if r.scaling_factor is not None]
+    return [fmt.format(*heads), fmt.format(*("-" * w for w in widths), "-" * 7), *(fmt.format(*b) for b in body)]
+
+
+def _scaling_lines(rows: list[TableRow]) -> list[str]:
+    lines = []
+    factors = [r for r in rows if r.scaling_factor is not None or (r.refusal and r.left_out)]
     if factors:
         lines.append("Scaling factor (matched-set sequential -> burst):")
         for row in factors:
-            lines.append(f"  {row.title}: {scaling_text(row)} -- {row.reading}")
+            if row.scaling_factor is not None:
+                lines.append(f"  {row.title}: {scaling_text(row)} -- {row.reading}")
+            else:
+                lines.append(f"  {row.title}: {row.refusal}")
         for title, summary in repeated_bursts(rows).items():
             lines.append(f"  {title}: {summary}")
+    return lines
+
+
+def _flag_lines(rows: list[TableRow]) -> list[str]:
+    flagged = [(row, r) for row in rows for r in row.left_out]
+    if not flagged:
+        return []
+    lines = ["Flagged (not in any median, factor or verdict; rerun them on a quiet host):"]
+    lines += [f"  {row.title} {r.phase}: {r.left_out}" for row, r in flagged]
+    return lines
+
+
+def render_text(rows: list[TableRow], run_id: str) -> str:
+    """The table for a terminal: one line per phase, the per-request and per-repetition times, factors, flags."""
+    if not rows:
+        return f"run {run_id}: no sequential or burst phases recorded (nothing for the seed's table)\n"
+    lines = [f"servescope: the seed's comparison table (run {run_id})", *_main_table(rows), ""]
+    lines.append("Per request (status time), in arrival order:")
+    for row in rows:
+        lines.append(f"  {row.title} {row.mode}: {requests_text(row)} -> wall {row.wall_s:.3f}s")
+    if any(len(row.repetitions) > 1 for row in rows):
+        lines.append("Per repetition (wall; host noise while it ran):")
+        for row in rows:
+            for r in row.repetitions:
+                factor = f", {r.scaling_factor:.2f}x" if r.scaling_factor is not None else ""
+                mark = f" -- LEFT OUT: {r.left_out}" if r.left_out else ""
+                lines.append(f"  {row.title} {r.phase}: {r.wall_s:.3f}s{factor}; {r.host}{mark}")
+    lines += _scaling_lines(rows)
+    lines += _flag_lines(rows)
+    return "\n".join(lines) + "\n"
+
+
+def render_summary(rows: list[TableRow], run_id: str) -> str:
+    """The short form the load generator prints when its run ends: the table, the factors, the flags."""
+    if not rows:
+        return ""
+    lines = [f"the seed's comparison (run {run_id}):", *_main_table(rows), *_scaling_lines(rows), *_flag_lines(rows)]
     return "\n".join(lines) + "\n"
 
 

@@ -1,22 +1,35 @@
-"""The seed's section 4 as a rule on gauge peaks (which knob to move), plus its section-3 KV cache arithmetic."""
+"""Which knob to move: the seed's section 4 on the gauges, weighed with what the clients and the engine's own timings saw; plus section 3.
+
+The gauges (the run's own samples, else Prometheus) say whether requests waited and how full the
+KV pool was while they did (servescope/thresholds.py, the table the alert rules are generated
+from). The clients say it too: in a burst, first tokens that came one after another, later ones
+only once an earlier request had finished (sweep.queueing). The engine's timings give a queue
+share of TTFT (report/ttft_split.py). When these disagree the verdict says so and why, and it
+never reports that nothing waited while the clients saw requests served one after another.
+"""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from report.gauges import GaugeReport
+from report.gauges import EngineGauges, GaugeReport
 from report.load import EngineInfo, Run
-from servescope import series
+from report.noise import Assessment
+from report.sweep import BurstDrain
+from report.ttft_split import TtftSplit
+from servescope import series, thresholds
+from servescope.kv_arithmetic import blocks_for, capacity_tokens, max_concurrency
 
-# "Near 100%" in the seed's words: the paged pool is the bottleneck once the peak reaches this.
-KV_FULL = 0.9
+KV_FULL, KV_ROOM = thresholds.KV_FULL, thresholds.KV_ROOM
 RULE = (
-    f"From the peaks over the run (seed section 4): requests waiting with KV usage below {KV_FULL:.0%} -> the batch "
-    f"slots were the limit (vLLM: raise --max-num-seqs); waiting with KV usage at or above {KV_FULL:.0%} -> the KV "
+    f"Seed section 4, read from the gauges while requests waited: KV usage that stayed below {KV_ROOM:.0%} -> the "
+    f"batch slots were the limit (vLLM: raise --max-num-seqs); KV usage averaging {KV_FULL:.0%} or more -> the KV "
     f"pool was the limit (raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len; never --swap-space, which adds no "
-    f"blocks on the CPU backend); llama.cpp / Ollama waiting -> raise LLAMACPP_PARALLEL / OLLAMA_NUM_PARALLEL; "
-    f"nothing waiting -> no lever needed."
+    f"blocks on the CPU backend); in between, neither is claimed; llama.cpp / Ollama waiting -> raise "
+    f"LLAMACPP_PARALLEL / OLLAMA_NUM_PARALLEL. The clients' TTFT by arrival order and the engine's own queue "
+    f"timings are weighed with the gauges: a queue any of them saw is a queue (the thresholds are the alert "
+    f"rules' too: servescope/thresholds.py)."
 )
 
 RUNNING, WAITING, KV_USAGE = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE
@@ -27,10 +40,12 @@ class Verdict:
     instance: str
     engine: str
     computable: bool
-    lever: str | None  # max_num_seqs, kv_cache_space_or_max_model_len, llamacpp_parallel, llamacpp_ctx,
-    #                    ollama_num_parallel, none; None when no verdict could be made
+    lever: str | None  # max_num_seqs, kv_cache_space_or_max_model_len, kv_undecided, llamacpp_parallel,
+    #                    ollama_num_parallel, undetermined, none; None when no verdict could be made
     text: str
     evidence: str = ""
+    disagreement: str = ""  # when the gauges, the clients and the engine's timings tell different stories: why
+    left_out: list[str] = field(default_factory=list)  # flagged phases it did not conclude from: rerun them
     peak_running: float | None = None
     peak_waiting: float | None = None
     peak_kv_usage: float | None = None
@@ -69,35 +84,157 @@ def _setting(info: EngineInfo, *names: str) -> tuple[int | None, str]:
     return number, f" (now {number})" if source == "run" else f" (now {number} per this checkout's knobs)"
 
 
-def decide(info: EngineInfo, peaks: dict[str, float | None], *, phases_ran: bool = True) -> Verdict:
-    """The verdict for one engine from its gauge peaks alone (plus its flags, to say the current value)."""
-    running, waiting, kv = peaks.get(RUNNING), peaks.get(WAITING), peaks.get(KV_USAGE)
-    v = Verdict(info.instance, info.kind, False, None, "", peak_running=running, peak_waiting=waiting, peak_kv_usage=kv)
-    if waiting is None:
+@dataclass
+class QueueEvidence:
+    """What the clients and the engine's own timings saw of a queue, besides the gauges."""
+
+    bursts: list[BurstDrain] = field(default_factory=list)
+    split: TtftSplit | None = None
+
+    @property
+    def client_queued(self) -> int:
+        return sum(b.queued for b in self.bursts)
+
+    @property
+    def served_after(self) -> int:
+        return sum(b.served_after for b in self.bursts)
+
+    @property
+    def engine_queued(self) -> int:
+        return self.split.queued if self.split is not None and self.split.available else 0
+
+    @property
+    def saw_queue(self) -> bool:
+        return self.client_queued > 0 or self.engine_queued > 0
+
+    def first_queued_burst(self) -> BurstDrain | None:
+        return next((b for b in self.bursts if b.queued), None)
+
+    def text(self) -> str:
+        parts = []
+        burst = self.first_queued_burst() or (self.bursts[0] if self.bursts else None)
+        if burst is not None:
+            ttfts = "/".join(f"{t:.3f}" if t is not None else "failed" for _, t in burst.ttft_by_arrival)
+            parts.append(
+                f"clients: {burst.phase} TTFT by arrival {ttfts} s"
+                + (
+                    f", {burst.served_after} of {burst.burst_size} first tokens only after another request had finished"
+                    if burst.served_after
+                    else (f", {burst.queued} of {burst.burst_size} first tokens late" if burst.queued else "")
+                )
+            )
+        if self.split is not None and self.split.available and self.split.queue_share is not None:
+            kind = "aggregate " if self.split.aggregate else ""
+            parts.append(f"engine timings: {kind}queue {self.split.queue_share:.0%} of the mean TTFT")
+        return "; ".join(parts)
+
+
+def decide(
+    info: EngineInfo,
+    peaks: dict[str, float | None],
+    *,
+    gauges: EngineGauges | None = None,
+    queue: QueueEvidence | None = None,
+    kv: KvArithmetic | None = None,
+    phases_ran: bool = True,
+) -> Verdict:
+    """The verdict for one engine: its gauges (peaks, KV usage while waiting, coverage), weighed with the queue evidence."""
+    queue = queue or QueueEvidence()
+    running, waiting, kv_peak = peaks.get(RUNNING), peaks.get(WAITING), peaks.get(KV_USAGE)
+    v = Verdict(
+        info.instance, info.kind, False, None, "", peak_running=running, peak_waiting=waiting, peak_kv_usage=kv_peak
+    )
+    kv_max, kv_mean = gauges.kv_while_waiting if gauges is not None else (None, None)
+    if waiting and kv_max is None and kv_peak is not None:
+        kv_max = kv_mean = kv_peak  # peaks only (no aligned samples): the peak stands for both
+    gauge_text = ""
+    if waiting is not None:
+        kv_text = f"{kv_peak:.1%}" if kv_peak is not None else "unknown"
+        gauge_text = f"peak running {_num(running)}, peak waiting {_num(waiting)}, peak KV usage {kv_text}"
+        if gauges is not None:
+            gauge_text = f"gauges ({_source(gauges)}): {gauge_text}"
+    v.evidence = "; ".join(x for x in (gauge_text, queue.text()) if x)
+    if waiting is None and not queue.bursts and not queue.engine_queued:
         v.text = f"no verdict: no {WAITING} samples for this engine during the run"
         return v
-    kv_text = f"{kv:.1%}" if kv is not None else "unknown"
-    v.evidence = f"peak running {_num(running)}, peak waiting {_num(waiting)}, peak KV usage {kv_text}"
     v.computable = True
-    if waiting <= 0:
-        v.lever = "none"
-        v.text = "no lever needed: nothing waited during the run"
-        if phases_ran and not running:
-            v.text += (
-                " (but the gauges never saw a request running either: the phases may be shorter than the "
-                "scrape interval, so a queue could have come and gone between scrapes)"
+    if waiting:
+        _lever(v, info, thresholds.kv_pool_state(kv_max, kv_mean), running, kv_max, kv_mean)
+        if queue.bursts and not queue.saw_queue:
+            v.disagreement = (
+                f"the gauges saw up to {_num(waiting)} waiting, but no request of this run's bursts was served late "
+                f"({queue.text()}): the queue came from other traffic, or lasted less than one decode step"
             )
-        elif kv is not None and kv < 0.05 and running:
-            v.text += f"; the KV pool peaked at {kv:.1%}, oversized for this load (the seed: budget bigger than needed)"
         return v
+    if queue.saw_queue:
+        missed = _why_gauges_missed(gauges, waiting, queue)
+        who = " and ".join(
+            x
+            for x in (
+                "the clients" if queue.client_queued else "",
+                "the engine's timings" if queue.engine_queued else "",
+            )
+            if x
+        )
+        burst = queue.first_queued_burst()
+        admitted = gauges.phase_peaks.get(burst.phase, {}).get(RUNNING) if gauges and burst else None
+        if burst is not None and admitted is not None and admitted >= burst.burst_size:
+            # The gauges saw every request of the burst running at once: the batch cap let them all in (none
+            # waited for a slot), yet first tokens came one by one, later ones even after an earlier had finished.
+            v.lever = "none"
+            v.text = (
+                f"no slot or KV lever: all {burst.burst_size} requests of {burst.phase} were admitted at once (running "
+                f"reached {_num(admitted)}, nothing waiting), but their first tokens came one after another: the "
+                f"prompts were processed one at a time inside the running batch (vLLM: chunked prefill under "
+                f"--max-num-batched-tokens), which is where their TTFT went"
+            )
+            v.text += _oversized(kv_peak, running)
+            v.disagreement = (
+                f"{who} saw first tokens served one after another, the gauges no queue: the wait was prefill "
+                f"inside the batch, not admission"
+            )
+            return v
+        _lever_from_queue(v, info, queue, kv)
+        v.disagreement = f"{who} saw requests wait, the gauges did not: {missed}"
+        return v
+    v.lever = "none"
+    v.text = "no lever needed: nothing waited during the run"
+    if phases_ran and not running:
+        v.text += (
+            " (but the gauges never saw a request running either: the phases may be shorter than the "
+            "sampling interval, so a queue could have come and gone between reads)"
+        )
+    else:
+        v.text += _oversized(kv_peak, running)
+    return v
+
+
+def _oversized(kv_peak: float | None, running: float | None) -> str:
+    if kv_peak is not None and kv_peak < thresholds.KV_OVERSIZED and running:
+        return f"; the KV pool peaked at {kv_peak:.1%}, oversized for this load (the seed: budget bigger than needed)"
+    return ""
+
+
+def _lever(
+    v: Verdict, info: EngineInfo, pool: str, running: float | None, kv_max: float | None, kv_mean: float | None
+) -> None:
+    """Requests waited on the gauges: the lever by engine kind and the KV pool's state while they waited."""
     if info.kind == "vllm":
-        if kv is not None and kv >= KV_FULL:
+        if pool == "full":
             v.lever = "kv_cache_space_or_max_model_len"
             _, space = _setting(info, "VLLM_CPU_KVCACHE_SPACE", "kv_cache_space", "kvcache_space")
             _, mml = _setting(info, "max-model-len", "VLLM_MAX_MODEL_LEN", "max_model_len")
             v.text = (
                 f"raise VLLM_CPU_KVCACHE_SPACE{space} or lower --max-model-len{mml}: requests waited "
-                f"while the KV pool was full (not --swap-space: it adds no blocks on the CPU backend)"
+                f"while the KV pool was full (mean {kv_mean:.0%} while they waited; not --swap-space: it adds no "
+                f"blocks on the CPU backend)"
+            )
+        elif pool == "between":
+            v.lever = "kv_undecided"
+            v.text = (
+                f"requests waited with the KV pool between {KV_ROOM:.0%} and {KV_FULL:.0%} full (highest "
+                f"{kv_max:.0%}, mean {kv_mean:.0%} while they waited): both the batch cap (--max-num-seqs) and the "
+                f"KV pool are close to their limits; raise VLLM_CPU_KVCACHE_SPACE before --max-num-seqs"
             )
         else:
             v.lever = "max_num_seqs"
@@ -107,53 +244,168 @@ def decide(info: EngineInfo, peaks: dict[str, float | None], *, phases_ran: bool
                 if seqs is not None and running is not None and running >= seqs
                 else ""
             )
-            unknown = "" if kv is not None else " (KV usage unknown: check the KV pool before raising it)"
+            unknown = "" if pool == "room" else " (KV usage unknown: check the KV pool before raising it)"
             v.text = (
                 f"raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}: requests waited while the KV pool had "
                 f"room{full}{unknown}"
             )
     elif info.kind == "llamacpp":
-        slots, slots_now = _setting(info, "parallel", "np", "LLAMACPP_PARALLEL", "n_parallel", "total_slots", "slots")
-        # not the server's n_ctx: /props reports the per-slot context there
-        ctx, ctx_now = _setting(info, "ctx-size", "c", "LLAMACPP_CTX", "ctx")
-        if kv is not None and kv >= KV_FULL:
-            v.lever = "llamacpp_ctx"
-            v.text = f"raise LLAMACPP_CTX (-c){ctx_now}: requests waited while the slots' context was full"
-        else:
-            v.lever = "llamacpp_parallel"
-            per_slot = (
-                f"; each slot gets -c / --parallel tokens ({ctx} / {slots} = {ctx // slots})" if ctx and slots else ""
-            )
-            v.text = (
-                f"raise LLAMACPP_PARALLEL (--parallel){slots_now}: requests waited for a free slot"
-                f"{per_slot}, so raise LLAMACPP_CTX with it to keep the per-slot context"
-            )
+        v.lever = "llamacpp_parallel"
+        v.text = _llamacpp_text(info)
+        if pool == "full":
+            v.text += f" (the slots' context was {kv_mean:.0%} full while they waited)"
     elif info.kind == "ollama":
-        _, par = _setting(info, "OLLAMA_NUM_PARALLEL", "num_parallel", "num-parallel")
         v.lever = "ollama_num_parallel"
-        v.text = f"raise OLLAMA_NUM_PARALLEL{par}: requests waited for the loaded model"
+        v.text = _ollama_text(info)
     else:
         v.lever = "unknown"
         v.text = f"requests waited; no rule for engine kind {info.kind!r}"
-    return v
 
 
-def build(run: Run, gauges: GaugeReport) -> list[Verdict]:
+def _llamacpp_text(info: EngineInfo) -> str:
+    """llama.cpp defers a request only while no slot is idle: more slots, each keeping its share of -c."""
+    slots, slots_now = _setting(info, "parallel", "np", "LLAMACPP_PARALLEL", "n_parallel", "total_slots", "slots")
+    # not the server's n_ctx: /props reports the per-slot context there
+    ctx, _ = _setting(info, "ctx-size", "c", "LLAMACPP_CTX", "ctx")
+    per_slot = f"; each slot gets -c / --parallel tokens ({ctx} / {slots} = {ctx // slots})" if ctx and slots else ""
+    return (
+        f"raise LLAMACPP_PARALLEL (--parallel){slots_now}: requests waited for a free slot"
+        f"{per_slot}, so raise LLAMACPP_CTX with it to keep the per-slot context"
+    )
+
+
+def _ollama_text(info: EngineInfo) -> str:
+    _, par = _setting(info, "OLLAMA_NUM_PARALLEL", "num_parallel", "num-parallel")
+    return f"raise OLLAMA_NUM_PARALLEL{par}: requests waited for the loaded model"
+
+
+def _lever_from_queue(v: Verdict, info: EngineInfo, queue: QueueEvidence, kv: KvArithmetic | None) -> None:
+    """Requests waited by the clients' or the engine's account, not the gauges': the lever from the flags and section 3."""
+    if info.kind == "llamacpp":
+        v.lever, v.text = "llamacpp_parallel", _llamacpp_text(info)
+    elif info.kind == "ollama":
+        v.lever, v.text = "ollama_num_parallel", _ollama_text(info)
+    elif info.kind == "vllm":
+        seqs, now = _setting(info, "max-num-seqs", "VLLM_MAX_NUM_SEQS", "max_num_seqs")
+        size = max((b.burst_size for b in queue.bursts), default=None)
+        fits = kv is not None and kv.burst_blocks is not None and kv.blocks and kv.burst_blocks <= kv.blocks
+        if seqs is not None and size is not None and size > seqs:
+            v.lever = "max_num_seqs"
+            v.text = (
+                f"raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}: the burst of {size} is more than the batch cap, "
+                f"so requests waited for a slot"
+                + (f"; the burst's {kv.burst_blocks} KV blocks fit the pool of {kv.blocks:,.0f}" if fits else "")
+            )
+        elif kv is not None and kv.burst_blocks is not None and kv.blocks and kv.burst_blocks > kv.blocks:
+            v.lever = "kv_cache_space_or_max_model_len"
+            v.text = (
+                f"raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len: the burst needs {kv.burst_blocks} KV blocks, "
+                f"the pool has {kv.blocks:,.0f}"
+            )
+        else:
+            v.lever = "undetermined"
+            v.text = (
+                f"requests waited, but without the KV usage while they waited the lever cannot be told: compare "
+                f"--max-num-seqs{now} with the burst size and the KV pool (section 3 below)"
+            )
+    else:
+        v.lever = "unknown"
+        v.text = f"requests waited; no rule for engine kind {info.kind!r}"
+
+
+def _why_gauges_missed(gauges: EngineGauges | None, waiting: float | None, queue: QueueEvidence) -> str:
+    """Why the gauges show no queue where the clients or the engine saw one."""
+    if gauges is None or waiting is None:
+        return "the gauges have no waiting samples for this engine"
+    burst = queue.first_queued_burst() or (queue.bursts[0] if queue.bursts else None)
+    if burst is None:
+        return f"the waiting gauge stayed 0 ({_source(gauges)})"
+    if gauges.source != "samples":
+        points = sum(
+            1
+            for t, v in gauges.series.get(WAITING, [])
+            if v is not None
+            and burst.started_at is not None
+            and burst.started_at <= t <= burst.started_at + burst.wall_s
+        )
+        return (
+            f"gauges under-sampled: {points} Prometheus points during a {burst.wall_s:.1f} s burst "
+            f"(query step {gauges.spacing_s:g} s over scrapes seconds apart): a queue shorter than a scrape "
+            f"interval is invisible to it"
+        )
+    cov = gauges.coverage.get(burst.phase)
+    taken = cov.samples if cov else 0
+    if cov is not None and cov.missing:
+        return f"{cov.missing} of {taken + cov.missing} samples during {burst.phase} are missing ({'; '.join(cov.reasons)})"
+    if taken < thresholds.MIN_SAMPLES_PER_BURST:
+        return f"gauges under-sampled: {taken} samples during a {burst.wall_s:.1f} s burst ({_source(gauges)})"
+    return (
+        f"the waiting gauge stayed 0 across {taken} samples during {burst.phase}: the queue is not where the engine "
+        f"counts it (Ollama queues unseen unless the exporter's proxy carries the requests)"
+    )
+
+
+def _source(gauges: EngineGauges) -> str:
+    if gauges.source == "samples":
+        return f"samples every {gauges.spacing_s * 1000:g} ms" if gauges.spacing_s else "samples"
+    return f"Prometheus, step {gauges.spacing_s:g} s" if gauges.spacing_s else "Prometheus"
+
+
+def build(
+    run: Run,
+    gauges: GaugeReport,
+    drains: Sequence[BurstDrain] = (),
+    splits: Sequence[TtftSplit] = (),
+    kv: Sequence[KvArithmetic] = (),
+) -> list[Verdict]:
     out = []
+    splits_by = {s.instance: s for s in splits}
+    kv_by = {a.instance: a for a in kv}
     for instance, info in run.engines.items():
-        if not gauges.available:
+        queue = QueueEvidence([d for d in drains if d.instance == instance], splits_by.get(instance))
+        eg = gauges.engines.get(instance) if gauges.available else None
+        if eg is None and not queue.saw_queue:
+            why = gauges.reason if not gauges.available else "no gauge series for this engine"
             out.append(
-                Verdict(
-                    instance,
-                    info.kind,
-                    False,
-                    None,
-                    f"no verdict can be made: the gauges had no data ({gauges.reason})",
-                )
+                Verdict(instance, info.kind, False, None, f"no verdict can be made: the gauges had no data ({why})")
             )
             continue
-        eg = gauges.engines.get(instance)
-        out.append(decide(info, eg.peaks if eg else {}, phases_ran=bool(run.phases_of(instance))))
+        peaks = eg.peaks if eg is not None and eg.series else {}
+        out.append(
+            decide(
+                info,
+                peaks,
+                gauges=eg if eg is not None and eg.series else None,
+                queue=queue,
+                kv=kv_by.get(instance),
+                phases_ran=bool(run.phases_of(instance)),
+            )
+        )
+    return out
+
+
+def refuse_flagged(verdicts: list[Verdict], run: Run, assessment: Assessment) -> list[Verdict]:
+    """A verdict never rests on a flagged phase (report/noise.py): it names the ones it left out, to be rerun.
+
+    The verdicts come from the run without its flagged phases; an engine with no trusted phase
+    left gets no verdict at all.
+    """
+    out = []
+    for v in verdicts:
+        flagged = assessment.flagged(v.instance)
+        if flagged:
+            v.left_out = [f"{t.phase}: {'; '.join(t.flags)}" for t in flagged]
+            if not any(assessment.usable(p) for p in run.phases_of(v.instance)):
+                v = Verdict(
+                    v.instance,
+                    v.engine,
+                    False,
+                    None,
+                    f"no verdict: every phase of {v.instance} was flagged, and none is concluded from; rerun "
+                    f"{', '.join(t.phase for t in flagged)} on a quiet host",
+                    left_out=v.left_out,
+                )
+        out.append(v)
     return out
 
 
@@ -169,14 +421,14 @@ def kv_arithmetic(run: Run, gauges: GaugeReport) -> list[KvArithmetic]:
         a.capacity_tokens = kv.get(series.KV_CAPACITY_TOKENS)
         a.max_concurrency_reported = kv.get(series.KV_MAX_CONCURRENCY)
         if a.blocks is not None and a.block_size_tokens:
-            a.capacity_from_blocks = a.blocks * a.block_size_tokens
+            a.capacity_from_blocks = capacity_tokens(a.blocks, a.block_size_tokens)
         capacity = a.capacity_tokens if a.capacity_tokens is not None else a.capacity_from_blocks
         mml = _flag_int(info, "max-model-len", "VLLM_MAX_MODEL_LEN", "max_model_len")
         if mml is None and capacity and a.max_concurrency_reported:
             mml = round(capacity / a.max_concurrency_reported)
         a.max_model_len = mml
         if capacity and mml:
-            a.max_concurrency_computed = capacity / mml
+            a.max_concurrency_computed = max_concurrency(capacity, mml)
         bursts = [p for p in run.phases_of(instance) if p.scenario == "burst"]
         if bursts:
             a.burst_size = max(p.concurrency for p in bursts)
@@ -186,7 +438,7 @@ def kv_arithmetic(run: Run, gauges: GaugeReport) -> list[KvArithmetic]:
             if longest:
                 a.tokens_per_sequence = longest
                 if a.block_size_tokens:
-                    a.blocks_per_sequence = math.ceil(longest / a.block_size_tokens)
+                    a.blocks_per_sequence = blocks_for(longest, a.block_size_tokens)
                     a.burst_blocks = a.blocks_per_sequence * a.burst_size
         a.lines = _kv_lines(a, capacity)
         out.append(a)
@@ -230,6 +482,7 @@ def to_json(verdicts: list[Verdict], kv: list[KvArithmetic]) -> dict:
     return {
         "rule": RULE,
         "kv_full_threshold": KV_FULL,
+        "kv_room_threshold": KV_ROOM,
         "verdicts": [asdict(v) for v in verdicts],
         "kv_arithmetic": [asdict(a) for a in kv],
     }

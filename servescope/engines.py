@@ -18,6 +18,7 @@ class EngineKind:
     url_env: str  # the knob that points the exporter/loadgen at an existing instance
     chat_path: str  # where chat requests go
     accepts_ignore_eos: bool  # whether the engine honours `ignore_eos` in a request
+    api_key_env: str | None  # the knob holding the key of an engine started with --api-key; None: it has no such flag
 
     @property
     def default_port(self) -> int:
@@ -37,6 +38,7 @@ VLLM = EngineKind(
     url_env="VLLM_URL",
     chat_path="/v1/chat/completions",
     accepts_ignore_eos=True,
+    api_key_env="VLLM_API_KEY",
 )
 LLAMACPP = EngineKind(
     name="llamacpp",
@@ -48,6 +50,7 @@ LLAMACPP = EngineKind(
     url_env="LLAMACPP_URL",
     chat_path="/v1/chat/completions",
     accepts_ignore_eos=True,
+    api_key_env="LLAMACPP_API_KEY",
 )
 # Ollama has no /metrics: the exporter bridges /api/ps, /api/tags and its own proxy.
 OLLAMA = EngineKind(
@@ -60,6 +63,7 @@ OLLAMA = EngineKind(
     url_env="OLLAMA_URL",
     chat_path="/api/chat",
     accepts_ignore_eos=False,
+    api_key_env=None,
 )
 
 ENGINES: dict[str, EngineKind] = {kind.name: kind for kind in (VLLM, LLAMACPP, OLLAMA)}

@@ -3,21 +3,28 @@
 results/<run-id>/
   manifest.json     RunManifest: engines (url, version, model, flags), prompt set + sha256, machine, times
   requests.jsonl    one RequestRecord per measured request (warm-up excluded), appended as they finish
-  phases.jsonl      one PhaseRecord per load phase (sequential pass, burst k, ramp step, sweep level)
+  phases.jsonl      one PhaseRecord per load phase (sequential pass, burst k, ramp step, sweep level), with its
+                    repetition, attempt and the host's noise while it ran (see PhaseRecord)
   locust_*.csv, locust.html   Locust's own stats (rounded by Locust: never the source of a reported number)
   report.md / report.html / report.json / *.png   written by `make report`
 
 All durations are seconds (float); wall-clock instants are Unix epoch seconds; engine-native
 durations keep the engine's own unit and say so in their key (Ollama: *_ns).
 
+Workload fields (issue 17; absent in older runs, read as null): a conversation's turn carries
+`conversation`, `turn` and how long its history was (`history_messages`, `history_tokens`);
+`cached_tokens` is what the engine said its prompt cache supplied; an open-loop request (rate,
+replay) carries `scheduled_at` beside `started_at`, and their difference is its schedule lag.
+
 Records are read in one place, servescope/runreader.py (DuckDB): every line is checked against REQUEST_FIELDS /
-PHASE_FIELDS once, and what fails is skipped and counted by reason (Skips), never passed on to a consumer.
+PHASE_FIELDS / SAMPLE_FIELDS once, and what fails is skipped and counted by reason (Skips), never passed on.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import warnings
 from collections.abc import Iterator
@@ -47,6 +54,7 @@ class RequestRecord:
     ok: bool
     status: int  # HTTP status, 0 when no response came
     error: str | None = None  # one line: why the request failed
+    error_kind: str | None = None  # the same as a bounded value (loadgen.client.ErrorKind): connection_refused, ...
     ttft_s: float | None = None  # send -> first chunk with non-empty content
     e2e_s: float | None = None  # send -> last content chunk
     itl_s: list[float] = field(default_factory=list)  # every gap between consecutive content chunks
@@ -56,7 +64,15 @@ class RequestRecord:
     tokens_source: str | None = None  # "usage", "eval_count", or "chunks" (fallback, flagged)
     content_chunks: int = 0
     arrival_index: int | None = None  # order of release within a burst
+    scheduled_at: float | None = None  # epoch seconds the schedule said to send it (open loop: rate, trace replay)
     engine_stats: dict[str, Any] = field(default_factory=dict)  # Ollama *_ns fields, llama.cpp timings
+    conversation: str | None = None  # the conversation (session) this turn belongs to; None for a single prompt
+    turn: int | None = None  # 1-based place in its conversation
+    history_messages: int | None = None  # messages sent before this turn's user message (system prompt, earlier turns)
+    history_tokens: int | None = None  # the previous turn's prompt + output tokens, as the engine counted them
+    # Prompt tokens the engine took from its cache: llama.cpp's timings.cache_n, or usage.prompt_tokens_details.
+    # cached_tokens (llama.cpp; vLLM started with --enable-prompt-tokens-details). None: the engine did not say.
+    cached_tokens: int | None = None
 
     def to_json(self) -> str:
         # Not asdict(): it deep-copies itl_s one float at a time (12 ms for a 4000-token record).
@@ -70,10 +86,26 @@ class RequestRecord:
 
 @dataclass
 class PhaseRecord:
+    """One load phase as it ran.
+
+    Repeated trials (issue 15): the seed's experiment runs each phase several times, interleaved
+    with the other engines'. `repetition` (1, 2, ...) says which pass a record belongs to and
+    `attempt` (1, 2, ...) which run of it: a phase flagged noisy may be run again, and the later
+    attempt supersedes the earlier one, which stays in the file. The phase name stays unique per
+    engine: repetition 1, attempt 1 keeps the plain name ("sequential", "burst-1") and later ones
+    carry a suffix (trial_phase_name: "burst-1#2", "sequential#3.retry1"); a request's `phase` is
+    that full name. Records written before these fields existed read as repetition 1, attempt 1,
+    no noise.
+
+    `noise` (servescope/hostnoise.py) is the host's CPU while the phase ran: the engine's own cores,
+    every other program's (other engines by name, other processes by program), servescope's own
+    observers, CPU steal and the load average; null when it was not measured.
+    """
+
     engine: str
     instance: str
     scenario: str
-    phase: str  # e.g. "sequential", "burst-1", "ramp-4users", "sweep-c8"
+    phase: str  # e.g. "sequential", "burst-1", "ramp-4users", "sweep-c8"; "burst-1#2" in repetition 2
     started_at: float  # epoch seconds: first request sent
     ended_at: float  # epoch seconds: last request finished
     requests: int
@@ -81,6 +113,9 @@ class PhaseRecord:
     prompt_set: str
     prompt_set_sha256: str
     max_tokens: int
+    repetition: int = 1
+    attempt: int = 1
+    noise: dict[str, Any] | None = None
 
     @property
     def wall_s(self) -> float:
@@ -97,10 +132,37 @@ class PhaseRecord:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+_TRIAL_SUFFIX = re.compile(r"(#\d+)?(\.retry\d+)?$")
+
+
+def trial_phase_name(base: str, repetition: int = 1, attempt: int = 1) -> str:
+    """The recorded name of a phase in a repetition and attempt: the base name, then #REPETITION, then .retryN."""
+    name = base if repetition == 1 else f"{base}#{repetition}"
+    return name if attempt == 1 else f"{name}.retry{attempt - 1}"
+
+
+def base_phase(name: str) -> str:
+    """The phase across repetitions and attempts: "burst-1#2.retry1" -> "burst-1"."""
+    return _TRIAL_SUFFIX.sub("", name, count=1) or name
+
+
 def new_run_id(now: float | None = None) -> str:
     """Sortable and unique enough for one machine: 20261130-051500-<pid>."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
     return f"{stamp}-{os.getpid()}"
+
+
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id names one folder inside the results folder: no path separators, no `..`, nothing absolute."""
+    if not RUN_ID.fullmatch(run_id):
+        raise ValueError(
+            f"run id {run_id!r}: expected a folder name (letters, digits, '.', '_', '-'; up to 128, "
+            f"starting with a letter or digit), not a path"
+        )
+    return run_id
 
 
 class RunFolder:
@@ -111,7 +173,7 @@ class RunFolder:
 
     @classmethod
     def create(cls, results_dir: Path, run_id: str | None = None) -> RunFolder:
-        path = Path(results_dir) / (run_id or new_run_id())
+        path = Path(results_dir) / check_run_id(run_id or new_run_id())
         path.mkdir(parents=True, exist_ok=False)
         return cls(path)
 
@@ -137,17 +199,17 @@ class RunFolder:
 
     def requests(self, skips: Skips | None = None) -> Iterator[RequestRecord]:
         """Every record that meets the contract, in file order; the others are counted in skips (warned if None)."""
-        yield from self._read("requests", RequestRecord, skips)
+        yield from self._read(REQUESTS, RequestRecord, skips)
 
     def phases(self, skips: Skips | None = None) -> Iterator[PhaseRecord]:
-        yield from self._read("phases", PhaseRecord, skips)
+        yield from self._read(PHASES, PhaseRecord, skips)
 
-    def _read(self, view: str, cls, skips: Skips | None) -> Iterator:
-        from servescope.runreader import RunData  # the engine loads only when something reads
+    def _read(self, name: str, cls, skips: Skips | None) -> Iterator:
+        from servescope.runreader import VIEWS, RunData  # the engine loads only when something reads
 
-        data = RunData(self.path, files=(REQUESTS if view == "requests" else PHASES,))
+        data = RunData(self.path, files=(name,))
         try:
-            yield from data.records(view, cls)
+            yield from data.records(VIEWS[name], cls)
         finally:
             data.close()
         if skips is not None:
@@ -198,6 +260,7 @@ REQUEST_FIELDS = (
     Field("ok", "bool", required=True),
     Field("status", "int", default=0, hi=999),
     Field("error", "str"),
+    Field("error_kind", "str"),
     _duration("ttft_s"),
     _duration("e2e_s"),
     Field("itl_s", "floats", default=[], hi=MAX_DURATION_S),
@@ -207,7 +270,13 @@ REQUEST_FIELDS = (
     Field("tokens_source", "str"),
     Field("content_chunks", "int", default=0),
     Field("arrival_index", "int"),
+    Field("scheduled_at", "float", hi=MAX_EPOCH_S),
     Field("engine_stats", "object", default={}),
+    Field("conversation", "str"),
+    Field("turn", "int"),
+    Field("history_messages", "int"),
+    Field("history_tokens", "int"),
+    Field("cached_tokens", "int"),
 )
 PHASE_FIELDS = (
     Field("engine", "str", required=True),
@@ -221,6 +290,9 @@ PHASE_FIELDS = (
     Field("prompt_set", "str", default=""),
     Field("prompt_set_sha256", "str", default=""),
     Field("max_tokens", "int", default=0),
+    Field("repetition", "int", default=1, lo=1),
+    Field("attempt", "int", default=1, lo=1),
+    Field("noise", "object"),
 )
 # Reasons a whole line is unusable, before any field is looked at.
 NOT_JSON = "not a JSON record"
@@ -273,3 +345,59 @@ def latest(results_dir: Path) -> RunFolder:
             f"no run folder with a {MANIFEST} under {results_dir}: run `make up` or a loadgen scenario first"
         )
     return RunFolder(runs[-1])
+
+
+# --- server-side samples (issue 14): results/<run-id>/samples.jsonl -----------------------------
+# While a load phase runs, servescope/sampler.py reads every engine's lever gauges and the counters
+# the report uses from the exporter's page (the same collectors Prometheus scrapes) every
+# SAMPLE_INTERVAL_MS, and appends one SampleRecord per engine instance and read. A read that got no
+# values is written with `missing` saying why, never filled in; a read that came late leaves a gap
+# longer than the interval, which readers treat as missing too.
+SAMPLES = "samples.jsonl"
+# `python -m loadgen knee` writes its search (levels, verdicts, the knee, the binding resource) beside the records.
+KNEE = "knee.json"
+
+
+@dataclass
+class SampleRecord:
+    t: float  # epoch seconds (the clock of RequestRecord.started_at): the middle of the read
+    read_s: float  # how long the read took; the engine was read somewhere inside [t - read_s/2, t + read_s/2]
+    interval_s: float  # the sampling interval asked for
+    engine: str  # the exporter's `engine` label
+    instance: str  # the exporter's `instance` label
+    phase: str | None = None  # the load phase that was running
+    values: dict[str, float] = field(default_factory=dict)  # servescope series name -> value (summed over models;
+    #                                                         a usage ratio: the fullest pool)
+    missing: str | None = None  # why this read has no values (exporter unreachable, engine not answering)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SampleRecord:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def append_samples(folder: RunFolder, records: list[SampleRecord]) -> None:
+    """One read's records in one write: a crash keeps every finished read."""
+    if records:
+        folder._append(SAMPLES, "\n".join(r.to_json() for r in records))
+
+
+def read_samples(folder: RunFolder, skips: Skips | None = None) -> Iterator[SampleRecord]:
+    """The samples through the same reader as the other records; a line that is not a sample is skipped and counted
+    (warned about at the end, as for requests and phases, unless the caller collects the skips)."""
+    yield from folder._read(SAMPLES, SampleRecord, skips)
+
+
+SAMPLE_FIELDS = (
+    Field("t", "float", required=True, hi=MAX_EPOCH_S),
+    Field("read_s", "float", required=True, hi=MAX_DURATION_S),
+    Field("interval_s", "float", required=True, hi=MAX_DURATION_S),
+    Field("engine", "str", required=True),
+    Field("instance", "str", required=True),
+    Field("phase", "str"),
+    Field("values", "object", default={}),
+    Field("missing", "str"),
+)

@@ -24,11 +24,12 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-import duckdb
-
 from servescope import runfolder
 from servescope.runfolder import MAX_ENGINE_NUMBER, NOT_JSON, NOT_OBJECT, TORN, Field, Skips
 
+# Each file of a run folder, the view of its accepted lines (the table of all of them: <view>_lines), its fields.
+VIEWS = {runfolder.REQUESTS: "requests", runfolder.PHASES: "phases", runfolder.SAMPLES: "samples"}
+SPECS = {"requests": runfolder.REQUEST_FIELDS, "phases": runfolder.PHASE_FIELDS, "samples": runfolder.SAMPLE_FIELDS}
 # Memory the engine may use before it spills to its temporary directory; the report process's peak stays near
 # this plus the plots, whatever the size of the run.
 MEMORY_LIMIT = "1GB"
@@ -266,8 +267,8 @@ def _ingest_sql(table: str, path: Path, spec: tuple[Field, ...], rejects: str | 
 
 
 class RunData:
-    """One run folder's requests.jsonl and phases.jsonl read into DuckDB (tables request_lines, phase_lines: every
-    non-blank line with its number and the reason it was refused, or NULL; views requests, phases: the accepted)."""
+    """A run folder's JSONL files read into DuckDB: per file a table <view>_lines (every non-blank line, its row
+    number its line number, the reason it was refused or NULL) and a view of the accepted lines (VIEWS)."""
 
     def __init__(
         self,
@@ -288,15 +289,14 @@ class RunData:
         }
         if size < ONE_THREAD_BYTES:
             config["threads"] = 1  # a few hundred records: a second thread costs more than it parses
+        import duckdb  # loaded by whoever reads, not by every importer (the load generator imports this module)
+
         self.con = duckdb.connect(database, config=config)
         self.con.execute("SET enable_progress_bar = false")  # the report's output is its own
         self._closer = weakref.finalize(self, _remove, self.con, self._tmp)
-        for table, name, spec in (
-            ("request_lines", runfolder.REQUESTS, runfolder.REQUEST_FIELDS),
-            ("phase_lines", runfolder.PHASES, runfolder.PHASE_FIELDS),
-        ):
-            self._ingest(table, self.folder / name if name in files else None, spec)
-        for view, table in (("requests", "request_lines"), ("phases", "phase_lines")):
+        for name, view in VIEWS.items():
+            table = f"{view}_lines"
+            self._ingest(table, self.folder / name if name in files else None, SPECS[view])
             self.con.execute(
                 f"CREATE VIEW {view} AS SELECT rowid + 1 AS line_no, * EXCLUDE (raw, reason) FROM {table} "
                 f"WHERE reason IS NULL"
@@ -323,7 +323,7 @@ class RunData:
             for statement in _ingest_sql(table, path, spec, None):
                 self.con.execute(statement)
             rejects = None
-        except duckdb.InvalidInputException:
+        except __import__("duckdb").InvalidInputException:
             # A line that is not UTF-8 text (or is past the line size) fails the parallel scan: read again, one
             # thread, with the scan setting such lines aside (and counting them).
             self.con.execute(f"DROP TABLE IF EXISTS {table}")
@@ -378,7 +378,9 @@ class RunData:
 
     def records(self, view: str, cls, where: str = "", params: list | None = None, order: str = "line_no") -> Iterator:
         """The accepted rows of a view as contract dataclasses, in batches (small selections: each is a Python object)."""
-        names = [f.name for f in (runfolder.REQUEST_FIELDS if view == "requests" else runfolder.PHASE_FIELDS)]
+        spec = SPECS[view]
+        names = [f.name for f in spec]
+        objects = {f.name: f.default for f in spec if f.kind == "object"}
         cur = self.con.cursor()
         cur.execute(
             f"SELECT {', '.join(names)} FROM {view} {('WHERE ' + where) if where else ''} ORDER BY {order}",
@@ -387,8 +389,8 @@ class RunData:
         while batch := cur.fetchmany(10_000):
             for row in batch:
                 data = dict(zip(names, row, strict=True))
-                if "engine_stats" in data:
-                    data["engine_stats"] = json.loads(data["engine_stats"]) if data["engine_stats"] else {}
+                for name, default in objects.items():
+                    data[name] = json.loads(data[name]) if data[name] is not None else (None if default is None else {})
                 yield cls(**data)
         cur.close()
 
@@ -402,6 +404,6 @@ def _rejected_reason(message: str) -> str:
     return "an unreadable line"
 
 
-def _remove(con: duckdb.DuckDBPyConnection, tmp: str) -> None:
+def _remove(con, tmp: str) -> None:
     con.close()
     shutil.rmtree(tmp, ignore_errors=True)

@@ -16,8 +16,12 @@ REQUESTS_RUNNING = f"{PREFIX}_requests_running"  # sequences in the running batc
 REQUESTS_WAITING = f"{PREFIX}_requests_waiting"  # queued, not yet scheduled
 KV_CACHE_USAGE = f"{PREFIX}_kv_cache_usage_ratio"  # 0..1 of the paged KV pool in use
 GENERATED_TOKENS = f"{PREFIX}_generated_tokens_total"  # counter (exposed with _total)
-PROMPT_TOKENS = f"{PREFIX}_prompt_tokens_total"  # counter (exposed with _total)
+PROMPT_TOKENS = f"{PREFIX}_prompt_tokens_total"  # counter: every prompt token, computed or taken from a cache
+# Prompt tokens the engine took from its prefix / prompt cache instead of computing them (counter). Prefix-cache
+# reuse, one series for every engine that reports it: rate(PROMPT_CACHED_TOKENS) / rate(PROMPT_TOKENS).
+PROMPT_CACHED_TOKENS = f"{PREFIX}_prompt_tokens_cached_total"
 ENGINE_INFO = f"{PREFIX}_engine_info"  # version and kind as labels, value 1
+ENGINE_INVALID_SAMPLES = f"{PREFIX}_engine_invalid_samples_total"  # counter: values dropped as impossible
 
 # --- the seed's section-3 KV arithmetic (vLLM cache_config_info; llama.cpp slots) ---
 KV_BLOCK_SIZE = f"{PREFIX}_kv_cache_block_size_tokens"
@@ -55,6 +59,9 @@ CLIENT_E2E = f"{PREFIX}_client_e2e_seconds"  # histogram
 CLIENT_OUTPUT_TOKENS = f"{PREFIX}_client_output_tokens_total"
 CLIENT_REQUESTS = f"{PREFIX}_client_requests_total"  # + outcome label: ok / error reason
 CLIENT_USERS = f"{PREFIX}_client_users"  # gauge: Locust users running
+CLIENT_GOOD_REQUESTS = f"{PREFIX}_client_good_requests_total"  # met every SLO term (servescope/slo.py)
+CLIENT_GOOD_OUTPUT_TOKENS = f"{PREFIX}_client_good_output_tokens_total"
+CLIENT_SLO_OBJECTIVE = f"{PREFIX}_client_slo_objective"  # gauge: the attainment the SLOs ask for
 
 # The three gauges of the seed's section 4, in the order a person reads them.
 LEVER_GAUGES = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE)

@@ -1,44 +1,27 @@
-"""`python -m stack up|down|status [--mode native|compose|auto]`: Compose when a Docker engine answers, else native."""
+"""`python -m stack up|down|status|provision [--mode native|compose|auto]`: Compose when a Docker engine answers, else native."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import sys
-from types import ModuleType
 
+from stack import compose, native, provision, supervisor, tune
 from stack.errors import StackError
 
 
-def compose_module() -> ModuleType | None:
-    """stack.compose (up/down/status/docker_available), or None while it does not exist."""
-    try:
-        return importlib.import_module("stack.compose")
-    except ImportError:
-        return None
-
-
-def choose(mode: str, command: str, native_has_state: bool) -> ModuleType | None:
-    """The Compose module to use, or None for native."""
-    if mode == "native":
-        return None
-    compose = compose_module()
-    if mode == "compose":
-        if compose is None:
-            raise StackError("--mode compose: stack/compose.py is not available in this checkout")
-        return compose
+def use_compose(mode: str, command: str, native_has_state: bool) -> bool:
+    """Whether this command goes to Compose (True) or the native stack (False)."""
+    if mode != "auto":
+        return mode == "compose"
     # auto: a native stack that is up is managed natively whatever Docker says.
     if command in ("down", "status") and native_has_state:
-        return None
-    if compose is not None and compose.docker_available():
-        return compose
-    return None
+        return False
+    return compose.docker_available()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stack", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument("command", choices=("up", "down", "status", "provision", "tune"))
     parser.add_argument(
         "--mode",
         choices=("auto", "native", "compose"),
@@ -50,14 +33,34 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="up: bring the services up without running the sequential-vs-burst comparison",
     )
-    args = parser.parse_args(argv)
-    from stack import native, supervisor
-
+    parser.add_argument(
+        "--for",
+        dest="purpose",
+        choices=sorted(provision.PURPOSES),
+        default="up",
+        help="provision: install what this entry point drives (apt-get as root on Debian, else one line each)",
+    )
+    parser.add_argument(
+        "--engine",
+        help="tune: the native stack's engine to tune (vllm, llamacpp); options after it go to `python -m loadgen knee`",
+    )
+    args, knee_args = parser.parse_known_args(argv)
+    usage = None
+    if knee_args and args.command != "tune":
+        usage = f"unrecognized arguments: {' '.join(knee_args)} (only tune passes options on, to the knee)"
+    elif args.command == "tune" and args.engine not in tune.TUNED:
+        usage = f"tune: --engine (ENGINE=) {args.engine or ''!r}: expected one of {', '.join(tune.TUNED)}"
+    if usage:
+        print(f"stack: {usage}", file=sys.stderr, flush=True)
+        return 2
     try:
-        compose = choose(args.mode, args.command, bool(supervisor.records()))
-        if compose is not None:
-            if args.command == "up" and args.no_compare and "compare" in inspect.signature(compose.up).parameters:
-                return compose.up(compare=False)
+        if args.command == "tune":
+            return tune.main(args.engine or "", knee_args)
+        if args.command == "provision":
+            return provision.main(args.purpose)
+        if use_compose(args.mode, args.command, bool(supervisor.records())):
+            if args.command == "up":
+                return compose.up(compare=not args.no_compare)
             return getattr(compose, args.command)()
         if args.command == "up":
             return native.up(compare=not args.no_compare)

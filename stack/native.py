@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from servescope import knobs
+from servescope import knobs, prometheus_config
+from servescope.runfolder import MANIFEST, new_run_id
 from stack import llamacpp, model, ollama, paths, ports, prometheus, supervisor, vllm
 from stack.errors import ServiceExited, StackError
 from stack.progress import elapsed, say
@@ -112,11 +113,14 @@ def engine_services(knob: dict[str, str], prep: Prepared, host: str, swap_used: 
 
 def exporter_service(knob: dict[str, str], host: str, engines: dict[str, str], ollama_url: str | None) -> Service:
     port = int(knob["EXPORTER_PORT"])
-    cmd = [sys.executable, "-m", "exporter", "--listen-address", host, "--port", str(port)]
-    if "vllm" in engines:
-        cmd += ["--vllm-url", engines["vllm"]]
-    if "llamacpp" in engines:
-        cmd += ["--llamacpp-url", engines["llamacpp"]]
+    # Each engine read within the native 1 s scrape (servescope/prometheus_config.py).
+    budget = prometheus_config.engine_budget_s(prometheus_config.NATIVE_SCRAPE_INTERVAL)
+    cmd = [sys.executable, "-m", "exporter", "--listen-address", host, "--port", str(port), "--timeout", f"{budget:g}"]
+    for name in ("vllm", "llamacpp"):
+        if name in engines:
+            # Each engine's CPU and memory against its limit (the dashboards' resource panels) from the pid
+            # record `up` wrote for it: the exporter checks pid and start time, so a reused pid reads as down.
+            cmd += [f"--{name}-url", engines[name], "--process", f"{name}={paths.pid_dir() / f'{name}.json'}"]
     if ollama_url:
         # The proxy in front of Ollama is what makes its queue visible; only with a real Ollama behind it.
         cmd += [
@@ -147,9 +151,23 @@ def prometheus_targets(
     return targets
 
 
-def locust_service(knob: dict[str, str], host: str) -> Service:
+def locust_service(knob: dict[str, str], host: str, engines: dict[str, str]) -> Service:
+    """Locust's web UI, its form filled in for the stack that runs: the first engine up (the seed's order), the
+    burst scenario with BURST_SIZE users, so START works untouched."""
     port = int(knob["LOCUST_PORT"])
     cmd = [sys.executable, "-m", "loadgen", "webui", "--port", str(port), "--bind", host]
+    engine = next((name for name in ("vllm", "llamacpp", "ollama") if name in engines), None)
+    if engine:
+        cmd += [
+            "--engine",
+            engine,
+            "--engine-url",
+            engines[engine],
+            "--scenario",
+            "burst",
+            "--users",
+            knob["BURST_SIZE"],
+        ]
     return Service(
         "locust",
         "Locust web UI",
@@ -239,7 +257,7 @@ def up(compare: bool = True) -> int:
     # (the one `loadgen` target Prometheus scrapes); the UI takes the port over once the run is done.
     code = main_job(knob, host, engines) if compare else 0
     try:
-        launch.start(locust_service(knob, bind))
+        launch.start(locust_service(knob, bind, engines))
     except StackError as exc:
         say(f"Locust web UI not started: {exc}")
         code = code or 1
@@ -391,8 +409,6 @@ def start_prometheus(
         ).save()
         say(prep.prometheus_note or "Prometheus absent")
         return
-    if importlib.util.find_spec("servescope.prometheus_config") is None:
-        raise StackError("servescope/prometheus_config.py is missing: cannot generate Prometheus's config")
     config = prometheus.write_config(prometheus_targets(knob, host, running))
     problem = prometheus.check_config(config)
     if problem:
@@ -414,63 +430,34 @@ def start_prometheus(
 # ---------------------------------------------------------------- the main job
 
 
-def loadgen_flags() -> str:
-    """`compare --help`, so optional flags are passed only when this loadgen has them."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", "compare", "--help"], capture_output=True, text=True, cwd=knobs.REPO_ROOT
-    )
-    return proc.stdout if proc.returncode == 0 else ""
-
-
-def compare_command(knob: dict[str, str], engines: dict[str, str], help_text: str) -> list[str]:
+def compare_command(knob: dict[str, str], engines: dict[str, str], run_id: str) -> list[str]:
     cmd = [sys.executable, "-m", "loadgen", "compare"]
     for name in ("vllm", "llamacpp", "ollama"):
         if name in engines:
             cmd += ["--engine", f"{name}={engines[name]}"]
-    optional = {
-        "--max-tokens": knob.get("MAX_TOKENS"),
-        "--burst-size": knob.get("BURST_SIZE"),
-        "--results": knob.get("SERVESCOPE_RESULTS")
-        or knobs.get("SERVESCOPE_RESULTS", str(knobs.REPO_ROOT / "results")),
-        "--metrics-port": knob.get("LOADGEN_METRICS_PORT"),
-    }
-    for flag, value in optional.items():
-        if value and flag in help_text:
-            cmd += [flag, str(value)]
+    cmd += ["--max-tokens", knob["MAX_TOKENS"], "--burst-size", knob["BURST_SIZE"]]
+    cmd += ["--results", str(results_dir(knob)), "--run-id", run_id, "--metrics-port", knob["LOADGEN_METRICS_PORT"]]
     return cmd
 
 
-def run_folder_from(lines: list[str]) -> str | None:
-    for line in reversed(lines):
-        if line.startswith("run folder: "):
-            return line[len("run folder: ") :].strip()
-    return None
+def results_dir(knob: dict[str, str]) -> Path:
+    results = Path(os.path.expanduser(knob.get("SERVESCOPE_RESULTS") or "results"))
+    return results if results.is_absolute() else knobs.REPO_ROOT / results
 
 
 def main_job(knob: dict[str, str], host: str, engines: dict[str, str]) -> int:
     """The seed's experiment across every engine that is up, then its table."""
     engines = {k: v for k, v in engines.items() if not k.startswith("_")}
-    if importlib.util.find_spec("loadgen.__main__") is None:
-        say("note: loadgen has no __main__ yet: skipping the comparison (services stay up)")
-        return 0
-    cmd = compare_command(knob, engines, loadgen_flags())
+    run_id = new_run_id()
+    run = str(results_dir(knob) / run_id)
+    cmd = compare_command(knob, engines, run_id)
     say(f"main job: {' '.join(cmd[1:])}")
     started = time.monotonic()
-    lines: list[str] = []
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=knobs.REPO_ROOT)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        print(line, end="", flush=True)
-        lines.append(line.rstrip("\n"))
-    code = proc.wait()
-    run = run_folder_from(lines)
+    code = subprocess.call(cmd, cwd=knobs.REPO_ROOT)
     say(f"comparison finished in {elapsed(time.monotonic() - started)} (exit {code})")
-    if code != 0 or run is None:
+    if code != 0 or not (Path(run) / MANIFEST).exists():
         say("comparison failed: the services stay up (`make status`, `make down`)")
         return code or 1
-    if importlib.util.find_spec("report.__main__") is None:
-        say(f"note: report is not runnable yet; the run folder is {run}")
-        return 0
     report = [sys.executable, "-m", "report", "--run", run, "--table-only"]
     if supervisor.http_ready(f"http://{host}:{knob['PROMETHEUS_PORT']}/-/ready"):
         report += ["--prometheus", f"http://{host}:{knob['PROMETHEUS_PORT']}"]

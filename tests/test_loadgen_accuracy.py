@@ -5,45 +5,22 @@ from __future__ import annotations
 import json
 import select
 import socket
-import subprocess
-import sys
-from pathlib import Path
 from unittest import mock
 
 import gevent
 import gevent.select
 import pytest
-import requests
 from gevent import monkey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.loadgen_accuracy import SyntheticProcess, content_aligned, run_measured
 from loadgen import client as llm
-from tests.conftest import stop_process
-from tests.doubles.synthetic_openai import SO_TIMESTAMPNS, SyntheticServer
+from tests.doubles.synthetic_openai import SO_TIMESTAMPNS, SyntheticProcess, SyntheticServer
 
-REPO = Path(__file__).resolve().parent.parent
 linux_stamps = pytest.mark.skipif(
     SO_TIMESTAMPNS is None, reason="kernel receive stamps (SO_TIMESTAMPNS) are Linux-only"
 )
 real_sleep = monkey.get_original("time", "sleep")  # blocks the whole process even where Locust has patched time
-
-
-def synthetic_process(*args: str) -> tuple[subprocess.Popen, str]:
-    """The server in its own process: this one can block without stopping it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.doubles.synthetic_openai", "--port", "0", *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        stop_process(proc)
-        raise RuntimeError(f"synthetic server did not start: {line!r}")
-    return proc, line.split()[-1]
 
 
 @linux_stamps
@@ -82,8 +59,8 @@ def test_server_times_its_first_chunk_from_the_requests_arrival_not_from_when_it
 
 @linux_stamps
 def test_chunk_stamp_is_when_the_bytes_arrived_not_when_the_client_got_round_to_reading_them():
-    proc, url = synthetic_process("--ttft", "0.05", "--itl", "0.1", "--tokens", "2")
-    transport = llm.make_transport("geventhttpclient", url, timeout=10)
+    server = SyntheticProcess("--ttft", "0.05", "--itl", "0.1", "--tokens", "2")
+    transport = llm.make_transport("geventhttpclient", server.url, timeout=10)
     try:
         # The process is busy for 0.25 s right after the first chunk (as when 63 other streams are served first);
         # the second chunk reaches the socket 0.1 s after the first all the same.
@@ -94,10 +71,10 @@ def test_chunk_stamp_is_when_the_bytes_arrived_not_when_the_client_got_round_to_
             llm.chat_payload("openai", "m", "busy reader", 2, 0.0, False),
             on_first_content=lambda _m: real_sleep(0.25),
         )
-        stream = requests.get(f"{url}/stats/streams", timeout=10).json()["streams"][-1]
+        stream = server.streams()[-1]
     finally:
         transport.close()
-        stop_process(proc)
+        server.stop()
     assert m.ok, m.error
     server_gap = stream["writes"][1] - stream["writes"][0]
     assert abs(m.itl_s[0] - server_gap) < 0.02, (m.itl_s, server_gap)  # stamping after the read: ~+0.15 s
@@ -150,9 +127,9 @@ def test_connect_opens_the_connection_the_next_request_uses():
 def test_a_burst_after_connect_sends_each_request_right_after_its_stamp():
     """64 users released at once, each on a connection opened before the release: TTFT against the server's own
     stamps (first write - arrival of the request) is the client's error alone; it must not grow with the burst."""
-    proc, url = synthetic_process("--ttft", "0.1", "--itl", "0.01", "--tokens", "4")
+    server = SyntheticProcess("--ttft", "0.1", "--itl", "0.01", "--tokens", "4")
     users = 64
-    transports = [llm.make_transport("geventhttpclient", url, timeout=30) for _ in range(users)]
+    transports = [llm.make_transport("geventhttpclient", server.url, timeout=30) for _ in range(users)]
     try:
         for transport in transports:
             transport.connect()
@@ -171,11 +148,11 @@ def test_a_burst_after_connect_sends_each_request_right_after_its_stamp():
         gevent.sleep(0.05)
         gate.set()
         gevent.joinall(greenlets, timeout=60)
-        streams = {s["prompt"]: s for s in requests.get(f"{url}/stats/streams", timeout=10).json()["streams"]}
+        streams = {s["prompt"]: s for s in server.streams()}
     finally:
         for transport in transports:
             transport.close()
-        stop_process(proc)
+        server.stop()
     errors = []
     for i, greenlet in enumerate(greenlets):
         m = greenlet.value
@@ -223,38 +200,3 @@ def test_chunk_parser_rejects_what_json_loads_rejects_as_a_malformed_chunk(data)
     else:
         with pytest.raises(llm.StreamError, match="^malformed chunk after 3 content chunks"):
             llm._json_object(data, 3)
-
-
-def test_vllm_bench_stamps_are_read_under_our_definitions():
-    # vLLM bench: TTFT at the empty role chunk, a gap to the first content chunk, the content gaps, a gap to the finish chunk.
-    result = {
-        "ttfts": [0.001, 0.002, 0.0],
-        "output_lens": [3, 3, 0],
-        "itls": [[0.2, 0.02, 0.021, 0.0001], [0.199, 0.019, 0.02, 0.0002], []],
-    }
-    ttfts, itls = content_aligned(result)
-    assert ttfts == pytest.approx([0.201, 0.201])
-    assert itls == pytest.approx([0.02, 0.021, 0.019, 0.02])
-    assert content_aligned({"ttfts": [0.001], "output_lens": [3], "itls": [[0.2, 0.02]]}) == (
-        [],
-        [],
-    )  # other shape: left out
-
-
-def test_capacity_window_counts_what_the_server_streamed_to_the_client_and_the_clients_cpu():
-    client = (
-        "import sys, requests\n"
-        "for i in range(3):\n"
-        "    r = requests.post(sys.argv[1] + '/v1/chat/completions', json={'model': 'm', 'stream': True, 'max_tokens': 500,"
-        " 'messages': [{'role': 'user', 'content': 'x'}]})\n"
-        "    assert b'[DONE]' in r.content\n"
-        "print('client done')\n"
-    )
-    with SyntheticProcess("--ttft", "0", "--itl", "0", "--tokens", "500") as server:
-        proc, window = run_measured([sys.executable, "-c", client, server.url], server, timeout=60)
-        counters = server.counters()
-    assert proc.returncode == 0 and "client done" in proc.stdout
-    assert counters == {"requests": 3, "streams_completed": 3, "tokens_sent": 1500}
-    # The window starts before the first request (all three streams in it) and ends at the last one.
-    assert window.tokens == 1500
-    assert window.cpu_s >= 0 and window.wall_s > 0

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from bench import requests_transport
 from loadgen import client as llm
 from loadgen import prompts
+from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
 
-TRANSPORTS = list(llm.TRANSPORTS)
+REPO = Path(__file__).resolve().parent.parent
+# The load generator's own client, and bench/'s requests transport behind the same interface: the same measurement.
+TRANSPORTS = [*llm.TRANSPORTS, requests_transport.NAME]
+
+
+@pytest.fixture(autouse=True)
+def bench_transport(monkeypatch):
+    monkeypatch.setitem(llm.TRANSPORTS, requests_transport.NAME, requests_transport.RequestsTransport)
 
 
 def chat(
@@ -70,20 +82,21 @@ def test_payload_asks_for_usage_and_honours_ignore_eos_only_where_accepted():
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize(
-    ("fault", "reason", "chunks"),
+    ("fault", "kind", "reason", "chunks"),
     [
-        ("status=503", "HTTP 503: synthetic fault: HTTP 503", 0),
-        ("status=500", "HTTP 500: synthetic fault: HTTP 500", 0),
-        ("cut=3", "stream cut after 3 content chunks", 3),
-        ("malformed=2", "malformed chunk after 2 content chunks", 2),
-        ("error=4", "engine error mid-stream after 4 content chunks", 4),
-        ("stall=2", "timeout before the first content chunk", 0),
+        ("status=503", llm.ErrorKind.HTTP_5XX, "HTTP 503: synthetic fault: HTTP 503", 0),
+        ("status=500", llm.ErrorKind.HTTP_5XX, "HTTP 500: synthetic fault: HTTP 500", 0),
+        ("status=429", llm.ErrorKind.HTTP_4XX, "HTTP 429: synthetic fault: HTTP 429", 0),
+        ("cut=3", llm.ErrorKind.STREAM_CUT, "stream cut after 3 content chunks", 3),
+        ("malformed=2", llm.ErrorKind.MALFORMED_CHUNK, "malformed chunk after 2 content chunks", 2),
+        ("error=4", llm.ErrorKind.ENGINE_ERROR, "engine error mid-stream after 4 content chunks", 4),
+        ("stall=2", llm.ErrorKind.TIMEOUT, "timeout before the first content chunk", 0),
     ],
 )
-def test_each_failure_has_a_reason_and_keeps_partial_timings(server, transport, fault, reason, chunks):
+def test_each_failure_has_a_kind_and_a_reason_and_keeps_partial_timings(server, transport, fault, kind, reason, chunks):
     m = chat(server.url, transport, prompt=f"Say OK. [[fault:{fault}]]", timeout=0.6)
     assert not m.ok
-    assert m.error.startswith(reason), m.error
+    assert m.error_kind is kind and m.error.startswith(reason), (m.error_kind, m.error)
     assert "\n" not in m.error
     assert len(m.content_times) == chunks
     if chunks:
@@ -100,11 +113,52 @@ def test_connection_refused(transport):
 
     m = chat(f"http://127.0.0.1:{free_port()}", transport)
     assert m.error == "connection refused" and m.status == 0 and m.content_times == []
+    assert m.error_kind is llm.ErrorKind.CONNECTION_REFUSED
+
+
+def stream(url: str, api: str, path: str, prompt, model: str = "synthetic/model") -> llm.Measurement:
+    t = llm.make_transport("geventhttpclient", url, timeout=5.0)
+    try:
+        return llm.stream_chat(t, path, api, llm.chat_payload(api, model, prompt, 6, 0.0, False), keep_text=True)
+    finally:
+        t.close()
+
+
+def test_a_conversation_goes_out_whole_and_the_answer_text_comes_back():
+    history = [
+        {"role": "user", "content": "one two three"},
+        {"role": "assistant", "content": "tok0 tok1"},
+        {"role": "user", "content": "four"},
+    ]
+    assert llm.chat_payload("openai", "m", history, 8, 0.0, True)["messages"] == history
+    assert llm.chat_payload("ollama", "m", history, 8, 0.0, True)["messages"] == history
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=64) as s:
+        m = stream(s.url, "openai", "/v1/chat/completions", history)
+    assert m.text == "tok0 tok1 tok2 tok3 tok4 tok5 " and m.prompt_tokens == 6
+    assert m.cached_tokens is None  # vLLM says nothing about its cache unless started with the details flag
+    with OllamaSimulator(token_delay=0.001) as sim:
+        o = stream(sim.url, "ollama", "/api/chat", history, model=sim.models[0])
+    assert o.text == "The cache holds keys and values" and o.cached_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("server", "where"),
+    [
+        ({"timings": True}, "llama.cpp: timings.cache_n and usage.prompt_tokens_details"),
+        ({"prompt_tokens_details": True}, "vLLM --enable-prompt-tokens-details: usage.prompt_tokens_details"),
+    ],
+)
+def test_the_engines_own_count_of_cached_prompt_tokens(server, where):
+    prompt = [{"role": "user", "content": " ".join(f"w{k}" for k in range(40))}]
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=8, prefix_cache=True, prefix_block=16, **server) as s:
+        first = stream(s.url, "openai", "/v1/chat/completions", prompt)
+        again = stream(s.url, "openai", "/v1/chat/completions", prompt)
+    assert (first.cached_tokens, again.cached_tokens, again.prompt_tokens) == (0, 32, 40), where
+    assert again.text is not None and first.answer is not None
 
 
 def test_ollama_ndjson_keeps_engine_stats_in_nanoseconds():
-    sim_module = pytest.importorskip("tests.doubles.ollama_simulator")
-    with sim_module.OllamaSimulator(token_delay=0.005) as sim:
+    with OllamaSimulator(token_delay=0.005) as sim:
         m = chat(sim.url, "geventhttpclient", api="ollama", path="/api/chat", model=sim.models[0], max_tokens=6)
         sent = sim.last_request
     assert m.ok, m.error
@@ -138,3 +192,86 @@ def test_prompt_sets_shipped_synthetic_and_user_files(tmp_path):
         prompts.load(str(tmp_path / "bad.jsonl"))
     with pytest.raises(prompts.PromptSetError, match="not one of"):
         prompts.load("no-such-set")
+
+
+def test_the_installed_geventhttpclient_has_every_internal_the_client_reads():
+    llm.check_geventhttpclient()
+
+
+def test_a_geventhttpclient_without_an_internal_is_named_in_one_line(monkeypatch):
+    from geventhttpclient.connectionpool import ConnectionPool
+
+    monkeypatch.delattr(ConnectionPool, "_is_socket_alive")
+    with pytest.raises(llm.HttpClientError) as caught:
+        llm.check_geventhttpclient()
+    assert "ConnectionPool._is_socket_alive" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_cli_stops_at_start_up_with_one_line_when_an_internal_is_gone(tmp_path):
+    script = (
+        "import sys\n"
+        "from loadgen import cli\n"
+        "from geventhttpclient.response import HTTPResponse\n"
+        "HTTPResponse.__init__ = lambda self, *a, **k: None  # a version whose response keeps no _body_buffer\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "burst", "--engine", "vllm=http://127.0.0.1:9", "--results", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "HTTPResponse._body_buffer" in proc.stderr
+    assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (ConnectionRefusedError(111, "refused"), llm.ErrorKind.CONNECTION_REFUSED),
+        (TimeoutError("timed out"), llm.ErrorKind.TIMEOUT),
+        (ConnectionResetError(104, "reset"), llm.ErrorKind.STREAM_CUT),
+        (BrokenPipeError(32, "pipe"), llm.ErrorKind.STREAM_CUT),
+        (EOFError("closed"), llm.ErrorKind.STREAM_CUT),
+        # The words alone decide nothing: a message that says "refused" or "timed out" is not that kind.
+        (ValueError("connection refused, timed out, closed, reset"), llm.ErrorKind.OTHER),
+    ],
+)
+def test_failures_are_classified_by_exception_type_not_by_message(exc, kind):
+    assert llm.classify(exc) is kind
+
+
+def test_a_wrapped_exception_is_classified_by_what_it_was_raised_from():
+    class LibraryError(Exception):
+        pass
+
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as inner:
+            raise LibraryError("HTTPConnectionPool(host='x'): Max retries exceeded") from inner
+    except LibraryError as outer:
+        assert llm.classify(outer) is llm.ErrorKind.CONNECTION_REFUSED
+
+
+def test_the_outcome_label_is_the_records_kind_never_its_text():
+    from prometheus_client import CollectorRegistry
+
+    from loadgen.client_metrics import ClientMetrics
+    from servescope import series
+    from servescope.runfolder import RequestRecord
+
+    metrics = ClientMetrics(CollectorRegistry())
+    base = dict(engine="vllm", instance="vllm", scenario="burst", phase="burst-1", api="openai", model="m")
+    base |= dict(prompt_set="s", prompt_set_sha256="h", prompt_id="p", max_tokens=4, started_at=0.0, status=0)
+    metrics.observe(RequestRecord(**base, ok=True))
+    metrics.observe(RequestRecord(**base, ok=False, error="timeout after 3 content chunks", error_kind="timeout"))
+    metrics.observe(RequestRecord(**base, ok=False, error="anything at all: refused, timeout"))
+    value = metrics.registry.get_sample_value
+    name = series.CLIENT_REQUESTS
+    labels = {"engine": "vllm", "scenario": "burst"}
+    assert value(name, {**labels, "outcome": "ok"}) == 1
+    assert value(name, {**labels, "outcome": "timeout"}) == 1
+    assert value(name, {**labels, "outcome": "other_error"}) == 1

@@ -81,6 +81,8 @@ def test_compare_against_vllm_cpu_gives_the_seeds_table_shape(vllm_url, tmp_path
             "--metrics-port",
             "0",
             "--no-ignore-eos",
+            "--repetitions",
+            "1",
         ],
         cwd=REPO,
         capture_output=True,

@@ -101,4 +101,7 @@ def test_a_bad_linger_is_a_one_line_usage_error(tmp_path):
         timeout=60,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["loadgen: --metrics-linger must be between 0 and 600 seconds, got -1"]
+    assert proc.stderr.strip().splitlines() == [
+        "python -m loadgen sequential: error: argument --metrics-linger: expected a number of seconds from 0 to 600, "
+        "got '-1'"
+    ]

@@ -13,7 +13,7 @@ import yaml
 from servescope import prometheus_config as pc
 
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+needs_promtool = pytest.mark.tool("prometheus")
 
 
 def test_render_groups_targets_by_job_and_keeps_engine_labels_on_exporter():
@@ -102,7 +102,7 @@ def test_promtool_rejects_a_broken_config(tmp_path):
     broken = tmp_path / "prometheus.yml"
     broken.write_text(pc.render([pc.Target("exporter", "a:1")]).replace("scrape_timeout: 4000ms", "scrape_timeout: 9s"))
     proc = subprocess.run([PROMTOOL, "check", "config", str(broken)], capture_output=True, text=True)
-    assert proc.returncode != 0
+    assert proc.returncode != 0 and "scrape timeout greater than scrape interval" in proc.stdout + proc.stderr
 
 
 class _ExporterPage(BaseHTTPRequestHandler):
@@ -145,3 +145,10 @@ def test_real_prometheus_loads_rendered_config_rules_and_keeps_exporter_instance
     finally:
         page.shutdown()
         page.server_close()
+
+
+def test_the_exporters_per_engine_budget_fits_inside_the_scrape_timeout():
+    assert pc.engine_budget_s(pc.DEFAULT_SCRAPE_INTERVAL) == 3.0  # the exporter's own default
+    assert pc.engine_budget_s(pc.NATIVE_SCRAPE_INTERVAL) == 0.6
+    for interval in ("1s", "5s", "500ms", "1m"):
+        assert pc.engine_budget_s(interval) * 1000 < int(pc._timeout_for(interval).removesuffix("ms"))

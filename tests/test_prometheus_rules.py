@@ -13,7 +13,7 @@ from servescope import series
 from servescope.prometheus_config import PROMETHEUS_DIR, RULES_DIR
 
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+needs_promtool = pytest.mark.tool("prometheus")
 TESTS_DIR = PROMETHEUS_DIR / "tests"
 
 
@@ -110,3 +110,83 @@ def test_rules_only_use_series_that_exist():
     used = set(re.findall(r"\b(servescope_[a-z_]+?)(?:_bucket|_sum|_count)?\b(?=[\[{(\s)])", text))
     unknown = {name for name in used if name not in known and name.removesuffix("_total") not in known}
     assert not unknown, unknown
+
+
+def test_lever_rules_are_the_threshold_tables(monkeypatch, tmp_path, capsys):
+    """The committed lever rules are what servescope/lever_rules.py renders from the table; a stale one fails --check."""
+    from servescope import lever_rules, thresholds
+
+    assert lever_rules.main(["--check"]) == 0
+    text = (RULES_DIR / "vllm_levers.yml").read_text()
+    assert f"< {thresholds.KV_ROOM:g}\n" in text and f">= {thresholds.KV_FULL:g}\n" in text
+    assert f"[{thresholds.ALERT_WINDOW}]" in text and f"for: {thresholds.ALERT_FOR}\n" in text
+    stale = tmp_path / "vllm_levers.yml"
+    stale.write_text(text.replace(f"< {thresholds.KV_ROOM:g}", "< 0.7"))
+    monkeypatch.setattr(lever_rules, "FILES", {stale: lever_rules.vllm_levers})
+    monkeypatch.setattr(lever_rules, "REPO_ROOT", tmp_path)
+    assert lever_rules.main(["--check"]) == 1
+    assert "vllm_levers.yml is stale" in capsys.readouterr().err
+
+
+@needs_promtool
+def test_the_alert_rules_and_the_verdict_pick_the_same_vllm_lever(tmp_path):
+    """One table, two readers: for the same waiting and KV series, the generated alert expressions fire exactly
+    where report/verdict.py names the same lever (both read the KV pool's highest and mean usage while waiting)."""
+    from report.gauges import EngineGauges
+    from report.load import EngineInfo
+    from report.verdict import decide
+    from servescope import lever_rules, thresholds
+
+    room, full = thresholds.KV_ROOM, thresholds.KV_FULL
+    patterns = {
+        "below-room": [room - 0.01],
+        "at-room": [room],
+        "between": [(room + full) / 2],
+        "at-full": [full],
+        "spiky": [room - 0.1, full + 0.05],  # touched full, never pinned: neither
+        "pinned": [room + 0.05, 0.99, 0.99],  # mean past full while waiting: the KV pool
+    }
+    info = EngineInfo("vllm", "vllm", flags={"max-num-seqs": 8})
+    rules = {r["alert"]: r["expr"] for g in lever_rules.vllm_levers()["groups"] for r in g["rules"]}
+    lever_of_alert = {
+        "VllmQueueWithKvCacheToSpare": "max_num_seqs",
+        "VllmQueueWithKvCacheFull": "kv_cache_space_or_max_model_len",
+    }
+    series_lines, expected = [], {name: [] for name in rules}
+    for name, pattern in patterns.items():
+        values = (pattern * 40)[:29]
+        window = values[-5:]  # the last minute at a 15 s interval, what [1m] sees at 7m
+        eg = EngineGauges("vllm", "vllm", kv_while_waiting=(max(window), sum(window) / len(window)))
+        lever = decide(
+            info,
+            {series.REQUESTS_RUNNING: 8, series.REQUESTS_WAITING: 2, series.KV_CACHE_USAGE: max(window)},
+            gauges=eg,
+        ).lever
+        labels = f'engine="vllm",instance="{name}",model="m"'
+        series_lines += [
+            {"series": f"{series.REQUESTS_WAITING}{{{labels}}}", "values": " ".join(["2"] * 29)},
+            {"series": f"{series.KV_CACHE_USAGE}{{{labels}}}", "values": " ".join(f"{v:g}" for v in values)},
+        ]
+        for alert, alert_lever in lever_of_alert.items():
+            if lever == alert_lever:
+                expected[alert].append({"labels": f"{{{labels}}}", "value": 2})
+    fired = {alert: {e["labels"].split('instance="')[1].split('"')[0] for e in exp} for alert, exp in expected.items()}
+    assert fired == {
+        "VllmQueueWithKvCacheToSpare": {"below-room"},
+        "VllmQueueWithKvCacheFull": {"at-full", "pinned"},
+    }
+    test = {
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": series_lines,
+                "promql_expr_test": [
+                    {"expr": expr, "eval_time": "7m", "exp_samples": expected[alert]} for alert, expr in rules.items()
+                ],
+            }
+        ],
+    }
+    (tmp_path / "agree.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = subprocess.run([PROMTOOL, "test", "rules", "agree.yml"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -113,7 +113,12 @@ def test_gauges_peaks_verdict_kv_and_vllm_split(backfilled, capsys):
     assert ollama["peaks"][series.REQUESTS_WAITING] == 2 and ollama["peaks"][series.KV_CACHE_USAGE] is None
 
     verdicts = {v["instance"]: v for v in numbers["verdict"]["verdicts"]}
-    assert verdicts["vllm"]["lever"] == "none" and "oversized" in verdicts["vllm"]["text"]
+    # The seed's vLLM burst: running 3, nothing waiting, yet TTFT 0.2 / 0.4 / 0.6 s by arrival: no slot or KV
+    # lever, and the verdict says where the first tokens' wait went instead of "nothing waited".
+    vllm_verdict = verdicts["vllm"]
+    assert vllm_verdict["lever"] == "none" and "oversized" in vllm_verdict["text"]
+    assert "admitted at once" in vllm_verdict["text"] and "nothing waited" not in vllm_verdict["text"]
+    assert "prefill inside the batch" in vllm_verdict["disagreement"]
     assert verdicts["ollama"]["lever"] == "ollama_num_parallel"
     assert "OLLAMA_NUM_PARALLEL (now 1)" in verdicts["ollama"]["text"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from dataclasses import fields
 from pathlib import Path
@@ -236,6 +237,16 @@ def check_report(folder: Path) -> None:
     assert run.request_count + skipped["requests.jsonl"] == lines_in(folder / "requests.jsonl")
     assert all(math.isfinite(r.started_at) for i in run.engines for r in run.requests_of(i))
     json.loads((folder / "report.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in report.json"))
+
+
+@pytest.mark.parametrize("started_at", [253402300800.0, 6.77680361916768e16])
+def test_a_manifest_time_past_the_year_9999_is_said_not_raised(tmp_path, started_at):
+    """Regression (found by the fuzzer below): the setup section's date raised ValueError / OSError. Such a time
+    is no instant a record could hold (the run folder's epoch bounds): the report dates the run by its records."""
+    check_report(fuzzed_copy(tmp_path / "f", [], [], [("started_at", started_at)]))
+    text = (tmp_path / "f" / "report.md").read_text()
+    assert str(started_at) not in text and str(int(started_at)) not in text
+    assert re.search(r"20\d\d-\d\d-\d\d", text)  # a real date, from the records
 
 
 @settings(

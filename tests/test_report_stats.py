@@ -92,3 +92,17 @@ def test_a_subsampled_interval_sits_around_the_exact_delta():
     r = stats.bootstrap_median_delta(cur, base, paired=False, resamples=200, pools=((10**8, 1.2), (10**8, 0.5)))
     assert r["delta"] == pytest.approx(0.7) and r["ci_low"] < 0.7 < r["ci_high"]
     assert r["ci_high"] - r["ci_low"] < 0.01  # the subsample's spread, moved, not widened
+
+
+def test_the_ratio_bootstrap_sees_goodput_rise_and_not_when_the_sides_are_alike():
+    from report.stats import bootstrap_ratio_delta
+
+    # 3 users; 40 requests of 0.2 s each: all good (15 good/s) against 3 in 4 good (11.25 good/s).
+    better = ([1.0] * 40, [0.2] * 40, 3.0)
+    worse = ([1.0, 1.0, 1.0, 0.0] * 10, [0.2] * 40, 3.0)
+    d = bootstrap_ratio_delta(better, worse)
+    assert d["current"] == pytest.approx(15.0) and d["baseline"] == pytest.approx(11.25)
+    assert d["delta"] == pytest.approx(3.75) and 0 < d["ci_low"] <= d["delta"] <= d["ci_high"]
+    same = bootstrap_ratio_delta(worse, ([0.0, 1.0, 1.0, 1.0] * 10, [0.2] * 40, 3.0))
+    assert same["delta"] == pytest.approx(0) and same["ci_low"] < 0 < same["ci_high"]
+    assert bootstrap_ratio_delta(([], [], 1.0), worse)["delta"] is None

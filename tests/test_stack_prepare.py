@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -39,8 +39,15 @@ def test_conversion_is_reused_only_for_the_same_gguf(tmp_path):
 
 def test_step_prints_heartbeats_with_elapsed_time():
     lines: list[str] = []
-    with Step("building llama.cpp", interval=0.05, detail=lambda: "[42%]", emit=lines.append):
-        time.sleep(0.3)
+    beat = threading.Event()
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        if line.startswith("…"):
+            beat.set()
+
+    with Step("building llama.cpp", interval=0.05, detail=lambda: "[42%]", emit=emit):
+        assert beat.wait(10), "no heartbeat line within 10 s"
     assert lines[0] == "→ building llama.cpp"
     assert any(line.startswith("… building llama.cpp (0s) [42%]") for line in lines[1:-1])
     assert lines[-1] == "✓ building llama.cpp (0s)"
@@ -58,6 +65,7 @@ def test_failed_long_step_is_one_error_with_the_log_tail(tmp_path, capsys):
     assert "No matching distribution" in str(err.value)
 
 
+@pytest.mark.tool("prometheus")
 def test_prometheus_config_for_the_services_that_are_up(monkeypatch, tmp_path):
     monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
     knob = {
@@ -76,9 +84,12 @@ def test_prometheus_config_for_the_services_that_are_up(monkeypatch, tmp_path):
     assert by_job["vllm"]["static_configs"][0]["targets"] == ["127.0.0.1:8009"]
     assert by_job["vllm"]["static_configs"][0]["labels"] == {"instance": "vllm"}
     assert config["rule_files"] == prometheus.rule_files()
-    if shutil.which("promtool"):
-        check = subprocess.run(["promtool", "check", "config", str(config_path)], capture_output=True, text=True)
-        assert check.returncode == 0, check.stdout + check.stderr
+    # Natively every second (issue 14), and the exporter reads each engine well within the scrape timeout.
+    assert config["global"]["scrape_interval"] == "1s" and config["global"]["scrape_timeout"] == "800ms"
+    exporter_cmd = native.exporter_service(knob, "127.0.0.1", {"vllm": "http://127.0.0.1:8009"}, None).cmd
+    assert exporter_cmd[exporter_cmd.index("--timeout") + 1] == "0.6"
+    check = subprocess.run(["promtool", "check", "config", str(config_path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
     cmd = prometheus.command("/usr/bin/prometheus", config_path, "127.0.0.1", 9090)
     assert "--web.listen-address=127.0.0.1:9090" in cmd
     assert any(arg.startswith("--storage.tsdb.retention.time=") for arg in cmd)

@@ -16,7 +16,9 @@ What it serves (real HTTP, aiohttp), as Ollama documents it:
 - The first request for a model that is not loaded pays `load_delay` (reported as
   load_duration); a loaded model stays in /api/ps for `keep_alive` seconds after its last use.
 - A client that disconnects cancels its generation (its slot is freed).
-Token text is a fixed word cycle; one token every `token_delay` seconds.
+Token text is a fixed word cycle; one token every `token_delay` seconds. `eos_after` N: the model's
+answer ends (its end-of-sequence token) after N tokens, before `num_predict` runs out when that is
+larger: Ollama has no ignore_eos, so `done_reason` is then "stop" and `eval_count` N.
 
 Command line (stable; the load generator, dashboards and stack use it)::
 
@@ -147,6 +149,7 @@ class OllamaSimulator:
     tokens: int = 24  # generated tokens when the request sets no limit
     load_delay: float = 0.05
     keep_alive: float = 300.0
+    eos_after: int | None = None  # the model's answers end after this many tokens (None: only num_predict ends them)
     version: str = "0.12.6"
     models: list[str] = field(default_factory=lambda: [DEFAULT_MODEL])
 
@@ -371,6 +374,8 @@ class OllamaSimulator:
         options = payload.get("options") if isinstance(payload.get("options"), dict) else {}
         limit = options.get("num_predict")
         n_tokens = limit if isinstance(limit, int) and limit > 0 else self.tokens
+        if self.eos_after is not None and self.eos_after < n_tokens:
+            n_tokens, limit = self.eos_after, None  # the answer's own end comes first: done_reason "stop"
         model = self._models[normalise(payload.get("model"))]
         received = time.perf_counter()
         if await self._admit(model) is None:
@@ -446,6 +451,8 @@ class OllamaSimulator:
             return error
         limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
         n_tokens = limit if isinstance(limit, int) and limit > 0 else self.tokens
+        if self.eos_after is not None and self.eos_after < n_tokens:
+            n_tokens, limit = self.eos_after, None  # the answer's own end comes first: done_reason "stop"
         model = self._models[normalise(payload.get("model"))]
         if await self._admit(model) is None:
             return _json(

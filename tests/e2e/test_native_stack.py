@@ -84,6 +84,8 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
         "BURST_SIZE": str(BURST),
         "MAX_TOKENS": str(MAX_TOKENS),
         "PYTHONUNBUFFERED": "1",
+        # One pass: this suite proves the stack end to end; repetitions and their CIs are tested on the simulators.
+        "LOADGEN_REPETITIONS": "1",
     }
     env.pop("OLLAMA_HOST", None)
     # Never the defaults: a user's own stack may be up on this machine.
@@ -131,6 +133,13 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
             assert {p["scenario"] for p in engine_phases} >= {"sequential", "burst"}
             assert sum(p["requests"] for p in engine_phases) == len(mine)
             assert any(p["scenario"] == "burst" and p["concurrency"] == BURST for p in engine_phases)
+            # Each phase carries the host's noise, the engine under test found through the stack's pid record
+            # (its own CPU, never counted as noise) (issue 15).
+            for p in engine_phases:
+                noise = p["noise"]
+                assert noise["engine_found"] and f"native stack's {engine} record" in noise["engine_how"], noise
+                assert noise["engine_cores"] > 0, noise
+                assert engine not in {g["name"] for g in noise["groups"]}, noise
 
         # Prometheus holds the engine-neutral lever gauges for both engines.
         for series in ("servescope_requests_running", "servescope_requests_waiting", "servescope_kv_cache_usage_ratio"):

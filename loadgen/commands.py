@@ -1,0 +1,140 @@
+"""The `python -m loadgen` command line: its parser, and what a headless command will run (targets, prompt set,
+phases) checked before anything touches the network or the disk. Importing it does not import Locust."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+from loadgen import client as llm
+from loadgen import options, trials, workloads
+from loadgen import prompts as prompt_sets
+from loadgen.prompts import PromptSet
+from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings, build_phases
+from loadgen.targets import Target, TargetError, parse_engine
+from servescope import knobs
+from servescope.thresholds import NoiseRule, WarmupRule
+
+
+class UsageError(Exception):
+    """Bad input from the user: one line on stderr, no traceback."""
+
+
+# What bad input raises on its way through prepare(): each is one line for the terminal, exit 2.
+USAGE_ERRORS = (UsageError, TargetError, prompt_sets.PromptSetError, ValueError)
+
+COMMANDS = {
+    "compare": "the seed's experiment: per engine warm-up, matched-set sequential, burst",
+    "sequential": "one user, the prompt set back to back",
+    "burst": "N requests released at the same instant, awaited, K times",
+    "ramp": "steps of closed-loop users, each held",
+    "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
+    "sweep": "one closed-loop phase per concurrency level",
+    "replay": "a trace's requests at their own times (--prompts trace:FILE), open loop, --speed times faster",
+    "knee": "the highest concurrency (or rate) that meets the SLOs, and the server resource that ran out above it",
+}
+web_port = options.bounded(int, "a port from 1 to 65535", 1, 65535)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = options.ArgumentParser(
+        prog="python -m loadgen",
+        description="The seed's comparison (compare), one command per scenario, and Locust's web UI; "
+        "each writes a run folder.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command, text in COMMANDS.items():
+        options.add_command_options(sub.add_parser(command, help=text), command)
+    webui = sub.add_parser(
+        "webui",
+        help="Locust's web UI on LOCUST_PORT (127.0.0.1), opened pre-filled: Host = the engine URL, "
+        "Number of users = the burst size, scenario and engine under Custom parameters",
+    )
+    webui.add_argument("--port", type=web_port, default=knobs.get("LOCUST_PORT"))
+    webui.add_argument("--bind", default=knobs.get("SERVESCOPE_BIND"))
+    webui.add_argument(
+        "--users",
+        type=options.users,
+        default=knobs.get("BURST_SIZE"),
+        help="the form's Number of users: the burst size of the burst scenario (default BURST_SIZE: %(default)s)",
+    )
+    options.add_command_options(webui, "webui")
+    return parser
+
+
+@dataclass
+class Plan:
+    """A headless command's run, engine after engine, as it will go: nothing probed, nothing written yet."""
+
+    targets: list[Target]
+    prompt_set: PromptSet
+    phases: list[Phase]
+    models: dict[str, str]  # --model: "*" for every engine, else by instance or kind
+
+    def model_for(self, target: Target) -> str | None:
+        return self.models.get(target.instance) or self.models.get(target.kind) or self.models.get("*")
+
+
+def prepare(args: argparse.Namespace) -> Plan:
+    """Everything that can be wrong with the input, found before a folder, a socket or a probe exists."""
+    if not args.engine:
+        raise UsageError("give at least one --engine NAME=URL (e.g. --engine vllm=http://127.0.0.1:8009)")
+    if args.http_client not in llm.TRANSPORTS:
+        raise UsageError(f"--http-client {args.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}")
+    targets = [parse_engine(spec, ignore_eos=not args.no_ignore_eos) for spec in args.engine]
+    instances = [t.instance for t in targets]
+    if len(set(instances)) != len(instances):
+        raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
+    if args.command == "knee" and len(targets) != 1:
+        raise UsageError("knee searches one engine at a time: give one --engine")
+    prompt_set = prompt_sets.load(args.prompts)
+    workloads.check(args.command, prompt_set, getattr(args, "bursts", 1))
+    # The trials' rules are knobs: a bad one is one line now, not a traceback after the first phase.
+    WarmupRule.current()
+    NoiseRule.current()
+    return Plan(targets, prompt_set, _phases(args, targets, prompt_set), _models(args.model))
+
+
+def _models(specs: list[str]) -> dict[str, str]:
+    """`--model NAME` for every engine, `--model vllm=NAME` for one instance."""
+    models: dict[str, str] = {}
+    for spec in specs:
+        name, sep, model = spec.partition("=")
+        models[name if sep else "*"] = model if sep else name
+    return models
+
+
+def _phases(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet) -> list[Phase]:
+    """The phases of the whole run in the order they will run: the seed's experiment interleaved over repetitions."""
+
+    def settings_of(target: Target) -> Settings:
+        return Settings(
+            target=target,
+            prompt_set=prompt_set,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            timeout_s=args.request_timeout,
+            think_s=args.think_time,
+        )
+
+    if args.command != "compare":
+        return [phase for target in targets for phase in build_phases(args.command, settings_of(target), args)]
+    seed4_set = prompt_sets.load("seed4") if not args.no_seed4 and prompt_set.name != "seed4" else None
+
+    def one_pass(target: Target, repetition: int) -> list[Phase]:
+        # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
+        # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
+        settings = settings_of(target)
+        phases: list[Phase] = [
+            SequentialPhase(settings, name="sequential", count=args.burst_size, repetition=repetition),
+            BurstPhase(
+                settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause, repetition=repetition
+            ),
+        ]
+        if seed4_set is not None:
+            seed4 = dataclasses.replace(settings, prompt_set=seed4_set)
+            phases.append(SequentialPhase(seed4, name="sequential-seed4", repetition=repetition))
+        return phases
+
+    return trials.interleave(targets, one_pass, getattr(args, "repetitions", 1))

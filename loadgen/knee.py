@@ -1,0 +1,365 @@
+"""`python -m loadgen knee`: the highest load that still meets the SLOs (bracket, bisect, repeat at the boundary) and what ran out above it.
+
+The search runs over concurrency (closed loop: USERS users back to back) or arrival rate (open loop),
+one load phase per measurement, each as long as a sweep level (--duration / --requests):
+
+  bracket   from --start-load, double while the SLOs hold (up to --max-load); halve while they fail
+            (down to --min-load)
+  bisect    between the highest load that holds and the lowest that fails, to one user (concurrency)
+            or --knee-precision (rate, relative)
+  confirm   both boundary loads are measured again until each has --knee-repeats measurements; a
+            level's verdict pools all its measurements, so a repeat that flips it moves the boundary
+            and the bisection goes on (--knee-probes bounds the whole search)
+
+A measurement the host noise rule flags (issue 15: another program took the CPU while it ran) is
+kept in knee.json but left out of every verdict, and the same load is measured again.
+
+Whether a load meets the SLOs is servescope/slo.py's rule over that phase's records. At the lowest
+failing load, the resource that ran out is named from the phase's own server samples
+(servescope/binding.py: batch slots, KV capacity or compute) with the engine's knob for it. The
+search, level by level, goes to knee.json in the run folder (what `make tune` reads) and to the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
+from servescope import binding, slo
+from servescope.runfolder import KNEE, RequestRecord, RunFolder, SampleRecord, read_samples
+
+try:  # issue 15's host noise: a phase the host disturbed is measured again, never concluded from
+    from servescope.hostnoise import flags as noise_flags
+except ImportError:  # pragma: no cover - before servescope/hostnoise.py is merged
+    noise_flags = None
+
+CONCURRENCY, RATE = "concurrency", "rate"
+OVER = (CONCURRENCY, RATE)
+UNITS = {CONCURRENCY: "users", RATE: "req/s"}
+
+
+@dataclass
+class Probe:
+    """One measurement: one load phase at one level."""
+
+    phase: str
+    level: float
+    started_at: float | None
+    ended_at: float | None
+    result: slo.SloResult
+    binding: binding.Binding
+    noisy: tuple[str, ...] = ()  # why the host noise rule does not trust it: left out of every verdict
+
+
+def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[str, ...]:
+    """The host noise rule's flags on a finished phase (its PhaseRecord's `noise`, when the run measured it)."""
+    if noise_flags is None:
+        return ()
+    for record in folder.phases():
+        if record.phase == phase and record.instance == instance:
+            return tuple(noise_flags(getattr(record, "noise", None), instance))
+    return ()
+
+
+class KneeSearch:
+    """Hands out the next phase after each finished one; the run's loop appends it (loadgen/cli.py, the web UI's conductor)."""
+
+    def __init__(self, settings: Settings, options: Any, duration_s: float | None, requests: int | None):
+        self.settings = settings
+        self.over = str(options.over)
+        if self.over not in OVER:
+            raise ValueError(f"--over {self.over!r}: expected {' or '.join(OVER)}")
+        self.spec = slo.resolve(options.slo, options.slo_attainment)
+        self.min_load = self._level(options.min_load, "--min-load")
+        self.max_load = self._level(options.max_load, "--max-load")
+        start = options.start_load if options.start_load not in (None, "") else self.min_load
+        self.start_load = self._level(start, "--start-load")
+        if not self.min_load <= self.start_load <= self.max_load:
+            raise ValueError(
+                f"knee: expected --min-load <= --start-load <= --max-load, got "
+                f"{self.min_load:g}, {self.start_load:g}, {self.max_load:g}"
+            )
+        self.repeats = int(options.knee_repeats)
+        self.precision = float(options.knee_precision)
+        self.max_probes = int(options.knee_probes)
+        self.duration_s, self.requests = duration_s, requests  # per measurement (requests: per user when closed)
+        self.poisson = options.arrivals == "poisson"
+        self.max_in_flight = int(options.max_in_flight)
+        self.probes: list[Probe] = []
+        self._records: dict[str, list[RequestRecord]] = {}  # phase -> its records (levels pool them)
+        self._samples: dict[str, list[SampleRecord]] = {}  # phase -> this engine's samples during it
+        self.note = ""
+
+    def _level(self, value: Any, flag: str) -> float:
+        level = float(value)
+        if self.over == CONCURRENCY:
+            if level != int(level) or level < 1:
+                raise ValueError(f"{flag} {value!r}: a concurrency is a whole number of users >= 1")
+            return int(level)
+        if level <= 0:
+            raise ValueError(f"{flag} {value!r}: a rate is a number of arrivals per second > 0")
+        return level
+
+    # ------------------------------------------------------------ phases
+
+    def phase(self, level: float) -> Phase:
+        k = sum(1 for p in self.probes if p.level == level) + 1
+        if self.over == CONCURRENCY:
+            n = int(level)
+            phase: Phase = ClosedLoopPhase(
+                self.settings,
+                f"knee-c{n}-{k}",
+                n,
+                self.duration_s,
+                None if self.requests is None else self.requests * n,
+                scenario="knee",
+            )
+        else:
+            phase = RatePhase(
+                self.settings,
+                rate=level,
+                duration_s=self.duration_s,
+                requests=self.requests,
+                poisson=self.poisson,
+                max_in_flight=self.max_in_flight,
+                name=f"knee-r{level:g}-{k}",
+                scenario="knee",
+            )
+        phase.planner = self
+        phase.level = level
+        return phase
+
+    def first(self) -> Phase:
+        return self.phase(self.start_load)
+
+    def after(self, phase: Phase, folder: RunFolder) -> Phase | None:
+        """Judge the finished phase from the run folder; the next phase to run, or None when the search is over."""
+        target = self.settings.target
+        records = [r for r in folder.requests() if r.phase == phase.name and r.instance == target.instance]
+        samples = _samples_of(list(read_samples(folder)), phase.name, target.kind, target.instance)
+        started = min((r.started_at for r in records), default=None)
+        ended = max((slo.finished_at(r) for r in records), default=None)
+        wall = (ended - started) if started is not None and ended is not None else 0.0
+        self.probes.append(
+            Probe(
+                phase.name,
+                phase.level,
+                started,
+                ended,
+                slo.evaluate(self.spec, records, wall),
+                binding.classify(samples),
+                noise_of(folder, phase.name, target.instance),
+            )
+        )
+        self._records[phase.name] = records
+        self._samples[phase.name] = samples
+        level = self.next_level()
+        self.write(folder)
+        return None if level is None else self.phase(level)
+
+    # ------------------------------------------------------------ the search
+
+    def trusted(self, level: float | None = None) -> list[Probe]:
+        """The measurements the search concludes from (of one level): every one the host noise rule did not flag."""
+        return [p for p in self.probes if not p.noisy and (level is None or p.level == level)]
+
+    def levels(self) -> list[float]:
+        return sorted({p.level for p in self.trusted()})
+
+    def verdict(self, level: float) -> slo.SloResult:
+        """All trusted measurements of a level pooled: more requests, a steadier percentile."""
+        probes = self.trusted(level)
+        records = [r for p in probes for r in self._records.get(p.phase, [])]
+        return slo.evaluate(self.spec, records, sum(p.result.wall_s for p in probes))
+
+    def boundary(self) -> tuple[float | None, float | None]:
+        """(the knee: highest level below every failing one that holds, the lowest failing level)."""
+        meets = {level: self.verdict(level).meets for level in self.levels()}
+        fails = [level for level, ok in meets.items() if not ok]
+        lowest_fail = min(fails) if fails else None
+        below = [level for level, ok in meets.items() if ok and (lowest_fail is None or level < lowest_fail)]
+        return (max(below) if below else None), lowest_fail
+
+    def next_level(self) -> float | None:
+        if len(self.probes) >= self.max_probes:
+            self.note = f"the probe budget (--knee-probes {self.max_probes}) was spent before the search settled"
+            return None
+        last = self.probes[-1]
+        if last.noisy:
+            return last.level  # the host disturbed it: the same load again, nothing concluded
+        knee, fail = self.boundary()
+        if fail is None:
+            top = max(self.levels())
+            return self._grow(top) if top < self.max_load else self._confirm(top)
+        if knee is None:
+            return self._shrink(fail) if fail > self.min_load else self._confirm(fail)
+        if not self._resolved(knee, fail):
+            return self._middle(knee, fail)
+        return self._confirm(knee, fail)
+
+    def _confirm(self, *levels: float) -> float | None:
+        for level in levels:
+            if len(self.trusted(level)) < self.repeats:
+                return level
+        return None
+
+    def _grow(self, level: float) -> float:
+        return min(self.max_load, level * 2)
+
+    def _shrink(self, level: float) -> float:
+        return max(self.min_load, level // 2 if self.over == CONCURRENCY else _round(level / 2))
+
+    def _middle(self, low: float, high: float) -> float:
+        return (low + high) // 2 if self.over == CONCURRENCY else _round((low + high) / 2)
+
+    def _resolved(self, low: float, high: float) -> bool:
+        return high - low <= 1 if self.over == CONCURRENCY else high <= low * (1 + self.precision)
+
+    # ------------------------------------------------------------ the answer
+
+    def limit_binding(self) -> tuple[float | None, binding.Binding]:
+        """The binding resource at the lowest failing level (else the highest measured), over all its samples."""
+        knee, fail = self.boundary()
+        measured = self.levels()
+        level = fail if fail is not None else (max(measured) if measured else None)
+        samples = [s for p in self.trusted(level) for s in self._samples.get(p.phase, [])]
+        return level, binding.classify(samples)
+
+    def non_monotonic(self) -> bool:
+        """A level that holds above one that fails: feasibility is not monotone in the load (a noisy machine?)."""
+        meets = {level: self.verdict(level).meets for level in self.levels()}
+        fails = [level for level, ok in meets.items() if not ok]
+        return any(ok and fails and level > min(fails) for level, ok in meets.items())
+
+    def summary(self) -> dict[str, Any]:
+        knee, fail = self.boundary()
+        level, b = self.limit_binding()
+        engine = self.settings.target.kind
+        knob = binding.knob_for(engine, b.resource)
+        if not self.trusted():
+            status = "nothing measured"
+        elif knee is None:
+            status = "fails at the lowest load"
+        elif fail is None:
+            status = "meets the SLOs up to the highest load"
+        else:
+            status = "found"
+        return {
+            "over": self.over,
+            "unit": UNITS[self.over],
+            "engine": engine,
+            "instance": self.settings.target.instance,
+            "spec": self.spec.text,
+            "objective": self.spec.objective,
+            "knee": knee,
+            "first_failing": fail,
+            "status": status,
+            "non_monotonic": self.non_monotonic(),
+            "note": self.note,
+            "binding_level": level,
+            "binding": {**b.to_json(), "advice": b.advice(engine)},
+            "knob": asdict(knob) if knob else None,
+            "search": {
+                "min_load": self.min_load,
+                "start_load": self.start_load,
+                "max_load": self.max_load,
+                "repeats": self.repeats,
+                "precision": self.precision,
+                "max_probes": self.max_probes,
+                "duration_s": self.duration_s,
+                "requests": self.requests,
+            },
+            "levels": [self._level_json(level) for level in self.levels()],
+            "probes": [
+                {
+                    "phase": p.phase,
+                    "level": p.level,
+                    "started_at": p.started_at,
+                    "ended_at": p.ended_at,
+                    "result": asdict(p.result),
+                    "binding": p.binding.resource,
+                    "noisy": list(p.noisy),
+                }
+                for p in self.probes
+            ],
+        }
+
+    def _level_json(self, level: float) -> dict[str, Any]:
+        v = self.verdict(level)
+        probes = self.trusted(level)
+        return {
+            "level": level,
+            "measurements": len(probes),
+            "phases": [p.phase for p in probes],
+            "meets": v.meets,
+            "each_meets": [p.result.meets for p in probes],
+            "result": asdict(v),
+        }
+
+    def write(self, folder: RunFolder) -> None:
+        """knee.json after every measurement: an interrupted search keeps what it had found."""
+        tmp = folder.path / (KNEE + ".tmp")
+        tmp.write_text(json.dumps(self.summary(), indent=2) + "\n")
+        tmp.replace(folder.path / KNEE)
+
+    def lines(self) -> list[str]:
+        """The search as the terminal shows it: one row per level, then the knee and the binding resource."""
+        s = self.summary()
+        unit = s["unit"]
+        out = [
+            f"knee over {self.over} for {s['instance']}, {self.spec.describe()}:",
+            f"  {'load':>8} {'runs':>4} {'meets':>5} {'attain':>7} {'good/s':>7} {'good tok/s':>10}  failed most",
+        ]
+        for row in s["levels"]:
+            r = row["result"]
+            flaky = " (repeats disagree)" if len(set(row["each_meets"])) > 1 else ""
+            out.append(
+                f"  {row['level']:>8g} {row['measurements']:>4} {'yes' if row['meets'] else 'no':>5} "
+                f"{_pct(r['attainment']):>7} {_num(r['goodput_rps']):>7} {_num(r['good_tokens_per_s']):>10}  "
+                f"{r['failed_most'] or '-'}{flaky}"
+            )
+        if s["status"] == "found":
+            out.append(f"knee: {s['knee']:g} {unit}; {s['first_failing']:g} {unit} fails")
+        elif s["status"] == "fails at the lowest load":
+            out.append(f"knee: none - the SLOs fail even at {s['first_failing']:g} {unit} (--min-load)")
+        elif s["status"] == "meets the SLOs up to the highest load":
+            out.append(f"knee: at least {s['knee']:g} {unit} - the SLOs hold up to --max-load {self.max_load:g}")
+        b = s["binding"]
+        if s["first_failing"] is not None:
+            out.append(f"binding at {s['binding_level']:g} {unit}: {b['advice']} ({b['evidence']})")
+        elif s["binding_level"] is not None:  # nothing failed: what the server did at the top, not what ran out
+            out.append(f"at {s['binding_level']:g} {unit}, the highest load tried: {b['evidence']}")
+        noisy = [p for p in self.probes if p.noisy]
+        if noisy:
+            out.append(
+                f"note: {len(noisy)} measurement(s) left out and repeated, the host was noisy: {noisy[0].noisy[0]}"
+            )
+        if s["non_monotonic"]:
+            out.append("note: a load above a failing one met the SLOs (feasibility not monotone: a noisy machine?)")
+        if s["note"]:
+            out.append(f"note: {s['note']}")
+        return out
+
+
+def _samples_of(samples: list[SampleRecord], phase: str, kind: str, instance: str) -> list[SampleRecord]:
+    """The phase's samples of this engine: by instance name, else the only instance of its kind the exporter saw."""
+    mine = [s for s in samples if s.phase == phase]
+    named = [s for s in mine if s.instance == instance]
+    if named:
+        return named
+    of_kind = {s.instance for s in mine if s.engine == kind}
+    return [s for s in mine if s.engine == kind] if len(of_kind) == 1 else []
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

@@ -1,0 +1,171 @@
+"""Repeated, interleaved trials: warm-up until stable, the A B B A schedule of repetitions, host noise per phase, retries.
+
+One pass of the seed's experiment is one trial; a shared machine turns a transient into a headline
+(issue 15: one starved minute gave llama.cpp a 20x "batching" factor). So each engine is warmed
+until its latencies agree (thresholds.WarmupRule), the experiment runs K repetitions with engines
+and phases interleaved and their order reversed every other repetition (A1 A2 B1 B2 | B2 B1 A2 A1
+| ...) so a drift over the run hits every engine and phase alike, each phase record carries the
+host's noise while it ran (servescope/hostnoise.py), and a phase flagged noisy may be run again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import gevent
+from gevent.event import Event
+
+from loadgen import client as llm
+from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
+from loadgen.targets import Target
+from servescope import hostnoise
+from servescope.runfolder import PhaseRecord
+from servescope.thresholds import WarmupRule
+
+
+def interleave(targets: list[Target], one_pass: Callable[[Target, int], list[Phase]], repetitions: int) -> list[Phase]:
+    """K repetitions of every engine's phases; odd repetitions in order, even ones reversed (A B B A)."""
+    schedule: list[Phase] = []
+    for repetition in range(1, repetitions + 1):
+        forward = repetition % 2 == 1
+        for target in targets if forward else reversed(targets):
+            phases = one_pass(target, repetition)
+            schedule.extend(phases if forward else reversed(phases))
+    return schedule
+
+
+def again(phase: Phase) -> Phase:
+    """The same phase once more (the next attempt of its repetition): a retry of a phase flagged noisy."""
+    if isinstance(phase, SequentialPhase):
+        return SequentialPhase(
+            phase.settings, phase.name, count=phase.count, repetition=phase.repetition, attempt=phase.attempt + 1
+        )
+    if isinstance(phase, BurstPhase):
+        return BurstPhase(
+            phase.settings,
+            phase.size,
+            phase.rounds,
+            phase.pause_s,
+            phase.name,
+            repetition=phase.repetition,
+            attempt=phase.attempt + 1,
+        )
+    raise ValueError(f"{phase.scenario} phases are not retried")
+
+
+# ---------------------------------------------------------------- warm-up until stable
+
+
+def warm_up(
+    target: Target,
+    settings: Settings,
+    minimum: int,
+    *,
+    http_client: str,
+    timeout_s: float,
+    say: Callable[[str], None],
+    interrupted: Event,
+    rule: WarmupRule | None = None,
+) -> dict | None:
+    """Warm-up requests (never recorded) until the engine's latencies agree; returns what happened, None if interrupted.
+
+    At least `minimum` requests (0: no warm-up), then until rule.count consecutive latencies are within
+    rule.tolerance of their median, for at most rule.max_s seconds. The same prompt every time, so the
+    latencies are comparable; a failure starts the count again, and rule.count failures in a row end it.
+    """
+    rule = rule or WarmupRule.current()
+    result = {"requests": 0, "stable": False, "seconds": 0.0, "latencies_s": [], "rule": rule.text()}
+    if minimum <= 0:
+        result["stable"] = None  # not asked for
+        return result
+    prompt = settings.prompt_set.warmup_text(0)
+    payload = llm.chat_payload(
+        target.api, target.model, prompt, settings.max_tokens, settings.temperature, bool(target.ignore_eos)
+    )
+    transport = llm.make_transport(http_client, target.url, timeout=timeout_s)
+    started = time.monotonic()
+    latencies: list[float] = []  # since the last failure
+    failures = 0
+    try:
+        while True:
+            job = gevent.spawn(llm.stream_chat, transport, target.chat_path, target.api, payload)
+            gevent.wait([job, interrupted], count=1)
+            if interrupted.is_set():
+                job.kill()
+                return None
+            m = job.value
+            result["requests"] += 1
+            n = result["requests"]
+            if m.ok and m.elapsed_s is not None:
+                latencies.append(m.elapsed_s)
+                failures = 0
+                say(f"warm-up {target.instance} {n}: ok {m.elapsed_s:.3f}s (not recorded)")
+            else:
+                latencies.clear()
+                failures += 1
+                say(f"warm-up {target.instance} {n}: FAILED ({m.error}) (not recorded)")
+            result["latencies_s"].append(m.elapsed_s if m.ok else None)
+            result["seconds"] = time.monotonic() - started
+            last = "/".join(f"{x:.3f}" for x in latencies[-rule.count :])
+            spread = rule.spread(latencies)
+            if n >= minimum and rule.stable(latencies):
+                result["stable"] = True
+                say(
+                    f"warm-up {target.instance}: stable after {n} request(s), {result['seconds']:.1f}s (last "
+                    f"{rule.count}: {last} s, spread {spread:.0%} <= {rule.tolerance:.0%})"
+                )
+                return result
+            if failures >= rule.count:
+                say(
+                    f"warm-up {target.instance}: {failures} requests failed in a row ({m.error}): measuring anyway; "
+                    f"expect failed requests"
+                )
+                return result
+            if result["seconds"] >= rule.max_s:
+                how = f"spread {spread:.0%} > {rule.tolerance:.0%}" if spread is not None else "too few successes"
+                say(
+                    f"warm-up {target.instance}: NOT stable after {result['seconds']:.0f}s and {n} requests "
+                    f"(last {rule.count}: {last or '-'} s, {how}; WARMUP_MAX_S={rule.max_s:g}): measuring anyway; "
+                    f"the engine's latency was still moving, so read its numbers with care"
+                )
+                return result
+    finally:
+        transport.close()
+
+
+# ---------------------------------------------------------------- host noise per phase
+
+
+class NoiseKeeper:
+    """Who is who per engine (resolved once, after its warm-up) and the current phase's noise window."""
+
+    def __init__(self, targets: list[Target]):
+        self.targets = targets
+        self.roles: dict[str, hostnoise.Roles] = {}
+        self.watch: hostnoise.Watch | None = None
+        self.instance = ""
+        self.last: dict | None = None
+
+    def locate(self, target: Target) -> str:
+        """Find the engine's processes on this host; the line says how (or why it could not)."""
+        others = [(t.instance, t.url) for t in self.targets if t.instance != target.instance]
+        roles = hostnoise.roles_for(target.instance, target.kind, target.url, others)
+        self.roles[target.instance] = roles
+        return f"host noise for {target.instance}: engine {roles.engine_how}" + (
+            f"; other engines: {', '.join(sorted(roles.others))}" if roles.others else ""
+        )
+
+    def begin(self, target: Target) -> None:
+        self.instance = target.instance
+        self.watch = hostnoise.Watch(self.roles.get(target.instance) or hostnoise.Roles())
+        self.watch.begin()
+        self.last = None
+
+    def annotate(self, record: PhaseRecord) -> None:
+        """Put the noise from the phase's start up to now on a finished phase record (before it is written)."""
+        if self.watch is not None:
+            self.last = record.noise = self.watch.measure()
+
+    def flags(self) -> list[str]:
+        return hostnoise.flags(self.last, self.instance)

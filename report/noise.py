@@ -1,0 +1,152 @@
+"""Which phases the report does not trust (host noise over thresholds.NoiseRule, outlier requests, superseded attempts) and what to rerun.
+
+A flagged phase is never averaged in: the table's medians and scaling factors and the verdict
+use the other repetitions, and say which phase they left out and why. A phase is flagged when
+the host's noise while it ran crosses the rule (servescope/hostnoise.flags, the one the load
+generator applies live) or when it holds an outlier request: one whose time (the engine's own
+when it reports one: llama.cpp's prompt + predicted ms, Ollama's total_duration; else the
+client's E2E) is more than OUTLIER_RATIO x the median of the same phase over all repetitions.
+An attempt that a later retry of the same repetition replaced is superseded, not flagged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+
+from report import gauges, query
+from report.crosscheck import PARSED, REQUEST_TIME
+from report.load import Run
+from servescope import hostnoise
+from servescope.runfolder import PhaseRecord, base_phase
+from servescope.thresholds import NoiseRule
+
+
+@dataclass
+class PhaseTrust:
+    instance: str
+    phase: str  # the record's (unique) name
+    base: str  # the same phase across repetitions and attempts
+    repetition: int
+    attempt: int
+    noise: dict | None
+    host: str  # hostnoise.describe: the figures, one line
+    flags: list[str] = field(default_factory=list)  # why it is not trusted; empty: trusted
+    outliers: list[str] = field(default_factory=list)
+    superseded: bool = False  # a later attempt of the same repetition replaced it
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.flags)
+
+    @property
+    def usable(self) -> bool:
+        return not self.flags and not self.superseded
+
+    def rerun(self) -> str:
+        return f"{self.instance} {self.phase} ({'; '.join(self.flags)})"
+
+
+@dataclass
+class Assessment:
+    rule: NoiseRule
+    phases: dict[tuple[str, str], PhaseTrust] = field(default_factory=dict)
+
+    def of(self, instance: str, phase: str) -> PhaseTrust | None:
+        return self.phases.get((instance, phase))
+
+    def usable(self, record: PhaseRecord) -> bool:
+        trust = self.of(record.instance, record.phase)
+        return trust is None or trust.usable
+
+    def flagged(self, instance: str | None = None) -> list[PhaseTrust]:
+        return [t for t in self.phases.values() if t.flagged and (instance is None or t.instance == instance)]
+
+
+_TRUSTED = PhaseTrust("", "", "", 1, 1, None, "")
+
+
+MAX_OUTLIERS = 20  # outlier requests named per phase; the count says the rest
+
+
+def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
+    rule = rule or NoiseRule.current()
+    out = Assessment(rule)
+    latest: dict[tuple[str, str, int], int] = {}
+    for p in run.phases:
+        key = (p.instance, base_phase(p.phase), p.repetition)
+        latest[key] = max(latest.get(key, 0), p.attempt)
+    # Each successful request's time (REQUEST_TIME), by engine and phase; a phase's median is over its repetitions.
+    by_base: dict[tuple[str, str], list[float]] = {}
+    rows = run.con.execute(
+        f"SELECT instance, phase, list(t) FROM (SELECT instance, phase, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok) "
+        f"WHERE t IS NOT NULL GROUP BY ALL"
+    ).fetchall()
+    for instance, phase, times in rows:
+        by_base.setdefault((instance, base_phase(phase)), []).extend(times)
+    medians = {key: statistics.median(times) for key, times in by_base.items()}
+    for p in run.phases:
+        base = base_phase(p.phase)
+        trust = PhaseTrust(p.instance, p.phase, base, p.repetition, p.attempt, p.noise, hostnoise.describe(p.noise))
+        trust.flags = hostnoise.flags(p.noise, p.instance, rule)
+        mid = medians.get((p.instance, base))
+        if mid:
+            slow = run.con.execute(
+                f"SELECT prompt_id, t FROM (SELECT *, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok AND instance = ? "
+                f"AND phase = ?) WHERE t > ? ORDER BY {query.ORDER}",
+                [p.instance, p.phase, rule.outlier_ratio * mid],
+            ).fetchall()
+            trust.outliers = [f"{prompt_id} {t:.3f}s" for prompt_id, t in slow[:MAX_OUTLIERS]]
+            if len(slow) > MAX_OUTLIERS:
+                trust.outliers.append(f"and {len(slow) - MAX_OUTLIERS} more")
+        if trust.outliers:
+            trust.flags.append(
+                f"outlier request(s): {', '.join(trust.outliers)} against the phase's median {mid:.3f}s "
+                f"(more than {rule.outlier_ratio:g}x)"
+            )
+        trust.superseded = p.attempt < latest[(p.instance, base, p.repetition)]
+        out.phases[(p.instance, p.phase)] = trust
+    return out
+
+
+def clean(run: Run, assessment: Assessment) -> Run:
+    """The run without its flagged and superseded phases (and their requests): what conclusions may rest on."""
+    keep = [p for p in run.phases if assessment.usable(p)]
+    dropped = [(p.instance, p.phase) for p in run.phases if not assessment.usable(p)]
+    return run.without(dropped, keep)
+
+
+def clean_gauges(report: gauges.GaugeReport, run: Run, assessment: Assessment) -> gauges.GaugeReport:
+    """The gauges without what was read while a flagged phase of the same engine ran (peaks recomputed on `run`)."""
+    out = dataclasses.replace(report, engines={})
+    for instance, eg in report.engines.items():
+        windows = [
+            (p.started_at, p.ended_at)
+            for p in run.phases
+            if p.instance == instance and (t := assessment.of(instance, p.phase)) is not None and not t.usable
+        ]
+        if not windows:
+            out.engines[instance] = eg
+            continue
+        kept = dataclasses.replace(eg, peaks={}, phase_peaks={}, kv_while_waiting=(None, None))
+        kept.series = {
+            name: [(t, v) for t, v in points if not any(a <= t <= b for a, b in windows)]
+            for name, points in eg.series.items()
+        }
+        kept.coverage = {k: c for k, c in eg.coverage.items() if (assessment.of(instance, k) or _TRUSTED).usable}
+        gauges.summarise(kept, clean(run, assessment), slack=eg.spacing_s or 0.0)
+        out.engines[instance] = kept
+    return out
+
+
+def rerun_text(flagged: list[PhaseTrust]) -> str:
+    return "rerun " + "; ".join(t.rerun() for t in flagged)
+
+
+def to_json(assessment: Assessment) -> dict:
+    return {
+        "rule": assessment.rule.text(),
+        "thresholds": dataclasses.asdict(assessment.rule),
+        "phases": [dataclasses.asdict(t) for t in assessment.phases.values()],
+    }

@@ -1,0 +1,159 @@
+"""The report of a `make tune` folder: the trajectory (knob values, knee, goodput with its CI, binding resource) as a table and a plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from report import render
+from report.render import Bullets, Document, Figure, Paragraph, Section, Table
+
+TUNE = "tune.json"  # written by stack/tune.py
+RULE = (
+    "Each step raises the knob the binding resource names (servescope/binding.py) and restarts the engine; the same "
+    "workload (the lowest load that failed the SLOs, same prompts, max_tokens, duration and measurements) is measured "
+    "again. Goodput there is compared with a seeded bootstrap 95% CI on the difference, requests resampled (closed "
+    "loop: N users x good requests / their time, Little's law; open loop: the arrival rate x the good share): a "
+    "setting is kept only when the CI lies above zero. The loop stops when a "
+    "change brings no such gain, when the binding resource is compute, or when nothing fails below the knee's "
+    "highest load."
+)
+
+
+def is_tune_folder(path: Path) -> bool:
+    return (Path(path) / TUNE).is_file()
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:.{digits}f}" if isinstance(value, float) and value != int(value) else f"{value:g}"
+
+
+def rows(data: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for s in data["steps"]:
+        d = s.get("delta") or {}
+        ci = (
+            f"{_num(d.get('delta'))} [{_num(d.get('ci_low'))}, {_num(d.get('ci_high'))}]"
+            if d.get("delta") is not None
+            else "-"
+        )
+        out.append(
+            [
+                str(s["step"]),
+                " ".join(f"{k}={v}" for k, v in s["knobs"].items()),
+                s["decision"],
+                _num(s.get("knee")),
+                _num(s.get("first_failing")),
+                s.get("binding") or "-",
+                _num(s.get("workload")),
+                _num(s.get("goodput_rps")),
+                ci,
+                _num(s.get("good_tokens_per_s"), 1),
+            ]
+        )
+    return out
+
+
+HEADERS = [
+    "step",
+    "knobs",
+    "decision",
+    "knee",
+    "fails at",
+    "binding resource",
+    "judged at",
+    "goodput req/s",
+    "delta goodput req/s [95% CI]",
+    "good tok/s",
+]
+
+
+def lines(data: dict[str, Any]) -> list[str]:
+    """The trajectory for the terminal."""
+    table = [HEADERS, *rows(data)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(HEADERS))]
+    out = [f"tune trajectory for {data['engine']}:"]
+    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+    out.append(f"stopped: {data['stop_reason']}")
+    out.append("best: " + " ".join(f"{k}={v}" for k, v in data["best_knobs"].items()))
+    return out
+
+
+def plot(data: dict[str, Any], path: Path) -> Path | None:
+    """Knee and goodput at the judged load, per step (kept settings solid, reverted ones hollow)."""
+    steps = data["steps"]
+    if not steps:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_knee, ax_good) = plt.subplots(1, 2, figsize=(10, 3.8))
+    xs = [s["step"] for s in steps]
+    knees = [s["knee"] if s.get("knee") is not None else math.nan for s in steps]
+    ax_knee.plot(xs, knees, marker="o")
+    ax_knee.set_title("Knee: highest load meeting the SLOs")
+    ax_knee.set_xlabel("step")
+    ax_knee.set_ylabel("load (users or req/s)")
+    for s in steps:
+        y = s.get("goodput_rps")
+        if y is None:
+            continue
+        d = s.get("delta") or {}
+        filled = s["decision"] in ("start", "kept")
+        ax_good.plot([s["step"]], [y], marker="o", color="C1", fillstyle="full" if filled else "none")
+        label = s["decision"] + (f" @ {_num(s.get('workload'))}" if s.get("workload") is not None else "")
+        ax_good.annotate(label, (s["step"], y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if d.get("ci_low") is not None and d.get("baseline") is not None:
+            # The CI of the difference, drawn from the old setting's goodput.
+            lo, hi = d["baseline"] + d["ci_low"], d["baseline"] + d["ci_high"]
+            ax_good.vlines(s["step"], lo, hi, color="C1", alpha=0.5)
+    ax_good.set_title("Goodput at the judged load (bars: 95% CI of the change)")
+    ax_good.set_xlabel("step")
+    ax_good.set_ylabel("good requests/s")
+    for ax in (ax_knee, ax_good):
+        ax.set_xticks(xs)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def build(folder: Path) -> tuple[Document, dict[str, Any]]:
+    data = json.loads((Path(folder) / TUNE).read_text())
+    figure = plot(data, Path(folder) / "tune.png")
+    sec = Section("Tune trajectory")
+    sec.add(Paragraph(RULE))
+    sec.add(
+        Table(
+            HEADERS,
+            rows(data),
+            caption="One row per setting tried; `judged at` is the load its goodput was measured at.",
+        )
+    )
+    if figure:
+        sec.add(Figure(figure, "Knee per step, and goodput at the load each change was judged at."))
+    sec.add(
+        Bullets(
+            [
+                f"stopped: {data['stop_reason']}",
+                "started from: " + " ".join(f"{k}={v}" for k, v in data["start_knobs"].items()),
+                "best: " + " ".join(f"{k}={v}" for k, v in data["best_knobs"].items()),
+                "runs (each a run folder with its own `make report RUN=...`): "
+                + ", ".join(r for s in data["steps"] for r in s.get("runs", [])),
+            ]
+            + [f"step {s['step']} binding evidence: {s['evidence']}" for s in data["steps"] if s.get("evidence")]
+        )
+    )
+    doc = Document("servescope tune", f"{data['engine']} at {data['url']} ({Path(folder).name})", [sec])
+    return doc, {"tune": data, "plots": ["tune.png"] if figure else []}
+
+
+def write(folder: Path) -> list[Path]:
+    doc, numbers = build(folder)
+    return render.write(Path(folder), doc, numbers)

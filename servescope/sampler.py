@@ -1,0 +1,272 @@
+"""The run's own server-side time series: every engine's lever gauges, read from the exporter every SAMPLE_INTERVAL_MS during load phases.
+
+One code path: the exporter's collectors read the engines (vLLM /metrics, llama.cpp /metrics and
+/slots, Ollama through its proxy) for Prometheus, and the same collectors answer this sampler; it
+parses the exporter's page with the exporter's own exposition parser, asking only for the
+engine-neutral series it keeps (`name[]`, prometheus_client's filter). Prometheus stays the
+source for dashboards and long windows; a run's report reads these samples, taken 10x a second
+on the clock of the request records, so a burst that ends inside one scrape is still seen.
+
+Load generator and benchmarks use it the same way::
+
+    sampler = Sampler.for_run(folder, expected=[("vllm", "vllm")])
+    sampler.start("burst")   # one read at once, then every interval
+    ...                      # the phase runs
+    sampler.stop()           # one last read (the drain), then quiet until the next phase
+    sampler.close()
+"""
+
+from __future__ import annotations
+
+import http.client
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from urllib.parse import urlencode, urlsplit
+
+from servescope import knobs, series
+from servescope.exposition import Samples, parse_exposition
+from servescope.runfolder import RunFolder, SampleRecord, append_samples
+
+# What a sample keeps: the three lever gauges, the counters the report turns into rates, the KV pool.
+KEPT = (
+    series.REQUESTS_RUNNING,
+    series.REQUESTS_WAITING,
+    series.KV_CACHE_USAGE,
+    series.GENERATED_TOKENS,
+    series.PROMPT_TOKENS,
+    series.PROMPT_CACHED_TOKENS,
+    series.KV_BLOCK_SIZE,
+    series.KV_BLOCKS,
+    series.KV_CAPACITY_TOKENS,
+    series.KV_MAX_CONCURRENCY,
+)
+WANTED = frozenset((series.ENGINE_UP, *KEPT))
+# Per engine instance, several models (Ollama) or pools: counts add up, these take the largest.
+LARGEST_ACROSS_MODELS = frozenset((series.KV_CACHE_USAGE, series.KV_BLOCK_SIZE))
+# A pause longer than this many intervals between two reads is a gap (time nobody read), for every reader.
+GAP_FACTOR = 1.5
+# Longer than the exporter's own per-engine budget (3 s by default, below 1 s natively), so a slow
+# engine costs its own samples, not the page's.
+READ_TIMEOUT_S = 5.0
+HEADERS = {"Accept": "text/plain", "User-Agent": "servescope-sampler"}
+
+
+def split_at_gaps(points: list[tuple[float, float | None]], spacing: float | None) -> list[tuple[float, float | None]]:
+    """The points with (t, None) put in wherever two reads are more than GAP_FACTOR spacings apart.
+
+    A series is a read every `spacing` seconds (the sampling interval, a Prometheus step); a longer
+    pause is time nobody read (a read that hung, a stack that was down): it is drawn as a gap, never
+    as a line from the value before it to the value after it. The gap starts one spacing after the
+    last read, which is how long that read's value stands for.
+    """
+    out: list[tuple[float, float | None]] = []
+    for i, (t, value) in enumerate(points):
+        if i and spacing and t - points[i - 1][0] > GAP_FACTOR * spacing:
+            out.append((points[i - 1][0] + spacing, None))
+        out.append((t, value))
+    return out
+
+
+def combine_models(name: str, values: Iterable[float]) -> float:
+    """One value per engine instance from its per-model series: a usage ratio is the fullest pool, counts add up."""
+    values = list(values)
+    return max(values) if name in LARGEST_ACROSS_MODELS else sum(values)
+
+
+def engine_values(samples: Samples) -> dict[tuple[str, str], dict[str, float] | None]:
+    """(engine, instance) -> {series: value} from a parsed exporter page; None for an engine it could not read.
+
+    An engine the exporter could not read has no values, except what the exporter saw itself: the
+    Ollama proxy's running / waiting stand while Ollama's API is down, and are kept.
+    """
+    out: dict[tuple[str, str], dict[str, float] | None] = {}
+    for labels, up in samples.get(series.ENGINE_UP, ()):
+        out[(labels.get("engine", ""), labels.get("instance", ""))] = {} if up == 1 else None
+    per_model: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for name in KEPT:
+        for labels, value in samples.get(name, ()):
+            key = (labels.get("engine", ""), labels.get("instance", ""))
+            if key in out and value == value:  # NaN is no value
+                per_model.setdefault(key, {}).setdefault(name, []).append(value)
+    for key, by_name in per_model.items():
+        out[key] = {name: combine_models(name, values) for name, values in by_name.items()}
+    return out
+
+
+def default_source() -> str:
+    return knobs.get("SAMPLE_EXPORTER_URL", "") or f"http://127.0.0.1:{knobs.get_int('EXPORTER_PORT', 9464)}"
+
+
+def default_interval_s() -> float:
+    return knobs.get_int("SAMPLE_INTERVAL_MS", 100) / 1000.0
+
+
+class Sampler:
+    """Reads the exporter's page on a thread (a greenlet under gevent) and appends SampleRecords to the run folder."""
+
+    def __init__(
+        self,
+        folder: RunFolder,
+        source: str,
+        interval_s: float,
+        *,
+        expected: Iterable[tuple[str, str]] = (),
+        timeout_s: float = READ_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
+        notify: Callable[[str], None] | None = None,
+    ):
+        if interval_s < 0:
+            raise ValueError(f"sampling interval must be >= 0 ms, got {interval_s * 1000:g}")
+        self.folder = folder
+        self.source = source.rstrip("/")
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.notify = notify  # told once per new kind of failure, one line
+        parts = urlsplit(self.source if "://" in self.source else f"http://{self.source}")
+        self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
+        self._path = (parts.path.rstrip("/") or "") + "/metrics?" + urlencode([("name[]", n) for n in sorted(WANTED)])
+        self._conn: http.client.HTTPConnection | None = None
+        # Instances to mark missing when the exporter itself does not answer: the run's until the exporter
+        # has answered, then the ones on its page (its names may differ from the run's: the report matches them).
+        self.known: dict[tuple[str, str], None] = dict.fromkeys(expected)
+        self.phase: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reads = 0
+        self.failed_reads = 0
+        self.last_error: str | None = None
+
+    @classmethod
+    def for_run(cls, folder: RunFolder, expected: Iterable[tuple[str, str]] = ()) -> Sampler:
+        """The knobs' sampler: SAMPLE_INTERVAL_MS (0: off) from SAMPLE_EXPORTER_URL (default the local exporter)."""
+        return cls(folder, default_source(), default_interval_s(), expected=expected, notify=_to_stderr)
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_s > 0
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "server samples: off (SAMPLE_INTERVAL_MS=0)"
+        return f"server samples: every {self.interval_s * 1000:g} ms from {self.source}/metrics during load phases"
+
+    # --- phases ---
+    def start(self, phase: str | None = None) -> None:
+        """Sample from now on: one read before returning (so before the phase's first request), then every interval."""
+        if not self.enabled:
+            return
+        self.stop(final_read=False)
+        self.phase = phase
+        self._stop.clear()
+        self.read_once()
+        self._thread = threading.Thread(
+            target=self._loop, args=(time.monotonic() + self.interval_s,), name="servescope-sampler", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, final_read: bool = True) -> None:
+        """Stop sampling; with `final_read`, one read after the phase's last request (the queue drained or not)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        if final_read:
+            self.read_once()
+
+    def close(self) -> None:
+        self.stop(final_read=False)
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _loop(self, due: float) -> None:
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            self.read_once()
+            due += self.interval_s
+            now = time.monotonic()
+            if due < now:
+                # The read overran one or more intervals: those ticks are gaps (readers see them as such);
+                # catching up with a volley of reads would only put invented density there.
+                due += self.interval_s * ((now - due) // self.interval_s + 1)
+
+    # --- one read ---
+    def read_once(self) -> list[SampleRecord]:
+        """Read the exporter's page once and append one record per engine instance; never raises."""
+        sent = self.clock()
+        try:
+            by_engine = engine_values(parse_exposition(self._get(), WANTED))
+            error = None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            by_engine, error = {}, _reason(exc)
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        received = self.clock()
+        t, read_s = (sent + received) / 2, received - sent
+        self.reads += 1
+        records = []
+        if error is not None:
+            self.failed_reads += 1
+            if self.notify is not None and f"exporter at {self.source}: {error}" != self.last_error:
+                self.notify(
+                    f"server samples: exporter at {self.source}: {error}; these reads are marked missing "
+                    f"(SAMPLE_EXPORTER_URL points elsewhere, SAMPLE_INTERVAL_MS=0 turns sampling off)"
+                )
+            self.last_error = f"exporter at {self.source}: {error}"
+            records = [
+                SampleRecord(t, read_s, self.interval_s, engine, instance, self.phase, missing=self.last_error)
+                for engine, instance in self.known
+            ]
+        else:
+            self.known = dict.fromkeys(by_engine)
+            for (engine, instance), values in by_engine.items():
+                if values is None:
+                    missing = f"the exporter could not read this engine ({series.ENGINE_UP} 0)"
+                    values = {}
+                else:
+                    missing = None
+                records.append(SampleRecord(t, read_s, self.interval_s, engine, instance, self.phase, values, missing))
+        try:
+            append_samples(self.folder, records)
+        except OSError as exc:
+            self.last_error = f"cannot write {self.folder.path}: {exc.strerror or exc}"
+        return records
+
+    def _get(self) -> str:
+        for attempt in (1, 2):
+            fresh = self._conn is None
+            if fresh:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
+            try:
+                self._conn.request("GET", self._path, headers=HEADERS)
+                resp = self._conn.getresponse()
+                body = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._conn.close()
+                self._conn = None
+                if fresh or attempt == 2:
+                    raise
+                continue  # the exporter closed an idle kept-alive connection: one fresh try
+            if resp.will_close:
+                self._conn.close()
+                self._conn = None
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status}")
+            return body.decode("utf-8", errors="replace")
+        raise AssertionError("unreachable")
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    return " ".join(str(exc).split())[:200] or type(exc).__name__

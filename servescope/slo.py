@@ -1,0 +1,253 @@
+"""Service level objectives: the one parser of an SLO spec, and attainment and goodput computed from request records.
+
+A spec is comma-separated terms `METRIC[_pQ]<=LIMIT` (LIMIT in seconds, or with an `ms` suffix):
+
+    ttft_p95<=0.5,itl_p95<=100ms,e2e<=10
+
+METRIC is ttft, itl, tpot or e2e (README: what each word means here). A term with `_pQ` is a
+percentile objective: it holds for a phase when at least Q% of the phase's requests meet the limit
+(ITL: Q% of its gaps, pooled over the requests, as the report pools them); failed requests count as
+misses. A term without one judges every request on its own, and the phase holds when at least the
+objective share (SLO_ATTAINMENT) of its requests meet every such term.
+
+A request is *good* when it succeeded and meets every term's limit on its own (a request's ITL for
+`itl_pQ` is the Q-th percentile of its own gaps, for a plain `itl` its longest gap). Attainment is
+the share of good requests, goodput the good requests (and their output tokens) per second of the
+phase's wall time (first send -> last finish), the way the report's tokens/s is. When a request
+carries the time its schedule said to send it (`scheduled_at`, open-loop runs), TTFT and E2E count
+from the schedule: a client that fell behind its schedule must not hide the wait (coordinated omission).
+
+The report, the load generator's client /metrics, the knee search and the tune loop all use this module.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from servescope import knobs, thresholds
+from servescope.runfolder import RequestRecord
+
+METRICS = ("ttft", "itl", "tpot", "e2e")
+SPEC_HELP = "terms METRIC[_pQ]<=SECONDS (ttft, itl, tpot, e2e; e.g. ttft_p95<=0.5,itl_p95<=100ms,e2e<=10)"
+_TERM = re.compile(
+    r"(?P<metric>[a-z][a-z0-9]*?)(?:_p(?P<q>\d+(?:\.\d+)?))?\s*<=\s*(?P<limit>[0-9a-zA-Z.+-]+?)\s*(?P<unit>ms|s)?"
+)
+ERRORS = "errors"  # the `failed most` name of requests that failed outright
+
+
+class SloError(ValueError):
+    """A spec or objective that cannot be used: one line saying what is wrong."""
+
+
+@dataclass(frozen=True)
+class Term:
+    metric: str  # ttft, itl, tpot, e2e
+    limit_s: float
+    percentile: float | None = None  # None: every request on its own
+
+    @property
+    def name(self) -> str:
+        q = f"_p{self.percentile:g}" if self.percentile is not None else ""
+        return f"{self.metric}{q}<={self.limit_s:g}"
+
+    def request_value(self, record: RequestRecord) -> float | None:
+        """This request's value for the term (seconds); None where the term does not apply (ITL of one token)."""
+        if self.metric == "itl":
+            gaps = record.itl_s or []
+            if not gaps:
+                return None
+            return max(gaps) if self.percentile is None else float(np.percentile(gaps, self.percentile))
+        if self.metric == "tpot":
+            return tpot(record)
+        value = record.ttft_s if self.metric == "ttft" else record.e2e_s
+        return None if value is None else value + schedule_lag(record)
+
+    def request_meets(self, record: RequestRecord) -> bool:
+        value = self.request_value(record)
+        if value is None:
+            # No first content chunk means no TTFT/E2E at all: a miss; ITL/TPOT of a one-token answer: nothing to miss.
+            return self.metric in ("itl", "tpot")
+        return value <= self.limit_s
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    terms: tuple[Term, ...]
+    objective: float = thresholds.SLO_ATTAINMENT  # share of good requests a phase with per-request terms needs
+
+    @property
+    def text(self) -> str:
+        return ",".join(t.name for t in self.terms)
+
+    def good(self, record: RequestRecord) -> bool:
+        return record.ok and all(t.request_meets(record) for t in self.terms)
+
+    def describe(self) -> str:
+        per_request = [t for t in self.terms if t.percentile is None]
+        tail = f"; at least {self.objective:.0%} of requests meeting every per-request term" if per_request else ""
+        return f"SLOs {self.text}{tail}"
+
+
+def parse(text: str, objective: float | None = None) -> SloSpec:
+    """`ttft_p95<=0.5,itl_p95<=0.1` -> SloSpec; SloError (one line) on anything else."""
+    terms: list[Term] = []
+    for raw in str(text).split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        m = _TERM.fullmatch(part)
+        if m is None or m["metric"] not in METRICS:
+            raise SloError(f"SLO term {part!r}: expected {SPEC_HELP}")
+        try:
+            limit = float(m["limit"])
+        except ValueError:
+            raise SloError(f"SLO term {part!r}: {m['limit']!r} is not a number of seconds") from None
+        if not math.isfinite(limit) or limit <= 0:
+            raise SloError(f"SLO term {part!r}: the limit must be a number of seconds > 0")
+        q = float(m["q"]) if m["q"] is not None else None
+        if q is not None and not 0 < q <= 100:
+            raise SloError(f"SLO term {part!r}: the percentile must be above 0 and at most 100")
+        term = Term(m["metric"], limit / 1000.0 if m["unit"] == "ms" else limit, q)
+        if any(t.metric == term.metric and t.percentile == term.percentile for t in terms):
+            raise SloError(f"SLO term {part!r}: {term.metric} is limited twice at the same percentile")
+        terms.append(term)
+    if not terms:
+        raise SloError(f"empty SLO spec: expected {SPEC_HELP}")
+    return SloSpec(tuple(terms), check_objective(thresholds.SLO_ATTAINMENT if objective is None else objective))
+
+
+def check_objective(value: float | str) -> float:
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        raise SloError(f"SLO attainment {value!r}: expected a share above 0 and at most 1, e.g. 0.95") from None
+    if not 0 < share <= 1:
+        raise SloError(f"SLO attainment {value!r}: expected a share above 0 and at most 1, e.g. 0.95")
+    return share
+
+
+def resolve(text: str | None = None, objective: float | str | None = None) -> SloSpec:
+    """The spec in force: the flag's value, else the SLO knob, else thresholds.SLO_DEFAULT (and so for the objective)."""
+    spec = text if text not in (None, "") else knobs.get("SLO", "") or thresholds.SLO_DEFAULT
+    share = objective if objective not in (None, "") else knobs.get("SLO_ATTAINMENT", "") or thresholds.SLO_ATTAINMENT
+    return parse(spec, check_objective(share))
+
+
+# ---------------------------------------------------------------- per request
+
+
+def schedule_lag(record: RequestRecord) -> float:
+    """Seconds the send came after the schedule's instant (0 without a schedule, or for an early send)."""
+    if record.scheduled_at is None:
+        return 0.0
+    return max(0.0, record.started_at - record.scheduled_at)
+
+
+def tpot(record: RequestRecord) -> float | None:
+    """(E2E - TTFT) / (output tokens - 1): the record's own, else from its parts (the report's definition)."""
+    if record.tpot_s is not None:
+        return record.tpot_s
+    if record.e2e_s is not None and record.ttft_s is not None and (record.output_tokens or 0) > 1:
+        return (record.e2e_s - record.ttft_s) / (record.output_tokens - 1)
+    return None
+
+
+def finished_at(record: RequestRecord) -> float:
+    return record.started_at + (record.e2e_s or 0.0)
+
+
+# ---------------------------------------------------------------- per phase
+
+
+@dataclass
+class TermResult:
+    term: str
+    met_share: float | None  # requests (ITL: gaps) meeting the limit, failures counted as misses
+    observed: float | None  # the percentile itself over successful requests (percentile terms), else the worst
+    holds: bool
+    missed: int  # successful requests that missed this term's limit on their own
+
+
+@dataclass
+class SloResult:
+    spec: str
+    requests: int
+    ok: int
+    good: int
+    good_tokens: int
+    wall_s: float
+    attainment: float | None  # good / requests
+    goodput_rps: float | None  # good requests per second of wall
+    good_tokens_per_s: float | None
+    meets: bool  # every percentile term holds, and per-request terms reach the objective
+    failed_most: str | None  # the term most requests missed (or "errors"), None when every request was good
+    misses: dict[str, int] = field(default_factory=dict)  # term (or "errors") -> requests that missed it
+    terms: list[TermResult] = field(default_factory=list)
+
+
+def evaluate(spec: SloSpec, records: Sequence[RequestRecord], wall_s: float) -> SloResult:
+    """Attainment, goodput and whether the phase meets the spec, from the phase's own records."""
+    n = len(records)
+    ok = [r for r in records if r.ok]
+    good = [r for r in ok if spec.good(r)]
+    misses: Counter[str] = Counter()
+    if len(ok) < n:
+        misses[ERRORS] = n - len(ok)
+    results = []
+    for term in spec.terms:
+        missed = sum(1 for r in ok if not term.request_meets(r))
+        if missed:
+            misses[term.name] = missed
+        results.append(_term_result(term, records, ok, missed, spec.objective))
+    per_request = [t for t in spec.terms if t.percentile is None]
+    if per_request and n:
+        meeting = sum(1 for r in ok if all(t.request_meets(r) for t in per_request))
+        per_request_holds = meeting / n >= spec.objective
+    else:
+        per_request_holds = bool(n)
+    good_tokens = sum(r.output_tokens or 0 for r in good)
+    rate = (lambda x: x / wall_s) if wall_s > 0 else (lambda x: None)
+    return SloResult(
+        spec=spec.text,
+        requests=n,
+        ok=len(ok),
+        good=len(good),
+        good_tokens=good_tokens,
+        wall_s=wall_s,
+        attainment=len(good) / n if n else None,
+        goodput_rps=rate(len(good)),
+        good_tokens_per_s=rate(good_tokens),
+        meets=per_request_holds and all(r.holds for t, r in zip(spec.terms, results, strict=True) if t.percentile),
+        failed_most=misses.most_common(1)[0][0] if misses else None,
+        misses=dict(misses.most_common()),
+        terms=results,
+    )
+
+
+def _term_result(
+    term: Term, records: Sequence[RequestRecord], ok: Sequence[RequestRecord], missed: int, objective: float
+) -> TermResult:
+    failed = len(records) - len(ok)
+    if term.percentile is None:
+        values = [v for v in (term.request_value(r) for r in ok) if v is not None]
+        share = (len(ok) - missed) / len(records) if records else None
+        worst = max(values) if values else None
+        return TermResult(term.name, share, worst, share is not None and share >= objective, missed)
+    if term.metric == "itl":
+        # Pooled gaps, as the report pools ITL; a failed request counts as one missed gap.
+        values = [g for r in ok for g in (r.itl_s or [])]
+        units = len(values) + failed
+        met = sum(1 for g in values if g <= term.limit_s)
+    else:
+        values = [v for v in (term.request_value(r) for r in ok) if v is not None]
+        units = len(records)
+        met = sum(1 for r in ok if term.request_meets(r))
+    share = met / units if units else None
+    observed = float(np.percentile(values, term.percentile)) if values else None
+    return TermResult(term.name, share, observed, share is not None and share * 100 >= term.percentile, missed)

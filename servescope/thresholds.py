@@ -1,0 +1,171 @@
+"""The one table of thresholds that decide which lever to pull: the report's verdict reads it, the alert rules are generated from it.
+
+The seed's section 4 reads two gauges together: requests waiting while the KV pool has room
+means the scheduler's batch cap is the limit (vLLM: --max-num-seqs); waiting while the pool is
+near 100% means KV blocks are (VLLM_CPU_KVCACHE_SPACE / --max-model-len). Between the two
+bounds neither lever is claimed. Both readers apply the same statistics over the time requests
+waited: the pool "had room" when its HIGHEST usage stayed below KV_ROOM, it "was full" when its
+MEAN usage reached KV_FULL (a pool pinned near full, not one that touched it once).
+
+`python -m servescope.lever_rules --write` regenerates prometheus/rules/ from this table; the
+tests fail when the committed rules are stale. The SLO defaults are here too (servescope/slo.py reads
+them; the SLO and SLO_ATTAINMENT knobs, --slo flags and the web UI override them), and the rules that
+name the binding resource at the knee (servescope/binding.py) and flag an open-loop client that fell
+behind its schedule (report/schedule.py).
+
+
+The second half says when a measurement can be trusted on a shared machine (issue 15): when a
+warm-up is over, when a phase was measured on a noisy host, when a request is an outlier. Each
+of those is a knob (.env.example, overridable by the environment), read when the rule is applied,
+so a report can re-judge an old run. How many repetitions the seed's experiment runs (3 for
+`make up`) is the load generator's option --repetitions, whose default is the knob LOADGEN_REPETITIONS.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from servescope import knobs
+
+# --- the KV pool while requests wait (ratios 0..1 of servescope_kv_cache_usage_ratio) ---
+KV_FULL = 0.9  # mean usage while waiting at or above this: the pool is the limit ("near 100%" in the seed)
+KV_ROOM = 0.8  # highest usage while waiting below this: the pool had room, the batch cap is the limit
+KV_OVERSIZED = 0.05  # peak usage below this while requests ran: the pool is far bigger than this load needs
+
+# --- the alert rules: a queue counts when it never drained over WINDOW, and only after it lasted FOR ---
+ALERT_WINDOW = "1m"
+ALERT_FOR = "1m"
+
+# --- what the clients saw in a burst (TTFT by arrival order) ---
+# A request of a burst waited before its first token when its TTFT reached TTFT_QUEUED_RATIO x the
+# burst's fastest and at least TTFT_QUEUED_MIN_S more: requests prefilled in the same step, or a
+# step or two apart, stay below it; one served after another (the seed's 0.02 / 0.59 / 1.14 s) does not.
+TTFT_QUEUED_RATIO = 2.0
+TTFT_QUEUED_MIN_S = 0.05
+# ...and it waited for a slot when its first token came no earlier than this many seconds before
+# another request of the same burst had finished: it was admitted when that one left.
+SERVED_AFTER_SLACK_S = 0.005
+# A burst is under-sampled by the gauges when fewer samples than this fell inside it: a queue can
+# come and go between two of them.
+MIN_SAMPLES_PER_BURST = 3
+
+
+# --- service level objectives (servescope/slo.py): what a request must meet to count as good ---
+# Terms METRIC[_pQ]<=SECONDS: a percentile term holds for a phase when at least Q% of its requests (ITL: of
+# its gaps) meet the limit; a plain term judges every request alone. Used when the SLO knob is empty.
+SLO_DEFAULT = "ttft_p95<=0.5,itl_p95<=0.1"
+# The share of requests that must be good for a phase with per-request terms to meet its SLOs, and the
+# objective the Prometheus burn-rate rules divide by (1 - SLO_ATTAINMENT is the error budget).
+SLO_ATTAINMENT = 0.95
+
+# --- the binding resource at the knee (servescope/binding.py), read from the phase's own samples ---
+# Requests "waited" at a load when at least this share of the phase's samples saw waiting > 0: a queue
+# that shows once between two reads is a step's admission, not a resource that ran out.
+BINDING_WAITING_SHARE = 0.2
+
+# --- open-loop honesty (report/schedule.py): the client fell behind its own schedule ---
+# A rate run whose send lag behind the schedule has a p99 above this did not send the load it claims:
+# its send-based latency hides the wait (coordinated omission); the schedule-based one shows it.
+SCHEDULE_LAG_P99_MAX_S = 0.05
+
+
+def kv_pool_state(kv_max_while_waiting: float | None, kv_mean_while_waiting: float | None) -> str:
+    """ "full", "room", "between" or "unknown": the KV pool's state over the time requests waited."""
+    if kv_mean_while_waiting is not None and kv_mean_while_waiting >= KV_FULL:
+        return "full"
+    if kv_max_while_waiting is not None and kv_max_while_waiting < KV_ROOM:
+        return "room"
+    if kv_max_while_waiting is None and kv_mean_while_waiting is None:
+        return "unknown"
+    return "between"
+
+
+def minutes(duration: str) -> int:
+    """Whole minutes of a Prometheus duration like "1m" or "120s" (the rules' texts say how long a queue lasted)."""
+    if duration.endswith("m") and duration[:-1].isdigit():
+        return int(duration[:-1])
+    if duration.endswith("s") and duration[:-1].isdigit() and int(duration[:-1]) % 60 == 0:
+        return int(duration[:-1]) // 60
+    raise ValueError(f"duration {duration!r} is not a whole number of minutes like 1m or 120s")
+
+
+# --- trustworthy numbers on a shared machine: warm-up, host noise, outliers (knobs in .env.example) ---
+
+
+def knob_number(key: str, low: float = 0.0, high: float = math.inf) -> float:
+    """A numeric knob, or ValueError with the one line to show."""
+    value = knobs.get(key)
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not low <= number <= high:  # NaN fails too
+        bound = f"from {low:g} to {high:g}" if math.isfinite(high) else f">= {low:g}"
+        raise ValueError(f"{key}={value!r}: expected a number {bound}")
+    return number
+
+
+@dataclass(frozen=True)
+class WarmupRule:
+    """Warm-up is over once `count` consecutive latencies agree: (max - min) / median <= tolerance; never past max_s."""
+
+    count: int  # WARMUP_STABLE_COUNT
+    tolerance: float  # WARMUP_TOLERANCE, a fraction of the median
+    max_s: float  # WARMUP_MAX_S: the warm-up's time bound
+
+    @classmethod
+    def current(cls) -> WarmupRule:
+        return cls(
+            int(knob_number("WARMUP_STABLE_COUNT", 1, 1000)),
+            knob_number("WARMUP_TOLERANCE", 0, 100),
+            knob_number("WARMUP_MAX_S", 0),
+        )
+
+    def spread(self, latencies: list[float]) -> float | None:
+        """(max - min) / median of the last `count` latencies; None until there are that many."""
+        last = latencies[-self.count :]
+        if len(last) < self.count or not last:
+            return None
+        mid = statistics.median(last)
+        return (max(last) - min(last)) / mid if mid > 0 else 0.0
+
+    def stable(self, latencies: list[float]) -> bool:
+        spread = self.spread(latencies)
+        return spread is not None and spread <= self.tolerance
+
+    def text(self) -> str:
+        return (
+            f"{self.count} consecutive warm-up latencies within {self.tolerance:.0%} of their median "
+            f"(at most {self.max_s:g} s)"
+        )
+
+
+@dataclass(frozen=True)
+class NoiseRule:
+    """When a phase or a request is not trusted (report/noise.py and the load generator apply it)."""
+
+    group_cores: float  # NOISE_GROUP_CPU_CORES: one other program (an engine, a process name) used this much
+    foreign_cores: float  # NOISE_FOREIGN_CPU_CORES: everything else together used this much
+    steal_share: float  # NOISE_STEAL_SHARE: the hypervisor took this share of the machine's CPU time
+    outlier_ratio: float  # OUTLIER_RATIO: a request took this many times its phase's median
+
+    @classmethod
+    def current(cls) -> NoiseRule:
+        return cls(
+            knob_number("NOISE_GROUP_CPU_CORES"),
+            knob_number("NOISE_FOREIGN_CPU_CORES"),
+            knob_number("NOISE_STEAL_SHARE", 0, 1),
+            knob_number("OUTLIER_RATIO", 1),
+        )
+
+    def text(self) -> str:
+        return (
+            f"a phase is flagged noisy when, averaged over the phase, one other program (another engine, or the "
+            f"processes of one name) used at least {self.group_cores:g} of a core, all processes other than the "
+            f"engine under test, the load generator and servescope's own exporter/Prometheus used at least "
+            f"{self.foreign_cores:g} cores together, or the hypervisor stole at least {self.steal_share:.0%} of the "
+            f"CPU time; a request is an outlier when its time is more than {self.outlier_ratio:g}x the median of "
+            f"its phase over all repetitions"
+        )

@@ -1,0 +1,44 @@
+"""Engine URLs, in one place: what makes one usable (scheme, host, port in range), and how one is shown without its credentials."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import SplitResult, unquote, urlsplit
+
+REDACTED = "***"
+# scheme://userinfo@ anywhere in a text (a URL alone, a command line, an error message); greedy up to the
+# authority's last "@", since a password may hold an unescaped "@".
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]*(?:@[^/\s@]*)*@")
+
+
+def parse_http_url(url: str) -> SplitResult:
+    """An http(s)://HOST[:PORT][/path] URL whose parts a client can use, else ValueError with one line why."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("expected http://HOST:PORT")
+    host = parts.netloc.rpartition("@")[2]
+    if host.count(":") > 1 and not host.startswith("["):
+        raise ValueError("an IPv6 address needs brackets: http://[::1]:PORT")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"the port must be a number from 1 to 65535, got {host.rpartition(':')[2]!r}") from None
+    if not parts.hostname:
+        raise ValueError("expected http://HOST:PORT (no host)")
+    if port == 0:
+        raise ValueError("the port must be a number from 1 to 65535, got 0")
+    return parts
+
+
+def redact(text: str) -> str:
+    """`text` with the userinfo of every URL in it replaced by `***`: http://***@host:8000/v1. The one rule for
+    whatever is shown or stored: logs, landing pages, terminal lines, manifests, error messages."""
+    return _USERINFO.sub(rf"\1{REDACTED}@", text)
+
+
+def credentials(url: str) -> tuple[str, str] | None:
+    """(user, password) from a URL's userinfo, percent-decoded; None when it has none."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return None
+    return unquote(parts.username or ""), unquote(parts.password or "")

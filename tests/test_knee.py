@@ -1,0 +1,225 @@
+"""`python -m loadgen knee` on the synthetic engine behind the real exporter: the knee, and the resource that ran out above it.
+
+Three engines that run out of three different things (issue 16's done-when): 2 batch slots (vLLM
+--max-num-seqs 2), a KV pool of 4 blocks, and one that admits everything but slows every step with
+the batch. The search must find each one's knee and name the binding resource from the run's own
+server samples, with the engine's knob.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from report import cli as report_cli
+from servescope import binding
+from tests.conftest import free_port
+from tests.doubles.synthetic_openai import SyntheticServer
+from tests.test_sampler import EngineExporter
+
+REPO = Path(__file__).resolve().parent.parent
+SLO = "ttft_p95<=0.1,itl_p95<=0.05"
+
+
+def knee(tmp_path: Path, engine_url: str, exporter_url: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter_url, "SAMPLE_INTERVAL_MS": "50"}
+    options = (
+        f"--max-tokens 10 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 --quiet "
+        f"--duration 1 --max-load 16 --slo {SLO}"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadgen", "knee", "--engine", f"vllm={engine_url}", *options.split(), *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc, tmp_path / "knee"
+
+
+def search(tmp_path: Path, **engine) -> dict:
+    with (
+        SyntheticServer(ttft=0.02, itl=0.01, tokens=10, **engine) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        proc, run = knee(tmp_path, server.url, exporter.url)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run / "knee.json").read_text())
+    assert "knee: " in proc.stdout and f"binding at {result['binding_level']:g} users" in proc.stdout
+    result["run"] = run
+    return result
+
+
+def test_two_batch_slots_are_the_binding_resource(tmp_path):
+    result = search(tmp_path, max_running=2)
+    # 2 users run at once; a third waits a whole request (~0.12 s) for its first token: TTFT p95 breaks.
+    assert (result["knee"], result["first_failing"], result["status"]) == (2, 3, "found")
+    assert result["binding"]["resource"] == binding.BATCH_SLOTS
+    assert result["knob"]["env"] == "VLLM_MAX_NUM_SEQS" and "--max-num-seqs" in result["binding"]["advice"]
+    assert result["binding"]["peak_running"] == 2 and result["binding"]["kv_max_while_waiting"] < 0.8
+    by_level = {row["level"]: row for row in result["levels"]}
+    assert by_level[2]["measurements"] >= 2 and by_level[3]["measurements"] >= 2  # confirmed by repeats
+    assert by_level[3]["result"]["failed_most"] == "ttft_p95<=0.1"
+    assert not result["non_monotonic"]
+    # The run's report, section 9: goodput per measurement under the run's own SLOs, and the knee.
+    assert report_cli.main(["--run", str(result["run"]), "--prometheus", f"http://127.0.0.1:{free_port()}"]) == 0
+    numbers = json.loads((result["run"] / "report.json").read_text())
+    assert numbers["goodput"]["spec"] == SLO and numbers["goodput"]["knee"]["knee"] == 2
+    assert {row["phase"] for row in numbers["goodput"]["phases"]} == {p["phase"] for p in result["probes"]}
+    text = (result["run"] / "report.md").read_text()
+    assert "10. Goodput under the SLOs" in text and "the knee is 2 users (3 users fails)" in text
+
+
+def test_a_tiny_kv_pool_is_the_binding_resource(tmp_path):
+    result = search(tmp_path, kv_blocks=4)
+    assert result["status"] == "found" and result["binding"]["resource"] == binding.KV_CAPACITY
+    assert result["binding"]["kv_mean_while_waiting"] >= 0.9
+    assert result["knob"]["env"] == "VLLM_CPU_KVCACHE_SPACE" and "--max-model-len" in result["binding"]["advice"]
+
+
+def test_an_engine_that_slows_with_load_but_never_queues_is_compute_bound(tmp_path):
+    result = search(tmp_path, slowdown=1.0)
+    # ITL = 0.01 x (1 + (users - 1)): 0.05 at 5 users, past the 0.05 limit from 6 on (and TTFT with it).
+    assert result["status"] == "found" and 3 <= result["knee"] <= 5 and result["first_failing"] == result["knee"] + 1
+    assert result["binding"]["resource"] == binding.COMPUTE and result["binding"]["peak_waiting"] == 0
+    assert result["knob"] is None and "no serving knob" in result["binding"]["advice"]
+
+
+def test_an_slo_that_holds_up_to_the_highest_load_says_so(tmp_path):
+    with (
+        SyntheticServer(ttft=0.02, itl=0.01, tokens=10) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        proc, run = knee(tmp_path, server.url, exporter.url, "--max-load", "2", "--knee-repeats", "1")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run / "knee.json").read_text())
+    assert (result["knee"], result["first_failing"]) == (2, None)
+    assert result["status"] == "meets the SLOs up to the highest load"
+    assert "the SLOs hold up to --max-load 2" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--slo", "ttft<0.5"], "expected terms METRIC[_pQ]<=SECONDS"),
+        (["--slo-attainment", "2"], "SLO attainment '2'"),
+        (["--min-load", "4", "--max-load", "2"], "expected --min-load <= --start-load <= --max-load"),
+        (["--min-load", "1.5"], "a concurrency is a whole number"),
+        (["--engine", "llamacpp=http://127.0.0.1:9"], "knee searches one engine at a time"),
+    ],
+)
+def test_bad_knee_input_is_one_line_and_exit_2(tmp_path, flags, says):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "knee",
+            "--engine",
+            "vllm=http://127.0.0.1:9",
+            "--results",
+            str(tmp_path),
+            "--metrics-port",
+            "0",
+            *flags,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], proc.stderr
+
+
+def test_the_knee_runs_through_locusts_own_entry_point_with_samples(tmp_path):
+    """`locust -f loadgen/locustfile.py --scenario knee` (the web UI's path, headless here): the same search, the
+    phases picked one by one by the conductor, and the sampler running there too so the binding resource is named."""
+    with (
+        SyntheticServer(ttft=0.02, itl=0.01, tokens=10, max_running=2) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                str(REPO / "loadgen" / "locustfile.py"),
+                "--headless",
+                "--host",
+                server.url,
+                *"--engine vllm --scenario knee --max-tokens 10 --duration 1 --max-load 4 --knee-repeats 1".split(),
+                *f"--slo {SLO} --metrics-port 0 --results {tmp_path}".split(),
+            ],
+            cwd=REPO,
+            env={**os.environ, "SAMPLE_EXPORTER_URL": exporter.url, "SAMPLE_INTERVAL_MS": "50"},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = [p for p in tmp_path.iterdir() if (p / "knee.json").exists()]
+    result = json.loads((run / "knee.json").read_text())
+    assert (result["knee"], result["first_failing"]) == (2, 3)
+    assert result["binding"]["resource"] == binding.BATCH_SLOTS
+    assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_a_measurement_the_host_noise_rule_flags_is_left_out_and_taken_again(tmp_path, monkeypatch):
+    """Issue 15's rule says whether the host disturbed a phase; the knee never concludes from one it flags."""
+    from argparse import Namespace
+
+    from loadgen import knee as knee_module
+    from loadgen.prompts import load as load_prompts
+    from loadgen.scenarios import Settings
+    from loadgen.targets import Target
+    from servescope.runfolder import RunFolder
+    from tests.test_slo import rec
+
+    target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")
+    settings = Settings(target, load_prompts("seed3"), max_tokens=4, temperature=0.0, timeout_s=10.0)
+    options = Namespace(
+        over="concurrency",
+        slo="ttft_p95<=0.5",
+        slo_attainment=None,
+        min_load=1,
+        start_load=None,
+        max_load=8,
+        knee_repeats=1,
+        knee_precision=0.1,
+        knee_probes=10,
+        arrivals="constant",
+        max_in_flight=8,
+    )
+    search = knee_module.KneeSearch(settings, options, 1.0, None)
+    folder = RunFolder.create(tmp_path, "run")
+    monkeypatch.setattr(
+        knee_module,
+        "noise_of",
+        lambda folder, phase, instance: ("noisy: 1.9 cores used by hog",) * (phase == "knee-c1-1"),
+    )
+
+    def measured(phase, ttft):
+        for i in range(10):
+            r = rec(ttft=ttft, started=100.0 + i)
+            r.phase = phase.name
+            folder.append_request(r)
+        return search.after(phase, folder)
+
+    first = search.first()
+    again = measured(first, ttft=2.0)  # fails the SLO, but the host was noisy: not a verdict
+    assert again.level == 1 and again.name == "knee-c1-2"
+    nxt = measured(again, ttft=0.1)
+    assert nxt.level == 2  # concluded from the trusted measurement only: 1 user meets the SLO
+    result = json.loads((folder.path / "knee.json").read_text())
+    assert result["probes"][0]["noisy"] == ["noisy: 1.9 cores used by hog"] and not result["probes"][1]["noisy"]
+    assert result["levels"] == [result["levels"][0]] and result["levels"][0]["measurements"] == 1
+    assert result["levels"][0]["meets"] and any("left out and repeated" in line for line in search.lines())

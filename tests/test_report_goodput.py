@@ -1,0 +1,64 @@
+"""Report section 9: goodput per engine and phase under the run's own SLOs (or the ones asked for), and the knee's summary."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from report import goodput
+from report.load import Run, load
+from servescope import slo, thresholds
+from servescope.runfolder import PhaseRecord, RunFolder
+from tests.test_slo import rec
+
+
+def run_with(flags, records=()) -> Run:
+    """A run folder holding one phase of these records under this manifest's flags, read as the report reads one."""
+    folder = RunFolder.create(Path(tempfile.mkdtemp()), "r")
+    folder.append_phase(PhaseRecord("vllm", "vllm", "knee", "p", 100.0, 104.0, len(records), 2, "s", "x", 4))
+    for r in records:
+        folder.append_request(r)
+    folder.write_manifest({"run_id": "r", "flags": flags, "engines": {"vllm": {"kind": "vllm"}}})
+    run = load(folder.path)
+    shutil.rmtree(folder.path.parent)  # the engine holds what it read
+    return run
+
+
+@pytest.mark.parametrize(
+    "flags", [None, [], "ttft<=1", {"slo": 5}, {"slo": "not a spec"}, {"slo": "", "slo_attainment": True}]
+)
+def test_a_manifest_without_a_usable_slo_gets_the_knobs_one_never_an_error(flags, monkeypatch):
+    monkeypatch.delenv("SLO", raising=False)
+    monkeypatch.delenv("SLO_ATTAINMENT", raising=False)
+    assert goodput.spec_of(run_with(flags)).text == slo.parse(thresholds.SLO_DEFAULT).text
+
+
+def test_the_runs_own_slo_unless_the_report_is_asked_for_another():
+    run = run_with({"slo": "e2e<=3", "slo_attainment": 0.5})
+    assert goodput.spec_of(run).text == "e2e<=3" and goodput.spec_of(run).objective == 0.5
+    assert goodput.spec_of(run, "ttft<=1").text == "ttft<=1"
+    with pytest.raises(slo.SloError):
+        goodput.spec_of(run, "ttft<1")  # the user's own flag: said, not swallowed
+
+
+def test_goodput_per_phase_is_the_slo_rule_over_the_phase_wall():
+    records = [rec(ttft=0.1), rec(ttft=0.2), rec(ttft=0.9), rec(ok=False)]
+    for r in records:
+        r.phase = "p"
+    run = run_with({"slo": "ttft<=0.5"}, records)
+    (row,) = goodput.build(run, goodput.spec_of(run))
+    assert row.result.good == 2 and row.result.attainment == 0.5
+    assert row.result.goodput_rps == pytest.approx(0.5) and row.result.good_tokens_per_s == pytest.approx(2.0)
+    assert row.result.failed_most in ("ttft<=0.5", "errors") and not row.result.meets
+
+
+def test_a_manifest_time_past_year_9999_is_said_not_raised():
+    """Found by the fuzzed run folders: a manifest started_at of 2.5e11 (year 10000) or 6.8e16 crashed the setup."""
+    from report import sections
+
+    assert sections._utc(253402300800.0) == "2.53402e+11 (not a date)"
+    assert "not a date" in sections._utc(6.77680361916768e16)
+    assert sections._utc(0.0) == "1970-01-01 00:00:00 UTC"

@@ -1,0 +1,200 @@
+"""Repeated trials in the report: medians and CIs over repetitions, flagged phases left out of the table and the verdict, outliers, retries, old run folders."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from report import noise, sections, table
+from report.load import load
+from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
+
+SHA = "cd" * 32
+T = 1796010000.0
+QUIET = {"engine_found": True, "engine_cores": 1.0, "foreign_cores": 0.05, "groups": [], "steal_share": 0.0}
+
+
+def loud(name: str, cores: float) -> dict:
+    return {**QUIET, "foreign_cores": cores, "groups": [{"name": name, "kind": "other engine", "cores": cores}]}
+
+
+@pytest.fixture(autouse=True)
+def default_rule(monkeypatch):
+    for key, value in (
+        ("NOISE_GROUP_CPU_CORES", "0.25"),
+        ("NOISE_FOREIGN_CPU_CORES", "0.5"),
+        ("NOISE_STEAL_SHARE", "0.05"),
+        ("OUTLIER_RATIO", "3"),
+    ):
+        monkeypatch.setenv(key, value)
+
+
+def write(tmp_path, phases, *, request_times=None, name="run"):
+    """phases: (instance, phase, scenario, repetition, attempt, wall, noise); 3 requests each, 0.3 s unless told."""
+    folder = RunFolder.create(tmp_path, name)
+    folder.write_manifest({"engines": {"llamacpp": {"kind": "llamacpp"}, "vllm": {"kind": "vllm"}}, "run_id": name})
+    t = T
+    for instance, phase, scenario, repetition, attempt, wall, phase_noise in phases:
+        burst = scenario == "burst"
+        folder.append_phase(
+            PhaseRecord(
+                instance, instance, scenario, phase, t, t + wall, 3, 3 if burst else 1, "seed3", SHA, 48,
+                repetition=repetition, attempt=attempt, noise=phase_noise,
+            )
+        )  # fmt: skip
+        for i in range(3):
+            e2e = (request_times or {}).get((instance, phase, i), 0.3)
+            folder.append_request(
+                RequestRecord(
+                    instance, instance, scenario, phase, "openai", "m", "seed3", SHA, f"p{i}", 48,
+                    t + (0 if burst else 0.3 * i), True, 200, ttft_s=0.05, e2e_s=e2e, output_tokens=20,
+                    tokens_source="usage", arrival_index=i if burst else None,
+                )
+            )  # fmt: skip
+        t += wall + 1
+    return load(folder.path)
+
+
+def three_reps(hog_in: str | None = None):
+    """llama.cpp: sequential ~0.9 s, burst ~0.9 s (1.0x); vLLM: sequential ~0.9, burst ~0.3 (3x); A B B A order."""
+    walls = {
+        ("vllm", "sequential"): (0.90, 0.95, 0.92),
+        ("vllm", "burst-1"): (0.30, 0.31, 0.29),
+        ("llamacpp", "sequential"): (0.91, 0.90, 0.93),
+        ("llamacpp", "burst-1"): (0.90, 0.92, 0.88),
+    }
+    phases = []
+    for rep in (1, 2, 3):
+        order = list(walls) if rep % 2 else list(reversed(walls))
+        for instance, base in order:
+            name = base if rep == 1 else f"{base}#{rep}"
+            scenario = "burst" if base.startswith("burst") else "sequential"
+            n = loud("vllm", 0.61) if name == hog_in and instance == "llamacpp" else QUIET
+            phases.append((instance, name, scenario, rep, 1, walls[(instance, base)][rep - 1], n))
+    return phases
+
+
+def test_medians_and_cis_over_repetitions(tmp_path):
+    rows = {(r.instance, r.phase): r for r in table.build(write(tmp_path, three_reps()))}
+    burst = rows[("vllm", "burst-1")]
+    assert burst.wall_s == pytest.approx(0.30) and len(burst.repetitions) == 3
+    factors = sorted([0.90 / 0.30, 0.95 / 0.31, 0.92 / 0.29])
+    assert burst.scaling_factor == pytest.approx(factors[1])  # the median of the per-repetition factors
+    lo, hi = burst.scaling_ci
+    assert factors[0] - 1e-6 <= lo <= hi <= factors[2] + 1e-6  # three repetitions: the CI stays inside their range
+    assert [r.matched_phase for r in burst.repetitions] == ["sequential", "sequential#2", "sequential#3"]
+    assert burst.reading.startswith("strongly sub-linear") and burst.left_out == []
+    assert rows[("llamacpp", "sequential")].wall_s == pytest.approx(0.91)
+    text = table.render_text(list(rows.values()), "run")
+    assert "vLLM-CPU: median of 3 repetitions 3.06x [95% CI 3.00x-3.17x]" in text
+    assert "Flagged" not in text
+
+
+def test_a_noisy_phase_is_left_out_of_the_median_and_the_factor(tmp_path):
+    run = write(tmp_path, three_reps(hog_in="sequential#2"))
+    rows = {(r.instance, r.phase): r for r in table.build(run)}
+    seq = rows[("llamacpp", "sequential")]
+    assert [r.phase for r in seq.left_out] == ["sequential#2"]
+    assert seq.wall_s == pytest.approx((0.91 + 0.93) / 2)  # repetitions 1 and 3 only
+    burst = rows[("llamacpp", "burst-1")]
+    # The burst of repetition 2 was measured fine, but its matched sequential pass was not: no factor from that pair.
+    assert burst.wall_s == pytest.approx(0.90)
+    assert [r.phase for r in burst.repetitions if r.factor_used] == ["burst-1", "burst-1#3"]
+    assert burst.left_out[0].left_out.startswith(
+        "its matched sequential#2 was flagged: noisy: 61% of a core used by vllm"
+    )
+    assert burst.scaling_factor == pytest.approx((0.91 / 0.90 + 0.93 / 0.88) / 2)
+    # The other engine's numbers do not move.
+    clean = {(r.instance, r.phase): r for r in table.build(write(tmp_path, three_reps(), name="clean"))}
+    assert rows[("vllm", "burst-1")].scaling_factor == clean[("vllm", "burst-1")].scaling_factor
+    text = table.render_text(list(rows.values()), "run")
+    assert "llama.cpp server sequential#2: noisy: 61% of a core used by vllm while measuring llamacpp" in text
+
+
+def test_every_repetition_flagged_refuses_the_factor(tmp_path):
+    phases = [
+        ("llamacpp", "sequential", "sequential", 1, 1, 0.9, QUIET),
+        ("llamacpp", "burst-1", "burst", 1, 1, 0.1, loud("vllm", 0.9)),
+    ]
+    (seq, burst) = table.build(write(tmp_path, phases))
+    assert burst.scaling_factor is None and not burst.trusted
+    assert burst.refusal == "refused: every repetition of burst-1 is flagged (burst-1): rerun on a quiet host"
+    assert "90% of a core used by vllm" in table.notes_text(burst)
+    assert seq.trusted
+
+
+def test_an_outlier_request_flags_its_phase(tmp_path):
+    """The issue's 25.9 s request among 0.5 s ones: flagged, never averaged in."""
+    slow = {("llamacpp", "sequential#2", 0): 25.9}
+    run = write(tmp_path, three_reps(), request_times=slow)
+    assessment = noise.assess(run)
+    trust = assessment.of("llamacpp", "sequential#2")
+    assert trust.outliers == ["p0 25.900s"]
+    assert "outlier request(s): p0 25.900s against the phase's median 0.300s (more than 3x)" in trust.flags
+    assert [t.phase for t in assessment.flagged()] == ["sequential#2"]
+
+
+def test_a_retry_supersedes_the_flagged_attempt(tmp_path):
+    phases = [
+        ("llamacpp", "sequential", "sequential", 1, 1, 0.9, QUIET),
+        ("llamacpp", "burst-1", "burst", 1, 1, 2.0, loud("vllm", 0.9)),
+        ("llamacpp", "burst-1.retry1", "burst", 1, 2, 0.9, QUIET),
+    ]
+    run = write(tmp_path, phases)
+    (seq, burst) = table.build(run)
+    assert burst.scaling_factor == pytest.approx(1.0) and burst.wall_s == pytest.approx(0.9)
+    first = burst.repetitions[0]
+    assert first.superseded and first.left_out == "superseded by a retry" and burst.left_out == []
+    assert [p.phase for p in noise.clean(run, noise.assess(run)).phases] == ["sequential", "burst-1.retry1"]
+
+
+def test_the_verdict_concludes_only_from_trusted_phases(tmp_path):
+    phases = [
+        (i, n, s, r, a, w, loud("vllm", 0.7) if i == "llamacpp" else QUIET) for i, n, s, r, a, w, _ in three_reps()
+    ]
+    doc, numbers = sections.build(write(tmp_path, phases), "http://127.0.0.1:9", figures=False)
+    verdicts = {v["instance"]: v for v in numbers["verdict"]["verdicts"]}
+    llama = verdicts["llamacpp"]
+    assert not llama["computable"] and llama["lever"] is None
+    assert llama["text"].startswith("no verdict: every phase of llamacpp was flagged")
+    assert "rerun sequential, burst-1" in llama["text"]
+    assert len(llama["left_out"]) == 6 and llama["left_out"][0].startswith("sequential: noisy: 70% of a core used")
+    assert verdicts["vllm"]["left_out"] == []
+    setup = doc.sections[0]
+    noise_table = next(b for b in setup.blocks if getattr(b, "caption", "").startswith("Host noise per phase"))
+    assert len(noise_table.rows) == 12
+    assert noise_table.rows[0][:5] == ["vLLM-CPU", "sequential", "0.900s", "1.00", "0.05 (-)"]
+    assert numbers["noise"]["thresholds"]["group_cores"] == 0.25
+
+
+def test_a_run_folder_from_before_repetitions_reads_as_one_repetition(tmp_path):
+    folder = RunFolder.create(tmp_path, "old")
+    folder.write_manifest({"engines": {"vllm": {"kind": "vllm"}}})
+    record = json.loads(PhaseRecord("vllm", "vllm", "burst", "burst-1", T, T + 1, 3, 3, "seed3", SHA, 48).to_json())
+    for key in ("repetition", "attempt", "noise"):
+        del record[key]
+    (folder.path / "phases.jsonl").write_text(json.dumps(record) + "\n")
+    (phase,) = load(folder.path).phases
+    assert (phase.repetition, phase.attempt, phase.noise) == (1, 1, None)
+    assert noise.assess(load(folder.path)).of("vllm", "burst-1").usable
+
+
+@pytest.mark.parametrize("bad", [{"repetition": 0}, {"attempt": -1}, {"noise": [1, 2]}, {"noise": {"x": 1e400}}])
+def test_a_bad_repetition_or_noise_field_costs_only_its_record(tmp_path, bad):
+    folder = RunFolder.create(tmp_path, "bad")
+    folder.write_manifest({"engines": {"vllm": {"kind": "vllm"}}})
+    good = json.loads(PhaseRecord("vllm", "vllm", "burst", "burst-1", T, T + 1, 3, 3, "seed3", SHA, 48).to_json())
+    text = json.dumps({**good, "phase": "burst-2", **bad}).replace("Infinity", "1e400")
+    (folder.path / "phases.jsonl").write_text(json.dumps(good) + "\n" + text + "\n")
+    run = load(folder.path)
+    assert [p.phase for p in run.phases] == ["burst-1"]
+    assert any("phases.jsonl: 1 record skipped" in w for w in run.warnings)
+
+
+def test_a_bad_noise_knob_is_one_line_in_the_report(tmp_path, monkeypatch, capsys):
+    from report import cli
+
+    monkeypatch.setenv("OUTLIER_RATIO", "0.5")
+    assert cli.main(["--results", str(tmp_path), "--table-only"]) == 2
+    assert capsys.readouterr().err == "report: OUTLIER_RATIO='0.5': expected a number >= 1\n"
