@@ -218,9 +218,13 @@ def run_headless(args: argparse.Namespace) -> int:
             sampler.start(phase.title)
             runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
             gevent.wait([phase.done, interrupted, run.aborted], count=1)
-            sampler.stop()
             if interrupted.is_set() or run.aborted.is_set():
+                # Users stop first, mid-stream (each writes its partial record): the sampler's last read can take
+                # its time without another request starting meanwhile.
+                runner.stop()
+                sampler.stop()
                 break
+            sampler.stop()
             phase.emit()
             runner.start(0, spawn_rate=spawn_rate_for(phase))
             if runner.spawning_greenlet is not None:

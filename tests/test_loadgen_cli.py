@@ -240,8 +240,9 @@ def test_sigterm_keeps_a_complete_run_folder_and_metrics_are_scraped_while_runni
             assert requests_file.exists(), "no request finished within 30 s"
             exposition = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
             # Mid-stream in the third request: the server has written ten of its 20 chunks (polled, not slept on;
-            # half a second of stream, so a client slowed down by a busy machine has read some of them too).
-            while slow.stats.tokens_sent < 2 * 20 + 10:
+            # half a second of stream, so a client slowed down by a busy machine has read some of them too). The
+            # scheduler counts chunks as they are written (stats.tokens_sent only when a stream ends).
+            while slow.httpd.scheduler.generation_tokens_total < 2 * 20 + 10:
                 assert time.monotonic() < deadline, "the third request did not start streaming within 30 s"
                 time.sleep(0.01)
             proc.send_signal(signal.SIGTERM)
