@@ -203,4 +203,4 @@ class Pool:
 
 
 def _sql_float(value: float) -> str:
-    return "'inf'::DOUBLE" if value == math.inf else "'-inf'::DOUBLE" if value == -math.inf else repr(float(value))
+    return "'inf'::DOUBLE" if value == math.inf else "'-inf'::DOUBLE" if value == -math.inf else f"{value!r}::DOUBLE"

@@ -37,6 +37,27 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return interpolate(data[lo], data[hi], w)
 
 
+def numpy_percentile_of(n: int, q: float, at: Callable[[int], float]) -> float:
+    """np.percentile(values, q) (its "linear" method, bit for bit) from n and the value at any sorted rank."""
+    v = (n - 1) * (q / 100)
+    lo = math.floor(v)
+    if v >= n - 1:
+        return at(n - 1)
+    a, b, g = at(lo), at(lo + 1), v - lo
+    return b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g
+
+
+def numpy_percentile_sql(values: str, q: float) -> str:
+    """SQL: np.percentile of a DOUBLE[] list, bit for bit (NULL for an empty list)."""
+    v = f"((len({values}) - 1) * {q / 100!r}::DOUBLE)"  # a DOUBLE literal: 0.95 alone would be a DECIMAL
+    lo, s = f"floor({v})::BIGINT", f"list_sort({values})"
+    a, b, g = f"{s}[{lo} + 1]", f"{s}[least({lo} + 2, len({values}))]", f"({v} - floor({v}))"
+    return (
+        f"CASE WHEN len({values}) = 0 THEN NULL WHEN {v} >= len({values}) - 1 THEN list_max({values}) "
+        f"WHEN {g} >= 0.5 THEN {b} - ({b} - {a}) * (1 - {g}) ELSE {a} + ({b} - {a}) * {g} END"
+    )
+
+
 def finite(values: Sequence[float] | np.ndarray) -> np.ndarray:
     """The finite values as a float array (None and NaN dropped)."""
     data = np.asarray([np.nan if v is None else v for v in values] if not isinstance(values, np.ndarray) else values)

@@ -75,7 +75,7 @@ def _q(text: str) -> str:
 
 
 def _num(value: float) -> str:
-    return repr(float(value))
+    return f"{float(value)!r}::DOUBLE"  # a bare 0.1 would be a DECIMAL
 
 
 def _type_word(expr: str) -> str:
