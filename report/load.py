@@ -91,11 +91,15 @@ class Run:
         count = cursor.execute("SELECT count(*) FROM requests").fetchone()[0]
         return dataclasses.replace(self, phases=phases, view=cursor, request_count=count, cache={})
 
-    def requests_of(self, instance: str, phase: str | None = None) -> list[RequestRecord]:
-        """One engine's records (one phase's) as objects, in the report's order: for small selections only."""
+    def requests_of(self, instance: str, phase: str | None = None, gaps: bool = True) -> list[RequestRecord]:
+        """One engine's records (one phase's) as objects, in the report's order: for small selections only.
+        gaps=False leaves every itl_s empty (for readers that never look at the gaps: a tenth of the memory)."""
         where = "instance = ?" + (" AND phase = ?" if phase is not None else "")
         params = [instance] + ([phase] if phase is not None else [])
-        return list(self.db.records("requests", RequestRecord, where, params, order=query.ORDER))
+        skip = () if gaps else ("itl_s",)
+        return list(
+            self.db.records("requests", RequestRecord, where, params, order=query.ORDER, con=self.con, skip=skip)
+        )
 
     def phases_of(self, instance: str) -> list[PhaseRecord]:
         return [p for p in self.phases if p.instance == instance]

@@ -376,12 +376,23 @@ class RunData:
         for reason, (count, lines) in sorted(found.items(), key=lambda kv: min(kv[1][1] or [math.inf])):
             self.skips.add(name, reason, count, sorted(lines)[: Skips.SHOW_LINES])
 
-    def records(self, view: str, cls, where: str = "", params: list | None = None, order: str = "line_no") -> Iterator:
-        """The accepted rows of a view as contract dataclasses, in batches (small selections: each is a Python object)."""
+    def records(
+        self,
+        view: str,
+        cls,
+        where: str = "",
+        params: list | None = None,
+        order: str = "line_no",
+        con=None,
+        skip: tuple[str, ...] = (),
+    ) -> Iterator:
+        """The accepted rows of a view as contract dataclasses, in batches (small selections: each is a Python
+        object). con: a cursor with views of its own (a run with phases left out); skip: fields left at their
+        default instead of being fetched."""
         spec = SPECS[view]
-        names = [f.name for f in spec]
-        objects = {f.name: f.default for f in spec if f.kind == "object"}
-        cur = self.con.cursor()
+        names = [f.name for f in spec if f.name not in skip]
+        objects = {f.name: f.default for f in spec if f.kind == "object" and f.name not in skip}
+        cur = con if con is not None else self.con.cursor()
         cur.execute(
             f"SELECT {', '.join(names)} FROM {view} {('WHERE ' + where) if where else ''} ORDER BY {order}",
             params or [],
@@ -392,7 +403,6 @@ class RunData:
                 for name, default in objects.items():
                     data[name] = json.loads(data[name]) if data[name] is not None else (None if default is None else {})
                 yield cls(**data)
-        cur.close()
 
 
 def _rejected_reason(message: str) -> str:
