@@ -63,36 +63,53 @@ LAG = schedule.LAG
 
 
 def term_value(term: slo.Term) -> str:
-    """SQL: slo.Term.request_value (NULL where the term does not apply)."""
+    """SQL: slo.Term.request_value (NULL where the term does not apply); `sorted_itl` is itl_s sorted."""
     if term.metric == "itl":
-        return "list_max(itl_s)" if term.percentile is None else stats.numpy_percentile_sql("itl_s", term.percentile)
+        return (
+            "list_max(itl_s)" if term.percentile is None else stats.numpy_percentile_sql("sorted_itl", term.percentile)
+        )
     if term.metric == "tpot":
         return latency.TPOT_SQL
     return f"({'ttft_s' if term.metric == 'ttft' else 'e2e_s'} + {LAG})"
 
 
-def term_meets(term: slo.Term) -> str:
-    """SQL: slo.Term.request_meets (no value: a miss for TTFT/E2E, nothing to miss for ITL/TPOT)."""
+def _meets(term: slo.Term, value: str) -> str:
+    """SQL: slo.Term.request_meets on a computed value (none: a miss for TTFT/E2E, nothing to miss for ITL/TPOT)."""
     missing = "TRUE" if term.metric in ("itl", "tpot") else "FALSE"
-    return f"coalesce({term_value(term)} <= {term.limit_s!r}::DOUBLE, {missing})"
+    return f"coalesce({value} <= {term.limit_s!r}::DOUBLE, {missing})"
+
+
+def _values(terms, where: str) -> str:
+    """A phase's requests with each term's value computed once (v0, v1, ...)."""
+    needs_sorted = any(t.metric == "itl" and t.percentile is not None for t in terms)
+    source = (
+        f"(SELECT *, list_sort(itl_s) AS sorted_itl FROM requests WHERE {where})"
+        if needs_sorted
+        else (f"(SELECT * FROM requests WHERE {where})")
+    )
+    values = ", ".join(f"{term_value(t)} AS v{i}" for i, t in enumerate(terms))
+    return f"(SELECT ok, output_tokens, {values} FROM {source})"
 
 
 def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: float) -> slo.SloResult:
     """slo.evaluate over one phase's records, computed where they are."""
     where, params = "instance = ? AND phase = ?", [instance, phase]
     terms = spec.terms
-    per_request = [t for t in terms if t.percentile is None]
-    good = " AND ".join(["ok", *(term_meets(t) for t in terms)])
-    meeting = " AND ".join(["ok", *(term_meets(t) for t in per_request)])
+    meets = [_meets(t, f"v{i}") for i, t in enumerate(terms)]
+    per_request = [m for t, m in zip(terms, meets, strict=True) if t.percentile is None]
+    good = " AND ".join(["ok", *meets])
+    meeting = " AND ".join(["ok", *per_request])
     row = run.con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE ok), count(*) FILTER (WHERE {good}), "
         f"coalesce(sum(coalesce(output_tokens, 0)) FILTER (WHERE {good}), 0), count(*) FILTER (WHERE {meeting}), "
-        + ", ".join(f"count(*) FILTER (WHERE ok AND NOT {term_meets(t)})" for t in terms)
-        + f" FROM requests WHERE {where}",
+        + ", ".join(f"count(*) FILTER (WHERE ok AND NOT {m})" for m in meets)
+        + ", "
+        + ", ".join(f"max(v{i}) FILTER (WHERE ok)" for i in range(len(terms)))
+        + f" FROM {_values(terms, where)}",
         params,
     ).fetchone()
     n, ok, n_good, good_tokens, n_meeting = row[:5]
-    missed = list(row[5:])
+    missed, worst = list(row[5 : 5 + len(terms)]), list(row[5 + len(terms) :])
     misses: Counter[str] = Counter()
     if ok < n:
         misses[slo.ERRORS] = n - ok
@@ -100,7 +117,7 @@ def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: flo
         if m:
             misses[t.name] = m
     results = [
-        _term_result(run, t, where, params, n, ok, m, spec.objective) for t, m in zip(terms, missed, strict=True)
+        _term_result(run, t, where, params, n, ok, missed[i], worst[i], spec.objective) for i, t in enumerate(terms)
     ]
     per_request_holds = (n_meeting / n >= spec.objective) if per_request and n else bool(n)
     rate = (lambda x: x / wall_s) if wall_s > 0 else (lambda x: None)
@@ -122,14 +139,19 @@ def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: flo
 
 
 def _term_result(
-    run: Run, term: slo.Term, where: str, params: list, n: int, ok: int, missed: int, objective: float
+    run: Run,
+    term: slo.Term,
+    where: str,
+    params: list,
+    n: int,
+    ok: int,
+    missed: int,
+    worst: float | None,
+    objective: float,
 ) -> slo.TermResult:
     """slo._term_result: the share meeting the limit and the observed percentile (or the worst value)."""
     failed = n - ok
     if term.percentile is None:
-        worst = run.con.execute(
-            f"SELECT max({term_value(term)}) FROM requests WHERE ok AND {where}", params
-        ).fetchone()[0]
         share = (ok - missed) / n if n else None
         return slo.TermResult(term.name, share, worst, share is not None and share >= objective, missed)
     if term.metric == "itl":
@@ -146,8 +168,10 @@ def _term_result(
             pool.select([lo, min(lo + 1, pool.n - 1)])
         observed = stats.numpy_percentile_of(pool.n, term.percentile, pool.at) if pool is not None else None
     else:
-        values = query.column(run.con, term_value(term), f"ok AND {where}", params, order=False)
-        values = values[np.isfinite(values)]
+        values = run.con.execute(
+            f"SELECT v0 FROM {_values([term], where)} WHERE ok AND v0 IS NOT NULL", params
+        ).fetchnumpy()["v0"]
+        values = np.asarray(values, dtype=float)
         units, met = n, ok - missed
         observed = float(np.percentile(values, term.percentile)) if len(values) else None
     share = met / units if units else None

@@ -47,13 +47,13 @@ def numpy_percentile_of(n: int, q: float, at: Callable[[int], float]) -> float:
     return b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g
 
 
-def numpy_percentile_sql(values: str, q: float) -> str:
-    """SQL: np.percentile of a DOUBLE[] list, bit for bit (NULL for an empty list)."""
-    v = f"((len({values}) - 1) * {q / 100!r}::DOUBLE)"  # a DOUBLE literal: 0.95 alone would be a DECIMAL
-    lo, s = f"floor({v})::BIGINT", f"list_sort({values})"
-    a, b, g = f"{s}[{lo} + 1]", f"{s}[least({lo} + 2, len({values}))]", f"({v} - floor({v}))"
+def numpy_percentile_sql(ordered: str, q: float) -> str:
+    """SQL: np.percentile of a list, bit for bit, from the list already sorted (NULL for an empty list)."""
+    v = f"((len({ordered}) - 1) * {q / 100!r}::DOUBLE)"  # a DOUBLE literal: 0.95 alone would be a DECIMAL
+    lo = f"floor({v})::BIGINT"
+    a, b, g = f"{ordered}[{lo} + 1]", f"{ordered}[least({lo} + 2, len({ordered}))]", f"({v} - floor({v}))"
     return (
-        f"CASE WHEN len({values}) = 0 THEN NULL WHEN {v} >= len({values}) - 1 THEN list_max({values}) "
+        f"CASE WHEN len({ordered}) = 0 THEN NULL WHEN {v} >= len({ordered}) - 1 THEN {ordered}[len({ordered})] "
         f"WHEN {g} >= 0.5 THEN {b} - ({b} - {a}) * (1 - {g}) ELSE {a} + ({b} - {a}) * {g} END"
     )
 
