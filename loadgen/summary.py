@@ -38,5 +38,5 @@ def print_summary(folder: RunFolder, out: TextIO) -> None:
             file=out,
         )
     print(file=out)
-    out.write(report_table.render_summary(report_table.build(run), run.run_id))
+    out.write(report_table.render_text(report_table.build(run), run.run_id))
     print("", file=out, flush=True)

@@ -397,14 +397,6 @@ def render_text(rows: list[TableRow], run_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_summary(rows: list[TableRow], run_id: str) -> str:
-    """The short form the load generator prints when its run ends: the table, the factors, the flags."""
-    if not rows:
-        return ""
-    lines = [f"the seed's comparison (run {run_id}):", *_main_table(rows), *_scaling_lines(rows), *_flag_lines(rows)]
-    return "\n".join(lines) + "\n"
-
-
 def repeated_bursts(rows: list[TableRow]) -> dict[str, str]:
     """Engines with several bursts: the median factor, since one burst's ratio varies with generation length."""
     out = {}
