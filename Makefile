@@ -14,7 +14,7 @@ help:
 	@echo "make status   table of services: pid, URL, ready, memory"
 	@echo "make report   report on the latest run (RUN=<id> for another, BASELINE=<id> to compare two)"
 	@echo "make test     fast test suite;  make e2e: real-engine end-to-end suite"
-	@echo "make bench    proxy, exporter and load generator benchmarks"
+	@echo "make bench    proxy, exporter, load generator and report-at-scale benchmarks"
 	@echo "make webui    Locust web UI on LOCUST_PORT (engine and scenario are chosen in the UI)"
 	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the seed's experiment on running engines"
 	@echo "make tune ENGINE=vllm|llamacpp  knee, turn the knob the binding resource names, restart, keep it if goodput rises (native stack up)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from report import load, table, tuning
@@ -45,6 +46,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    run = baseline = None
+    started = time.monotonic()
     try:
         NoiseRule.current()  # the rule that flags phases is knobs: a bad one is one line
     except ValueError as exc:
@@ -57,18 +60,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"report: wrote {', '.join(p.name for p in written)} for the tune in {path}", file=sys.stderr)
             print(path / "report.html")
             return 0
-        run = load.load(path)
         if args.table_only:
+            run = load.load(path)
             sys.stdout.write(table.render_text(table.build(run), run.run_id))
             return 0
-        # matplotlib and friends load only when a full report is asked for: --table-only stays instant.
-        from report import render, sections
+        # The engine reads the run folder on its own threads (it lets go of the GIL) while Python imports
+        # matplotlib and friends, which only a full report needs: --table-only stays quick.
+        with ThreadPoolExecutor(1) as reader:
+            reading = reader.submit(load.load, path)
+            from report import render, sections
 
+            run = reading.result()
         baseline = load.load(load.resolve(args.baseline, args.results)) if args.baseline else None
         url = args.prometheus or default_prometheus_url()
-        started = time.monotonic()
         print(
-            f"report: run {run.run_id}: {len(run.requests)} requests, {len(run.phases)} phases; "
+            f"report: run {run.run_id}: {run.request_count} requests, {len(run.phases)} phases; "
             f"querying {url} and drawing plots",
             file=sys.stderr,
         )
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             f"report: cannot write the report: {exc.strerror or exc} ({getattr(exc, 'filename', '')})", file=sys.stderr
         )
         return 1
+    finally:
+        for opened in (run, baseline):
+            if opened is not None:
+                opened.close()  # the engine's temporary files go now, not at exit
     for warning in run.warnings:
         print(f"report: warning: {warning}", file=sys.stderr)
     gauge = numbers["gauges"]

@@ -5,24 +5,20 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-from report import stats
-from report.latency import samples, tpot
-from report.load import Run
-from servescope.runfolder import RequestRecord
+import numpy as np
 
-PER_REQUEST = {
-    "ttft_s": lambda r: r.ttft_s,
-    "tpot_s": tpot,
-    "e2e_s": lambda r: r.e2e_s,
-    "output_tokens": lambda r: float(r.output_tokens) if r.output_tokens is not None else None,
-}
+from report import latency, query, stats
+from report.load import Run
+
 METRICS = ("ttft_s", "itl_s", "tpot_s", "e2e_s", "output_tokens")
 METHOD = (
     f"delta = median(current) - median(baseline), successful requests only; {stats.CONFIDENCE:.0%} percentile bootstrap "
     f"CI over {stats.BOOTSTRAP_RESAMPLES} resamples (seed {stats.BOOTSTRAP_SEED}). Paired when both sides ran the same "
     f"prompt set: each prompt's median on one side against the same prompt's on the other, whole pairs resampled. "
     f"ITL pools every gap, so it is never paired; a side above {stats.BOOTSTRAP_MAX_SAMPLES:,} samples is subsampled "
-    f"once (seeded) before resampling, which can only widen the interval."
+    f"once (seeded) before resampling, which can only widen the interval, and the interval is moved to sit around the "
+    f"exact delta. Past {query.FETCH_WHOLE:,} gaps the subsample is an even one drawn in the engine (every j-th gap "
+    f"of each request); the medians stay exact."
 )
 
 
@@ -47,40 +43,52 @@ class Delta:
         return self.ci_low is not None and self.ci_high is not None and (self.ci_low > 0 or self.ci_high < 0)
 
 
-def pairs(current: list[RequestRecord], baseline: list[RequestRecord], metric: str) -> tuple[list[float], list[float]]:
+@dataclass(frozen=True)
+class Side:
+    """One engine instance's requests in one scenario of one run: what a delta compares."""
+
+    run: Run
+    instance: str
+    scenario: str
+    label: str
+
+
+def by_prompt(side: Side, metric: str) -> dict[tuple[str, str], list[float]]:
+    """A per-request metric's values over successful requests, by (prompt set hash, prompt id)."""
+    value = latency.PER_REQUEST_SQL[metric]
+    rows = side.run.con.execute(
+        f"SELECT prompt_set_sha256, prompt_id, list(({value})::DOUBLE) FROM requests "
+        f"WHERE ok AND {latency.GROUP} AND ({value}) IS NOT NULL AND prompt_id <> '' GROUP BY ALL",
+        [side.instance, side.scenario],
+    ).fetchall()
+    return {(sha, pid): values for sha, pid, values in rows}
+
+
+def pairs(current: Side, baseline: Side, metric: str) -> tuple[list[float], list[float]]:
     """Per-prompt medians on both sides, for prompts both sides ran (same prompt set hash)."""
-    get = PER_REQUEST[metric]
-
-    def by_prompt(records: list[RequestRecord]) -> dict[tuple[str, str], list[float]]:
-        out: dict[tuple[str, str], list[float]] = {}
-        for r in records:
-            value = get(r) if r.ok else None
-            if value is not None and r.prompt_id:
-                out.setdefault((r.prompt_set_sha256, r.prompt_id), []).append(value)
-        return out
-
-    cur, base = by_prompt(current), by_prompt(baseline)
+    cur, base = by_prompt(current, metric), by_prompt(baseline, metric)
     common = sorted(set(cur) & set(base))
     return [statistics.median(cur[k]) for k in common], [statistics.median(base[k]) for k in common]
 
 
-def compare_groups(
-    current: list[RequestRecord], baseline: list[RequestRecord], cur_label: str, base_label: str, scenario: str
-) -> list[Delta]:
+def compare_groups(current: Side, baseline: Side) -> list[Delta]:
     out = []
     for metric in METRICS:
         paired = False
-        if metric in PER_REQUEST:
+        if metric in latency.PER_REQUEST_SQL:
             a, b = pairs(current, baseline, metric)
             paired = len(a) >= 2
-        if not paired:
-            a, b = _unpaired(current, metric), _unpaired(baseline, metric)
-        result = stats.bootstrap_median_delta(a, b, paired=paired)
+        if paired:
+            result = stats.bootstrap_median_delta(a, b, paired=True)
+        elif metric == "itl_s":
+            result = _pooled(current, baseline)
+        else:
+            result = stats.bootstrap_median_delta(_unpaired(current, metric), _unpaired(baseline, metric), paired=False)
         out.append(
             Delta(
-                cur_label,
-                base_label,
-                scenario,
+                current.label,
+                baseline.label,
+                current.scenario,
                 metric,
                 paired,
                 result["n_current"],
@@ -96,17 +104,23 @@ def compare_groups(
     return out
 
 
-def _unpaired(records: list[RequestRecord], metric: str) -> list[float]:
-    if metric == "output_tokens":
-        return [float(r.output_tokens) for r in records if r.ok and r.output_tokens is not None]
-    return samples(records, metric)
+def _unpaired(side: Side, metric: str) -> np.ndarray:
+    return latency.samples(side.run, side.instance, side.scenario, metric, ordered=True)
 
 
-def units(run: Run) -> dict[tuple[str, str], list[RequestRecord]]:
-    out: dict[tuple[str, str], list[RequestRecord]] = {}
-    for r in run.requests:
-        out.setdefault((r.instance, r.scenario), []).append(r)
-    return out
+def _pooled(current: Side, baseline: Side) -> dict:
+    """ITL: every gap of each side; a pool too large to fetch gives its exact median and an even sample."""
+    pc, pb = (latency.pool(s.run, s.instance, s.scenario) for s in (current, baseline))
+    if pc.whole and pb.whole:
+        return stats.bootstrap_median_delta(pc.in_order(), pb.in_order(), paired=False)
+    a, b = (p.in_order() if p.whole else p.sample(stats.BOOTSTRAP_MAX_SAMPLES) for p in (pc, pb))
+    return stats.bootstrap_median_delta(a, b, paired=False, pools=((pc.n, pc.median()), (pb.n, pb.median())))
+
+
+def units(run: Run) -> list[tuple[str, str]]:
+    """(instance, scenario) pairs in the order they first appear in the run."""
+    rows = run.con.execute(f"SELECT instance, scenario FROM requests GROUP BY ALL ORDER BY min(({query.ORDER}))")
+    return [tuple(r) for r in rows.fetchall()]
 
 
 def between_runs(current: Run, baseline: Run) -> tuple[list[Delta], str]:
@@ -123,7 +137,9 @@ def between_runs(current: Run, baseline: Run) -> tuple[list[Delta], str]:
         pairs_ = [(k, k) for k in common]
     deltas = []
     for ck, bk in pairs_:
-        deltas += compare_groups(cu[ck], bu[bk], f"{current.run_id}/{ck[0]}", f"{baseline.run_id}/{bk[0]}", ck[1])
+        deltas += compare_groups(
+            Side(current, *ck, f"{current.run_id}/{ck[0]}"), Side(baseline, *bk, f"{baseline.run_id}/{bk[0]}")
+        )
     if not pairs_:
         how = "nothing in common: no engine instance and scenario appear in both runs"
     return deltas, how
@@ -138,9 +154,9 @@ def within_run(run: Run) -> tuple[list[Delta], str]:
     base = instances[0]
     deltas = []
     for other in instances[1:]:
-        for (i, scenario), recs in u.items():
+        for i, scenario in u:
             if i == other and (base, scenario) in u:
-                deltas += compare_groups(recs, u[(base, scenario)], other, base, scenario)
+                deltas += compare_groups(Side(run, i, scenario, other), Side(run, base, scenario, base))
     return deltas, f"engines within run {run.run_id}, each against {base}"
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import statistics
+import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
+from report import query
 from report.gauges import PAD_S, Prometheus, PrometheusError
 from report.load import Run
-from servescope.runfolder import RequestRecord
 
 COLD_LOAD_S = 1.0  # an Ollama load_duration above this means the model was (re)loaded for the request
 VLLM_HISTOGRAMS = {
@@ -43,67 +46,121 @@ class CrossCheck:
     notes: list[str] = field(default_factory=list)
 
 
-def _ns(stats: dict[str, Any], key: str) -> float | None:
-    for name in (f"{key}_ns", key):
-        value = stats.get(name)
-        if isinstance(value, (int, float)):
-            return value / 1e9
-    return None
+MAX_COLD_LOADS = 100  # cold loads listed per engine; a run reloading the model every request says so once
 
 
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
+# The numbers the cross-check reads from an engine's own stats, parsed once per request (each kept as JSON so that
+# its type is checked: a string or true there is not a duration).
+_OLLAMA_KEYS = ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
+_LLAMACPP_KEYS = ("prompt_ms", "predicted_ms", "cache_n", "predicted_n")
+_STATS = json.dumps(
+    {
+        **{k: "JSON" for key in _OLLAMA_KEYS for k in (f"{key}_ns", key)},
+        **{k: "JSON" for k in _LLAMACPP_KEYS},
+        "eval_count": "JSON",
+        "timings": {k: "JSON" for k in _LLAMACPP_KEYS},
+    }
+)
 
 
-def ollama_durations(r: RequestRecord) -> tuple[float, float, float, float] | None:
-    """(total, load, prompt eval, eval) seconds from Ollama's final object; None without them."""
-    st = r.engine_stats or {}
-    total, load, pe, ev = (
-        _ns(st, k) for k in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration")
+def _number(value: str, integer: bool = False) -> str:
+    """SQL: a parsed stats value as a DOUBLE when it is a JSON number (an integer one, if asked), else NULL."""
+    types = "('BIGINT', 'UBIGINT')" if integer else "('BIGINT', 'UBIGINT', 'DOUBLE')"
+    return f"CASE WHEN json_type({value}) IN {types} THEN ({value})::DOUBLE END"
+
+
+def _ns(key: str) -> str:
+    """SQL: an Ollama duration in seconds, from key_ns or key (nanoseconds either way)."""
+    return f"coalesce({_number(f's.{key}_ns')}, {_number(f's.{key}')}) / 1e9"
+
+
+def timing(key: str, integer: bool = False) -> str:
+    """SQL: a llama.cpp timing, from its `timings` object, or from the top level when there is none."""
+    return f"CASE WHEN s.timings IS NOT NULL THEN {_number(f's.timings.{key}', integer)} ELSE {_number(f's.{key}', integer)} END"
+
+
+# An engine's own numbers for one request, in seconds, as SQL over the parsed stats `s` (one rule each, used by the
+# cross-check, the TTFT split and the noise check alike). NULL where the record does not hold them.
+OLLAMA_TOTAL = _ns("total_duration")
+OLLAMA = {
+    "total": OLLAMA_TOTAL,
+    "load": f"coalesce({_ns('load_duration')}, 0.0)",
+    "prompt": f"coalesce({_ns('prompt_eval_duration')}, 0.0)",
+    "generation": f"coalesce({_ns('eval_duration')}, 0.0)",
+}
+LLAMACPP_PROMPT, LLAMACPP_GENERATION = f"{timing('prompt_ms')} / 1000.0", f"{timing('predicted_ms')} / 1000.0"
+HAS_LLAMACPP = f"{timing('prompt_ms')} IS NOT NULL AND {timing('predicted_ms')} IS NOT NULL"
+# What a request cost the engine: its own timing when it reports one (llama.cpp: prompt + generation; Ollama:
+# total_duration), else the client's E2E.
+REQUEST_TIME = (
+    f"CASE WHEN {HAS_LLAMACPP} THEN {LLAMACPP_PROMPT} + {LLAMACPP_GENERATION} ELSE coalesce({OLLAMA_TOTAL}, e2e_s) END"
+)
+
+
+def fmean(values: np.ndarray) -> float:
+    return math.fsum(values.tolist()) / len(values)  # statistics.fmean: the exact sum over n
+
+
+def _mean(values: np.ndarray) -> float | None:
+    values = values[np.isfinite(values)]
+    return fmean(values) if len(values) else None
+
+
+# The requests with their engine stats parsed once (as `s`), for the expressions above.
+PARSED = f"(SELECT *, from_json(engine_stats, '{_STATS}') AS s FROM requests)"
+
+
+def columns(run: Run, where: str, params: list, **exprs: str) -> dict[str, np.ndarray]:
+    """Per-request expressions over the requests meeting where (s: their parsed stats), in the report's order;
+    NULL numbers read as NaN."""
+    sql = f"SELECT {', '.join(f'{e} AS {k}' for k, e in exprs.items())} FROM {PARSED} WHERE {where} ORDER BY {query.ORDER}"
+    data = run.con.execute(sql, params).fetchnumpy()
+    return {
+        k: v.astype(float).filled(np.nan) if isinstance(v, np.ma.MaskedArray) and v.dtype.kind in "iuf" else v
+        for k, v in data.items()
+    }
+
+
+def ollama(run: Run, instance: str) -> CrossCheck:
+    c = columns(
+        run,
+        f"ok AND instance = ? AND {OLLAMA_TOTAL} IS NOT NULL AND e2e_s IS NOT NULL",
+        [instance],
+        e2e="e2e_s",
+        ttft="ttft_s",
+        total=OLLAMA["total"],
+        load=OLLAMA["load"],
+        pe=OLLAMA["prompt"],
+        ev=OLLAMA["generation"],
+        prompt_id="prompt_id",
+        phase="phase",
     )
-    if total is None:
-        return None
-    return total, load or 0.0, pe or 0.0, ev or 0.0
-
-
-def llamacpp_timings(r: RequestRecord) -> tuple[float, float, Any, Any] | None:
-    """(prompt s, predicted s, cache_n, predicted_n) from llama.cpp's `timings`; None without them."""
-    st = r.engine_stats or {}
-    t = st.get("timings") if isinstance(st.get("timings"), dict) else st
-    pm, dm = t.get("prompt_ms"), t.get("predicted_ms")
-    if not isinstance(pm, (int, float)) or not isinstance(dm, (int, float)):
-        return None
-    return pm / 1000.0, dm / 1000.0, t.get("cache_n"), t.get("predicted_n")
-
-
-def ollama(instance: str, records: list[RequestRecord]) -> CrossCheck:
-    rows = []
-    for r in records:
-        durations = ollama_durations(r)
-        if durations is None or r.e2e_s is None:
-            continue
-        rows.append((r, *durations))
+    n = len(c["e2e"])
     cc = CrossCheck(
         instance,
         "ollama",
-        bool(rows),
-        "Ollama's final object: *_duration (ns)" if rows else "no Ollama durations in the records (engine_stats empty)",
-        requests=len(rows),
+        bool(n),
+        "Ollama's final object: *_duration (ns)" if n else "no Ollama durations in the records (engine_stats empty)",
+        requests=n,
     )
-    if not rows:
+    if not n:
         return cc
     cc.components_mean_s = {
-        "load": statistics.fmean(x[2] for x in rows),
-        "queue": statistics.fmean(max(0.0, x[1] - x[2] - x[3] - x[4]) for x in rows),
-        "compute": statistics.fmean(x[3] + x[4] for x in rows),
-        "transport": statistics.fmean(max(0.0, x[0].e2e_s - x[1]) for x in rows),
+        "load": fmean(c["load"]),
+        "queue": fmean(np.maximum(0.0, c["total"] - c["load"] - c["pe"] - c["ev"])),
+        "compute": fmean(c["pe"] + c["ev"]),
+        "transport": fmean(np.maximum(0.0, c["e2e"] - c["total"])),
     }
-    cc.client_e2e_mean_s = statistics.fmean(x[0].e2e_s for x in rows)
-    cc.client_ttft_mean_s = _mean([x[0].ttft_s for x in rows if x[0].ttft_s is not None])
-    cc.engine_first_token_mean_s = statistics.fmean(x[2] + x[3] for x in rows)
+    cc.client_e2e_mean_s = fmean(c["e2e"])
+    cc.client_ttft_mean_s = _mean(c["ttft"])
+    cc.engine_first_token_mean_s = fmean(c["load"] + c["pe"])
+    cold = np.flatnonzero(c["load"] > COLD_LOAD_S)
     cc.cold_loads = [
-        {"prompt_id": x[0].prompt_id, "phase": x[0].phase, "load_s": x[2]} for x in rows if x[2] > COLD_LOAD_S
+        {"prompt_id": c["prompt_id"][i], "phase": c["phase"][i], "load_s": float(c["load"][i])}
+        for i in cold[:MAX_COLD_LOADS]
     ]
+    if len(cold) > MAX_COLD_LOADS:
+        cc.notes.append(f"{len(cold)} cold loads, the first {MAX_COLD_LOADS} listed")
     cc.notes.append(
         "queue = total - load - prompt eval - eval (time in Ollama outside the model); "
         "transport = client E2E - total_duration, floored at 0"
@@ -111,44 +168,50 @@ def ollama(instance: str, records: list[RequestRecord]) -> CrossCheck:
     return cc
 
 
-def llamacpp(instance: str, records: list[RequestRecord]) -> CrossCheck:
-    rows = []
-    for r in records:
-        timings = llamacpp_timings(r)
-        if timings is None or r.e2e_s is None:
-            continue
-        rows.append((r, *timings))
+def llamacpp(run: Run, instance: str) -> CrossCheck:
+    c = columns(
+        run,
+        f"ok AND instance = ? AND {HAS_LLAMACPP} AND e2e_s IS NOT NULL",
+        [instance],
+        e2e="e2e_s",
+        ttft="ttft_s",
+        prompt=LLAMACPP_PROMPT,
+        predicted=LLAMACPP_GENERATION,
+        cache_n=timing("cache_n"),
+        predicted_n=timing("predicted_n", integer=True),
+        tokens="output_tokens",
+    )
+    n = len(c["e2e"])
     cc = CrossCheck(
         instance,
         "llamacpp",
-        bool(rows),
+        bool(n),
         "llama.cpp's `timings` (prompt_ms, predicted_ms)"
-        if rows
+        if n
         else "no llama.cpp timings in the records (engine_stats empty)",
-        requests=len(rows),
+        requests=n,
     )
-    if not rows:
+    if not n:
         return cc
     cc.components_mean_s = {
-        "compute": statistics.fmean(x[1] + x[2] for x in rows),
-        "queue+transport": statistics.fmean(max(0.0, x[0].e2e_s - x[1] - x[2]) for x in rows),
+        "compute": fmean(c["prompt"] + c["predicted"]),
+        "queue+transport": fmean(np.maximum(0.0, c["e2e"] - c["prompt"] - c["predicted"])),
     }
-    cc.client_e2e_mean_s = statistics.fmean(x[0].e2e_s for x in rows)
-    cc.client_ttft_mean_s = _mean([x[0].ttft_s for x in rows if x[0].ttft_s is not None])
-    cc.engine_first_token_mean_s = statistics.fmean(x[1] for x in rows)
-    cached = [x[3] for x in rows if isinstance(x[3], (int, float))]
-    if cached:
-        cc.notes.append(f"prompt tokens reused from the cache (cache_n): mean {statistics.fmean(cached):.1f}")
-    mismatched = sum(
-        1 for x in rows if isinstance(x[4], int) and x[0].output_tokens is not None and x[4] != x[0].output_tokens
-    )
+    cc.client_e2e_mean_s = fmean(c["e2e"])
+    cc.client_ttft_mean_s = _mean(c["ttft"])
+    cc.engine_first_token_mean_s = fmean(c["prompt"])
+    cached = c["cache_n"][np.isfinite(c["cache_n"])]
+    if len(cached):
+        cc.notes.append(f"prompt tokens reused from the cache (cache_n): mean {fmean(cached):.1f}")
+    counted = np.isfinite(c["predicted_n"]) & np.isfinite(c["tokens"])
+    mismatched = int(np.count_nonzero(c["predicted_n"][counted] != c["tokens"][counted]))
     if mismatched:
         cc.notes.append(f"{mismatched} request(s) where predicted_n differs from the client's output token count")
     return cc
 
 
-def vllm(instance: str, records: list[RequestRecord], run: Run, client: Prometheus | None) -> CrossCheck:
-    ok = [r for r in records if r.e2e_s is not None]
+def vllm(run: Run, instance: str, client: Prometheus | None) -> CrossCheck:
+    c = columns(run, "ok AND instance = ? AND e2e_s IS NOT NULL", [instance], e2e="e2e_s", ttft="ttft_s")
     if client is None:
         return CrossCheck(
             instance,
@@ -157,7 +220,7 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
             "vLLM's queue/prefill histograms come from Prometheus, which did not answer (see section 5)",
         )
     phases = run.phases_of(instance)
-    if not phases or not ok:
+    if not phases or not len(c["e2e"]):
         return CrossCheck(instance, "vllm", False, "no phases or successful requests for this engine")
     start, end = min(p.started_at for p in phases), max(p.ended_at for p in phases)
     window = f"{int(end - start + 2 * PAD_S) + 1}s"
@@ -180,10 +243,14 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
             f"no {VLLM_HISTOGRAMS['queue']} samples in the run window (is raw vLLM /metrics scraped?)",
         )
     cc = CrossCheck(
-        instance, "vllm", True, f"Prometheus: vLLM histograms, mean over the run window ({window})", requests=len(ok)
+        instance,
+        "vllm",
+        True,
+        f"Prometheus: vLLM histograms, mean over the run window ({window})",
+        requests=len(c["e2e"]),
     )
-    cc.client_e2e_mean_s = statistics.fmean(r.e2e_s for r in ok)
-    cc.client_ttft_mean_s = _mean([r.ttft_s for r in ok if r.ttft_s is not None])
+    cc.client_e2e_mean_s = fmean(c["e2e"])
+    cc.client_ttft_mean_s = _mean(c["ttft"])
     cc.histogram_means_s = means
     cc.components_mean_s["queue"] = means["queue"]
     if "prefill" in means or "decode" in means:
@@ -200,13 +267,12 @@ def vllm(instance: str, records: list[RequestRecord], run: Run, client: Promethe
 def build(run: Run, client: Prometheus | None) -> list[CrossCheck]:
     out = []
     for instance, info in run.engines.items():
-        ok = [r for r in run.requests_of(instance) if r.ok]
         if info.kind == "ollama":
-            out.append(ollama(instance, ok))
+            out.append(ollama(run, instance))
         elif info.kind == "llamacpp":
-            out.append(llamacpp(instance, ok))
+            out.append(llamacpp(run, instance))
         elif info.kind == "vllm":
-            out.append(vllm(instance, ok, run, client))
+            out.append(vllm(run, instance, client))
         else:
             out.append(CrossCheck(instance, info.kind, False, f"no engine-side timings known for {info.kind!r}"))
     return out

@@ -90,15 +90,16 @@ def warnings(run: Run, rows: list[TableRow]) -> list[str]:
             f"always generates max_tokens"
         )
 
-    chunked = sum(1 for r in run.requests if r.ok and r.tokens_source == "chunks")
+    chunked, failed = run.con.execute(
+        "SELECT count(*) FILTER (WHERE ok AND tokens_source = 'chunks'), count(*) FILTER (WHERE NOT ok) FROM requests"
+    ).fetchone()
     if chunked:
         out.append(
             f"{chunked} request(s) counted output tokens from chunks (no usage/eval_count): tokens/s is approximate"
         )
-    failed = sum(1 for r in run.requests if not r.ok)
     if failed:
         out.append(
-            f"{failed} of {len(run.requests)} request(s) failed: counted in the table and the latency section, "
+            f"{failed} of {run.request_count} request(s) failed: counted in the table and the latency section, "
             f"left out of latency percentiles"
         )
     return out

@@ -8,10 +8,14 @@ asked for others (`python -m report --slo ...`); the rule is servescope/slo.py's
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from report import schedule
+import numpy as np
+
+from report import latency, query, schedule, stats
 from report.load import Run
 from report.render import Bullets, Paragraph, Section, Table
 from servescope import slo
@@ -47,11 +51,131 @@ def spec_of(run: Run, override: str | None = None) -> slo.SloSpec:
 
 
 def build(run: Run, spec: slo.SloSpec) -> list[PhaseGoodput]:
-    out = []
-    for p in run.phases:
-        records = run.requests_of(p.instance, p.phase)
-        out.append(PhaseGoodput(p.instance, p.engine, p.phase, p.scenario, slo.evaluate(spec, records, p.wall_s)))
-    return out
+    return [
+        PhaseGoodput(p.instance, p.engine, p.phase, p.scenario, evaluate(run, spec, p.instance, p.phase, p.wall_s))
+        for p in run.phases
+    ]
+
+
+# servescope/slo.py's rule, asked of the engine: a phase's requests are never Python objects here (a soak's phase
+# is half a million of them). tests/test_report_goodput.py holds the two to the same results.
+LAG = schedule.LAG
+
+
+def term_value(term: slo.Term) -> str:
+    """SQL: slo.Term.request_value (NULL where the term does not apply); `sorted_itl` is itl_s sorted."""
+    if term.metric == "itl":
+        return (
+            "list_max(itl_s)" if term.percentile is None else stats.numpy_percentile_sql("sorted_itl", term.percentile)
+        )
+    if term.metric == "tpot":
+        return latency.TPOT_SQL
+    return f"({'ttft_s' if term.metric == 'ttft' else 'e2e_s'} + {LAG})"
+
+
+def _meets(term: slo.Term, value: str) -> str:
+    """SQL: slo.Term.request_meets on a computed value (none: a miss for TTFT/E2E, nothing to miss for ITL/TPOT)."""
+    missing = "TRUE" if term.metric in ("itl", "tpot") else "FALSE"
+    return f"coalesce({value} <= {term.limit_s!r}::DOUBLE, {missing})"
+
+
+def _values(terms, where: str) -> str:
+    """A phase's requests with each term's value computed once (v0, v1, ...)."""
+    needs_sorted = any(t.metric == "itl" and t.percentile is not None for t in terms)
+    source = (
+        f"(SELECT *, list_sort(itl_s) AS sorted_itl FROM requests WHERE {where})"
+        if needs_sorted
+        else (f"(SELECT * FROM requests WHERE {where})")
+    )
+    values = ", ".join(f"{term_value(t)} AS v{i}" for i, t in enumerate(terms))
+    return f"(SELECT ok, output_tokens, {values} FROM {source})"
+
+
+def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: float) -> slo.SloResult:
+    """slo.evaluate over one phase's records, computed where they are."""
+    where, params = "instance = ? AND phase = ?", [instance, phase]
+    terms = spec.terms
+    meets = [_meets(t, f"v{i}") for i, t in enumerate(terms)]
+    per_request = [m for t, m in zip(terms, meets, strict=True) if t.percentile is None]
+    good = " AND ".join(["ok", *meets])
+    meeting = " AND ".join(["ok", *per_request])
+    row = run.con.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE ok), count(*) FILTER (WHERE {good}), "
+        f"coalesce(sum(coalesce(output_tokens, 0)) FILTER (WHERE {good}), 0), count(*) FILTER (WHERE {meeting}), "
+        + ", ".join(f"count(*) FILTER (WHERE ok AND NOT {m})" for m in meets)
+        + ", "
+        + ", ".join(f"max(v{i}) FILTER (WHERE ok)" for i in range(len(terms)))
+        + f" FROM {_values(terms, where)}",
+        params,
+    ).fetchone()
+    n, ok, n_good, good_tokens, n_meeting = row[:5]
+    missed, worst = list(row[5 : 5 + len(terms)]), list(row[5 + len(terms) :])
+    misses: Counter[str] = Counter()
+    if ok < n:
+        misses[slo.ERRORS] = n - ok
+    for t, m in zip(terms, missed, strict=True):
+        if m:
+            misses[t.name] = m
+    results = [
+        _term_result(run, t, where, params, n, ok, missed[i], worst[i], spec.objective) for i, t in enumerate(terms)
+    ]
+    per_request_holds = (n_meeting / n >= spec.objective) if per_request and n else bool(n)
+    rate = (lambda x: x / wall_s) if wall_s > 0 else (lambda x: None)
+    return slo.SloResult(
+        spec=spec.text,
+        requests=n,
+        ok=ok,
+        good=n_good,
+        good_tokens=int(good_tokens),
+        wall_s=wall_s,
+        attainment=n_good / n if n else None,
+        goodput_rps=rate(n_good),
+        good_tokens_per_s=rate(int(good_tokens)),
+        meets=per_request_holds and all(r.holds for t, r in zip(terms, results, strict=True) if t.percentile),
+        failed_most=misses.most_common(1)[0][0] if misses else None,
+        misses=dict(misses.most_common()),
+        terms=results,
+    )
+
+
+def _term_result(
+    run: Run,
+    term: slo.Term,
+    where: str,
+    params: list,
+    n: int,
+    ok: int,
+    missed: int,
+    worst: float | None,
+    objective: float,
+) -> slo.TermResult:
+    """slo._term_result: the share meeting the limit and the observed percentile (or the worst value)."""
+    failed = n - ok
+    if term.percentile is None:
+        share = (ok - missed) / n if n else None
+        return slo.TermResult(term.name, share, worst, share is not None and share >= objective, missed)
+    if term.metric == "itl":
+        # Pooled gaps, as the report pools ITL; a failed request counts as one missed gap.
+        gaps, met = run.con.execute(
+            f"SELECT coalesce(sum(itl_s_n), 0), coalesce(sum(len(list_filter(itl_s, lambda g: g <= "
+            f"{term.limit_s!r}::DOUBLE))), 0) FROM requests WHERE ok AND {where}",
+            params,
+        ).fetchone()
+        units = gaps + failed
+        pool = query.Pool(run.con, f"ok AND {where}", params) if gaps else None
+        if pool is not None:
+            lo = math.floor((pool.n - 1) * (term.percentile / 100))
+            pool.select([lo, min(lo + 1, pool.n - 1)])
+        observed = stats.numpy_percentile_of(pool.n, term.percentile, pool.at) if pool is not None else None
+    else:
+        values = run.con.execute(
+            f"SELECT v0 FROM {_values([term], where)} WHERE ok AND v0 IS NOT NULL", params
+        ).fetchnumpy()["v0"]
+        values = np.asarray(values, dtype=float)
+        units, met = n, ok - missed
+        observed = float(np.percentile(values, term.percentile)) if len(values) else None
+    share = met / units if units else None
+    return slo.TermResult(term.name, share, observed, share is not None and share * 100 >= term.percentile, missed)
 
 
 def knee_of(run: Run) -> dict[str, Any] | None:

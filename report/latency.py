@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from report import stats
+import numpy as np
+
+from report import query, stats
 from report.load import Run
-from servescope.runfolder import RequestRecord
-from servescope.slo import tpot  # one definition: the SLOs judge the TPOT the report shows
 
 METRICS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
 METRIC_TITLES = {"ttft_s": "TTFT", "itl_s": "ITL", "tpot_s": "TPOT", "e2e_s": "E2E", "output_tokens": "output tokens"}
@@ -37,48 +38,107 @@ class LatencyGroup:
     notes: list[str] = field(default_factory=list)
 
 
-def failure_reason(record: RequestRecord) -> str:
-    reason = (record.error or "").strip().splitlines()[0] if record.error else ""
-    if record.status and record.status != 200:
-        return f"HTTP {record.status}: {reason}" if reason else f"HTTP {record.status}"
-    return reason or ("no response" if not record.status else "failed (no reason recorded)")
+# TPOT per request: the record's, else derived like the load generator does.
+TPOT_SQL = (
+    "coalesce(tpot_s, CASE WHEN e2e_s IS NOT NULL AND ttft_s IS NOT NULL AND output_tokens > 1 "
+    "THEN (e2e_s - ttft_s) / (output_tokens - 1) END)"
+)
+PER_REQUEST_SQL = {"ttft_s": "ttft_s", "tpot_s": TPOT_SQL, "e2e_s": "e2e_s", "output_tokens": "output_tokens"}
+GROUP = "instance = ? AND scenario = ?"  # one engine instance in one scenario
+BOX_QUANTILES = (5, 25, 50, 75, 95)  # the latency plot's boxes (p25-p75) and whiskers (p5-p95)
 
 
-def samples(records: list[RequestRecord], metric: str) -> list[float]:
-    """Raw samples of one metric over successful requests (ITL pools every gap)."""
-    ok = [r for r in records if r.ok]
-    if metric == "itl_s":
-        return [g for r in ok for g in (r.itl_s or []) if g is not None]
-    if metric == "tpot_s":
-        return [v for v in (tpot(r) for r in ok) if v is not None]
-    return [getattr(r, metric) for r in ok if getattr(r, metric) is not None]
+def failure_reason(error: str | None, status: int) -> str:
+    lines = (error or "").strip().splitlines()
+    reason = lines[0] if lines else ""
+    if status and status != 200:
+        return f"HTTP {status}: {reason}" if reason else f"HTTP {status}"
+    return reason or ("no response" if not status else "failed (no reason recorded)")
+
+
+def groups(run: Run) -> list[tuple[str, str]]:
+    """(instance, scenario) pairs: engines in the run's order, each one's scenarios as they first appear."""
+    rows = run.con.execute(f"SELECT instance, scenario FROM requests GROUP BY ALL ORDER BY min(({query.ORDER}))")
+    by_instance: dict[str, list[str]] = {}
+    for instance, scenario in rows.fetchall():
+        by_instance.setdefault(instance, []).append(scenario)
+    return [(i, s) for i in run.engines for s in by_instance.get(i, [])]
+
+
+def samples(run: Run, instance: str, scenario: str, metric: str, ordered: bool = False) -> np.ndarray:
+    """Raw samples of a per-request metric over one group's successful requests (in the report's order if asked:
+    the bootstrap's resamples depend on it; percentiles do not)."""
+    values = query.column(run.con, PER_REQUEST_SQL[metric], f"ok AND {GROUP}", [instance, scenario], order=ordered)
+    return values[np.isfinite(values)]
+
+
+def pool(run: Run, instance: str, scenario: str) -> query.Pool:
+    """Every inter-token gap of one group's successful requests (kept per run: the selection is not free)."""
+    key = ("itl", instance, scenario)
+    if key not in run.cache:
+        run.cache[key] = _pool(run.con, instance, scenario)
+    found = run.cache[key]
+    return found.result() if isinstance(found, Future) else found
+
+
+def start_pools(run: Run) -> None:
+    """Begin every group's pool on a thread of its own (on its own cursor): the engine's passes over the gaps then
+    overlap with the Python work (and the Prometheus queries) the report does meanwhile."""
+    pending = [g for g in groups(run) if ("itl", *g) not in run.cache]
+    if not pending:
+        return
+    worker = ThreadPoolExecutor(1, thread_name_prefix="pools")
+    for instance, scenario in pending:
+        run.cache[("itl", instance, scenario)] = worker.submit(_pool, run.con.cursor(), instance, scenario)
+    worker.shutdown(wait=False)
+
+
+def _pool(con, instance: str, scenario: str) -> query.Pool:
+    gaps = query.Pool(con, f"ok AND {GROUP}", [instance, scenario])
+    # Every rank the report reads (its percentiles, the median, the box plot's), found in one search.
+    gaps.select(stats.summary_ranks(gaps.n, stats.QUANTILES + BOX_QUANTILES) | {gaps.n // 2 - 1, gaps.n // 2})
+    return gaps
+
+
+def failures(run: Run, where: str, params: list) -> dict[str, int]:
+    """Failed requests counted by reason, most frequent first (ties: as they first happened)."""
+    rows = run.con.execute(
+        f"SELECT error, status, count(*) FROM requests WHERE NOT ok AND {where} GROUP BY error, status "
+        f"ORDER BY min(({query.ORDER}))",
+        params,
+    ).fetchall()
+    counts: Counter[str] = Counter()
+    for error, status, n in rows:
+        counts[failure_reason(error, status)] += n
+    return dict(counts.most_common())
 
 
 def build(run: Run) -> list[LatencyGroup]:
-    groups: list[LatencyGroup] = []
-    for instance in run.engines:
-        records = run.requests_of(instance)
-        for scenario in dict.fromkeys(r.scenario for r in records):
-            recs = [r for r in records if r.scenario == scenario]
-            ok = [r for r in recs if r.ok]
-            failures = Counter(failure_reason(r) for r in recs if not r.ok)
-            notes = []
-            if any(r.tokens_source == "chunks" for r in ok):
-                notes.append("some output token counts come from counting chunks (fallback)")
-            groups.append(
-                LatencyGroup(
-                    instance=instance,
-                    engine=recs[0].engine,
-                    scenario=scenario,
-                    requests=len(recs),
-                    ok=len(ok),
-                    failures=dict(failures.most_common()),
-                    metrics={m: stats.summary(samples(recs, m)) for m in METRICS},
-                    output_tokens=stats.summary([r.output_tokens for r in ok if r.output_tokens is not None]),
-                    notes=notes,
-                )
+    out: list[LatencyGroup] = []
+    for instance, scenario in groups(run):
+        params = [instance, scenario]
+        engine, total, ok, chunked = run.con.execute(
+            f"SELECT first(engine ORDER BY {query.ORDER}), count(*), count(*) FILTER (WHERE ok), "
+            f"count(*) FILTER (WHERE ok AND tokens_source = 'chunks') FROM requests WHERE {GROUP}",
+            params,
+        ).fetchone()
+        metrics = {m: stats.summary(samples(run, instance, scenario, m)) for m in METRICS if m != "itl_s"}
+        out.append(
+            LatencyGroup(
+                instance=instance,
+                engine=engine,
+                scenario=scenario,
+                requests=total,
+                ok=ok,
+                failures=failures(run, GROUP, params),
+                metrics={m: metrics.get(m) for m in METRICS},
+                output_tokens=stats.summary(samples(run, instance, scenario, "output_tokens")),
+                notes=["some output token counts come from counting chunks (fallback)"] if chunked else [],
             )
-    return groups
+        )
+    for g in out:  # the pooled gaps last: their passes may still be running
+        g.metrics["itl_s"] = pool(run, g.instance, g.scenario).summary()
+    return out
 
 
 def to_json(groups: list[LatencyGroup]) -> list[dict]:

@@ -1,24 +1,17 @@
-"""Reads one run folder (manifest, requests.jsonl, phases.jsonl) tolerantly into a Run the report sections share."""
+"""Opens one run folder (manifest, requests.jsonl, phases.jsonl) as a Run: its records held by the analytic engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from report import query
 from servescope import engines, knobs
-from servescope.runfolder import (
-    MANIFEST,
-    MAX_EPOCH_S,
-    PHASES,
-    REQUESTS,
-    PhaseRecord,
-    RequestRecord,
-    RunFolder,
-    Skips,
-    latest,
-)
+from servescope.runfolder import MANIFEST, MAX_EPOCH_S, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, latest
+from servescope.runreader import RunData
 
 
 class RunError(Exception):
@@ -62,31 +55,57 @@ class EngineInfo:
 
 @dataclass
 class Run:
+    """One run folder, its records held by the analytic engine (db): ask it questions rather than list records."""
+
     path: Path
     run_id: str
     manifest: dict[str, Any]
-    requests: list[RequestRecord]
+    db: RunData  # views requests and phases (the accepted records, servescope.runreader)
+    request_count: int
     phases: list[PhaseRecord]
     engines: dict[str, EngineInfo]  # by instance, in manifest order then first appearance
+    started_at: float | None = None  # the manifest's, else the first send
+    ended_at: float | None = None  # the manifest's, else the last phase end or request finish
     warnings: list[str] = field(default_factory=list)  # what the loader skipped or guessed
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # answers worth computing once (pools)
+
+    view: Any = field(default=None, repr=False)  # a cursor whose `requests` leaves some phases out (Run.without)
 
     @property
-    def started_at(self) -> float | None:
-        starts = [p.started_at for p in self.phases] + [r.started_at for r in self.requests]
-        manifest_start = _as_float(self.manifest.get("started_at"))
-        return manifest_start if manifest_start is not None else (min(starts) if starts else None)
+    def con(self):
+        return self.view if self.view is not None else self.db.con
 
-    @property
-    def ended_at(self) -> float | None:
-        ends = [p.ended_at for p in self.phases] + [r.started_at + (r.e2e_s or 0.0) for r in self.requests]
-        manifest_end = _as_float(self.manifest.get("ended_at"))
-        return manifest_end if manifest_end is not None else (max(ends) if ends else None)
+    def without(self, dropped: list[tuple[str, str]], phases: list[PhaseRecord]) -> Run:
+        """The same run without some (instance, phase) pairs and their requests: a cursor of its own whose
+        `requests` view leaves them out (a temporary view, seen by that cursor only)."""
+        if not dropped:
+            return self  # nothing left out: the same phases, the same requests
+        cursor = self.db.con.cursor()
+        cursor.execute("CREATE TEMP TABLE dropped (instance VARCHAR, phase VARCHAR)")
+        cursor.executemany("INSERT INTO dropped VALUES (?, ?)", dropped)
+        database = cursor.execute("SELECT current_database()").fetchone()[0]
+        cursor.execute(
+            f'CREATE TEMP VIEW requests AS SELECT r.* FROM "{database}".main.requests r '
+            f"ANTI JOIN dropped d USING (instance, phase)"
+        )
+        count = cursor.execute("SELECT count(*) FROM requests").fetchone()[0]
+        return dataclasses.replace(self, phases=phases, view=cursor, request_count=count, cache={})
 
-    def requests_of(self, instance: str, phase: str | None = None) -> list[RequestRecord]:
-        return [r for r in self.requests if r.instance == instance and (phase is None or r.phase == phase)]
+    def requests_of(self, instance: str, phase: str | None = None, gaps: bool = True) -> list[RequestRecord]:
+        """One engine's records (one phase's) as objects, in the report's order: for small selections only.
+        gaps=False leaves every itl_s empty (for readers that never look at the gaps: a tenth of the memory)."""
+        where = "instance = ?" + (" AND phase = ?" if phase is not None else "")
+        params = [instance] + ([phase] if phase is not None else [])
+        skip = () if gaps else ("itl_s",)
+        return list(
+            self.db.records("requests", RequestRecord, where, params, order=query.ORDER, con=self.con, skip=skip)
+        )
 
     def phases_of(self, instance: str) -> list[PhaseRecord]:
         return [p for p in self.phases if p.instance == instance]
+
+    def close(self) -> None:
+        self.db.close()
 
 
 def resolve(arg: str | None, results_dir: Path) -> Path:
@@ -111,18 +130,34 @@ def load(path: Path) -> Run:
     if not (path / MANIFEST).exists() and not (path / REQUESTS).exists():
         raise RunError(f"{path} is not a run folder (no {MANIFEST}, no {REQUESTS})")
     manifest = _manifest(folder, warnings)
-    skips = Skips()
-    requests = list(folder.requests(skips))
-    phases = list(folder.phases(skips))
-    warnings += skips.lines()
-    if requests and not phases:
-        phases = _phases_from_requests(requests)
+    db = RunData(path)
+    warnings += db.skips.lines()
+    con = db.con
+    request_count = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+    phases = list(db.records("phases", PhaseRecord))
+    if request_count and not phases:
+        phases = _phases_from_requests(con)
         warnings.append(f"no {PHASES}: phases reconstructed from requests (wall = first send to last finish)")
     phases.sort(key=lambda p: (p.started_at, p.instance))
-    requests.sort(key=lambda r: (r.started_at, r.arrival_index if r.arrival_index is not None else 0))
-    run_engines = _engines(manifest, requests, phases, warnings)
+    run_engines = _engines(manifest, con, phases, warnings)
     run_id = str(manifest.get("run_id") or path.name)
-    return Run(path, run_id, manifest, requests, phases, run_engines, warnings)
+    first, last = con.execute("SELECT min(started_at), max(started_at + coalesce(e2e_s, 0)) FROM requests").fetchone()
+    starts = [p.started_at for p in phases] + ([first] if first is not None else [])
+    ends = [p.ended_at for p in phases] + ([last] if last is not None else [])
+    started_at = _as_float(manifest.get("started_at"))
+    ended_at = _as_float(manifest.get("ended_at"))
+    return Run(
+        path,
+        run_id,
+        manifest,
+        db,
+        request_count,
+        phases,
+        run_engines,
+        started_at if started_at is not None else (min(starts) if starts else None),
+        ended_at if ended_at is not None else (max(ends) if ends else None),
+        warnings,
+    )
 
 
 def _manifest(folder: RunFolder, warnings: list[str]) -> dict[str, Any]:
@@ -144,36 +179,22 @@ def _manifest(folder: RunFolder, warnings: list[str]) -> dict[str, Any]:
     return {}
 
 
-def _phases_from_requests(requests: list[RequestRecord]) -> list[PhaseRecord]:
-    groups: dict[tuple[str, str], list[RequestRecord]] = {}
-    for r in requests:
-        groups.setdefault((r.instance, r.phase), []).append(r)
-    phases = []
-    for (instance, phase), recs in groups.items():
-        first = recs[0]
-        end = max(r.started_at + (r.e2e_s or 0.0) for r in recs)
-        concurrency = len(recs) if first.scenario == "burst" else 1
-        phases.append(
-            PhaseRecord(
-                first.engine,
-                instance,
-                first.scenario,
-                phase,
-                min(r.started_at for r in recs),
-                end,
-                len(recs),
-                concurrency,
-                first.prompt_set,
-                first.prompt_set_sha256,
-                first.max_tokens,
-            )
-        )
-    return phases
+def _phases_from_requests(con) -> list[PhaseRecord]:
+    """One phase per (instance, phase) the requests name: first send to last finish, first record's settings."""
+    first = f"ORDER BY {query.ORDER}"
+    rows = con.execute(
+        f"SELECT first(engine {first}), instance, first(scenario {first}), phase, min(started_at), "
+        f"max(started_at + coalesce(e2e_s, 0)), count(*), first(prompt_set {first}), "
+        f"first(prompt_set_sha256 {first}), first(max_tokens {first}) "
+        f"FROM requests GROUP BY instance, phase ORDER BY min(started_at)"
+    ).fetchall()
+    return [
+        PhaseRecord(engine, instance, scenario, phase, start, end, n, n if scenario == "burst" else 1, ps, sha, mt)
+        for engine, instance, scenario, phase, start, end, n, ps, sha, mt in rows
+    ]
 
 
-def _engines(
-    manifest: dict[str, Any], requests: list[RequestRecord], phases: list[PhaseRecord], warnings: list[str]
-) -> dict[str, EngineInfo]:
+def _engines(manifest: dict[str, Any], con, phases: list[PhaseRecord], warnings: list[str]) -> dict[str, EngineInfo]:
     """Normalise the manifest's engine entries (a list or a dict keyed by instance) into EngineInfo."""
     raw = manifest.get("engines") or []
     entries: list[tuple[str | None, dict[str, Any]]] = []
@@ -219,17 +240,21 @@ def _engines(
             ignore_eos=eos if isinstance(eos, bool) else (False if eos == "unavailable" else None),
             flags=flags,
         )
-    for record in [*phases, *requests]:
-        if record.instance not in found:
-            model = getattr(record, "model", "")
-            found[record.instance] = EngineInfo(instance=record.instance, kind=record.engine, model=model)
+    # Instances the records name but the manifest does not: phases first, then requests, as they appear.
+    seen = [(p.instance, p.engine, "", p.started_at) for p in phases] + con.execute(
+        f"SELECT instance, first(engine ORDER BY {query.ORDER}), first(model ORDER BY {query.ORDER}), min(started_at) "
+        f"FROM requests GROUP BY instance ORDER BY min(({query.ORDER}))"
+    ).fetchall()
+    for instance, kind, model, _ in seen:
+        if instance not in found:
+            found[instance] = EngineInfo(instance=instance, kind=kind, model=model)
     for info in found.values():
         info.knob_flags = _knob_flags(info.kind)
     if isinstance(raw, dict):
         # write_manifest sorts keys, so a dict's order says nothing: use the order the engines ran in.
-        first = {}
-        for record in [*phases, *requests]:
-            first[record.instance] = min(first.get(record.instance, record.started_at), record.started_at)
+        first: dict[str, float] = {}
+        for instance, _, _, start in seen:
+            first[instance] = min(first.get(instance, start), start)
         found = dict(sorted(found.items(), key=lambda kv: first.get(kv[0], float("inf"))))
     return found
 

@@ -15,11 +15,11 @@ import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
-from report import gauges
-from report.crosscheck import llamacpp_timings, ollama_durations
+from report import gauges, query
+from report.crosscheck import PARSED, REQUEST_TIME
 from report.load import Run
 from servescope import hostnoise
-from servescope.runfolder import PhaseRecord, RequestRecord, base_phase
+from servescope.runfolder import PhaseRecord, base_phase
 from servescope.thresholds import NoiseRule
 
 
@@ -67,15 +67,7 @@ class Assessment:
 _TRUSTED = PhaseTrust("", "", "", 1, 1, None, "")
 
 
-def request_time(r: RequestRecord) -> float | None:
-    """What a request cost the engine: its own timing when it reports one, else the client's E2E."""
-    timings = llamacpp_timings(r)
-    if timings is not None:
-        return timings[0] + timings[1]
-    durations = ollama_durations(r)
-    if durations is not None:
-        return durations[0]
-    return r.e2e_s
+MAX_OUTLIERS = 20  # outlier requests named per phase; the count says the rest
 
 
 def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
@@ -85,24 +77,29 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
     for p in run.phases:
         key = (p.instance, base_phase(p.phase), p.repetition)
         latest[key] = max(latest.get(key, 0), p.attempt)
-    by_base: dict[tuple[str, str], list[RequestRecord]] = {}
-    for r in run.requests:
-        if r.ok:
-            by_base.setdefault((r.instance, base_phase(r.phase)), []).append(r)
-    medians = {}
-    for key, records in by_base.items():
-        times = [t for t in map(request_time, records) if t is not None]
-        medians[key] = statistics.median(times) if times else None
+    # Each successful request's time (REQUEST_TIME), by engine and phase; a phase's median is over its repetitions.
+    by_base: dict[tuple[str, str], list[float]] = {}
+    rows = run.con.execute(
+        f"SELECT instance, phase, list(t) FROM (SELECT instance, phase, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok) "
+        f"WHERE t IS NOT NULL GROUP BY ALL"
+    ).fetchall()
+    for instance, phase, times in rows:
+        by_base.setdefault((instance, base_phase(phase)), []).extend(times)
+    medians = {key: statistics.median(times) for key, times in by_base.items()}
     for p in run.phases:
         base = base_phase(p.phase)
         trust = PhaseTrust(p.instance, p.phase, base, p.repetition, p.attempt, p.noise, hostnoise.describe(p.noise))
         trust.flags = hostnoise.flags(p.noise, p.instance, rule)
         mid = medians.get((p.instance, base))
         if mid:
-            for r in run.requests_of(p.instance, p.phase):
-                t = request_time(r) if r.ok else None
-                if t is not None and t > rule.outlier_ratio * mid:
-                    trust.outliers.append(f"{r.prompt_id} {t:.3f}s")
+            slow = run.con.execute(
+                f"SELECT prompt_id, t FROM (SELECT *, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok AND instance = ? "
+                f"AND phase = ?) WHERE t > ? ORDER BY {query.ORDER}",
+                [p.instance, p.phase, rule.outlier_ratio * mid],
+            ).fetchall()
+            trust.outliers = [f"{prompt_id} {t:.3f}s" for prompt_id, t in slow[:MAX_OUTLIERS]]
+            if len(slow) > MAX_OUTLIERS:
+                trust.outliers.append(f"and {len(slow) - MAX_OUTLIERS} more")
         if trust.outliers:
             trust.flags.append(
                 f"outlier request(s): {', '.join(trust.outliers)} against the phase's median {mid:.3f}s "
@@ -116,10 +113,8 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
 def clean(run: Run, assessment: Assessment) -> Run:
     """The run without its flagged and superseded phases (and their requests): what conclusions may rest on."""
     keep = [p for p in run.phases if assessment.usable(p)]
-    names = {(p.instance, p.phase) for p in keep}
-    known = {(p.instance, p.phase) for p in run.phases}
-    requests = [r for r in run.requests if (r.instance, r.phase) in names or (r.instance, r.phase) not in known]
-    return dataclasses.replace(run, phases=keep, requests=requests)
+    dropped = [(p.instance, p.phase) for p in run.phases if not assessment.usable(p)]
+    return run.without(dropped, keep)
 
 
 def clean_gauges(report: gauges.GaugeReport, run: Run, assessment: Assessment) -> gauges.GaugeReport:

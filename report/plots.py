@@ -10,8 +10,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display here, and a report must render the same everywhere
 
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import cbook  # noqa: E402
 
-from report import latency  # noqa: E402
+from report import latency, stats  # noqa: E402
 from report.compare import Delta  # noqa: E402
 from report.crosscheck import COMPONENTS, CrossCheck  # noqa: E402
 from report.gauges import GaugeReport, with_gaps  # noqa: E402
@@ -23,6 +24,7 @@ from servescope import series  # noqa: E402
 
 DPI = 110
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+MAX_FLIERS = 2000  # points drawn beyond the whiskers of a box whose values are not all fetched
 PHASE_SHADES = ("#dbe9f6", "#fde5cc", "#dff0d8", "#eadcf0", "#f9dede", "#e8e8e8")
 
 
@@ -71,28 +73,16 @@ def seed_table(rows: list[TableRow], path: Path) -> Path | None:
 
 
 def latency_boxes(run: Run, path: Path) -> Path | None:
-    groups = [
-        (i, s, [r for r in run.requests_of(i) if r.scenario == s])
-        for i in run.engines
-        for s in dict.fromkeys(r.scenario for r in run.requests_of(i))
-    ]
-    groups = [g for g in groups if any(r.ok for r in g[2])]
+    groups = [(i, s) for i, s in latency.groups(run) if _any_ok(run, i, s)]
     if not groups:
         return None
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5))
-    labels = [f"{run.engines[i].title}\n{s}" for i, s, _ in groups]
+    labels = [f"{run.engines[i].title}\n{s}" for i, s in groups]
     for ax, metric in zip(axes.flat, latency.METRICS, strict=True):
-        data = [[v * 1000 for v in latency.samples(recs, metric)] for _, _, recs in groups]
-        positions = [k for k, d in enumerate(data) if d]
+        boxes = [_box(run, i, s, metric) for i, s in groups]
+        positions = [k for k, box in enumerate(boxes) if box]
         if positions:
-            bp = ax.boxplot(
-                [data[k] for k in positions],
-                positions=positions,
-                widths=0.6,
-                patch_artist=True,
-                whis=(5, 95),
-                showfliers=True,
-            )
+            bp = ax.bxp([boxes[k] for k in positions], positions=positions, widths=0.6, patch_artist=True)
             for k, patch in zip(positions, bp["boxes"], strict=True):
                 patch.set_facecolor(COLORS[k % len(COLORS)])
                 patch.set_alpha(0.6)
@@ -111,18 +101,66 @@ def latency_boxes(run: Run, path: Path) -> Path | None:
     return path
 
 
-def output_tokens(run: Run, path: Path) -> Path | None:
-    data = {
-        run.engines[i].title: [r.output_tokens for r in run.requests_of(i) if r.ok and r.output_tokens is not None]
-        for i in run.engines
+def _any_ok(run: Run, instance: str, scenario: str) -> bool:
+    sql = f"SELECT count(*) FROM requests WHERE ok AND {latency.GROUP}"
+    return bool(run.con.execute(sql, [instance, scenario]).fetchone()[0])
+
+
+def _box(run: Run, instance: str, scenario: str, metric: str) -> dict | None:
+    """One box's statistics in ms, as matplotlib's boxplot(whis=(p5, p95)) computes them (a pool too large to fetch:
+    from exact order statistics); every box draws at most MAX_FLIERS fliers, evenly spread."""
+    whis = (latency.BOX_QUANTILES[0], latency.BOX_QUANTILES[-1])
+    if metric != "itl_s":
+        data = latency.samples(run, instance, scenario, metric) * 1000
+        return _thin(cbook.boxplot_stats(data, whis=whis)[0]) if len(data) else None
+    pool = latency.pool(run, instance, scenario)
+    if not pool.n:
+        return None
+    if pool.whole:
+        return _thin(cbook.boxplot_stats(pool.in_order() * 1000, whis=whis)[0])
+    # The whiskers are data points: the smallest value >= p5 and the largest <= p95.
+    low, high = (pool.percentile(q) for q in whis)
+    lo5, hi5, _ = stats.rank_of(pool.n, whis[0])
+    lo95, hi95, _ = stats.rank_of(pool.n, whis[1])
+    whislo = pool.at(lo5) if pool.at(lo5) >= low else pool.at(hi5)
+    whishi = pool.at(hi95) if pool.at(hi95) <= high else pool.at(lo95)
+    return {
+        "med": pool.percentile(50) * 1000,
+        "q1": pool.percentile(25) * 1000,
+        "q3": pool.percentile(75) * 1000,
+        "whislo": whislo * 1000,
+        "whishi": whishi * 1000,
+        "mean": pool.total / pool.n * 1000,
+        "fliers": pool.outside(whislo, whishi, MAX_FLIERS) * 1000,
     }
-    data = {k: v for k, v in data.items() if v}
+
+
+def _thin(box: dict) -> dict:
+    """At most MAX_FLIERS fliers, evenly spread over them: 50,000 markers per box draw slowly and show no more."""
+    fliers = box["fliers"]
+    box["fliers"] = fliers[:: -(-len(fliers) // MAX_FLIERS)] if len(fliers) > MAX_FLIERS else fliers
+    return box
+
+
+def output_tokens(run: Run, path: Path) -> Path | None:
+    # Counts per length from the engine: the histogram of a million requests without a million numbers.
+    data = {}
+    for i in run.engines:
+        rows = run.con.execute(
+            "SELECT output_tokens, count(*) FROM requests WHERE ok AND instance = ? AND output_tokens IS NOT NULL "
+            "GROUP BY 1 ORDER BY 1",
+            [i],
+        ).fetchall()
+        if rows:
+            data[run.engines[i].title] = ([v for v, _ in rows], [n for _, n in rows])
     if not data:
         return None
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    lo, hi = min(min(v) for v in data.values()), max(max(v) for v in data.values())
+    lo, hi = min(v[0][0] for v in data.values()), max(v[0][-1] for v in data.values())
     bins = range(lo, hi + 2) if hi - lo <= 60 else 30
-    ax.hist(list(data.values()), bins=bins, label=list(data), alpha=0.8)
+    ax.hist(
+        [v for v, _ in data.values()], bins=bins, weights=[n for _, n in data.values()], label=list(data), alpha=0.8
+    )
     ax.set_xlabel("output tokens per request")
     ax.set_ylabel("requests")
     ax.set_title("Output length per engine (successful requests)")
@@ -287,8 +325,9 @@ def compare(deltas: list[Delta], path: Path, what: str = "") -> Path | None:
         for d in rows
     ]
     pct = [100 * d.delta / d.median_baseline for d in rows]
-    lo = [100 * (d.delta - d.ci_low) / d.median_baseline for d in rows]
-    hi = [100 * (d.ci_high - d.delta) / d.median_baseline for d in rows]
+    # An interval from a subsample may not hold the exact delta: draw what it holds on each side, never less than 0.
+    lo = [max(0.0, 100 * (d.delta - d.ci_low) / d.median_baseline) for d in rows]
+    hi = [max(0.0, 100 * (d.ci_high - d.delta) / d.median_baseline) for d in rows]
     colors = [COLORS[3] if d.excludes_zero else COLORS[7] for d in rows]
     ax.errorbar(pct, range(len(rows)), xerr=[lo, hi], fmt="none", ecolor="gray", capsize=3)
     ax.scatter(pct, range(len(rows)), c=colors, zorder=3, label="median delta (red: CI excludes 0)")

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from report import stats
+from report import query, stats
 from report.load import Run
-from servescope import slo, thresholds
+from servescope import thresholds
 
 RULE = (
     f"schedule lag = send - scheduled instant; latency from the schedule = lag + latency from the send; a phase whose "
     f"lag p99 exceeds {thresholds.SCHEDULE_LAG_P99_MAX_S * 1000:g} ms is flagged (servescope/thresholds.py): the client "
     f"fell behind its schedule and send-based latency hides the wait (coordinated omission)"
 )
+
+
+# servescope/slo.schedule_lag in the engine: seconds the send came after its scheduled instant (0 without one).
+LAG = "CASE WHEN scheduled_at IS NULL THEN 0.0 ELSE greatest(0.0, started_at - scheduled_at) END"
 
 
 @dataclass
@@ -50,29 +54,35 @@ class ScheduleCheck:
 def build(run: Run) -> list[ScheduleCheck]:
     out = []
     for instance in run.engines:
-        records = [r for r in run.requests_of(instance) if r.scheduled_at is not None]
-        for phase in dict.fromkeys(r.phase for r in records):
-            recs = [r for r in records if r.phase == phase]
-            ok = [r for r in recs if r.ok]
-            lags = [slo.schedule_lag(r) for r in recs]
-            lag = stats.summary(lags)
+        phases = run.con.execute(
+            f"SELECT phase, first(engine ORDER BY {query.ORDER}), count(*) FROM requests "
+            f"WHERE instance = ? AND scheduled_at IS NOT NULL GROUP BY phase ORDER BY min(({query.ORDER}))",
+            [instance],
+        ).fetchall()
+        for phase, engine, n in phases:
+            params = [instance, phase]
+            lags = _summary(run, LAG, params, ok_only=False)
             out.append(
                 ScheduleCheck(
                     instance=instance,
-                    engine=recs[0].engine,
+                    engine=engine,
                     phase=phase,
-                    requests=len(recs),
-                    lag=lag,
-                    ttft_from_send=stats.summary([r.ttft_s for r in ok if r.ttft_s is not None]),
-                    ttft_from_schedule=stats.summary(
-                        [r.ttft_s + slo.schedule_lag(r) for r in ok if r.ttft_s is not None]
-                    ),
-                    e2e_from_send=stats.summary([r.e2e_s for r in ok if r.e2e_s is not None]),
-                    e2e_from_schedule=stats.summary([r.e2e_s + slo.schedule_lag(r) for r in ok if r.e2e_s is not None]),
-                    behind=lag["p99"] is not None and lag["p99"] > thresholds.SCHEDULE_LAG_P99_MAX_S,
+                    requests=n,
+                    lag=lags,
+                    ttft_from_send=_summary(run, "ttft_s", params),
+                    ttft_from_schedule=_summary(run, f"ttft_s + {LAG}", params),
+                    e2e_from_send=_summary(run, "e2e_s", params),
+                    e2e_from_schedule=_summary(run, f"e2e_s + {LAG}", params),
+                    behind=lags["p99"] is not None and lags["p99"] > thresholds.SCHEDULE_LAG_P99_MAX_S,
                 )
             )
     return out
+
+
+def _summary(run: Run, expr: str, params: list, ok_only: bool = True) -> dict:
+    """stats.summary of an expression over one phase's scheduled requests (the successful ones, by default)."""
+    where = ("ok AND " if ok_only else "") + "instance = ? AND phase = ? AND scheduled_at IS NOT NULL"
+    return stats.summary(query.column(run.con, expr, where, params, order=False))
 
 
 def to_json(checks: list[ScheduleCheck]) -> dict:

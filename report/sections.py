@@ -61,6 +61,7 @@ def build(
     client: gauges.Prometheus | None = None,
     slo_spec: str | None = None,
 ) -> tuple[Document, dict[str, Any]]:
+    latency.start_pools(run)  # the engine's passes over every gap run while the rest is computed
     assessment = noise.assess(run)
     rows = table.build(run, assessment)
     spec = goodput.spec_of(run, slo_spec)
@@ -152,7 +153,7 @@ def build(
     ]
     subtitle = (
         f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
-        f"{len(run.requests)} requests over {len(run.phases)} phases on {len(run.engines)} engine(s)"
+        f"{run.request_count} requests over {len(run.phases)} phases on {len(run.engines)} engine(s)"
     )
     doc = Document("servescope report", subtitle, sections)
     numbers = {
@@ -161,7 +162,7 @@ def build(
             "path": str(run.path),
             "started_at": run.started_at,
             "ended_at": run.ended_at,
-            "requests": len(run.requests),
+            "requests": run.request_count,
             "phases": len(run.phases),
         },
         "manifest": run.manifest,
@@ -244,14 +245,15 @@ def _setup(run: Run, warn: list[str], assessment: noise.Assessment) -> Section:
         sec.add(Paragraph(f"Machine: {machine}"))
     sets: dict[tuple[str, str], dict[str, Any]] = {}
     for p in run.phases:
-        entry = sets.setdefault(
-            (p.prompt_set, p.prompt_set_sha256), {"phases": [], "max_tokens": set(), "prompts": set()}
-        )
+        entry = sets.setdefault((p.prompt_set, p.prompt_set_sha256), {"phases": [], "max_tokens": set(), "prompts": 0})
         entry["phases"].append(f"{p.instance}/{p.phase}")
         entry["max_tokens"].add(p.max_tokens)
-    for r in run.requests:
-        if (r.prompt_set, r.prompt_set_sha256) in sets:
-            sets[(r.prompt_set, r.prompt_set_sha256)]["prompts"].add(r.prompt_id)
+    prompts = run.con.execute(
+        "SELECT prompt_set, prompt_set_sha256, count(DISTINCT prompt_id) FROM requests GROUP BY ALL"
+    ).fetchall()
+    for name, sha, count in prompts:
+        if (name, sha) in sets:
+            sets[(name, sha)]["prompts"] = count
     sec.add(
         Table(
             ["Prompt set", "sha256", "Prompts", "max_tokens", "Phases"],
@@ -259,7 +261,7 @@ def _setup(run: Run, warn: list[str], assessment: noise.Assessment) -> Section:
                 [
                     n or "?",
                     h or "n/a",
-                    str(len(v["prompts"])),
+                    str(v["prompts"]),
                     ", ".join(map(str, sorted(v["max_tokens"]))),
                     ", ".join(v["phases"]),
                 ]
@@ -523,7 +525,7 @@ def _ttft_split(run: Run, splits: list[ttft_split.TtftSplit], sec: Section) -> N
             rows.append([title, "mean", "n/a", *["n/a"] * len(ttft_split.PARTS), s.source])
             continue
         share = "n/a" if s.queue_share is None else f"queue {s.queue_share:.0%} of TTFT"
-        label = "mean (aggregate)" if s.aggregate else f"mean of {len(s.requests)}"
+        label = "mean (aggregate)" if s.aggregate else f"mean of {s.count}"
         rows.append([title, label, _ms(s.ttft_mean_s), *[_ms(s.means_s.get(p)) for p in ttft_split.PARTS], share])
         shown = sorted(
             (r for r in s.requests if r.arrival_index is not None), key=lambda r: (r.phase, r.arrival_index)

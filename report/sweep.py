@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from report import stats
+from report import query, stats
 from report.gauges import GaugeReport
 from report.load import Run
 from servescope import series, thresholds
@@ -76,22 +76,26 @@ def sweeps(run: Run) -> list[Sweep]:
             levels = []
             for c in sorted(levels_by_c):
                 names = [p.phase for p in levels_by_c[c]]
-                recs = [r for r in run.requests_of(instance) if r.phase in names]
-                ok = [r for r in recs if r.ok]
+                where = f"instance = ? AND phase IN ({', '.join('?' * len(names))})"
+                params = [instance, *names]
+                n, n_ok, tokens = run.con.execute(
+                    "SELECT count(*), count(*) FILTER (WHERE ok), coalesce(sum(output_tokens) FILTER (WHERE ok), 0) "
+                    f"FROM requests WHERE {where}",
+                    params,
+                ).fetchone()
                 wall = sum(p.wall_s for p in levels_by_c[c])
-                tokens = sum(r.output_tokens or 0 for r in ok)
                 levels.append(
                     SweepLevel(
                         concurrency=c,
                         phases=names,
-                        requests=len(recs),
-                        failed=len(recs) - len(ok),
+                        requests=n,
+                        failed=n - n_ok,
                         wall_s=wall,
-                        output_tokens=tokens,
+                        output_tokens=int(tokens),
                         tokens_per_s=tokens / wall if wall > 0 else None,
-                        requests_per_s=len(ok) / wall if wall > 0 else None,
-                        ttft=stats.summary([r.ttft_s for r in ok if r.ttft_s is not None]),
-                        e2e=stats.summary([r.e2e_s for r in ok if r.e2e_s is not None]),
+                        requests_per_s=n_ok / wall if wall > 0 else None,
+                        ttft=stats.summary(query.column(run.con, "ttft_s", f"ok AND {where}", params, order=False)),
+                        e2e=stats.summary(query.column(run.con, "e2e_s", f"ok AND {where}", params, order=False)),
                     )
                 )
             knee, text = knee_of(levels)
@@ -121,7 +125,7 @@ def bursts(run: Run, gauges: GaugeReport | None = None) -> list[BurstDrain]:
         for p in run.phases_of(instance):
             if p.scenario != "burst":
                 continue
-            recs = run.requests_of(instance, p.phase)
+            recs = run.requests_of(instance, p.phase)  # a burst is as large as its concurrency: few records
             ok = [r for r in recs if r.ok and r.ttft_s is not None]
             drain = max(r.started_at + r.ttft_s for r in ok) - p.started_at if ok else None
             ordered = sorted(

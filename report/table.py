@@ -5,9 +5,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from report import noise, stats
+from report import noise, query, stats
 from report.load import Run
-from servescope.runfolder import PhaseRecord, RequestRecord, base_phase
+from servescope.runfolder import PhaseRecord, base_phase
 from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
 
 # The seed reads 3.13x for a burst of 3 as "strongly sub-linear (batching overlap visible)" and 1.10x
@@ -22,6 +22,7 @@ READING_RULE = (
     f"factor >= max({STRONG_FRACTION_OF_N:g} x N, {STRONG_MIN:g}) -> strongly sub-linear (batching overlap visible); "
     f"factor <= {NEAR_LINEAR_MAX:g} -> near-linear (requests handled one at a time); in between -> partial overlap."
 )
+MAX_CELLS = 64  # per-request times listed per phase: the seed's table lists 3; a burst of 1,024 would not read
 
 
 @dataclass
@@ -104,6 +105,7 @@ class TableRow:
     refusal: str | None = None  # why no scaling factor was computed for this burst
     repetitions: list[Repetition] = field(default_factory=list)
     trusted: bool = True  # at least one repetition was neither flagged nor superseded
+    recorded: int = 0  # requests recorded for the phase (requests lists at most MAX_CELLS of them)
 
     @property
     def left_out(self) -> list[Repetition]:
@@ -173,7 +175,7 @@ def _aggregate(
         reps.append(rep)
     current = [r for r in reps if not r.superseded]
     used = [r for r in current if r.wall_used] or current  # none usable: show them all, untrusted
-    per_rep = {r.phase: _row(run, title, by_name[r.phase], run.requests_of(records[0].instance, r.phase)) for r in used}
+    per_rep = {r.phase: _row(run, title, by_name[r.phase]) for r in used}
     middle, lo, hi = stats.bootstrap_median_ci([r.wall_s for r in used])
     shown = min(used, key=lambda r: abs(r.wall_s - middle))
     row = per_rep[shown.phase]
@@ -206,24 +208,34 @@ def _aggregate(
     return row
 
 
-def _row(run: Run, title: str, phase: PhaseRecord, records: list[RequestRecord]) -> TableRow:
-    order = sorted(records, key=lambda r: (r.arrival_index if r.arrival_index is not None else 1 << 30, r.started_at))
-    cells = [RequestCell(r.prompt_id, r.status, r.ok, r.e2e_s, r.error, r.arrival_index) for r in order]
-    ok = [r for r in records if r.ok]
-    tokens = sum(r.output_tokens or 0 for r in ok)
+def _row(run: Run, title: str, phase: PhaseRecord) -> TableRow:
+    where, params = "instance = ? AND phase = ?", [phase.instance, phase.phase]
+    n, n_ok, tokens, missing, chunked = run.con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE ok), coalesce(sum(output_tokens) FILTER (WHERE ok), 0), "
+        "count(*) FILTER (WHERE ok AND output_tokens IS NULL), count(*) FILTER (WHERE ok AND tokens_source = 'chunks') "
+        f"FROM requests WHERE {where}",
+        params,
+    ).fetchone()
+    # In arrival order within a burst, else as sent; a phase of thousands lists its first MAX_CELLS.
+    shown = run.con.execute(
+        f"SELECT prompt_id, status, ok, e2e_s, error, arrival_index FROM requests WHERE {where} "
+        f"ORDER BY coalesce(arrival_index, {1 << 30}), {query.ORDER} LIMIT {MAX_CELLS}",
+        params,
+    ).fetchall()
+    cells = [RequestCell(*r) for r in shown]
     notes = []
     wall = phase.wall_s
-    missing = sum(1 for r in ok if r.output_tokens is None)
+    if n > len(cells):
+        notes.append(f"per-request times of the first {len(cells)} of {n} requests shown")
     if missing:
         notes.append(f"{missing} successful request(s) without a token count (not in tokens/s)")
-    chunked = sum(1 for r in ok if r.tokens_source == "chunks")
     if chunked:
         notes.append(f"{chunked} token count(s) from counting chunks (fallback)")
-    failed = len(records) - len(ok)
+    failed = n - n_ok
     if failed:
-        notes.append(f"{failed} of {len(records)} failed")
-    if phase.requests and phase.requests != len(records):
-        notes.append(f"phase says {phase.requests} requests, {len(records)} recorded")
+        notes.append(f"{failed} of {n} failed")
+    if phase.requests and phase.requests != n:
+        notes.append(f"phase says {phase.requests} requests, {n} recorded")
     return TableRow(
         instance=phase.instance,
         engine=phase.engine,
@@ -237,16 +249,17 @@ def _row(run: Run, title: str, phase: PhaseRecord, records: list[RequestRecord])
         concurrency=phase.concurrency,
         wall_s=wall,
         requests=cells,
-        n_ok=len(ok),
+        n_ok=n_ok,
         n_failed=failed,
-        output_tokens=tokens,
+        output_tokens=int(tokens),
         tokens_per_s=(tokens / wall) if wall > 0 else None,
         notes=notes,
+        recorded=n,
     )
 
 
 def _count(phase: PhaseRecord, row: TableRow) -> int:
-    return len(row.requests) or phase.requests
+    return row.recorded or phase.requests
 
 
 def requests_text(row: TableRow) -> str:

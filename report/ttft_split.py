@@ -14,13 +14,22 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass, field
 
-from report.crosscheck import CrossCheck, llamacpp_timings, ollama_durations
+import numpy as np
+
+from report.crosscheck import (
+    HAS_LLAMACPP,
+    LLAMACPP_GENERATION,
+    LLAMACPP_PROMPT,
+    OLLAMA,
+    CrossCheck,
+    columns,
+    fmean,
+    timing,
+)
 from report.load import Run
 from servescope import thresholds
-from servescope.runfolder import RequestRecord
 
 PARTS = ("queue", "load", "prompt", "first_token", "transport")
 PART_HELP = {
@@ -48,7 +57,8 @@ class TtftSplit:
     available: bool
     source: str  # where the parts came from, or why there are none
     aggregate: bool = False  # True: means over the window, not per request
-    requests: list[RequestSplit] = field(default_factory=list)
+    count: int = 0  # requests split (the means are over all of them)
+    requests: list[RequestSplit] = field(default_factory=list)  # those with an arrival index (burst requests)
     means_s: dict[str, float] = field(default_factory=dict)
     ttft_mean_s: float | None = None
     queued: int = 0  # requests whose queue part reached thresholds.TTFT_QUEUED_MIN_S (aggregate: 0 or 1)
@@ -61,79 +71,123 @@ class TtftSplit:
         return queue / self.ttft_mean_s if queue is not None and self.ttft_mean_s else None
 
 
-def _timed(records: list[RequestRecord]) -> list[RequestRecord]:
-    return [r for r in records if r.ok and r.ttft_s is not None]
+TIMED = "ok AND instance = ? AND ttft_s IS NOT NULL"
 
 
-def _finish(split: TtftSplit) -> TtftSplit:
-    if split.requests:
-        split.ttft_mean_s = statistics.fmean(r.ttft_s for r in split.requests)
-        names = [p for p in PARTS if any(p in r.parts_s for r in split.requests)]
-        split.means_s = {p: statistics.fmean(r.parts_s.get(p, 0.0) for r in split.requests) for p in names}
-        split.queued = sum(1 for r in split.requests if r.parts_s.get("queue", 0.0) >= thresholds.TTFT_QUEUED_MIN_S)
+def _finish(
+    split: TtftSplit, c: dict[str, np.ndarray] | None = None, parts: dict[str, np.ndarray] | None = None
+) -> TtftSplit:
+    """Means over every split request (c: their columns, parts: their parts; without them, split.requests); the
+    requests of bursts (an arrival index) listed one by one."""
+    if c is None or parts is None:
+        listed = split.requests
+        c = {"ttft": np.array([r.ttft_s for r in listed], dtype=float)}
+        names = [p for p in PARTS if any(p in r.parts_s for r in listed)]
+        parts = {p: np.array([r.parts_s.get(p, 0.0) for r in listed], dtype=float) for p in names}
+    else:
+        for i in np.flatnonzero(np.isfinite(c["arrival"])):
+            split.requests.append(
+                RequestSplit(
+                    c["phase"][i],
+                    c["prompt_id"][i],
+                    int(c["arrival"][i]),
+                    float(c["ttft"][i]),
+                    {p: float(v[i]) for p, v in parts.items()},
+                )
+            )
+    split.count = len(c["ttft"])
+    if split.count:
+        split.ttft_mean_s = fmean(c["ttft"])
+        split.means_s = {p: fmean(parts[p]) for p in PARTS if p in parts}
+        split.queued = int(np.count_nonzero(parts.get("queue", np.zeros(0)) >= thresholds.TTFT_QUEUED_MIN_S))
     return split
 
 
-def ollama(instance: str, records: list[RequestRecord]) -> TtftSplit:
+def _base(run: Run, instance: str, where: str, **exprs: str) -> dict[str, np.ndarray]:
+    return columns(
+        run,
+        f"{TIMED} AND {where}",
+        [instance],
+        ttft="ttft_s",
+        phase="phase",
+        prompt_id="prompt_id",
+        arrival="arrival_index",
+        **exprs,
+    )
+
+
+def ollama(run: Run, instance: str) -> TtftSplit:
     split = TtftSplit(instance, "ollama", False, "no Ollama durations in the records (engine_stats empty)")
-    for r in _timed(records):
-        durations = ollama_durations(r)
-        if durations is None:
-            continue
-        total, load, prompt, generation = durations
-        eval_count = (r.engine_stats or {}).get("eval_count") or r.output_tokens
-        first = generation / eval_count if isinstance(eval_count, int | float) and eval_count > 0 else 0.0
-        queue = max(0.0, total - load - prompt - generation)
-        transport = max(0.0, r.ttft_s - load - queue - prompt - first)
-        parts = {"queue": queue, "load": load, "prompt": prompt, "first_token": first, "transport": transport}
-        split.requests.append(RequestSplit(r.phase, r.prompt_id, r.arrival_index, r.ttft_s, parts))
-    if split.requests:
-        split.available, split.source = True, "Ollama's final object: *_duration (ns), per request"
-    return _finish(split)
-
-
-def llamacpp(instance: str, records: list[RequestRecord]) -> TtftSplit:
-    split = TtftSplit(instance, "llamacpp", False, "no llama.cpp timings in the records (engine_stats empty)")
-    rows = []
-    for r in _timed(records):
-        timings = llamacpp_timings(r)
-        if timings is None:
-            continue
-        prompt, generation, _cache_n, predicted_n = timings
-        n = predicted_n if isinstance(predicted_n, int) and predicted_n > 0 else r.output_tokens
-        first = generation / n if n else 0.0
-        rows.append((r, prompt, first, r.ttft_s - prompt - first))
-    if not rows:
+    eval_count = "CASE WHEN json_type(s.eval_count) IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN s.eval_count::DOUBLE END"
+    c = _base(
+        run,
+        instance,
+        f"{OLLAMA['total']} IS NOT NULL",
+        **OLLAMA,
+        # eval_count when the engine gave a non-zero one, else the client's count of output tokens
+        count=f"CASE WHEN coalesce({eval_count}, 0) <> 0 THEN {eval_count} ELSE output_tokens END",
+    )
+    if not len(c["ttft"]):
         return split
-    transport = max(0.0, min(left for *_, left in rows))
-    for r, prompt, first, left in rows:
-        parts = {"queue": max(0.0, left - transport), "prompt": prompt, "first_token": first, "transport": transport}
-        split.requests.append(RequestSplit(r.phase, r.prompt_id, r.arrival_index, r.ttft_s, parts))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first = np.where(np.nan_to_num(c["count"]) > 0, c["generation"] / c["count"], 0.0)
+    queue = np.maximum(0.0, c["total"] - c["load"] - c["prompt"] - c["generation"])
+    transport = np.maximum(0.0, c["ttft"] - c["load"] - queue - c["prompt"] - first)
+    parts = {"queue": queue, "load": c["load"], "prompt": c["prompt"], "first_token": first, "transport": transport}
+    split.available, split.source = True, "Ollama's final object: *_duration (ns), per request"
+    return _finish(split, c, parts)
+
+
+def llamacpp(run: Run, instance: str) -> TtftSplit:
+    split = TtftSplit(instance, "llamacpp", False, "no llama.cpp timings in the records (engine_stats empty)")
+    predicted_n = timing("predicted_n", integer=True)
+    c = _base(
+        run,
+        instance,
+        HAS_LLAMACPP,
+        prompt=LLAMACPP_PROMPT,
+        generation=LLAMACPP_GENERATION,
+        # predicted_n when the engine gave a positive integer, else the client's count of output tokens
+        count=f"CASE WHEN {predicted_n} > 0 THEN {predicted_n} ELSE output_tokens END",
+    )
+    if not len(c["ttft"]):
+        return split
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first = np.where(np.nan_to_num(c["count"]) != 0, c["generation"] / c["count"], 0.0)
+    left = c["ttft"] - c["prompt"] - first
+    transport = max(0.0, float(left.min()))
+    parts = {
+        "queue": np.maximum(0.0, left - transport),
+        "prompt": c["prompt"],
+        "first_token": first,
+        "transport": np.full(len(left), transport),
+    }
     split.available, split.source = True, "llama.cpp's `timings` (prompt_ms, predicted_ms), per request"
     split.notes.append(
         f"llama.cpp reports no queue time: transport is the smallest TTFT left over beyond prompt and first "
         f"token ({transport * 1000:.1f} ms, a request that never queued), queue the rest of each one's"
     )
-    return _finish(split)
+    return _finish(split, c, parts)
 
 
-def vllm(instance: str, records: list[RequestRecord], check: CrossCheck | None) -> TtftSplit:
+def vllm(run: Run, instance: str, check: CrossCheck | None) -> TtftSplit:
     means = check.histogram_means_s if check is not None else {}
     if "queue" not in means:
         reason = check.source if check is not None else "no cross-check for this engine"
         return TtftSplit(instance, "vllm", False, f"vLLM histograms unavailable: {reason}")
-    timed = _timed(records)
+    ttft = columns(run, TIMED, [instance], ttft="ttft_s")["ttft"]
     split = TtftSplit(
         instance,
         "vllm",
-        bool(timed),
+        bool(len(ttft)),
         "aggregate: vLLM 0.32 gives no per-request timings; means of vllm:request_queue_time_seconds and "
         "vllm:request_prefill_time_seconds over the run window",
         aggregate=True,
     )
-    if not timed:
+    if not len(ttft):
         return split
-    split.ttft_mean_s = statistics.fmean(r.ttft_s for r in timed)
+    split.count = len(ttft)
+    split.ttft_mean_s = fmean(ttft)
     split.means_s = {"queue": means["queue"]}
     if "prefill" in means:
         split.means_s["prompt"] = means["prefill"]
@@ -147,13 +201,12 @@ def build(run: Run, checks: list[CrossCheck]) -> list[TtftSplit]:
     by_instance = {c.instance: c for c in checks}
     out = []
     for instance, info in run.engines.items():
-        records = run.requests_of(instance)
         if info.kind == "ollama":
-            out.append(ollama(instance, records))
+            out.append(ollama(run, instance))
         elif info.kind == "llamacpp":
-            out.append(llamacpp(instance, records))
+            out.append(llamacpp(run, instance))
         elif info.kind == "vllm":
-            out.append(vllm(instance, records, by_instance.get(instance)))
+            out.append(vllm(run, instance, by_instance.get(instance)))
         else:
             out.append(TtftSplit(instance, info.kind, False, f"no engine-side timings known for {info.kind!r}"))
     return out

@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from report import stats
+from report import query, stats
 from report.gauges import GaugeReport
 from report.load import Run
 from report.render import Bullets, Figure, Paragraph, Section, Table
@@ -118,13 +118,20 @@ def build(run: Run, gauge_report: GaugeReport) -> WorkloadReport:
     report = WorkloadReport()
     ceilings = _ceilings(run.manifest)
     for instance, info in run.engines.items():
-        records = run.requests_of(instance)
         intervals = _counter_intervals(gauge_report, instance)
+        # Records as objects only where a workload left its marks (turns, cache reports, a replay) or the server's
+        # counters need attributing: a plain soak of a million requests is never listed.
+        marked = run.con.execute(
+            "SELECT count(*) FROM requests WHERE instance = ? AND (turn IS NOT NULL OR cached_tokens IS NOT NULL "
+            "OR (scenario = 'replay' AND scheduled_at IS NOT NULL))",
+            [instance],
+        ).fetchone()[0]
+        records = run.requests_of(instance, gaps=False) if marked or intervals else []
         by_turn = _attribute(intervals, records)
         report.turns += _turn_rows(instance, records, by_turn)
         report.reuse += _phase_reuse(run, instance, records, intervals, ceilings)
         report.lag += _lag_rows(instance, records)
-        report.lengths += _length_rows(run, instance, records)
+        report.lengths += _length_rows(run, instance)
         if info.kind == "ollama" and any(r.turn is not None for r in records):
             report.notes.append(f"{info.title}: " + OLLAMA_NOTE.format(verdict=_ollama_counts(records)))
     shorts = [row for row in report.lengths if row.short]
@@ -337,14 +344,20 @@ def _ignore_eos(run: Run, instance: str) -> str:
     return "unavailable" if value == "unavailable" else "not recorded"
 
 
-def _length_rows(run: Run, instance: str, records: list[RequestRecord]) -> list[LengthRow]:
+def _length_rows(run: Run, instance: str) -> list[LengthRow]:
     eos = _ignore_eos(run, instance)
     rows = []
-    for scenario in dict.fromkeys(r.scenario for r in records):
-        ok = [r for r in records if r.scenario == scenario and r.ok and r.output_tokens is not None]
+    counted = "ok AND output_tokens IS NOT NULL"
+    per_scenario = run.con.execute(
+        f"SELECT scenario, count(*) FILTER (WHERE {counted}), coalesce(sum(max_tokens) FILTER (WHERE {counted}), 0), "
+        f"coalesce(sum(output_tokens) FILTER (WHERE {counted}), 0), "
+        f"count(*) FILTER (WHERE {counted} AND max_tokens <> 0 AND output_tokens < max_tokens) "
+        f"FROM requests WHERE instance = ? GROUP BY scenario ORDER BY min(({query.ORDER}))",
+        [instance],
+    ).fetchall()
+    for scenario, ok, asked, produced, short in per_scenario:
         if not ok:
             continue
-        short = sum(1 for r in ok if r.max_tokens and r.output_tokens < r.max_tokens)
         note = ""
         if short:
             note = {
@@ -356,9 +369,9 @@ def _length_rows(run: Run, instance: str, records: list[RequestRecord]) -> list[
             LengthRow(
                 instance=instance,
                 scenario=scenario,
-                ok=len(ok),
-                asked=sum(r.max_tokens for r in ok),
-                produced=sum(r.output_tokens for r in ok),
+                ok=ok,
+                asked=int(asked),
+                produced=int(produced),
                 short=short,
                 ignore_eos=eos,
                 note=note,

@@ -17,8 +17,8 @@ Workload fields (issue 17; absent in older runs, read as null): a conversation's
 `cached_tokens` is what the engine said its prompt cache supplied; an open-loop request (rate,
 replay) carries `scheduled_at` beside `started_at`, and their difference is its schedule lag.
 
-The one reader of a run folder is here too: every record is checked against REQUEST_FIELDS / PHASE_FIELDS
-once, and what fails is skipped and counted by reason (Skips), never passed on to a consumer.
+Records are read in one place, servescope/runreader.py (DuckDB): every line is checked against REQUEST_FIELDS /
+PHASE_FIELDS / SAMPLE_FIELDS once, and what fails is skipped and counted by reason (Skips), never passed on.
 """
 
 from __future__ import annotations
@@ -200,11 +200,25 @@ class RunFolder:
         return json.loads((self.path / MANIFEST).read_text())
 
     def requests(self, skips: Skips | None = None) -> Iterator[RequestRecord]:
-        """Every record that meets the contract; the others are counted in skips (warned about when None)."""
-        yield from _records(self.path / REQUESTS, REQUEST_FIELDS, RequestRecord, skips)
+        """Every record that meets the contract, in file order; the others are counted in skips (warned if None)."""
+        yield from self._read(REQUESTS, RequestRecord, skips)
 
     def phases(self, skips: Skips | None = None) -> Iterator[PhaseRecord]:
-        yield from _records(self.path / PHASES, PHASE_FIELDS, PhaseRecord, skips)
+        yield from self._read(PHASES, PhaseRecord, skips)
+
+    def _read(self, name: str, cls, skips: Skips | None) -> Iterator:
+        from servescope.runreader import VIEWS, RunData  # the engine loads only when something reads
+
+        data = RunData(self.path, files=(name,))
+        try:
+            yield from data.records(VIEWS[name], cls)
+        finally:
+            data.close()
+        if skips is not None:
+            skips.merge(data.skips)
+        else:
+            for line in data.skips.lines():
+                warnings.warn(f"{self.path}/{line}", stacklevel=3)
 
 
 # ---------------------------------------------------------------- reading: the contract, checked once
@@ -227,71 +241,6 @@ class Field:
     default: Any = None  # missing or null -> this (None: the field stays null; a list or dict is copied)
     lo: float = 0
     hi: float = MAX_COUNT
-
-    def check(self, value: Any) -> tuple[Any, str | None]:
-        """(the value to keep, None) or (None, why the record cannot be used)."""
-        kind = self.kind
-        if kind == "str":
-            ok = isinstance(value, str)
-        elif kind == "bool":
-            ok = isinstance(value, bool)
-        elif kind == "object":
-            ok = isinstance(value, dict)
-            if ok and not _engine_numbers_ok(value):
-                return None, f"{self.name}: holds a number that is not finite or beyond 2^63"
-        elif kind == "floats":
-            ok = isinstance(value, list) and all(_is_number(v) for v in value)
-            if ok and not all(self.lo <= v <= self.hi for v in value):
-                return None, f"{self.name}: a value out of range ({self.lo:g} to {self.hi:g})"
-            return ([float(v) for v in value], None) if ok else (None, self._expected(value))
-        else:
-            ok = _is_number(value) and (kind == "float" or isinstance(value, int))
-            if ok and not self.lo <= value <= self.hi:  # NaN fails this too
-                return None, f"{self.name}: out of range ({self.lo:g} to {self.hi:g})"
-            if ok and kind == "float":
-                value = float(value)
-        return (value, None) if ok else (None, self._expected(value))
-
-    def _expected(self, value: Any) -> str:
-        return f"{self.name}: expected {_KIND_WORDS[self.kind]}, got {_json_type(value)}"
-
-
-_KIND_WORDS = {
-    "str": "a string",
-    "int": "an integer",
-    "float": "a number",
-    "bool": "true or false",
-    "floats": "a list of numbers",
-    "object": "an object",
-}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true/false"
-    return {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object"}.get(
-        type(value), type(value).__name__
-    )
-
-
-def _engine_numbers_ok(value: dict[str, Any]) -> bool:
-    """Every number nested in an engine's own stats is finite and int64-sized (iterative: nesting is unbounded)."""
-    stack: list[Any] = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif _is_number(item) and not -MAX_ENGINE_NUMBER <= item <= MAX_ENGINE_NUMBER:
-            return False
-    return True
 
 
 def _duration(name: str) -> Field:
@@ -355,29 +304,6 @@ TORN = "torn last record (run killed mid-write?)"
 ENDS_BEFORE_START = "ended_at: before started_at"
 
 
-def validate(data: Any, spec: tuple[Field, ...]) -> tuple[dict[str, Any] | None, str | None]:
-    """One parsed line against the contract: (the record's fields with defaults filled in, None) or (None, why not)."""
-    if not isinstance(data, dict):
-        return None, NOT_OBJECT
-    out: dict[str, Any] = {}
-    for f in spec:
-        value = data.get(f.name)
-        if value is None:
-            if f.required:
-                return None, f"missing {f.name}"
-            out[f.name] = type(f.default)(f.default) if isinstance(f.default, (list, dict)) else f.default
-            continue
-        value, why = f.check(value)
-        if why:
-            return None, why
-        out[f.name] = value
-    if out["instance"] is None:
-        out["instance"] = out["engine"]
-    if "ended_at" in out and out["ended_at"] < out["started_at"]:
-        return None, ENDS_BEFORE_START
-    return out, None
-
-
 class Skips:
     """Lines the reader left out, counted by file and reason, with the first few line numbers to find them."""
 
@@ -387,12 +313,15 @@ class Skips:
         self.by_reason: dict[tuple[str, str], list[int]] = {}  # (file name, reason) -> line numbers (first few)
         self.counts: dict[tuple[str, str], int] = {}
 
-    def add(self, file: str, reason: str, lineno: int) -> None:
+    def add(self, file: str, reason: str, count: int, lines: list[int]) -> None:
         key = (file, reason)
-        self.counts[key] = self.counts.get(key, 0) + 1
-        lines = self.by_reason.setdefault(key, [])
-        if len(lines) < self.SHOW_LINES:
-            lines.append(lineno)
+        self.counts[key] = self.counts.get(key, 0) + count
+        shown = self.by_reason.setdefault(key, [])
+        shown[:] = sorted(shown + lines)[: self.SHOW_LINES]
+
+    def merge(self, other: Skips) -> None:
+        for key, count in other.counts.items():
+            self.add(*key, count, other.by_reason[key])
 
     @property
     def total(self) -> int:
@@ -408,44 +337,6 @@ class Skips:
             s = "s" if count != 1 else ""
             out.append(f"{file}: {count} record{s} skipped, {reason} (line{s} {at})")
         return out
-
-
-def _records(path: Path, spec: tuple[Field, ...], cls, skips: Skips | None) -> Iterator:
-    own = skips is None
-    skips = Skips() if own else skips
-    for lineno, data, why in _parsed_lines(path):
-        if why is None:
-            data, why = validate(data, spec)
-        if why is not None:
-            skips.add(path.name, why, lineno)
-            continue
-        yield cls(**data)
-    if own:
-        for line in skips.lines():
-            warnings.warn(f"{path.parent}/{line}", stacklevel=3)
-
-
-def _parsed_lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
-    """(line number, parsed JSON, None) per non-blank line, or (line number, None, why it is not JSON)."""
-    if not path.exists():
-        return
-    # newline="\n": a record ends at \n only (a stray \r or \f inside a line must not split it).
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
-        pending: tuple[int, str] | None = None
-        for lineno, line in enumerate(fh, start=1):
-            if pending is not None:
-                yield _parse(*pending, last=False)
-            pending = (lineno, line) if line.strip() else None
-        if pending is not None:
-            # A run killed mid-write leaves at most one torn last line: skip it, keep the rest.
-            yield _parse(*pending, last=True)
-
-
-def _parse(lineno: int, line: str, last: bool) -> tuple[int, Any, str | None]:
-    try:
-        return lineno, json.loads(line), None
-    except (ValueError, RecursionError):
-        return lineno, None, TORN if last else NOT_JSON
 
 
 def latest(results_dir: Path) -> RunFolder:
@@ -498,19 +389,18 @@ def append_samples(folder: RunFolder, records: list[SampleRecord]) -> None:
 
 
 def read_samples(folder: RunFolder, skips: Skips | None = None) -> Iterator[SampleRecord]:
-    """The samples through the same line reader as the other records; a line that is not a sample is skipped and
-    counted (warned about at the end, as for requests and phases, unless the caller collects the skips)."""
-    path = folder.path / SAMPLES
-    own = skips is None
-    skips = Skips() if own else skips
-    for lineno, data, why in _parsed_lines(path):
-        if why is None and isinstance(data, dict):
-            try:
-                yield SampleRecord.from_dict(data)
-                continue
-            except TypeError as exc:  # a required field missing
-                why = f"not a sample ({exc})"
-        skips.add(path.name, why or NOT_OBJECT, lineno)
-    if own:
-        for line in skips.lines():
-            warnings.warn(f"{path.parent}/{line}", stacklevel=2)
+    """The samples through the same reader as the other records; a line that is not a sample is skipped and counted
+    (warned about at the end, as for requests and phases, unless the caller collects the skips)."""
+    yield from folder._read(SAMPLES, SampleRecord, skips)
+
+
+SAMPLE_FIELDS = (
+    Field("t", "float", required=True, hi=MAX_EPOCH_S),
+    Field("read_s", "float", required=True, hi=MAX_DURATION_S),
+    Field("interval_s", "float", required=True, hi=MAX_DURATION_S),
+    Field("engine", "str", required=True),
+    Field("instance", "str", required=True),
+    Field("phase", "str"),
+    Field("values", "object", default={}),
+    Field("missing", "str"),
+)

@@ -14,7 +14,7 @@ RUNS = Path(__file__).parent / "fixtures" / "runs"
 
 def test_ollama_split_and_cold_load():
     run = load(RUNS / "seed-vllm-ollama")
-    cc = crosscheck.ollama("ollama", [r for r in run.requests_of("ollama") if r.ok])
+    cc = crosscheck.ollama(run, "ollama")
     assert cc.available and cc.requests == 10
     mean_e2e = (3.709694 + 1.388071 + 3.308657) / 10  # the ten client E2Es
     c = cc.components_mean_s
@@ -29,8 +29,7 @@ def test_ollama_split_and_cold_load():
 
 def test_llamacpp_compute_vs_queue_and_transport():
     run = load(RUNS / "live-failures")
-    ok = [r for r in run.requests_of("llamacpp") if r.ok]
-    cc = crosscheck.llamacpp("llamacpp", ok)
+    cc = crosscheck.llamacpp(run, "llamacpp")
     assert cc.requests == 7  # failed requests carry no timings and are not successful anyway
     assert cc.components_mean_s["compute"] == pytest.approx(0.26)  # 10 ms prompt + 250 ms predicted
     # E2E: four sequential at 0.28 s, three burst at ttft + 0.26 (0.28, 0.56, 0.86)
@@ -48,5 +47,5 @@ def test_vllm_without_prometheus_says_why():
 
 def test_records_without_engine_stats_are_not_invented():
     run = load(RUNS / "live-failures")
-    cc = crosscheck.ollama("x", [r for r in run.requests_of("vllm") if r.ok])
+    cc = crosscheck.ollama(run, "vllm")  # vLLM's records hold no Ollama durations
     assert not cc.available and "engine_stats empty" in cc.source

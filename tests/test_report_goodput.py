@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from report import goodput
-from report.load import EngineInfo, Run
+from report.load import Run, load
 from servescope import slo, thresholds
-from servescope.runfolder import PhaseRecord
+from servescope.runfolder import PhaseRecord, RunFolder
 from tests.test_slo import rec
 
 
 def run_with(flags, records=()) -> Run:
-    phase = PhaseRecord("vllm", "vllm", "knee", "p", 100.0, 104.0, len(records), 2, "s", "x", 4)
-    return Run(
-        path=None,
-        run_id="r",
-        manifest={"flags": flags},
-        requests=list(records),
-        phases=[phase],
-        engines={"vllm": EngineInfo("vllm", "vllm")},
-    )
+    """A run folder holding one phase of these records under this manifest's flags, read as the report reads one."""
+    folder = RunFolder.create(Path(tempfile.mkdtemp()), "r")
+    folder.append_phase(PhaseRecord("vllm", "vllm", "knee", "p", 100.0, 104.0, len(records), 2, "s", "x", 4))
+    for r in records:
+        folder.append_request(r)
+    folder.write_manifest({"run_id": "r", "flags": flags, "engines": {"vllm": {"kind": "vllm"}}})
+    run = load(folder.path)
+    shutil.rmtree(folder.path.parent)  # the engine holds what it read
+    return run
 
 
 @pytest.mark.parametrize(
@@ -58,3 +64,30 @@ def test_a_manifest_time_past_year_9999_is_said_not_raised():
     assert sections._utc(253402300800.0) == "2.53402e+11 (not a date)"
     assert "not a date" in sections._utc(6.77680361916768e16)
     assert sections._utc(0.0) == "1970-01-01 00:00:00 UTC"
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.floats(0, 2),
+            st.floats(0, 20),
+            st.lists(st.floats(0, 0.3), max_size=6),
+            st.integers(1, 40),
+            st.none() | st.floats(-1, 1),
+        ),
+        max_size=25,
+    ),
+    st.sampled_from(["ttft_p95<=0.5,itl_p95<=0.1", "e2e<=10,itl<=0.2", "tpot_p50<=0.05,ttft<=1", "itl_p99<=100ms"]),
+)
+def test_the_engine_judges_a_phase_as_servescope_slo_does(ok_ttft_e2e_itl_tokens_lag, text):
+    """The report asks the engine what servescope/slo.py computes from records: the same result, field by field."""
+    records = []
+    for ok, ttft, e2e, itl, tokens, lag in ok_ttft_e2e_itl_tokens_lag:
+        r = rec(ttft=ttft, e2e=ttft + e2e, itl=itl, tokens=tokens, ok=ok, started=100.0)
+        r.scheduled_at = None if lag is None else 100.0 - lag
+        records.append(r)
+    spec = slo.parse(text)
+    run = run_with({"slo": text}, records)
+    assert goodput.evaluate(run, spec, "vllm", "p", 4.0) == slo.evaluate(spec, records, 4.0)

@@ -46,27 +46,22 @@ def test_failures_are_counted_by_reason_and_left_out_of_the_percentiles():
     assert burst.metrics["itl_s"]["n"] == 3
 
 
-def test_tpot_is_computed_when_the_record_lacks_it():
-    from servescope.runfolder import RequestRecord
+def test_tpot_is_computed_when_the_record_lacks_it(tmp_path):
+    """One rule in two forms: servescope.slo.tpot on a record, latency.TPOT_SQL in the engine; they agree."""
+    from servescope.runfolder import RequestRecord, RunFolder
+    from servescope.slo import tpot
 
-    r = RequestRecord(
-        "vllm",
-        "vllm",
-        "burst",
-        "b",
-        "openai",
-        "m",
-        "s",
-        "h",
-        "p",
-        48,
-        0.0,
-        True,
-        200,
-        ttft_s=0.5,
-        e2e_s=2.5,
-        output_tokens=5,
-    )
-    assert latency.tpot(r) == pytest.approx(0.5)  # (2.5 - 0.5) / 4
-    r.output_tokens = 1
-    assert latency.tpot(r) is None
+    def record(output_tokens, tpot_s=None):
+        return RequestRecord(
+            "vllm", "vllm", "burst", "b", "openai", "m", "s", "h", "p", 48, 1.0, True, 200,
+            ttft_s=0.5, e2e_s=2.5, output_tokens=output_tokens, tpot_s=tpot_s,
+        )  # fmt: skip
+
+    records = [record(5), record(1), record(5, tpot_s=0.7), record(None)]
+    assert [tpot(r) for r in records] == [pytest.approx(0.5), None, 0.7, None]  # (2.5 - 0.5) / 4
+    folder = RunFolder.create(tmp_path, "tpot")
+    for r in records:
+        folder.append_request(r)
+    run = load(folder.path)
+    from_engine = run.con.execute(f"SELECT {latency.TPOT_SQL} FROM requests ORDER BY line_no").fetchall()
+    assert [v for (v,) in from_engine] == [tpot(r) for r in records]

@@ -15,13 +15,13 @@ RUNS = Path(__file__).parent / "fixtures" / "runs"
 
 def test_torn_last_line_is_skipped_with_a_warning():
     run = load(RUNS / "live-failures")
-    assert len(run.requests) == 46
+    assert run.request_count == 46
     assert run.warnings == ["requests.jsonl: 1 record skipped, torn last record (run killed mid-write?) (line 47)"]
 
 
 def test_missing_optional_fields_get_contract_defaults():
     run = load(RUNS / "live-failures")
-    (cut,) = [r for r in run.requests if r.error == "stream ended without [DONE]"]
+    (cut,) = [r for r in run.requests_of("llamacpp") if r.error == "stream ended without [DONE]"]
     assert cut.instance == "llamacpp" and cut.itl_s == [] and cut.engine_stats == {}
 
 
@@ -41,7 +41,7 @@ def test_records_without_required_fields_and_middle_garbage_are_skipped(tmp_path
     del broken["started_at"]
     path.write_text("\n".join([lines[1], "garbage", json.dumps(broken), *lines[2:]]) + "\n")
     run = load(tmp_path / "r")
-    assert len(run.requests) == len(lines) - 1
+    assert run.request_count == len(lines) - 1
     assert "requests.jsonl: 1 record skipped, not a JSON record (line 2)" in run.warnings
     assert "requests.jsonl: 1 record skipped, missing started_at (line 3)" in run.warnings
 
