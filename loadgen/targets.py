@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 
-from servescope import engine_identity, engines, knobs
+from servescope import engine_identity, engines, hostnoise, knobs, pidrecords
 from servescope.urls import parse_http_url, redact
 
 
@@ -100,6 +101,29 @@ def chosen_url_line(kind_name: str, url: str) -> str:
     return f"{kind_name}: no engine URL given, using {url} ({kind.port_env} on 127.0.0.1; {kind.url_env} is not set)"
 
 
+# A flag whose value is a credential: kept out of the manifest.
+SECRET_FLAG = re.compile(r"key|token|password|secret", re.IGNORECASE)
+
+
+def launch_flags(url: str, records: dict[str, pidrecords.LiveRecord] | None = None) -> list[str]:
+    """The command line the native stack started the engine at `url` with (its pid record), credentials masked;
+    [] for an engine the stack did not start. The report quotes these as the run's settings ("now 2"), where
+    the checkout's knobs may say otherwise (`VLLM_MAX_NUM_SEQS=2 make up`, then `make report` without it)."""
+    records = pidrecords.live() if records is None else records
+    for rec in records.values():
+        if rec.is_engine and rec.cmdline and rec.url and hostnoise.same_endpoint(rec.url, url):
+            argv: list[str] = []
+            for arg in rec.cmdline:
+                flag, eq, _value = arg.partition("=")
+                if eq and flag.startswith("-") and SECRET_FLAG.search(flag):
+                    arg = f"{flag}=***"
+                elif argv and argv[-1].startswith("-") and SECRET_FLAG.search(argv[-1]) and not arg.startswith("-"):
+                    arg = "***"
+                argv.append(arg)
+            return argv
+    return []
+
+
 def probe(target: Target, model_override: str | None = None, session: requests.Session | None = None) -> Target:
     """Ask the engine its version, models and serving settings (servescope.engine_identity); fill target.model and
     target.info.
@@ -114,6 +138,9 @@ def probe(target: Target, model_override: str | None = None, session: requests.S
         settings["max_model_len"] = max_model_len
     if settings:
         info["settings"] = settings
+    launch = launch_flags(target.root_url)
+    if launch:
+        info["flags"] = launch
     if identity.errors:
         info["probe_errors"] = [f"{path}: {reason}" for path, reason in identity.errors.items()]
     target.info = info

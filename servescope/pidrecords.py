@@ -37,6 +37,7 @@ class LiveRecord:
     name: str  # vllm, llamacpp, ollama, exporter, prometheus, locust
     pid: int
     url: str  # where the service listens (the engines' URL; for Ollama its own port, not the proxy's)
+    cmdline: tuple[str, ...] = ()  # how the stack started it (an engine's serving flags)
 
     @property
     def is_engine(self) -> bool:
@@ -61,5 +62,7 @@ def live(directory: Path | None = None) -> dict[str, LiveRecord]:
             continue
         if isinstance(created, (int, float)) and abs(started - created) > CREATE_TIME_SLACK_S:
             continue
-        found[name] = LiveRecord(name, pid, str(data.get("url") or ""))
+        cmdline = data.get("cmdline")
+        argv = tuple(str(a) for a in cmdline) if isinstance(cmdline, list) else ()
+        found[name] = LiveRecord(name, pid, str(data.get("url") or ""), argv)
     return found
