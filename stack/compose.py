@@ -203,7 +203,8 @@ def main_job(env: dict[str, str], run_id: str | None = None) -> int:
     except StackError as exc:
         say(f"compose: {exc}")
         return code or 1
-    say(f"run folder: {folder} (copied from {MASTER_CONTAINER}:/results/{run_id})")
+    say(f"run folder: {folder}")
+    say(f"(copied from {MASTER_CONTAINER}:/results/{run_id})")
     if code != 0:
         say(f"comparison failed (exit {code}): the services stay up (`make status`, `make down`)")
         return code

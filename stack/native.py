@@ -459,7 +459,9 @@ def main_job(knob: dict[str, str], host: str, engines: dict[str, str]) -> int:
         say("comparison failed: the services stay up (`make status`, `make down`)")
         return code or 1
     # The comparison printed the seed's table itself (the report's: report.table); `make report` writes the rest.
-    say(f"run folder: {run}  (`make report` writes report.md / report.html there)")
+    # "run folder: PATH" alone on its line, as loadgen prints it: scripts and the e2e suite take the path from it.
+    say(f"run folder: {run}")
+    say(f"`make report RUN={run}` writes report.md / report.html there")
     return 0
 
 

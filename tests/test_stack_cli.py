@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -203,3 +204,21 @@ def test_the_web_ui_opens_filled_in_for_the_first_engine_up():
     both = native.locust_service(knob, "127.0.0.1", {"llamacpp": "http://x:1", "vllm": "http://y:2"}).cmd
     assert both[both.index("--engine") + 1] == "vllm"
     assert "--engine" not in native.locust_service(knob, "127.0.0.1", {}).cmd
+
+
+def test_make_ups_last_run_folder_line_is_the_path_alone(tmp_path, monkeypatch, capsys):
+    """Scripts and the e2e suite take the path from the last `run folder: ` line (a note after it broke them)."""
+    from servescope.runfolder import MANIFEST
+    from stack import native
+
+    def comparison(cmd, cwd):
+        folder = Path(cmd[cmd.index("--results") + 1]) / cmd[cmd.index("--run-id") + 1]
+        folder.mkdir(parents=True)
+        (folder / MANIFEST).write_text("{}")
+        return 0
+
+    monkeypatch.setattr(native.subprocess, "call", comparison)
+    knob = {"SERVESCOPE_RESULTS": str(tmp_path), "MAX_TOKENS": "8", "BURST_SIZE": "3", "LOADGEN_METRICS_PORT": "0"}
+    assert native.main_job(knob, "127.0.0.1", {"vllm": "http://127.0.0.1:8009"}) == 0
+    last = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run folder: ")][-1]
+    assert (Path(last.removeprefix("run folder: ")) / MANIFEST).is_file()
