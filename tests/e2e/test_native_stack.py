@@ -186,12 +186,9 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
         assert "nothing waited" not in section, section
 
         # Prometheus holds the engine-neutral lever gauges for both engines.
-        for series in ("servescope_requests_running", "servescope_requests_waiting", "servescope_kv_cache_usage_ratio"):
+        for name in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE):
             for engine in ("vllm", "llamacpp"):
-                assert wait_for_series(prometheus, f'last_over_time({series}{{engine="{engine}"}}[15m])'), (
-                    series,
-                    engine,
-                )
+                assert wait_for_series(prometheus, f'last_over_time({name}{{engine="{engine}"}}[15m])'), (name, engine)
         # A burst of 8 against --max-num-seqs 2: vLLM's queue was seen non-empty.
         waited = query(prometheus, 'max_over_time(servescope_requests_waiting{engine="vllm"}[15m]) > 0')
         raw = query(prometheus, "max_over_time(vllm:num_requests_waiting[15m])")
