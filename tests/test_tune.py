@@ -63,7 +63,7 @@ def test_the_tune_loop_raises_slots_while_they_bind_keeps_what_raises_goodput_an
                 {"VLLM_MAX_NUM_SEQS": "2", "VLLM_CPU_KVCACHE_SPACE": "1"},
                 engine.restart,
                 tmp_path,
-                loadgen_args=f"--max-tokens 20 --warmup 0 --metrics-port 0 --duration 2 --knee-repeats 3 --max-load 16 --slo {SLO}".split(),
+                loadgen_args=f"--max-tokens 20 --warmup 0 --metrics-port 0 --duration 2 --knee-repeats 2 --max-load 16 --slo {SLO}".split(),
                 max_steps=5,
                 env=env,
             )
