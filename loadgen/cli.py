@@ -153,6 +153,7 @@ def run_headless(args: argparse.Namespace) -> int:
     keeper = trials.NoiseKeeper(targets)
     recorder.annotate = keeper.annotate  # every phase record carries the host's noise while it ran
     trial_notes: dict = {"repetitions": getattr(args, "repetitions", 1), "isolate": isolation.mode, "warmup": {}}
+    trial_notes["settle_max_s"] = getattr(args, "settle_max_s", 0)
 
     def manifest(status: str, ended_at: float | None = None) -> str | None:
         """Write manifest.json; why not, in one line, when the folder refuses it."""
@@ -209,6 +210,7 @@ def run_headless(args: argparse.Namespace) -> int:
     runner = fleet.runner if fleet is not None else environment.create_local_runner()
     annotator = PhaseAnnotator(args.grafana_url)
     status = "complete"
+    previous: str | None = None  # the engine of the last phase: a switch waits for it to go quiet
     try:
         for phase in phases:  # a retry is inserted right after the phase it repeats
             if interrupted.is_set() or run.aborted.is_set():
@@ -229,6 +231,16 @@ def run_headless(args: argparse.Namespace) -> int:
                     break
                 trial_notes["warmup"][target.instance] = warm
                 recorder.line(keeper.locate(target))
+            keeper.settle(
+                target,
+                getattr(args, "settle_max_s", 0),
+                switched=previous not in (None, target.instance),
+                say=recorder.line,
+                interrupted=interrupted,
+            )
+            if interrupted.is_set():
+                break
+            previous = target.instance
             keeper.begin(target)
             run.advance()
             sampler.start(phase.title)

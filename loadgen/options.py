@@ -422,6 +422,15 @@ OPTIONS: tuple[Option, ...] = (
         locust=False,
     ),
     Option(
+        "--settle-max-s",
+        "when the schedule switches engines, wait until the engines measured before use under half "
+        "NOISE_GROUP_CPU_CORES, for at most this many seconds (0: no wait)",
+        knob="LOADGEN_SETTLE_MAX_S",
+        type=non_negative_seconds,
+        commands=frozenset({"compare"}),
+        locust=False,
+    ),
+    Option(
         "--isolate",
         "while one engine is measured: off (the others run on, their CPU is measured and flags the phase) or "
         "pause (SIGSTOP the other engines the native stack started, SIGCONT after)",

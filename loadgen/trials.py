@@ -6,6 +6,9 @@ until its latencies agree (thresholds.WarmupRule), the experiment runs K repetit
 and phases interleaved and their order reversed every other repetition (A1 A2 B1 B2 | B2 B1 A2 A1
 | ...) so a drift over the run hits every engine and phase alike, each phase record carries the
 host's noise while it ran (servescope/hostnoise.py), and a phase flagged noisy may be run again.
+When the schedule switches engines, the next phase waits until the engines measured before have
+gone quiet (settle): vLLM's CPU backend keeps about 0.4 of a core busy for seconds after its own
+burst, which flagged the llama.cpp phase after it on every idle-machine run of issue 15.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
 from loadgen.targets import Target
 from servescope import hostnoise
 from servescope.runfolder import PhaseRecord
-from servescope.thresholds import WarmupRule
+from servescope.thresholds import NoiseRule, WarmupRule
 
 
 def interleave(targets: list[Target], one_pass: Callable[[Target, int], list[Phase]], repetitions: int) -> list[Phase]:
@@ -134,6 +137,50 @@ def warm_up(
         transport.close()
 
 
+# ---------------------------------------------------------------- settle after an engine switch
+
+SETTLE_WINDOW_S = 1.0  # one read of the other engines' CPU: short enough to follow a tail of a few seconds
+
+
+def settle(
+    roles: hostnoise.Roles,
+    max_s: float,
+    *,
+    say: Callable[[str], None],
+    interrupted: Event,
+    instance: str,
+    rule: NoiseRule | None = None,
+) -> dict | None:
+    """Wait until the other engines use under half the noise rule's per-program line, at most max_s; what happened.
+
+    Half the line, read over one window, so that a tail still falling cannot average up to the line
+    over the phase. None when there is nothing to wait for (max_s 0, no other engine on this host).
+    """
+    if max_s <= 0 or not roles.others:
+        return None
+    rule = rule or NoiseRule.current()
+    quiet = rule.group_cores / 2
+    watch = hostnoise.Watch(hostnoise.Roles(others=roles.others, loadgen=roles.loadgen))
+    started = time.monotonic()
+    cores = None
+    while True:
+        watch.begin()
+        if interrupted.wait(timeout=SETTLE_WINDOW_S):
+            return None
+        cores = hostnoise.other_engine_cores(watch.measure())
+        waited = time.monotonic() - started
+        if cores < quiet:
+            if waited > SETTLE_WINDOW_S * 1.5:  # more than the one read: say what was waited for
+                say(f"settle: {waited:.1f}s until the other engines went quiet before {instance} ({cores:.2f} cores)")
+            return {"waited_s": round(waited, 2), "other_engines_cores": round(cores, 3), "settled": True}
+        if waited >= max_s:
+            say(
+                f"settle: the other engines still use {hostnoise.share(cores)} after {waited:.0f}s "
+                f"(LOADGEN_SETTLE_MAX_S={max_s:g}): measuring {instance} anyway; the phase's noise says how much"
+            )
+            return {"waited_s": round(waited, 2), "other_engines_cores": round(cores, 3), "settled": False}
+
+
 # ---------------------------------------------------------------- host noise per phase
 
 
@@ -146,6 +193,16 @@ class NoiseKeeper:
         self.watch: hostnoise.Watch | None = None
         self.instance = ""
         self.last: dict | None = None
+        self.settled: dict | None = None  # the settle wait before the current phase, if any
+
+    def settle(
+        self, target: Target, max_s: float, *, switched: bool, say: Callable[[str], None], interrupted: Event
+    ) -> None:
+        """Before every phase: after another engine's phase, wait for the others to go quiet (see `settle`)."""
+        roles = self.roles.get(target.instance)
+        self.settled = None
+        if switched and roles is not None:
+            self.settled = settle(roles, max_s, say=say, interrupted=interrupted, instance=target.instance)
 
     def locate(self, target: Target) -> str:
         """Find the engine's processes on this host; the line says how (or why it could not)."""
@@ -166,6 +223,8 @@ class NoiseKeeper:
         """Put the noise from the phase's start up to now on a finished phase record (before it is written)."""
         if self.watch is not None:
             self.last = record.noise = self.watch.measure()
+            if self.last is not None and self.settled is not None:
+                self.last["settle"] = self.settled
 
     def flags(self) -> list[str]:
         return hostnoise.flags(self.last, self.instance)

@@ -299,7 +299,13 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
         sec.add(
             Paragraph(
                 f"Trials: {reps} repetition(s), engines and phases interleaved (A B B A ...); co-resident engines: "
-                f"{'paused while another is measured' if isolate == 'pause' else 'left running, their CPU measured'}."
+                f"{'paused while another is measured' if isolate == 'pause' else 'left running, their CPU measured'}"
+                + (
+                    f"; after an engine switch the next phase waited (at most {settle:g} s) until the engines "
+                    f"measured before went quiet."
+                    if isinstance(settle := trials.get("settle_max_s"), (int, float)) and settle > 0
+                    else "."
+                )
             )
         )
         warm = trials.get("warmup") if isinstance(trials.get("warmup"), dict) else {}

@@ -311,6 +311,12 @@ def measure(begin: Snapshot, end: Snapshot, roles: Roles, root: Path = PROC) -> 
     }
 
 
+def other_engine_cores(noise: dict | None) -> float:
+    """The cores the run's other engines used in a window (0 when none was seen)."""
+    groups = (noise or {}).get("groups") or []
+    return sum(g["cores"] for g in groups if isinstance(g, dict) and g.get("kind") == OTHER_ENGINE)
+
+
 def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else max(0.0, b - a)
 
@@ -385,4 +391,8 @@ def describe(noise: dict | None) -> str:
     load = noise.get("load1_end")
     if isinstance(load, (int, float)):
         parts.append(f"load {load:.1f}")
+    settle = noise.get("settle")
+    if isinstance(settle, dict) and isinstance(settle.get("waited_s"), (int, float)):
+        state = "went quiet" if settle.get("settled") else "still busy"
+        parts.append(f"after {settle['waited_s']:.1f}s waiting for the other engines ({state})")
     return "host: " + ", ".join(parts)

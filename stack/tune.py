@@ -36,6 +36,7 @@ from servescope import binding, knobs, slo
 from servescope.runfolder import KNEE, MANIFEST, RunFolder, new_run_id
 from stack.errors import StackError
 from stack.progress import elapsed, say
+from stack.vllm import GIB
 
 TUNE = "tune.json"
 TUNED = {  # the knobs a tune may move, per engine (servescope/binding.py names them per resource)
@@ -70,15 +71,49 @@ class Step:
     runs: list[str] = field(default_factory=list)
 
 
-def raise_knob(engine: str, resource: str, values: dict[str, str]) -> tuple[dict[str, str], str] | None:
-    """More of the binding resource: the new knob values and what changed, or None when there is no rule or no room."""
+@dataclass(frozen=True)
+class KvFit:
+    """What the seed's inequality needs to check a vLLM slot count: VLLM_MAX_NUM_SEQS x VLLM_MAX_MODEL_LEN must fit
+    the KV tokens VLLM_CPU_KVCACHE_SPACE holds (the native stack refuses to start vLLM otherwise)."""
+
+    bytes_per_token: int
+    max_model_len: int
+
+    def most_slots(self, space_gib: float) -> int:
+        return int(space_gib * GIB) // self.bytes_per_token // self.max_model_len
+
+    def space_for(self, slots: int) -> int:
+        """The whole GiB of KV space that admits this many slots."""
+        return math.ceil(slots * self.max_model_len * self.bytes_per_token / GIB)
+
+
+def raise_knob(
+    engine: str, resource: str, values: dict[str, str], kv: KvFit | None = None
+) -> tuple[dict[str, str], str] | None:
+    """More of the binding resource: the new knob values and what changed, or None when there is no rule or no room.
+
+    vLLM's slots double within the seed's inequality (kv): up to the most the KV space admits, and once they are
+    there, with the KV space that admits the doubled count."""
     new = dict(values)
     if (engine, resource) == ("vllm", binding.BATCH_SLOTS):
         slots = int(values["VLLM_MAX_NUM_SEQS"])
         if slots * 2 > MAX_SLOTS:
             return None
-        new["VLLM_MAX_NUM_SEQS"] = str(slots * 2)
-        return new, f"VLLM_MAX_NUM_SEQS {slots} -> {slots * 2}"
+        want, what = slots * 2, f"VLLM_MAX_NUM_SEQS {slots} -> {slots * 2}"
+        space = float(values["VLLM_CPU_KVCACHE_SPACE"])
+        if kv is not None and want > kv.most_slots(space):
+            most = kv.most_slots(space)
+            if most > slots:
+                want = most
+                what = (
+                    f"VLLM_MAX_NUM_SEQS {slots} -> {most} (the most {space:g} GiB of KV admits at "
+                    f"VLLM_MAX_MODEL_LEN={kv.max_model_len})"
+                )
+            else:
+                new["VLLM_CPU_KVCACHE_SPACE"] = str(kv.space_for(want))
+                what += f", VLLM_CPU_KVCACHE_SPACE {space:g} -> {kv.space_for(want)} GiB (so that {want} fit)"
+        new["VLLM_MAX_NUM_SEQS"] = str(want)
+        return new, what
     if (engine, resource) == ("vllm", binding.KV_CAPACITY):
         space = float(values["VLLM_CPU_KVCACHE_SPACE"])
         new["VLLM_CPU_KVCACHE_SPACE"] = f"{space * 2:g}"
@@ -113,6 +148,7 @@ class Tuner:
         loadgen_args: list[str] = (),
         max_steps: int = 6,
         env: dict[str, str] | None = None,
+        kv: KvFit | None = None,
     ):
         if engine not in TUNED:
             raise TuneError(f"tune: engine {engine!r}: expected one of {', '.join(TUNED)}")
@@ -122,6 +158,7 @@ class Tuner:
         self.loadgen_args = list(loadgen_args)
         self.max_steps = max_steps
         self.env = env
+        self.kv = kv  # vLLM on the native stack: slots raised within the KV space
         self.steps: list[Step] = []
         self.stop_reason = ""
         self.started_at = time.time()
@@ -183,7 +220,7 @@ class Tuner:
         for n in range(1, self.max_steps + 1):
             if not self._can_go_on(current):
                 return
-            change = raise_knob(self.engine, current.binding, self.values)
+            change = raise_knob(self.engine, current.binding, self.values, self.kv)
             if change is None:
                 self.stop_reason = f"no more {current.binding} to add for {self.engine} (the knob is at its cap)"
                 return
@@ -363,6 +400,16 @@ def native_restart(engine: str) -> Callable[[dict[str, str]], None]:
     return restart
 
 
+def native_kv_fit() -> KvFit:
+    """The model's KV bytes per token and the max model length, as the native stack plans vLLM."""
+    from stack import native, vllm
+
+    knob = knobs.load()
+    prep = native.prepare(["vllm"])  # cached after `make up`
+    config = json.loads((prep.vllm_model / "config.json").read_text())
+    return KvFit(vllm.kv_bytes_per_token(config, knob["VLLM_DTYPE"]), int(knob["VLLM_MAX_MODEL_LEN"]))
+
+
 def running_with(engine: str, values: dict[str, str]) -> bool:
     """Whether the running engine was started with these knob values (its command line; vLLM's KV space: its env)."""
     import psutil
@@ -414,6 +461,7 @@ def main(engine: str, loadgen_args: list[str]) -> int:
         folder,
         loadgen_args=loadgen_args,
         max_steps=knobs.get_int("TUNE_MAX_STEPS"),
+        kv=native_kv_fit() if engine == "vllm" else None,
     )
     try:
         tuner.run()

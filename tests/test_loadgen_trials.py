@@ -20,7 +20,7 @@ from loadgen.scenarios import BurstPhase, SequentialPhase, Settings
 from loadgen.targets import parse_engine
 from servescope import pidrecords
 from servescope.runfolder import RunFolder
-from servescope.thresholds import WarmupRule
+from servescope.thresholds import NoiseRule, WarmupRule
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticProcess
 
@@ -121,6 +121,53 @@ def test_warm_up_against_a_dead_engine_gives_up_after_a_few_failures():
 def test_no_warm_up_when_asked_for_none():
     result = warm("http://127.0.0.1:1", lambda line: None, WarmupRule(3, 0.25, 60), minimum=0)
     assert result["requests"] == 0 and result["stable"] is None
+
+
+HOG = (
+    "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\ntime.sleep(60)"
+)
+
+
+def settle_behind(busy_s: float, max_s: float) -> tuple[dict | None, list[str], float]:
+    """settle() for llamacpp while a stand-in for vLLM spins busy_s seconds (its tail after a burst), then idles."""
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(busy_s)])
+    try:
+        lines: list[str] = []
+        roles = trials.hostnoise.Roles(others={"vllm": {hog.pid}})
+        started = time.monotonic()
+        result = trials.settle(
+            roles, max_s, say=lines.append, interrupted=Event(), instance="llamacpp", rule=NoiseRule(0.25, 0.5, 0.05, 3)
+        )
+        return result, lines, time.monotonic() - started
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def test_after_an_engine_switch_the_phase_waits_until_the_engine_before_goes_quiet():
+    result, lines, took = settle_behind(busy_s=2.0, max_s=20)
+    assert result is not None and result["settled"] is True
+    assert 2.0 <= result["waited_s"] <= took < 6  # the hog's 2 s, then one quiet window
+    assert result["other_engines_cores"] < 0.125  # under half the noise rule's per-program line
+    assert lines == [
+        f"settle: {result['waited_s']:.1f}s until the other engines went quiet before llamacpp "
+        f"({result['other_engines_cores']:.2f} cores)"
+    ]
+
+
+def test_a_settle_wait_that_never_ends_is_bounded_and_says_so():
+    result, lines, took = settle_behind(busy_s=60, max_s=2)
+    assert result is not None and result["settled"] is False and took < 5
+    assert result["other_engines_cores"] > 0.5
+    assert len(lines) == 1 and lines[0].startswith("settle: the other engines still use ")
+    assert lines[0].endswith("(LOADGEN_SETTLE_MAX_S=2): measuring llamacpp anyway; the phase's noise says how much")
+
+
+def test_no_settle_wait_without_other_engines_or_when_switched_off():
+    roles = trials.hostnoise.Roles(others={"vllm": {os.getpid()}})
+    say = pytest.fail  # nothing to say: nothing is waited for
+    assert trials.settle(trials.hostnoise.Roles(), 30, say=say, interrupted=Event(), instance="llamacpp") is None
+    assert trials.settle(roles, 0, say=say, interrupted=Event(), instance="llamacpp") is None
 
 
 def test_a_noisy_phase_is_run_again_and_the_retry_supersedes_it(tmp_path):

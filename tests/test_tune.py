@@ -100,6 +100,26 @@ def test_raise_knob_doubles_the_named_resource_and_keeps_llamacpp_per_slot_conte
     assert tune.raise_knob("vllm", binding.BATCH_SLOTS, {"VLLM_MAX_NUM_SEQS": str(tune.MAX_SLOTS)}) is None
 
 
+def test_vllm_slots_rise_within_the_kv_space_then_with_it():
+    """The live tune stopped at 16 slots: 32 x 1024 tokens broke the seed's inequality for 1 GiB of KV (23,301
+    tokens at SmolLM2's 46,080 B/token), and the native stack refused to start vLLM."""
+    kv = tune.KvFit(bytes_per_token=46_080, max_model_len=1024)
+    assert kv.most_slots(1) == 22
+    values = {"VLLM_MAX_NUM_SEQS": "16", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    new, what = tune.raise_knob("vllm", binding.BATCH_SLOTS, values, kv)
+    assert new == {"VLLM_MAX_NUM_SEQS": "22", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert what == "VLLM_MAX_NUM_SEQS 16 -> 22 (the most 1 GiB of KV admits at VLLM_MAX_MODEL_LEN=1024)"
+    new, what = tune.raise_knob("vllm", binding.BATCH_SLOTS, new, kv)  # at the most: the KV space comes with it
+    assert new == {"VLLM_MAX_NUM_SEQS": "44", "VLLM_CPU_KVCACHE_SPACE": "2"} and kv.most_slots(2) >= 44
+    assert what == "VLLM_MAX_NUM_SEQS 22 -> 44, VLLM_CPU_KVCACHE_SPACE 1 -> 2 GiB (so that 44 fit)"
+    # Inside the space, or with no plan to check (a simulator): plain doubling.
+    assert (
+        tune.raise_knob("vllm", binding.BATCH_SLOTS, {**values, "VLLM_MAX_NUM_SEQS": "8"}, kv)[0]["VLLM_MAX_NUM_SEQS"]
+        == "16"
+    )
+    assert tune.raise_knob("vllm", binding.BATCH_SLOTS, values)[0]["VLLM_MAX_NUM_SEQS"] == "32"
+
+
 def run_stack(*args: str, state) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "stack", *args],
