@@ -63,32 +63,49 @@ LAG = schedule.LAG
 
 
 def term_value(term: slo.Term) -> str:
-    """SQL: slo.Term.request_value (NULL where the term does not apply); `sorted_itl` is itl_s sorted."""
+    """SQL: slo.Term.request_value (NULL where the term does not apply); an ITL percentile term: whether it is met."""
     if term.metric == "itl":
-        return (
-            "list_max(itl_s)" if term.percentile is None else stats.numpy_percentile_sql("sorted_itl", term.percentile)
-        )
+        return "list_max(itl_s)" if term.percentile is None else _itl_percentile_meets(term)
     if term.metric == "tpot":
         return latency.TPOT_SQL
     return f"({'ttft_s' if term.metric == 'ttft' else 'e2e_s'} + {LAG})"
 
 
+def _itl_percentile_meets(term: slo.Term) -> str:
+    """SQL: np.percentile(itl_s, Q) <= limit, bit for bit, without sorting the list (a sort per request was most of
+    the report's time on a long run): with c gaps at or under the limit and the percentile between the sorted
+    list's ranks lo and lo + 1, it holds when c > lo + 1, fails when c <= lo, and when c == lo + 1 those two values
+    are the largest gap at or under the limit and the smallest above it, interpolated as numpy does."""
+    limit = f"{term.limit_s!r}::DOUBLE"
+    n = "len(itl_s)"
+    h = f"(({n} - 1) * {term.percentile / 100!r}::DOUBLE)"
+    lo = f"floor({h})::BIGINT"
+    c = f"len(list_filter(itl_s, lambda g: g <= {limit}))"
+    a = f"list_max(list_filter(itl_s, lambda g: g <= {limit}))"
+    b = f"list_min(list_filter(itl_s, lambda g: g > {limit}))"
+    value = stats.numpy_lerp_sql(a, b, f"({h} - floor({h}))")
+    return (
+        f"CASE WHEN {n} = 0 THEN NULL WHEN {h} >= {n} - 1 THEN {c} = {n} WHEN {c} >= {lo} + 2 THEN TRUE "
+        f"WHEN {c} <= {lo} THEN FALSE ELSE {value} <= {limit} END"
+    )
+
+
+def _is_flag(term: slo.Term) -> bool:
+    return term.metric == "itl" and term.percentile is not None
+
+
 def _meets(term: slo.Term, value: str) -> str:
     """SQL: slo.Term.request_meets on a computed value (none: a miss for TTFT/E2E, nothing to miss for ITL/TPOT)."""
     missing = "TRUE" if term.metric in ("itl", "tpot") else "FALSE"
+    if _is_flag(term):
+        return f"coalesce({value}, {missing})"
     return f"coalesce({value} <= {term.limit_s!r}::DOUBLE, {missing})"
 
 
 def _values(terms, where: str) -> str:
     """A phase's requests with each term's value computed once (v0, v1, ...)."""
-    needs_sorted = any(t.metric == "itl" and t.percentile is not None for t in terms)
-    source = (
-        f"(SELECT *, list_sort(itl_s) AS sorted_itl FROM requests WHERE {where})"
-        if needs_sorted
-        else (f"(SELECT * FROM requests WHERE {where})")
-    )
     values = ", ".join(f"{term_value(t)} AS v{i}" for i, t in enumerate(terms))
-    return f"(SELECT ok, output_tokens, {values} FROM {source})"
+    return f"(SELECT ok, output_tokens, {values} FROM requests WHERE {where})"
 
 
 def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: float) -> slo.SloResult:
@@ -104,7 +121,7 @@ def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: flo
         f"coalesce(sum(coalesce(output_tokens, 0)) FILTER (WHERE {good}), 0), count(*) FILTER (WHERE {meeting}), "
         + ", ".join(f"count(*) FILTER (WHERE ok AND NOT {m})" for m in meets)
         + ", "
-        + ", ".join(f"max(v{i}) FILTER (WHERE ok)" for i in range(len(terms)))
+        + ", ".join("NULL" if _is_flag(t) else f"max(v{i}) FILTER (WHERE ok)" for i, t in enumerate(terms))
         + f" FROM {_values(terms, where)}",
         params,
     ).fetchone()
@@ -162,7 +179,7 @@ def _term_result(
             params,
         ).fetchone()
         units = gaps + failed
-        pool = query.Pool(run.con, f"ok AND {where}", params) if gaps else None
+        pool = _phase_pool(run, where, params) if gaps else None
         if pool is not None:
             lo = math.floor((pool.n - 1) * (term.percentile / 100))
             pool.select([lo, min(lo + 1, pool.n - 1)])
@@ -176,6 +193,21 @@ def _term_result(
         observed = float(np.percentile(values, term.percentile)) if len(values) else None
     share = met / units if units else None
     return slo.TermResult(term.name, share, observed, share is not None and share * 100 >= term.percentile, missed)
+
+
+def _phase_pool(run: Run, where: str, params: list) -> query.Pool:
+    """A phase's successful gaps; the latency section's pool when the phase's requests are its engine's whole
+    scenario (the same requests: one pass over the gaps fewer)."""
+    instance, phase = params
+    scenarios = run.con.execute(f"SELECT DISTINCT scenario FROM requests WHERE {where}", params).fetchall()
+    if len(scenarios) == 1:
+        (scenario,) = scenarios[0]
+        others = run.con.execute(
+            f"SELECT count(*) FROM requests WHERE {latency.GROUP} AND phase <> ?", [instance, scenario, phase]
+        ).fetchone()[0]
+        if not others:
+            return latency.pool(run, instance, scenario)
+    return query.Pool(run.con, f"ok AND {where}", params)
 
 
 def knee_of(run: Run) -> dict[str, Any] | None:

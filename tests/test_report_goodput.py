@@ -91,3 +91,24 @@ def test_the_engine_judges_a_phase_as_servescope_slo_does(ok_ttft_e2e_itl_tokens
     spec = slo.parse(text)
     run = run_with({"slo": text}, records)
     assert goodput.evaluate(run, spec, "vllm", "p", 4.0) == slo.evaluate(spec, records, 4.0)
+
+
+@pytest.mark.parametrize(
+    "itl, text",
+    [
+        ([0.05, 0.1, 0.2], "itl_p50<=0.1"),  # the percentile falls on a gap equal to the limit: met
+        ([0.05, 0.09, 0.2], "itl_p75<=0.1"),  # between a gap under the limit and one over it: interpolated, missed
+        ([0.05, 0.09, 0.2], "itl_p25<=0.1"),  # between two gaps under it: met without interpolating
+        ([0.05, 0.1], "itl_p100<=0.1"),  # the largest gap, at the limit
+        ([0.05, 0.11], "itl_p100<=0.1"),
+        ([0.2, 0.3, 0.4], "itl_p10<=0.1"),  # every gap over it
+        ([], "itl_p95<=0.1"),  # no gap: nothing to miss
+    ],
+)
+def test_an_itl_percentile_term_is_judged_at_the_limit_as_numpy_would(itl, text):
+    """Each request's own ITL percentile against the limit, without sorting its gaps, at the edge cases."""
+    records = [rec(ttft=0.1, e2e=1.0, itl=itl, tokens=4, ok=True, started=100.0)]
+    spec = slo.parse(text)
+    assert goodput.evaluate(run_with({"slo": text}, records), spec, "vllm", "p", 4.0) == slo.evaluate(
+        spec, records, 4.0
+    )
