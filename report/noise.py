@@ -12,8 +12,9 @@ An attempt that a later retry of the same repetition replaced is superseded, not
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from report import gauges, query
 from report.crosscheck import PARSED, REQUEST_TIME
@@ -78,14 +79,18 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
         key = (p.instance, base_phase(p.phase), p.repetition)
         latest[key] = max(latest.get(key, 0), p.attempt)
     # Each successful request's time (REQUEST_TIME), by engine and phase; a phase's median is over its repetitions.
-    by_base: dict[tuple[str, str], list[float]] = {}
-    rows = run.con.execute(
-        f"SELECT instance, phase, list(t) FROM (SELECT instance, phase, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok) "
-        f"WHERE t IS NOT NULL GROUP BY ALL"
-    ).fetchall()
-    for instance, phase, times in rows:
-        by_base.setdefault((instance, base_phase(phase)), []).extend(times)
-    medians = {key: statistics.median(times) for key, times in by_base.items()}
+    # Fetched as one array sorted by phase and cut by the phases' counts: a long run's million times never become
+    # Python floats.
+    timed = f"(SELECT instance, phase, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok) WHERE t IS NOT NULL"
+    counts = run.con.execute(f"SELECT instance, phase, count(*) FROM {timed} GROUP BY ALL ORDER BY ALL").fetchall()
+    times = run.con.execute(f"SELECT t FROM {timed} ORDER BY instance, phase").fetchnumpy()["t"]
+    times = np.asarray(times, dtype=float)
+    by_base: dict[tuple[str, str], list[np.ndarray]] = {}
+    start = 0
+    for instance, phase, n in counts:
+        by_base.setdefault((instance, base_phase(phase)), []).append(times[start : start + n])
+        start += n
+    medians = {key: float(np.median(np.concatenate(parts))) for key, parts in by_base.items()}
     for p in run.phases:
         base = base_phase(p.phase)
         trust = PhaseTrust(p.instance, p.phase, base, p.repetition, p.attempt, p.noise, hostnoise.describe(p.noise))

@@ -1,7 +1,7 @@
 """The one reader of a run folder's JSONL: DuckDB streams each file once and checks every line against the contract.
 
 Why DuckDB: a long run's requests.jsonl is gigabytes (1 M requests x 256 tokens: 2.7 GB), more than Python
-objects can hold. DuckDB parses JSON in C++ on every core, streams it, keeps what it read in a compressed table
+objects can hold. DuckDB parses JSON in C++ on every core, streams it, keeps what it read in a columnar table
 (spilling past its memory limit), and answers aggregates over it, so the report asks questions instead of loading
 records. pyarrow, measured beside it on 100,000 of those records, took 2.7x the CPU (3.6 vs 1.35 s) and 0.6-0.9 GB
 to hold the table, fails the whole file at one mistyped value, and would leave the querying to Python.
@@ -33,7 +33,6 @@ SPECS = {"requests": runfolder.REQUEST_FIELDS, "phases": runfolder.PHASE_FIELDS,
 # Memory the engine may use before it spills to its temporary directory; the report process's peak stays near
 # this plus the plots, whatever the size of the run.
 MEMORY_LIMIT = "1GB"
-IN_MEMORY_BYTES = 512 << 20  # JSONL below this is read into memory; above, into a compressed temporary database
 ONE_THREAD_BYTES = 8 << 20
 # Lines are read whole (a CSV scan with a delimiter no JSON line can hold: raw control characters are invalid
 # JSON) so that each keeps its line number and a bad one costs only itself.
@@ -280,9 +279,10 @@ class RunData:
         self.skips = Skips()
         self._tmp = tempfile.mkdtemp(prefix="servescope-run-")
         size = sum((self.folder / name).stat().st_size for name in files if (self.folder / name).exists())
-        # A small run stays in memory; a large one goes to a database file in a temporary directory, compressed,
-        # whose pages DuckDB evicts past its memory limit (instead of failing), and nothing outlives the reader.
-        database = ":memory:" if size < IN_MEMORY_BYTES else str(Path(self._tmp) / "run.duckdb")
+        # In memory, spilling to a temporary directory past the memory limit (instead of failing), and nothing
+        # outlives the reader. A compressed database file instead cost a 1 M-request run (2.9 GB) 48 s of CPU to read
+        # against 40 s with the spill (bench/report_scale.py's folder, measured side by side on this machine).
+        database = ":memory:"
         config = {
             "memory_limit": memory_limit,
             "temp_directory": str(Path(self._tmp) / "spill"),
