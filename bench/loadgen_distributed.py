@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import queue
+import re
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 from bench.loadgen_accuracy import (
     Window,
@@ -21,6 +28,7 @@ from bench.loadgen_accuracy import (
     vllm_available,
     vllm_bench,
 )
+from servescope.runfolder import RunFolder
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 # The accuracy server's timing. The truth is its own stamps (a write's, as it starts): a token every 50 ms to 1,024
@@ -29,6 +37,8 @@ from tests.doubles.synthetic_openai import SyntheticProcess
 TTFT_S, ITL_S, TOKENS = 0.5, 0.2, 16
 CAPACITY_TOKENS = 1000
 GOAL_STREAMS, GOAL_TTFT_MEDIAN_MS, GOAL_TTFT_P99_MS = 1024, 2.0, 10.0
+STALL_S = 10  # each stream of the killed-worker burst waits this long after its first chunk: all are in flight
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _servescope(
@@ -130,6 +140,73 @@ def _capacity(streams: int, client: int | str) -> tuple[str, Window, float]:
     return label, window, (sum(1 for gap in gaps if gap == 0) / len(gaps) if gaps else math.nan)
 
 
+def _killed_worker(streams: int, workers: int) -> tuple[str, bool]:
+    """One burst of N streams over the workers; worker 1 is killed (SIGKILL) once every stream is in flight. Every
+    request must be in the one run folder: worker 1's failed as worker_lost, the others' complete."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        SyntheticProcess("--ttft", "0.05", "--itl", "0.05", "--tokens", "8") as server,
+    ):
+        prompts = Path(tmp) / "prompts.txt"
+        prompts.write_text("".join(f"q{i} [[fault:stall={STALL_S}]]\n" for i in range(streams)))
+        command = [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "burst",
+            "--engine",
+            f"vllm={server.url}",
+            "--workers",
+            str(workers),
+        ]
+        command += ["--burst-size", str(streams), "--prompts", str(prompts), "--max-tokens", "8", "--warmup", "0"]
+        command += ["--metrics-port", "0", "--results", tmp, "--run-id", "run"]  # not --quiet: it names the workers
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "SAMPLE_INTERVAL_MS": "0"},
+        )
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+        try:
+            pid, deadline = None, time.monotonic() + 120
+            while pid is None and time.monotonic() < deadline:
+                try:
+                    match = re.match(r"\[.*\] worker 1: pid (\d+)", lines.get(timeout=1))
+                except queue.Empty:
+                    continue
+                pid = int(match.group(1)) if match else None
+            while server.counters()["requests"] < streams and time.monotonic() < deadline:
+                time.sleep(0.1)
+            in_flight = server.counters()["requests"]
+            if pid is None or in_flight < streams:
+                raise RuntimeError(f"killed-worker round: worker 1 not seen or {in_flight}/{streams} streams in flight")
+            os.kill(pid, signal.SIGKILL)
+            rc = proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        records = list(RunFolder(Path(tmp) / "run").requests())
+    lost = [r for r in records if r.error_kind == "worker_lost"]
+    by_worker = Counter(r.worker for r in records)
+    complete = (
+        rc == 0
+        and len(records) == streams
+        and {r.worker for r in lost} == {1}
+        and len(lost) == by_worker[1]
+        and all(r.ok for r in records if r.worker != 1)
+    )
+    return (
+        f"killed worker 1 of {workers} with {streams} streams in flight: exit {rc}, {len(records)}/{streams} records "
+        f"in the run folder, {len(lost)} failed worker_lost (worker 1 had {by_worker[1]}), "
+        f"{sum(r.ok for r in records)} ok from the other workers: {'none lost' if complete else 'NOT complete'}"
+    ), complete
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loadgen_distributed", description=__doc__)
     parser.add_argument("--streams", default="256,1024", help="concurrent streams (burst size), comma-separated")
@@ -202,12 +279,22 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         print("vLLM's client skipped: ~/.cache/servescope/venv-vllm or its tokenizer is missing (or --no-vllm)")
+    killed = None
+    if args.workers >= 2:
+        try:
+            line, killed = _killed_worker(max(levels), args.workers)
+            print(f"\n{line}", flush=True)
+        except RuntimeError as exc:
+            print(f"\nkilled-worker round failed: {exc}", flush=True)
+            failures += 1
     if goal is not None:
         met = goal["median"] <= GOAL_TTFT_MEDIAN_MS and goal["p99"] <= GOAL_TTFT_P99_MS and goal["complete"]
+        met = met and killed is not False
         print(
             f"goal, {GOAL_STREAMS} streams over {args.workers} workers: TTFT error vs the server's stamps median "
             f"{goal['median']:+.3f} ms (<= {GOAL_TTFT_MEDIAN_MS:g}), p99 {goal['p99']:+.3f} ms (<= "
-            f"{GOAL_TTFT_P99_MS:g}), every request in the one run folder: {'yes' if goal['complete'] else 'NO'}: "
+            f"{GOAL_TTFT_P99_MS:g}), every request in the one run folder: {'yes' if goal['complete'] else 'NO'}, "
+            f"none lost with a worker killed: {'n/a' if killed is None else 'yes' if killed else 'NO'}: "
             f"{'met' if met else 'NOT met'}"
         )
     return 1 if failures else 0
