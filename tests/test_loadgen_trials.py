@@ -158,7 +158,7 @@ def test_after_an_engine_switch_the_phase_waits_until_the_engine_before_goes_qui
 def test_a_settle_wait_that_never_ends_is_bounded_and_says_so():
     result, lines, took = settle_behind(busy_s=60, max_s=2)
     assert result is not None and result["settled"] is False and took < 5
-    assert result["other_engines_cores"] > 0.5
+    assert result["other_engines_cores"] >= 0.125  # still over the quiet line when the wait ran out
     assert len(lines) == 1 and lines[0].startswith("settle: the other engines still use ")
     assert lines[0].endswith("(LOADGEN_SETTLE_MAX_S=2): measuring llamacpp anyway; the phase's noise says how much")
 
