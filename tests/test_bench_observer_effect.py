@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from bench import observer_effect
 
 
+@pytest.mark.slow
 def test_sampling_on_and_off_interleave_and_the_figure_is_printed(capsys):
     assert observer_effect.main(["--synthetic", "--pairs", "1", "--duration", "2"]) == 0
     out = capsys.readouterr().out

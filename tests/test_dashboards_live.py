@@ -33,6 +33,7 @@ from tests.doubles.synthetic_openai import SyntheticServer
 
 SCRAPE = "2s"  # with a 1.6 s scrape timeout: the exporter stays scrapable on a busy 2-core machine
 SERVED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+pytestmark = pytest.mark.slow  # the live stack the module shares takes half a minute to start and load
 
 
 # Bounded in time: a parent and its child each spend ~1% of a core until stopped (at most 10 minutes).

@@ -17,6 +17,9 @@ from tests.doubles.synthetic_openai import SyntheticProcess
 
 REPO = Path(__file__).resolve().parent.parent
 HOG = "python -m tests.doubles.cpu_hog"
+# Its hogs spin at nice -20 (they would starve a parallel worker's timed tests) and its shares are read off
+# the whole machine: run alone.
+pytestmark = pytest.mark.serial
 RULE = NoiseRule(group_cores=0.25, foreign_cores=0.5, steal_share=0.05, outlier_ratio=3)
 
 

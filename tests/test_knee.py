@@ -56,6 +56,7 @@ def search(tmp_path: Path, **engine) -> dict:
     return result
 
 
+@pytest.mark.slow
 def test_two_batch_slots_are_the_binding_resource(tmp_path):
     result = search(tmp_path, max_running=2)
     # 2 users run at once; a third waits a whole request (~0.12 s) for its first token: TTFT p95 breaks.
@@ -83,6 +84,7 @@ def test_a_tiny_kv_pool_is_the_binding_resource(tmp_path):
     assert result["knob"]["env"] == "VLLM_CPU_KVCACHE_SPACE" and "--max-model-len" in result["binding"]["advice"]
 
 
+@pytest.mark.slow
 def test_an_engine_that_slows_with_load_but_never_queues_is_compute_bound(tmp_path):
     result = search(tmp_path, slowdown=1.0)
     # ITL = 0.01 x (1 + (users - 1)): 0.05 at 5 users, past the 0.05 limit from 6 on (and TTFT with it).
@@ -139,6 +141,7 @@ def test_bad_knee_input_is_one_line_and_exit_2(tmp_path, flags, says):
     assert len(lines) == 1 and says in lines[0], proc.stderr
 
 
+@pytest.mark.slow
 def test_the_knee_runs_through_locusts_own_entry_point_with_samples(tmp_path):
     """`locust -f loadgen/locustfile.py --scenario knee` (the web UI's path, headless here): the same search, the
     phases picked one by one by the conductor, and the sampler running there too so the binding resource is named."""

@@ -58,6 +58,7 @@ def test_server_times_its_first_chunk_from_the_requests_arrival_not_from_when_it
 
 
 @linux_stamps
+@pytest.mark.serial  # the client's own error, in milliseconds: a CPU shared with another worker adds to it
 def test_chunk_stamp_is_when_the_bytes_arrived_not_when_the_client_got_round_to_reading_them():
     server = SyntheticProcess("--ttft", "0.05", "--itl", "0.1", "--tokens", "2")
     transport = llm.make_transport("geventhttpclient", server.url, timeout=10)
@@ -124,6 +125,7 @@ def test_connect_opens_the_connection_the_next_request_uses():
 
 
 @linux_stamps
+@pytest.mark.serial  # the client's own error, in milliseconds: a CPU shared with another worker adds to it
 def test_a_burst_after_connect_sends_each_request_right_after_its_stamp():
     """64 users released at once, each on a connection opened before the release: TTFT against the server's own
     stamps (first write - arrival of the request) is the client's error alone; it must not grow with the burst."""

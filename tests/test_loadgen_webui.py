@@ -292,6 +292,7 @@ def run_distributed(server, results: Path, *master_args: str) -> RunFolder:
     return folder
 
 
+@pytest.mark.slow
 def test_distributed_sweep_steps_on_the_masters_clock(server, tmp_path):
     folder = run_distributed(server, tmp_path, "--scenario", "sweep", "--concurrencies", "2,4", "--duration", "3")
     phases = {p.phase: p for p in folder.phases()}

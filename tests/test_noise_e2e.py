@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 import requests
 
 from report import load, sections, table
@@ -19,6 +20,9 @@ from tests.doubles.synthetic_openai import SyntheticProcess
 
 REPO = Path(__file__).resolve().parent.parent
 HOG = "python -m tests.doubles.cpu_hog"
+# Every other program's CPU in a phase is what it measures (a parallel test worker is one), and its hog takes
+# two cores: run alone.
+pytestmark = [pytest.mark.serial, pytest.mark.slow]
 HOG_PHASE = "burst-1#2"  # llama.cpp's burst in repetition 2 (A1 A2 B1 B2 | B2 B1 A2 A1: it follows its repetition 1)
 
 

@@ -249,6 +249,7 @@ def test_a_manifest_time_past_the_year_9999_is_said_not_raised(tmp_path, started
     assert re.search(r"20\d\d-\d\d-\d\d", text)  # a real date, from the records
 
 
+@pytest.mark.slow
 @settings(
     max_examples=30,
     deadline=None,

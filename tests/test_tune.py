@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from report import cli as report_cli
 from report import tuning
 from servescope import binding
@@ -52,6 +54,7 @@ class RestartableEngine:
         self.process.stop()
 
 
+@pytest.mark.slow
 def test_the_tune_loop_raises_slots_while_they_bind_keeps_what_raises_goodput_and_stops_at_compute(tmp_path):
     engine = RestartableEngine(slots=2)
     try:

@@ -74,6 +74,7 @@ def turns(numbers: dict) -> dict[int, dict]:
     return {t["turn"]: t for t in numbers["workloads"]["turns"] if t["scenario"] == "sequential"}
 
 
+@pytest.mark.slow
 def test_a_four_turn_conversation_reuses_its_history_with_caching_on_and_nothing_with_it_off(tmp_path):
     on_dir = conversation_run(tmp_path / "on", cache=True, prompt_tokens_details=True)
     off_dir = conversation_run(tmp_path / "off", cache=False)
