@@ -8,7 +8,7 @@ and phases interleaved and their order reversed every other repetition (A1 A2 B1
 host's noise while it ran (servescope/hostnoise.py), and a phase flagged noisy may be run again.
 When the schedule switches engines, the next phase waits until the engines measured before have
 gone quiet (settle): vLLM's CPU backend keeps about 0.4 of a core busy for seconds after its own
-burst, which flagged the llama.cpp phase after it on every idle-machine run of issue 15.
+load, which flagged the llama.cpp phase after it on every idle-machine run of issue 15.
 """
 
 from __future__ import annotations
