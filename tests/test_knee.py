@@ -57,6 +57,7 @@ def search(tmp_path: Path, **engine) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
 def test_two_batch_slots_are_the_binding_resource(tmp_path):
     result = search(tmp_path, max_running=2)
     # 2 users run at once; a third waits a whole request (~0.12 s) for its first token: TTFT p95 breaks.
@@ -77,6 +78,7 @@ def test_two_batch_slots_are_the_binding_resource(tmp_path):
     assert "10. Goodput under the SLOs" in text and "the knee is 2 users (3 users fails)" in text
 
 
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
 def test_a_tiny_kv_pool_is_the_binding_resource(tmp_path):
     result = search(tmp_path, kv_blocks=4)
     assert result["status"] == "found" and result["binding"]["resource"] == binding.KV_CAPACITY
@@ -85,6 +87,7 @@ def test_a_tiny_kv_pool_is_the_binding_resource(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
 def test_an_engine_that_slows_with_load_but_never_queues_is_compute_bound(tmp_path):
     result = search(tmp_path, slowdown=1.0)
     # ITL = 0.01 x (1 + (users - 1)): 0.05 at 5 users, past the 0.05 limit from 6 on (and TTFT with it).
@@ -93,6 +96,7 @@ def test_an_engine_that_slows_with_load_but_never_queues_is_compute_bound(tmp_pa
     assert result["knob"] is None and "no serving knob" in result["binding"]["advice"]
 
 
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
 def test_an_slo_that_holds_up_to_the_highest_load_says_so(tmp_path):
     with (
         SyntheticServer(ttft=0.02, itl=0.01, tokens=10) as server,
@@ -142,6 +146,7 @@ def test_bad_knee_input_is_one_line_and_exit_2(tmp_path, flags, says):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
 def test_the_knee_runs_through_locusts_own_entry_point_with_samples(tmp_path):
     """`locust -f loadgen/locustfile.py --scenario knee` (the web UI's path, headless here): the same search, the
     phases picked one by one by the conductor, and the sampler running there too so the binding resource is named."""
