@@ -168,17 +168,17 @@ def settle(
         if interrupted.wait(timeout=SETTLE_WINDOW_S):
             return None
         cores = hostnoise.other_engine_cores(watch.measure())
-        waited = time.monotonic() - started
+        waited = round(time.monotonic() - started, 2)  # the line and the record say the same
         if cores < quiet:
             if waited > SETTLE_WINDOW_S * 1.5:  # more than the one read: say what was waited for
                 say(f"settle: {waited:.1f}s until the other engines went quiet before {instance} ({cores:.2f} cores)")
-            return {"waited_s": round(waited, 2), "other_engines_cores": round(cores, 3), "settled": True}
+            return {"waited_s": waited, "other_engines_cores": round(cores, 3), "settled": True}
         if waited >= max_s:
             say(
                 f"settle: the other engines still use {hostnoise.share(cores)} after {waited:.0f}s "
                 f"(LOADGEN_SETTLE_MAX_S={max_s:g}): measuring {instance} anyway; the phase's noise says how much"
             )
-            return {"waited_s": round(waited, 2), "other_engines_cores": round(cores, 3), "settled": False}
+            return {"waited_s": waited, "other_engines_cores": round(cores, 3), "settled": False}
 
 
 # ---------------------------------------------------------------- host noise per phase
