@@ -162,7 +162,6 @@ def settle(
     quiet = rule.group_cores / 2
     watch = hostnoise.Watch(hostnoise.Roles(others=roles.others, loadgen=roles.loadgen))
     started = time.monotonic()
-    cores = None
     while True:
         watch.begin()
         if interrupted.wait(timeout=SETTLE_WINDOW_S):

@@ -101,8 +101,8 @@ def raise_knob(
             return None
         want, what = slots * 2, f"VLLM_MAX_NUM_SEQS {slots} -> {slots * 2}"
         space = float(values["VLLM_CPU_KVCACHE_SPACE"])
-        if kv is not None and want > kv.most_slots(space):
-            most = kv.most_slots(space)
+        most = kv.most_slots(space) if kv is not None else want
+        if want > most:
             if most > slots:
                 want = most
                 what = (
