@@ -8,9 +8,9 @@ to hold the table, fails the whole file at one mistyped value, and would leave t
 
 Each line lands in a table with its line number and either typed columns or the reason it was refused;
 `requests` and `phases` are views of the accepted rows. Lines are parsed with typed columns, which would read
-"12" as 12 or true as 1.0; a regex over the raw line sends every line where that could have happened to the full
-check (each field parsed as JSON and its type looked at), so what is accepted is exactly what the contract
-allows. Both checks are generated from the contract's field table (servescope.runfolder): the rule is written
+"12" as 12 or true as 1.0; a regex and string searches over the raw line send every line where that could have
+happened to the full check (each field parsed as JSON and its type looked at), so what is accepted is exactly what
+the contract allows. Both checks are generated from the contract's field table (servescope.runfolder): the rule is written
 once.
 """
 
@@ -87,12 +87,18 @@ def _struct(spec: tuple[Field, ...], typed: bool) -> str:
     return _q("{" + ", ".join(f'"{name}": "{t}"' for name, t in types.items()) + "}")
 
 
-def _range_checks(f: Field, value: str) -> list[tuple[str, str]]:
-    """[(condition, reason)] on a field's typed value (NULL passes): the same whichever way it was parsed."""
+def _range_checks(f: Field, value: str, summarized: bool = False) -> list[tuple[str, str]]:
+    """[(condition, reason)] on a field's typed value (NULL passes): the same whichever way it was parsed.
+    summarized: a number list is judged by its summary columns (<name>_n, _min, _max), computed once."""
     if f.kind == "floats":
+        n, low, high = (
+            (f"{f.name}_n", f"{f.name}_min", f"{f.name}_max")
+            if summarized
+            else (f"len({value})", f"list_min({value})", f"list_max({value})")
+        )
         return [
             (
-                f"len({value}) > 0 AND NOT (list_min({value}) >= {_num(f.lo)} AND list_max({value}) <= {_num(f.hi)})",
+                f"{n} > 0 AND NOT ({low} >= {_num(f.lo)} AND {high} <= {_num(f.hi)})",
                 _q(f"{f.name}: a value out of range ({f.lo:g} to {f.hi:g})"),
             )
         ]
@@ -172,10 +178,12 @@ _LIST_OF_NON_NUMBERS = r'"{name}"\s*:\s*\[[^\]]*[^-+0-9.eE,\s\]]'
 
 def _suspect_pattern(spec: tuple[Field, ...]) -> str:
     """A regex for the lines a typed parse could read leniently ("12" as 12, true as 1.0, 12.5 as 13, a number past
-    BIGINT as NULL...): it misses none of them and may match good lines (the full check passes those).
+    BIGINT as NULL...): with _suspect_strings it misses none of them and may match good lines (the full check passes
+    those).
 
-    Each pattern is anchored on a key; engine stats are free-form, so every number after their key is looked at.
-    Scanning the number list costs as much as parsing it: the price of refusing "0.2" in a list of gaps."""
+    Each pattern is anchored on a key (every alternative starts with a quote, so the regex engine skips from quote to
+    quote: a number list, which holds none, costs it nothing); engine stats are free-form, so every number after their
+    key is looked at."""
 
     def keys(*kinds: str) -> str:
         return "|".join(f.name for f in spec if f.kind in kinds)
@@ -192,22 +200,53 @@ def _suspect_pattern(spec: tuple[Field, ...]) -> str:
         value.format(keys=keys("floats")) + r"[^\[n\s]",
         value.format(keys=keys("object")) + r"[^{n\s]",
         value.format(keys=keys("object")) + r"\{.*" + number + huge,
-        r"\\u",  # an escaped character could spell a key the patterns above do not see
-        # A number list holding a string ("0.2") or true/false (the parse leaves a hole for null, [..], {..}).
-        value.format(keys=keys("floats")) + r'\[[^\]"tf]*["tf]',
     ]
     return "|".join(f"(?:{p})" for p in patterns if '"(?:)"' not in p)
 
 
+def _suspect_strings(spec: tuple[Field, ...]) -> list[str]:
+    """Conditions on the raw line by string search (memchr speed, where a regex walks every byte of a 2.5 KB list): an
+    escape (it could spell a key no pattern sees), and a number list holding a string ("0.2") or true/false (the
+    typed parse would read them as numbers; it leaves a hole for null, [..] and {..}, caught by the count).
+
+    The list's text is its body (_summaries); a key written any other way than `"name":[` or twice (spaces, in engine
+    stats too) sends the line to the full check."""
+    checks = ["contains(line, '\\u')"]
+    for f in spec:
+        if f.kind == "floats":
+            key, at, body = _q(chr(34) + f.name + chr(34)), f"{f.name}_at", f"{f.name}_body"
+            checks.append(
+                f"strpos(line, {key}) <> {at} OR split_part(line, {key}, 3) <> '' "  # not first as "name":[, or twice
+                f"OR contains({body}, '\"') OR contains({body}, 't') OR contains({body}, 'f')"
+            )
+    return checks
+
+
+def _summaries(spec: tuple[Field, ...]) -> list[str]:
+    """Computed once per line before the checks and the columns that use them: each number list's count, sum, min and
+    max (LIST_SUMMARY), where `"name":[` first appears in the raw line and the text after it up to the next ']' (the
+    list's body)."""
+    out = []
+    for f in spec:
+        if f.kind == "floats":
+            out += [f"{agg.format('k.' + f.name)} AS {f.name}_{name}" for name, agg in LIST_SUMMARY.items()]
+            key = chr(34) + f.name + chr(34) + ":["
+            out.append(f"strpos(line, {_q(key)}) AS {f.name}_at")
+            out.append(f"split_part(split_part(line, {_q(key)}, 2), ']', 1) AS {f.name}_body")
+    return out
+
+
 def _fast_columns(spec: tuple[Field, ...]) -> tuple[str, str, list[str]]:
-    """(suspect condition, reason for an unsuspected line, typed value columns) from the typed parse k."""
+    """(suspect condition, reason for an unsuspected line, typed value columns) from the typed parse k and the
+    summaries."""
     suspect = " OR ".join(
         ["k IS NULL"]
         + [f"k.{f.name} IS NULL" for f in spec if f.required]
-        + [f"list_count(k.{f.name}) < len(k.{f.name})" for f in spec if f.kind == "floats"]  # null, [..], {..}
+        + [f"list_count(k.{f.name}) < {f.name}_n" for f in spec if f.kind == "floats"]  # null, [..], {..}
         + [f"regexp_matches(line, {_q(_suspect_pattern(spec))})"]
+        + _suspect_strings(spec)
     )
-    checks = [c for f in spec for c in _range_checks(f, f"k.{f.name}")] + _cross_checks(spec, "k.{}")
+    checks = [c for f in spec for c in _range_checks(f, f"k.{f.name}", summarized=True)] + _cross_checks(spec, "k.{}")
     reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in checks) + " END" if checks else "NULL"
     columns = []
     for f in spec:
@@ -224,10 +263,10 @@ def _fast_columns(spec: tuple[Field, ...]) -> tuple[str, str, list[str]]:
         if f.kind == "floats":
             # Each list's count, sum, min and max, taken while it is in memory: a pool's totals then cost a row
             # scan, not a pass over every value.
-            columns += [f"{agg.format('k.' + f.name)} AS {f.name}_{name}" for name, agg in LIST_SUMMARY.items()]
+            columns += [f"{f.name}_{name}" for name in LIST_SUMMARY]
             every = LIST_SAMPLE_EVERY
             offset = f"1 + hash(k.started_at) % {every}"  # moves from line to line (lines are numbered later)
-            columns.append(f"list_slice(k.{f.name}, {offset}, len(k.{f.name}), {every}) AS {f.name}_sample")
+            columns.append(f"list_slice(k.{f.name}, {offset}, {f.name}_n, {every}) AS {f.name}_sample")
     return suspect, reason, columns
 
 
@@ -253,7 +292,8 @@ def _ingest_sql(table: str, path: Path, spec: tuple[Field, ...], rejects: str | 
         f"CREATE TABLE {table} AS "
         f"WITH src AS (SELECT coalesce(line, '') AS line, TRY(from_json(line, {_struct(spec, typed=True)})) AS k "
         f"FROM read_csv({_q(str(path))}, {options})), "
-        f"flagged AS (SELECT *, {suspect} AS suspect FROM src) "
+        f"summed AS (SELECT *, {', '.join(_summaries(spec))} FROM src), "
+        f"flagged AS (SELECT *, {suspect} AS suspect FROM summed) "
         f"SELECT CASE WHEN suspect THEN line END AS raw, CASE WHEN NOT suspect THEN {reason} END AS reason, "
         f"{', '.join(columns)} FROM flagged",
         f"CREATE TEMP TABLE {table}_checks AS SELECT rid, {_strict_checks(spec)} AS reason "

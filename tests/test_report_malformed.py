@@ -116,6 +116,38 @@ def test_nan_and_infinity_literals_are_refused(tmp_path):
     ]
 
 
+@pytest.mark.parametrize(
+    "itl",
+    [
+        '"itl_s":[0.1,"0.2"]',
+        '"itl_s":[0.1,true]',
+        '"itl_s":[false,0.1]',
+        '"itl_s" : [0.1,true]',  # the key written with spaces
+        '"engine_stats":{"itl_s":[1]},"itl_s":[0.1,true]',  # the key first seen inside engine stats
+        '"itl_s":[0.1],"engine_stats":{"itl_s":[2]},"x":[true]',  # a second key after the list: checked, accepted
+    ],
+)
+def test_a_compact_number_list_holding_strings_or_booleans_is_refused(tmp_path, itl):
+    """The load generator writes compact JSON, where the reader finds each number list by string search instead of
+    the regex: a string or true/false in the list is refused as the full check words it, however the key is placed."""
+    shutil.copytree(RUNS / "seed-vllm-ollama", tmp_path / "r")
+    path = tmp_path / "r" / "requests.jsonl"
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[0])
+    for key in ("itl_s", "engine_stats"):
+        record.pop(key, None)
+    lines[0] = json.dumps(record, separators=(",", ":"))[:-1] + "," + itl + "}"
+    path.write_text("\n".join(lines) + "\n")
+    run = load(tmp_path / "r")
+    if itl.endswith('"x":[true]'):
+        assert run.warnings == [] and run.request_count == 20
+    else:
+        assert run.warnings == [
+            "requests.jsonl: 1 record skipped, itl_s: expected a list of numbers, got a list (line 1)"
+        ]
+        assert run.request_count == 19
+
+
 def test_a_phase_that_ends_before_it_starts_is_skipped(tmp_path):
     shutil.copytree(RUNS / "seed-vllm-ollama", tmp_path / "r")
     path = tmp_path / "r" / "phases.jsonl"
