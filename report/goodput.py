@@ -62,25 +62,31 @@ def build(run: Run, spec: slo.SloSpec) -> list[PhaseGoodput]:
 LAG = schedule.LAG
 
 
-def term_value(term: slo.Term) -> str:
-    """SQL: slo.Term.request_value (NULL where the term does not apply); an ITL percentile term: whether it is met."""
+def term_value(term: slo.Term, i: int) -> str:
+    """SQL: slo.Term.request_value (NULL where the term does not apply); an ITL percentile term: whether it is met
+    (from c<i>, its count of gaps at or under the limit: _values)."""
     if term.metric == "itl":
-        return "list_max(itl_s)" if term.percentile is None else _itl_percentile_meets(term)
+        return "itl_s_max" if term.percentile is None else _itl_percentile_meets(term, f"c{i}")
     if term.metric == "tpot":
         return latency.TPOT_SQL
     return f"({'ttft_s' if term.metric == 'ttft' else 'e2e_s'} + {LAG})"
 
 
-def _itl_percentile_meets(term: slo.Term) -> str:
+def _gaps_within(term: slo.Term) -> str:
+    """SQL: how many of a request's gaps are at or under the term's limit (one pass over its list)."""
+    return f"len(list_filter(itl_s, lambda g: g <= {term.limit_s!r}::DOUBLE))"
+
+
+def _itl_percentile_meets(term: slo.Term, c: str) -> str:
     """SQL: np.percentile(itl_s, Q) <= limit, bit for bit, without sorting the list (a sort per request was most of
     the report's time on a long run): with c gaps at or under the limit and the percentile between the sorted
     list's ranks lo and lo + 1, it holds when c > lo + 1, fails when c <= lo, and when c == lo + 1 those two values
-    are the largest gap at or under the limit and the smallest above it, interpolated as numpy does."""
+    are the largest gap at or under the limit and the smallest above it, interpolated as numpy does (a second look at
+    the list, for those few requests only: CASE evaluates a branch on the rows that reach it)."""
     limit = f"{term.limit_s!r}::DOUBLE"
-    n = "len(itl_s)"
+    n = "itl_s_n"
     h = f"(({n} - 1) * {term.percentile / 100!r}::DOUBLE)"
     lo = f"floor({h})::BIGINT"
-    c = f"len(list_filter(itl_s, lambda g: g <= {limit}))"
     a = f"list_max(list_filter(itl_s, lambda g: g <= {limit}))"
     b = f"list_min(list_filter(itl_s, lambda g: g > {limit}))"
     value = stats.numpy_lerp_sql(a, b, f"({h} - floor({h}))")
@@ -103,9 +109,13 @@ def _meets(term: slo.Term, value: str) -> str:
 
 
 def _values(terms, where: str) -> str:
-    """A phase's requests with each term's value computed once (v0, v1, ...)."""
-    values = ", ".join(f"{term_value(t)} AS v{i}" for i, t in enumerate(terms))
-    return f"(SELECT ok, output_tokens, {values} FROM requests WHERE {where})"
+    """A phase's requests with each term's value computed once (v0, v1, ...), beside c<i>: an ITL percentile term's
+    count of gaps within its limit (the one pass over each list the term costs)."""
+    counts = "".join(f", {_gaps_within(t)} AS c{i}" for i, t in enumerate(terms) if _is_flag(t))
+    inner = f"SELECT *{counts} FROM requests WHERE {where}"
+    values = ", ".join(f"{term_value(t, i)} AS v{i}" for i, t in enumerate(terms))
+    kept = "".join(f", c{i}" for i, t in enumerate(terms) if _is_flag(t))
+    return f"(SELECT ok, output_tokens, itl_s_n{kept}, {values} FROM ({inner}))"
 
 
 def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: float) -> slo.SloResult:
@@ -122,11 +132,15 @@ def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: flo
         + ", ".join(f"count(*) FILTER (WHERE ok AND NOT {m})" for m in meets)
         + ", "
         + ", ".join("NULL" if _is_flag(t) else f"max(v{i}) FILTER (WHERE ok)" for i, t in enumerate(terms))
+        + ", coalesce(sum(itl_s_n) FILTER (WHERE ok), 0), "
+        + ", ".join(f"coalesce(sum(c{i}) FILTER (WHERE ok), 0)" if _is_flag(t) else "NULL" for i, t in enumerate(terms))
         + f" FROM {_values(terms, where)}",
         params,
     ).fetchone()
     n, ok, n_good, good_tokens, n_meeting = row[:5]
-    missed, worst = list(row[5 : 5 + len(terms)]), list(row[5 + len(terms) :])
+    k = len(terms)
+    missed, worst = list(row[5 : 5 + k]), list(row[5 + k : 5 + 2 * k])
+    gaps, within = row[5 + 2 * k], list(row[6 + 2 * k :])
     misses: Counter[str] = Counter()
     if ok < n:
         misses[slo.ERRORS] = n - ok
@@ -134,7 +148,8 @@ def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: flo
         if m:
             misses[t.name] = m
     results = [
-        _term_result(run, t, where, params, n, ok, missed[i], worst[i], spec.objective) for i, t in enumerate(terms)
+        _term_result(run, t, where, params, n, ok, missed[i], worst[i], spec.objective, (gaps, within[i]))
+        for i, t in enumerate(terms)
     ]
     per_request_holds = (n_meeting / n >= spec.objective) if per_request and n else bool(n)
     rate = (lambda x: x / wall_s) if wall_s > 0 else (lambda x: None)
@@ -165,19 +180,17 @@ def _term_result(
     missed: int,
     worst: float | None,
     objective: float,
+    pooled: tuple[int, int | None],
 ) -> slo.TermResult:
-    """slo._term_result: the share meeting the limit and the observed percentile (or the worst value)."""
+    """slo._term_result: the share meeting the limit and the observed percentile (or the worst value); pooled: the
+    successful requests' gaps and, for an ITL percentile term, how many are within its limit."""
     failed = n - ok
     if term.percentile is None:
         share = (ok - missed) / n if n else None
         return slo.TermResult(term.name, share, worst, share is not None and share >= objective, missed)
     if term.metric == "itl":
         # Pooled gaps, as the report pools ITL; a failed request counts as one missed gap.
-        gaps, met = run.con.execute(
-            f"SELECT coalesce(sum(itl_s_n), 0), coalesce(sum(len(list_filter(itl_s, lambda g: g <= "
-            f"{term.limit_s!r}::DOUBLE))), 0) FROM requests WHERE ok AND {where}",
-            params,
-        ).fetchone()
+        gaps, met = pooled
         units = gaps + failed
         pool = _phase_pool(run, where, params) if gaps else None
         if pool is not None:
