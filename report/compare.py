@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -53,22 +52,24 @@ class Side:
     label: str
 
 
-def by_prompt(side: Side, metric: str) -> dict[tuple[str, str], list[float]]:
-    """A per-request metric's values over successful requests, by (prompt set hash, prompt id)."""
+def by_prompt(side: Side, metric: str) -> dict[tuple[str, str], float]:
+    """A per-request metric's median over successful requests, by (prompt set hash, prompt id): statistics.median's
+    (the middle value, or the mean of the two middle values), the values sorted in the engine."""
     value = latency.PER_REQUEST_SQL[metric]
     rows = side.run.con.execute(
-        f"SELECT prompt_set_sha256, prompt_id, list(({value})::DOUBLE) FROM requests "
-        f"WHERE ok AND {latency.GROUP} AND ({value}) IS NOT NULL AND prompt_id <> '' GROUP BY ALL",
+        f"SELECT sha, pid, n, v[(n + 1) // 2], v[n // 2 + 1] FROM (SELECT prompt_set_sha256 AS sha, prompt_id AS pid, "
+        f"count(*) AS n, list(({value})::DOUBLE ORDER BY ({value})::DOUBLE) AS v FROM requests "
+        f"WHERE ok AND {latency.GROUP} AND ({value}) IS NOT NULL AND prompt_id <> '' GROUP BY ALL)",
         [side.instance, side.scenario],
     ).fetchall()
-    return {(sha, pid): values for sha, pid, values in rows}
+    return {(sha, pid): (low if n % 2 else (low + high) / 2) for sha, pid, n, low, high in rows}
 
 
 def pairs(current: Side, baseline: Side, metric: str) -> tuple[list[float], list[float]]:
     """Per-prompt medians on both sides, for prompts both sides ran (same prompt set hash)."""
     cur, base = by_prompt(current, metric), by_prompt(baseline, metric)
     common = sorted(set(cur) & set(base))
-    return [statistics.median(cur[k]) for k in common], [statistics.median(base[k]) for k in common]
+    return [cur[k] for k in common], [base[k] for k in common]
 
 
 def compare_groups(current: Side, baseline: Side) -> list[Delta]:

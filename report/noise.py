@@ -78,19 +78,33 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
     for p in run.phases:
         key = (p.instance, base_phase(p.phase), p.repetition)
         latest[key] = max(latest.get(key, 0), p.attempt)
-    # Each successful request's time (REQUEST_TIME), by engine and phase; a phase's median is over its repetitions.
-    # Fetched as one array sorted by phase and cut by the phases' counts: a long run's million times never become
-    # Python floats.
-    timed = f"(SELECT instance, phase, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok) WHERE t IS NOT NULL"
-    counts = run.con.execute(f"SELECT instance, phase, count(*) FROM {timed} GROUP BY ALL ORDER BY ALL").fetchall()
-    times = run.con.execute(f"SELECT t FROM {timed} ORDER BY instance, phase").fetchnumpy()["t"]
-    times = np.asarray(times, dtype=float)
-    by_base: dict[tuple[str, str], list[np.ndarray]] = {}
-    start = 0
-    for instance, phase, n in counts:
-        by_base.setdefault((instance, base_phase(phase)), []).append(times[start : start + n])
-        start += n
-    medians = {key: float(np.median(np.concatenate(parts))) for key, parts in by_base.items()}
+    # Each successful request's time (REQUEST_TIME), by engine and phase, computed once into a temporary table; a
+    # phase's median is over its repetitions. Fetched as one array sorted by phase and cut by the phases' counts: a
+    # long run's million times never become Python floats.
+    run.con.execute(
+        f"CREATE OR REPLACE TEMP TABLE request_times AS SELECT * FROM (SELECT instance, phase, prompt_id, started_at, "
+        f"arrival_index, line_no, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok) WHERE t IS NOT NULL"
+    )
+    try:
+        counts = run.con.execute(
+            "SELECT instance, phase, count(*) FROM request_times GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+        times = run.con.execute("SELECT t FROM request_times ORDER BY instance, phase").fetchnumpy()["t"]
+        times = np.asarray(times, dtype=float)
+        by_base: dict[tuple[str, str], list[np.ndarray]] = {}
+        start = 0
+        for instance, phase, n in counts:
+            by_base.setdefault((instance, base_phase(phase)), []).append(times[start : start + n])
+            start += n
+        medians = {key: float(np.median(np.concatenate(parts))) for key, parts in by_base.items()}
+        _judge(run, rule, out, medians, latest)
+    finally:
+        run.con.execute("DROP TABLE IF EXISTS request_times")
+    return out
+
+
+def _judge(run: Run, rule: NoiseRule, out: Assessment, medians: dict, latest: dict) -> None:
+    """Each phase's trust: its host noise flags and its outlier requests (request_times: the successful ones)."""
     for p in run.phases:
         base = base_phase(p.phase)
         trust = PhaseTrust(p.instance, p.phase, base, p.repetition, p.attempt, p.noise, hostnoise.describe(p.noise))
@@ -98,8 +112,8 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
         mid = medians.get((p.instance, base))
         if mid:
             slow = run.con.execute(
-                f"SELECT prompt_id, t FROM (SELECT *, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok AND instance = ? "
-                f"AND phase = ?) WHERE t > ? ORDER BY {query.ORDER}",
+                f"SELECT prompt_id, t FROM request_times WHERE instance = ? AND phase = ? AND t > ? "
+                f"ORDER BY {query.ORDER}",
                 [p.instance, p.phase, rule.outlier_ratio * mid],
             ).fetchall()
             trust.outliers = [f"{prompt_id} {t:.3f}s" for prompt_id, t in slow[:MAX_OUTLIERS]]
@@ -112,7 +126,6 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
             )
         trust.superseded = p.attempt < latest[(p.instance, base, p.repetition)]
         out.phases[(p.instance, p.phase)] = trust
-    return out
 
 
 def clean(run: Run, assessment: Assessment) -> Run:
