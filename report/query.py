@@ -11,6 +11,7 @@ sample of it.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -47,6 +48,7 @@ class Pool:
         self.con = con
         self.where = where
         self.params = list(params)
+        self._lock = threading.RLock()  # one query at a time on the pool's cursor (the plots draw on a thread)
         self.source = f"SELECT unnest(itl_s) AS v FROM requests WHERE {where}"
         # Totals from each list's count, sum, min and max (kept beside the list when it was read).
         n, total, low, high = con.execute(
@@ -73,10 +75,11 @@ class Pool:
         """Every value in the report's order (requests as sent, each one's gaps in order): small pools only."""
         if self.n > FETCH_WHOLE:
             raise ValueError(f"a pool of {self.n:,} values is not fetched whole")
-        rows = self.con.execute(
-            f"SELECT unnest(itl_s) AS v FROM (SELECT itl_s FROM requests WHERE {self.where} ORDER BY {ORDER})",
-            self.params,
-        ).fetchnumpy()["v"]
+        with self._lock:
+            rows = self.con.execute(
+                f"SELECT unnest(itl_s) AS v FROM (SELECT itl_s FROM requests WHERE {self.where} ORDER BY {ORDER})",
+                self.params,
+            ).fetchnumpy()["v"]
         return np.asarray(rows, dtype=float)
 
     def summary(self) -> dict[str, float | int | None]:
@@ -127,6 +130,10 @@ class Pool:
     def _even(self) -> np.ndarray:
         """The even sample the reader kept beside each list (every 64th gap from an offset moving with the line),
         thinned to about SAMPLE_VALUES by whole requests (a hash of the line), in the order of the lines."""
+        with self._lock:
+            return self._even_locked()
+
+    def _even_locked(self) -> np.ndarray:
         if self._sample is None:
             rows = self.n / runreader.LIST_SAMPLE_EVERY
             keep = max(1, round(rows / SAMPLE_VALUES))
@@ -142,14 +149,15 @@ class Pool:
     def select(self, ranks: Iterable[int]) -> None:
         """Find the values at these 0-based ranks of the sorted pool, exactly, in one pass over the pool (more only
         when the even sample that places the brackets misplaced one)."""
-        wanted = sorted({r for r in ranks if r not in self._known and 0 <= r < self.n})
-        if self._whole is not None or not wanted:
-            return
-        sample = np.sort(self._even())
-        widen = 1.0
-        while wanted:
-            wanted = self._select_once(wanted, sample, widen)
-            widen *= 8  # a bracket missed its rank: wider ones, counted again
+        with self._lock:
+            wanted = sorted({r for r in ranks if r not in self._known and 0 <= r < self.n})
+            if self._whole is not None or not wanted:
+                return
+            sample = np.sort(self._even())
+            widen = 1.0
+            while wanted:
+                wanted = self._select_once(wanted, sample, widen)
+                widen *= 8  # a bracket missed its rank: wider ones, counted again
 
     def _select_once(self, ranks: list[int], sample: np.ndarray, widen: float) -> list[int]:
         """One pass: count the values below, at and inside each bracket and fetch the inside; the missed ranks."""

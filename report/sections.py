@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from report import (
@@ -62,58 +63,66 @@ def build(
     slo_spec: str | None = None,
 ) -> tuple[Document, dict[str, Any]]:
     latency.start_pools(run)  # the engine's passes over every gap run while the rest is computed
-    assessment = noise.assess(run)
-    rows = table.build(run, assessment)
-    spec = goodput.spec_of(run, slo_spec)
-    good = goodput.build(run, spec)
-    lags = schedule.build(run)
-    warn = fairness.warnings(run, rows)
-    groups = latency.build(run)
-    gauge_report = gauges.collect(run, prometheus_url, client)
-    prom = (client or gauges.Prometheus(prometheus_url)) if gauge_report.reachable else None
-    checks = crosscheck.build(run, prom)
-    splits = ttft_split.build(run, checks)
-    kv = verdict.kv_arithmetic(run, gauge_report)
-    sweeps_ = sweep.sweeps(run)
-    drains = sweep.bursts(run, gauge_report)
-    # The verdict rests only on trusted phases: flagged ones (host noise, outliers) are taken out first.
-    trusted = noise.clean(run, assessment)
-    trusted_gauges = noise.clean_gauges(gauge_report, run, assessment)
-    verdicts = verdict.refuse_flagged(
-        verdict.build(
-            trusted,
-            trusted_gauges,
-            sweep.bursts(trusted, trusted_gauges),
-            ttft_split.build(trusted, checks),
-            kv,
-        ),
-        run,
-        assessment,
-    )
-    if baseline is not None:
-        deltas, how = compare.between_runs(run, baseline)
-    else:
-        deltas, how = compare.within_run(run)
-    work = workloads.build(run, gauge_report)
-
     out = run.path
-    fig = {}
-    if figures:
-        fig = {
-            "table": plots.seed_table(rows, out / "seed_table.png"),
-            "latency": plots.latency_boxes(run, out / "latency.png"),
-            "tokens": plots.output_tokens(run, out / "output_tokens.png"),
-            "crosscheck": plots.crosscheck(run, checks, out / "crosscheck.png"),
-            "gauges": plots.gauges(run, gauge_report, out / "gauges.png"),
-            "arrival": plots.ttft_by_arrival(run, drains, out / "ttft_by_arrival.png"),
-            "sweeps": plots.sweeps(run, sweeps_, out / "sweeps.png"),
-            "compare": plots.compare(
-                deltas,
-                out / "comparison.png",
-                f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run",
+    # The plots draw on a thread of their own (on a cursor of their own), each as soon as what it shows is computed:
+    # matplotlib holds the interpreter while the engine's queries here mostly let go of it.
+    threaded = figures and run.view is None  # a run with phases left out keeps its one cursor: drawn in turn
+    painter = ThreadPoolExecutor(1, thread_name_prefix="plots") if threaded else None
+    drawn: dict[str, Any] = {}
+    on_thread = run.on_own_cursor() if threaded else run
+
+    def draw(key: str, plot, *args) -> None:
+        if figures:
+            drawn[key] = painter.submit(plot, *args) if painter is not None else plot(*args)
+
+    try:
+        draw("latency", plots.latency_boxes, on_thread, out / "latency.png")
+        draw("tokens", plots.output_tokens, on_thread, out / "output_tokens.png")
+        assessment = noise.assess(run)
+        rows = table.build(run, assessment)
+        draw("table", plots.seed_table, rows, out / "seed_table.png")
+        spec = goodput.spec_of(run, slo_spec)
+        good = goodput.build(run, spec)
+        lags = schedule.build(run)
+        warn = fairness.warnings(run, rows)
+        groups = latency.build(run)
+        gauge_report = gauges.collect(run, prometheus_url, client)
+        draw("gauges", plots.gauges, on_thread, gauge_report, out / "gauges.png")
+        prom = (client or gauges.Prometheus(prometheus_url)) if gauge_report.reachable else None
+        checks = crosscheck.build(run, prom)
+        draw("crosscheck", plots.crosscheck, on_thread, checks, out / "crosscheck.png")
+        splits = ttft_split.build(run, checks)
+        kv = verdict.kv_arithmetic(run, gauge_report)
+        sweeps_ = sweep.sweeps(run)
+        draw("sweeps", plots.sweeps, on_thread, sweeps_, out / "sweeps.png")
+        drains = sweep.bursts(run, gauge_report)
+        draw("arrival", plots.ttft_by_arrival, on_thread, drains, out / "ttft_by_arrival.png")
+        # The verdict rests only on trusted phases: flagged ones (host noise, outliers) are taken out first.
+        trusted = noise.clean(run, assessment)
+        trusted_gauges = noise.clean_gauges(gauge_report, run, assessment)
+        verdicts = verdict.refuse_flagged(
+            verdict.build(
+                trusted,
+                trusted_gauges,
+                sweep.bursts(trusted, trusted_gauges),
+                ttft_split.build(trusted, checks),
+                kv,
             ),
-            "turns": plots.turns(run, work, out / "turns.png"),
-        }
+            run,
+            assessment,
+        )
+        if baseline is not None:
+            deltas, how = compare.between_runs(run, baseline)
+        else:
+            deltas, how = compare.within_run(run)
+        what = f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run"
+        draw("compare", plots.compare, deltas, out / "comparison.png", what)
+        work = workloads.build(run, gauge_report)
+        draw("turns", plots.turns, on_thread, work, out / "turns.png")
+        fig = {key: done.result() if isinstance(done, Future) else done for key, done in drawn.items()}
+    finally:
+        if painter is not None:
+            painter.shutdown(cancel_futures=True)
 
     def figure(key: str, caption: str) -> list[Figure]:
         return [Figure(fig[key], caption)] if fig.get(key) else []
