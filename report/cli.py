@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from report import load, table, tuning
+from report import load, tuning
 from servescope import knobs, slo
 from servescope.thresholds import NoiseRule
 
@@ -61,11 +61,13 @@ def main(argv: list[str] | None = None) -> int:
             print(path / "report.html")
             return 0
         if args.table_only:
+            from report import table
+
             run = load.load(path)
             sys.stdout.write(table.render_text(table.build(run), run.run_id))
             return 0
-        # The engine reads the run folder on its own threads (it lets go of the GIL) while Python imports
-        # matplotlib and friends, which only a full report needs: --table-only stays quick.
+        # The engine reads the run folder on its own threads (it lets go of the GIL) while Python imports the
+        # report's sections, matplotlib and friends (imported here, after the reading started, for that reason).
         with ThreadPoolExecutor(1) as reader:
             reading = reader.submit(load.load, path)
             from report import render, sections
