@@ -58,7 +58,11 @@ def same(expected: Any, got: Any, path: tuple = ()) -> list[str]:
     return [] if expected == got and type(expected) is type(got) else [f"{path}: {expected!r} != {got!r}"]
 
 
-def test_the_same_numbers_as_the_list_based_report(tmp_path):
+@pytest.mark.parametrize("storage", ["memory", "file"])
+def test_the_same_numbers_as_the_list_based_report(tmp_path, monkeypatch, storage):
+    """In memory (small runs) or in a database file (runs past runreader.FILE_BACKED_BYTES): the same numbers."""
+    if storage == "file":
+        monkeypatch.setattr(runreader, "FILE_BACKED_BYTES", -1)
     slower_copy(RUNS / "seed-vllm-ollama", tmp_path / "slower", 1.0)
     got = {
         "seed-vllm-ollama": numbers(load(RUNS / "seed-vllm-ollama")),
@@ -67,6 +71,34 @@ def test_the_same_numbers_as_the_list_based_report(tmp_path):
         "loadgen-shape": numbers(load(write_run(tmp_path))),
     }
     assert same({name: _bursts_only(numbers) for name, numbers in EXPECTED.items()}, got) == []
+
+
+def test_a_database_file_keeps_every_line_number_through_blank_refused_and_torn_lines(tmp_path, monkeypatch):
+    """Line numbers are row ids: a database file (never checkpointed) keeps them through the deletes, as memory does."""
+    lines = (RUNS / "live-failures" / "requests.jsonl").read_text().splitlines()[:-1]  # its last line is torn
+    bad = json.loads(lines[3])
+    bad["ttft_s"] = "0.2"
+    mixed = [lines[0], "", lines[1], json.dumps(bad), "", "not json", *lines[4:], lines[2][:40]]
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "requests.jsonl").write_text("\n".join(mixed))
+    read = {}
+    for storage, threshold in (("memory", runreader.FILE_BACKED_BYTES), ("file", -1)):
+        monkeypatch.setattr(runreader, "FILE_BACKED_BYTES", threshold)
+        data = RunData(folder, files=(runfolder.REQUESTS,))
+        try:
+            rows = data.con.execute("SELECT line_no, started_at FROM requests ORDER BY line_no").fetchall()
+            read[storage] = (rows, data.skips.lines())
+        finally:
+            data.close()
+    assert read["file"] == read["memory"]
+    rows, skipped = read["file"]
+    assert [n for n, _ in rows] == [1, 3, *range(7, len(mixed))], skipped
+    assert skipped == [
+        "requests.jsonl: 1 record skipped, ttft_s: expected a number, got a string (line 4)",
+        "requests.jsonl: 1 record skipped, not a JSON record (line 6)",
+        f"requests.jsonl: 1 record skipped, {runfolder.TORN} (line {len(mixed)})",
+    ]
 
 
 # ---------------------------------------------------------------- exact order statistics in bounded memory
