@@ -30,6 +30,7 @@ SAMPLE_VALUES = 1_000_000
 CHUNK_VALUES = 2_000_000  # what one fetch of a counting pass holds (16 MB)
 # A double's sign, exponent and top 8 mantissa bits: buckets 1/256 of an octave wide that order like the values.
 BUCKET_SHIFT = 44
+_NEGATIVE_ZERO = 1 << (63 - BUCKET_SHIFT)  # -0.0's bits shifted (sign bit only)
 
 
 def column(con, expr: str, where: str = "TRUE", params: Sequence[Any] = (), order: bool = True) -> np.ndarray:
@@ -195,9 +196,11 @@ class Pool:
         lies inside a bracket are compared one by one. Numpy does this at a few ns a value, where the engine's
         histogram over the bounds plus the brackets' filter cost 90."""
         ends = np.array([e for low, high, _ in brackets for e in (low, high)])  # disjoint, ascending
-        # The table spans the pool's buckets from 0 (its values are never negative: the contract's range) or its min's.
-        lo_key = 0 if self.min >= 0 else int(_bucket(np.array([self.min]))[0])
-        size = int(_bucket(np.array([self.max]))[0]) - lo_key + 1
+        # The table spans every bucket a non-negative double can fall in (the contract's range for gaps: a value's
+        # bucket is then its bits shifted, and -0.0 lands one past the last, with 0.0's count), else the pool's.
+        signed = self.min < 0
+        lo_key = int(_bucket(np.array([self.min]))[0]) if signed else 0
+        size = int(_bucket(np.array([self.max]))[0]) - lo_key + 1 if signed else _NEGATIVE_ZERO + 1
         bound_keys = _bucket(bounds) - lo_key
         # Per bucket: how many bounds lie below every value in it, or CLOSE for a bucket that holds a bound or lies
         # inside a bracket (its values are compared one by one).
@@ -207,13 +210,13 @@ class Pool:
         for low, high in ends.reshape(-1, 2):
             first, last = np.clip(_bucket(np.array([low, high])) - lo_key, 0, size - 1)
             table[first : last + 1] = close
+        if not signed:
+            table[_NEGATIVE_ZERO] = table[0]
         counts = np.zeros(close + 1, dtype=np.int64)
         inside = []
         for chunk in self._chunks():
-            keys = _bucket(chunk)
-            if lo_key:
-                keys -= lo_key
-            where = table[keys]
+            keys = _bucket(chunk) - lo_key if signed else chunk.view(np.uint64) >> BUCKET_SHIFT
+            where = table.take(keys)
             counts += np.bincount(where, minlength=close + 1)
             sub = chunk[where == close]
             counts += np.bincount(np.searchsorted(bounds, sub, side="left"), minlength=close + 1)

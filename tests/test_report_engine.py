@@ -125,7 +125,7 @@ def test_selection_is_exact_when_the_pool_is_not_fetched(tmp_path, monkeypatch, 
         "ties": rng.integers(0, 40, 60_000) / 1000.0,
         "one value": np.full(60_000, 0.0125),
         "two clusters": np.concatenate([rng.normal(0.01, 1e-9, 30_000), rng.normal(2.0, 1e-3, 30_000)]).clip(0),
-        "extremes": np.concatenate([rng.exponential(0.02, 59_990), [0.0] * 5, [1e7] * 5]),
+        "extremes": np.concatenate([rng.exponential(0.02, 59_990), [0.0] * 3, [-0.0] * 2, [1e7] * 5]),
     }[shape]
     gaps = [list(map(float, chunk)) for chunk in np.array_split(values, 600)]
     # Small limits make this pool "too large": the even sample, the brackets, the counting pass all run.
