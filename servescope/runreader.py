@@ -205,10 +205,14 @@ def _suspect_pattern(spec: tuple[Field, ...]) -> str:
     return "|".join(f"(?:{p})" for p in patterns if '"(?:)"' not in p)
 
 
+# Characters no JSON number holds, each the start of another value: a string, true, false, null, a list, an object.
+_NOT_IN_NUMBERS = ('"', "t", "f", "n", "[", "{")
+
+
 def _suspect_strings(spec: tuple[Field, ...]) -> list[str]:
     """Conditions on the raw line by string search (memchr speed, where a regex walks every byte of a 2.5 KB list): an
-    escape (it could spell a key no pattern sees), and a number list holding a string ("0.2") or true/false (the
-    typed parse would read them as numbers; it leaves a hole for null, [..] and {..}, caught by the count).
+    escape (it could spell a key no pattern sees), and a number list holding anything but numbers: a string ("0.2")
+    or true/false (the typed parse would read them as numbers), null, a list or an object (it would leave a hole).
 
     The list's text is its body (_summaries); a key written any other way than `"name":[` or twice (spaces, in engine
     stats too) sends the line to the full check."""
@@ -218,7 +222,7 @@ def _suspect_strings(spec: tuple[Field, ...]) -> list[str]:
             key, at, body = _q(chr(34) + f.name + chr(34)), f"{f.name}_at", f"{f.name}_body"
             checks.append(
                 f"strpos(line, {key}) <> {at} OR split_part(line, {key}, 3) <> '' "  # not first as "name":[, or twice
-                f"OR contains({body}, '\"') OR contains({body}, 't') OR contains({body}, 'f')"
+                f"OR {' OR '.join(f'contains({body}, {_q(c)})' for c in _NOT_IN_NUMBERS)}"
             )
     return checks
 
@@ -243,7 +247,6 @@ def _fast_columns(spec: tuple[Field, ...]) -> tuple[str, str, list[str]]:
     suspect = " OR ".join(
         ["k IS NULL"]
         + [f"k.{f.name} IS NULL" for f in spec if f.required]
-        + [f"list_count(k.{f.name}) < {f.name}_n" for f in spec if f.kind == "floats"]  # null, [..], {..}
         + [f"regexp_matches(line, {_q(_suspect_pattern(spec))})"]
         + _suspect_strings(spec)
     )

@@ -122,6 +122,9 @@ def test_nan_and_infinity_literals_are_refused(tmp_path):
         '"itl_s":[0.1,"0.2"]',
         '"itl_s":[0.1,true]',
         '"itl_s":[false,0.1]',
+        '"itl_s":[0.1,null]',
+        '"itl_s":[[0.1],0.2]',
+        '"itl_s":[0.1,{"a":1}]',
         '"itl_s" : [0.1,true]',  # the key written with spaces
         '"engine_stats":{"itl_s":[1]},"itl_s":[0.1,true]',  # the key first seen inside engine stats
         '"itl_s":[0.1],"engine_stats":{"itl_s":[2]},"x":[true]',  # a second key after the list: checked, accepted
