@@ -44,6 +44,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _gap_limits(manifest: dict, override: str | None) -> tuple[float, ...]:
+    """The SLOs' gap limits, counted while the run is read (a bad --slo is said later, by the goodput section)."""
+    from report import goodput
+
+    try:
+        return goodput.gap_limits(goodput.spec_of_manifest(manifest, override))
+    except slo.SloError:
+        return ()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     run = baseline = None
@@ -69,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         # The engine reads the run folder on its own threads (it lets go of the GIL) while Python imports the
         # report's sections, matplotlib and friends (imported here, after the reading started, for that reason).
         with ThreadPoolExecutor(1) as reader:
-            reading = reader.submit(load.load, path)
+            reading = reader.submit(load.load, path, lambda manifest: _gap_limits(manifest, args.slo))
             from report import render, sections
 
             run = reading.result()

@@ -18,7 +18,7 @@ import numpy as np
 from report import latency, query, schedule, stats
 from report.load import Run
 from report.render import Bullets, Paragraph, Section, Table
-from servescope import slo
+from servescope import runreader, slo
 from servescope.runfolder import KNEE
 
 
@@ -37,7 +37,16 @@ def spec_of(run: Run, override: str | None = None) -> slo.SloSpec:
     A manifest is the run's word, not the user's: one whose SLO cannot be read costs the run its own
     SLO (the knobs' is used), never the report; a bad --slo given here is the user's, and said so.
     """
-    flags = run.manifest.get("flags")
+    return spec_of_manifest(run.manifest, override)
+
+
+def gap_limits(spec: slo.SloSpec) -> tuple[float, ...]:
+    """The ITL limits whose per-request counts the spec's percentile terms need: counted while the run is read."""
+    return tuple(t.limit_s for t in spec.terms if _is_flag(t))
+
+
+def spec_of_manifest(manifest: dict[str, Any], override: str | None = None) -> slo.SloSpec:
+    flags = manifest.get("flags")
     flags = flags if isinstance(flags, dict) else {}
     text, share = flags.get("slo"), flags.get("slo_attainment")
     text = text if isinstance(text, str) and text.strip() else None
@@ -72,8 +81,11 @@ def term_value(term: slo.Term, i: int) -> str:
     return f"({'ttft_s' if term.metric == 'ttft' else 'e2e_s'} + {LAG})"
 
 
-def _gaps_within(term: slo.Term) -> str:
-    """SQL: how many of a request's gaps are at or under the term's limit (one pass over its list)."""
+def _gaps_within(term: slo.Term, limits: tuple[float, ...]) -> str:
+    """SQL: how many of a request's gaps are at or under the term's limit: counted when the run was read (limits:
+    the reader's), else one pass over each list."""
+    if term.limit_s in limits:
+        return runreader.within("itl_s", limits.index(term.limit_s))
     return f"len(list_filter(itl_s, lambda g: g <= {term.limit_s!r}::DOUBLE))"
 
 
@@ -108,10 +120,10 @@ def _meets(term: slo.Term, value: str) -> str:
     return f"coalesce({value} <= {term.limit_s!r}::DOUBLE, {missing})"
 
 
-def _values(terms, where: str) -> str:
+def _values(run: Run, terms, where: str) -> str:
     """A phase's requests with each term's value computed once (v0, v1, ...), beside c<i>: an ITL percentile term's
-    count of gaps within its limit (the one pass over each list the term costs)."""
-    counts = "".join(f", {_gaps_within(t)} AS c{i}" for i, t in enumerate(terms) if _is_flag(t))
+    count of gaps within its limit."""
+    counts = "".join(f", {_gaps_within(t, run.db.limits)} AS c{i}" for i, t in enumerate(terms) if _is_flag(t))
     inner = f"SELECT *{counts} FROM requests WHERE {where}"
     values = ", ".join(f"{term_value(t, i)} AS v{i}" for i, t in enumerate(terms))
     kept = "".join(f", c{i}" for i, t in enumerate(terms) if _is_flag(t))
@@ -134,7 +146,7 @@ def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: flo
         + ", ".join("NULL" if _is_flag(t) else f"max(v{i}) FILTER (WHERE ok)" for i, t in enumerate(terms))
         + ", coalesce(sum(itl_s_n) FILTER (WHERE ok), 0), "
         + ", ".join(f"coalesce(sum(c{i}) FILTER (WHERE ok), 0)" if _is_flag(t) else "NULL" for i, t in enumerate(terms))
-        + f" FROM {_values(terms, where)}",
+        + f" FROM {_values(run, terms, where)}",
         params,
     ).fetchone()
     n, ok, n_good, good_tokens, n_meeting = row[:5]
@@ -199,7 +211,7 @@ def _term_result(
         observed = stats.numpy_percentile_of(pool.n, term.percentile, pool.at) if pool is not None else None
     else:
         values = run.con.execute(
-            f"SELECT v0 FROM {_values([term], where)} WHERE ok AND v0 IS NOT NULL", params
+            f"SELECT v0 FROM {_values(run, [term], where)} WHERE ok AND v0 IS NOT NULL", params
         ).fetchnumpy()["v0"]
         values = np.asarray(values, dtype=float)
         units, met = n, ok - missed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,15 +130,16 @@ def resolve(arg: str | None, results_dir: Path) -> Path:
     raise RunError(f"no run folder {arg!r} (looked for the path and under {results_dir})")
 
 
-def load(path: Path) -> Run:
-    """Load a run folder; skips what it cannot read and records why in Run.warnings (one line per reason)."""
+def load(path: Path, limits_of: Callable[[dict[str, Any]], tuple[float, ...]] | None = None) -> Run:
+    """Load a run folder; skips what it cannot read and records why in Run.warnings (one line per reason).
+    limits_of: the gap limits worth counting while the records are read (servescope.runreader), from the manifest."""
     path = Path(path)
     warnings: list[str] = []
     folder = RunFolder(path)
     if not (path / MANIFEST).exists() and not (path / REQUESTS).exists():
         raise RunError(f"{path} is not a run folder (no {MANIFEST}, no {REQUESTS})")
     manifest = _manifest(folder, warnings)
-    db = RunData(path)
+    db = RunData(path, limits=limits_of(manifest) if limits_of else ())
     warnings += db.skips.lines()
     con = db.con
     request_count = con.execute("SELECT count(*) FROM requests").fetchone()[0]

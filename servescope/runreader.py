@@ -227,21 +227,30 @@ def _suspect_strings(spec: tuple[Field, ...]) -> list[str]:
     return checks
 
 
-def _summaries(spec: tuple[Field, ...]) -> list[str]:
+def within(name: str, i: int) -> str:
+    """The column holding how many of a number list's values are at or under the reader's i-th limit."""
+    return f"{name}_within{i}"
+
+
+def _summaries(spec: tuple[Field, ...], limits: tuple[float, ...] = ()) -> list[str]:
     """Computed once per line before the checks and the columns that use them: each number list's count, sum, min and
-    max (LIST_SUMMARY), where `"name":[` first appears in the raw line and the text after it up to the next ']' (the
-    list's body)."""
+    max (LIST_SUMMARY), how many of its values are within each limit, where `"name":[` first appears in the raw line
+    and the text after it up to the next ']' (the list's body)."""
     out = []
     for f in spec:
         if f.kind == "floats":
             out += [f"{agg.format('k.' + f.name)} AS {f.name}_{name}" for name, agg in LIST_SUMMARY.items()]
+            out += [
+                f"len(list_filter(k.{f.name}, lambda g: g <= {_num(limit)})) AS {within(f.name, i)}"
+                for i, limit in enumerate(limits)
+            ]
             key = chr(34) + f.name + chr(34) + ":["
             out.append(f"strpos(line, {_q(key)}) AS {f.name}_at")
             out.append(f"split_part(split_part(line, {_q(key)}, 2), ']', 1) AS {f.name}_body")
     return out
 
 
-def _fast_columns(spec: tuple[Field, ...]) -> tuple[str, str, list[str]]:
+def _fast_columns(spec: tuple[Field, ...], limits: tuple[float, ...] = ()) -> tuple[str, str, list[str]]:
     """(suspect condition, reason for an unsuspected line, typed value columns) from the typed parse k and the
     summaries."""
     suspect = " OR ".join(
@@ -268,13 +277,16 @@ def _fast_columns(spec: tuple[Field, ...]) -> tuple[str, str, list[str]]:
             # Each list's count, sum, min and max, taken while it is in memory: a pool's totals then cost a row
             # scan, not a pass over every value.
             columns += [f"{f.name}_{name}" for name in LIST_SUMMARY]
+            columns += [within(f.name, i) for i in range(len(limits))]
             every = LIST_SAMPLE_EVERY
             offset = f"1 + hash(k.started_at) % {every}"  # moves from line to line (lines are numbered later)
             columns.append(f"list_slice(k.{f.name}, {offset}, {f.name}_n, {every}) AS {f.name}_sample")
     return suspect, reason, columns
 
 
-def _ingest_sql(table: str, path: Path, spec: tuple[Field, ...], rejects: str | None) -> list[str]:
+def _ingest_sql(
+    table: str, path: Path, spec: tuple[Field, ...], rejects: str | None, limits: tuple[float, ...] = ()
+) -> list[str]:
     """Statements that read one JSONL file into table: a typed parse of every line (fast), then the full check of
     the few lines the typed parse could have read leniently (their raw text is kept for it).
 
@@ -291,12 +303,12 @@ def _ingest_sql(table: str, path: Path, spec: tuple[Field, ...], rejects: str | 
             f", ignore_errors=true, store_rejects=true, rejects_table={_q(rejects + '_errors')}, "
             f"rejects_scan={_q(rejects + '_scans')}"
         )
-    suspect, reason, columns = _fast_columns(spec)
+    suspect, reason, columns = _fast_columns(spec, limits)
     return [
         f"CREATE TABLE {table} AS "
         f"WITH src AS (SELECT coalesce(line, '') AS line, TRY(from_json(line, {_struct(spec, typed=True)})) AS k "
         f"FROM read_csv({_q(str(path))}, {options})), "
-        f"summed AS (SELECT *, {', '.join(_summaries(spec))} FROM src), "
+        f"summed AS (SELECT *, {', '.join(_summaries(spec, limits))} FROM src), "
         f"flagged AS (SELECT *, {suspect} AS suspect FROM summed) "
         f"SELECT CASE WHEN suspect THEN line END AS raw, CASE WHEN NOT suspect THEN {reason} END AS reason, "
         f"{', '.join(columns)} FROM flagged",
@@ -318,8 +330,12 @@ class RunData:
         folder: Path,
         files: tuple[str, ...] = (runfolder.REQUESTS, runfolder.PHASES),
         memory_limit: str = MEMORY_LIMIT,
+        limits: tuple[float, ...] = (),
     ):
+        """limits: each number list's values at or under each are counted while the list is in memory (columns
+        within(name, i)): a question asked of every value (an SLO's gap limit) then costs a column, not a pass."""
         self.folder = Path(folder)
+        self.limits = tuple(float(x) for x in limits)
         self.skips = Skips()
         self._tmp = tempfile.mkdtemp(prefix="servescope-run-")
         size = sum((self.folder / name).stat().st_size for name in files if (self.folder / name).exists())
@@ -355,20 +371,27 @@ class RunData:
 
     def _ingest(self, table: str, path: Path | None, spec: tuple[Field, ...]) -> None:
         if path is None or not path.exists():
-            empty = ", ".join(
-                f"NULL::{'DOUBLE[]' if f.kind == 'floats' else _SQL_TYPES[f.kind]} AS {f.name}" for f in spec
-            ) + "".join(
-                f", NULL::{'BIGINT' if name == 'n' else 'DOUBLE[]' if name == 'sample' else 'DOUBLE'} AS {f.name}_{name}"
-                for f in spec
-                if f.kind == "floats"
-                for name in [*LIST_SUMMARY, "sample"]
+            empty = (
+                ", ".join(f"NULL::{'DOUBLE[]' if f.kind == 'floats' else _SQL_TYPES[f.kind]} AS {f.name}" for f in spec)
+                + "".join(
+                    f", NULL::{'BIGINT' if name == 'n' else 'DOUBLE[]' if name == 'sample' else 'DOUBLE'} AS {f.name}_{name}"
+                    for f in spec
+                    if f.kind == "floats"
+                    for name in [*LIST_SUMMARY, "sample"]
+                )
+                + "".join(
+                    f", NULL::BIGINT AS {within(f.name, i)}"
+                    for f in spec
+                    if f.kind == "floats"
+                    for i in range(len(self.limits))
+                )
             )
             self.con.execute(
                 f"CREATE TABLE {table} AS SELECT NULL::VARCHAR AS raw, NULL::VARCHAR AS reason, {empty} LIMIT 0"
             )
             return
         try:
-            for statement in _ingest_sql(table, path, spec, None):
+            for statement in _ingest_sql(table, path, spec, None, self.limits):
                 self.con.execute(statement)
             rejects = None
         except __import__("duckdb").InvalidInputException:
@@ -377,7 +400,7 @@ class RunData:
             self.con.execute(f"DROP TABLE IF EXISTS {table}")
             self.con.execute(f"DROP TABLE IF EXISTS {table}_checks")
             rejects = f"{table}_rejects"
-            for statement in _ingest_sql(table, path, spec, rejects):
+            for statement in _ingest_sql(table, path, spec, rejects, self.limits):
                 self.con.execute(statement)
         self._count_skips(table, path.name, rejects)
 

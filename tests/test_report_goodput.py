@@ -17,14 +17,16 @@ from servescope.runfolder import PhaseRecord, RunFolder
 from tests.test_slo import rec
 
 
-def run_with(flags, records=()) -> Run:
-    """A run folder holding one phase of these records under this manifest's flags, read as the report reads one."""
+def run_with(flags, records=(), counted: bool = False) -> Run:
+    """A run folder holding one phase of these records under this manifest's flags, read as the report reads one;
+    counted: with the manifest SLO's gap limits counted while it is read (as `python -m report` does)."""
     folder = RunFolder.create(Path(tempfile.mkdtemp()), "r")
     folder.append_phase(PhaseRecord("vllm", "vllm", "knee", "p", 100.0, 104.0, len(records), 2, "s", "x", 4))
     for r in records:
         folder.append_request(r)
     folder.write_manifest({"run_id": "r", "flags": flags, "engines": {"vllm": {"kind": "vllm"}}})
-    run = load(folder.path)
+    limits_of = (lambda manifest: goodput.gap_limits(goodput.spec_of_manifest(manifest))) if counted else None
+    run = load(folder.path, limits_of)
     shutil.rmtree(folder.path.parent)  # the engine holds what it read
     return run
 
@@ -66,7 +68,7 @@ def test_a_manifest_time_past_year_9999_is_said_not_raised():
     assert sections._utc(0.0) == "1970-01-01 00:00:00 UTC"
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(
@@ -80,16 +82,19 @@ def test_a_manifest_time_past_year_9999_is_said_not_raised():
         max_size=25,
     ),
     st.sampled_from(["ttft_p95<=0.5,itl_p95<=0.1", "e2e<=10,itl<=0.2", "tpot_p50<=0.05,ttft<=1", "itl_p99<=100ms"]),
+    st.booleans(),
 )
-def test_the_engine_judges_a_phase_as_servescope_slo_does(ok_ttft_e2e_itl_tokens_lag, text):
-    """The report asks the engine what servescope/slo.py computes from records: the same result, field by field."""
+def test_the_engine_judges_a_phase_as_servescope_slo_does(ok_ttft_e2e_itl_tokens_lag, text, counted):
+    """The report asks the engine what servescope/slo.py computes from records: the same result, field by field,
+    whether each request's gaps within a limit were counted as the run was read or are counted now."""
     records = []
     for ok, ttft, e2e, itl, tokens, lag in ok_ttft_e2e_itl_tokens_lag:
         r = rec(ttft=ttft, e2e=ttft + e2e, itl=itl, tokens=tokens, ok=ok, started=100.0)
         r.scheduled_at = None if lag is None else 100.0 - lag
         records.append(r)
     spec = slo.parse(text)
-    run = run_with({"slo": text}, records)
+    run = run_with({"slo": text}, records, counted)
+    assert run.db.limits == (goodput.gap_limits(spec) if counted else ())
     assert goodput.evaluate(run, spec, "vllm", "p", 4.0) == slo.evaluate(spec, records, 4.0)
 
 
@@ -106,9 +111,10 @@ def test_the_engine_judges_a_phase_as_servescope_slo_does(ok_ttft_e2e_itl_tokens
     ],
 )
 def test_an_itl_percentile_term_is_judged_at_the_limit_as_numpy_would(itl, text):
-    """Each request's own ITL percentile against the limit, without sorting its gaps, at the edge cases."""
+    """Each request's own ITL percentile against the limit, without sorting its gaps, at the edge cases (its gaps
+    within the limit counted now, or as the run was read)."""
     records = [rec(ttft=0.1, e2e=1.0, itl=itl, tokens=4, ok=True, started=100.0)]
     spec = slo.parse(text)
-    assert goodput.evaluate(run_with({"slo": text}, records), spec, "vllm", "p", 4.0) == slo.evaluate(
-        spec, records, 4.0
-    )
+    for counted in (False, True):
+        got = goodput.evaluate(run_with({"slo": text}, records, counted), spec, "vllm", "p", 4.0)
+        assert got == slo.evaluate(spec, records, 4.0)
