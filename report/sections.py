@@ -76,16 +76,14 @@ def build(
             drawn[key] = painter.submit(plot, *args) if painter is not None else plot(*args)
 
     try:
-        draw("latency", plots.latency_boxes, on_thread, out / "latency.png")
+        # What needs no pool of gaps first: the pools' passes (latency.start_pools) run meanwhile.
         draw("tokens", plots.output_tokens, on_thread, out / "output_tokens.png")
         assessment = noise.assess(run)
         rows = table.build(run, assessment)
         draw("table", plots.seed_table, rows, out / "seed_table.png")
         spec = goodput.spec_of(run, slo_spec)
-        good = goodput.build(run, spec)
         lags = schedule.build(run)
         warn = fairness.warnings(run, rows)
-        groups = latency.build(run)
         gauge_report = gauges.collect(run, prometheus_url, client)
         draw("gauges", plots.gauges, on_thread, gauge_report, out / "gauges.png")
         prom = (client or gauges.Prometheus(prometheus_url)) if gauge_report.reachable else None
@@ -111,14 +109,18 @@ def build(
             run,
             assessment,
         )
+        work = workloads.build(run, gauge_report)
+        draw("turns", plots.turns, on_thread, work, out / "turns.png")
+        # Then what reads the pools.
+        draw("latency", plots.latency_boxes, on_thread, out / "latency.png")
+        good = goodput.build(run, spec)
+        groups = latency.build(run)
         if baseline is not None:
             deltas, how = compare.between_runs(run, baseline)
         else:
             deltas, how = compare.within_run(run)
         what = f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run"
         draw("compare", plots.compare, deltas, out / "comparison.png", what)
-        work = workloads.build(run, gauge_report)
-        draw("turns", plots.turns, on_thread, work, out / "turns.png")
         fig = {key: done.result() if isinstance(done, Future) else done for key, done in drawn.items()}
     finally:
         if painter is not None:
