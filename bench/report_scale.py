@@ -171,6 +171,15 @@ def measure(code_dir: Path, run: Path) -> tuple[float, float, float, int, str]:
     return result["wall"], result["cpu"], result["peak_kib"] / 1024, result["rc"], last
 
 
+def probe() -> float:
+    """CPU seconds of a fixed pure-Python loop: how fast this host is right now (it drifts on a shared machine)."""
+    started = time.process_time()
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    return time.process_time() - started
+
+
 def _size(path: Path) -> str:
     size = path.stat().st_size
     return f"{size / 2**30:.2f} GB" if size >= 2**30 else f"{size / 2**20:.0f} MB"
@@ -182,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--decimals", type=int, default=6, help="gaps rounded to this many decimals (6: 1 us)")
     parser.add_argument("--no-old", action="store_true", help="skip the list-based report")
+    parser.add_argument("--repeat", type=int, default=3, help="reports per folder (the median is judged)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     print(
@@ -201,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             if old is not None and n <= 100_000:
                 rows.append((f"lists ({OLD_REPORT})", old))
             for label, code in rows:
-                wall, cpu, rss, rc, last = measure(code, run)
+                # The host's speed drifts (the same CPU-bound loop took 1.1-2.2 s within an hour here): each run's
+                # wall time is printed beside that loop's, and the goal is judged on the median of the runs.
+                runs = []
+                for _ in range(args.repeat if code == REPO else 1):
+                    runs.append((probe(), *measure(code, run)))
+                speed, wall, cpu, rss, rc, last = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
+                rss = max(r[3] for r in runs)
                 goal_s, goal_mib = GOALS.get(n, (None, None)) if code == REPO else (None, None)
                 met = (goal_s is None or wall <= goal_s) and (goal_mib is None or rss <= goal_mib)
                 goal = "" if goal_s is None else f"<= {goal_s:g} s" + (f", <= {goal_mib} MiB" if goal_mib else "")
@@ -210,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{n:>10,} {_size(run / REQUESTS):>15} {label:<22} {wall:>7.1f} {cpu:>6.1f} {rss:>9.0f}  {verdict}",
                     flush=True,
                 )
+                if len(runs) > 1:
+                    print(
+                        f"  {len(runs)} runs, wall s (the reference loop's CPU s just before): "
+                        + ", ".join(f"{r[1]:.1f} ({r[0]:.2f})" for r in runs)
+                        + "; median shown"
+                    )
                 if rc != 0:
                     print(f"  exit {rc}: {last}")
                     failures += 1
