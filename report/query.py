@@ -51,7 +51,6 @@ class Pool:
         self.where = where
         self.params = list(params)
         self._lock = threading.RLock()  # one query at a time on the pool's cursor (the plots draw on a thread)
-        self.source = f"SELECT unnest(itl_s) AS v FROM requests WHERE {where}"
         # Totals from each list's count, sum, min and max (kept beside the list when it was read).
         n, total, low, high = con.execute(
             f"SELECT coalesce(sum(itl_s_n), 0), fsum(itl_s_sum), min(itl_s_min), max(itl_s_max) FROM requests "
@@ -166,7 +165,7 @@ class Pool:
         brackets = self._brackets(ranks, sample, widen)
         bounds: set[float] = set()
         for low, high, _ in brackets:
-            # Ties sit on a bracket's ends, counted and never fetched: (.., low], [low], (low, high), [high].
+            # Ties sit on a bracket's ends, counted and never fetched: (.., low), [low], (low, high), [high].
             bounds |= {float(np.nextafter(low, -np.inf)), low, float(np.nextafter(high, -np.inf)), high}
         counts, values = self._count_pass(np.array(sorted(bounds)), brackets)
         values = np.sort(values)
@@ -289,7 +288,3 @@ def _bucket(values: np.ndarray) -> np.ndarray:
         bits[values == 0] = 0
         bits >>= BUCKET_SHIFT
     return bits
-
-
-def _sql_float(value: float) -> str:
-    return "'inf'::DOUBLE" if value == math.inf else "'-inf'::DOUBLE" if value == -math.inf else f"{value!r}::DOUBLE"

@@ -10,8 +10,8 @@ Each line lands in a table with its line number and either typed columns or the 
 `requests` and `phases` are views of the accepted rows. Lines are parsed with typed columns, which would read
 "12" as 12 or true as 1.0; a regex and string searches over the raw line send every line where that could have
 happened to the full check (each field parsed as JSON and its type looked at), so what is accepted is exactly what
-the contract allows. Both checks are generated from the contract's field table (servescope.runfolder): the rule is written
-once.
+the contract allows. Both checks are generated from the contract's field table (servescope.runfolder): the rule is
+written once.
 """
 
 from __future__ import annotations
@@ -350,6 +350,8 @@ class RunData:
             "memory_limit": memory_limit,
             "temp_directory": str(Path(self._tmp) / "spill"),
         }
+        if size < ONE_THREAD_BYTES:
+            config["threads"] = 1  # a few hundred records: a second thread costs more than it parses
         import duckdb  # loaded by whoever reads, not by every importer (the load generator imports this module)
 
         self.con = duckdb.connect(database, config=config)
