@@ -111,16 +111,16 @@ def build(
         )
         work = workloads.build(run, gauge_report)
         draw("turns", plots.turns, on_thread, work, out / "turns.png")
-        # Then what reads the pools.
+        # Then what reads the pools, the comparison first: its plot then draws while the rest is computed.
         draw("latency", plots.latency_boxes, on_thread, out / "latency.png")
-        good = goodput.build(run, spec)
-        groups = latency.build(run)
         if baseline is not None:
             deltas, how = compare.between_runs(run, baseline)
         else:
             deltas, how = compare.within_run(run)
         what = f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run"
         draw("compare", plots.compare, deltas, out / "comparison.png", what)
+        good = goodput.build(run, spec)
+        groups = latency.build(run)
         fig = {key: done.result() if isinstance(done, Future) else done for key, done in drawn.items()}
     finally:
         if painter is not None:
