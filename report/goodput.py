@@ -32,11 +32,7 @@ class PhaseGoodput:
 
 
 def spec_of(run: Run, override: str | None = None) -> slo.SloSpec:
-    """The spec asked for, else the one the run recorded, else the knobs' (servescope/slo.resolve).
-
-    A manifest is the run's word, not the user's: one whose SLO cannot be read costs the run its own
-    SLO (the knobs' is used), never the report; a bad --slo given here is the user's, and said so.
-    """
+    """spec_of_manifest of the run's manifest."""
     return spec_of_manifest(run.manifest, override)
 
 
@@ -46,6 +42,11 @@ def gap_limits(spec: slo.SloSpec) -> tuple[float, ...]:
 
 
 def spec_of_manifest(manifest: dict[str, Any], override: str | None = None) -> slo.SloSpec:
+    """The spec asked for, else the one the run recorded, else the knobs' (servescope/slo.resolve).
+
+    A manifest is the run's word, not the user's: one whose SLO cannot be read costs the run its own
+    SLO (the knobs' is used), never the report; a bad --slo given here is the user's, and said so.
+    """
     flags = manifest.get("flags")
     flags = flags if isinstance(flags, dict) else {}
     text, share = flags.get("slo"), flags.get("slo_attainment")

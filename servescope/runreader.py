@@ -285,10 +285,11 @@ def _fast_columns(spec: tuple[Field, ...], limits: tuple[float, ...] = ()) -> tu
 
 
 def _ingest_sql(
-    table: str, path: Path, spec: tuple[Field, ...], rejects: str | None, limits: tuple[float, ...] = ()
+    table: str, path: Path | None, spec: tuple[Field, ...], rejects: str | None, limits: tuple[float, ...] = ()
 ) -> list[str]:
     """Statements that read one JSONL file into table: a typed parse of every line (fast), then the full check of
-    the few lines the typed parse could have read leniently (their raw text is kept for it).
+    the few lines the typed parse could have read leniently (their raw text is kept for it). No file (path None):
+    the same table, empty.
 
     A row's rowid + 1 is its line number: the scan keeps the file's order and gives blank lines a row too. Asking
     the scan for numbered lines (WITH ORDINALITY) or for rejected lines would make it single-threaded, so the
@@ -303,11 +304,12 @@ def _ingest_sql(
             f", ignore_errors=true, store_rejects=true, rejects_table={_q(rejects + '_errors')}, "
             f"rejects_scan={_q(rejects + '_scans')}"
         )
+    lines = f"read_csv({_q(str(path))}, {options})" if path is not None else "(SELECT NULL::VARCHAR AS line LIMIT 0)"
     suspect, reason, columns = _fast_columns(spec, limits)
     return [
         f"CREATE TABLE {table} AS "
         f"WITH src AS (SELECT coalesce(line, '') AS line, TRY(from_json(line, {_struct(spec, typed=True)})) AS k "
-        f"FROM read_csv({_q(str(path))}, {options})), "
+        f"FROM {lines}), "
         f"summed AS (SELECT *, {', '.join(_summaries(spec, limits))} FROM src), "
         f"flagged AS (SELECT *, {suspect} AS suspect FROM summed) "
         f"SELECT CASE WHEN suspect THEN line END AS raw, CASE WHEN NOT suspect THEN {reason} END AS reason, "
@@ -373,24 +375,8 @@ class RunData:
 
     def _ingest(self, table: str, path: Path | None, spec: tuple[Field, ...]) -> None:
         if path is None or not path.exists():
-            empty = (
-                ", ".join(f"NULL::{'DOUBLE[]' if f.kind == 'floats' else _SQL_TYPES[f.kind]} AS {f.name}" for f in spec)
-                + "".join(
-                    f", NULL::{'BIGINT' if name == 'n' else 'DOUBLE[]' if name == 'sample' else 'DOUBLE'} AS {f.name}_{name}"
-                    for f in spec
-                    if f.kind == "floats"
-                    for name in [*LIST_SUMMARY, "sample"]
-                )
-                + "".join(
-                    f", NULL::BIGINT AS {within(f.name, i)}"
-                    for f in spec
-                    if f.kind == "floats"
-                    for i in range(len(self.limits))
-                )
-            )
-            self.con.execute(
-                f"CREATE TABLE {table} AS SELECT NULL::VARCHAR AS raw, NULL::VARCHAR AS reason, {empty} LIMIT 0"
-            )
+            for statement in _ingest_sql(table, None, spec, None, self.limits):
+                self.con.execute(statement)
             return
         try:
             for statement in _ingest_sql(table, path, spec, None, self.limits):
