@@ -1,7 +1,7 @@
 """End to end under a real Docker engine: `python -m stack up --mode compose` builds the images, brings up llama.cpp
 (and vLLM-CPU), the exporter, Prometheus, a Locust master and two workers in their own containers, runs the seed's
-comparison, Prometheus sees the burst, a load test spread over both workers lands in one run folder, `make report`
-reads it, and `stack down` leaves no container or network behind.
+comparison, the run's own samples see the burst queue, Prometheus scrapes the engines, a load test spread over
+both workers lands in one run folder, `make report` reads it, and `stack down` leaves no container or network behind.
 
 Registry images this machine cannot pull are stand-ins built locally (tests/e2e/standin_images.py) and passed
 through the knobs users have too (PYTHON_BASE_IMAGE, PROMETHEUS_IMAGE); wheels this machine already has go to the
@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from servescope import series
 from servescope.runfolder import RunFolder
 from stack import compose
 from tests.conftest import free_port, require_tool
-from tests.e2e import standin_images
+from tests.e2e import run_samples, standin_images
 from tests.e2e.docker_engine import DockerEngine
 from tests.e2e.wheelhouse import Wheelhouse, assemble, has_cpu_torch
 
@@ -44,7 +45,7 @@ PORT_KNOBS = (
     "LOCUST_PORT",
 )
 WORKERS = 2
-# Long enough answers that a burst outlasts a 5 s scrape: llama.cpp (one slot) must be seen queueing.
+# Long enough answers that the burst's requests overlap: llama.cpp (one slot) and vLLM (two) must queue.
 BURST, MAX_TOKENS = 4, 96
 
 
@@ -160,15 +161,23 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
         assert not failed, failed
         assert "scaling factor" in up.stdout.lower()
 
-        # Prometheus saw the burst: the engine under load ran and queued (llama.cpp has one slot).
+        # The run's own 100 ms samples saw each burst queue: llama.cpp's one slot and vLLM's two (VLLM_MAX_NUM_SEQS)
+        # ran with the rest waiting. A burst here lasts about 4 s, shorter than a 5 s scrape: Prometheus may miss it.
+        for engine, slots in (("llamacpp", 1), ("vllm", 2)) if with_vllm() else (("llamacpp", 1),):
+            peaks = run_samples.peaks_during(folder.path, engine)
+            print(f"{engine} burst of {BURST}: {peaks}", flush=True)
+            assert peaks.running == slots and peaks.waiting >= 1, (engine, peaks)
+
+        # Prometheus scraped the engines through the exporter: its count of llama.cpp's generated tokens reaches the
+        # count the run sampled last (a counter, which no scrape interval can miss), within a few scrapes.
         prometheus = f"http://127.0.0.1:{env['PROMETHEUS_PORT']}"
         window = f"[{int(time.time() - folder.manifest()['started_at']) + 60}s]"
-        assert (
-            prometheus_max(prometheus, f'max_over_time(servescope_requests_running{{engine="llamacpp"}}{window})') >= 1
-        )
-        assert (
-            prometheus_max(prometheus, f'max_over_time(servescope_requests_waiting{{engine="llamacpp"}}{window})') >= 1
-        )
+        sampled = run_samples.last_value(folder.path, "llamacpp", series.GENERATED_TOKENS)
+        generated = f'max_over_time({series.GENERATED_TOKENS}{{engine="llamacpp"}}{window})'
+        deadline = time.monotonic() + 30
+        while (scraped := prometheus_max(prometheus, generated)) < sampled and time.monotonic() < deadline:
+            time.sleep(1)
+        assert sampled > 0 and scraped >= sampled, (scraped, sampled)
         assert prometheus_max(prometheus, 'up{job="exporter"}') == 1
 
         # A load test through the master, spread over both workers (separate containers, each its own client):

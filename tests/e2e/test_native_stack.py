@@ -15,9 +15,9 @@ import pytest
 import requests
 
 from servescope import series
-from servescope.runfolder import RunFolder, read_samples
 from stack import ports
 from tests.conftest import free_port
+from tests.e2e import run_samples
 
 REPO = Path(__file__).resolve().parents[2]
 PORT_KNOBS = (
@@ -160,22 +160,12 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
 
         # The run's own 100 ms samples saw each burst queue (issue 14): vLLM held MAX_NUM_SEQS running with the
         # rest waiting, llama.cpp's one slot (LLAMACPP_PARALLEL=1) left the others waiting; the verdict says so.
-        samples = list(read_samples(RunFolder(run)))
         for engine in ("vllm", "llamacpp"):
-            burst = next(p for p in phases if p["engine"] == engine and p["scenario"] == "burst")
-            inside = [
-                s.values
-                for s in samples
-                if s.engine == engine and s.values and burst["started_at"] <= s.t <= burst["ended_at"]
-            ]
-            running = max(v.get(series.REQUESTS_RUNNING, 0) for v in inside)
-            waiting = max(v.get(series.REQUESTS_WAITING, 0) for v in inside)
-            print(
-                f"{engine} burst of {BURST}: {len(inside)} samples, peak running {running:g}, peak waiting {waiting:g}"
-            )
+            peaks = run_samples.peaks_during(run, engine)
+            print(f"{engine} burst of {BURST}: {peaks}")
             slots = MAX_NUM_SEQS if engine == "vllm" else 1
-            assert running == slots, (engine, running)
-            assert waiting >= 1, (engine, waiting)
+            assert peaks.running == slots, (engine, peaks)
+            assert peaks.waiting >= 1, (engine, peaks)
         code, report_out = stack_report(run, env, log)
         assert code == 0, report_out
         md = (run / "report.md").read_text()
