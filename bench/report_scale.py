@@ -1,5 +1,11 @@
 """`make report` at scale: wall time and peak memory of `python -m report` on generated run folders of 51,200 and
-1,000,000 requests x 256 tokens (goals: 3 s; 30 s and 2 GB), beside the list-based report it replaced."""
+1,000,000 requests x 256 tokens (goals: 3 s; 30 s and 2 GB), beside the list-based report it replaced.
+
+A run ends with the load generator's summary table, which reads the run folder as the report does and leaves the
+run's index (servescope/runreader.py) beside its JSONL; the report then opens the index. Each size is measured that
+way: the summary once (timed: the run's last step), the report --repeat times (the goal is judged on their median),
+and once more without an index (RUN_INDEX_MIN_MB=off: a run killed before its summary, or a folder copied without
+it)."""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from pathlib import Path
 import duckdb
 
 from servescope import knobs
-from servescope.runfolder import REQUEST_FIELDS, REQUESTS, PhaseRecord, RunFolder
+from servescope.runfolder import INDEX, REQUEST_FIELDS, REQUESTS, PhaseRecord, RunFolder
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = knobs.path("SERVESCOPE_CACHE") / "bench" / "report-scale"  # generated once, reused (~2.7 GB at 1 M)
@@ -159,13 +165,36 @@ print(json.dumps({"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "peak_ki
 """
 
 
-def measure(code_dir: Path, run: Path) -> tuple[float, float, float, int, str]:
+def measure(code_dir: Path, run: Path, index: bool = True) -> tuple[float, float, float, int, str]:
     """(wall s, CPU s, peak RSS MiB, exit code, last stderr line) of `python -m report` on run, from code_dir."""
     with socket.socket() as sock:  # a port nothing listens on: the report notes "no gauge data" and goes on
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    command = [sys.executable, "-m", "report", "--run", str(run), "--prometheus", closed]
-    out = subprocess.run([sys.executable, "-c", _MEASURE, *command], cwd=code_dir, capture_output=True, text=True)
+    return _timed(code_dir, ["-m", "report", "--run", str(run), "--prometheus", closed], index)
+
+
+# What `python -m loadgen` runs last: its summary table, read back from the run folder.
+_SUMMARY = """
+import os, sys
+from loadgen.summary import print_summary
+from servescope.runfolder import RunFolder
+with open(os.devnull, "w") as out:
+    print_summary(RunFolder(sys.argv[1]), out)
+"""
+
+
+def end_of_run(run: Path) -> tuple[float, float, float, int, str]:
+    """The load generator's summary on run, without an index: it makes one."""
+    (run / INDEX).unlink(missing_ok=True)
+    return _timed(REPO, ["-c", _SUMMARY, str(run)], index=True)
+
+
+def _timed(code_dir: Path, args: list[str], index: bool) -> tuple[float, float, float, int, str]:
+    env = {**os.environ, "RUN_INDEX_MIN_MB": "" if index else "off"}
+    command = [sys.executable, *args]
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *command], cwd=code_dir, capture_output=True, text=True, env=env
+    )
     result = json.loads(out.stdout)
     last = (result["err"].strip().splitlines() or [""])[-1]
     return result["wall"], result["cpu"], result["peak_kib"] / 1024, result["rc"], last
@@ -185,6 +214,17 @@ def _size(path: Path) -> str:
     return f"{size / 2**30:.2f} GB" if size >= 2**30 else f"{size / 2**20:.0f} MB"
 
 
+def _row(n: int, run: Path, label: str, result: tuple, verdict: str = "") -> int:
+    """Print one measured step; 1 when it failed (its exit code and last line printed under it)."""
+    wall, cpu, rss, rc, last = result
+    print(
+        f"{n:>10,} {_size(run / REQUESTS):>15} {label:<31} {wall:>7.1f} {cpu:>6.1f} {rss:>9.0f}  {verdict}", flush=True
+    )
+    if rc != 0:
+        print(f"  exit {rc}: {last}")
+    return int(rc != 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.report_scale", description=__doc__)
     parser.add_argument("--sizes", default="51200,1000000", help="requests per generated run folder")
@@ -201,49 +241,44 @@ def main(argv: list[str] | None = None) -> int:
         f"threads, much less). Peak RSS: ru_maxrss of the report process."
     )
     old = None if args.no_old else old_report_code()
-    print(f"{'requests':>10} {'requests.jsonl':>15} {'report':<22} {'wall s':>7} {'CPU s':>6} {'peak MiB':>9}  goal")
+    print(f"{'requests':>10} {'requests.jsonl':>15} {'step':<31} {'wall s':>7} {'CPU s':>6} {'peak MiB':>9}  goal")
     failures = 0
     try:
         for n in sizes:
             run = folder_for(n, args.tokens, args.decimals)
-            rows = [("engine (DuckDB)", REPO)]
+            failures += _row(n, run, "loadgen's summary (makes index)", end_of_run(run))
+            if not (run / INDEX).exists():
+                print("  no index made")
+                failures += 1
+            # The host's speed drifts (the same CPU-bound loop took 1.1-2.2 s within an hour here): each run's wall
+            # time is printed beside that loop's, and the goal is judged on the median of the runs.
+            runs = [(probe(), *measure(REPO, run)) for _ in range(args.repeat)]
+            speed, wall, cpu, rss, rc, last = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
+            rss = max(r[3] for r in runs)
+            goal_s, goal_mib = GOALS.get(n, (None, None))
+            met = (goal_s is None or wall <= goal_s) and (goal_mib is None or rss <= goal_mib)
+            goal = "" if goal_s is None else f"<= {goal_s:g} s" + (f", <= {goal_mib} MiB" if goal_mib else "")
+            verdict = f"{goal} {'met' if met else 'NOT met'}" if goal else ""
+            failures += _row(n, run, "report (opens the index)", (wall, cpu, rss, rc, last), verdict)
+            if len(runs) > 1:
+                print(
+                    f"  {len(runs)} runs, wall s (the reference loop's CPU s just before): "
+                    + ", ".join(f"{r[1]:.1f} ({r[0]:.2f})" for r in runs)
+                    + "; median shown"
+                )
+            if rc == 0:  # read before another report writes its own report.json over it
+                summary = json.loads((run / "report.json").read_text())["latency"]["groups"]
+                itl = {g["instance"]: g["metrics"]["itl_s"] for g in summary}
+                print(
+                    "  ITL p50/p99 ms: "
+                    + ", ".join(
+                        f"{i} {m['p50'] * 1000:.3f}/{m['p99'] * 1000:.3f} (n={m['n']:,})" for i, m in itl.items()
+                    )
+                )
+            failures += _row(n, run, "report, no index (reads JSONL)", measure(REPO, run, index=False))
             # The list-based report needs ~35 GB at 1 M requests: it runs on the small folder only.
             if old is not None and n <= 100_000:
-                rows.append((f"lists ({OLD_REPORT})", old))
-            for label, code in rows:
-                # The host's speed drifts (the same CPU-bound loop took 1.1-2.2 s within an hour here): each run's
-                # wall time is printed beside that loop's, and the goal is judged on the median of the runs.
-                runs = []
-                for _ in range(args.repeat if code == REPO else 1):
-                    runs.append((probe(), *measure(code, run)))
-                speed, wall, cpu, rss, rc, last = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
-                rss = max(r[3] for r in runs)
-                goal_s, goal_mib = GOALS.get(n, (None, None)) if code == REPO else (None, None)
-                met = (goal_s is None or wall <= goal_s) and (goal_mib is None or rss <= goal_mib)
-                goal = "" if goal_s is None else f"<= {goal_s:g} s" + (f", <= {goal_mib} MiB" if goal_mib else "")
-                verdict = f"{goal} {'met' if met else 'NOT met'}" if goal else ""
-                print(
-                    f"{n:>10,} {_size(run / REQUESTS):>15} {label:<22} {wall:>7.1f} {cpu:>6.1f} {rss:>9.0f}  {verdict}",
-                    flush=True,
-                )
-                if len(runs) > 1:
-                    print(
-                        f"  {len(runs)} runs, wall s (the reference loop's CPU s just before): "
-                        + ", ".join(f"{r[1]:.1f} ({r[0]:.2f})" for r in runs)
-                        + "; median shown"
-                    )
-                if rc != 0:
-                    print(f"  exit {rc}: {last}")
-                    failures += 1
-                elif code == REPO:  # read before the list-based report writes its own report.json over it
-                    summary = json.loads((run / "report.json").read_text())["latency"]["groups"]
-                    itl = {g["instance"]: g["metrics"]["itl_s"] for g in summary}
-                    print(
-                        "  ITL p50/p99 ms: "
-                        + ", ".join(
-                            f"{i} {m['p50'] * 1000:.3f}/{m['p99'] * 1000:.3f} (n={m['n']:,})" for i, m in itl.items()
-                        )
-                    )
+                failures += _row(n, run, f"report, lists ({OLD_REPORT})", measure(old, run))
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -14,8 +14,10 @@ from servescope.runfolder import RunFolder
 
 def print_summary(folder: RunFolder, out: TextIO) -> None:
     """One source with `report --table-only`: the same reader, the same table, the same refusals."""
+    from report import goodput  # the report's SLO limits: the run's index, made by this first reading, counts them
+
     try:
-        run = report_load.load(folder.path)
+        run = report_load.load(folder.path, goodput.manifest_gap_limits)
     except report_load.RunError:
         return
     others = [p for p in run.phases if not (report_table.is_sequential(p) or report_table.is_burst(p))]

@@ -41,6 +41,15 @@ def gap_limits(spec: slo.SloSpec) -> tuple[float, ...]:
     return tuple(t.limit_s for t in spec.terms if _is_flag(t))
 
 
+def manifest_gap_limits(manifest: dict[str, Any], override: str | None = None) -> tuple[float, ...]:
+    """gap_limits of the spec a report of this run judges by, for the reader to count while it reads (a bad --slo:
+    none; the goodput section says why)."""
+    try:
+        return gap_limits(spec_of_manifest(manifest, override))
+    except slo.SloError:
+        return ()
+
+
 def spec_of_manifest(manifest: dict[str, Any], override: str | None = None) -> slo.SloSpec:
     """The spec asked for, else the one the run recorded, else the knobs' (servescope/slo.resolve).
 

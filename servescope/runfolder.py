@@ -36,6 +36,8 @@ from typing import Any
 MANIFEST = "manifest.json"
 REQUESTS = "requests.jsonl"
 PHASES = "phases.jsonl"
+# The JSONL read once into a columnar database beside it (servescope.runreader): a cache, never the record.
+INDEX = "records.duckdb"
 SCHEMA_VERSION = 1
 
 

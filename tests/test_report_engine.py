@@ -58,23 +58,32 @@ def same(expected: Any, got: Any, path: tuple = ()) -> list[str]:
     return [] if expected == got and type(expected) is type(got) else [f"{path}: {expected!r} != {got!r}"]
 
 
-@pytest.mark.parametrize("storage", ["memory", "file"])
+@pytest.mark.parametrize("storage", ["memory", "file", "index", "reused index"])
 def test_the_same_numbers_as_the_list_based_report(tmp_path, monkeypatch, storage):
-    """In memory (small runs) or in a database file (runs past runreader.FILE_BACKED_BYTES): the same numbers."""
+    """In memory (small runs), in a database file (runs past runreader.FILE_BACKED_BYTES), into the run's index (runs
+    past RUN_INDEX_MIN_MB) and from the index a reader left: the same numbers."""
+    runs = tmp_path / "runs"
+    shutil.copytree(RUNS, runs)  # an index is written beside the records
     if storage == "file":
         monkeypatch.setattr(runreader, "FILE_BACKED_BYTES", -1)
-    slower_copy(RUNS / "seed-vllm-ollama", tmp_path / "slower", 1.0)
-    got = {
-        "seed-vllm-ollama": numbers(load(RUNS / "seed-vllm-ollama")),
-        "live-failures": numbers(load(RUNS / "live-failures")),
-        "seed-vllm-ollama-vs-slower": numbers(load(RUNS / "seed-vllm-ollama"), load(tmp_path / "slower")),
-        "loadgen-shape": numbers(load(write_run(tmp_path))),
-    }
+    monkeypatch.setenv("RUN_INDEX_MIN_MB", "0" if "index" in storage else "off")
+    slower_copy(runs / "seed-vllm-ollama", tmp_path / "slower", 1.0)
+    shape = write_run(tmp_path)
+    for _ in range(2 if storage == "reused index" else 1):
+        got = {
+            "seed-vllm-ollama": numbers(load(runs / "seed-vllm-ollama")),
+            "live-failures": numbers(load(runs / "live-failures")),
+            "seed-vllm-ollama-vs-slower": numbers(load(runs / "seed-vllm-ollama"), load(tmp_path / "slower")),
+            "loadgen-shape": numbers(load(shape)),
+        }
+    indexes = {p.parent.name for p in tmp_path.rglob(runfolder.INDEX)}
+    assert indexes == ({"seed-vllm-ollama", "live-failures", "slower", shape.name} if "index" in storage else set())
     assert same({name: _bursts_only(numbers) for name, numbers in EXPECTED.items()}, got) == []
 
 
 def test_a_database_file_keeps_every_line_number_through_blank_refused_and_torn_lines(tmp_path, monkeypatch):
-    """Line numbers are row ids: a database file (never checkpointed) keeps them through the deletes, as memory does."""
+    """Line numbers are row ids: no row is deleted (a blank line keeps one), so a database file and the run's index,
+    checkpointed, keep them as memory does."""
     lines = (RUNS / "live-failures" / "requests.jsonl").read_text().splitlines()[:-1]  # its last line is torn
     bad = json.loads(lines[3])
     bad["ttft_s"] = "0.2"
@@ -83,15 +92,21 @@ def test_a_database_file_keeps_every_line_number_through_blank_refused_and_torn_
     folder.mkdir()
     (folder / "requests.jsonl").write_text("\n".join(mixed))
     read = {}
-    for storage, threshold in (("memory", runreader.FILE_BACKED_BYTES), ("file", -1)):
+    for storage, threshold, index in (
+        ("memory", runreader.FILE_BACKED_BYTES, "off"),
+        ("file", -1, "off"),
+        ("index", runreader.FILE_BACKED_BYTES, "0"),
+        ("reused index", runreader.FILE_BACKED_BYTES, "0"),
+    ):
         monkeypatch.setattr(runreader, "FILE_BACKED_BYTES", threshold)
+        monkeypatch.setenv("RUN_INDEX_MIN_MB", index)
         data = RunData(folder, files=(runfolder.REQUESTS,))
         try:
             rows = data.con.execute("SELECT line_no, started_at FROM requests ORDER BY line_no").fetchall()
             read[storage] = (rows, data.skips.lines())
         finally:
             data.close()
-    assert read["file"] == read["memory"]
+    assert read["file"] == read["memory"] == read["index"] == read["reused index"]
     rows, skipped = read["file"]
     assert [n for n, _ in rows] == [1, 3, *range(7, len(mixed))], skipped
     assert skipped == [
