@@ -3,7 +3,6 @@ for its sequential and burst phases, one line per phase for the others (ramp ste
 
 from __future__ import annotations
 
-import statistics
 from typing import TextIO
 
 from report import load as report_load
@@ -28,15 +27,16 @@ def print_summary(folder: RunFolder, out: TextIO) -> None:
             file=out,
         )
     for p in others:
-        rs = run.requests_of(p.instance, p.phase)
-        ok = [r for r in rs if r.ok]
-        tokens = sum(r.output_tokens or 0 for r in ok)
-        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-        ttft = f"{statistics.median(ttfts):.3f}" if ttfts else "-"
+        # Counted by the engine: a soak's rate phase is a million records, never Python objects here.
+        requests, ok, tokens, ttft = run.con.execute(
+            "SELECT count(*), count(*) FILTER (ok), coalesce(sum(output_tokens) FILTER (ok), 0), "
+            "median(ttft_s) FILTER (ok) FROM requests WHERE instance = ? AND phase = ?",
+            [p.instance, p.phase],
+        ).fetchone()
         noisy = "; ".join(hostnoise.flags(p.noise, p.instance)) or ("ok" if p.noise else "-")
         print(
-            f"{p.instance:<16} {p.phase:<18} {len(rs):>4} {len(ok):>3} {p.wall_s:>8.3f} {tokens:>6} "
-            f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {ttft:>10}  {noisy}",
+            f"{p.instance:<16} {p.phase:<18} {requests:>4} {ok:>3} {p.wall_s:>8.3f} {tokens:>6} "
+            f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {'-' if ttft is None else f'{ttft:.3f}':>10}  {noisy}",
             file=out,
         )
     print(file=out)

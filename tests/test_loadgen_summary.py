@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from loadgen.summary import print_summary
-from servescope.runfolder import PhaseRecord, RunFolder
+from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
 
 
 def phase(name: str, scenario: str, wall: float, sha: str = "a" * 64, max_tokens: int = 48) -> PhaseRecord:
@@ -55,3 +55,23 @@ def test_an_unmatched_burst_is_refused_not_divided(tmp_path):
 def test_a_burst_without_a_sequential_pass_has_no_factor_line(tmp_path):
     text = summary(tmp_path, phase("burst-1", "burst", 4.0))
     assert "no sequential pass for this engine: no scaling factor" in text and "x -- " not in text
+
+
+def test_a_rate_phase_gets_one_line_counted_from_its_records(tmp_path):
+    """Requests, the successful ones, their tokens and tokens/s over the phase's wall, the median TTFT of the
+    successful (an even count: the mean of the middle two, as statistics.median)."""
+    folder = RunFolder.create(tmp_path, "run")
+    folder.write_manifest({"run_id": "run", "started_at": 100.0, "ended_at": 120.0})
+    folder.append_phase(phase("rate-2rps", "rate", 4.0))
+    outcomes = [(0.10, 10, True), (0.40, 12, True), (0.20, 8, True), (0.30, 6, True), (9.0, 50, False), (None, 0, True)]
+    for i, (ttft, tokens, ok) in enumerate(outcomes):
+        folder.append_request(
+            RequestRecord(
+                "vllm", "vllm", "rate", "rate-2rps", "openai", "m", "seed3", "a" * 64, f"p{i}", 48, 100.0 + i, ok,
+                200 if ok else 503, ttft_s=ttft, e2e_s=1.0, output_tokens=tokens,
+            )
+        )  # fmt: skip
+    out = io.StringIO()
+    print_summary(folder, out)
+    line = next(x for x in out.getvalue().splitlines() if x.startswith("vllm") and "rate-2rps" in x)
+    assert line.split()[:8] == ["vllm", "rate-2rps", "6", "5", "4.000", "36", "9.0", "0.250"], line
