@@ -14,8 +14,9 @@ the contract allows. Both checks are generated from the contract's field table (
 written once.
 
 A long run is read once: past RUN_INDEX_MIN_MB of requests the tables are kept beside the JSONL (runfolder.INDEX)
-and later readers open them. Measured on bench/report_scale.py's folders, this machine: the report on 51,200
-requests 3.6 s reading the JSONL, 2.3 s opening the index; on 1 M requests ~37 s against ~12 s.
+and later readers open them (the load generator's end-of-run summary is the first). Measured by bench/report_scale.py
+on this machine: the report on 51,200 requests 3.7 s reading the JSONL, 2.7 s opening the index; on 1 M requests
+38.6 s against 12.3 s.
 """
 
 from __future__ import annotations
