@@ -403,20 +403,23 @@ def _fingerprint() -> str:
     return hashlib.sha256("\n".join(text).encode()).hexdigest()
 
 
-def _usable(index: Path) -> bool:
-    """An index made by these rules from the files as they are now; anything else (none, stale, unreadable) is not."""
+def _attach(con, index: Path) -> dict[str, str] | None:
+    """Attach the run's index to con as `run` and return what it says of itself, if it was made by these rules from
+    the files as they are now; anything else (none, stale, unreadable) is left detached: None."""
     if not index.exists():
-        return False
+        return None
     import duckdb
 
     try:
-        with duckdb.connect(":memory:") as con:
-            con.execute(f"ATTACH {_q(str(index))} AS run (READ_ONLY)")
-            meta = dict(con.execute("SELECT name, value FROM run.index_meta").fetchall())
+        con.execute(f"ATTACH {_q(str(index))} AS run (READ_ONLY)")
+        meta = dict(con.execute("SELECT name, value FROM run.index_meta").fetchall())
     except duckdb.Error:
-        return False
+        meta = {}
     stamps = _stamps(index.parent)
-    return meta.get("fingerprint") == _fingerprint() and all(meta.get(f"file {n}") == v for n, v in stamps.items())
+    if meta.get("fingerprint") == _fingerprint() and all(meta.get(f"file {n}") == v for n, v in stamps.items()):
+        return meta
+    con.execute("DETACH DATABASE IF EXISTS run")
+    return None
 
 
 def _why(exc: Exception) -> str:
@@ -452,40 +455,46 @@ class RunData:
             self._config["threads"] = 1  # a few hundred records: a second thread costs more than it parses
         import duckdb  # loaded by whoever reads, not by every importer (the load generator imports this module)
 
-        index = self.folder / runfolder.INDEX
-        if (
-            runfolder.REQUESTS in files
-            and _wants_index(self.folder)
-            # A folder that takes no writes (read-only, frozen) is read without one, silently: nothing to say there.
-            and (_usable(index) or (os.access(self.folder, os.W_OK) and self._make_index(index)))
-        ):
+        index, meta = self.folder / runfolder.INDEX, None
+        if runfolder.REQUESTS in files and _wants_index(self.folder):
             self.con = duckdb.connect(":memory:", config=self._config)
-            self._closer = weakref.finalize(self, _remove, self.con, self._tmp)
-            self.con.execute(f"ATTACH {_q(str(index))} AS run (READ_ONLY)")
-            meta = dict(self.con.execute("SELECT name, value FROM run.index_meta").fetchall())
+            _settings(self.con)
+            meta = _attach(self.con, index)
+            # A folder that takes no writes (read-only, frozen) is read without one, silently: nothing to say there.
+            if meta is None and os.access(self.folder, os.W_OK) and self._make_index(index):
+                meta = _attach(self.con, index)
+            if meta is None:
+                self.con.close()
+        if meta is not None:
             self.limits = tuple(json.loads(meta["limits"]))
-            for name, view in VIEWS.items():
-                self._view(view, f"run.{view}_lines")
-                if name in files and meta[f"file {name}"] != _ABSENT:
-                    set_aside = meta[f"set aside {name}"]
-                    self._count_skips(f"run.{view}_lines", name, f"run.{set_aside}" if set_aside else None)
-            return
-        # Small runs are read into memory. A run whose records would not fit in the memory limit goes to a database
-        # file in the temporary directory instead: the engine writes it compressed as it reads (a 1 M-request run's
-        # 2.7 GB of JSONL: 660 MB), where memory would spill uncompressed pages to disk and read them back on every
-        # pass. Measured on bench/report_scale.py's 1 M-request folder, this machine: the same 27 s to read, then
-        # each pass over every gap 3-4x faster (a sum over 254 M gaps 1.1 s against 3.7 s). Below the threshold
-        # memory reads faster (51,200 requests: 1.4 s against 2.1 s).
-        database = str(Path(self._tmp) / "run.duckdb") if size > FILE_BACKED_BYTES else ":memory:"
-        self.con = duckdb.connect(database, config=self._config)
+            tables = {name: f"run.{view}_lines" for name, view in VIEWS.items()}
+            read = {name: meta[f"file {name}"] != _ABSENT for name in VIEWS}
+            set_aside = {
+                name: f"run.{meta[f'set aside {name}']}" if meta[f"set aside {name}"] else None for name in VIEWS
+            }
+        else:
+            # Small runs are read into memory. A run whose records would not fit in the memory limit goes to a
+            # database file in the temporary directory instead: the engine writes it compressed as it reads (a 1 M-
+            # request run's 2.7 GB of JSONL: 660 MB), where memory would spill uncompressed pages to disk and read
+            # them back on every pass. Measured on bench/report_scale.py's 1 M-request folder, this machine: the same
+            # 27 s to read, then each pass over every gap 3-4x faster (a sum over 254 M gaps 1.1 s against 3.7 s).
+            # Below the threshold memory reads faster (51,200 requests: 1.4 s against 2.1 s).
+            database = str(Path(self._tmp) / "run.duckdb") if size > FILE_BACKED_BYTES else ":memory:"
+            self.con = duckdb.connect(database, config=self._config)
+            _settings(self.con)
+            tables = {name: f"{view}_lines" for name, view in VIEWS.items()}
+            read = {name: name in files and (self.folder / name).exists() for name in VIEWS}
+            set_aside = {
+                name: _ingest(
+                    self.con, tables[name], self.folder / name if read[name] else None, SPECS[view], self.limits
+                )
+                for name, view in VIEWS.items()
+            }
         self._closer = weakref.finalize(self, _remove, self.con, self._tmp)
-        _settings(self.con)
         for name, view in VIEWS.items():
-            table = f"{view}_lines"
-            rejects = _ingest(self.con, table, self.folder / name if name in files else None, SPECS[view], self.limits)
-            self._view(view, table)
-            if name in files and (self.folder / name).exists():
-                self._count_skips(table, name, rejects)
+            self._view(view, tables[name])
+            if name in files and read[name]:
+                self._count_skips(tables[name], name, set_aside[name])
 
     def close(self) -> None:
         self._closer()

@@ -6,7 +6,6 @@ one scrape interval (Compose scrapes every 5 s), which is why the run samples it
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,17 +23,14 @@ class Peaks:
         return f"{self.samples} samples, peak running {self.running:g}, peak waiting {self.waiting:g}"
 
 
-def phases(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "phases.jsonl").read_text().splitlines() if line.strip()]
-
-
 def peaks_during(run: Path, engine: str, scenario: str = "burst") -> Peaks:
     """The engine's peak running and waiting over the samples taken while its first `scenario` phase ran."""
-    phase = next(p for p in phases(run) if p["engine"] == engine and p["scenario"] == scenario)
+    folder = RunFolder(run)
+    phase = next(p for p in folder.phases() if p.engine == engine and p.scenario == scenario)
     inside = [
         s.values
-        for s in read_samples(RunFolder(run))
-        if s.engine == engine and s.values and phase["started_at"] <= s.t <= phase["ended_at"]
+        for s in read_samples(folder)
+        if s.engine == engine and s.values and phase.started_at <= s.t <= phase.ended_at
     ]
     return Peaks(
         samples=len(inside),
