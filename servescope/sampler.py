@@ -161,9 +161,12 @@ class Sampler:
         self.stop(final_read=False)
         self.phase = phase
         self._stop.clear()
+        # The next read is due one interval after this one began, not ended: a slow first read (a cold
+        # connection, the exporter's first collection) must not stretch the first interval past a gap.
+        first = time.monotonic()
         self.read_once()
         self._thread = threading.Thread(
-            target=self._loop, args=(time.monotonic() + self.interval_s,), name="servescope-sampler", daemon=True
+            target=self._loop, args=(first + self.interval_s,), name="servescope-sampler", daemon=True
         )
         self._thread.start()
 

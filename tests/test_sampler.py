@@ -48,8 +48,9 @@ def burst(url: str, size: int, max_tokens: int = 20) -> list[dict]:
             barrier.wait()
             sent = time.monotonic()
             with session.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=30) as resp:
-                # One byte at a time: iter_lines' default 512-byte reads can hold the first token back until more arrive.
-                for line in resp.iter_lines(chunk_size=1):
+                # Each HTTP chunk as it arrives: iter_lines' default 512-byte reads can hold the first token back
+                # until more arrive, and byte-at-a-time reads take the CPU the sampler's reads need.
+                for line in resp.iter_lines(chunk_size=None):
                     if b'"content":"tok' in line and "ttft" not in results[i]:
                         results[i]["ttft"] = time.monotonic() - sent
             results[i]["e2e"] = time.monotonic() - sent
@@ -144,6 +145,26 @@ def test_an_unreachable_exporter_marks_the_runs_engines_missing(folder):
     ]
     assert sampler.failed_reads == 1
     assert [r.instance for r in read_samples(folder)] == ["vllm", "llamacpp"]
+
+
+def test_a_slow_first_read_does_not_stretch_the_first_interval(folder):
+    """The next read is due one interval after the first one began: a cold first read is no gap in the samples."""
+    began: list[float] = []
+
+    class SlowFirstRead(Sampler):
+        def read_once(self):
+            began.append(time.monotonic())
+            time.sleep(0.15 if len(began) == 1 else 0.0)
+            return []
+
+    sampler = SlowFirstRead(folder, "http://127.0.0.1:9", 0.1)
+    sampler.start("burst")
+    wait_for(lambda: len(began) >= 4, what="four reads")
+    sampler.close()
+    gaps = [b - a for a, b in zip(began, began[1:], strict=False)]
+    # Before: the second read came 0.15 + 0.1 s after the first began, a gap to every reader (> GAP_FACTOR intervals).
+    assert gaps[0] < 0.2, gaps
+    assert all(g < 0.15 for g in gaps[1:]), gaps
 
 
 def test_zero_interval_is_off(folder):
