@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from report import load, tuning
+from report.painter import Painter
 from servescope import knobs, slo
 from servescope.thresholds import NoiseRule
 
@@ -72,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             run = load.load(path)
             sys.stdout.write(table.render_text(table.build(run), run.run_id))
             return 0
-        # The engine reads the run folder on its own threads (it lets go of the GIL) while Python imports the
-        # report's sections, matplotlib and friends (imported here, after the reading started, for that reason).
+        # The figures' painter starts first: its process imports matplotlib on the other core meanwhile. The engine
+        # reads the run folder on its own threads (it lets go of the GIL) while Python imports the report's sections
+        # (imported here, after the reading started, for that reason).
+        Painter.shared()
         with ThreadPoolExecutor(1) as reader:
             reading = reader.submit(load.load, path, lambda manifest: _gap_limits(manifest, args.slo))
             from report import render, sections

@@ -73,8 +73,9 @@ def pairs(current: Side, baseline: Side, metric: str) -> tuple[list[float], list
 
 
 def compare_groups(current: Side, baseline: Side) -> list[Delta]:
-    out = []
-    for metric in METRICS:
+    by_metric: dict[str, Delta] = {}
+    # ITL last: it reads the pools of gaps, whose passes may still be running while the others are resampled.
+    for metric in sorted(METRICS, key=lambda m: m == "itl_s"):
         paired = False
         if metric in latency.PER_REQUEST_SQL:
             a, b = pairs(current, baseline, metric)
@@ -85,24 +86,22 @@ def compare_groups(current: Side, baseline: Side) -> list[Delta]:
             result = _pooled(current, baseline)
         else:
             result = stats.bootstrap_median_delta(_unpaired(current, metric), _unpaired(baseline, metric), paired=False)
-        out.append(
-            Delta(
-                current.label,
-                baseline.label,
-                current.scenario,
-                metric,
-                paired,
-                result["n_current"],
-                result["n_baseline"],
-                result["median_current"],
-                result["median_baseline"],
-                result["delta"],
-                result["ci_low"],
-                result["ci_high"],
-                result["delta_pct"],
-            )
+        by_metric[metric] = Delta(
+            current.label,
+            baseline.label,
+            current.scenario,
+            metric,
+            paired,
+            result["n_current"],
+            result["n_baseline"],
+            result["median_current"],
+            result["median_baseline"],
+            result["delta"],
+            result["ci_low"],
+            result["ci_high"],
+            result["delta_pct"],
         )
-    return out
+    return [by_metric[m] for m in METRICS]
 
 
 def _unpaired(side: Side, metric: str) -> np.ndarray:

@@ -92,13 +92,6 @@ class Run:
         count = cursor.execute("SELECT count(*) FROM requests").fetchone()[0]
         return dataclasses.replace(self, phases=phases, view=cursor, request_count=count, cache={})
 
-    def on_own_cursor(self) -> Run:
-        """The same run on a cursor of its own, for another thread (a DuckDB connection serves one thread at a time);
-        it shares this run's cache. Not for a run with phases left out (its view is its cursor's own)."""
-        if self.view is not None:
-            raise ValueError("a run with phases left out has a cursor of its own already")
-        return dataclasses.replace(self, view=self.db.con.cursor())
-
     def requests_of(self, instance: str, phase: str | None = None, gaps: bool = True) -> list[RequestRecord]:
         """One engine's records (one phase's) as objects, in the report's order: for small selections only.
         gaps=False leaves every itl_s empty (for readers that never look at the gaps: a tenth of the memory)."""

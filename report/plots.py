@@ -1,4 +1,6 @@
-"""The report's figures (matplotlib, Agg backend): every plot titled, axes with units, a legend where there are series."""
+"""The report's figures drawn from plain data (report/figures.py makes it): every plot titled, axes with units, a legend
+where there are series. matplotlib, Agg backend; imported by the painter (report/painter.py), not by the report's
+computing side, so its import and its drawing cost the report's reading nothing."""
 
 from __future__ import annotations
 
@@ -10,21 +12,11 @@ import matplotlib
 matplotlib.use("Agg")  # no display here, and a report must render the same everywhere
 
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import cbook  # noqa: E402
 
-from report import latency, stats  # noqa: E402
-from report.compare import Delta  # noqa: E402
-from report.crosscheck import COMPONENTS, CrossCheck  # noqa: E402
-from report.gauges import GaugeReport, with_gaps  # noqa: E402
-from report.load import Run  # noqa: E402
-from report.sweep import BurstDrain, Sweep, mean_ttft_by_arrival  # noqa: E402
-from report.table import TableRow  # noqa: E402
-from report.workloads import WorkloadReport  # noqa: E402
 from servescope import series  # noqa: E402
 
 DPI = 110
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-MAX_FLIERS = 2000  # points drawn beyond the whiskers of a box whose values are not all fetched
 PHASE_SHADES = ("#dbe9f6", "#fde5cc", "#dff0d8", "#eadcf0", "#f9dede", "#e8e8e8")
 
 
@@ -35,22 +27,22 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def seed_table(rows: list[TableRow], path: Path) -> Path | None:
+def seed_table(data: dict, path: Path) -> Path:
     """Wall time per engine and mode, with the scaling factor written over each burst."""
-    if not rows:
-        return None
-    titles = list(dict.fromkeys(r.title for r in rows))
-    modes = list(dict.fromkeys(r.mode for r in rows))
+    rows = data["bars"]  # (engine title, mode, wall s, scaling factor or None)
+    titles = list(dict.fromkeys(title for title, _, _, _ in rows))
+    modes = list(dict.fromkeys(mode for _, mode, _, _ in rows))
     fig, ax = plt.subplots(figsize=(9, 4.2))
     width = 0.8 / max(1, len(modes))
     for m_i, mode in enumerate(modes):
         xs, hs, labels = [], [], []
         for e_i, title in enumerate(titles):
-            match = [r for r in rows if r.title == title and r.mode == mode]
+            match = [(wall, factor) for t, m, wall, factor in rows if t == title and m == mode]
             if match:
+                wall, factor = match[0]
                 xs.append(e_i + (m_i - (len(modes) - 1) / 2) * width)
-                hs.append(match[0].wall_s)
-                labels.append(f"{match[0].scaling_factor:.2f}x" if match[0].scaling_factor is not None else "")
+                hs.append(wall)
+                labels.append(f"{factor:.2f}x" if factor is not None else "")
         bars = ax.bar(xs, hs, width=width * 0.95, label=mode, color=COLORS[m_i % len(COLORS)])
         for bar, text in zip(bars, labels, strict=True):
             if text:
@@ -72,14 +64,11 @@ def seed_table(rows: list[TableRow], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def latency_boxes(run: Run, path: Path) -> Path | None:
-    groups = [(i, s) for i, s in latency.groups(run) if _any_ok(run, i, s)]
-    if not groups:
-        return None
+def latency_boxes(data: dict, path: Path) -> Path:
+    """One panel per metric (its title, one box per engine and scenario in ms); a missing box is an empty slot."""
+    labels = data["labels"]
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5))
-    labels = [f"{run.engines[i].title}\n{s}" for i, s in groups]
-    for ax, metric in zip(axes.flat, latency.METRICS, strict=True):
-        boxes = [_box(run, i, s, metric) for i, s in groups]
+    for ax, (title, boxes) in zip(axes.flat, data["panels"], strict=True):
         positions = [k for k, box in enumerate(boxes) if box]
         if positions:
             bp = ax.bxp([boxes[k] for k in positions], positions=positions, widths=0.6, patch_artist=True)
@@ -88,7 +77,7 @@ def latency_boxes(run: Run, path: Path) -> Path | None:
                 patch.set_alpha(0.6)
         ax.set_xticks(range(len(labels)), labels, fontsize=8)
         ax.set_ylabel("milliseconds")
-        ax.set_title(latency.DEFINITIONS[metric].split(":")[0] + " (box p25-p75, whiskers p5-p95)", fontsize=10)
+        ax.set_title(title + " (box p25-p75, whiskers p5-p95)", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k % len(COLORS)], alpha=0.6) for k in range(len(labels))]
     fig.legend(
@@ -101,60 +90,8 @@ def latency_boxes(run: Run, path: Path) -> Path | None:
     return path
 
 
-def _any_ok(run: Run, instance: str, scenario: str) -> bool:
-    sql = f"SELECT count(*) FROM requests WHERE ok AND {latency.GROUP}"
-    return bool(run.con.execute(sql, [instance, scenario]).fetchone()[0])
-
-
-def _box(run: Run, instance: str, scenario: str, metric: str) -> dict | None:
-    """One box's statistics in ms, as matplotlib's boxplot(whis=(p5, p95)) computes them (a pool too large to fetch:
-    from exact order statistics); every box draws at most MAX_FLIERS fliers, evenly spread."""
-    whis = (latency.BOX_QUANTILES[0], latency.BOX_QUANTILES[-1])
-    if metric != "itl_s":
-        data = latency.samples(run, instance, scenario, metric) * 1000
-        return _thin(cbook.boxplot_stats(data, whis=whis)[0]) if len(data) else None
-    pool = latency.pool(run, instance, scenario)
-    if not pool.n:
-        return None
-    if pool.whole:
-        return _thin(cbook.boxplot_stats(pool.in_order() * 1000, whis=whis)[0])
-    # The whiskers are data points: the smallest value >= p5 and the largest <= p95.
-    low, high = (pool.percentile(q) for q in whis)
-    lo5, hi5, _ = stats.rank_of(pool.n, whis[0])
-    lo95, hi95, _ = stats.rank_of(pool.n, whis[1])
-    whislo = pool.at(lo5) if pool.at(lo5) >= low else pool.at(hi5)
-    whishi = pool.at(hi95) if pool.at(hi95) <= high else pool.at(lo95)
-    return {
-        "med": pool.percentile(50) * 1000,
-        "q1": pool.percentile(25) * 1000,
-        "q3": pool.percentile(75) * 1000,
-        "whislo": whislo * 1000,
-        "whishi": whishi * 1000,
-        "mean": pool.total / pool.n * 1000,
-        "fliers": pool.outside(whislo, whishi, MAX_FLIERS) * 1000,
-    }
-
-
-def _thin(box: dict) -> dict:
-    """At most MAX_FLIERS fliers, evenly spread over them: 50,000 markers per box draw slowly and show no more."""
-    fliers = box["fliers"]
-    box["fliers"] = fliers[:: -(-len(fliers) // MAX_FLIERS)] if len(fliers) > MAX_FLIERS else fliers
-    return box
-
-
-def output_tokens(run: Run, path: Path) -> Path | None:
-    # Counts per length from the engine: the histogram of a million requests without a million numbers.
-    data = {}
-    for i in run.engines:
-        rows = run.con.execute(
-            "SELECT output_tokens, count(*) FROM requests WHERE ok AND instance = ? AND output_tokens IS NOT NULL "
-            "GROUP BY 1 ORDER BY 1",
-            [i],
-        ).fetchall()
-        if rows:
-            data[run.engines[i].title] = ([v for v, _ in rows], [n for _, n in rows])
-    if not data:
-        return None
+def output_tokens(data: dict, path: Path) -> Path:
+    """Requests per output length: {engine title: (lengths, counts)}."""
     fig, ax = plt.subplots(figsize=(8, 3.6))
     lo, hi = min(v[0][0] for v in data.values()), max(v[0][-1] for v in data.values())
     bins = range(lo, hi + 2) if hi - lo <= 60 else 30
@@ -169,29 +106,11 @@ def output_tokens(run: Run, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def gauge_traces(run: Run, report: GaugeReport) -> dict[str, dict]:
-    """What the gauge plot draws, in seconds since the run's start: phase bands and each gauge with its gaps as NaN."""
-    if not report.available or report.window is None:
-        return {}
-    t0 = report.window[0]
-    traces = {}
-    for eg in report.engines.values():
-        if not eg.series:
-            continue
-        trace = {"bands": [(p.phase, p.started_at - t0, p.ended_at - t0) for p in run.phases_of(eg.instance)]}
-        for gauge in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE):
-            points = with_gaps(eg.series.get(gauge, []), eg.spacing_s)
-            trace[gauge] = ([t - t0 for t, _ in points], [v for _, v in points])
-        traces[eg.instance] = trace
-    return traces
-
-
-def gauges(run: Run, report: GaugeReport, path: Path) -> Path | None:
-    traces = gauge_traces(run, report)
-    if not traces:
-        return None
-    fig, axes = plt.subplots(len(traces), 1, figsize=(11, 3.2 * len(traces)), squeeze=False, sharex=True)
-    for ax, (instance, trace) in zip(axes[:, 0], traces.items(), strict=True):
+def gauges(data: dict, path: Path) -> Path:
+    """One panel per engine (title, trace): running and waiting as steps, KV cache usage on a right axis, phases shaded."""
+    panels = data["panels"]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), squeeze=False, sharex=True)
+    for ax, (title, trace) in zip(axes[:, 0], panels, strict=True):
         for k, (phase, start, end) in enumerate(trace["bands"]):
             ax.axvspan(start, end, color=PHASE_SHADES[k % len(PHASE_SHADES)], zorder=0)
             # Staggered so the labels of short neighbouring phases do not print over each other.
@@ -223,32 +142,18 @@ def gauges(run: Run, report: GaugeReport, path: Path) -> Path | None:
             lines += ax2.plot(xs, kv, color=COLORS[2], linestyle="--", label="KV cache usage")
             ax2.set_ylabel("KV cache usage (%)")
             ax2.set_ylim(0, max(5.0, max(v for v in kv if v == v) * 1.2))
-        eg = report.engines[instance]
-        how = f"samples every {eg.spacing_s * 1000:g} ms" if eg.source == "samples" else "Prometheus"
-        ax.set_title(f"{run.engines[instance].title}: lever gauges ({how}; shaded: load phases)", fontsize=10, pad=38)
+        ax.set_title(title, fontsize=10, pad=38)
         ax.legend(lines, [ln.get_label() for ln in lines], loc="upper right", fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since run start")
     return _save(fig, path)
 
 
-def ttft_by_arrival(run: Run, drains: list[BurstDrain], path: Path) -> Path | None:
+def ttft_by_arrival(data: dict, path: Path) -> Path:
+    """Mean TTFT per arrival index, one line per engine (colour index, title, arrival indexes, TTFTs)."""
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    drawn = False
-    for k, instance in enumerate(run.engines):
-        pts = mean_ttft_by_arrival(drains, instance)
-        if pts:
-            ax.plot(
-                [i + 1 for i, _ in pts],
-                [v for _, v in pts],
-                marker="o",
-                color=COLORS[k % len(COLORS)],
-                label=run.engines[instance].title,
-            )
-            drawn = True
-    if not drawn:
-        plt.close(fig)
-        return None
+    for k, title, xs, ys in data["lines"]:
+        ax.plot(xs, ys, marker="o", color=COLORS[k % len(COLORS)], label=title)
     ax.set_xlabel("arrival order within the burst (1 = first released)")
     ax.set_ylabel("TTFT (s), mean over bursts")
     ax.set_title("TTFT by arrival order: flat = served together, staircase = one at a time")
@@ -258,21 +163,16 @@ def ttft_by_arrival(run: Run, drains: list[BurstDrain], path: Path) -> Path | No
     return _save(fig, path)
 
 
-def sweeps(run: Run, sweeps_: list[Sweep], path: Path) -> Path | None:
-    if not sweeps_:
-        return None
+def sweeps(data: dict, path: Path) -> Path:
+    """Throughput and E2E latency against concurrency, one colour per sweep, its knee marked."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for k, sw in enumerate(sweeps_):
-        color = COLORS[k % len(COLORS)]
-        label = f"{run.engines[sw.instance].title} ({sw.scenario})"
-        cs = [lv.concurrency for lv in sw.levels]
-        ax1.plot(cs, [lv.tokens_per_s or 0 for lv in sw.levels], marker="o", color=color, label=label)
-        ax2.plot(cs, [lv.e2e["p50"] for lv in sw.levels], marker="o", color=color, label=f"{label} E2E p50")
-        ax2.plot(
-            cs, [lv.e2e["p95"] for lv in sw.levels], marker="^", linestyle=":", color=color, label=f"{label} E2E p95"
-        )
-        if sw.knee_concurrency is not None:
-            ax1.axvline(sw.knee_concurrency, color=color, linestyle="--", alpha=0.6, label=f"knee ({label})")
+    for k, sw in enumerate(data["lines"]):
+        color, label, cs = COLORS[k % len(COLORS)], sw["label"], sw["concurrency"]
+        ax1.plot(cs, sw["tokens_per_s"], marker="o", color=color, label=label)
+        ax2.plot(cs, sw["e2e_p50"], marker="o", color=color, label=f"{label} E2E p50")
+        ax2.plot(cs, sw["e2e_p95"], marker="^", linestyle=":", color=color, label=f"{label} E2E p95")
+        if sw["knee"] is not None:
+            ax1.axvline(sw["knee"], color=color, linestyle="--", alpha=0.6, label=f"knee ({label})")
     ax1.set_xlabel("concurrency (requests in flight)")
     ax1.set_ylabel("output tokens/s (aggregate)")
     ax1.set_title("Throughput vs concurrency")
@@ -285,20 +185,17 @@ def sweeps(run: Run, sweeps_: list[Sweep], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def crosscheck(run: Run, checks: list[CrossCheck], path: Path) -> Path | None:
-    checks = [c for c in checks if c.available and c.components_mean_s]
-    if not checks:
-        return None
-    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.9 * len(checks)))
-    names = [run.engines[c.instance].title for c in checks]
-    for k, comp in enumerate(COMPONENTS):
-        widths = [c.components_mean_s.get(comp, 0.0) for c in checks]
-        if not any(widths):
-            continue
-        lefts = [sum(c.components_mean_s.get(x, 0.0) for x in COMPONENTS[:k]) for c in checks]
-        ax.barh(names, widths, left=lefts, color=COLORS[k % len(COLORS)], label=comp)
+def crosscheck(data: dict, path: Path) -> Path:
+    """Mean seconds per request by component, stacked per engine, against the client's mean E2E."""
+    names = data["names"]
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.9 * len(names)))
+    lefts = [0.0] * len(names)
+    for k, (comp, widths) in enumerate(data["components"]):
+        if any(widths):
+            ax.barh(names, widths, left=lefts, color=COLORS[k % len(COLORS)], label=comp)
+        lefts = [left + w for left, w in zip(lefts, widths, strict=True)]
     ax.scatter(
-        [c.client_e2e_mean_s for c in checks],
+        data["client_e2e_mean_s"],
         names,
         marker="|",
         s=400,
@@ -313,50 +210,34 @@ def crosscheck(run: Run, checks: list[CrossCheck], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def compare(deltas: list[Delta], path: Path, what: str = "") -> Path | None:
-    rows = [d for d in deltas if d.delta is not None and d.median_baseline]
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(9, 0.8 + 0.32 * len(rows)))
-    # Run ids are in the table next to the plot; the instance names are enough to tell rows apart.
-    labels = [
-        f"{d.current.rsplit('/', 1)[-1]} vs {d.baseline.rsplit('/', 1)[-1]}, {d.scenario}: "
-        f"{latency.METRIC_TITLES.get(d.metric, d.metric)}"
-        for d in rows
-    ]
-    pct = [100 * d.delta / d.median_baseline for d in rows]
-    # An interval from a subsample may not hold the exact delta: draw what it holds on each side, never less than 0.
-    lo = [max(0.0, 100 * (d.delta - d.ci_low) / d.median_baseline) for d in rows]
-    hi = [max(0.0, 100 * (d.ci_high - d.delta) / d.median_baseline) for d in rows]
-    colors = [COLORS[3] if d.excludes_zero else COLORS[7] for d in rows]
-    ax.errorbar(pct, range(len(rows)), xerr=[lo, hi], fmt="none", ecolor="gray", capsize=3)
-    ax.scatter(pct, range(len(rows)), c=colors, zorder=3, label="median delta (red: CI excludes 0)")
+def compare(data: dict, path: Path) -> Path:
+    """Each delta's percent change of the baseline's median with its CI; red where the CI excludes 0."""
+    labels, pct = data["labels"], data["pct"]
+    fig, ax = plt.subplots(figsize=(9, 0.8 + 0.32 * len(labels)))
+    rows = range(len(labels))
+    lo, hi = data["below"], data["above"]
+    colors = [COLORS[3] if excludes else COLORS[7] for excludes in data["excludes_zero"]]
+    ax.errorbar(pct, rows, xerr=[lo, hi], fmt="none", ecolor="gray", capsize=3)
+    ax.scatter(pct, rows, c=colors, zorder=3, label="median delta (red: CI excludes 0)")
     ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.set_yticks(rows, labels, fontsize=7)
     ax.set_xlabel("change of the median vs baseline (%), bars: 95% bootstrap CI")
+    what = data["what"]
     ax.set_title(f"Comparison{': ' + what if what else ''}: per-metric median deltas")
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)
 
 
-def turns(run: Run, report: WorkloadReport, path: Path) -> Path | None:
+def turns(data: dict, path: Path) -> Path:
     """TTFT (median) and prefix-cache reuse by conversation turn, one line per engine and scenario."""
-    groups: dict[tuple[str, str], list] = {}
-    for row in report.turns:
-        groups.setdefault((row.instance, row.scenario), []).append(row)
-    if not groups:
-        return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for k, ((instance, scenario), rows) in enumerate(groups.items()):
-        label = f"{run.engines[instance].title if instance in run.engines else instance} {scenario}"
-        color = COLORS[k % len(COLORS)]
-        xs = [r.turn for r in rows]
-        left.plot(xs, [(r.ttft["p50"] or math.nan) * 1000 for r in rows], marker="o", color=color, label=label)
-        for attr, style in (("reuse_per_request", "-"), ("reuse_server", "--")):
-            ys = [getattr(r, attr) for r in rows]
+    for k, line in enumerate(data["lines"]):
+        label, color, xs = line["label"], COLORS[k % len(COLORS)], line["turns"]
+        left.plot(xs, [math.nan if v is None else v for v in line["ttft_p50_ms"]], marker="o", color=color, label=label)
+        for source, style in (("per request", "-"), ("server", "--")):
+            ys = line["reuse"][source]
             if any(y is not None for y in ys):
-                source = "per request" if attr == "reuse_per_request" else "server"
                 right.plot(
                     xs,
                     [math.nan if y is None else y for y in ys],

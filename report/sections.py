@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from report import (
@@ -15,7 +16,6 @@ from report import (
     goodput,
     latency,
     noise,
-    plots,
     schedule,
     stats,
     sweep,
@@ -24,7 +24,9 @@ from report import (
     verdict,
     workloads,
 )
+from report import figures as figure_data
 from report.load import Run
+from report.painter import Painter
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
 from servescope import series
 
@@ -64,67 +66,63 @@ def build(
 ) -> tuple[Document, dict[str, Any]]:
     latency.start_pools(run)  # the engine's passes over every gap run while the rest is computed
     out = run.path
-    # The plots draw on a thread of their own (on a cursor of their own), each as soon as what it shows is computed:
-    # matplotlib holds the interpreter while the engine's queries here mostly let go of it.
-    threaded = figures and run.view is None  # a run with phases left out keeps its one cursor: drawn in turn
-    painter = ThreadPoolExecutor(1, thread_name_prefix="plots") if threaded else None
-    drawn: dict[str, Any] = {}
-    on_thread = run.on_own_cursor() if threaded else run
+    # Each figure's data is read here as soon as what it shows is computed; the painter (a process of its own)
+    # draws it meanwhile.
+    painter = Painter.shared() if figures else None
+    drawn: dict[str, Future] = {}
 
-    def draw(key: str, plot, *args) -> None:
-        if figures:
-            drawn[key] = painter.submit(plot, *args) if painter is not None else plot(*args)
-
-    try:
-        # What needs no pool of gaps first: the pools' passes (latency.start_pools) run meanwhile.
-        draw("tokens", plots.output_tokens, on_thread, out / "output_tokens.png")
-        assessment = noise.assess(run)
-        rows = table.build(run, assessment)
-        draw("table", plots.seed_table, rows, out / "seed_table.png")
-        spec = goodput.spec_of(run, slo_spec)
-        lags = schedule.build(run)
-        warn = fairness.warnings(run, rows)
-        gauge_report = gauges.collect(run, prometheus_url, client)
-        draw("gauges", plots.gauges, on_thread, gauge_report, out / "gauges.png")
-        prom = (client or gauges.Prometheus(prometheus_url)) if gauge_report.reachable else None
-        checks = crosscheck.build(run, prom)
-        draw("crosscheck", plots.crosscheck, on_thread, checks, out / "crosscheck.png")
-        splits = ttft_split.build(run, checks)
-        kv = verdict.kv_arithmetic(run, gauge_report)
-        sweeps_ = sweep.sweeps(run)
-        draw("sweeps", plots.sweeps, on_thread, sweeps_, out / "sweeps.png")
-        drains = sweep.bursts(run, gauge_report)
-        draw("arrival", plots.ttft_by_arrival, on_thread, drains, out / "ttft_by_arrival.png")
-        # The verdict rests only on trusted phases: flagged ones (host noise, outliers) are taken out first.
-        trusted = noise.clean(run, assessment)
-        trusted_gauges = noise.clean_gauges(gauge_report, run, assessment)
-        verdicts = verdict.refuse_flagged(
-            verdict.build(
-                trusted,
-                trusted_gauges,
-                sweep.bursts(trusted, trusted_gauges),
-                ttft_split.build(trusted, checks),
-                kv,
-            ),
-            run,
-            assessment,
-        )
-        work = workloads.build(run, gauge_report)
-        draw("turns", plots.turns, on_thread, work, out / "turns.png")
-        # Then what reads the pools, the comparison first: its plot then draws while the rest is computed.
-        draw("latency", plots.latency_boxes, on_thread, out / "latency.png")
-        if baseline is not None:
-            deltas, how = compare.between_runs(run, baseline)
-        else:
-            deltas, how = compare.within_run(run)
-        what = f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run"
-        draw("compare", plots.compare, deltas, out / "comparison.png", what)
-        good = goodput.build(run, spec)
-        groups = latency.build(run)
-        fig = {key: done.result() if isinstance(done, Future) else done for key, done in drawn.items()}
-    finally:
+    def draw(key: str, what: Callable[..., Any], *args) -> None:
         if painter is not None:
-            painter.shutdown(cancel_futures=True)
+            data = what(*args)
+            if data is not None:
+                drawn[key] = painter.draw(what.__name__, data, out / figure_data.FILES[key])
+
+    # What needs no pool of gaps first: the pools' passes (latency.start_pools) run meanwhile.
+    draw("tokens", figure_data.output_tokens, run)
+    assessment = noise.assess(run)
+    rows = table.build(run, assessment)
+    draw("table", figure_data.seed_table, rows)
+    spec = goodput.spec_of(run, slo_spec)
+    lags = schedule.build(run)
+    warn = fairness.warnings(run, rows)
+    gauge_report = gauges.collect(run, prometheus_url, client)
+    draw("gauges", figure_data.gauges, run, gauge_report)
+    prom = (client or gauges.Prometheus(prometheus_url)) if gauge_report.reachable else None
+    checks = crosscheck.build(run, prom)
+    draw("crosscheck", figure_data.crosscheck, run, checks)
+    splits = ttft_split.build(run, checks)
+    kv = verdict.kv_arithmetic(run, gauge_report)
+    sweeps_ = sweep.sweeps(run)
+    draw("sweeps", figure_data.sweeps, run, sweeps_)
+    drains = sweep.bursts(run, gauge_report)
+    draw("arrival", figure_data.ttft_by_arrival, run, drains)
+    # The verdict rests only on trusted phases: flagged ones (host noise, outliers) are taken out first.
+    trusted = noise.clean(run, assessment)
+    trusted_gauges = noise.clean_gauges(gauge_report, run, assessment)
+    verdicts = verdict.refuse_flagged(
+        verdict.build(
+            trusted,
+            trusted_gauges,
+            sweep.bursts(trusted, trusted_gauges),
+            ttft_split.build(trusted, checks),
+            kv,
+        ),
+        run,
+        assessment,
+    )
+    work = workloads.build(run, gauge_report)
+    draw("turns", figure_data.turns, run, work)
+    # Then what reads the pools: the comparison's plot then draws while the rest is computed.
+    draw("latency", figure_data.latency_boxes, run)
+    if baseline is not None:
+        deltas, how = compare.between_runs(run, baseline)
+    else:
+        deltas, how = compare.within_run(run)
+    what = f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run"
+    draw("compare", figure_data.compare, deltas, what)
+    good = goodput.build(run, spec)
+    groups = latency.build(run)
+    fig = painter.collect(drawn) if painter is not None else {}
 
     def figure(key: str, caption: str) -> list[Figure]:
         return [Figure(fig[key], caption)] if fig.get(key) else []

@@ -99,6 +99,20 @@ def median(values: Sequence[float] | np.ndarray) -> float | None:
     return float(part[mid]) if n % 2 else (float(part[mid - 1]) + float(part[mid])) / 2
 
 
+def box_stats(values: np.ndarray, whis: tuple[float, float]) -> dict:
+    """One box as matplotlib's cbook.boxplot_stats(values, whis=whis) gives it (mean, quartiles, whiskers at the
+    percentiles `whis`, fliers beyond them), without importing matplotlib: the report computes, a painter draws."""
+    x = np.asarray(values, dtype=float).ravel()
+    q1, med, q3 = np.percentile(x, [25, 50, 75])
+    loval, hival = np.percentile(x, whis)
+    high, low = x[x <= hival], x[x >= loval]
+    # A whisker is a data point, never inside the box.
+    whishi = q3 if not len(high) or np.max(high) < q3 else np.max(high)
+    whislo = q1 if not len(low) or np.min(low) > q1 else np.min(low)
+    fliers = np.concatenate([x[x < whislo], x[x > whishi]])
+    return {"mean": np.mean(x), "med": med, "q1": q1, "q3": q3, "whislo": whislo, "whishi": whishi, "fliers": fliers}
+
+
 def bootstrap_median_delta(
     current: Sequence[float] | np.ndarray,
     baseline: Sequence[float] | np.ndarray,

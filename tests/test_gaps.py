@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from dashboards import render  # noqa: E402
 from dashboards.build import DASHBOARDS  # noqa: E402
-from report import plots  # noqa: E402
+from report import figures, plots  # noqa: E402
 from report.gauges import collect  # noqa: E402
 from report.load import load  # noqa: E402
 from servescope import series  # noqa: E402
@@ -95,10 +95,10 @@ def test_report_gauge_plot_draws_missing_and_late_reads_as_gaps(tmp_path):
     report = collect(run, f"http://127.0.0.1:{free_port()}")
     eg = report.engines["vllm"]
     assert eg.source == "samples" and eg.coverage["burst-1"].missing == 3 and eg.coverage["burst-1"].samples == 14
-    xs, ys = plots.gauge_traces(run, report)["vllm"][W]
+    xs, ys = figures.gauge_traces(run, report)["vllm"][W]
     nan_at = [round(x, 2) for x, y in zip(xs, ys, strict=True) if math.isnan(y)]
     assert nan_at == [0.5, 0.6, 0.7, 1.2]  # three missing reads, then the pause after the read at 1.1 s
-    png = plots.gauges(run, report, tmp_path / "gauges.png")
+    png = plots.gauges(figures.gauges(run, report), tmp_path / "gauges.png")
     assert png == tmp_path / "gauges.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

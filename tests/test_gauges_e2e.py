@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from report import cli as report_cli
+from report import figures, plots
 from report import gauges as report_gauges
-from report import plots
 from report.load import load
 from servescope import series
 from tests.conftest import free_port
@@ -82,7 +82,7 @@ def test_the_gauge_plot_lines_up_with_the_phase_bands_within_one_sample(tmp_path
         run_dir = burst_run(tmp_path, engine.url, exporter.url)
     run = load(run_dir)
     report = report_gauges.collect(run, f"http://127.0.0.1:{free_port()}")
-    trace = plots.gauge_traces(run, report)["vllm"]
+    trace = figures.gauge_traces(run, report)["vllm"]
     ((_, band_start, band_end),) = trace["bands"]
     interval = report.engines["vllm"].spacing_s
     xs, running = trace[R]
@@ -95,7 +95,7 @@ def test_the_gauge_plot_lines_up_with_the_phase_bands_within_one_sample(tmp_path
     assert before - interval <= band_start <= busy[0] + interval
     assert busy[-1] - interval <= band_end <= after + interval
     assert max(v for v in trace[W][1] if v == v) == 2  # one slot, burst of 3
-    assert plots.gauges(run, report, tmp_path / "gauges.png").stat().st_size > 10_000
+    assert plots.gauges(figures.gauges(run, report), tmp_path / "gauges.png").stat().st_size > 10_000
 
 
 def test_under_sampled_gauges_disagree_with_the_clients_and_the_verdict_says_why(tmp_path, monkeypatch):

@@ -152,8 +152,8 @@ def test_within_run_comparison_of_two_engines():
 
 def test_comparison_plot_when_an_interval_misses_its_delta(tmp_path):
     """Regression: a CI that does not hold its delta made a negative error bar and the whole report failed."""
-    from report import plots
+    from report import figures, plots
     from report.compare import Delta
 
     d = Delta("a/vllm", "b/vllm", "rate", "itl_s", False, 10**8, 10**8, 0.03, 0.02, 0.01, 0.0102, 0.0108, 50.0)
-    assert plots.compare([d], tmp_path / "comparison.png") == tmp_path / "comparison.png"
+    assert plots.compare(figures.compare([d]), tmp_path / "comparison.png") == tmp_path / "comparison.png"

@@ -1,0 +1,160 @@
+"""The report's figures drawn in a process of their own, so matplotlib's import and drawing run beside the report's work.
+
+Drawing is pure Python that holds the interpreter: on a thread it took turns with the report's own
+work (and its import with the reading's), and at 51,200 requests it was half the report's wall
+time. A child interpreter (`python -m report.painter`) has an interpreter lock of its own: it
+starts when the report starts, imports matplotlib while the run is read, and draws each figure
+from the plain data report/figures.py makes as soon as the report hands it over (pickled over a
+pipe: the child is ours and reads only its parent). A plain child process rather than
+multiprocessing's spawn, which re-runs the caller's main script in the child. One painter serves
+every report of a process (tests, `make tune`); one that died is replaced by the next report.
+Where no process can be started the figures are drawn on a thread, after one line saying so.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent  # where the report package is imported from, for the child too
+
+
+class PainterStopped(Exception):
+    """The painter process ended (killed, out of memory) before it drew a figure."""
+
+
+class FigureFailed(Exception):
+    """A figure's drawing code raised in the painter process; the message holds its traceback."""
+
+
+def draw(name: str, data: Any, path: Path) -> Path:
+    """report.plots.<name>(data, path): what the painter runs for each figure."""
+    from report import plots
+
+    return getattr(plots, name)(data, path)
+
+
+class Painter:
+    """One child process (else one thread) drawing figures in the order they are asked for."""
+
+    _shared: Painter | None = None
+
+    def __init__(self) -> None:
+        self.broken = False
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._next = 0
+        self._thread: ThreadPoolExecutor | None = None
+        self._proc: subprocess.Popen | None = None
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "report.painter"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+            )
+        except OSError as exc:
+            print(f"report: figures drawn in this process, no painter process ({exc})", file=sys.stderr)
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="plots")
+            return
+        threading.Thread(target=self._read, name="painter-results", daemon=True).start()
+        atexit.register(self.close)
+
+    @classmethod
+    def shared(cls) -> Painter:
+        """This process's painter, started on first use (and again after one stopped)."""
+        if cls._shared is None or cls._shared.broken:
+            cls._shared = cls()
+        return cls._shared
+
+    def draw(self, name: str, data: Any, path: Path) -> Future:
+        """Have report.plots.<name>(data, path) drawn; the future holds the figure's path."""
+        if self._thread is not None:
+            return self._thread.submit(draw, name, data, path)
+        future: Future = Future()
+        with self._lock:
+            job, self._next = self._next, self._next + 1
+            self._pending[job] = future
+            try:
+                pickle.dump((job, name, data, path), self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                self._proc.stdin.flush()
+            except (OSError, ValueError):  # the pipe is gone: it stopped
+                self._stop_all()
+        return future
+
+    def collect(self, drawn: dict[str, Future]) -> dict[str, Path | None]:
+        """Each figure's file; None for those the painter stopped before drawing, with one line naming them. A figure
+        whose drawing code failed raises here, as it would have in this process."""
+        out: dict[str, Path | None] = {}
+        for key, future in drawn.items():
+            try:
+                out[key] = future.result()
+            except PainterStopped:
+                out[key] = None
+        lost = [key for key, path in out.items() if path is None]
+        if lost:
+            print(f"report: the figure painter process stopped; figures left out: {', '.join(lost)}", file=sys.stderr)
+        return out
+
+    def close(self) -> None:
+        """End the child: it exits at once when its input ends (no teardown), and is waited for, so its CPU time
+        counts in this process's children's, like the threads' it replaced."""
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+
+    def _read(self) -> None:
+        """Results as the child sends them: (job, ok, path or traceback)."""
+        try:
+            while True:
+                job, ok, value = pickle.load(self._proc.stdout)
+                with self._lock:
+                    future = self._pending.pop(job)
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(FigureFailed(value))
+        except (EOFError, OSError, pickle.UnpicklingError):
+            with self._lock:
+                self._stop_all()
+
+    def _stop_all(self) -> None:
+        self.broken = True
+        for future in self._pending.values():
+            future.set_exception(PainterStopped())
+        self._pending.clear()
+
+
+def serve() -> None:
+    """The child: import matplotlib now, then draw each job read from stdin and answer on the original stdout."""
+    import traceback
+
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed while drawing goes to stderr, never into the answers
+    jobs = sys.stdin.buffer
+    from report import plots  # noqa: F401  (the import the report no longer waits for)
+
+    while True:
+        try:
+            job, name, data, path = pickle.load(jobs)
+        except EOFError:
+            answers.flush()
+            os._exit(0)  # the report is done with us: no interpreter teardown for anyone to wait on
+        try:
+            answer = (job, True, draw(name, data, path))
+        except Exception:  # noqa: BLE001 (sent back whole: the parent raises it)
+            answer = (job, False, traceback.format_exc())
+        pickle.dump(answer, answers)
+        answers.flush()
+
+
+if __name__ == "__main__":
+    serve()
