@@ -72,6 +72,7 @@ def build(
     drawn: dict[str, Future] = {}
 
     def draw(key: str, what: Callable[..., Any], *args) -> None:
+        """figures.<name>(*args) read here, drawn by plots.<name> (the same name) in the painter."""
         if painter is not None:
             data = what(*args)
             if data is not None:

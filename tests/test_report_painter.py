@@ -1,0 +1,98 @@
+"""The figure painter: a child process draws the report's figures from plain data; the report never imports matplotlib."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from report import painter as painter_module
+from report import stats
+from report.painter import FigureFailed, Painter, PainterStopped
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = Path(__file__).parent / "fixtures" / "runs"
+BARS = {"bars": [("vLLM", "sequential", 4.0, None), ("vLLM", "burst", 2.0, 2.0)]}
+
+
+def test_the_report_draws_its_figures_without_importing_matplotlib(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "seed-vllm-ollama", run)
+    script = (
+        "import sys; from report import cli; "
+        f"rc = cli.main(['--run', {str(run)!r}, '--prometheus', 'http://127.0.0.1:9']); "
+        "print(rc, 'matplotlib' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stderr
+    plots = json.loads((run / "report.json").read_text())["plots"]
+    assert {"latency.png", "seed_table.png", "comparison.png"} <= set(plots)
+    for name in plots:
+        assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "painter" not in done.stderr  # no fallback, no lost figure
+
+
+def test_a_painter_that_died_loses_its_figures_with_one_line_and_is_replaced(tmp_path, capsys):
+    painter = Painter()
+    assert painter.collect({"table": painter.draw("seed_table", BARS, tmp_path / "a.png")}) == {
+        "table": tmp_path / "a.png"
+    }
+    painter._proc.kill()
+    painter._proc.wait()
+    drawn = {key: painter.draw("seed_table", BARS, tmp_path / f"{key}.png") for key in ("table", "latency")}
+    with pytest.raises(PainterStopped):
+        drawn["table"].result(timeout=10)
+    assert painter.collect(drawn) == {"table": None, "latency": None}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["report: the figure painter process stopped; figures left out: table, latency"]
+    assert painter.broken
+    Painter._shared = painter
+    fresh = Painter.shared()
+    assert fresh is not painter
+    assert fresh.collect({"table": fresh.draw("seed_table", BARS, tmp_path / "b.png")})["table"] == tmp_path / "b.png"
+
+
+def test_a_figure_whose_drawing_fails_raises_in_the_report_with_the_painters_traceback(tmp_path):
+    painter = Painter.shared()
+    future = painter.draw("seed_table", {"bars": [("vLLM", "burst")]}, tmp_path / "x.png")
+    with pytest.raises(FigureFailed, match="ValueError"):
+        painter.collect({"table": future})
+    # The painter goes on: the next figure is drawn.
+    assert painter.collect({"t": painter.draw("seed_table", BARS, tmp_path / "y.png")})["t"] == tmp_path / "y.png"
+
+
+def test_no_painter_process_means_figures_drawn_here_after_one_line(tmp_path, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(painter_module.subprocess, "Popen", refuse)
+    painter = Painter()
+    assert painter.collect({"t": painter.draw("seed_table", BARS, tmp_path / "t.png")})["t"] == tmp_path / "t.png"
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "report: figures drawn in this process, no painter process (Resource temporarily unavailable)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.random.default_rng(1).lognormal(0, 1, 5001),
+        np.round(np.random.default_rng(2).normal(10, 3, 2000), 1),  # ties
+        np.array([3.0]),
+        np.array([1.0, 2.0]),
+        np.array([5.0] * 10 + [1.0, 100.0]),
+    ],
+)
+def test_box_stats_are_matplotlibs(values):
+    from matplotlib import cbook
+
+    ours = stats.box_stats(values, (5, 95))
+    theirs = cbook.boxplot_stats(values, whis=(5, 95))[0]
+    for key in ("mean", "med", "q1", "q3", "whislo", "whishi"):
+        assert ours[key] == theirs[key], key
+    assert np.array_equal(ours["fliers"], theirs["fliers"])
