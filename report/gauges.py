@@ -49,9 +49,11 @@ class Prometheus:
             status, raw = exc.code, exc.read()
         except TimeoutError:
             raise PrometheusError(slow) from None
-        except URLError as exc:
+        except URLError as exc:  # its reason: the socket's error, or words about the URL itself
+            if isinstance(exc.reason, str):
+                raise PrometheusError(f"Prometheus at {self.url}: not a URL (http://host:port)") from None
             raise PrometheusError(slow if isinstance(exc.reason, TimeoutError) else unreachable) from None
-        except ValueError:
+        except ValueError:  # no scheme at all
             raise PrometheusError(f"Prometheus at {self.url}: not a URL (http://host:port)") from None
         except (OSError, http.client.HTTPException) as exc:
             raise PrometheusError(f"Prometheus at {self.url}: {type(exc).__name__}") from None

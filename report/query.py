@@ -50,9 +50,7 @@ class Pool:
         self.con = con
         self.where = where
         self.params = list(params)
-        self._lock = (
-            threading.RLock()
-        )  # one query at a time on the pool's cursor (its pass runs on a thread of its own)
+        self._lock = threading.RLock()  # one query at a time on the pool's cursor (its pass runs on its own thread)
         # Totals from each list's count, sum, min and max (kept beside the list when it was read).
         n, total, low, high = con.execute(
             f"SELECT coalesce(sum(itl_s_n), 0), fsum(itl_s_sum), min(itl_s_min), max(itl_s_max) FROM requests "

@@ -159,3 +159,41 @@ def test_unreachable_prometheus_is_a_reason_not_a_crash(tmp_path):
     with pytest.raises(PrometheusError, match="unreachable"):
         Prometheus(url).query("up", 0)
     assert math.isfinite(load(RUNS / "seed-vllm-ollama").started_at)
+
+
+def test_prometheus_errors_are_one_line_each(backfilled):
+    """Its own error for a bad query (HTTP 400 with JSON), a silent server, a page that is not JSON, not a URL."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    server, _, _ = backfilled
+    with pytest.raises(PrometheusError, match=r"^Prometheus at .*: .*parse error"):
+        Prometheus(server.url).query("sum(", 0)
+
+    with socket.socket() as silent:  # accepts, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(PrometheusError, match=r"did not answer within 0.3s$"):
+            Prometheus(url, timeout=0.3).query("up", 0)
+
+    class NotJson(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"<html>a proxy's page</html>")
+
+        def log_message(self, *args):
+            pass
+
+    page = ThreadingHTTPServer(("127.0.0.1", 0), NotJson)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(PrometheusError, match=r"answered HTTP 200 without JSON$"):
+            Prometheus(f"http://127.0.0.1:{page.server_address[1]}").query("up", 0)
+    finally:
+        page.shutdown()
+    for not_a_url in ("127.0.0.1:9090", "localhost"):
+        with pytest.raises(PrometheusError, match=r"not a URL \(http://host:port\)$"):
+            Prometheus(not_a_url).query("up", 0)
