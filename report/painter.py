@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import queue
 import subprocess
 import sys
 import threading
@@ -53,6 +54,10 @@ class Painter:
         self._next = 0
         self._thread: ThreadPoolExecutor | None = None
         self._proc: subprocess.Popen | None = None
+        # Jobs go to the child from a thread of their own: a figure's data (a box plot's fliers: ~100 KB) fills the
+        # pipe while the child still draws the one before, and the report must not wait for that.
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         try:
             self._proc = subprocess.Popen(
@@ -63,6 +68,8 @@ class Painter:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="plots")
             return
         threading.Thread(target=self._read, name="painter-results", daemon=True).start()
+        self._writer = threading.Thread(target=self._write, name="painter-jobs", daemon=True)
+        self._writer.start()
         atexit.register(self.close)
 
     @classmethod
@@ -78,13 +85,12 @@ class Painter:
             return self._thread.submit(draw, name, data, path)
         future: Future = Future()
         with self._lock:
+            if self.broken:
+                future.set_exception(PainterStopped())
+                return future
             job, self._next = self._next, self._next + 1
             self._pending[job] = future
-            try:
-                pickle.dump((job, name, data, path), self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-                self._proc.stdin.flush()
-            except (OSError, ValueError):  # the pipe is gone: it stopped
-                self._stop_all()
+        self._jobs.put((job, name, data, path))
         return future
 
     def collect(self, drawn: dict[str, Future]) -> dict[str, Path | None]:
@@ -104,12 +110,26 @@ class Painter:
     def close(self) -> None:
         """End the child: it exits at once when its input ends (no teardown), and is waited for, so its CPU time
         counts in this process's children's, like the threads' it replaced."""
+        if self._writer is not None and self._writer.is_alive():
+            self._jobs.put(None)  # the writer sends what is queued, then ends the child's input
+            self._writer.join(timeout=10)
         if self._proc is not None and self._proc.poll() is None:
             try:
-                self._proc.stdin.close()
                 self._proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 self._proc.kill()
+
+    def _write(self) -> None:
+        """Jobs to the child in the order they were asked for; None ends its input."""
+        stdin = self._proc.stdin
+        try:
+            while (job := self._jobs.get()) is not None:
+                pickle.dump(job, stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                stdin.flush()
+            stdin.close()
+        except (OSError, ValueError):  # the pipe is gone: it stopped
+            with self._lock:
+                self._stop_all()
 
     def _read(self) -> None:
         """Results as the child sends them: (job, ok, path or traceback)."""
