@@ -259,3 +259,29 @@ def turns(data: dict, path: Path) -> Path:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def tune(data: dict, path: Path) -> Path:
+    """A `make tune` trajectory: knee per step, and goodput at the judged load (solid: kept, hollow: reverted; bars:
+    the change's 95% CI drawn from the old setting's goodput)."""
+    steps = data["steps"]
+    fig, (ax_knee, ax_good) = plt.subplots(1, 2, figsize=(10, 3.8))
+    xs = [s["step"] for s in steps]
+    ax_knee.plot(xs, [math.nan if s["knee"] is None else s["knee"] for s in steps], marker="o")
+    ax_knee.set_title("Knee: highest load meeting the SLOs")
+    ax_knee.set_xlabel("step")
+    ax_knee.set_ylabel("load (users or req/s)")
+    for s in steps:
+        y = s["goodput_rps"]
+        if y is None:
+            continue
+        ax_good.plot([s["step"]], [y], marker="o", color="C1", fillstyle="full" if s["kept"] else "none")
+        ax_good.annotate(s["label"], (s["step"], y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if s["ci"] is not None:
+            ax_good.vlines(s["step"], *s["ci"], color="C1", alpha=0.5)
+    ax_good.set_title("Goodput at the judged load (bars: 95% CI of the change)")
+    ax_good.set_xlabel("step")
+    ax_good.set_ylabel("good requests/s")
+    for ax in (ax_knee, ax_good):
+        ax.set_xticks(xs)
+    return _save(fig, path)

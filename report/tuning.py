@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from report import render
+from report.painter import Painter
 from report.render import Bullets, Document, Figure, Paragraph, Section, Table
 
 TUNE = "tune.json"  # written by stack/tune.py
@@ -83,50 +84,35 @@ def lines(data: dict[str, Any]) -> list[str]:
     return out
 
 
-def plot(data: dict[str, Any], path: Path) -> Path | None:
-    """Knee and goodput at the judged load, per step (kept settings solid, reverted ones hollow)."""
+def figure_data(data: dict[str, Any]) -> dict | None:
+    """What report/plots.py's tune figure draws: per step, its knee, and its goodput at the judged load with the CI
+    of the change drawn from the old setting's goodput (kept settings solid, reverted ones hollow)."""
     steps = data["steps"]
     if not steps:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_knee, ax_good) = plt.subplots(1, 2, figsize=(10, 3.8))
-    xs = [s["step"] for s in steps]
-    knees = [s["knee"] if s.get("knee") is not None else math.nan for s in steps]
-    ax_knee.plot(xs, knees, marker="o")
-    ax_knee.set_title("Knee: highest load meeting the SLOs")
-    ax_knee.set_xlabel("step")
-    ax_knee.set_ylabel("load (users or req/s)")
+    points = []
     for s in steps:
-        y = s.get("goodput_rps")
-        if y is None:
-            continue
         d = s.get("delta") or {}
-        filled = s["decision"] in ("start", "kept")
-        ax_good.plot([s["step"]], [y], marker="o", color="C1", fillstyle="full" if filled else "none")
-        label = s["decision"] + (f" @ {_num(s.get('workload'))}" if s.get("workload") is not None else "")
-        ax_good.annotate(label, (s["step"], y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        if d.get("ci_low") is not None and d.get("baseline") is not None:
-            # The CI of the difference, drawn from the old setting's goodput.
-            lo, hi = d["baseline"] + d["ci_low"], d["baseline"] + d["ci_high"]
-            ax_good.vlines(s["step"], lo, hi, color="C1", alpha=0.5)
-    ax_good.set_title("Goodput at the judged load (bars: 95% CI of the change)")
-    ax_good.set_xlabel("step")
-    ax_good.set_ylabel("good requests/s")
-    for ax in (ax_knee, ax_good):
-        ax.set_xticks(xs)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        has_ci = d.get("ci_low") is not None and d.get("baseline") is not None
+        points.append(
+            {
+                "step": s["step"],
+                "knee": s.get("knee"),
+                "goodput_rps": s.get("goodput_rps"),
+                "kept": s["decision"] in ("start", "kept"),
+                "label": s["decision"] + (f" @ {_num(s.get('workload'))}" if s.get("workload") is not None else ""),
+                "ci": (d["baseline"] + d["ci_low"], d["baseline"] + d["ci_high"]) if has_ci else None,
+            }
+        )
+    return {"steps": points}
 
 
 def build(folder: Path) -> tuple[Document, dict[str, Any]]:
     data = json.loads((Path(folder) / TUNE).read_text())
-    figure = plot(data, Path(folder) / "tune.png")
+    drawing, figure = figure_data(data), None
+    if drawing is not None:  # drawn by the report's painter, as every figure is (report/painter.py)
+        painter = Painter.shared()
+        figure = painter.collect({"tune": painter.draw("tune", drawing, Path(folder) / "tune.png")})["tune"]
     sec = Section("Tune trajectory")
     sec.add(Paragraph(RULE))
     sec.add(
