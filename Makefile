@@ -28,7 +28,7 @@ help:
 # install leaves that to the first import, which never writes it where PYTHONDONTWRITEBYTECODE is set, so every
 # report, test and load run would compile them again.
 install: $(STAMP)
-	@$(BIN)/python -m compileall -q bench exporter loadgen report servescope stack >/dev/null
+	@$(BIN)/python -m compileall -q bench exporter loadgen report servescope stack
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip

@@ -43,10 +43,12 @@ class Prometheus:
         unreachable = f"Prometheus at {self.url} is unreachable (connection refused or no route)"
         slow = f"Prometheus at {self.url} did not answer within {self.timeout:g}s"
         try:
-            with urlopen(f"{self.url}{path}?{urlencode(params)}", timeout=self.timeout) as resp:
-                status, raw = resp.status, resp.read()
-        except HTTPError as exc:  # an answer all the same: Prometheus says why in its JSON
-            status, raw = exc.code, exc.read()
+            try:
+                resp = urlopen(f"{self.url}{path}?{urlencode(params)}", timeout=self.timeout)
+            except HTTPError as exc:  # an answer all the same: Prometheus says why in its JSON
+                resp = exc
+            with resp:
+                status, raw = resp.status, resp.read()  # the body's read fails like the request's
         except TimeoutError:
             raise PrometheusError(slow) from None
         except URLError as exc:  # its reason: the socket's error, or words about the URL itself
@@ -59,11 +61,13 @@ class Prometheus:
             raise PrometheusError(f"Prometheus at {self.url}: {type(exc).__name__}") from None
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise PrometheusError(f"Prometheus at {self.url} answered HTTP {status} without JSON") from None
         if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
             error = body.get("error") if isinstance(body, dict) else None
             raise PrometheusError(f"Prometheus at {self.url}: {error or f'HTTP {status}'}")
+        if not isinstance(body.get("data"), dict):
+            raise PrometheusError(f"Prometheus at {self.url} answered success without its data")
         return body["data"]
 
     def query(self, expr: str, at: float) -> list[dict]:

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+CLOSE_S = 5.0  # at exit, how long the painter may take to finish what is queued before it is killed
 ROOT = Path(__file__).resolve().parent.parent  # where the report package is imported from, for the child too
 
 
@@ -32,7 +33,8 @@ class PainterStopped(Exception):
 
 
 class FigureFailed(Exception):
-    """A figure's drawing code raised in the painter process; the message holds its traceback."""
+    """A figure's drawing code raised in the painter process and its exception could not travel back whole (the
+    message holds its traceback); one that can (an OSError: disk full, a folder gone) is raised as itself."""
 
 
 def draw(name: str, data: Any, path: Path) -> Path:
@@ -47,7 +49,7 @@ class Painter:
 
     _shared: Painter | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, command: list[str] | None = None) -> None:
         self.broken = False
         self._lock = threading.Lock()
         self._pending: dict[int, Future] = {}
@@ -61,9 +63,12 @@ class Painter:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "report.painter"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+                command or [sys.executable, "-m", "report.painter"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
             )
-        except OSError as exc:
+        except (OSError, TypeError) as exc:  # TypeError: no sys.executable to start
             print(f"report: figures drawn in this process, no painter process ({exc})", file=sys.stderr)
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="plots")
             return
@@ -90,7 +95,8 @@ class Painter:
                 return future
             job, self._next = self._next, self._next + 1
             self._pending[job] = future
-        self._jobs.put((job, name, data, path))
+        # Absolute: the painter keeps the directory it started in, this process may not.
+        self._jobs.put((job, name, data, Path(path).absolute()))
         return future
 
     def collect(self, drawn: dict[str, Future]) -> dict[str, Path | None]:
@@ -109,54 +115,75 @@ class Painter:
 
     def close(self) -> None:
         """End the child: it exits at once when its input ends (no teardown), and is waited for, so its CPU time
-        counts in this process's children's, like the threads' it replaced."""
+        counts in this process's children's, like the threads' it replaced. One stuck is killed after CLOSE_S."""
         if self._writer is not None and self._writer.is_alive():
             self._jobs.put(None)  # the writer sends what is queued, then ends the child's input
-            self._writer.join(timeout=10)
+            self._writer.join(timeout=CLOSE_S)
         if self._proc is not None and self._proc.poll() is None:
             try:
-                self._proc.wait(timeout=10)
+                self._proc.wait(timeout=CLOSE_S)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
 
     def _write(self) -> None:
-        """Jobs to the child in the order they were asked for; None ends its input."""
+        """Jobs to the child in the order they were asked for; None ends its input. A job that does not pickle fails
+        alone; anything else that goes wrong here stops the painter (its figures fail, none waits forever)."""
         stdin = self._proc.stdin
         try:
             while (job := self._jobs.get()) is not None:
-                pickle.dump(job, stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                try:
+                    blob = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as exc:  # noqa: BLE001 (a figure's data that is not plain data: a bug, told there)
+                    self._settle(job[0], FigureFailed(f"{job[1]}: its data does not pickle: {exc!r}"))
+                    continue
+                stdin.write(blob)
                 stdin.flush()
             stdin.close()
-        except (OSError, ValueError):  # the pipe is gone: it stopped
-            with self._lock:
-                self._stop_all()
+        except BaseException:  # noqa: BLE001 (the pipe is gone, or worse: either way nothing more is drawn)
+            self._stop()
 
     def _read(self) -> None:
-        """Results as the child sends them: (job, ok, path or traceback)."""
+        """Answers as the child sends them: (job, True, path) or (job, False, exception). Anything else (the pipe
+        closed, bytes that are not an answer) stops the painter: its figures fail, none waits forever."""
         try:
             while True:
                 job, ok, value = pickle.load(self._proc.stdout)
-                with self._lock:
-                    future = self._pending.pop(job)
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(FigureFailed(value))
-        except (EOFError, OSError, pickle.UnpicklingError):
-            with self._lock:
-                self._stop_all()
+                if not ok and not isinstance(value, BaseException):
+                    value = FigureFailed(value)  # a traceback's text: the exception itself would not travel
+                self._settle(job, value)
+        except BaseException:  # noqa: BLE001
+            self._stop()
+
+    def _settle(self, job: int, outcome: Any) -> None:
+        with self._lock:
+            future = self._pending.pop(job, None)
+        if future is None or future.done():
+            return
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    def _stop(self) -> None:
+        with self._lock:
+            self._stop_all()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
 
     def _stop_all(self) -> None:
         self.broken = True
         for future in self._pending.values():
-            future.set_exception(PainterStopped())
+            if not future.done():
+                future.set_exception(PainterStopped())
         self._pending.clear()
 
 
 def serve() -> None:
     """The child: import matplotlib now, then draw each job read from stdin and answer on the original stdout."""
+    import signal
     import traceback
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the report's to handle; we end with our input
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed while drawing goes to stderr, never into the answers
     jobs = sys.stdin.buffer
@@ -170,8 +197,13 @@ def serve() -> None:
             os._exit(0)  # the report is done with us: no interpreter teardown for anyone to wait on
         try:
             answer = (job, True, draw(name, data, path))
-        except Exception:  # noqa: BLE001 (sent back whole: the parent raises it)
-            answer = (job, False, traceback.format_exc())
+        except Exception as exc:  # noqa: BLE001 (sent back: the report raises it)
+            exc.add_note(f"in the figure painter:\n{traceback.format_exc()}")
+            try:
+                pickle.loads(pickle.dumps(exc))  # an OSError travels whole (the report tells it in one line)
+                answer = (job, False, exc)
+            except Exception:  # noqa: BLE001
+                answer = (job, False, traceback.format_exc())
         pickle.dump(answer, answers)
         answers.flush()
 

@@ -178,20 +178,34 @@ def test_prometheus_errors_are_one_line_each(backfilled):
         with pytest.raises(PrometheusError, match=r"did not answer within 0.3s$"):
             Prometheus(url, timeout=0.3).query("up", 0)
 
-    class NotJson(BaseHTTPRequestHandler):
+    class Odd(BaseHTTPRequestHandler):
+        """Answers by path: a page that is not JSON, success without data, an error whose body is cut short."""
+
         def do_GET(self):
+            if self.path.startswith("/cut"):
+                self.send_response(503)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                self.wfile.write(b'{"stat')
+                self.close_connection = True
+                return
             self.send_response(200)
             self.end_headers()
-            self.wfile.write(b"<html>a proxy's page</html>")
+            self.wfile.write(b'{"status": "success"}' if self.path.startswith("/nodata") else b"<html>a page</html>")
 
         def log_message(self, *args):
             pass
 
-    page = ThreadingHTTPServer(("127.0.0.1", 0), NotJson)
+    page = ThreadingHTTPServer(("127.0.0.1", 0), Odd)
     threading.Thread(target=page.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{page.server_address[1]}"
     try:
         with pytest.raises(PrometheusError, match=r"answered HTTP 200 without JSON$"):
-            Prometheus(f"http://127.0.0.1:{page.server_address[1]}").query("up", 0)
+            Prometheus(base).query("up", 0)
+        with pytest.raises(PrometheusError, match=r"answered success without its data$"):
+            Prometheus(f"{base}/nodata").query("up", 0)
+        with pytest.raises(PrometheusError, match=r"^Prometheus at .*/cut: IncompleteRead$"):
+            Prometheus(f"{base}/cut").query("up", 0)
     finally:
         page.shutdown()
     for not_a_url in ("127.0.0.1:9090", "localhost"):

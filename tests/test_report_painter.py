@@ -57,13 +57,42 @@ def test_a_painter_that_died_loses_its_figures_with_one_line_and_is_replaced(tmp
     assert fresh.collect({"table": fresh.draw("seed_table", BARS, tmp_path / "b.png")})["table"] == tmp_path / "b.png"
 
 
-def test_a_figure_whose_drawing_fails_raises_in_the_report_with_the_painters_traceback(tmp_path):
+def test_a_figure_whose_drawing_fails_raises_its_own_exception_with_the_painters_traceback(tmp_path):
     painter = Painter.shared()
     future = painter.draw("seed_table", {"bars": [("vLLM", "burst")]}, tmp_path / "x.png")
-    with pytest.raises(FigureFailed, match="ValueError"):
+    with pytest.raises(ValueError, match="not enough values to unpack") as failed:
         painter.collect({"table": future})
+    assert "in the figure painter:" in failed.value.__notes__[0] and "plots.py" in failed.value.__notes__[0]
     # The painter goes on: the next figure is drawn.
     assert painter.collect({"t": painter.draw("seed_table", BARS, tmp_path / "y.png")})["t"] == tmp_path / "y.png"
+
+
+def test_a_painter_that_answers_garbage_is_stopped_not_waited_on(tmp_path, capsys):
+    """Bytes on its stdout that are not an answer (a startup hook that prints): its figures fail, none hangs."""
+    painter = Painter([sys.executable, "-c", "print('Loading...', flush=True); import sys; sys.stdin.buffer.read()"])
+    assert painter.collect({"table": painter.draw("seed_table", BARS, tmp_path / "t.png")}) == {"table": None}
+    assert "figures left out: table" in capsys.readouterr().err
+    assert painter.broken and painter._proc.wait(timeout=10) is not None
+
+
+def test_data_that_does_not_pickle_fails_its_figure_alone(tmp_path):
+    painter = Painter()
+    bad = painter.draw("seed_table", {"bars": (bar for bar in BARS["bars"])}, tmp_path / "bad.png")
+    good = painter.draw("seed_table", BARS, tmp_path / "good.png")
+    with pytest.raises(FigureFailed, match="does not pickle"):
+        bad.result(timeout=30)
+    assert good.result(timeout=30) == tmp_path / "good.png"
+
+
+def test_a_figure_that_cannot_be_written_is_the_reports_one_line_and_exit_1(tmp_path, capsys):
+    from report import cli
+
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "seed-vllm-ollama", run)
+    (run / "seed_table.png").mkdir()  # the figure's name taken by a folder
+    assert cli.main(["--run", str(run), "--prometheus", "http://127.0.0.1:9"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"report: cannot write the report: Is a directory ({run / 'seed_table.png'})"
 
 
 def test_no_painter_process_means_figures_drawn_here_after_one_line(tmp_path, monkeypatch, capsys):
