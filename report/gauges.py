@@ -42,6 +42,7 @@ class Prometheus:
     def _get(self, path: str, params: dict[str, Any]) -> Any:
         unreachable = f"Prometheus at {self.url} is unreachable (connection refused or no route)"
         slow = f"Prometheus at {self.url} did not answer within {self.timeout:g}s"
+        not_a_url = f"Prometheus at {self.url}: not a URL (http://host:port)"
         try:
             try:
                 resp = urlopen(f"{self.url}{path}?{urlencode(params)}", timeout=self.timeout)
@@ -53,10 +54,10 @@ class Prometheus:
             raise PrometheusError(slow) from None
         except URLError as exc:  # its reason: the socket's error, or words about the URL itself
             if isinstance(exc.reason, str):
-                raise PrometheusError(f"Prometheus at {self.url}: not a URL (http://host:port)") from None
+                raise PrometheusError(not_a_url) from None
             raise PrometheusError(slow if isinstance(exc.reason, TimeoutError) else unreachable) from None
         except ValueError:  # no scheme at all
-            raise PrometheusError(f"Prometheus at {self.url}: not a URL (http://host:port)") from None
+            raise PrometheusError(not_a_url) from None
         except (OSError, http.client.HTTPException) as exc:
             raise PrometheusError(f"Prometheus at {self.url}: {type(exc).__name__}") from None
         try:

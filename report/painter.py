@@ -165,17 +165,15 @@ class Painter:
             future.set_result(outcome)
 
     def _stop(self) -> None:
+        """No more figures from this painter: every one asked for and not drawn fails, and the child goes."""
         with self._lock:
-            self._stop_all()
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-
-    def _stop_all(self) -> None:
-        self.broken = True
-        for future in self._pending.values():
+            self.broken = True
+            stopped, self._pending = list(self._pending.values()), {}
+        for future in stopped:
             if not future.done():
                 future.set_exception(PainterStopped())
-        self._pending.clear()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
 
 
 def serve() -> None:
