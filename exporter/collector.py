@@ -239,6 +239,10 @@ HELP = {
         "vllm:prefix_cache_hits_total (0.9.2-0.10: vllm:gpu_prefix_cache_hits_total; it stays 0 while prefix "
         "caching is off); llama.cpp: llamacpp:prompt_tokens_cached_total (builds that have it). Ollama reports none."
     ),
+    series.PREEMPTIONS: (
+        "Requests preempted (taken out of the running batch, their KV blocks freed, recomputed later) because the KV "
+        "cache was full. vLLM: vllm:num_preemptions_total; llama.cpp and Ollama report none."
+    ),
     series.ENGINE_INFO: "Engine version, value 1. vLLM: GET /version; llama.cpp: GET /props build_info; Ollama: GET /api/version.",
     series.KV_BLOCK_SIZE: "Tokens per KV-cache block. vLLM: block_size label of vllm:cache_config_info.",
     series.KV_BLOCKS: (

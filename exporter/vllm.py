@@ -37,6 +37,7 @@ VLLM_SAMPLES = frozenset(
         *PREFIX_HIT_NAMES,
         "vllm:generation_tokens_total",
         "vllm:prompt_tokens_total",
+        "vllm:num_preemptions_total",
         CACHE_INFO,
     )
 )
@@ -45,6 +46,7 @@ VLLM_SAMPLES = frozenset(
 class VllmCollector(EngineCollector):
     kind = "vllm"
     family_names = ENGINE_FAMILIES + (
+        (series.PREEMPTIONS, "counter"),
         (series.KV_BLOCK_SIZE, "gauge"),
         (series.KV_BLOCKS, "gauge"),
         (series.KV_CAPACITY_TOKENS, "gauge"),
@@ -81,7 +83,10 @@ class VllmCollector(EngineCollector):
             (series.GENERATED_TOKENS, "vllm:generation_tokens_total"),
             (series.PROMPT_TOKENS, "vllm:prompt_tokens_total"),
             (series.PROMPT_CACHED_TOKENS, hits_source),
+            (series.PREEMPTIONS, "vllm:num_preemptions_total"),
         ):
+            if name == series.PREEMPTIONS and not samples.get(source):
+                continue  # a build without the counter: no series rather than a made-up 0
             family = CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
             for model, value in self.by_model(samples, source, count, models).items():
                 family.add_metric(self.labels(model), value)

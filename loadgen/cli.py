@@ -139,6 +139,11 @@ def run_headless(args: argparse.Namespace) -> int:
             f"engine {target.instance} at {redact(target.url)}: version {version}, "
             f"model {target.model or '?'}{redact(problems)}"
         )
+        if prompt_set.sized_by_engine and not target.info.get("probe_errors"):
+            settings = next(p.settings for p in phases if p.settings.target is target)
+            recorder.line(
+                trials.measure_template(target, settings, http_client=args.http_client, timeout_s=args.request_timeout)
+            )
 
     sampler = Sampler.for_run(folder, [(t.kind, t.instance) for t in targets])  # engine gauges into samples.jsonl
     recorder.line(sampler.describe())
@@ -262,6 +267,11 @@ def run_headless(args: argparse.Namespace) -> int:
             if runner.spawning_greenlet is not None:
                 runner.spawning_greenlet.join(timeout=10)
             annotator.phase_done(phase)
+            if phase.backoff_count:
+                recorder.line(
+                    f"{target.instance} {phase.title}: the engine refused connections: users waited "
+                    f"{phase.backoff_count} times, {phase.backoff_s:.1f} s in all, before sending again"
+                )
             noisy = keeper.flags()
             if noisy and phase.attempt <= retries and isinstance(phase, (SequentialPhase, BurstPhase)):
                 retry = trials.again(phase)

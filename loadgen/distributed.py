@@ -341,7 +341,7 @@ class Coordinator:
                 worker.in_flight[(step.index, round_no, index)] = {
                     "key": [step.index, round_no, index],
                     "phase": name,
-                    "prompt_id": phase.settings.prompt_set[index].id,
+                    "prompt_id": phase.prompt(index).id,
                     "arrival": index,
                     "at": released_at,
                 }

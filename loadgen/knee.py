@@ -12,22 +12,32 @@ one load phase per measurement, each as long as a sweep level (--duration / --re
             and the bisection goes on (--knee-probes bounds the whole search)
 
 A measurement the host noise rule flags (issue 15: another program took the CPU while it ran) is
-kept in knee.json but left out of every verdict, and the same load is measured again.
+kept in knee.json but left out of every verdict, and the same load is measured again. So is one
+where the engine was not there (refused, timed out, unreadable: servescope/binding.py's engine
+fault): the search waits for the engine to answer its health check and measures the level again,
+and after FAULT_RETRIES such measurements in a row it stops with that line, never with a capacity.
 
 Whether a load meets the SLOs is servescope/slo.py's rule over that phase's records. At the lowest
-failing load, the resource that ran out is named from the phase's own server samples
-(servescope/binding.py: batch slots, KV capacity or compute) with the engine's knob for it. The
-search, level by level, goes to knee.json in the run folder (what `make tune` reads) and to the terminal.
+failing load, what ran out is named by servescope/binding.py's rule from evidence of its own (the
+phase's server samples, the latency against the level below, the engine's and the load generator's
+CPU, the schedule): batch slots, KV capacity, compute, client, SLO below the floor, or undecided.
+Beside each level goes the share of its prompt tokens the engine took from its prefix cache
+(servescope/prefix_reuse.py), flagged when the workload did not ask for it. The search, level by
+level, goes to knee.json in the run folder (what `make tune` reads) and to the terminal.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import gevent
+import requests
+
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
-from servescope import binding, slo
+from servescope import binding, engines, knobs, prefix_reuse, slo
 from servescope.runfolder import KNEE, RequestRecord, RunFolder, SampleRecord, read_samples
 
 try:  # issue 15's host noise: a phase the host disturbed is measured again, never concluded from
@@ -38,6 +48,7 @@ except ImportError:  # pragma: no cover - before servescope/hostnoise.py is merg
 CONCURRENCY, RATE = "concurrency", "rate"
 OVER = (CONCURRENCY, RATE)
 UNITS = {CONCURRENCY: "users", RATE: "req/s"}
+FAULT_RETRIES = 2  # measurements of one level in a row the engine was not there for: then the search stops
 
 
 @dataclass
@@ -51,16 +62,23 @@ class Probe:
     result: slo.SloResult
     binding: binding.Binding
     noisy: tuple[str, ...] = ()  # why the host noise rule does not trust it: left out of every verdict
+    reuse: prefix_reuse.Reuse | None = None
+    noise: dict | None = None  # its PhaseRecord's host noise (the engine's and the load generator's CPU)
+
+    @property
+    def fault(self) -> bool:
+        """The engine was not there: not a measurement of its capacity (left out, measured again)."""
+        return self.binding.resource == binding.ENGINE_FAULT
 
 
-def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[str, ...]:
-    """The host noise rule's flags on a finished phase (its PhaseRecord's `noise`, when the run measured it)."""
-    if noise_flags is None:
-        return ()
+def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[tuple[str, ...], dict | None]:
+    """(the host noise rule's flags, the noise itself) of a finished phase (its PhaseRecord's `noise`)."""
     for record in folder.phases():
         if record.phase == phase and record.instance == instance:
-            return tuple(noise_flags(getattr(record, "noise", None), instance))
-    return ()
+            noise = getattr(record, "noise", None)
+            flags = tuple(noise_flags(noise, instance)) if noise_flags is not None else ()
+            return flags, noise if isinstance(noise, dict) else None
+    return (), None
 
 
 class KneeSearch:
@@ -91,6 +109,9 @@ class KneeSearch:
         self._records: dict[str, list[RequestRecord]] = {}  # phase -> its records (levels pool them)
         self._samples: dict[str, list[SampleRecord]] = {}  # phase -> this engine's samples during it
         self.note = ""
+        self.fault_stop = False  # the search ended on an engine that was not there
+        self.say = print  # where the search's own lines go between measurements (the CLI's recorder)
+        self.prompt_set = settings.prompt_set
 
     def _level(self, value: Any, flag: str) -> float:
         level = float(value)
@@ -142,28 +163,62 @@ class KneeSearch:
         started = min((r.started_at for r in records), default=None)
         ended = max((slo.finished_at(r) for r in records), default=None)
         wall = (ended - started) if started is not None and ended is not None else 0.0
-        self.probes.append(
-            Probe(
-                phase.name,
-                phase.level,
-                started,
-                ended,
-                slo.evaluate(self.spec, records, wall),
-                binding.classify(samples),
-                noise_of(folder, phase.name, target.instance),
-            )
+        flags, noise = noise_of(folder, phase.name, target.instance)
+        result = slo.evaluate(self.spec, records, wall)
+        alone = binding.Level(phase.level, records, samples, [noise] if noise else [], result)
+        probe = Probe(
+            phase.name,
+            phase.level,
+            started,
+            ended,
+            result,
+            self._classify(alone, None),
+            flags,
+            prefix_reuse.of_phase(samples, records),
+            noise,
         )
+        self.probes.append(probe)
         self._records[phase.name] = records
         self._samples[phase.name] = samples
+        warning = prefix_reuse.warning(probe.reuse, self.prompt_set.asked_reuse, self.prompt_set.name)
+        if warning:
+            self.say(f"knee: {phase.name}: {warning}")
         level = self.next_level()
         self.write(folder)
+        if level is not None and probe.fault:
+            self.say(f"knee: {phase.name}: engine fault ({probe.binding.evidence}): measuring {level:g} again")
+            self._wait_for_engine()
         return None if level is None else self.phase(level)
+
+    def _classify(self, failing: binding.Level, below: binding.Level | None) -> binding.Binding:
+        return binding.classify(
+            failing,
+            below,
+            engine=self.settings.target.kind,
+            spec=self.spec,
+            open_loop=self.over == RATE,
+            lowest=failing.level <= self.min_load,
+        )
+
+    def _wait_for_engine(self) -> None:
+        """Until the engine answers its health check again (at most LOADGEN_FAULT_WAIT_S): a restarting engine is not
+        measured while it starts."""
+        target = self.settings.target
+        url = target.root_url + engines.kind(target.kind).health_path
+        deadline = time.monotonic() + float(knobs.get("LOADGEN_FAULT_WAIT_S"))
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(url, timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            gevent.sleep(0.5)
 
     # ------------------------------------------------------------ the search
 
     def trusted(self, level: float | None = None) -> list[Probe]:
-        """The measurements the search concludes from (of one level): every one the host noise rule did not flag."""
-        return [p for p in self.probes if not p.noisy and (level is None or p.level == level)]
+        """The measurements the search concludes from (of one level): not flagged noisy, the engine there."""
+        return [p for p in self.probes if not p.noisy and not p.fault and (level is None or p.level == level)]
 
     def levels(self) -> list[float]:
         return sorted({p.level for p in self.trusted()})
@@ -187,6 +242,20 @@ class KneeSearch:
             self.note = f"the probe budget (--knee-probes {self.max_probes}) was spent before the search settled"
             return None
         last = self.probes[-1]
+        if last.fault:
+            run = 0
+            for p in reversed(self.probes):
+                if not p.fault:
+                    break
+                run += 1
+            if run >= FAULT_RETRIES:
+                self.fault_stop = True
+                self.note = (
+                    f"engine fault at {last.level:g} {UNITS[self.over]} in {run} measurements in a row "
+                    f"({last.binding.evidence}): the search stopped; nothing above is a capacity"
+                )
+                return None
+            return last.level  # the engine was not there: the same load again once it answers
         if last.noisy:
             return last.level  # the host disturbed it: the same load again, nothing concluded
         knee, fail = self.boundary()
@@ -219,13 +288,36 @@ class KneeSearch:
 
     # ------------------------------------------------------------ the answer
 
+    def pooled(self, level: float) -> binding.Level:
+        """Every trusted measurement of a level, as the binding rule reads it."""
+        probes = self.trusted(level)
+        return binding.Level(
+            level,
+            [r for p in probes for r in self._records.get(p.phase, [])],
+            [s for p in probes for s in self._samples.get(p.phase, [])],
+            [p.noise for p in probes if p.noise],
+            self.verdict(level),
+        )
+
     def limit_binding(self) -> tuple[float | None, binding.Binding]:
-        """The binding resource at the lowest failing level (else the highest measured), over all its samples."""
+        """The binding resource at the lowest failing level (else the highest measured), against the level below it."""
         knee, fail = self.boundary()
         measured = self.levels()
-        level = fail if fail is not None else (max(measured) if measured else None)
-        samples = [s for p in self.trusted(level) for s in self._samples.get(p.phase, [])]
-        return level, binding.classify(samples)
+        last = self.probes[-1] if self.probes else None
+        if self.fault_stop or (not measured and last is not None and last.fault):
+            return last.level, last.binding
+        if not measured:
+            return None, binding.Binding(binding.UNDECIDED, "nothing measured")
+        level = fail if fail is not None else max(measured)
+        lower = [x for x in measured if x < level]
+        return level, self._classify(self.pooled(level), self.pooled(max(lower)) if lower else None)
+
+    def reuse(self, level: float) -> prefix_reuse.Reuse:
+        probes = self.trusted(level)
+        return prefix_reuse.of_phase(
+            [s for p in probes for s in self._samples.get(p.phase, [])],
+            [r for p in probes for r in self._records.get(p.phase, [])],
+        )
 
     def non_monotonic(self) -> bool:
         """A level that holds above one that fails: feasibility is not monotone in the load (a noisy machine?)."""
@@ -238,7 +330,9 @@ class KneeSearch:
         level, b = self.limit_binding()
         engine = self.settings.target.kind
         knob = binding.knob_for(engine, b.resource)
-        if not self.trusted():
+        if self.fault_stop or (not self.trusted() and self.probes and self.probes[-1].fault):
+            status = "engine fault"
+        elif not self.trusted():
             status = "nothing measured"
         elif knee is None:
             status = "fails at the lowest load"
@@ -260,6 +354,11 @@ class KneeSearch:
             "note": self.note,
             "binding_level": level,
             "binding": {**b.to_json(), "advice": b.advice(engine)},
+            "prompt_set": {
+                "name": self.prompt_set.name,
+                "repeats": self.prompt_set.repeats,
+                "asked_reuse": self.prompt_set.asked_reuse,
+            },
             "knob": asdict(knob) if knob else None,
             "search": {
                 "min_load": self.min_load,
@@ -280,7 +379,9 @@ class KneeSearch:
                     "ended_at": p.ended_at,
                     "result": asdict(p.result),
                     "binding": p.binding.resource,
+                    "fault": p.binding.evidence if p.fault else None,
                     "noisy": list(p.noisy),
+                    "reuse": asdict(p.reuse) if p.reuse else None,
                 }
                 for p in self.probes
             ],
@@ -289,7 +390,10 @@ class KneeSearch:
     def _level_json(self, level: float) -> dict[str, Any]:
         v = self.verdict(level)
         probes = self.trusted(level)
+        reuse = self.reuse(level)
         return {
+            "reuse": {**asdict(reuse), "share": reuse.share},
+            "reuse_unasked": prefix_reuse.unasked(reuse, self.prompt_set.asked_reuse),
             "level": level,
             "measurements": len(probes),
             "phases": [p.phase for p in probes],
@@ -310,15 +414,28 @@ class KneeSearch:
         unit = s["unit"]
         out = [
             f"knee over {self.over} for {s['instance']}, {self.spec.describe()}:",
-            f"  {'load':>8} {'runs':>4} {'meets':>5} {'attain':>7} {'good/s':>7} {'good tok/s':>10}  failed most",
+            f"  {'load':>8} {'runs':>4} {'meets':>5} {'attain':>7} {'good/s':>7} {'good tok/s':>10} "
+            f"{'cached':>7}  failed most",
         ]
         for row in s["levels"]:
             r = row["result"]
             flaky = " (repeats disagree)" if len(set(row["each_meets"])) > 1 else ""
+            cached = _pct(row["reuse"]["share"]) + ("!" if row["reuse_unasked"] else "")
             out.append(
                 f"  {row['level']:>8g} {row['measurements']:>4} {'yes' if row['meets'] else 'no':>5} "
-                f"{_pct(r['attainment']):>7} {_num(r['goodput_rps']):>7} {_num(r['good_tokens_per_s']):>10}  "
-                f"{r['failed_most'] or '-'}{flaky}"
+                f"{_pct(r['attainment']):>7} {_num(r['goodput_rps']):>7} {_num(r['good_tokens_per_s']):>10} "
+                f"{cached:>7}  {r['failed_most'] or '-'}{flaky}"
+            )
+        ps = s["prompt_set"]
+        if any(row["reuse_unasked"] for row in s["levels"]):
+            out.append(
+                f"note: '!' cached: the engine took more of the prompts from its prefix cache than {ps['name']} asks "
+                f"for: those levels measured the cache (--prompts synthetic:TOKENS sends a fresh prompt per request)"
+            )
+        elif ps["repeats"] and not ps["asked_reuse"]:
+            out.append(
+                f"note: {ps['name']} is a fixed set, sent again at every level: a prefix-caching engine may serve "
+                f"repeats from its cache (--prompts synthetic:TOKENS sends a fresh prompt per request)"
             )
         if s["status"] == "found":
             out.append(f"knee: {s['knee']:g} {unit}; {s['first_failing']:g} {unit} fails")
@@ -327,7 +444,9 @@ class KneeSearch:
         elif s["status"] == "meets the SLOs up to the highest load":
             out.append(f"knee: at least {s['knee']:g} {unit} - the SLOs hold up to --max-load {self.max_load:g}")
         b = s["binding"]
-        if s["first_failing"] is not None:
+        if s["status"] == "engine fault":
+            out.append(f"knee: none - {s['note'] or 'the engine was not there'}")
+        elif s["first_failing"] is not None:
             out.append(f"binding at {s['binding_level']:g} {unit}: {b['advice']} ({b['evidence']})")
         elif s["binding_level"] is not None:  # nothing failed: what the server did at the top, not what ran out
             out.append(f"at {s['binding_level']:g} {unit}, the highest load tried: {b['evidence']}")
@@ -338,7 +457,7 @@ class KneeSearch:
             )
         if s["non_monotonic"]:
             out.append("note: a load above a failing one met the SLOs (feasibility not monotone: a noisy machine?)")
-        if s["note"]:
+        if s["note"] and s["status"] != "engine fault":
             out.append(f"note: {s['note']}")
         return out
 

@@ -44,6 +44,9 @@ from servescope.sampler import Sampler
 from servescope.urls import redact
 
 DISPATCH_CHECK_S = 0.05  # how often the master looks whether the load shape has sent a phase's users
+# A closed-loop user's wait after a refused request, doubling up to the most: an absent engine costs a user at most
+# one request every BACKOFF_MAX_S, where resending at once cost thousands a second.
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 
 
 @events.init_command_line_parser.add_listener
@@ -231,7 +234,24 @@ class LLMUser(User):
             else:
                 run.wait_for_change()
             return
-        self.send(phase, work)
+        record = self.send(phase, work)
+        if self.backs_off:
+            self.back_off(phase, record)
+
+    backs_off = False  # closed-loop users: the next request waits a little after one that found no engine
+    _backoff_s = 0.0
+
+    def back_off(self, phase, record) -> None:
+        """After a request the engine was not there for (refused), wait before the next: doubling from BACKOFF_MIN_S
+        to BACKOFF_MAX_S, back to none after a success. A user that resent at once made thousands of refused
+        requests a second of an engine that was restarting (issue 29); the phase counts the waits."""
+        if record is None or record.error_kind != llm.ErrorKind.CONNECTION_REFUSED:
+            self._backoff_s = 0.0
+            return
+        self._backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff_s * 2))
+        phase.backoff_count += 1
+        phase.backoff_s += self._backoff_s
+        gevent.sleep(self._backoff_s)
 
 
 class SequentialUser(LLMUser):
@@ -254,6 +274,8 @@ class BurstUser(LLMUser):
 
 class ClosedLoopUser(LLMUser):
     """A user sending back to back for a ramp step or a sweep level."""
+
+    backs_off = True
 
     @task
     @guarded

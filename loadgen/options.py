@@ -23,6 +23,13 @@ BURSTS = frozenset({"compare", "burst"})
 TIMED = frozenset({"ramp", "rate", "sweep", "replay", "knee"})
 KNEE = frozenset({"knee"})
 OPEN_LOOP = frozenset({"rate", "knee"})
+CAPACITY = frozenset({"ramp", "rate", "sweep", "knee"})  # their defaults: a fresh prompt per request
+PROMPTS_HELP = (
+    "seed4, seed3, mixed, synthetic:TOKENS (a fresh prompt of about TOKENS prompt tokens per request), "
+    "synthetic:TOKENSxCOUNT (COUNT prompts, sent again), a txt/JSONL file, or a workload: conversation[:NAME|FILE], "
+    "shared-prefix[:P,L,S[,Q]], dataset[:NAME|FILE[,input=MIN-MAX,output=MIN-MAX,sample=N,seed=S]], "
+    "trace[:NAME|FILE] (loadgen/workloads/)"
+)
 
 
 # --- what a value may be: each raises argparse.ArgumentTypeError, a ValueError, with the one line to show ---
@@ -194,13 +201,10 @@ OPTIONS: tuple[Option, ...] = (
         locust=False,
     ),
     Option("--model", "model to request (empty: what the engine lists)", knob="LOADGEN_MODEL", commands=frozenset()),
-    Option(
-        "--prompts",
-        "seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], a txt/JSONL file, or a workload: conversation[:NAME|FILE], "
-        "shared-prefix[:P,L,S[,Q]], dataset[:NAME|FILE[,input=MIN-MAX,output=MIN-MAX,sample=N,seed=S]], "
-        "trace[:NAME|FILE] (loadgen/workloads/)",
-        knob="LOADGEN_PROMPTS",
-    ),
+    Option("--prompts", PROMPTS_HELP, knob="LOADGEN_PROMPTS", commands=HEADLESS - CAPACITY),
+    # The capacity commands measure how much load an engine takes: on prompts no other request shares (a small
+    # set sent again is served from the prefix cache at every level after the first), and a longer answer.
+    Option("--prompts", PROMPTS_HELP, knob="LOADGEN_CAPACITY_PROMPTS", commands=CAPACITY, locust=False),
     Option(
         "--think-time",
         "conversation sets: seconds between an answer and the conversation's next turn (not in a burst: "
@@ -208,7 +212,17 @@ OPTIONS: tuple[Option, ...] = (
         knob="LOADGEN_THINK_TIME",
         type=non_negative_seconds,
     ),
-    Option("--max-tokens", "output tokens per request", knob="MAX_TOKENS", type=positive_int),
+    Option(
+        "--max-tokens", "output tokens per request", knob="MAX_TOKENS", type=positive_int, commands=HEADLESS - CAPACITY
+    ),
+    Option(
+        "--max-tokens",
+        "output tokens per request",
+        knob="LOADGEN_CAPACITY_MAX_TOKENS",
+        type=positive_int,
+        commands=CAPACITY,
+        locust=False,
+    ),
     Option("--temperature", "sampling temperature", knob="TEMPERATURE", type=temperature),
     Option(
         "--no-ignore-eos",

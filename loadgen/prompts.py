@@ -1,5 +1,10 @@
 """Prompt sets: the shipped data files (seed4, seed3, mixed), synthetic prompts of a target length, a user's txt/JSONL file.
 
+`synthetic:TOKENS` draws a fresh prompt for every request (FreshPromptSet): a load that sends the
+same few prompts again measures the engine's prefix cache, not the engine (issue 23: a knee of 3
+users on a 16-prompt set where fresh prompts give 2). `synthetic:TOKENSxCOUNT` is COUNT prompts sent
+again and again, as the shipped sets are; such a set says that it repeats.
+
 The workload kinds (conversation, shared-prefix, dataset, trace) are prompt sets too: `load` hands
 their specs to loadgen/workloads/.
 """
@@ -18,7 +23,11 @@ from loadgen.workloads.turns import SingleTurn
 
 DATA_DIR = Path(__file__).resolve().parent / "prompts"
 SHIPPED = ("seed4", "seed3", "mixed")
-SYNTHETIC = re.compile(r"^synthetic:(\d{1,12})(?:x(\d{1,12}))?$")
+SYNTHETIC = re.compile(r"^synthetic:(\d{1,12})(?:x(\d{1,12}))?(?:,seed=(\d{1,12}))?$")
+SYNTHETIC_HELP = "synthetic:TOKENS[xCOUNT][,seed=S] (no COUNT: a fresh prompt per request)"
+# The fresh set's text generator: bump it when the words it draws change, so two runs' hashes say whether they
+# sent the same prompts.
+FRESH_GENERATOR = 1
 # Synthetic sets are built in memory up front: bounded so a typo cannot take the machine's memory.
 MAX_SYNTHETIC_TOKENS = 131_072  # longer than any context the engines here serve
 MAX_SYNTHETIC_COUNT = 100_000
@@ -73,6 +82,21 @@ class PromptSet:
         """The warm-up's prompt: one of the set's own (a set measuring cache reuse sends one that shares nothing)."""
         return self[index].text
 
+    # A set sends its prompts again once a phase has sent them all (a fresh set never does): the knee, a sweep or a
+    # rate run then measures whatever the engine's prefix cache keeps of them.
+    repeats = True
+    # The share of prompt tokens a prefix cache may reuse because the workload asks for it (shared prefixes, a
+    # conversation's history): reuse above it, and above thresholds.PREFIX_REUSE_UNASKED, is flagged.
+    asked_reuse = 0.0
+    # Its prompts' length is the engine's count, chat template included: measured per engine before the run
+    # (loadgen/trials.measure_template) and passed to prompt() as `template_tokens`.
+    sized_by_engine = False
+
+    def prompt(self, index: int, key: str | None = None, template_tokens: int | None = None) -> Prompt:
+        """The prompt of request `index` of the phase `key` (a fixed set: the index-th, cycling; a fresh set draws
+        one for the pair). `template_tokens`: what the engine's chat template adds to every prompt, when known."""
+        return self[index]
+
     def __len__(self) -> int:
         return len(self.prompts)
 
@@ -91,28 +115,32 @@ def load(spec: str) -> PromptSet:
     if workloads.is_workload(spec):
         return workloads.load(spec)
     if spec.startswith("synthetic:") and not SYNTHETIC.match(spec):
-        raise PromptSetError(f"prompt set {spec!r}: expected synthetic:TOKENS[xCOUNT], e.g. synthetic:256x16")
+        raise PromptSetError(f"prompt set {spec!r}: expected {SYNTHETIC_HELP}, e.g. synthetic:256")
     if spec in SHIPPED:
         path = next(DATA_DIR.glob(f"{spec}.*"))
         return _from_file(path, name=spec)
     match = SYNTHETIC.match(spec)
     if match:
-        return synthetic(int(match.group(1)), int(match.group(2) or 8))
+        seed = int(match.group(3) or 0)
+        if match.group(2) is None:
+            return fresh(int(match.group(1)), seed)
+        return synthetic(int(match.group(1)), int(match.group(2)), seed)
     path = Path(spec).expanduser()
     if not path.is_file():
         raise PromptSetError(
-            f"prompt set {spec!r}: not one of {', '.join(SHIPPED)}, synthetic:TOKENS[xCOUNT], "
+            f"prompt set {spec!r}: not one of {', '.join(SHIPPED)}, {SYNTHETIC_HELP}, "
             f"{', '.join(workloads.KINDS)}[:...], or a readable file"
         )
     return _from_file(path, name=path.stem)
 
 
 def synthetic(tokens: int, count: int = 8, seed: int = 0) -> PromptSet:
-    """COUNT prompts of about TOKENS input tokens each (deterministic, so the hash is stable)."""
+    """COUNT prompts of about TOKENS input tokens each, sent again and again (deterministic, so the hash is stable)."""
     if not (1 <= tokens <= MAX_SYNTHETIC_TOKENS and 1 <= count <= MAX_SYNTHETIC_COUNT):
         raise PromptSetError(
             f"synthetic:{tokens}x{count}: TOKENS from 1 to {MAX_SYNTHETIC_TOKENS}, COUNT from 1 to {MAX_SYNTHETIC_COUNT}"
         )
+    name = f"synthetic-{tokens}x{count}" + (f"-seed{seed}" if seed else "")
     if tokens * count > MAX_SYNTHETIC_WORDS:
         raise PromptSetError(
             f"synthetic:{tokens}x{count}: at most {MAX_SYNTHETIC_WORDS} words in all (TOKENS x COUNT), "
@@ -124,7 +152,61 @@ def synthetic(tokens: int, count: int = 8, seed: int = 0) -> PromptSet:
         # The instruction sits in front so every prompt asks for an answer of the same kind.
         text = " ".join(filter(None, ("Summarise:", filler(tokens - 1, rng))))
         prompts.append(Prompt(id=f"synthetic-{tokens}-{i + 1}", text=text))
-    return PromptSet(name=f"synthetic-{tokens}x{count}", prompts=tuple(prompts))
+    return PromptSet(name=name, prompts=tuple(prompts))
+
+
+@dataclass(frozen=True)
+class FreshPromptSet(PromptSet):
+    """`synthetic:TOKENS`: a prompt no other request of the run shares, for every request.
+
+    Request `index` of phase `key` gets words drawn by a generator seeded with (seed, key, index): the same
+    run sends the same prompts again (deterministic, one hash), two requests never share more than chance
+    gives (P(the first four words agree) is 1 in 5 million), and every phase of a closed or open loop draws
+    its own. TOKENS counts the whole prompt as the engine counts it: once the engine's chat template is
+    measured (`template_tokens`, loadgen/targets.calibrate), the words are TOKENS less the template's tokens,
+    about one token each. The instruction comes last, so nothing but the chat template precedes the first
+    drawn word.
+    """
+
+    tokens: int = 256
+    seed: int = 0
+    repeats = False
+    sized_by_engine = True
+    PASS = 8  # a sequential "pass" over a set that never ends: this many requests
+
+    def __len__(self) -> int:
+        return self.PASS
+
+    def prompt(self, index: int, key: str | None = None, template_tokens: int | None = None) -> Prompt:
+        words = max(1, self.tokens - len(INSTRUCTION.split()) - max(0, template_tokens or 0))
+        rng = random.Random(f"fresh-{FRESH_GENERATOR}:{self.seed}:{key or ''}:{index}")
+        text = f"{' '.join(rng.choices(_WORDS, k=words))} {INSTRUCTION}"
+        return Prompt(id=f"{self.name}:{key or '-'}:{index + 1}", text=text)
+
+    def __getitem__(self, index: int) -> Prompt:
+        return self.prompt(index)
+
+    def warmup_text(self, index: int) -> str:
+        return self.prompt(index, "warmup").text
+
+    def canonical(self) -> Any:
+        return {"generator": "fresh", "version": FRESH_GENERATOR, "tokens": self.tokens, "seed": self.seed}
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "fresh", "tokens": self.tokens, "seed": self.seed, "repeats": False}
+
+
+# The fresh set's last words: an answer of the same kind for every prompt (engines without ignore_eos stop early
+# less often when they are asked to write).
+INSTRUCTION = "Summarise the text above."
+
+
+def fresh(tokens: int, seed: int = 0) -> FreshPromptSet:
+    """A fresh prompt of about TOKENS prompt tokens per request (synthetic:TOKENS)."""
+    if not 1 <= tokens <= MAX_SYNTHETIC_TOKENS:
+        raise PromptSetError(f"synthetic:{tokens}: TOKENS from 1 to {MAX_SYNTHETIC_TOKENS}")
+    name = f"synthetic-{tokens}" + (f"-seed{seed}" if seed else "")
+    return FreshPromptSet(name=name, prompts=(), tokens=tokens, seed=seed)
 
 
 def filler(words: int, rng: random.Random) -> str:

@@ -90,6 +90,7 @@ class Phase:
         self.recorder = None  # where PhaseRecords go, from begin()
         self.share: Share | None = None  # on a distributed worker: this process's part (None: all of it)
         self.sessions: int | None = users  # conversations a conversation set keeps open at once (None: open loop)
+        self.backoff_count, self.backoff_s = 0, 0.0  # closed-loop users' waits after refused requests
         self._source = None
 
     def label(self, name: str) -> str:
@@ -99,6 +100,15 @@ class Phase:
     @property
     def title(self) -> str:
         return self.label(self.name)
+
+    # Whose prompts a request gets: None sends the set's index-th prompt whatever the phase (the matched set: a
+    # sequential pass and a burst send the same ones); a phase name draws a fresh set's own prompts for this phase.
+    prompt_key: str | None = None
+
+    def prompt(self, index: int) -> Prompt:
+        """The prompt of this phase's request `index` (a fresh set: drawn for this phase; a fixed one: cycling)."""
+        s = self.settings
+        return s.prompt_set.prompt(index, self.prompt_key, s.target.info.get("template_tokens"))
 
     @property
     def source(self):
@@ -191,13 +201,13 @@ class SequentialPhase(Phase):
         if count is not None:
             self.sessions = count  # a conversation set plays the burst's conversations, one request at a time
         # Handed out one at a time (nothing queued up front: the memory of a run does not grow with its length).
-        self.count = len(settings.prompt_set.prompts) * repeat if count is None else count
+        self.count = len(settings.prompt_set) * repeat if count is None else count
         self.issued = 0
 
     def next_work(self) -> Work | None:
         if self.exhausted():
             return None
-        work = Work(self.settings.prompt_set[self.issued], self.title)
+        work = Work(self.prompt(self.issued), self.title)
         self.issued += 1
         self.in_flight += 1
         return work
@@ -263,7 +273,7 @@ class BurstPhase(Phase):
         index = self.next_index + (self.share.first if self.share is not None else 0)
         self.next_index += 1
         self.in_flight += 1
-        return Work(self.settings.prompt_set[index], self.round_name(round_no + 1), arrival_index=index)
+        return Work(self.prompt(index), self.round_name(round_no + 1), arrival_index=index)
 
     def finished(self, work: Work, record: RequestRecord, elapsed_s: float) -> None:
         self.last_round_end = time.monotonic()
@@ -287,6 +297,7 @@ class ClosedLoopPhase(Phase):
         self, settings: Settings, name: str, users: int, duration_s: float | None, requests: int | None, scenario: str
     ):
         super().__init__(settings, name, users)
+        self.prompt_key = self.title  # every level draws its own prompts: none is served from an earlier's cache
         if duration_s is None and requests is None:
             raise ValueError("a closed-loop phase needs a duration or a request count")
         self.scenario = scenario
@@ -306,7 +317,7 @@ class ClosedLoopPhase(Phase):
             self._check_done()
             return None
         share = self.share or Share(self.users)
-        work = Work(self.settings.prompt_set[share.first + self.issued * share.stride], self.name)
+        work = Work(self.prompt(share.first + self.issued * share.stride), self.name)
         self.issued += 1
         self.in_flight += 1
         return work
@@ -358,6 +369,7 @@ class RatePhase(Phase):
         super().__init__(settings, name or f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
         self.sessions = None
         self.scenario = scenario
+        self.prompt_key = self.title
         if rate <= 0:
             raise ValueError("--rate must be > 0")
         if duration_s is None and requests is None:
@@ -399,7 +411,7 @@ class RatePhase(Phase):
                     self.slot_free.wait(1.0)
                 self.in_flight += 1
                 yield Work(
-                    self.settings.prompt_set[self.issued],
+                    self.prompt(self.issued),
                     self.name,
                     arrival_index=self.issued,
                     scheduled_at=epoch0 + (due - t0),

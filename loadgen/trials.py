@@ -57,6 +57,36 @@ def again(phase: Phase) -> Phase:
     raise ValueError(f"{phase.scenario} phases are not retried")
 
 
+# ---------------------------------------------------------------- the chat template's share of a prompt
+
+
+def measure_template(target: Target, settings: Settings, *, http_client: str, timeout_s: float) -> str:
+    """What the engine's chat template adds to every prompt, in its own tokens (into target.info["template_tokens"]),
+    so a fresh set's TOKENS is the prompt as the engine counts it. One request of one output token, not recorded:
+    its prompt is the set's own words, about one token each, so the engine's count less the words is the template.
+    Returns the line to show."""
+    prompt = settings.prompt_set.prompt(0, "template")
+    words = len(prompt.text.split())
+    payload = llm.chat_payload(target.api, target.model, prompt.text, 1, settings.temperature, False)
+    transport = llm.make_transport(http_client, target.url, timeout=timeout_s)
+    try:
+        m = llm.stream_chat(transport, target.chat_path, target.api, payload)
+    finally:
+        transport.close()
+    if not m.ok or m.prompt_tokens is None:
+        why = m.error if not m.ok else "the engine did not count the prompt's tokens"
+        return (
+            f"{target.instance}: chat template not measured ({why}): prompts of {settings.prompt_set.name} are "
+            f"TOKENS words, plus whatever the template adds"
+        )
+    template = max(0, m.prompt_tokens - words)
+    target.info["template_tokens"] = template
+    return (
+        f"{target.instance}: the chat template adds {template} prompt tokens (a {words}-word prompt counted as "
+        f"{m.prompt_tokens}): {settings.prompt_set.name} draws that many words fewer, so a prompt is its TOKENS"
+    )
+
+
 # ---------------------------------------------------------------- warm-up until stable
 
 

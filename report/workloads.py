@@ -23,7 +23,7 @@ from report import query, stats
 from report.gauges import GaugeReport
 from report.load import Run
 from report.render import Bullets, Figure, Paragraph, Section, Table
-from servescope import series
+from servescope import prefix_reuse, series
 from servescope.runfolder import RequestRecord
 
 # A sample's value was read somewhere within its read around its time, and an engine updates its counters a
@@ -208,9 +208,7 @@ def _ratio(part: float, whole: float) -> float | None:
     return part / whole if whole > 0 else None
 
 
-def _per_request_reuse(records: list[RequestRecord]) -> tuple[float | None, int]:
-    both = [r for r in records if r.ok and r.cached_tokens is not None and r.prompt_tokens]
-    return _ratio(sum(r.cached_tokens for r in both), sum(r.prompt_tokens for r in both)), len(both)
+_per_request_reuse = prefix_reuse.from_records
 
 
 def _engine_prefill_ms(record: RequestRecord) -> float | None:

@@ -1,27 +1,54 @@
-"""Which server resource ran out at a load, from the phase's own server samples, and the engine knob that adds more of it.
+"""Which resource ran out at a load, each name from evidence of its own, and the engine knob that adds more of it.
 
-The seed's section 4, applied to one load level: requests waiting while the KV pool had room ->
-the batch slots ran out (vLLM --max-num-seqs, llama.cpp --parallel, OLLAMA_NUM_PARALLEL); waiting
-with the pool near full -> KV capacity (VLLM_CPU_KVCACHE_SPACE or a shorter --max-model-len,
-llama.cpp's context -c); nothing waiting while latency still grew with the load -> compute: every
-request was admitted and each step just took longer, and no serving knob buys more of that. The KV
-pool's state while requests waited is thresholds.kv_pool_state, the rule the report's verdict and
-the alert rules use.
+One rule, read by the knee (loadgen/knee.py), `make tune` (stack/tune.py) and the report's verdict
+(report/verdict.py, through `queue_resource`). At the lowest load that failed the SLOs, in this order:
+
+  engine fault      the engine was not there: a share of requests refused, timed out or cut, or the exporter
+                    could not read the engine for a second or more (down, restarted, frozen). Not a capacity.
+  client            the load generator could not keep up: its thread busy (CPU plus the time it waited, ready,
+                    for a core) nearly the whole phase, or an open loop's sends late behind their schedule.
+  SLO below floor   the load was one request at a time (1 user; an open loop's lowest rate with requests that
+                    never overlapped) and the SLOs still failed: no load meets them on this engine here.
+  batch slots       requests waited while the KV pool had room (the seed's section 4), or the engine queues
+  KV capacity       only for slots (llama.cpp, Ollama); requests waited with the pool full, or vLLM preempted
+                    running requests to free KV blocks.
+  compute           nothing waited, the latency the SLOs failed on grew with the running batch from the level
+                    below, AND the engine used nearly the cores it may: every request was admitted and each
+                    step took longer. No serving knob buys more of that.
+  undecided         anything else, with the numbers: the KV pool between the thresholds (neither lever is
+                    claimed, as the verdict and the alert rules say), a latency that grew while the engine's CPU
+                    was not measured or had room, no server samples.
+
+The thresholds are servescope/thresholds.py's; every Binding carries the numbers its name rests on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 
-from servescope import series, thresholds
-from servescope.runfolder import SampleRecord
+from servescope import series, slo, thresholds
+from servescope.runfolder import RequestRecord, SampleRecord
+from servescope.sampler import ENGINE_UNREAD
 
 BATCH_SLOTS = "batch slots"
 KV_CAPACITY = "KV capacity"
 COMPUTE = "compute"
-UNKNOWN = "unknown"
-RESOURCES = (BATCH_SLOTS, KV_CAPACITY, COMPUTE, UNKNOWN)
+CLIENT = "client"
+SLO_FLOOR = "SLO below the floor"
+ENGINE_FAULT = "engine fault"
+UNDECIDED = "undecided"
+UNKNOWN = UNDECIDED  # knee.json of runs before the evidence rule said "unknown" for the same
+RESOURCES = (BATCH_SLOTS, KV_CAPACITY, COMPUTE, CLIENT, SLO_FLOOR, ENGINE_FAULT, UNDECIDED)
+# Names that are not a resource a knob adds: a tune stops at them, a knee level with a fault is measured again.
+NOT_CAPACITY = (ENGINE_FAULT, CLIENT, UNDECIDED, "unknown")
+
+# Engines whose queue is only ever for a slot: llama.cpp splits its context over the slots up front (a request
+# never waits for KV), Ollama runs OLLAMA_NUM_PARALLEL per model. vLLM's queue may be either.
+QUEUE_MEANS_SLOTS = frozenset({"llamacpp", "ollama"})
+# What a request that found no engine ends with (loadgen.client.ErrorKind values).
+FAULT_KINDS = frozenset({"connection_refused", "timeout", "stream_cut"})
 
 
 @dataclass(frozen=True)
@@ -41,23 +68,54 @@ KNOBS: dict[tuple[str, str], Knob] = {
     ("ollama", BATCH_SLOTS): Knob("OLLAMA_NUM_PARALLEL", "OLLAMA_NUM_PARALLEL", "raise it"),
 }
 
+ADVICE = {
+    COMPUTE: "no serving knob adds more (fewer or shorter requests, more cores, a smaller model)",
+    CLIENT: "the load generator, not the engine: give it a core of its own or more worker processes (--workers), "
+    "then measure again",
+    SLO_FLOOR: "no load meets these SLOs on this engine here: loosen the term that fails alone, or a faster engine "
+    "or machine",
+    ENGINE_FAULT: "not a capacity measurement: the engine was down, restarting or frozen at this load",
+    UNDECIDED: "no knob is named without evidence",
+}
+
 
 def knob_for(engine: str, resource: str) -> Knob | None:
-    """The engine's knob for a resource; None for compute (no serving knob adds cores) or a pairing with no rule."""
+    """The engine's knob for a resource; None where no serving knob adds it (compute, client, ...)."""
     return KNOBS.get((engine, resource))
+
+
+@dataclass
+class Level:
+    """One load level as the rule reads it: every trusted measurement of it, pooled."""
+
+    level: float  # users (closed loop) or arrivals per second (open loop)
+    records: list[RequestRecord]
+    samples: list[SampleRecord] = field(default_factory=list)  # this engine's server samples during it
+    noise: list[dict] = field(default_factory=list)  # each measurement's PhaseRecord.noise (servescope/hostnoise.py)
+    result: slo.SloResult | None = None  # the level's pooled SLO verdict
 
 
 @dataclass
 class Binding:
     resource: str  # one of RESOURCES
     evidence: str  # the numbers it was read from, in words
-    samples: int = 0  # readable samples of the phase(s)
+    samples: int = 0  # readable samples of the level
     waiting_share: float | None = None  # share of them that saw a request waiting
     peak_waiting: float | None = None
     peak_running: float | None = None
+    mean_running: float | None = None
     kv_max_while_waiting: float | None = None
     kv_mean_while_waiting: float | None = None
     kv_peak: float | None = None
+    preemptions: float | None = None  # vLLM's counter's growth over the level
+    metric: str | None = None  # the latency compared across levels (the SLO term that failed most)
+    growth: float | None = None  # its median at this level / at the level below
+    engine_cores: float | None = None
+    engine_allowed_cores: float | None = None
+    client_busy: float | None = None  # the load generator's busiest measurement: (CPU + run-queue wait) / its cap
+    schedule_lag_p99_s: float | None = None
+    fault_share: float | None = None
+    unread_s: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -65,61 +123,321 @@ class Binding:
     def advice(self, engine: str, current: str | None = None) -> str:
         """The binding resource and what to turn, in one line."""
         knob = knob_for(engine, self.resource)
-        if self.resource == COMPUTE:
-            return f"{COMPUTE}: no serving knob adds more (fewer or shorter requests, more cores, a smaller model)"
         if knob is None:
-            return f"{self.resource}: no knob rule for {engine}"
+            return f"{self.resource}: {ADVICE.get(self.resource, f'no knob rule for {engine}')}"
         now = f" (now {current})" if current not in (None, "") else ""
         return f"{self.resource}: {knob.advice} - {knob.flag}, knob {knob.env}{now}"
 
 
-def classify(samples: Iterable[SampleRecord]) -> Binding:
-    """The binding resource over one load level's samples (one instance, one or more phases at that level)."""
+# ---------------------------------------------------------------- the queue: slots or KV (the seed's section 4)
+
+
+def queue_resource(engine: str, kv_max_while_waiting: float | None, kv_mean_while_waiting: float | None) -> str:
+    """What requests waited for, from the KV pool while they waited: BATCH_SLOTS, KV_CAPACITY or UNDECIDED.
+
+    The verdict reads the same: pool full -> KV; room -> slots; between the thresholds or unknown -> neither
+    is claimed (an engine whose queue is only ever for a slot: slots)."""
+    if engine in QUEUE_MEANS_SLOTS:
+        return BATCH_SLOTS
+    pool = thresholds.kv_pool_state(kv_max_while_waiting, kv_mean_while_waiting)
+    return {"full": KV_CAPACITY, "room": BATCH_SLOTS}.get(pool, UNDECIDED)
+
+
+# ---------------------------------------------------------------- the rule
+
+
+def classify(
+    failing: Level,
+    below: Level | None = None,
+    *,
+    engine: str,
+    spec: slo.SloSpec | None = None,
+    open_loop: bool = False,
+    lowest: bool = False,
+) -> Binding:
+    """The binding resource at `failing` (the lowest level that failed), `below` the level under it that held
+    (or the lowest measured), `lowest` when `failing` is the least load the search may try."""
+    b = _gauges(failing.samples)
+    b.mean_running = _mean_running(failing, open_loop)
+    for step in (_fault, _client, _floor, _queue, _compute):
+        if step(b, failing, below, engine, spec, open_loop, lowest):
+            return b
+    return b
+
+
+def _fault(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -> bool:
+    n = len(failing.records)
+    faults = [r for r in failing.records if not r.ok and r.error_kind in FAULT_KINDS]
+    b.fault_share = len(faults) / n if n else None
+    unread = [s for s in failing.samples if s.missing == ENGINE_UNREAD]
+    b.unread_s = sum(s.interval_s for s in unread)
+    parts = []
+    if n and b.fault_share >= thresholds.FAULT_FAILED_SHARE:
+        kinds = ", ".join(f"{k} {c}" for k, c in _counts(r.error_kind for r in faults))
+        parts.append(f"{len(faults)} of {n} requests found no engine ({kinds})")
+    if b.unread_s >= thresholds.FAULT_UNREAD_S:
+        parts.append(f"the exporter could not read the engine for {b.unread_s:.1f} s of it")
+    if not parts:
+        return False
+    b.resource, b.evidence = ENGINE_FAULT, "; ".join(parts)
+    return True
+
+
+def _client(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -> bool:
+    busy = [x for x in map(client_busy, failing.noise) if x is not None]
+    b.client_busy = max(busy) if busy else None
+    lags = sorted(slo.schedule_lag(r) for r in failing.records if r.scheduled_at is not None)
+    b.schedule_lag_p99_s = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else None
+    parts = []
+    if b.client_busy is not None and b.client_busy >= thresholds.CLIENT_BUSY_SHARE:
+        worst = next(x for x in failing.noise if client_busy(x) == b.client_busy)
+        parts.append(
+            f"the load generator was busy {b.client_busy:.0%} of the phase (CPU {worst.get('loadgen_cores', 0):.2f} "
+            f"cores, waiting for a core {worst.get('loadgen_wait_cores') or 0:.2f})"
+        )
+    if open_loop and b.schedule_lag_p99_s is not None and b.schedule_lag_p99_s > thresholds.SCHEDULE_LAG_P99_MAX_S:
+        parts.append(
+            f"its sends came up to {b.schedule_lag_p99_s * 1000:.0f} ms (p99) behind their schedule "
+            f"(> {thresholds.SCHEDULE_LAG_P99_MAX_S * 1000:.0f} ms)"
+        )
+    if not parts:
+        return False
+    b.resource, b.evidence = CLIENT, "; ".join(parts)
+    return True
+
+
+def client_busy(noise: dict | None) -> float | None:
+    """The load generator's (CPU + run-queue wait) over what one Python thread can use in that phase (at most a core,
+    less when its affinity or cgroup allows less); None when the phase did not measure it."""
+    if not isinstance(noise, dict) or not isinstance(noise.get("loadgen_cores"), int | float):
+        return None
+    wait = noise.get("loadgen_wait_cores")
+    if not isinstance(wait, int | float):
+        return None
+    allowed = noise.get("loadgen_allowed_cores")
+    cap = min(1.0, float(allowed)) if isinstance(allowed, int | float) and allowed > 0 else 1.0
+    return (noise["loadgen_cores"] + wait) / cap
+
+
+def _floor(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -> bool:
+    if not lowest:
+        return False
+    if open_loop:
+        overlap = overlap_share(failing.records)
+        if overlap is None or overlap > thresholds.ALONE_OVERLAP_SHARE:
+            return False
+        alone = f"at {failing.level:g} req/s ({overlap:.0%} of requests overlapped another)"
+    else:
+        if failing.level != 1:
+            return False
+        alone = "at 1 user (one request at a time)"
+    term = _worst_term(failing.result)
+    seen = f"{term.term} met by {term.met_share:.0%}" if term and term.met_share is not None else "the SLOs failed"
+    observed = f", observed {term.observed:.3g} s" if term and term.observed is not None else ""
+    b.resource, b.evidence = SLO_FLOOR, f"{seen}{observed} {alone}: a request alone misses it"
+    return True
+
+
+def _queue(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -> bool:
+    waited = b.waiting_share is not None and b.waiting_share >= thresholds.BINDING_WAITING_SHARE
+    preempted = b.preemptions is not None and b.preemptions > 0
+    if not (waited or preempted):
+        return False
+    seen = f"waiting > 0 in {round(b.waiting_share * b.samples)} of {b.samples} samples (peak {b.peak_waiting:g})"
+    run = f", running peaked at {b.peak_running:g}" if b.peak_running is not None else ""
+    if preempted:
+        b.resource = KV_CAPACITY
+        b.evidence = f"the engine preempted {b.preemptions:g} running requests to free KV blocks; {seen}{run}"
+        return True
+    resource = queue_resource(engine, b.kv_max_while_waiting, b.kv_mean_while_waiting)
+    b.resource = resource
+    if resource == KV_CAPACITY:
+        b.evidence = (
+            f"requests waited on the KV pool: {seen}, KV usage while they waited mean "
+            f"{b.kv_mean_while_waiting:.0%}, highest {b.kv_max_while_waiting:.0%}"
+        )
+    elif resource == BATCH_SLOTS and engine in QUEUE_MEANS_SLOTS:
+        b.evidence = f"requests waited for a slot: {seen}{run}; {engine} queues only for a slot"
+    elif resource == BATCH_SLOTS:
+        b.evidence = (
+            f"requests waited for a slot: {seen}{run}; KV usage stayed below {thresholds.KV_ROOM:.0%} "
+            f"(highest {b.kv_max_while_waiting:.0%})"
+        )
+    elif b.kv_max_while_waiting is None:
+        b.evidence = f"requests waited ({seen}{run}) but the KV pool's usage is unknown: slots or KV not told apart"
+    else:
+        b.evidence = (
+            f"requests waited ({seen}{run}) with the KV pool between {thresholds.KV_ROOM:.0%} and "
+            f"{thresholds.KV_FULL:.0%} (mean {b.kv_mean_while_waiting:.0%}, highest {b.kv_max_while_waiting:.0%}): "
+            f"neither slots nor KV is claimed"
+        )
+    return True
+
+
+def _compute(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -> bool:
+    queued = (
+        f"nothing queued (waiting > 0 in {round((b.waiting_share or 0) * b.samples)} of {b.samples} samples)"
+        if b.samples
+        else "no server samples (no gauges: slots and KV cannot be told apart)"
+    )
+    b.metric, b.growth, grew = _growth(failing, below, spec, open_loop)
+    cores = [n["engine_cores"] for n in failing.noise if isinstance(n.get("engine_cores"), int | float)]
+    allowed = [
+        n.get("engine_allowed_cores") or n.get("cores")
+        for n in failing.noise
+        if isinstance(n.get("engine_allowed_cores") or n.get("cores"), int | float)
+    ]
+    b.engine_cores = statistics.fmean(cores) if cores else None
+    b.engine_allowed_cores = max(allowed) if allowed and cores else None
+    if b.engine_cores is None:
+        cpu, busy = "the engine's CPU was not measured (not on this host?)", False
+    else:
+        busy = b.engine_cores >= thresholds.ENGINE_CPU_NEAR * b.engine_allowed_cores
+        cpu = f"the engine used {b.engine_cores:.2f} of its {b.engine_allowed_cores:g} cores"
+    rising = b.growth is not None and b.growth >= thresholds.COMPUTE_GROWTH
+    if b.samples and rising and busy:
+        b.resource = COMPUTE
+        b.evidence = f"{queued}; {grew}; {cpu}: every request was admitted and each step took longer"
+        return True
+    b.resource = UNDECIDED
+    missing = []
+    if not b.samples:
+        missing.append("no server samples")
+    if not rising:
+        missing.append(
+            f"{b.metric or 'latency'} did not grow {thresholds.COMPUTE_GROWTH:g}x with the batch"
+            if b.growth is not None
+            else "no level below to compare with"
+        )
+    if not busy:
+        missing.append(
+            "CPU not measured"
+            if b.engine_cores is None
+            else f"the engine's CPU below {thresholds.ENGINE_CPU_NEAR:.0%} of its cores"
+        )
+    b.evidence = f"{queued}; {grew or 'no latency compared'}; {cpu} ({', '.join(missing)}: compute not claimed)"
+    return True
+
+
+# ---------------------------------------------------------------- the numbers
+
+
+def _gauges(samples: Sequence[SampleRecord]) -> Binding:
     readable = [s for s in samples if not s.missing and series.REQUESTS_WAITING in s.values]
+    b = Binding(UNDECIDED, "", samples=len(readable))
     if not readable:
-        return Binding(UNKNOWN, "no readable server samples at this load (is the exporter up? SAMPLE_INTERVAL_MS > 0?)")
+        return b
     waiting = [s.values[series.REQUESTS_WAITING] for s in readable]
     running = [s.values[series.REQUESTS_RUNNING] for s in readable if series.REQUESTS_RUNNING in s.values]
     kv_all = [s.values[series.KV_CACHE_USAGE] for s in readable if series.KV_CACHE_USAGE in s.values]
     waited = [s for s in readable if s.values[series.REQUESTS_WAITING] > 0]
     kv_waiting = [s.values[series.KV_CACHE_USAGE] for s in waited if series.KV_CACHE_USAGE in s.values]
-    b = Binding(
-        UNKNOWN,
-        "",
-        samples=len(readable),
-        waiting_share=len(waited) / len(readable),
-        peak_waiting=max(waiting),
-        peak_running=max(running) if running else None,
-        kv_max_while_waiting=max(kv_waiting) if kv_waiting else None,
-        kv_mean_while_waiting=sum(kv_waiting) / len(kv_waiting) if kv_waiting else None,
-        kv_peak=max(kv_all) if kv_all else None,
-    )
-    seen = f"waiting > 0 in {len(waited)} of {len(readable)} samples (peak {b.peak_waiting:g})"
-    if b.waiting_share < thresholds.BINDING_WAITING_SHARE:
-        kv = f", KV peaked at {b.kv_peak:.0%}" if b.kv_peak is not None else ""
-        run = f", running peaked at {b.peak_running:g}" if b.peak_running is not None else ""
-        b.resource = COMPUTE
-        b.evidence = f"nothing queued: {seen}{run}{kv}; every request was admitted and latency grew with the batch"
-        return b
-    pool = thresholds.kv_pool_state(b.kv_max_while_waiting, b.kv_mean_while_waiting)
-    if pool in ("full", "between"):
-        b.resource = KV_CAPACITY
-        b.evidence = (
-            f"requests waited on the KV pool: {seen}, KV usage while they waited mean "
-            f"{b.kv_mean_while_waiting:.0%}, highest {b.kv_max_while_waiting:.0%}"
-            + (
-                f" (between {thresholds.KV_ROOM:.0%} and {thresholds.KV_FULL:.0%}: KV first, as the verdict says)"
-                if pool == "between"
+    pre = [(s.t, s.values[series.PREEMPTIONS]) for s in readable if series.PREEMPTIONS in s.values]
+    b.waiting_share = len(waited) / len(readable)
+    b.peak_waiting = max(waiting)
+    b.peak_running = max(running) if running else None
+    b.kv_max_while_waiting = max(kv_waiting) if kv_waiting else None
+    b.kv_mean_while_waiting = statistics.fmean(kv_waiting) if kv_waiting else None
+    b.kv_peak = max(kv_all) if kv_all else None
+    if len(pre) >= 2:
+        growth = max(pre)[1] - min(pre)[1]
+        b.preemptions = growth if growth >= 0 else None  # a restart began the counter again
+    return b
+
+
+def _mean_running(level: Level, open_loop: bool) -> float | None:
+    """The running batch at a level: the engine's gauge, else the users (closed loop) or requests in flight."""
+    running = [
+        s.values[series.REQUESTS_RUNNING]
+        for s in level.samples
+        if not s.missing and series.REQUESTS_RUNNING in s.values
+    ]
+    if running:
+        return statistics.fmean(running)
+    if not open_loop:
+        return float(level.level)
+    return in_flight(level.records)
+
+
+def in_flight(records: Sequence[RequestRecord]) -> float | None:
+    """Requests in flight on average (client side): their summed time over the span they cover (Little's law)."""
+    spans = [(r.started_at, slo.finished_at(r)) for r in records if r.e2e_s is not None]
+    if not spans:
+        return None
+    wall = max(e for _, e in spans) - min(s for s, _ in spans)
+    return sum(e - s for s, e in spans) / wall if wall > 0 else None
+
+
+def overlap_share(records: Sequence[RequestRecord]) -> float | None:
+    """The share of requests that were in flight while another one was (client side)."""
+    spans = sorted((r.started_at, slo.finished_at(r)) for r in records if r.e2e_s is not None)
+    if not spans:
+        return None
+    overlapped = set()
+    end_so_far, owner = spans[0][1], 0
+    for i in range(1, len(spans)):
+        start, end = spans[i]
+        if start < end_so_far:
+            overlapped.update((i, owner))
+        if end > end_so_far:
+            end_so_far, owner = end, i
+    return len(overlapped) / len(spans)
+
+
+def _growth(
+    failing: Level, below: Level | None, spec: slo.SloSpec | None, open_loop: bool
+) -> tuple[str | None, float | None, str]:
+    """(metric, its median at `failing` / at `below`, the words) for the term the SLOs failed on most."""
+    if below is None or below.level == failing.level:
+        return None, None, ""
+    term = _failed_term(failing.result, spec)
+    metrics = [term.metric] if term is not None else ["ttft", "tpot"]
+    best: tuple[str | None, float | None, str] = (None, None, "")
+    for metric in metrics:
+        probe = slo.Term(metric, 1.0, 50.0 if metric == "itl" else None)
+        high, low = _median(probe, failing.records), _median(probe, below.records)
+        if high is None or low is None or low <= 0:
+            continue
+        ratio = high / low
+        if best[1] is None or ratio > best[1]:
+            run_low, run_high = _mean_running(below, open_loop), _mean_running(failing, open_loop)
+            batch = (
+                f" while the running batch went {run_low:.1f} -> {run_high:.1f}"
+                if run_low is not None and run_high is not None
                 else ""
             )
-        )
-    else:
-        b.resource = BATCH_SLOTS
-        kv = (
-            f"KV usage stayed below {thresholds.KV_ROOM:.0%} (highest {b.kv_max_while_waiting:.0%})"
-            if pool == "room"
-            else "KV usage unknown"
-        )
-        run = f", running peaked at {b.peak_running:g}" if b.peak_running is not None else ""
-        b.evidence = f"requests waited for a slot: {seen}{run}; {kv}"
-    return b
+            if run_low is not None and run_high is not None and run_high <= run_low * 1.1:
+                batch = f" with the running batch flat at {run_high:.1f}"
+                ratio = min(ratio, 1.0)  # a latency that grew without a bigger batch is not the batch's cost
+            best = (
+                metric,
+                ratio,
+                f"{metric} median {low:.3g} s at {below.level:g} -> {high:.3g} s at {failing.level:g} "
+                f"(x{high / low:.2f}){batch}",
+            )
+    return best
+
+
+def _median(term: slo.Term, records: Iterable[RequestRecord]) -> float | None:
+    values = [v for v in (term.request_value(r) for r in records if r.ok) if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _failed_term(result: slo.SloResult | None, spec: slo.SloSpec | None) -> slo.Term | None:
+    if result is None or spec is None or not result.failed_most:
+        return None
+    return next((t for t in spec.terms if t.name == result.failed_most), None)
+
+
+def _worst_term(result: slo.SloResult | None) -> slo.TermResult | None:
+    if result is None or not result.terms:
+        return None
+    held = [t for t in result.terms if t.met_share is not None]
+    return min(held, key=lambda t: t.met_share) if held else None
+
+
+def _counts(values: Iterable[str | None]) -> list[tuple[str, int]]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v or "?"] = out.get(v or "?", 0) + 1
+    return sorted(out.items(), key=lambda kv: -kv[1])

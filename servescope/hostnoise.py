@@ -65,6 +65,9 @@ class Snapshot:
     steal_s: float | None  # None where the kernel does not report steal
     total_s: float | None
     load1: float | None
+    # The load generator's own threads: seconds they were ready to run but waited for a core (the kernel's
+    # schedstat run delay). CPU used plus this wait near the whole window means the client could not keep up.
+    self_wait_s: float | None = None
 
 
 def read_procs(root: Path = PROC) -> dict[tuple[int, int], Proc]:
@@ -105,13 +108,53 @@ def read_cpu(root: Path = PROC) -> tuple[float | None, float | None, float | Non
     return busy, steal, busy + v[3] + v[4] + (steal or 0.0)
 
 
+def run_delay_s(pid: int, root: Path = PROC) -> float | None:
+    """Seconds the threads of `pid` spent runnable but waiting for a core, since each began (/proc/PID/task/*/schedstat,
+    its second field, in ns); None where the kernel keeps no schedstat."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir(root / str(pid) / "task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(root / str(pid) / "task" / tid / "schedstat", "rb") as fh:
+                fields = fh.read().split()
+        except OSError:
+            continue  # a thread that ended between the listing and the read
+        if len(fields) >= 2 and fields[1].isdigit():
+            total += int(fields[1])
+            seen = True
+    return total / 1e9 if seen else None
+
+
+def allowed_cores(pid: int, root: Path = PROC) -> float | None:
+    """The cores process `pid` may use: its CPU affinity, capped by its cgroup's cpu.max quota (cgroup v2) when set."""
+    try:
+        cores: float = float(len(os.sched_getaffinity(pid)))
+    except OSError:
+        return None
+    try:
+        line = (root / str(pid) / "cgroup").read_text().splitlines()
+        path = next((x.split("::", 1)[1] for x in line if x.startswith("0::")), None)
+        if path is not None:
+            quota, period = Path("/sys/fs/cgroup", path.lstrip("/"), "cpu.max").read_text().split()[:2]
+            if quota != "max" and float(period) > 0:
+                cores = min(cores, float(quota) / float(period))
+    except (OSError, ValueError, StopIteration):
+        pass  # no cgroup v2 quota readable: the affinity is the bound
+    return cores
+
+
 def take(root: Path = PROC) -> Snapshot:
     busy, steal, total = read_cpu(root)
     try:
         load1 = os.getloadavg()[0]
     except OSError:
         load1 = None
-    return Snapshot(time.time(), time.monotonic(), read_procs(root), busy, steal, total, load1)
+    return Snapshot(
+        time.time(), time.monotonic(), read_procs(root), busy, steal, total, load1, run_delay_s(os.getpid(), root)
+    )
 
 
 # ---------------------------------------------------------------- who is who
@@ -295,13 +338,19 @@ def measure(begin: Snapshot, end: Snapshot, roles: Roles, root: Path = PROC) -> 
     if rest > 0:
         kept.append({"name": f"{len(groups) - TOP_GROUPS} more", "kind": PROCESS, "cores": rest})
     steal, total = _delta(begin.steal_s, end.steal_s), _delta(begin.total_s, end.total_s)
+    waited = _delta(begin.self_wait_s, end.self_wait_s)
+    engine_allowed = [c for c in (allowed_cores(p, root) for p in sorted(roles.engine)) if c is not None]
     return {
         "window_s": window,
         "cores": os.cpu_count() or 1,
         "engine_found": bool(roles.engine),
         "engine_how": roles.engine_how,
         "engine_cores": by_role.get(ENGINE, 0.0) / window if roles.engine else None,
+        "engine_allowed_cores": max(engine_allowed) if engine_allowed else None,
         "loadgen_cores": by_role.get(LOADGEN, 0.0) / window,
+        # This process only (its workers are measured by their own): ready to run, no core to run on.
+        "loadgen_wait_cores": waited / window if waited is not None else None,
+        "loadgen_allowed_cores": allowed_cores(os.getpid(), root),
         "observer_cores": by_role.get(OBSERVER, 0.0) / window,
         "foreign_cores": foreign,
         "groups": kept,

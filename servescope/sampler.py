@@ -37,6 +37,7 @@ KEPT = (
     series.GENERATED_TOKENS,
     series.PROMPT_TOKENS,
     series.PROMPT_CACHED_TOKENS,
+    series.PREEMPTIONS,
     series.KV_BLOCK_SIZE,
     series.KV_BLOCKS,
     series.KV_CAPACITY_TOKENS,
@@ -51,6 +52,9 @@ GAP_FACTOR = 1.5
 # engine costs its own samples, not the page's.
 READ_TIMEOUT_S = 5.0
 HEADERS = {"Accept": "text/plain", "User-Agent": "servescope-sampler"}
+# A read whose exporter answered but could not read the engine (down, frozen, its page failing): the engine's fault,
+# where an exporter that did not answer says nothing about the engine.
+ENGINE_UNREAD = f"the exporter could not read this engine ({series.ENGINE_UP} 0)"
 
 
 def split_at_gaps(points: list[tuple[float, float | None]], spacing: float | None) -> list[tuple[float, float | None]]:
@@ -228,7 +232,7 @@ class Sampler:
             self.known = dict.fromkeys(by_engine)
             for (engine, instance), values in by_engine.items():
                 if values is None:
-                    missing = f"the exporter could not read this engine ({series.ENGINE_UP} 0)"
+                    missing = ENGINE_UNREAD
                     values = {}
                 else:
                     missing = None

@@ -20,6 +20,9 @@ PROMPT_TOKENS = f"{PREFIX}_prompt_tokens_total"  # counter: every prompt token, 
 # Prompt tokens the engine took from its prefix / prompt cache instead of computing them (counter). Prefix-cache
 # reuse, one series for every engine that reports it: rate(PROMPT_CACHED_TOKENS) / rate(PROMPT_TOKENS).
 PROMPT_CACHED_TOKENS = f"{PREFIX}_prompt_tokens_cached_total"
+# Requests the engine took out of the running batch to free KV blocks for others (counter; vLLM's own count): the
+# KV pool, not the batch cap, was the limit while it rose.
+PREEMPTIONS = f"{PREFIX}_preemptions_total"
 ENGINE_INFO = f"{PREFIX}_engine_info"  # version and kind as labels, value 1
 ENGINE_INVALID_SAMPLES = f"{PREFIX}_engine_invalid_samples_total"  # counter: values dropped as impossible
 

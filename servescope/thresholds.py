@@ -60,10 +60,28 @@ SLO_DEFAULT = "ttft_p95<=0.5,itl_p95<=0.1"
 # objective the Prometheus burn-rate rules divide by (1 - SLO_ATTAINMENT is the error budget).
 SLO_ATTAINMENT = 0.95
 
-# --- the binding resource at the knee (servescope/binding.py), read from the phase's own samples ---
+# --- the binding resource at the knee (servescope/binding.py): each name needs its own evidence ---
 # Requests "waited" at a load when at least this share of the phase's samples saw waiting > 0: a queue
 # that shows once between two reads is a step's admission, not a resource that ran out.
 BINDING_WAITING_SHARE = 0.2
+# Compute: the latency the SLOs failed on grew at least this much from the level below while the running batch
+# grew (every request admitted, each step slower), AND the engine used at least ENGINE_CPU_NEAR of the cores it may.
+COMPUTE_GROWTH = 1.25
+ENGINE_CPU_NEAR = 0.8
+# Client: the load generator's own thread was busy (its CPU plus the time it waited, ready, for a core) this share of
+# the phase: it could not send and read on time, so the latencies are partly its own.
+CLIENT_BUSY_SHARE = 0.9
+# Engine fault: at least this share of the level's requests found no engine (refused, timed out, cut), or the
+# exporter could not read the engine for this many seconds of it. Not a capacity measurement.
+FAULT_FAILED_SHARE = 0.1
+FAULT_UNREAD_S = 1.0
+# SLO below the floor (open loop): the lowest rate's requests ran alone when at most this share overlapped another.
+ALONE_OVERLAP_SHARE = 0.1
+
+# --- prefix-cache reuse a workload did not ask for (servescope/prefix_reuse.py) ---
+# A fresh prompt per request shares only the chat template with the others (llama.cpp reuses those few tokens, a
+# few % of a 256-token prompt; vLLM's blocks of 16-128 tokens none): reuse above this share means repeats.
+PREFIX_REUSE_UNASKED = 0.2
 
 # --- open-loop honesty (report/schedule.py): the client fell behind its own schedule ---
 # A rate run whose send lag behind the schedule has a p99 above this did not send the load it claims:

@@ -19,7 +19,7 @@ import pytest
 from report import cli as report_cli
 from servescope import binding
 from tests.conftest import free_port
-from tests.doubles.synthetic_openai import SyntheticServer
+from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
 from tests.test_sampler import EngineExporter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,9 +27,9 @@ SLO = "ttft_p95<=0.1,itl_p95<=0.05"
 
 
 def knee(tmp_path: Path, engine_url: str, exporter_url: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
-    env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter_url, "SAMPLE_INTERVAL_MS": "50"}
+    env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter_url, "SAMPLE_INTERVAL_MS": "50", "LOADGEN_FAULT_WAIT_S": "1"}
     options = (
-        f"--max-tokens 10 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 --quiet "
+        f"--max-tokens 10 --prompts synthetic:16 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 --quiet "
         f"--duration 1 --max-load 16 --slo {SLO}"
     )
     proc = subprocess.run(
@@ -88,12 +88,97 @@ def test_a_tiny_kv_pool_is_the_binding_resource(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
-def test_an_engine_that_slows_with_load_but_never_queues_is_compute_bound(tmp_path):
-    result = search(tmp_path, slowdown=1.0)
+def test_an_engine_that_slows_with_load_on_its_own_busy_core_is_compute_bound(tmp_path):
+    """Compute from evidence: nothing queued, ITL grew with the running batch, and the engine used the one core it
+    may (the double spins to each deadline, pinned to core 0)."""
+    result = search_process(tmp_path, "--slowdown", "1.0", "--burn", "--cpus", "0")
     # ITL = 0.01 x (1 + (users - 1)): 0.05 at 5 users, past the 0.05 limit from 6 on (and TTFT with it).
     assert result["status"] == "found" and 3 <= result["knee"] <= 5 and result["first_failing"] == result["knee"] + 1
-    assert result["binding"]["resource"] == binding.COMPUTE and result["binding"]["peak_waiting"] == 0
-    assert result["knob"] is None and "no serving knob" in result["binding"]["advice"]
+    b = result["binding"]
+    assert b["resource"] == binding.COMPUTE and b["peak_waiting"] == 0, b["evidence"]
+    assert b["growth"] >= 1.25 and b["engine_allowed_cores"] == 1 and b["engine_cores"] >= 0.8
+    assert result["knob"] is None and "no serving knob" in b["advice"]
+
+
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
+def test_an_engine_that_slows_with_load_while_its_cpu_idles_is_undecided(tmp_path):
+    """The old rule named compute whenever nothing queued; the same slowdown from a sleeping double is not."""
+    result = search(tmp_path, slowdown=1.0)
+    b = result["binding"]
+    assert result["status"] == "found" and b["resource"] == binding.UNDECIDED and b["peak_waiting"] == 0
+    assert "compute not claimed" in b["evidence"] and result["knob"] is None
+
+
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
+def test_an_slo_a_request_alone_misses_is_below_the_floor(tmp_path):
+    with (
+        SyntheticServer(ttft=0.05, itl=0.01, tokens=10) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        proc, run = knee(tmp_path, server.url, exporter.url, "--slo", "ttft_p95<=0.02", "--knee-repeats", "1")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run / "knee.json").read_text())
+    assert result["status"] == "fails at the lowest load" and result["binding"]["resource"] == binding.SLO_FLOOR
+    assert "a request alone misses it" in result["binding"]["evidence"] and "at 1 user" in proc.stdout
+
+
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
+def test_the_knee_over_rate_finds_the_highest_rate_and_what_ran_out(tmp_path):
+    """Open loop: 2 slots serve at most 2 / 0.12 s ~ 16 req/s; past it arrivals queue and TTFT breaks."""
+    with (
+        SyntheticServer(ttft=0.02, itl=0.01, tokens=10, max_running=2) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        proc, run = knee(
+            tmp_path,
+            server.url,
+            exporter.url,
+            "--over",
+            "rate",
+            "--min-load",
+            "2",
+            "--max-load",
+            "64",
+            "--knee-precision",
+            "0.25",
+            "--knee-repeats",
+            "1",
+            "--duration",
+            "2",
+        )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run / "knee.json").read_text())
+    assert result["over"] == "rate" and result["status"] == "found", proc.stdout
+    assert 4 <= result["knee"] <= 16 and result["first_failing"] <= result["knee"] * 1.25 + 1e-9
+    assert result["binding"]["resource"] == binding.BATCH_SLOTS, result["binding"]["evidence"]
+    assert "req/s" in proc.stdout
+
+
+@pytest.mark.serial  # the engine's absence must show as refused connections, not as slowness
+def test_an_engine_down_from_the_start_is_an_engine_fault_in_few_requests(tmp_path):
+    port = free_port()
+    with EngineExporter({"vllm": f"http://127.0.0.1:{port}"}) as exporter:
+        proc, run = knee(tmp_path, f"http://127.0.0.1:{port}", exporter.url, "--duration", "2")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run / "knee.json").read_text())
+    assert result["status"] == "engine fault" and result["binding"]["resource"] == binding.ENGINE_FAULT
+    assert result["knee"] is None and "nothing above is a capacity" in result["note"]
+    requests = sum(1 for _ in open(run / "requests.jsonl"))
+    assert requests < 200, f"{requests} refused requests: closed-loop users must back off"
+    assert "knee: none - engine fault" in proc.stdout
+
+
+def search_process(tmp_path: Path, *args: str) -> dict:
+    """`search` with the double in a process of its own (its own GIL and CPU, located by its port)."""
+    with (
+        SyntheticProcess("--ttft", "0.02", "--itl", "0.01", "--tokens", "10", *args) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        proc, run = knee(tmp_path, server.url, exporter.url)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((run / "knee.json").read_text())
+    result["run"] = run
+    return result
 
 
 @pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
@@ -212,7 +297,7 @@ def test_a_measurement_the_host_noise_rule_flags_is_left_out_and_taken_again(tmp
     monkeypatch.setattr(
         knee_module,
         "noise_of",
-        lambda folder, phase, instance: ("noisy: 1.9 cores used by hog",) * (phase == "knee-c1-1"),
+        lambda folder, phase, instance: (("noisy: 1.9 cores used by hog",) * (phase == "knee-c1-1"), None),
     )
 
     def measured(phase, ttft):

@@ -43,6 +43,7 @@ class Conversation:
 @dataclass(frozen=True)
 class ConversationSet(PromptSet):
     conversations: tuple[Conversation, ...] = ()
+    asked_reuse = 1.0  # each turn carries the conversation so far: reusing it is what the workload measures
 
     def canonical(self) -> Any:
         # Where a conversation starts and ends is part of the workload, not only the turns' text.

@@ -41,6 +41,10 @@ class SharedPrefixSet(PromptSet):
         s, length, q = self.suffixes, self.prefix_words, self.suffix_words
         return (s - 1) / s * length / (length + q)
 
+    @property
+    def asked_reuse(self) -> float:
+        return self.reuse_ceiling
+
     def describe(self) -> dict[str, Any]:
         return {
             "kind": "shared-prefix",

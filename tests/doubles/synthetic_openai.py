@@ -80,6 +80,7 @@ import argparse
 import collections
 import io
 import json
+import os
 import re
 import socket
 import subprocess
@@ -119,6 +120,7 @@ class Behaviour:
     prefill_per_token: float = 0.0  # seconds of TTFT per computed (uncached) prompt token
     kv_blocks: int = 0  # > 0: a KV pool of this many 16-token blocks that admission waits on (0: the seed's pool)
     slowdown: float = 0.0  # > 0: every step takes (1 + slowdown x (running - 1)) times longer; nothing ever queues
+    burn: bool = False  # spin instead of sleeping to each deadline: the server's CPU does the work, as an engine's does
 
 
 @dataclass
@@ -539,9 +541,12 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
 
-    @staticmethod
-    def _wait_until(deadline: float) -> float:
-        """Sleep to an absolute monotonic deadline; returns how late we woke (s)."""
+    def _wait_until(self, deadline: float) -> float:
+        """Sleep (or, burning, spin) to an absolute monotonic deadline; returns how late we woke (s)."""
+        if self.server.behaviour.burn:
+            while time.monotonic() < deadline:
+                pass
+            return time.monotonic() - deadline
         delay = deadline - time.monotonic()
         if delay > 0:
             time.sleep(delay)
@@ -772,7 +777,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-running", type=int, default=0, help="batch slots (0: no cap)")
     parser.add_argument("--kv-blocks", type=int, default=0, help="a KV pool of this many 16-token blocks (0: none)")
     parser.add_argument("--slowdown", type=float, default=0.0, help="each step x (1 + F x (running - 1))")
+    parser.add_argument("--burn", action="store_true", help="spin to each deadline: CPU used as an engine uses it")
+    parser.add_argument("--cpus", default="", help="run on these cores only, e.g. 0 (its CPU affinity)")
     args = parser.parse_args(argv)
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     try:
         Fault.parse(args.fault)
         server = SyntheticServer(
@@ -789,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
             max_running=args.max_running,
             kv_blocks=args.kv_blocks,
             slowdown=args.slowdown,
+            burn=args.burn,
         )
     except (ValueError, OSError) as exc:
         print(f"synthetic_openai: {exc}", file=sys.stderr)
