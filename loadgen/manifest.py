@@ -69,6 +69,8 @@ def build(
             p.name: {
                 **p.describe(),
                 "sha256": p.sha256,
+                "repeats": p.repeats,  # sent again once a phase has sent them all (a fresh set never is)
+                "asked_reuse": p.asked_reuse,  # the prefix-cache reuse the workload means to measure
                 "prompts": [
                     {"id": x.id, "text": x.text, **({"max_tokens": x.max_tokens} if x.max_tokens is not None else {})}
                     for x in p.prompts

@@ -3,12 +3,13 @@ for its sequential and burst phases, one line per phase for the others (ramp ste
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import TextIO
 
 from report import load as report_load
 from report import table as report_table
-from servescope import hostnoise
-from servescope.runfolder import RunFolder
+from servescope import hostnoise, prefix_reuse
+from servescope.runfolder import RunFolder, read_samples
 
 
 def print_summary(folder: RunFolder, out: TextIO) -> None:
@@ -20,23 +21,49 @@ def print_summary(folder: RunFolder, out: TextIO) -> None:
     except report_load.RunError:
         return
     others = [p for p in run.phases if not (report_table.is_sequential(p) or report_table.is_burst(p))]
+    samples: dict[tuple[str, str | None], list] = defaultdict(list)
     if others:
         print(
             f"\n{'engine':<16} {'phase':<18} {'reqs':>4} {'ok':>3} {'wall s':>8} {'tokens':>6} {'tok/s':>7} "
-            f"{'TTFT p50 s':>10}  host",
+            f"{'TTFT p50 s':>10} {'cached':>6}  host",
             file=out,
         )
+        for sample in read_samples(folder):  # a few reads a second: small beside the requests
+            samples[(sample.instance, sample.phase)].append(sample)
+    sets = run.manifest.get("prompt_sets") if isinstance(run.manifest.get("prompt_sets"), dict) else {}
+    warnings = []
     for p in others:
         # Counted by the engine: a soak's rate phase is a million records, never Python objects here.
-        requests, ok, tokens, ttft = run.con.execute(
+        requests, ok, tokens, ttft, cached, prompt, said = run.con.execute(
             "SELECT count(*), count(*) FILTER (ok), coalesce(sum(output_tokens) FILTER (ok), 0), "
-            "median(ttft_s) FILTER (ok) FROM requests WHERE instance = ? AND phase = ?",
+            "median(ttft_s) FILTER (ok), sum(cached_tokens) FILTER (ok AND prompt_tokens > 0), "
+            "sum(prompt_tokens) FILTER (ok AND cached_tokens IS NOT NULL AND prompt_tokens > 0), "
+            "count(*) FILTER (ok AND cached_tokens IS NOT NULL AND prompt_tokens > 0) "
+            "FROM requests WHERE instance = ? AND phase = ?",
             [p.instance, p.phase],
         ).fetchone()
+        server = prefix_reuse.of_phase(samples.get((p.instance, p.phase), []), [])
+        reuse = prefix_reuse.Reuse(server.server, server.prompt_tokens, cached / prompt if prompt else None, said)
+        entry = sets.get(p.prompt_set) if isinstance(sets.get(p.prompt_set), dict) else {}
+        asked = entry.get("asked_reuse") if isinstance(entry.get("asked_reuse"), int | float) else 0.0
+        warning = prefix_reuse.warning(reuse, asked, p.prompt_set)
+        if warning:
+            warnings.append(f"{p.instance} {p.phase}: {warning}")
+        share = "-" if reuse.share is None else f"{reuse.share:.0%}" + ("!" if warning else "")
         noisy = "; ".join(hostnoise.flags(p.noise, p.instance)) or ("ok" if p.noise else "-")
         print(
             f"{p.instance:<16} {p.phase:<18} {requests:>4} {ok:>3} {p.wall_s:>8.3f} {tokens:>6} "
-            f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {'-' if ttft is None else f'{ttft:.3f}':>10}  {noisy}",
+            f"{tokens / p.wall_s if p.wall_s > 0 else 0:>7.1f} {'-' if ttft is None else f'{ttft:.3f}':>10} "
+            f"{share:>6}  {noisy}",
+            file=out,
+        )
+    for line in warnings:
+        print(f"warning: {line}", file=out)
+    repeated = {p.prompt_set for p in others if (sets.get(p.prompt_set) or {}).get("repeats")}
+    for name in sorted(repeated - {p.prompt_set for p in others if (sets.get(p.prompt_set) or {}).get("asked_reuse")}):
+        print(
+            f"note: {name} is a fixed set, sent again in every phase: a prefix-caching engine may serve repeats from "
+            f"its cache ('cached'; --prompts synthetic:TOKENS sends a fresh prompt per request)",
             file=out,
         )
     print(file=out)

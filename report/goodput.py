@@ -347,6 +347,10 @@ def _knee_text(knee: dict[str, Any]) -> str:
         found = f"the knee is {knee['knee']:g} {unit} ({knee['first_failing']:g} {unit} fails)"
     elif knee["status"] == "fails at the lowest load":
         found = f"no knee: the SLOs fail even at {knee['first_failing']:g} {unit}"
+    elif knee["status"] == "engine fault":
+        found = f"no knee: {knee.get('note') or 'the engine was not there'}"
+    elif knee["status"] == "nothing measured":
+        found = "nothing was measured"
     else:
         found = f"the SLOs hold up to {knee['knee']} {unit}, the highest load tried"
     b = knee["binding"]
@@ -356,7 +360,20 @@ def _knee_text(knee: dict[str, Any]) -> str:
         at = f"; at {knee['binding_level']:g} {unit} the binding resource is {b['advice']} ({b['evidence']})"
     else:
         at = f"; at {knee['binding_level']:g} {unit}, the highest load tried, {b['evidence']}"
-    return f"Knee search over {knee['over']} ({len(knee['probes'])} measurements, knee.json): {found}{at}."
+    levels = knee.get("levels") or []
+    reuse = [
+        f"{row['level']:g} {unit}: {row['reuse']['share']:.0%}"
+        + (" (more than the workload asks)" if row["reuse_unasked"] else "")
+        for row in levels
+        if isinstance(row.get("reuse"), dict) and row["reuse"].get("share") is not None
+    ]
+    ps = knee.get("prompt_set") or {}
+    cache = f" Prefix-cache reuse by level: {', '.join(reuse)}." if reuse else ""
+    if ps.get("repeats") and not ps.get("asked_reuse"):
+        cache += (
+            f" {ps['name']} is a fixed set sent again at every level: repeats may be served from the engine's cache."
+        )
+    return f"Knee search over {knee['over']} ({len(knee['probes'])} measurements, knee.json): {found}{at}.{cache}"
 
 
 def _s(v: float | None) -> str:

@@ -14,12 +14,16 @@ from report.render import Bullets, Document, Figure, Paragraph, Section, Table
 TUNE = "tune.json"  # written by stack/tune.py
 RULE = (
     "Each step raises the knob the binding resource names (servescope/binding.py) and restarts the engine; the same "
-    "workload (the lowest load that failed the SLOs, same prompts, max_tokens, duration and measurements) is measured "
-    "again. Goodput there is compared with a seeded bootstrap 95% CI on the difference, requests resampled (closed "
-    "loop: N users x good requests / their time, Little's law; open loop: the arrival rate x the good share): a "
-    "setting is kept only when the CI lies above zero. The loop stops when a "
-    "change brings no such gain, when the binding resource is compute, or when nothing fails below the knee's "
-    "highest load."
+    "workload (the lowest load that failed the SLOs, same prompts, max_tokens and duration) is measured again. One "
+    "estimator decides and fills this table: goodput = good requests per second of the measurements' wall time (a "
+    "failed request is not good, and its time counts). Its 95% CI on the difference comes from batch means: each "
+    "measurement cut into slices of about two request times, the good completions per slice resampled (seeded "
+    "bootstrap). While the CI holds zero the measurement is extended, one measurement at a time on the less certain "
+    "setting, up to TUNE_MAX_MEASUREMENTS each; then a change is kept (CI above zero), reverted (below zero) or "
+    "inconclusive (the old setting stays). Expected is what the change should buy if the binding resource were the "
+    "only limit; measured is the goodput ratio. A measurement the engine was absent for is never concluded from. The "
+    "loop stops at a resource no knob adds (compute, client, an SLO below the floor, an engine fault, undecided) or "
+    "when nothing fails below the knee's highest load."
 )
 
 
@@ -42,6 +46,8 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
             if d.get("delta") is not None
             else "-"
         )
+        expected = s.get("expected") or {}
+        measures = s.get("measurements") or {}
         out.append(
             [
                 str(s["step"]),
@@ -53,6 +59,9 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
                 _num(s.get("workload")),
                 _num(s.get("goodput_rps")),
                 ci,
+                f"{measures.get('before', '-')} / {measures.get('after', '-')}" if measures else "-",
+                f"x{expected['factor']:.1f}" if expected.get("factor") else "-",
+                f"x{expected['measured_ratio']:.2f}" if expected.get("measured_ratio") else "-",
                 _num(s.get("good_tokens_per_s"), 1),
             ]
         )
@@ -69,6 +78,9 @@ HEADERS = [
     "judged at",
     "goodput req/s",
     "delta goodput req/s [95% CI]",
+    "measurements before / after",
+    "expected",
+    "measured",
     "good tok/s",
 ]
 
@@ -99,7 +111,7 @@ def figure_data(data: dict[str, Any]) -> dict | None:
                 "step": s["step"],
                 "knee": s.get("knee"),
                 "goodput_rps": s.get("goodput_rps"),
-                "kept": s["decision"] in ("start", "kept"),
+                "kept": s["decision"] in ("start", "kept"),  # reverted, inconclusive, refused: hollow
                 "label": s["decision"] + (f" @ {_num(s.get('workload'))}" if s.get("workload") is not None else ""),
                 "ci": (d["baseline"] + d["ci_low"], d["baseline"] + d["ci_high"]) if has_ci else None,
             }

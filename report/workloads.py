@@ -23,7 +23,7 @@ from report import query, stats
 from report.gauges import GaugeReport
 from report.load import Run
 from report.render import Bullets, Figure, Paragraph, Section, Table
-from servescope import prefix_reuse, series
+from servescope import prefix_reuse, series, thresholds
 from servescope.runfolder import RequestRecord
 
 # A sample's value was read somewhere within its read around its time, and an engine updates its counters a
@@ -80,6 +80,15 @@ class PhaseReuse:
     reuse_per_request: float | None
     reporting: int
     ceiling: float | None  # a shared-prefix set's best possible reuse (chat template aside)
+    asked: float = 0.0  # the reuse the workload means to measure (0: a fresh or plain set)
+
+    @property
+    def unasked(self) -> bool:
+        """More reuse than the workload asked for: this phase measured the engine's cache (servescope/prefix_reuse)."""
+        return prefix_reuse.unasked(
+            prefix_reuse.Reuse(self.reuse_server, self.prompt_tokens, self.reuse_per_request, self.reporting),
+            self.asked,
+        )
 
 
 @dataclass
@@ -129,7 +138,9 @@ def build(run: Run, gauge_report: GaugeReport) -> WorkloadReport:
         records = run.requests_of(instance, gaps=False) if marked or intervals else []
         by_turn = _attribute(intervals, records)
         report.turns += _turn_rows(instance, records, by_turn)
-        report.reuse += _phase_reuse(run, instance, records, intervals, ceilings)
+        report.reuse += _phase_reuse(
+            run, instance, records, intervals, ceilings, _set_numbers(run.manifest, "asked_reuse")
+        )
         report.lag += _lag_rows(instance, records)
         report.lengths += _length_rows(run, instance)
         if info.kind == "ollama" and any(r.turn is not None for r in records):
@@ -261,13 +272,17 @@ def _turn_rows(
 
 def _ceilings(manifest: dict[str, Any]) -> dict[str, float]:
     """Prompt set name -> the reuse a perfect cache would reach, where the manifest states one (shared-prefix)."""
+    return _set_numbers(manifest, "reuse_ceiling")
+
+
+def _set_numbers(manifest: dict[str, Any], key: str) -> dict[str, float]:
     sets = manifest.get("prompt_sets")
     if not isinstance(sets, dict):
         return {}
     return {
-        name: float(entry["reuse_ceiling"])
+        name: float(entry[key])
         for name, entry in sets.items()
-        if isinstance(entry, dict) and isinstance(entry.get("reuse_ceiling"), int | float)
+        if isinstance(entry, dict) and isinstance(entry.get(key), int | float)
     }
 
 
@@ -277,6 +292,7 @@ def _phase_reuse(
     records: list[RequestRecord],
     intervals: list[_Interval],
     ceilings: dict[str, float],
+    asked: dict[str, float],
 ) -> list[PhaseReuse]:
     phases = run.phases_of(instance)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -304,6 +320,7 @@ def _phase_reuse(
                 reuse_per_request=reuse,
                 reporting=reporting,
                 ceiling=ceilings.get(p.prompt_set),
+                asked=asked.get(p.prompt_set, ceilings.get(p.prompt_set, 0.0)),
             )
         )
     return rows
@@ -452,13 +469,15 @@ def section(run: Run, report: WorkloadReport, figures: list[Figure]) -> Section:
                         r.phase,
                         _num(r.prompt_tokens),
                         _num(r.cached_tokens),
-                        _pct(r.reuse_server),
+                        _pct(r.reuse_server) + (" (not asked for)" if r.unasked else ""),
                         _pct(r.reuse_per_request) + (f" of {r.reporting}" if r.reporting else ""),
                         _pct(r.ceiling),
                     ]
                     for r in report.reuse
                 ],
-                "Prefix-cache reuse per phase (ceiling: what a perfect cache reuses of a shared-prefix set)",
+                "Prefix-cache reuse per phase (ceiling: what a perfect cache reuses of a shared-prefix set; not asked "
+                f"for: above {thresholds.PREFIX_REUSE_UNASKED:.0%} and above what the workload means to reuse, so the "
+                "phase measured the engine's cache)",
             )
         )
     if report.lag:
@@ -527,7 +546,7 @@ def to_json(report: WorkloadReport) -> dict[str, Any]:
         "reuse_rule": REUSE_RULE,
         "late_threshold_s": LATE_S,
         "turns": [asdict(t) for t in report.turns],
-        "reuse": [asdict(r) for r in report.reuse],
+        "reuse": [{**asdict(r), "unasked": r.unasked} for r in report.reuse],
         "replay_lag": [asdict(x) for x in report.lag],
         "output_lengths": [asdict(x) for x in report.lengths],
         "notes": report.notes,

@@ -3,20 +3,30 @@
 From the current knobs (.env.example < .env < environment) on the native stack:
 
   1. `python -m loadgen knee` finds the highest load that meets the SLOs, the lowest that fails,
-     and the resource that ran out there (batch slots, KV capacity, compute) with its knob.
-  2. Compute, or no rule for the resource, or no failing load below LOADGEN_KNEE_MAX: stop.
-  3. The knob goes up (slots and KV space double; llama.cpp's context grows with its slots so each
-     slot keeps its share) and the engine is restarted with it.
-  4. The same workload is measured again: the failing load, the same prompts, max_tokens, duration
-     and number of measurements. Goodput (servescope/slo.py's good requests; closed loop: N users x
-     good / request time, Little's law; open loop: arrivals/s x good share) of the new setting against
-     the old, with a seeded bootstrap CI on the difference, requests resampled (report/stats.py): kept
-     only when the CI lies above zero, else the engine goes back to the old value and the loop stops. A kept value gets its own knee (step 1), from the last knee up.
+     and what ran out there (servescope/binding.py: batch slots, KV capacity; compute, client, an
+     SLO below the floor, an engine fault or undecided stop the loop: no knob adds those).
+  2. The knob goes up (slots and KV space double; llama.cpp's context grows with its slots so each
+     slot keeps its share). Before the restart the loop says what it expects the change to buy
+     (`expectation`: slots 1 -> 2 at 2 users, about 2x unless compute binds), after it what it measured.
+  3. The same workload is measured again: the failing load, the same prompts, max_tokens, duration
+     and number of measurements. One estimator decides and fills the table: goodput = good requests
+     per second of the measurements' wall time (servescope/slo.py's good; a failed request is not good
+     and its time is inside the wall). Its CI comes from batch means: each measurement cut into
+     slices of about two request times, the good completions per slice resampled (report/stats.py's
+     seeded bootstrap of a ratio), on both settings. While the 95% CI of the difference holds zero,
+     the measurement is extended, one measurement at a time on the setting whose estimate is the less
+     certain (the engine restarted to it when needed), up to TUNE_MAX_MEASUREMENTS per setting; then
+     the change is kept (CI above zero), reverted (below zero: it made goodput worse) or called
+     inconclusive with the CI and how much more measuring would settle a difference that size; the
+     last two restore the old setting and stop. A measurement the engine was absent for (refused,
+     timed out, unreadable) is never concluded from: the old setting is restored and the loop stops.
+  4. A kept value gets its own knee (step 1), from the last knee up.
 
 Everything goes to one folder, results/<tune-id>/: each knee and measurement run as a run folder
 inside it, tune.json (the trajectory), and report.md/.html/.json with the trajectory's table and
 plot (report/tuning.py; `make report` shows it while it is the latest run). The engine is left
-running with the best setting; the knob line to keep it goes in .env.
+running with the last kept setting, checked to answer before the last line says so; the knob line
+to keep it goes in .env.
 """
 
 from __future__ import annotations
@@ -57,7 +67,7 @@ class Step:
 
     step: int
     knobs: dict[str, str]
-    decision: str  # start, kept, reverted, refused
+    decision: str  # start, kept, reverted (it lowered goodput), inconclusive, refused (could not apply or measure)
     knee: float | None = None
     first_failing: float | None = None
     status: str = ""  # the knee's: found, fails at the lowest load, meets the SLOs up to the highest load
@@ -68,6 +78,8 @@ class Step:
     goodput_rps: float | None = None
     good_tokens_per_s: float | None = None
     delta: dict[str, Any] | None = None  # goodput vs the setting before, with its bootstrap CI
+    expected: dict[str, Any] | None = None  # what the change was expected to buy, and what it measured
+    measurements: dict[str, int] | None = None  # measurements the decision rests on: before / after
     runs: list[str] = field(default_factory=list)
 
 
@@ -149,6 +161,7 @@ class Tuner:
         max_steps: int = 6,
         env: dict[str, str] | None = None,
         kv: KvFit | None = None,
+        max_measurements: int = 6,
     ):
         if engine not in TUNED:
             raise TuneError(f"tune: engine {engine!r}: expected one of {', '.join(TUNED)}")
@@ -159,6 +172,9 @@ class Tuner:
         self.max_steps = max_steps
         self.env = env
         self.kv = kv  # vLLM on the native stack: slots raised within the KV space
+        self.max_measurements = max_measurements
+        self.duration_s = _duration(self.loadgen_args)
+        self.running: dict[str, str] | None = dict(self.values)  # what the engine runs with now, as far as we know
         self.steps: list[Step] = []
         self.stop_reason = ""
         self.started_at = time.time()
@@ -182,26 +198,21 @@ class Tuner:
         say(f"  ({run_id}: {elapsed(time.monotonic() - started)})")
         return json.loads(out.read_text())
 
-    def goodput_sample(self, run_id: str, result: dict[str, Any], level: float) -> tuple[list, list, float]:
-        """(good per request, its time share, scale) over every trusted measurement of `level` in a knee run.
-
-        Closed loop, N users: goodput = N x sum(good) / sum(E2E) (Little's law: each user sends again as its
-        request ends). Open loop: the phases' requests per second x their good share. A failed request without
-        an E2E has no time to count and is left out of the closed loop's sums.
-        """
-        spec = slo.parse(result["spec"], result["objective"])
+    def measured(self, run_id: str, result: dict[str, Any], level: float) -> Evidence:
+        """The good completions of every trusted measurement of `level` in a knee run, cut into slices."""
         probes = [
             p
             for p in result["probes"]
-            if p["level"] == level and p["started_at"] is not None and not p.get("noisy")  # the knee's trusted ones
+            if p["level"] == level and p["started_at"] is not None and not p.get("noisy") and not p.get("fault")
         ]
+        spec = slo.parse(result["spec"], result["objective"])
         names = {p["phase"] for p in probes}
         records = [r for r in RunFolder(self.folder / run_id).requests() if r.phase in names]
-        if result["over"] == "concurrency":
-            timed = [r for r in records if r.e2e_s]
-            return [float(spec.good(r)) for r in timed], [r.e2e_s for r in timed], float(level)
-        wall = sum(p["ended_at"] - p["started_at"] for p in probes)
-        return [float(spec.good(r)) for r in records], [1.0] * len(records), len(records) / wall if wall > 0 else 0.0
+        evidence = Evidence(runs=[run_id])
+        for p in probes:
+            evidence.add(p["started_at"], p["ended_at"], [r for r in records if r.phase == p["phase"]], spec)
+        evidence.faults = [p["fault"] for p in result["probes"] if p.get("fault")]
+        return evidence
 
     # ------------------------------------------------------------ the loop
 
@@ -226,69 +237,111 @@ class Tuner:
                 return
             new_values, what = change
             workload = current.first_failing
-            say(f"tune: step {n}: {current.binding} ran out at {workload:g}; {what}, restarting {self.engine}")
+            unit = knee_result["unit"]
+            before = self.measured(knee_run, knee_result, workload)
+            expect = expectation(self.engine, current.binding, self.values, new_values, workload, unit, knee_result)
+            say(f"tune: step {n}: {current.binding} ran out at {workload:g} {unit}; {what}, restarting {self.engine}")
+            say(f"tune: expected: {expect['text']}")
             try:
-                self.restart(new_values)
+                self._run_with(new_values)
             except StackError as exc:
                 self.steps.append(Step(n, new_values, "refused", evidence=str(exc)))
                 self.stop_reason = f"{what} could not be applied: {exc}"
                 self._restore(self.values)
                 return
-            level = f"{workload:g}"
-            measure_run = f"step{n}-measure"
-            repeats = str(
-                max(1, len([p for p in knee_result["probes"] if p["level"] == workload and not p.get("noisy")]))
-            )
-            measured = self.knee(
-                measure_run,
-                *("--min-load", level, "--start-load", level, "--max-load", level, "--knee-repeats", repeats),
-            )
-            before = self.goodput_sample(knee_run, knee_result, workload)
-            after = self.goodput_sample(measure_run, measured, workload)
-            delta = stats.bootstrap_ratio_delta(after, before)
-            row = _level(measured, workload)
-            step = Step(
-                n,
-                new_values,
-                "",
-                workload=workload,
-                goodput_rps=row["goodput_rps"] if row else None,
-                good_tokens_per_s=row["good_tokens_per_s"] if row else None,
-                delta=delta,
-                runs=[measure_run],
-            )
-            gain = delta["ci_low"] is not None and delta["ci_low"] > 0
-            say(
-                f"tune: goodput at {level} {knee_result['unit']}: {_n(delta['baseline'])} -> "
-                f"{_n(delta['current'])} good req/s, delta {_n(delta['delta'])} "
-                f"[{_n(delta['ci_low'])}, {_n(delta['ci_high'])}] 95% CI: {'kept' if gain else 'no gain'}"
-            )
-            if not gain:
-                step.decision = "reverted"
-                self.steps.append(step)
-                self.stop_reason = f"{what} did not raise goodput beyond its 95% CI: went back"
-                self._restore(self.values)
+            after = self._measure(f"step{n}-measure", workload, max(1, before.measurements))
+            step = Step(n, new_values, "", workload=workload, expected=expect, runs=list(after.runs))
+            decided = self._judge(step, before, after, new_values, what, unit)
+            self.steps.append(step)
+            if not decided:
                 return
             self.values = new_values
             knee_run = f"step{n}-knee"
             start = current.knee if current.knee is not None else None
+            self._run_with(new_values)
             knee_result = self.knee(knee_run, *(("--start-load", f"{start:g}") if start else ()))
-            step.decision = "kept"
             _fill(step, knee_result, self.engine)
             step.runs.append(knee_run)
-            self.steps.append(step)
             current = step
         self.stop_reason = self.stop_reason or f"TUNE_MAX_STEPS ({self.max_steps}) reached"
+
+    def _measure(self, run_id: str, level: float, repeats: int) -> Evidence:
+        """`repeats` measurements of one load in a knee run of its own (the same options as the knee's)."""
+        lv = f"{level:g}"
+        result = self.knee(
+            run_id, *("--min-load", lv, "--start-load", lv, "--max-load", lv, "--knee-repeats", str(repeats))
+        )
+        return self.measured(run_id, result, level)
+
+    def _judge(self, step: Step, before: Evidence, after: Evidence, new_values: dict, what: str, unit: str) -> bool:
+        """Extend the evidence until the CI of the change excludes zero or the cap is reached; decide. True: kept."""
+        rounds = 0
+        while True:
+            if before.faults or after.faults:
+                faults = (after.faults or before.faults)[0]
+                step.decision, step.evidence = "refused", f"engine fault while measuring: {faults}"
+                self.stop_reason = f"{what}: the engine was not there while it was measured ({faults}): not kept"
+                self._restore(self.values)
+                return False
+            delta = stats.bootstrap_ratio_delta(after.sample(), before.sample())
+            step.delta, step.goodput_rps, step.good_tokens_per_s = delta, after.goodput(), after.good_tokens()
+            step.measurements = {"before": before.measurements, "after": after.measurements}
+            low, high = delta["ci_low"], delta["ci_high"]
+            settled = low is not None and (low > 0 or high < 0)
+            open_sides = [e for e in (before, after) if e.measurements < self.max_measurements]
+            if settled or not open_sides:
+                break
+            rounds += 1
+            if max(open_sides, key=Evidence.uncertainty) is before:
+                say(f"tune: CI {_ci(delta)} holds 0: measuring the old setting once more ({_knobs(self.values)})")
+                self._run_with(self.values)
+                before.extend(self._measure(f"step{step.step}-before-{rounds}", step.workload, 1))
+            else:
+                say(f"tune: CI {_ci(delta)} holds 0: measuring the new setting once more ({_knobs(new_values)})")
+                self._run_with(new_values)
+                more = self._measure(f"step{step.step}-measure-{rounds + 1}", step.workload, 1)
+                after.extend(more)
+                step.runs += more.runs
+        ratio = delta["current"] / delta["baseline"] if delta["baseline"] else None
+        step.expected["measured_ratio"] = ratio
+        measured = f"x{ratio:.2f}" if ratio is not None else "n/a"
+        say(
+            f"tune: goodput at {step.workload:g} {unit}: {_n(delta['baseline'])} -> {_n(delta['current'])} good req/s "
+            f"({before.measurements} / {after.measurements} measurements), delta {_n(delta['delta'])} "
+            f"[{_n(low)}, {_n(high)}] 95% CI; expected {step.expected['text']}, measured {measured}"
+        )
+        if low is not None and low > 0:
+            step.decision = "kept"
+            return True
+        if high is not None and high < 0:
+            step.decision = "reverted"
+            self.stop_reason = f"{what} lowered goodput beyond its 95% CI ({_ci(delta)}): went back"
+        else:
+            step.decision = "inconclusive"
+            self.stop_reason = (
+                f"{what}: inconclusive after {before.measurements} and {after.measurements} measurements of the old "
+                f"and the new setting (TUNE_MAX_MEASUREMENTS={self.max_measurements}): "
+                f"delta {_ci(delta)} holds 0; {settle_hint(delta, before, after, self.duration_s)}; the old setting "
+                f"stays"
+            )
+        self._restore(self.values)
+        return False
+
+    def _run_with(self, values: dict[str, str]) -> None:
+        """The engine with these knob values (restarted only when it runs with others)."""
+        if self.running != values:
+            self.restart(values)
+            self.running = dict(values)
 
     def _step(self, n: int, values: dict[str, str], decision: str, result: dict, runs: list[str]) -> Step:
         step = Step(n, dict(values), decision, runs=runs)
         _fill(step, result, self.engine)
-        row = _level(result, step.first_failing) if step.first_failing is not None else None
-        if row:
+        if step.first_failing is not None:
+            evidence = self.measured(runs[0], result, step.first_failing)
             step.workload, step.goodput_rps, step.good_tokens_per_s = (
                 step.first_failing,
-                row["goodput_rps"],
-                row["good_tokens_per_s"],
+                evidence.goodput(),
+                evidence.good_tokens(),
             )
         self.steps.append(step)
         return step
@@ -296,12 +349,8 @@ class Tuner:
     def _can_go_on(self, current: Step) -> bool:
         if current.status == "meets the SLOs up to the highest load":
             self.stop_reason = "the SLOs hold up to the knee's --max-load (LOADGEN_KNEE_MAX): nothing ran out"
-        elif current.status == "fails at the lowest load" and current.binding in (binding.COMPUTE, binding.UNKNOWN):
-            self.stop_reason = f"the SLOs fail even at the lowest load and the binding resource is {current.binding}"
-        elif current.binding == binding.COMPUTE:
-            self.stop_reason = "the binding resource is compute: no serving knob adds more"
-        elif current.binding in (None, binding.UNKNOWN):
-            self.stop_reason = f"the binding resource could not be named ({current.evidence})"
+        elif current.binding in binding.NOT_CAPACITY or current.binding in (binding.COMPUTE, binding.SLO_FLOOR, None):
+            self.stop_reason = f"the binding resource is {current.binding or 'not named'}: {current.evidence}"
         elif current.first_failing is None:
             self.stop_reason = "no failing load to judge a change at"
         else:
@@ -310,7 +359,7 @@ class Tuner:
 
     def _restore(self, values: dict[str, str]) -> None:
         say(f"tune: restarting {self.engine} with {_knobs(values)}")
-        self.restart(values)
+        self._run_with(values)
 
     # ------------------------------------------------------------ what it leaves behind
 
@@ -347,16 +396,127 @@ class Tuner:
         self.write_manifest("complete" if self.stop_reason else "interrupted")
 
 
+# ---------------------------------------------------------------- goodput: one estimator, its CI by batch means
+
+SLICES_PER_MEASUREMENT = (4, 40)  # fewest and most slices one measurement is cut into
+
+
+@dataclass
+class Evidence:
+    """The good completions of one setting at one load: per slice of its measurements, the good requests that
+    finished in it (and their output tokens) and the slice's length. goodput = sum(good) / sum(lengths), which is
+    good requests per second of the measurements' wall; the slices are what the bootstrap resamples."""
+
+    good: list[float] = field(default_factory=list)
+    tokens: list[float] = field(default_factory=list)
+    lengths: list[float] = field(default_factory=list)
+    measurements: int = 0
+    runs: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
+
+    def add(self, started: float, ended: float, records: list, spec: slo.SloSpec) -> None:
+        wall = ended - started
+        if wall <= 0:
+            return
+        e2e = sorted(r.e2e_s for r in records if r.ok and r.e2e_s)
+        typical = e2e[len(e2e) // 2] if e2e else wall
+        low, high = SLICES_PER_MEASUREMENT
+        n = max(low, min(high, int(wall / (2 * typical))))
+        width = wall / n
+        good, tokens = [0.0] * n, [0.0] * n
+        for r in records:
+            if spec.good(r):
+                k = min(n - 1, max(0, int((slo.finished_at(r) - started) / width)))
+                good[k] += 1
+                tokens[k] += r.output_tokens or 0
+        self.good += good
+        self.tokens += tokens
+        self.lengths += [width] * n
+        self.measurements += 1
+
+    def extend(self, other: Evidence) -> None:
+        self.good += other.good
+        self.tokens += other.tokens
+        self.lengths += other.lengths
+        self.measurements += other.measurements
+        self.runs += other.runs
+        self.faults += other.faults
+
+    def sample(self) -> tuple[list[float], list[float], float]:
+        return self.good, self.lengths, 1.0
+
+    def goodput(self) -> float | None:
+        return sum(self.good) / sum(self.lengths) if sum(self.lengths) > 0 else None
+
+    def good_tokens(self) -> float | None:
+        return sum(self.tokens) / sum(self.lengths) if sum(self.lengths) > 0 else None
+
+    def uncertainty(self) -> float:
+        """The variance of the goodput estimate (per-slice rates' variance over their count): which side to extend."""
+        rates = [g / w for g, w in zip(self.good, self.lengths, strict=True) if w > 0]
+        if len(rates) < 2:
+            return math.inf
+        mean = sum(rates) / len(rates)
+        return sum((x - mean) ** 2 for x in rates) / (len(rates) - 1) / len(rates)
+
+
+def settle_hint(delta: dict[str, Any], before: Evidence, after: Evidence, duration_s: float | None) -> str:
+    """How much more measuring would make a CI of this width exclude a difference of this size (1/sqrt(n) scaling)."""
+    d, low, high = delta.get("delta"), delta.get("ci_low"), delta.get("ci_high")
+    if d is None or low is None or high is None or abs(d) < 1e-12:
+        return "no difference showed at all: more measuring would only narrow it around zero"
+    factor = ((high - low) / 2 / abs(d)) ** 2
+    per_side = max(before.measurements, after.measurements)
+    more = max(1, math.ceil(per_side * factor) - per_side)
+    length = f" of {duration_s:g} s" if duration_s else ""
+    return f"about {more} more measurement(s){length} of each setting would settle a difference of {d:+.2f} good req/s"
+
+
+def expectation(
+    engine: str, resource: str, old: dict[str, str], new: dict[str, str], load: float, unit: str, knee: dict[str, Any]
+) -> dict[str, Any]:
+    """What the change should buy at the failing load if the resource was the only limit (and compute does not bind)."""
+    b = knee.get("binding") or {}
+    slot_knob = {"vllm": "VLLM_MAX_NUM_SEQS", "llamacpp": "LLAMACPP_PARALLEL"}.get(engine)
+    users = load if unit == "users" else None
+    if resource == binding.BATCH_SLOTS and slot_knob and users is not None:
+        was, now = min(users, int(old[slot_knob])), min(users, int(new[slot_knob]))
+        factor = now / was if was else None
+        text = (
+            f"up to x{factor:.1f} goodput at {load:g} users ({now:g} requests served at once instead of {was:g}), "
+            f"less if compute binds"
+        )
+        return {"factor": factor, "text": text}
+    running = b.get("mean_running")
+    if resource == binding.KV_CAPACITY and users is not None and running:
+        factor = users / running
+        text = (
+            f"up to x{factor:.1f} goodput at {load:g} users (the batch ran {running:.1f} requests at once of {load:g} "
+            f"wanting to), less if compute binds"
+        )
+        return {"factor": factor, "text": text}
+    return {"factor": None, "text": f"more {resource}: goodput up, by how much not estimated at {load:g} {unit}"}
+
+
+def _duration(args: list[str]) -> float | None:
+    if "--duration" in args and args.index("--duration") + 1 < len(args):
+        try:
+            return float(args[args.index("--duration") + 1])
+        except ValueError:
+            return None
+    return None
+
+
+def _ci(delta: dict[str, Any]) -> str:
+    return f"{_n(delta.get('delta'))} [{_n(delta.get('ci_low'))}, {_n(delta.get('ci_high'))}]"
+
+
 def _fill(step: Step, result: dict[str, Any], engine: str) -> None:
     step.knee, step.first_failing, step.status = result["knee"], result["first_failing"], result["status"]
     step.binding = result["binding"]["resource"]
     step.evidence = result["binding"]["evidence"]
     knob = binding.knob_for(engine, step.binding)
     step.knob = knob.env if knob else None
-
-
-def _level(result: dict[str, Any], level: float | None) -> dict[str, Any] | None:
-    return next((row["result"] for row in result["levels"] if row["level"] == level), None)
 
 
 def _knobs(values: dict[str, str]) -> str:
@@ -462,6 +622,7 @@ def main(engine: str, loadgen_args: list[str]) -> int:
         loadgen_args=loadgen_args,
         max_steps=knobs.get_int("TUNE_MAX_STEPS"),
         kv=native_kv_fit() if engine == "vllm" else None,
+        max_measurements=knobs.get_int("TUNE_MAX_MEASUREMENTS"),
     )
     try:
         tuner.run()
@@ -470,8 +631,32 @@ def main(engine: str, loadgen_args: list[str]) -> int:
     for line in tuning.lines(json.loads((folder / TUNE).read_text())):
         say(line)
     say(f"tune: {elapsed(time.monotonic() - started)} in all; report {folder / 'report.html'}")
-    say(f"tune: {engine} keeps running with {_knobs(tuner.best())}: put that in .env to keep it after `make down`")
+    say(last_line(engine, record.url, tuner.running, tuner.best()))
     return 0
+
+
+def last_line(engine: str, url: str, running: dict[str, str] | None, best: dict[str, str]) -> str:
+    """Which setting runs now, checked: the engine answers its health check, with the values it was last started with."""
+    import requests
+
+    from servescope import engines
+
+    health = url.rstrip("/") + engines.kind(engine).health_path
+    try:
+        up = requests.get(health, timeout=10).status_code == 200
+    except requests.RequestException:
+        up = False
+    if not up:
+        was = _knobs(running) if running else "an unknown setting"
+        return (
+            f"tune: {engine} is NOT answering at {health} (last started with {was}): the setting is not back; "
+            f"`make down && make up` starts it with the knobs in .env"
+        )
+    if running != best:
+        return f"tune: {engine} runs with {_knobs(running or {})}, not the best setting {_knobs(best)}: restart it"
+    return (
+        f"tune: {engine} runs with {_knobs(best)} (checked: it answers): put that in .env to keep it after `make down`"
+    )
 
 
 def new_folder(results: Path, engine: str) -> Path:

@@ -19,7 +19,7 @@ was read. The stream looks like vLLM's:
 CLI (stable; other tests rely on it):
   python -m tests.doubles.synthetic_openai --port N [--host 127.0.0.1] [--ttft 0.2] [--itl 0.02]
       [--tokens 64] [--model NAME] [--no-usage] [--timings] [--fault SPEC] [--version-string S]
-      [--max-running N] [--kv-blocks N] [--slowdown F]
+      [--max-running N] [--kv-blocks N] [--slowdown F] [--burn] [--cpus LIST]
   --port 0 picks a free port. The first stdout line is always `listening on http://HOST:PORT`.
   tokens per request = min(--tokens, the request's max_tokens); --itl 0 sends as fast as it can.
 
@@ -45,7 +45,8 @@ ended, while every request counts as running. KV usage is the tokens of the runn
 has the blocks of a request's whole length free (vLLM waits for KV blocks the same way once its pool is the
 limit); KV usage is then the reserved blocks over N. `slowdown` F > 0 is a compute-bound engine: every step
 (prefill, each token) takes (1 + F x (running - 1)) times its time, so latency grows with the load while
-nothing ever waits (set no `max_running` with it).
+nothing ever waits (set no `max_running` with it). `burn` keeps a core busy while any request runs (a
+thread hashing, outside the GIL), as an engine's compute does; `--cpus` pins the process to those cores.
 `metrics_fault` (`status=503` or `stall=S`) makes GET /metrics fail or hang: an engine whose
 metrics page stops answering while it still serves.
 
@@ -78,6 +79,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import io
 import json
 import os
@@ -120,7 +122,7 @@ class Behaviour:
     prefill_per_token: float = 0.0  # seconds of TTFT per computed (uncached) prompt token
     kv_blocks: int = 0  # > 0: a KV pool of this many 16-token blocks that admission waits on (0: the seed's pool)
     slowdown: float = 0.0  # > 0: every step takes (1 + slowdown x (running - 1)) times longer; nothing ever queues
-    burn: bool = False  # spin instead of sleeping to each deadline: the server's CPU does the work, as an engine's does
+    burn: bool = False  # a core kept busy while any request runs: the server's CPU does the work, as an engine's does
 
 
 @dataclass
@@ -330,6 +332,19 @@ class _Server(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.scheduler = Scheduler()
         self.scheduler.kv_blocks = behaviour.kv_blocks
+        if behaviour.burn:
+            threading.Thread(target=self._burn, name="burn", daemon=True).start()
+
+    def _burn(self) -> None:
+        """While any request runs, keep a core busy, as an engine computing its batch does. The work is hashing a
+        megabyte (hashlib lets go of the GIL for it), so the stream threads keep their timing."""
+        block = b"\0" * (1 << 20)
+        turns = self.scheduler.turns
+        while True:
+            with turns:
+                while self.scheduler.running == 0:
+                    turns.wait()
+            hashlib.sha256(block).digest()
 
     def handle_error(self, request, client_address) -> None:
         # A client that hung up on an idle keep-alive connection is normal in a load test: no traceback.
@@ -541,12 +556,9 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
 
-    def _wait_until(self, deadline: float) -> float:
-        """Sleep (or, burning, spin) to an absolute monotonic deadline; returns how late we woke (s)."""
-        if self.server.behaviour.burn:
-            while time.monotonic() < deadline:
-                pass
-            return time.monotonic() - deadline
+    @staticmethod
+    def _wait_until(deadline: float) -> float:
+        """Sleep to an absolute monotonic deadline; returns how late we woke (s)."""
         delay = deadline - time.monotonic()
         if delay > 0:
             time.sleep(delay)
@@ -777,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-running", type=int, default=0, help="batch slots (0: no cap)")
     parser.add_argument("--kv-blocks", type=int, default=0, help="a KV pool of this many 16-token blocks (0: none)")
     parser.add_argument("--slowdown", type=float, default=0.0, help="each step x (1 + F x (running - 1))")
-    parser.add_argument("--burn", action="store_true", help="spin to each deadline: CPU used as an engine uses it")
+    parser.add_argument("--burn", action="store_true", help="keep a core busy while any request runs (an engine's CPU)")
     parser.add_argument("--cpus", default="", help="run on these cores only, e.g. 0 (its CPU affinity)")
     args = parser.parse_args(argv)
     if args.cpus:
