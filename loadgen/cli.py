@@ -141,9 +141,13 @@ def run_headless(args: argparse.Namespace) -> int:
         )
         if prompt_set.sized_by_engine and not target.info.get("probe_errors"):
             settings = next(p.settings for p in phases if p.settings.target is target)
-            recorder.line(
-                trials.measure_template(target, settings, http_client=args.http_client, timeout_s=args.request_timeout)
+            line = trials.measure_template(
+                target, settings, http_client=args.http_client, timeout_s=args.request_timeout
             )
+            if "template_tokens" in target.info:
+                recorder.line(line)
+            else:  # the prompts' lengths are off by the template: said even with --quiet
+                print(f"loadgen: {line}", file=sys.stderr, flush=True)
 
     sampler = Sampler.for_run(folder, [(t.kind, t.instance) for t in targets])  # engine gauges into samples.jsonl
     recorder.line(sampler.describe())

@@ -42,7 +42,10 @@ def print_summary(folder: RunFolder, out: TextIO) -> None:
             "FROM requests WHERE instance = ? AND phase = ?",
             [p.instance, p.phase],
         ).fetchone()
-        server = prefix_reuse.of_phase(samples.get((p.instance, p.phase), []), [])
+        # Within the phase's own window: engines run one after another under the same phase names, and the reads
+        # taken while another engine ran this phase would count this one's warm-up.
+        window = [s for s in samples.get((p.instance, p.phase), []) if p.started_at - 0.5 <= s.t <= p.ended_at + 0.5]
+        server = prefix_reuse.of_phase(window, [])
         reuse = prefix_reuse.Reuse(server.server, server.prompt_tokens, cached / prompt if prompt else None, said)
         entry = sets.get(p.prompt_set) if isinstance(sets.get(p.prompt_set), dict) else {}
         asked = entry.get("asked_reuse") if isinstance(entry.get("asked_reuse"), int | float) else 0.0

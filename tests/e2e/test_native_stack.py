@@ -175,6 +175,19 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
         assert "raise LLAMACPP_PARALLEL" in section or "burst-1: " in section, section
         assert "nothing waited" not in section, section
 
+        # The capacity commands' default workload on the real engines (issue 23): a fresh prompt per request whose
+        # length the engine counts as asked (its chat template measured first), and no prefix-cache reuse beyond
+        # the template's few tokens.
+        sweep_run = fresh_prompt_sweep(env, log)
+        sweep = [json.loads(line) for line in (sweep_run / "requests.jsonl").read_text().splitlines() if line]
+        for engine in ("vllm", "llamacpp"):
+            mine = [r for r in sweep if r["engine"] == engine]
+            assert mine and all(r["ok"] for r in mine), [r.get("error") for r in mine]
+            assert all(abs(r["prompt_tokens"] - 256) <= 0.02 * 256 for r in mine), [r["prompt_tokens"] for r in mine]
+            assert len({r["prompt_id"] for r in mine}) == len(mine)
+            cached = [r["cached_tokens"] for r in mine if r.get("cached_tokens") is not None]
+            assert all(c <= 0.2 * 256 for c in cached), cached
+
         # Prometheus holds the engine-neutral lever gauges for both engines.
         for name in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE):
             for engine in ("vllm", "llamacpp"):
@@ -195,6 +208,23 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
     assert not leftovers, f"left running after down: {leftovers}"
     assert not listening, f"still listening after down: {listening}"
     assert not list((tmp_path / "state" / "native" / "pids").glob("*.json"))
+
+
+def fresh_prompt_sweep(env: dict[str, str], log: Path) -> Path:
+    """A short sweep on both engines with the capacity default (synthetic:256): its run folder."""
+    urls = [
+        f"--engine={e}=http://127.0.0.1:{env[k]}" for e, k in (("vllm", "VLLM_PORT"), ("llamacpp", "LLAMACPP_PORT"))
+    ]
+    cmd = [sys.executable, "-m", "loadgen", "sweep", *urls, "--concurrencies", "2", "--requests", "2"]
+    cmd += ["--max-tokens", "8", "--run-id", "fresh-prompts", "--metrics-port", "0", "--quiet"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    with log.open("a") as fh:
+        fh.write(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folder = Path(env["SERVESCOPE_RESULTS"]) / "fresh-prompts"
+    engines = json.loads((folder / "manifest.json").read_text())["engines"]
+    assert all(isinstance(engines[e].get("template_tokens"), int) for e in ("vllm", "llamacpp")), engines
+    return folder
 
 
 def alive_since(pid: int, since: float) -> bool:
