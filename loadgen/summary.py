@@ -46,7 +46,9 @@ def print_summary(folder: RunFolder, out: TextIO) -> None:
         # taken while another engine ran this phase would count this one's warm-up.
         window = [s for s in samples.get((p.instance, p.phase), []) if p.started_at - 0.5 <= s.t <= p.ended_at + 0.5]
         server = prefix_reuse.of_phase(window, [])
-        reuse = prefix_reuse.Reuse(server.server, server.prompt_tokens, cached / prompt if prompt else None, said)
+        reuse = prefix_reuse.Reuse(
+            server.server, server.prompt_tokens, cached / prompt if prompt else None, said, requests
+        )
         entry = sets.get(p.prompt_set) if isinstance(sets.get(p.prompt_set), dict) else {}
         asked = entry.get("asked_reuse") if isinstance(entry.get("asked_reuse"), int | float) else 0.0
         warning = prefix_reuse.warning(reuse, asked, p.prompt_set)

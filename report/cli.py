@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     gauge = numbers["gauges"]
     if not gauge["available"]:
         print(f"report: no gauge data: {gauge['reason']}", file=sys.stderr)
+    from report import summary
+
+    print(f"report: {summary.TITLE}\n{summary.text(summary_of(numbers))}", end="", file=sys.stderr)
     print(
         f"report: wrote {', '.join(p.name for p in written)} and {len(numbers['plots'])} plot(s) "
         f"in {time.monotonic() - started:.1f}s",
@@ -115,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(run.path / "report.html")
     return 0
+
+
+def summary_of(numbers: dict) -> list:
+    """The summary section's engines back from report.json's numbers (what `make up` prints as well)."""
+    from report import summary
+
+    return [summary.EngineSummary(**s) for s in numbers.get("summary", [])]
 
 
 if __name__ == "__main__":

@@ -56,11 +56,18 @@ class Document:
     subtitle: str
     sections: list[Section]
 
+    def numbered(self) -> list[tuple[str, Section]]:
+        """Each section with its heading: numbers come from the order, never written by hand."""
+        return [
+            (f"{k}. {sec.title}" if len(self.sections) > 1 else sec.title, sec)
+            for k, sec in enumerate(self.sections, 1)
+        ]
+
 
 def markdown(doc: Document) -> str:
     out = [f"# {doc.title}", "", doc.subtitle, ""]
-    for sec in doc.sections:
-        out += [f"## {sec.title}", ""]
+    for heading, sec in doc.numbered():
+        out += [f"## {heading}", ""]
         for block in sec.blocks:
             if isinstance(block, Paragraph):
                 out += [block.text, ""]
@@ -114,10 +121,10 @@ def html_page(doc: Document) -> str:
         f"<h1>{esc(doc.title)}</h1>",
         f'<p class="subtitle">{esc(doc.subtitle)}</p>',
     ]
-    toc = "".join(f'<li><a href="#s{k}">{esc(s.title)}</a></li>' for k, s in enumerate(doc.sections))
-    out.append(f"<nav><ol>{toc}</ol></nav>")
-    for k, sec in enumerate(doc.sections):
-        out.append(f'<section id="s{k}"><h2>{esc(sec.title)}</h2>')
+    toc = "".join(f'<li><a href="#s{k}">{esc(h)}</a></li>' for k, (h, _) in enumerate(doc.numbered()))
+    out.append(f"<nav><ul>{toc}</ul></nav>")
+    for k, (heading, sec) in enumerate(doc.numbered()):
+        out.append(f'<section id="s{k}"><h2>{esc(heading)}</h2>')
         for block in sec.blocks:
             if isinstance(block, Paragraph):
                 out.append(f"<p>{_inline(block.text)}</p>")

@@ -18,6 +18,7 @@ from report import (
     noise,
     schedule,
     stats,
+    summary,
     sweep,
     table,
     ttft_split,
@@ -128,16 +129,18 @@ def build(
     def figure(key: str, caption: str) -> list[Figure]:
         return [Figure(fig[key], caption)] if fig.get(key) else []
 
+    summaries = summary.build(run, rows, verdicts, spec, good, assessment, warn, work)
+    # The answers first (the summary, the table, the verdict, goodput and the knee), then what they rest on, the
+    # setup last; numbers come from this order (report/render.py).
     sections = [
-        _setup(run, warn, assessment),
+        summary.section(summaries),
         _table(run, rows, figure("table", "Wall time per engine and mode; bold numbers are scaling factors.")),
+        _verdict(run, verdicts, kv),
+        goodput.section(run, spec, good, lags, "Goodput under the SLOs"),
         _latency(
             groups,
             figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario.")
             + figure("tokens", "Output tokens per request."),
-        ),
-        _crosscheck(
-            run, checks, splits, figure("crosscheck", "Mean seconds per request by component, against client E2E.")
         ),
         _gauges(
             run,
@@ -148,7 +151,6 @@ def build(
                 "(right axis) over the run; shaded bands are load phases; breaks are reads that got no value.",
             ),
         ),
-        _verdict(run, verdicts, kv),
         _sweeps(
             run,
             sweeps_,
@@ -159,7 +161,10 @@ def build(
         ),
         _compare(deltas, how, baseline, figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")),
         workloads.section(run, work, figure("turns", "TTFT (median) and prefix-cache reuse by conversation turn.")),
-        goodput.section(run, spec, good, lags, "10. Goodput under the SLOs"),
+        _crosscheck(
+            run, checks, splits, figure("crosscheck", "Mean seconds per request by component, against client E2E.")
+        ),
+        _setup(run, warn, assessment),
     ]
     subtitle = (
         f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
@@ -175,6 +180,8 @@ def build(
             "requests": run.request_count,
             "phases": len(run.phases),
         },
+        "summary": summary.to_json(summaries),
+        "sections": [sec.title for sec in sections],
         "manifest": run.manifest,
         "engines": {i: vars(e) for i, e in run.engines.items()},
         "phases": [{**vars(p), "wall_s": p.wall_s} for p in run.phases],
@@ -210,7 +217,7 @@ def build(
 
 
 def _setup(run: Run, warn: list[str], assessment: noise.Assessment) -> Section:
-    sec = Section("1. Setup")
+    sec = Section("Setup")
     m = run.manifest
     duration = (run.ended_at - run.started_at) if run.started_at and run.ended_at else None
     command = m.get("command") or m.get("argv") or m.get("scenario")
@@ -380,7 +387,7 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
 
 
 def _table(run: Run, rows: list[table.TableRow], figs: list[Figure]) -> Section:
-    sec = Section("2. The seed's comparison table")
+    sec = Section("The seed's comparison table")
     if not rows:
         return sec.add(
             Paragraph(
@@ -407,7 +414,7 @@ def _table(run: Run, rows: list[table.TableRow], figs: list[Figure]) -> Section:
 
 
 def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
-    sec = Section("3. Latency")
+    sec = Section("Latency")
     sec.add(
         Bullets(
             list(latency.DEFINITIONS.values()) + [f"Percentiles: {stats.PERCENTILE_METHOD}.", latency.FAILURE_POLICY]
@@ -483,7 +490,7 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
 def _crosscheck(
     run: Run, checks: list[crosscheck.CrossCheck], splits: list[ttft_split.TtftSplit], figs: list[Figure]
 ) -> Section:
-    sec = Section("4. Engine-side cross-check")
+    sec = Section("Engine-side cross-check")
     sec.add(
         Bullets(
             [f"{k}: {v}" for k, v in crosscheck.COMPONENT_HELP.items()]
@@ -571,7 +578,7 @@ def _ttft_split(run: Run, splits: list[ttft_split.TtftSplit], sec: Section) -> N
 
 
 def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section:
-    sec = Section("5. Gauges over the run")
+    sec = Section("Gauges over the run")
     if not report.available:
         return sec.add(Paragraph(f"No gauge data: {report.reason}."))
     sec.add(
@@ -640,7 +647,7 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
 
 
 def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArithmetic]) -> Section:
-    sec = Section("6. Verdict: which knob to move")
+    sec = Section("Verdict: which knob to move")
     sec.add(Paragraph(verdict.RULE))
     sec.add(
         Table(
@@ -673,7 +680,7 @@ def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArith
 def _sweeps(
     run: Run, sweeps_: list[sweep.Sweep], drains: list[sweep.BurstDrain], have_gauges: bool, figs: list[Figure]
 ) -> Section:
-    sec = Section("7. Sweeps and bursts")
+    sec = Section("Sweeps and bursts")
     if sweeps_:
         sec.add(Paragraph(sweep.KNEE_RULE + "."))
         for sw in sweeps_:
@@ -753,7 +760,7 @@ def _sweeps(
 
 
 def _compare(deltas: list[compare.Delta], how: str, baseline: Run | None, figs: list[Figure]) -> Section:
-    sec = Section("8. Comparison")
+    sec = Section("Comparison")
     sec.add(
         Paragraph(
             (f"Against baseline run {baseline.run_id}" if baseline else "No baseline run given") + f"; matching: {how}."

@@ -81,12 +81,15 @@ class PhaseReuse:
     reporting: int
     ceiling: float | None  # a shared-prefix set's best possible reuse (chat template aside)
     asked: float = 0.0  # the reuse the workload means to measure (0: a fresh or plain set)
+    requests: int = 0
 
     @property
     def unasked(self) -> bool:
         """More reuse than the workload asked for: this phase measured the engine's cache (servescope/prefix_reuse)."""
         return prefix_reuse.unasked(
-            prefix_reuse.Reuse(self.reuse_server, self.prompt_tokens, self.reuse_per_request, self.reporting),
+            prefix_reuse.Reuse(
+                self.reuse_server, self.prompt_tokens, self.reuse_per_request, self.reporting, self.requests
+            ),
             self.asked,
         )
 
@@ -297,12 +300,12 @@ def _phase_reuse(
     phases = run.phases_of(instance)
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for iv in intervals:
-        # An interval belongs to the phase it overlaps most (a burst's rounds are phases of their own).
-        overlaps = [(min(iv.t1, p.ended_at + SLACK_S) - max(iv.t0, p.started_at - SLACK_S), p.phase) for p in phases]
-        best = max(overlaps, default=(0.0, ""))
-        if best[0] > 0:
-            totals[best[1]][0] += iv.prompt
-            totals[best[1]][1] += iv.cached
+        # An interval between two reads belongs to the phase it lies in (a burst's rounds are phases of their own);
+        # one that spans a phase's edge also counts what came before it: the engine's warm-up, another phase.
+        inside = [p.phase for p in phases if iv.t0 >= p.started_at - SLACK_S and iv.t1 <= p.ended_at + SLACK_S]
+        if inside:
+            totals[inside[0]][0] += iv.prompt
+            totals[inside[0]][1] += iv.cached
     rows = []
     for p in phases:
         mine = [r for r in records if r.phase == p.phase]
@@ -321,6 +324,7 @@ def _phase_reuse(
                 reporting=reporting,
                 ceiling=ceilings.get(p.prompt_set),
                 asked=asked.get(p.prompt_set, ceilings.get(p.prompt_set, 0.0)),
+                requests=len(mine),
             )
         )
     return rows
@@ -411,7 +415,7 @@ def _num(v: float | None, digits: int = 0) -> str:
 
 
 def section(run: Run, report: WorkloadReport, figures: list[Figure]) -> Section:
-    sec = Section("9. Workloads: conversations, prefix-cache reuse, replay, output lengths")
+    sec = Section("Workloads: conversations, prefix-cache reuse, replay, output lengths")
     titles = {i: e.title for i, e in run.engines.items()}
     if report.turns or report.reuse:
         sec.add(Paragraph(REUSE_RULE))

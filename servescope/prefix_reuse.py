@@ -23,6 +23,14 @@ class Reuse:
     prompt_tokens: float | None  # the counters' prompt tokens over the phase
     per_request: float | None  # the requests' own cached / prompt tokens; None: no request said
     reporting: int  # requests that said
+    requests: int = 0  # requests of the phase (what the counters' cached tokens are shared among)
+
+    @property
+    def cached_per_request(self) -> float | None:
+        """Prompt tokens taken from the cache per request, by the counters (else the requests' own shares)."""
+        if self.server is not None and self.prompt_tokens and self.requests:
+            return self.server * self.prompt_tokens / self.requests
+        return None
 
     @property
     def share(self) -> float | None:
@@ -39,8 +47,9 @@ class Reuse:
 def of_phase(samples: Iterable[SampleRecord], records: Iterable[RequestRecord]) -> Reuse:
     prompt, cached = _counter_deltas(samples)
     server = cached / prompt if prompt else None
+    records = list(records)
     per_request, reporting = from_records(records)
-    return Reuse(server, prompt, per_request, reporting)
+    return Reuse(server, prompt, per_request, reporting, len(records))
 
 
 def from_records(records: Iterable[RequestRecord]) -> tuple[float | None, int]:
@@ -68,9 +77,14 @@ def _counter_deltas(samples: Iterable[SampleRecord]) -> tuple[float | None, floa
 
 
 def unasked(reuse: Reuse, asked: float = 0.0) -> bool:
-    """More reuse than the workload asked for (a fresh set asks none; shared prefixes their ceiling)."""
+    """More reuse than the workload asked for (a fresh set asks none; shared prefixes their ceiling), beyond what
+    every chat request shares anyway: its chat template (at most thresholds.TEMPLATE_TOKENS a request, so short
+    prompts of a few words, mostly template, are not flagged for it)."""
     share = reuse.share
-    return share is not None and share > max(thresholds.PREFIX_REUSE_UNASKED, asked)
+    if share is None or share <= max(thresholds.PREFIX_REUSE_UNASKED, asked):
+        return False
+    per_request = reuse.cached_per_request
+    return per_request is None or per_request > thresholds.TEMPLATE_TOKENS
 
 
 def warning(reuse: Reuse, asked: float, prompt_set: str) -> str | None:

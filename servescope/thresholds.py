@@ -82,6 +82,9 @@ ALONE_OVERLAP_SHARE = 0.1
 # A fresh prompt per request shares only the chat template with the others (llama.cpp reuses those few tokens, a
 # few % of a 256-token prompt; vLLM's blocks of 16-128 tokens none): reuse above this share means repeats.
 PREFIX_REUSE_UNASKED = 0.2
+# ...unless what was reused is no more than a chat template a request (SmolLM2's adds about 30 tokens, longer system
+# prompts of other models about 60): a prompt of a few words is mostly template, reused by every request alike.
+TEMPLATE_TOKENS = 64
 
 # --- open-loop honesty (report/schedule.py): the client fell behind its own schedule ---
 # A rate run whose send lag behind the schedule has a p99 above this did not send the load it claims:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from servescope import knobs, prometheus_config
 from servescope.runfolder import new_run_id
+from stack import summary
 from stack.errors import StackError
 from stack.progress import elapsed, say
 
@@ -208,8 +209,9 @@ def main_job(env: dict[str, str], run_id: str | None = None) -> int:
     if code != 0:
         say(f"comparison failed (exit {code}): the services stay up (`make status`, `make down`)")
         return code
-    # The comparison printed the seed's table itself (the report's: report.table); `make report` writes the rest.
-    say(f"`make report RUN={folder}` writes report.md / report.html there (Prometheus on the published port)")
+    # The comparison printed the seed's table itself (the report's: report.table); the report's summary ends it.
+    summary.report_and_summary(folder, f"http://127.0.0.1:{env.get('PROMETHEUS_PORT') or knobs.get('PROMETHEUS_PORT')}")
+    say(f"`make report RUN={folder}` writes the report again (Prometheus on the published port)")
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from servescope import knobs, prometheus_config
 from servescope.runfolder import MANIFEST, new_run_id
-from stack import llamacpp, model, ollama, paths, ports, prometheus, supervisor, vllm
+from stack import llamacpp, model, ollama, paths, ports, prometheus, summary, supervisor, vllm
 from stack.errors import ServiceExited, StackError
 from stack.progress import elapsed, say
 from stack.supervisor import Record, Service
@@ -458,10 +458,11 @@ def main_job(knob: dict[str, str], host: str, engines: dict[str, str]) -> int:
     if code != 0 or not (Path(run) / MANIFEST).exists():
         say("comparison failed: the services stay up (`make status`, `make down`)")
         return code or 1
-    # The comparison printed the seed's table itself (the report's: report.table); `make report` writes the rest.
+    # The comparison printed the seed's table itself (the report's: report.table); the report's summary ends it.
+    summary.report_and_summary(run, f"http://127.0.0.1:{knob['PROMETHEUS_PORT']}")
     # "run folder: PATH" alone on its line, as loadgen prints it: scripts and the e2e suite take the path from it.
     say(f"run folder: {run}")
-    say(f"`make report RUN={run}` writes report.md / report.html there")
+    say(f"`make report RUN={run}` writes the report again (report.md / report.html there)")
     return 0
 
 

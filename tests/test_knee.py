@@ -69,13 +69,14 @@ def test_two_batch_slots_are_the_binding_resource(tmp_path):
     assert by_level[2]["measurements"] >= 2 and by_level[3]["measurements"] >= 2  # confirmed by repeats
     assert by_level[3]["result"]["failed_most"] == "ttft_p95<=0.1"
     assert not result["non_monotonic"]
-    # The run's report, section 9: goodput per measurement under the run's own SLOs, and the knee.
+    # The run's report, its goodput section: goodput per measurement under the run's own SLOs, and the knee.
     assert report_cli.main(["--run", str(result["run"]), "--prometheus", f"http://127.0.0.1:{free_port()}"]) == 0
     numbers = json.loads((result["run"] / "report.json").read_text())
     assert numbers["goodput"]["spec"] == SLO and numbers["goodput"]["knee"]["knee"] == 2
     assert {row["phase"] for row in numbers["goodput"]["phases"]} == {p["phase"] for p in result["probes"]}
     text = (result["run"] / "report.md").read_text()
-    assert "10. Goodput under the SLOs" in text and "the knee is 2 users (3 users fails)" in text
+    assert "4. Goodput under the SLOs" in text and "the knee is 2 users (3 users fails)" in text
+    assert "Knee: 2 users (3 fails); above it: batch slots" in text  # the summary's line
 
 
 @pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it

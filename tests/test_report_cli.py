@@ -31,15 +31,19 @@ def test_full_report_without_prometheus(tmp_path, capsys):
     )
 
     md = (run / "report.md").read_text()
+    # The answers first, the setup last; numbers come from the order (issue 24).
     for title in (
-        "1. Setup",
+        "1. Summary",
         "2. The seed's comparison table",
-        "3. Latency",
-        "4. Engine-side cross-check",
-        "5. Gauges over the run",
-        "6. Verdict",
+        "3. Verdict",
+        "4. Goodput under the SLOs",
+        "5. Latency",
+        "6. Gauges over the run",
         "7. Sweeps and bursts",
         "8. Comparison",
+        "9. Workloads",
+        "10. Engine-side cross-check",
+        "11. Setup",
     ):
         assert f"## {title}" in md
     assert f"No gauge data: Prometheus at {url} is unreachable" in md
@@ -157,3 +161,41 @@ def test_comparison_plot_when_an_interval_misses_its_delta(tmp_path):
 
     d = Delta("a/vllm", "b/vllm", "rate", "itl_s", False, 10**8, 10**8, 0.03, 0.02, 0.01, 0.0102, 0.0108, 50.0)
     assert plots.compare(figures.compare([d]), tmp_path / "comparison.png") == tmp_path / "comparison.png"
+
+
+def test_the_readme_names_report_sections_that_exist_and_never_by_number():
+    """Section numbers come from the report's order (report/render.py): the README cites sections by their titles,
+    and every title it cites is one the report writes (the seed page's own sections keep their numbers)."""
+    import inspect
+
+    from report import goodput, sections, summary, workloads
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    numbered = [m.group(0) for m in re.finditer(r"(?<!seed's )(?<!seed )section \d+", readme)]
+    assert not numbered, numbered
+    source = inspect.getsource(sections) + inspect.getsource(goodput) + inspect.getsource(workloads) + summary.TITLE
+    titles = set(re.findall(r'Section\("([^"]+)"\)', source)) | {"Goodput under the SLOs", summary.TITLE}
+    cited = set(re.findall(r"(?:report's|the|its) ([A-Z][a-z]+) section", readme))
+    assert cited and all(any(t.startswith(name) for t in titles) for name in cited), (cited, titles)
+
+
+def test_the_summary_opens_the_report_and_says_an_slo_below_the_floor(tmp_path, capsys):
+    """Issue 24: the first section answers (scaling with its reading, the verdict, SLO attainment, flags) in at most
+    ten lines per engine, and an SLO term that fails at the run's lowest load is said to be below the floor, with
+    the value measured there, instead of a column of zeros."""
+    run = tmp_path / "seed"
+    shutil.copytree(RUNS / "seed-vllm-ollama", run)
+    assert (
+        cli.main(["--run", str(run), "--prometheus", f"http://127.0.0.1:{free_port()}", "--slo", "ttft_p95<=0.001"])
+        == 0
+    )
+    err = capsys.readouterr().err
+    md = (run / "report.md").read_text()
+    first = md[md.index("## 1. Summary") : md.index("## 2. ")]
+    assert "Scaling: 3.13x for a burst of 3" in first and "strongly sub-linear" in first
+    assert "Scaling: 1.10x" in first and "Verdict: raise OLLAMA_NUM_PARALLEL" in first
+    assert "ttft_p95<=0.001 is below this engine's floor here" in first and "at 1 user" in first
+    numbers = json.loads((run / "report.json").read_text())
+    assert all(len(s["lines"]) <= 10 for s in numbers["summary"]) and len(numbers["summary"]) == 2
+    assert numbers["sections"][0] == "Summary" and numbers["sections"][-1] == "Setup"
+    assert "report: Summary" in err and "Scaling: 3.13x" in err  # the same lines on the terminal

@@ -1,0 +1,148 @@
+"""The report's first section, and the lines `make up` ends with: per engine, at most ten lines of conclusions.
+
+Each line comes from an analysis the report has already made, in the words of its own section:
+the scaling factor with its CI and reading (the comparison table), the knob to move and its
+evidence in one clause (the verdict), the knee and what ran out above it (knee.json, the binding
+rule), SLO attainment with the objective, an SLO term below the engine's floor (it failed at the
+run's lowest load: no load meets it here), and the flags (phases left out as noisy, fairness
+warnings, prefix-cache reuse the workload did not ask for).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from report import goodput, table, verdict, workloads
+from report.load import Run
+from report.noise import Assessment
+from report.render import Bullets, Paragraph, Section
+from servescope import slo
+
+TITLE = "Summary"
+MAX_LINES = 10  # per engine: a screen for every engine, the details in the sections below
+CLAUSE = 220  # characters of a verdict's text kept in its one line
+
+
+@dataclass
+class EngineSummary:
+    instance: str
+    title: str
+    lines: list[str] = field(default_factory=list)
+    floors: list[str] = field(default_factory=list)  # SLO terms below this engine's floor here, each in one line
+
+
+def build(
+    run: Run,
+    rows: list[table.TableRow],
+    verdicts: list[verdict.Verdict],
+    spec: slo.SloSpec,
+    good: list[goodput.PhaseGoodput],
+    assessment: Assessment,
+    warn: list[str],
+    work: workloads.WorkloadReport,
+) -> list[EngineSummary]:
+    knee = goodput.knee_of(run)
+    out = []
+    for instance, info in run.engines.items():
+        s = EngineSummary(instance, info.title or instance)
+        for row in rows:
+            if row.instance == instance and row.scaling_factor is not None:
+                ci = table.ci_text(row.scaling_ci, "x")
+                s.lines.append(
+                    f"Scaling: {row.scaling_factor:.2f}x{ci} for a burst of {row.concurrency} against the same prompts "
+                    f"one after another: {row.reading}"
+                )
+            elif row.instance == instance and row.refusal:
+                s.lines.append(f"Scaling: not computed ({_clip(row.refusal)})")
+        v = next((v for v in verdicts if v.instance == instance), None)
+        if v is not None:
+            s.lines.append(f"Verdict: {_clip(v.text)}")
+        if knee and knee.get("instance") == instance:
+            s.lines.append(_knee_line(knee))
+        mine = [g for g in good if g.instance == instance]
+        if mine:
+            met = sum(1 for g in mine if g.result.meets)
+            shares = [g.result.attainment for g in mine if g.result.attainment is not None]
+            spread = f", attainment {min(shares):.0%} to {max(shares):.0%}" if shares else ""
+            s.lines.append(
+                f"SLOs {spec.text} (objective {spec.objective:.0%} of requests): met in {met} of {len(mine)} "
+                f"phases{spread}"
+            )
+            s.floors = floors(run, instance, mine, spec)
+            s.lines += s.floors
+        s.lines += _flags(instance, assessment, warn, work)
+        s.lines = s.lines[:MAX_LINES]
+        out.append(s)
+    return out
+
+
+def floors(run: Run, instance: str, rows: list[goodput.PhaseGoodput], spec: slo.SloSpec) -> list[str]:
+    """A term that failed at the run's lowest load for this engine is below its floor: one line each, with the value."""
+    loads = {p.phase: p.concurrency for p in run.phases_of(instance)}
+    lowest = min((loads.get(g.phase, 1) for g in rows), default=None)
+    at_lowest = [g for g in rows if loads.get(g.phase, 1) == lowest]
+    out = []
+    for term in spec.terms:
+        failed = [t for g in at_lowest for t in g.result.terms if t.term == term.name and not t.holds]
+        if not failed or len(failed) < len(at_lowest):
+            continue  # held in some phase at that load: not a floor
+        observed = [t.observed for t in failed if t.observed is not None]
+        value = f": {min(observed):.3g} s" if observed else ""
+        users = "1 user" if lowest == 1 else f"{lowest} users"
+        out.append(f"{term.name} is below this engine's floor here{value} at {users} (the run's lowest load)")
+    return out
+
+
+def _knee_line(knee: dict[str, Any]) -> str:
+    unit, b = knee["unit"], knee.get("binding") or {}
+    if knee["status"] == "found":
+        found = f"{knee['knee']:g} {unit} ({knee['first_failing']:g} fails)"
+    elif knee["status"] == "meets the SLOs up to the highest load":
+        found = f"at least {knee['knee']:g} {unit} (the highest load tried)"
+    elif knee["status"] == "fails at the lowest load":
+        found = f"none: the SLOs fail at {knee['first_failing']:g} {unit}"
+    else:
+        found = knee["status"]
+    ran_out = f"; above it: {_clip(b['advice'])}" if b.get("advice") and knee.get("first_failing") is not None else ""
+    return f"Knee: {found}{ran_out}"
+
+
+def _flags(instance: str, assessment: Assessment, warn: list[str], work: workloads.WorkloadReport) -> list[str]:
+    flags = []
+    noisy = assessment.flagged(instance)
+    if noisy:
+        flags.append(f"{len(noisy)} phase(s) left out as noisy, rerun them: {', '.join(t.phase for t in noisy[:3])}")
+    cached = [r.phase for r in work.reuse if r.instance == instance and r.unasked]
+    if cached:
+        flags.append(f"prefix-cache reuse the workload did not ask for in {', '.join(cached[:3])}: latency of a cache")
+    flags += [f"fairness: {_clip(w)}" for w in warn if instance in w][:2]
+    return [f"Flag: {f}" for f in flags]
+
+
+def _clip(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= CLAUSE else text[: CLAUSE - 3].rsplit(" ", 1)[0] + "..."
+
+
+def section(summaries: list[EngineSummary]) -> Section:
+    sec = Section(TITLE)
+    if not summaries:
+        sec.add(Paragraph("No engine in this run."))
+    for s in summaries:
+        sec.add(Paragraph(f"**{s.title}**"))
+        sec.add(Bullets(s.lines or ["nothing measured"]))
+    return sec
+
+
+def text(summaries: list[EngineSummary]) -> str:
+    """The same lines for a terminal (`make up`, `python -m report`)."""
+    out = []
+    for s in summaries:
+        out.append(f"{s.title}:")
+        out += [f"  {line}" for line in s.lines or ["nothing measured"]]
+    return "\n".join(out) + "\n"
+
+
+def to_json(summaries: list[EngineSummary]) -> list[dict[str, Any]]:
+    return [asdict(s) for s in summaries]
