@@ -89,8 +89,10 @@ compare: install
 bench: install
 	$(BIN)/python -m bench
 
-# Regenerate the committed dashboard JSON, Compose scrape config and lever rules (make test checks they are fresh).
+# Regenerate the committed dashboard JSON, Compose scrape config, lever rules and the knob page (make test checks
+# they are fresh).
 dashboards: install
 	$(BIN)/python -m dashboards.build
 	$(BIN)/python -m servescope.prometheus_config --write
 	$(BIN)/python -m servescope.lever_rules --write
+	$(BIN)/python -m servescope.knob_table --write

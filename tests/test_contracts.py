@@ -87,3 +87,14 @@ def test_run_folder_round_trip_and_torn_last_line(tmp_path):
     assert json.loads((run.path / "phases.jsonl").read_text())["wall_s"] == pytest.approx(2.5)
     assert latest(tmp_path).path == run.path
     assert run.manifest()["schema_version"] == 1
+
+
+def test_the_knob_page_is_generated_from_env_example_and_fresh():
+    """docs/knobs.md is .env.example's table (servescope/knob_table.py): every knob, its default, its comment."""
+    from servescope import knob_table, knobs
+
+    assert knob_table.main(["--check"]) == 0, "docs/knobs.md is stale: python -m servescope.knob_table --write"
+    page = knob_table.PAGE.read_text()
+    defaults = knobs.parse_env_file(knob_table.SOURCE)
+    assert all(f"| `{k}` |" in page for k in defaults)
+    assert "| `LOADGEN_CAPACITY_PROMPTS` | `synthetic:256` |" in page
