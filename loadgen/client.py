@@ -1,6 +1,6 @@
 """One streamed chat request and its measurement: TTFT, every inter-chunk gap, E2E, output tokens, from raw perf_counter stamps.
 
-Definitions (the README repeats them beside vLLM bench, GuideLLM and AIPerf):
+Definitions (docs/latency.md repeats them beside vLLM bench, GuideLLM and AIPerf):
   TTFT  send -> first chunk with NON-EMPTY content (vLLM's first chunk is an empty role chunk: skipped)
   ITL   every gap between consecutive content chunks, all kept
   E2E   send -> last content chunk
