@@ -12,9 +12,9 @@ One rule, read by the knee (loadgen/knee.py), `make tune` (stack/tune.py) and th
   batch slots       requests waited while the KV pool had room (the seed's section 4), or the engine queues
   KV capacity       only for slots (llama.cpp, Ollama); requests waited with the pool full, or vLLM preempted
                     running requests to free KV blocks.
-  compute           nothing waited, the latency the SLOs failed on grew with the running batch from the level
-                    below, AND the engine used nearly the cores it may: every request was admitted and each
-                    step took longer. No serving knob buys more of that.
+  compute           nothing waited, the latency the SLOs failed on grew with the running batch from the
+                    lightest load measured, AND the engine used nearly the cores it may: every request was
+                    admitted and each step took longer. No serving knob buys more of that.
   undecided         anything else, with the numbers: the KV pool between the thresholds (neither lever is
                     claimed, as the verdict and the alert rules say), a latency that grew while the engine's CPU
                     was not measured or had room, no server samples.
@@ -109,7 +109,7 @@ class Binding:
     kv_peak: float | None = None
     preemptions: float | None = None  # vLLM's counter's growth over the level
     metric: str | None = None  # the latency compared across levels (the SLO term that failed most)
-    growth: float | None = None  # its median at this level / at the level below
+    growth: float | None = None  # its median at this level / at the lightest level measured
     engine_cores: float | None = None
     engine_allowed_cores: float | None = None
     client_busy: float | None = None  # the load generator's busiest measurement: (CPU + run-queue wait) / its cap
@@ -155,8 +155,8 @@ def classify(
     open_loop: bool = False,
     lowest: bool = False,
 ) -> Binding:
-    """The binding resource at `failing` (the lowest level that failed), `below` the level under it that held
-    (or the lowest measured), `lowest` when `failing` is the least load the search may try."""
+    """The binding resource at `failing` (the lowest level that failed), `below` the lightest level measured under
+    it (what compute's growth is read against), `lowest` when `failing` is the least load the search may try."""
     b = _gauges(failing.samples)
     b.mean_running = _mean_running(failing, open_loop)
     for step in (_fault, _client, _floor, _queue, _compute):

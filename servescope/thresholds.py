@@ -64,7 +64,7 @@ SLO_ATTAINMENT = 0.95
 # Requests "waited" at a load when at least this share of the phase's samples saw waiting > 0: a queue
 # that shows once between two reads is a step's admission, not a resource that ran out.
 BINDING_WAITING_SHARE = 0.2
-# Compute: the latency the SLOs failed on grew at least this much from the level below while the running batch
+# Compute: the latency the SLOs failed on grew at least this much from the lightest load measured while the batch
 # grew (every request admitted, each step slower), AND the engine used at least ENGINE_CPU_NEAR of the cores it may.
 COMPUTE_GROWTH = 1.25
 ENGINE_CPU_NEAR = 0.8

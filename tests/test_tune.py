@@ -89,7 +89,7 @@ def test_the_tune_loop_raises_slots_while_they_bind_keeps_what_raises_goodput_an
     assert tried[1].decision in ("kept", "inconclusive"), tuner.stop_reason
     for step in kept:  # each kept change raised goodput at the load that had failed, beyond its CI
         assert step.delta["ci_low"] > 0 and step.goodput_rps > 0
-        assert step.expected["factor"] >= 1.5 and step.expected["measured_ratio"] > 1
+        assert step.expected["factor"] > 1 and step.expected["measured_ratio"] > 1
     assert kept[-1].knee > steps[0].knee
     assert tuner.stop_reason and steps[-1].binding == binding.COMPUTE or steps[-1].decision == "inconclusive"
     assert tuner.best()["VLLM_MAX_NUM_SEQS"] == kept[-1].knobs["VLLM_MAX_NUM_SEQS"]

@@ -337,8 +337,8 @@ class _Server(ThreadingHTTPServer):
 
     def _burn(self) -> None:
         """While any request runs, keep a core busy, as an engine computing its batch does. The work is hashing a
-        megabyte (hashlib lets go of the GIL for it), so the stream threads keep their timing."""
-        block = b"\0" * (1 << 20)
+        block of 8 MB (hashlib lets go of the GIL for it), so the stream threads keep their timing."""
+        block = b"\0" * (1 << 23)  # 8 MB: ~20 ms a hash, so taking the GIL back between two is a small share
         turns = self.scheduler.turns
         while True:
             with turns:
