@@ -197,3 +197,18 @@ def prometheus_server(tmp_path):
     server = PrometheusServer(tmp_path)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def engine_core():
+    """Core 0 for an engine double pinned there (`--cpus 0`), every other process this test starts on the other cores:
+    a CPU-bound double's own CPU is what the binding rule reads, and the load generator must not take it."""
+    cores = os.sched_getaffinity(0)
+    rest = cores - {0}
+    if not rest:
+        pytest.skip("one core: an engine's core of its own cannot be kept apart here")
+    os.sched_setaffinity(0, rest)
+    try:
+        yield 0
+    finally:
+        os.sched_setaffinity(0, cores)

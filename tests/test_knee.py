@@ -89,10 +89,10 @@ def test_a_tiny_kv_pool_is_the_binding_resource(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
-def test_an_engine_that_slows_with_load_on_its_own_busy_core_is_compute_bound(tmp_path):
+def test_an_engine_that_slows_with_load_on_its_own_busy_core_is_compute_bound(tmp_path, engine_core):
     """Compute from evidence: nothing queued, ITL grew with the running batch, and the engine used the one core it
     may (the double spins to each deadline, pinned to core 0)."""
-    result = search_process(tmp_path, "--slowdown", "1.0", "--burn", "--cpus", "0")
+    result = search_process(tmp_path, "--slowdown", "1.0", "--burn", "--cpus", str(engine_core))
     # ITL = 0.01 x (1 + (users - 1)): 0.05 at 5 users, past the 0.05 limit from 6 on (and TTFT with it).
     assert result["status"] == "found" and 3 <= result["knee"] <= 5 and result["first_failing"] == result["knee"] + 1
     b = result["binding"]

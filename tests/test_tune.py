@@ -57,7 +57,9 @@ class RestartableEngine:
 
 @pytest.mark.slow
 @pytest.mark.serial  # knees under real-latency SLOs and goodput deltas: a shared CPU moves both
-def test_the_tune_loop_raises_slots_while_they_bind_keeps_what_raises_goodput_and_stops_at_compute(tmp_path):
+def test_the_tune_loop_raises_slots_while_they_bind_keeps_what_raises_goodput_and_stops_at_compute(
+    tmp_path, engine_core
+):
     engine = RestartableEngine(slots=2)
     try:
         with EngineExporter({"vllm": engine.url}) as exporter:
