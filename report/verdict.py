@@ -309,8 +309,8 @@ def decide_ollama(
     if waiting is not None:
         where = f", {_source(gauges)}" if gauges is not None else ""
         proxy = (
-            f"proxy (source=proxy{where}): at most {_num(running)} relayed answers streaming at once, at most "
-            f"{_num(waiting)} relayed requests without their first chunk (queued, loading or evaluating the prompt)"
+            f"proxy (source=proxy{where}): answers streaming at once at most {_num(running)}, relayed requests "
+            f"without their first chunk (queued, loading or evaluating the prompt) at most {_num(waiting)}"
         )
     else:
         why = (
@@ -333,7 +333,7 @@ def decide_ollama(
         )
     clients = QueueEvidence(queue.bursts).text()
     v.evidence = "; ".join(x for x in (durations, clients, proxy) if x)
-    streamed = f"; the proxy saw at most {_num(running)} answers streaming at once" if running else ""
+    streamed = f"; answers streaming at once through the proxy: at most {_num(running)}" if running else ""
 
     if split is not None:
         v.computable = True

@@ -163,7 +163,10 @@ def test_ollamas_waiting_alone_never_names_the_knob_it_was_split_from():
     assert v.computable and v.lever == "undetermined", v.text
     assert "the only evidence is the proxy's count of relayed requests without their first chunk (up to 2)" in v.text
     assert "no Ollama durations and no burst" in v.text and "raise" not in v.text
-    assert "proxy (source=proxy): at most 1 relayed answers streaming at once, at most 2 relayed requests" in v.evidence
+    assert (
+        "proxy (source=proxy): answers streaming at once at most 1, relayed requests without their first chunk "
+        "(queued, loading or evaluating the prompt) at most 2" in v.evidence
+    )
 
 
 def test_ollamas_own_durations_decide_over_the_proxys_waiting():
@@ -174,7 +177,7 @@ def test_ollamas_own_durations_decide_over_the_proxys_waiting():
         "raise OLLAMA_NUM_PARALLEL (now 1): Ollama's own durations say requests waited for a slot: 2 of 3 spent 50 "
         "ms or more inside Ollama outside load, prompt evaluation and generation, 0.433 s on average"
     )
-    assert "the proxy saw at most 1 answers streaming at once" in busy.text
+    assert busy.text.endswith("; answers streaming at once through the proxy: at most 1")
     assert busy.evidence.startswith("Ollama's own durations (3 requests): 2 held 50 ms or more outside load")
     # The proxy saw requests without their first chunk, but Ollama held none of them outside its model: prefill.
     calm = decide(OLLAMA, {R: 1, W: 2, K: None}, queue=QueueEvidence([], _ollama_split([0.0, 0.01, 0.02])))
