@@ -382,15 +382,18 @@ def engine_comparison() -> dict:
         ),
         timeseries(
             "Running requests",
-            "Sequences in the running batch (vLLM running, llama.cpp busy slots, "
-            "Ollama min(in flight, OLLAMA_NUM_PARALLEL)). Flat at max-num-seqs under load = the batch cap.",
+            "Sequences in the running batch (vLLM running, llama.cpp busy slots; Ollama, source=proxy: requests "
+            "the exporter's proxy relayed whose answer is streaming, none when nothing went through it). Flat at "
+            "max-num-seqs under load = the batch cap.",
             "short",
             [target(sel(series.REQUESTS_RUNNING, NEUTRAL), "{{instance}}")],
         ),
         timeseries(
             "Waiting requests",
             "Queued, not yet scheduled. A queue that never drains: with KV usage low raise "
-            "max-num-seqs; with KV usage near 100% raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len.",
+            "max-num-seqs; with KV usage near 100% raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len. "
+            "Ollama (source=proxy): relayed requests without a byte of their answer yet, queued, loading or "
+            "evaluating the prompt alike: its queue is on the Ollama dashboard, from its own durations.",
             "short",
             [target(sel(series.REQUESTS_WAITING, NEUTRAL), "{{instance}}")],
         ),
@@ -665,6 +668,7 @@ def vllm_dashboard() -> dict:
 def ollama_dashboard() -> dict:
     ollama = {"engine": "=ollama", "instance": "=~$instance"}
     ollama_model = {**ollama, "model": "=~$model"}
+    ollama_proxy = {**ollama_model, series.SOURCE: f"={series.PROXY_SOURCE}"}
     panels = [
         row("Models"),
         stat(
@@ -691,8 +695,9 @@ def ollama_dashboard() -> dict:
             thresholds=UP_THRESHOLDS,
         ),
         stat(
-            "OLLAMA_NUM_PARALLEL",
-            "Requests per loaded model Ollama runs at once (as given to the exporter).",
+            "OLLAMA_NUM_PARALLEL (configured)",
+            "Requests per loaded model Ollama is said to run at once, as given to the exporter: configured, not "
+            "observed (Ollama reports no such value).",
             "none",
             [target(sel(series.PROXY_NUM_PARALLEL, ollama), "{{instance}}")],
             width=6,
@@ -719,17 +724,33 @@ def ollama_dashboard() -> dict:
             "suffix: tokens",
             [target(sel(series.OLLAMA_MODEL_CONTEXT, ollama_model), "{{model}}")],
         ),
-        row("Concurrency: Ollama queues requests beyond OLLAMA_NUM_PARALLEL unseen; the proxy sees them"),
+        row("Concurrency: what the exporter's proxy observed of the requests it relayed (none sent around it)"),
         timeseries(
-            "In flight vs OLLAMA_NUM_PARALLEL",
-            "Above the dashed limit for a while: the extra requests "
-            "wait inside Ollama (raise OLLAMA_NUM_PARALLEL or send fewer).",
+            "Streaming and awaiting a first chunk (proxy)",
+            "Relayed requests whose answer is streaming (servescope_requests_running, source=proxy) and those "
+            "without a byte of it yet (servescope_requests_waiting: queued for a slot, loading the model or "
+            "evaluating the prompt; the proxy cannot tell which). No data: nothing went through the proxy. "
+            "Streaming flat at the configured OLLAMA_NUM_PARALLEL while others await theirs: the slots are full.",
             "short",
             [
-                target(sum_by(["instance"], sel(series.PROXY_IN_FLIGHT, ollama)), "in flight {{instance}}"),
-                target(sel(series.PROXY_NUM_PARALLEL, ollama), "OLLAMA_NUM_PARALLEL {{instance}}"),
+                target(sum_by(["instance"], sel(series.REQUESTS_RUNNING, ollama_proxy)), "streaming {{instance}}"),
+                target(
+                    sum_by(["instance"], sel(series.REQUESTS_WAITING, ollama_proxy)),
+                    "awaiting first chunk {{instance}}",
+                ),
+                target(sel(series.PROXY_NUM_PARALLEL, ollama), "OLLAMA_NUM_PARALLEL (configured) {{instance}}"),
             ],
-            width=12,
+            width=8,
+        ),
+        timeseries(
+            "Queue inside Ollama (its own durations)",
+            "Mean per request of total_duration - load_duration - prompt_eval_duration - eval_duration from Ollama's "
+            "final object (servescope_proxy_queue_seconds, /api/chat and /api/generate): the time Ollama held it "
+            "outside the model, waiting for one of its OLLAMA_NUM_PARALLEL slots. 50 ms or more for 2 minutes "
+            "fires OllamaRequestsQueued.",
+            "s",
+            [target(mean(series.PROXY_QUEUE_SECONDS, ollama, ["instance"]), "{{instance}}")],
+            width=8,
         ),
         timeseries(
             "Requests/s through the proxy",
@@ -741,7 +762,7 @@ def ollama_dashboard() -> dict:
                     "{{outcome}} {{instance}}",
                 )
             ],
-            width=12,
+            width=8,
         ),
         row("Speed (from each response's final object: eval_count / eval_duration, load_duration)"),
         timeseries(
@@ -774,7 +795,7 @@ def ollama_dashboard() -> dict:
         "servescope-ollama",
         "servescope · Ollama",
         "Ollama through the exporter: loaded models and their memory, time until unload, "
-        "generation speed, cold loads, in flight against OLLAMA_NUM_PARALLEL.",
+        "generation speed, cold loads, what the proxy observed in flight and Ollama's own queue time.",
         engine_variables("ollama"),
         panels,
     )

@@ -7,13 +7,15 @@
   and installed models, the model names on its page); the others share OVERFLOW_MODEL.
 - A sample value the engine cannot mean (NaN, infinite, a negative count, a ratio outside 0..1) is
   dropped and counted in servescope_engine_invalid_samples_total, never exported as if true.
-- The Ollama proxy's labels follow the same caps (exporter/observations.py).
+- The Ollama proxy's labels follow the same caps (exporter/observations.py), whatever model names
+  clients send; its running / waiting add one constant label (source="proxy") and exist only for
+  labels a relayed request made.
 
 Hence the size of /metrics, whatever clients and engines send: at most 2.5 MB per Ollama instance
 with its proxy, 250 KB per vLLM instance, 4 KB per llama.cpp instance, plus 16 KB of the
 exporter's own series and HELP text (and four short lines per watched process or container).
 tests/test_exporter_hardening.py fills every cap at once with names that escape to twice their size
-and measured 2.33 MB, 221 KB, 1.4 KB and 8.9 KB.
+and measured 2.41 MB, 221 KB, 1.4 KB and 11.1 KB.
 """
 
 from __future__ import annotations

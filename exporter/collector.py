@@ -215,11 +215,17 @@ class EndpointOff(Exception):
 HELP = {
     series.REQUESTS_RUNNING: (
         "Requests in the running batch. vLLM: vllm:num_requests_running (summed over data-parallel engines); "
-        "llama.cpp: llamacpp:requests_processing (busy slots); Ollama: min(in flight through the proxy, OLLAMA_NUM_PARALLEL)."
+        'llama.cpp: llamacpp:requests_processing (busy slots); Ollama (source="proxy", observed by the exporter\'s '
+        "proxy, which Ollama itself does not report): requests the proxy relayed whose answer has begun to stream "
+        "(first chunk relayed) and not ended, i.e. being generated. Only requests sent through the proxy count; no "
+        "series until it relayed one for the model."
     ),
     series.REQUESTS_WAITING: (
         "Requests queued, not yet scheduled. vLLM: vllm:num_requests_waiting; llama.cpp: llamacpp:requests_deferred; "
-        "Ollama: in flight through the proxy beyond OLLAMA_NUM_PARALLEL (Ollama queues them unseen)."
+        'Ollama (source="proxy"): requests the proxy relayed with no byte of their answer yet: queued for one of '
+        "Ollama's parallel slots, waiting for the model to load, or evaluating their prompt (the proxy cannot tell "
+        'which; a "stream": false request stays here until its whole answer). Only requests sent through the proxy '
+        "count; no series until it relayed one for the model."
     ),
     series.KV_CACHE_USAGE: (
         "Fraction 0..1 of the KV cache in use. vLLM: vllm:kv_cache_usage_perc, else the older vllm:gpu_cache_usage_perc "

@@ -1,4 +1,4 @@
-"""What the Ollama proxy has seen so far: requests in flight and token totals per model label, read on scrape.
+"""What the Ollama proxy has seen so far: its requests waiting and running, and token totals, per model label, read on scrape.
 
 Model names come from client requests, so the labels they become must stay bounded whatever
 clients send (exporter.bounds): a name is bounded in length, and it is a label of its own while
@@ -24,17 +24,22 @@ def normalise_model(name: object) -> str:
 
 
 class ProxyObservations:
-    """Counts shared between the proxy (event loop thread) and the collector (scrape threads).
+    """What the proxy saw of the requests it relayed, shared between the proxy (event loop thread) and the
+    collector (scrape threads).
 
-    Ollama runs OLLAMA_NUM_PARALLEL requests per loaded model and queues the rest where nobody
-    can see them; the proxy sees every request, so running = min(in flight, num_parallel) and
-    waiting = the rest, per model.
+    Each relayed generation request is, per model label, in one of two states the proxy sees for itself:
+    waiting (sent to Ollama, not one byte of its answer back yet: queued for one of Ollama's parallel
+    slots, waiting for the model to load, or evaluating its prompt; the proxy cannot tell which) and
+    running (its answer has begun to stream: Ollama is generating it). Nothing is derived from
+    OLLAMA_NUM_PARALLEL: `num_parallel` is only the configured value, exported as what it is.
     """
 
     def __init__(self, num_parallel: int = 1):
         self.num_parallel = num_parallel
         self._lock = threading.Lock()
-        self._in_flight: dict[str, int] = {}  # every label that exists: confirmed ones stay at 0
+        # Every label that exists, only ever created by a relayed request (admit): confirmed ones stay at 0.
+        self._in_flight: dict[str, int] = {}
+        self._running: dict[str, int] = {}  # of those in flight, the ones whose answer has begun
         self._confirmed: set[str] = {OVERFLOW_MODEL}  # labels whose requests succeeded at least once
         self._listed: frozenset[str] = frozenset()  # labels of the models Ollama listed at the last scrape
         self._generated: dict[str, int] = {}
@@ -61,14 +66,23 @@ class ProxyObservations:
             return label in self._confirmed or label in self._listed
 
     def started(self, label: str) -> None:
+        """A request of `label` went upstream: waiting until its answer begins."""
         with self._lock:
             self._in_flight[label] = self._in_flight.get(label, 0) + 1
 
-    def finished(self, label: str, *, ok: bool) -> str:
-        """One request of `label` is over; returns the label its outcome counts under (OVERFLOW_MODEL for a
-        name that never succeeded). The label of a name that never succeeded goes with its last request."""
+    def answering(self, label: str) -> None:
+        """The first chunk of a request's answer went to its client: it is running from now on."""
+        with self._lock:
+            self._running[label] = self._running.get(label, 0) + 1
+
+    def finished(self, label: str, *, ok: bool, answered: bool = False) -> str:
+        """One request of `label` is over (`answered`: answering() was called for it); returns the label its
+        outcome counts under (OVERFLOW_MODEL for a name that never succeeded). The label of a name that never
+        succeeded goes with its last request."""
         with self._lock:
             self._in_flight[label] -= 1
+            if answered:
+                self._running[label] -= 1
             if ok:
                 self._confirmed.add(label)
                 return label
@@ -76,6 +90,7 @@ class ProxyObservations:
                 return label
             if self._in_flight[label] == 0:
                 del self._in_flight[label]
+                self._running.pop(label, None)
             return OVERFLOW_MODEL
 
     def tokens(self, label: str, prompt: int, generated: int) -> None:
@@ -84,20 +99,22 @@ class ProxyObservations:
             self._generated[label] = self._generated.get(label, 0) + generated
 
     def snapshot(self) -> dict[str, tuple[int, int, int, int]]:
-        """label -> (running, waiting, prompt tokens, generated tokens), for every label in use."""
+        """label -> (running, waiting, prompt tokens, generated tokens), for every label a relayed request made
+        (none before the first one: nothing observed is not zero)."""
         with self._lock:
             labels = (set(self._in_flight) - {OVERFLOW_MODEL}) | {
                 label for label, count in self._in_flight.items() if count
             }
-            return {
-                label: (
-                    min(self._in_flight.get(label, 0), self.num_parallel),
-                    max(self._in_flight.get(label, 0) - self.num_parallel, 0),
+            out = {}
+            for label in labels | set(self._prompt):
+                running = self._running.get(label, 0)
+                out[label] = (
+                    running,
+                    self._in_flight.get(label, 0) - running,
                     self._prompt.get(label, 0),
                     self._generated.get(label, 0),
                 )
-                for label in labels | set(self._prompt)
-            }
+            return out
 
     def in_flight(self) -> int:
         with self._lock:

@@ -1,14 +1,15 @@
 """Collector for Ollama, which has no /metrics: /api/version, /api/ps and /api/tags on scrape, plus the proxy's counts.
 
-Exposition produced for one instance with one model loaded (running/waiting and tokens only
-when the exporter's proxy is in front of this Ollama)::
+Exposition produced for one instance with one model loaded (running/waiting and tokens only when the
+exporter's proxy is in front of this Ollama, and only once it has relayed a request for the model:
+they are the proxy's observation, labelled source="proxy", and before that nothing was observed)::
 
     servescope_engine_info{engine="ollama",instance="ollama",version="0.12.6"} 1.0
     servescope_ollama_model_size_bytes{engine="ollama",instance="ollama",model="smollm2-135m:latest"} 1.3e+08
     servescope_ollama_model_expires_in_seconds{engine="ollama",instance="ollama",model="smollm2-135m:latest"} 287.4
     servescope_ollama_installed_model_info{engine="ollama",family="llama",instance="ollama",model="smollm2-135m:latest",parameter_size="134.52M",quantization_level="Q4_1"} 1.0
-    servescope_requests_running{engine="ollama",instance="ollama",model="smollm2-135m:latest"} 1.0
-    servescope_requests_waiting{engine="ollama",instance="ollama",model="smollm2-135m:latest"} 2.0
+    servescope_requests_running{engine="ollama",instance="ollama",model="smollm2-135m:latest",source="proxy"} 1.0
+    servescope_requests_waiting{engine="ollama",instance="ollama",model="smollm2-135m:latest",source="proxy"} 2.0
 """
 
 from __future__ import annotations
@@ -58,10 +59,8 @@ class OllamaCollector(EngineCollector):
         super().__init__(name, upstream, **kwargs)
         self.observations = observations
         self.wall_clock = wall_clock
-        self._loaded_labels: list[str] = []
 
     def scrape(self, deadline: float) -> Iterator[Metric]:
-        self._loaded_labels: list[str] = []
         version = version_of(self.upstream.get_json("/api/version", deadline), "/api/version")
         loaded = self._entries(self.upstream.get_json("/api/ps", deadline), "/api/ps")
         installed = self._entries(self.upstream.get_json("/api/tags", deadline), "/api/tags")
@@ -144,8 +143,6 @@ class OllamaCollector(EngineCollector):
         yield tags
 
         if self.observations is not None:
-            # Loaded models report zero before any request has gone through the proxy.
-            self._loaded_labels = [label for label in per_model if label != OVERFLOW_MODEL]
             # Requests for a model Ollama lists count under its name even before one has succeeded.
             self.observations.listed(frozenset(models.labels.values()))
 
@@ -166,15 +163,18 @@ class OllamaCollector(EngineCollector):
         return named
 
     def always(self) -> Iterator[Metric]:
-        """The proxy's view: reported even while Ollama's API is down (in-flight requests still exist)."""
+        """The proxy's view: reported even while Ollama's API is down (in-flight requests still exist).
+
+        Running and waiting are what the proxy saw of the requests it relayed (source="proxy"), per model it
+        relayed a request for; a model nothing was relayed for has no series: not observed, which is not 0.
+        """
         if self.observations is None:
             return
         snapshot = self.observations.snapshot()
-        for model in self._loaded_labels:
-            snapshot.setdefault(model, (0, 0, 0, 0))
+        observed = [series.SOURCE]
         families = [
-            self.gauge(series.REQUESTS_RUNNING, HELP[series.REQUESTS_RUNNING], ["model"]),
-            self.gauge(series.REQUESTS_WAITING, HELP[series.REQUESTS_WAITING], ["model"]),
+            self.gauge(series.REQUESTS_RUNNING, HELP[series.REQUESTS_RUNNING], ["model", *observed]),
+            self.gauge(series.REQUESTS_WAITING, HELP[series.REQUESTS_WAITING], ["model", *observed]),
             CounterMetricFamily(
                 series.PROMPT_TOKENS, HELP[series.PROMPT_TOKENS], labels=[*series.ENGINE_LABELS, "model"]
             ),
@@ -182,20 +182,25 @@ class OllamaCollector(EngineCollector):
                 series.GENERATED_TOKENS, HELP[series.GENERATED_TOKENS], labels=[*series.ENGINE_LABELS, "model"]
             ),
         ]
+        gauges, counters = families[:2], families[2:]
         for model, values in sorted(snapshot.items()):
-            for family, value in zip(families, values, strict=True):
+            for family, value in zip(gauges, values[:2], strict=True):
+                family.add_metric(self.labels(model, series.PROXY_SOURCE), float(value))
+            for family, value in zip(counters, values[2:], strict=True):
                 family.add_metric(self.labels(model), float(value))
         yield from families
         in_flight = GaugeMetricFamily(
             series.PROXY_IN_FLIGHT,
-            "Requests inside the exporter's Ollama proxy right now (running + waiting).",
+            "Generation requests inside the exporter's Ollama proxy right now (its running + waiting, every model).",
             labels=list(series.ENGINE_LABELS),
         )
         in_flight.add_metric(self.labels(), float(self.observations.in_flight()))
         yield in_flight
         parallel = GaugeMetricFamily(
             series.PROXY_NUM_PARALLEL,
-            "OLLAMA_NUM_PARALLEL as configured for the proxy: requests Ollama runs at once per model.",
+            "OLLAMA_NUM_PARALLEL as configured for the exporter (--ollama-num-parallel): requests Ollama is said to "
+            "run at once per model. Configured, not observed: Ollama reports no such value, and running / waiting "
+            "are never derived from it.",
             labels=list(series.ENGINE_LABELS),
         )
         parallel.add_metric(self.labels(), float(self.observations.num_parallel))

@@ -6,11 +6,16 @@ closed when its client leaves) is exporter/relay.py; this module is what the pro
 through the relay's hooks.
 
 Observed on the way (POST /api/chat, /api/generate, /v1/chat/completions):
-- requests in flight per model (running/waiting come from these, see observations.py);
+- per model, requests waiting (relayed, no byte of their answer yet) and running (their answer has
+  begun to stream), as the proxy sees them (observations.py); nothing is inferred from
+  OLLAMA_NUM_PARALLEL;
 - time to the first response chunk;
 - from the final NDJSON object (`done: true`): eval_count, eval_duration, prompt_eval_count,
-  prompt_eval_duration, load_duration (nanoseconds);
+  prompt_eval_duration, load_duration (nanoseconds), and from these with total_duration the time
+  Ollama held the request outside loading, prompt evaluation and generation (its queue);
 - from the OpenAI `usage` chunk (stream_options.include_usage) or body: token counts only.
+Every response carries `Via: 1.1 servescope-ollama-proxy` (servescope.engines.PROXY_VIA), so a client
+can tell that it went through the proxy.
 The response is not parsed while it streams: the last bytes are kept and only the tail is
 parsed once the stream has ended, so observation adds no latency to any chunk.
 """
@@ -22,15 +27,16 @@ import logging
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, Summary
 
 from exporter.observations import ProxyObservations, normalise_model
 from exporter.relay import Exchange, Relay, ResponseTail
-from servescope import series
+from servescope import engines, ollama_durations, series
 
 log = logging.getLogger("exporter")
 
 NDJSON_PATHS = frozenset(("/api/chat", "/api/generate"))
+DURATIONS = ollama_durations.DURATIONS  # the whole and the parts in the model: the rest is its queue
 OPENAI_PATHS = frozenset(("/v1/chat/completions",))
 
 
@@ -67,6 +73,17 @@ class ProxyMetrics:
             buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
             registry=registry,
         )
+        # A summary (sum and count only): the mean is what the alert and the dashboard read, and 14 bucket lines
+        # per model label would cost the page's bound (exporter/bounds.py) for no reader.
+        self.queue_seconds = Summary(
+            series.PROXY_QUEUE_SECONDS,
+            "Derived per request from Ollama's own durations in its final NDJSON object: (total_duration - "
+            "load_duration - prompt_eval_duration - eval_duration) / 1e9, the time Ollama held the request outside "
+            "loading the model, evaluating the prompt and generating: waiting for one of its OLLAMA_NUM_PARALLEL "
+            "slots. /api/chat and /api/generate only (the OpenAI API reports no durations).",
+            labels,
+            registry=registry,
+        )
         self.first_chunk_seconds = Histogram(
             series.PROXY_FIRST_CHUNK_SECONDS,
             "Seconds from the request reaching the proxy to the first response chunk from Ollama (includes queueing).",
@@ -79,13 +96,22 @@ class ProxyMetrics:
 class ModelMetrics:
     """One model's labelled children of ProxyMetrics, looked up once: `labels()` takes a lock and formats every value."""
 
-    __slots__ = ("first_chunk", "tokens_per_second", "prompt_eval_seconds", "load_seconds", "_requests", "_by_outcome")
+    __slots__ = (
+        "first_chunk",
+        "tokens_per_second",
+        "prompt_eval_seconds",
+        "load_seconds",
+        "queue_seconds",
+        "_requests",
+        "_by_outcome",
+    )
 
     def __init__(self, metrics: ProxyMetrics, labels: tuple[str, str, str]):
         self.first_chunk = metrics.first_chunk_seconds.labels(*labels)
         self.tokens_per_second = metrics.tokens_per_second.labels(*labels)
         self.prompt_eval_seconds = metrics.prompt_eval_seconds.labels(*labels)
         self.load_seconds = metrics.load_seconds.labels(*labels)
+        self.queue_seconds = metrics.queue_seconds.labels(*labels)
         self._requests = (metrics.requests, labels)
         self._by_outcome: dict[str, object] = {}
 
@@ -140,6 +166,7 @@ class OllamaProxy(Relay):
     """The relay in front of one Ollama instance, observing its generation requests through the relay's hooks."""
 
     title = "ollama proxy"
+    via = f"1.1 {engines.PROXY_VIA}".encode()
 
     def __init__(
         self,
@@ -173,6 +200,8 @@ class OllamaProxy(Relay):
     def first_chunk(self, exchange: Exchange) -> None:
         if exchange.observed:
             self.begin(exchange)
+            exchange.first_observed = True
+            self.observations.answering(exchange.label)
             # Series exist only for models Ollama has answered for: a name not yet confirmed waits for its end.
             if self.observations.confirmed(exchange.label):
                 exchange.first_noted = True
@@ -185,7 +214,7 @@ class OllamaProxy(Relay):
         final = self._final(exchange) if outcome == "ok" else None
         if final is not None and "error" in final:
             outcome = "error"  # an error object in a 200 stream
-        label = self.observations.finished(exchange.label, ok=outcome == "ok")
+        label = self.observations.finished(exchange.label, ok=outcome == "ok", answered=exchange.first_observed)
         children = self._children(label)
         if exchange.first_seen and not exchange.first_noted:
             children.first_chunk.observe(exchange.first_seen - exchange.started)
@@ -223,6 +252,9 @@ class OllamaProxy(Relay):
             children.prompt_eval_seconds.observe(_count(final["prompt_eval_duration"]) / 1e9)
         if "load_duration" in final:
             children.load_seconds.observe(_count(final["load_duration"]) / 1e9)
+        held = ollama_durations.held_s({key: _count(final[key]) for key in DURATIONS if key in final})
+        if held is not None:
+            children.queue_seconds.observe(held)
 
 
 def _request_model(body: bytes) -> str:

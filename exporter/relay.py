@@ -129,6 +129,9 @@ class Relay:
     """
 
     title = "relay"  # how log lines and the relay's own error bodies name it
+    # The Via header value added to every response (RFC 9110 7.6.3: a proxy names itself in what it forwards),
+    # its own error responses included; empty: none added.
+    via = b""
 
     def __init__(self, instance: str, upstream_url: str, *, clock: Callable[[], float] = time.perf_counter):
         self.instance = instance
@@ -260,6 +263,7 @@ class Exchange:
         "head_sent",
         "first_seen",
         "first_noted",
+        "first_observed",
         "retried",
         "done",
         "begun",
@@ -292,6 +296,7 @@ class Exchange:
         self.head_sent = False
         self.first_seen = 0.0  # clock() when the first response chunk went by
         self.first_noted = False  # the observer has recorded first_seen
+        self.first_observed = False  # the observer's first_chunk hook has run for it
         self.retried = False
         self.done = False
         self.begun = False  # counted in flight (Relay.begin has run)
@@ -589,9 +594,17 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         body = json.dumps({"error": message}).encode()
+        via = self.relay.via
         self.transport.write(
-            b"HTTP/1.1 %d %s\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n%s\r\n%s"
-            % (status, HTTPStatus(status).phrase.encode(), len(body), b"Connection: close\r\n" if close else b"", body)
+            b"HTTP/1.1 %d %s\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n%s%s\r\n%s"
+            % (
+                status,
+                HTTPStatus(status).phrase.encode(),
+                len(body),
+                b"Via: " + via + b"\r\n" if via else b"",
+                b"Connection: close\r\n" if close else b"",
+                body,
+            )
         )
         if close:
             self._close()
@@ -699,6 +712,9 @@ class UpstreamConnection(asyncio.Protocol):
         forward, hop = _split_headers(self.headers)
         for name, value in forward:
             head += (name, b": ", value, b"\r\n")
+        via = self.client.relay.via
+        if via:
+            head += (b"Via: ", via, b"\r\n")  # after the upstream's own Via lines: the list in hop order
         length = hop[b"content-length"][-1] if b"content-length" in hop else None
         chunked_upstream = b"transfer-encoding" in hop
         if exchange.method == b"HEAD":

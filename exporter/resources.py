@@ -31,7 +31,7 @@ from servescope.process_memory import process_memory
 
 log = logging.getLogger("exporter")
 
-LABELS = (*series.ENGINE_LABELS, "source")
+LABELS = (*series.ENGINE_LABELS, series.SOURCE)
 # cgroup v1 writes "no limit" as the largest page-aligned 63-bit number; anything this big is no limit.
 UNLIMITED_BYTES = 1 << 62
 # A plain pid file written before its process started is not that process's (the pid was reused).

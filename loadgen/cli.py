@@ -28,7 +28,7 @@ from loadgen.manifest import build as build_manifest
 from loadgen.recorder import Recorder
 from loadgen.scenarios import BurstPhase, LoadRun, SequentialPhase, spawn_rate_for
 from loadgen.summary import print_summary
-from loadgen.targets import chosen_url_line, default_url, probe
+from loadgen.targets import chosen_url_line, default_url, probe, route_line
 from servescope import knobs, slo
 from servescope.runfolder import RunFolder
 from servescope.sampler import Sampler
@@ -139,6 +139,9 @@ def run_headless(args: argparse.Namespace) -> int:
             f"engine {target.instance} at {redact(target.url)}: version {version}, "
             f"model {target.model or '?'}{redact(problems)}"
         )
+        if not target.url_from and route_line(target):
+            # A URL given: say whether it is the stack's proxy (a chosen one's line said so already), --quiet or not.
+            print(f"loadgen: {route_line(target)}", flush=True)
         if prompt_set.sized_by_engine and not target.info.get("probe_errors"):
             settings = next(p.settings for p in phases if p.settings.target is target)
             line = trials.measure_template(

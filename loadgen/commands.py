@@ -77,7 +77,8 @@ class Plan:
 
 
 def prepare(args: argparse.Namespace) -> Plan:
-    """Everything that can be wrong with the input, found before a folder, a socket or a probe exists."""
+    """Everything that can be wrong with the input, found before a folder, a socket or a probe exists (but one: an
+    `--engine ollama` without a URL asks the stack's proxy port whether servescope's proxy answers there)."""
     if not args.engine:
         raise UsageError("give at least one --engine NAME=URL (e.g. --engine vllm=http://127.0.0.1:8009)")
     if args.http_client not in llm.TRANSPORTS:

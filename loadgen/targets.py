@@ -57,7 +57,7 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
         raise TargetError(f"--engine {redact(spec)!r}: {exc}") from None
     url_from = None
     if not sep:
-        url, url_from = default_url(kind.name), default_url_source(kind.name)
+        url, url_from = _default(kind.name)  # Ollama: asks the stack's proxy port whether it is the proxy
     url = url.strip().rstrip("/")
     try:
         parts = parse_http_url(url)
@@ -81,24 +81,127 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
 
 
 def default_url(kind_name: str) -> str:
-    """Where an engine of this kind is when no URL is given: its *_URL knob, else its default port on 127.0.0.1."""
-    kind = engines.kind(kind_name)
-    return knobs.get(kind.url_env, "") or kind.default_url()
+    """Where an engine of this kind is when no URL is given: the stack's proxy in front of it when one answers as
+    servescope's and relays that engine (Ollama: the only place its requests can be observed), else its *_URL
+    knob, else its default port on 127.0.0.1."""
+    return _default(kind_name)[0]
 
 
 def default_url_source(kind_name: str) -> str:
-    """The knob default_url() read: the kind's *_URL when set, else its *_PORT."""
+    """The knob default_url() read: the kind's proxy port, its *_URL when set, else its *_PORT."""
+    return _default(kind_name)[1]
+
+
+def _default(kind_name: str) -> tuple[str, str]:
     kind = engines.kind(kind_name)
-    return kind.url_env if knobs.get(kind.url_env, "") else kind.port_env
+    configured = knobs.get(kind.url_env, "")
+    if kind.proxy_port_env:
+        proxy, upstream = stack_proxy(kind)
+        # The proxy relays one Ollama: the stack's. A *_URL naming another one is honoured as given.
+        relays_it = not configured or (upstream is not None and hostnoise.same_endpoint(upstream, configured))
+        if relays_it and answers_as_proxy(proxy):
+            return proxy, kind.proxy_port_env
+    if configured:
+        return configured, kind.url_env
+    return kind.default_url(), kind.port_env
+
+
+# A proxy on this host answers in milliseconds or refuses at once; a port that hangs must not hold the run up.
+PROXY_PROBE_TIMEOUT_S = 2.0
+
+
+def answers_as_proxy(url: str, timeout: float = PROXY_PROBE_TIMEOUT_S) -> bool:
+    """Whether servescope's Ollama proxy answers at `url`: it names itself in the Via header of every response
+    (servescope.engines.PROXY_VIA, RFC 9110 7.6.3); Ollama itself, or anything else on that port, does not."""
+    parts = urlsplit(url)
+    try:
+        with requests.get(f"{parts.scheme}://{parts.netloc}/api/version", timeout=timeout, stream=True) as resp:
+            via = resp.headers.get("Via", "")
+    except (requests.RequestException, ValueError):
+        return False
+    return any(hop.split()[1:2] == [engines.PROXY_VIA] for hop in via.split(","))
+
+
+def stack_proxy(
+    kind: engines.EngineKind, records: dict[str, pidrecords.LiveRecord] | None = None
+) -> tuple[str, str | None]:
+    """(where the stack's proxy for `kind` listens, the engine URL it relays to when known): the native exporter's
+    --listen-address, --proxy-port and --ollama-url from its pid record while it runs, else the kind's proxy-port
+    knob on 127.0.0.1 (Compose publishes it there) with its upstream unknown."""
+    records = pidrecords.live() if records is None else records
+    exporter = records.get("exporter")
+    argv = _options(exporter.cmdline) if exporter is not None else {}
+    port = argv.get("--proxy-port") or knobs.get(kind.proxy_port_env)
+    host = argv.get("--listen-address", "127.0.0.1")
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"  # listening everywhere: reach it on loopback
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}", argv.get(f"--{kind.name}-url")
+
+
+def _options(cmdline: tuple[str, ...]) -> dict[str, str]:
+    """--flag value and --flag=value pairs of a command line."""
+    out: dict[str, str] = {}
+    for i, arg in enumerate(cmdline):
+        flag, eq, value = arg.partition("=")
+        if eq and flag.startswith("--"):
+            out[flag] = value
+        elif arg.startswith("--") and i + 1 < len(cmdline):
+            out[arg] = cmdline[i + 1]
+    return out
+
+
+def route_text(kind_name: str, url: str, via_proxy: bool) -> str:
+    """What going to `url` means for the gauges of an engine the stack proxies (Ollama): one clause; "" for the
+    other kinds, whose gauges come from the engine itself."""
+    kind = engines.kind(kind_name)
+    if not kind.proxy_port_env:
+        return ""
+    if via_proxy:
+        return (
+            f"through servescope's {kind.title} proxy: {kind.title}'s running/waiting gauges (source=\"proxy\") are "
+            f"what the proxy observes of this load"
+        )
+    proxy, _ = stack_proxy(kind)
+    elsewhere = (
+        f"servescope's proxy answers at {redact(proxy)}: give that URL to go through it"
+        if answers_as_proxy(proxy)
+        else f"no servescope proxy answers at {redact(proxy)}"
+    )
+    return (
+        f"to {kind.title} directly ({elsewhere}): the exporter sees none of this load, so {kind.title}'s "
+        f"running/waiting gauges are not observed for it"
+    )
 
 
 def chosen_url_line(kind_name: str, url: str) -> str:
-    """What to tell the user when an engine URL was not given: which one is used, and which knob chose it."""
+    """What to tell the user when an engine URL was not given: which one is used, which knob chose it, and (an
+    engine the stack proxies) whether the load goes through the proxy and what that means for its gauges."""
     kind = engines.kind(kind_name)
-    url = redact(url)
-    if default_url_source(kind_name) == kind.url_env:
-        return f"{kind_name}: no engine URL given, using {url} (from {kind.url_env})"
-    return f"{kind_name}: no engine URL given, using {url} ({kind.port_env} on 127.0.0.1; {kind.url_env} is not set)"
+    shown = redact(url)
+    configured = knobs.get(kind.url_env, "")
+    if kind.proxy_port_env and url == stack_proxy(kind)[0] and url != configured:
+        # default_url() chose the proxy because it answered as servescope's
+        return (
+            f"{kind_name}: no engine URL given, using {shown} ({kind.proxy_port_env}: the stack's proxy), "
+            + route_text(kind_name, url, True)
+        )
+    if configured:
+        line = f"{kind_name}: no engine URL given, using {shown} (from {kind.url_env})"
+    else:
+        line = (
+            f"{kind_name}: no engine URL given, using {shown} ({kind.port_env} on 127.0.0.1; {kind.url_env} is not set)"
+        )
+    route = route_text(kind_name, url, answers_as_proxy(url)) if kind.proxy_port_env else ""
+    return f"{line}, {route}" if route else line
+
+
+def route_line(target: Target) -> str:
+    """The one line saying whether a given URL of an engine the stack proxies is the proxy; "" for other kinds."""
+    route = target.info.get("route")
+    if route is None:
+        return ""
+    return f"{target.instance}: {redact(target.url)} goes " + route_text(target.kind, target.url, route == "proxy")
 
 
 # A flag whose value is a credential: kept out of the manifest.
@@ -143,6 +246,9 @@ def probe(target: Target, model_override: str | None = None, session: requests.S
         info["flags"] = launch
     if identity.errors:
         info["probe_errors"] = [f"{path}: {reason}" for path, reason in identity.errors.items()]
+    if engines.kind(target.kind).proxy_port_env:
+        # Whether the stack's proxy saw this load: the report's verdict weighs its gauges only then.
+        info["route"] = "proxy" if answers_as_proxy(target.root_url) else "direct"
     target.info = info
     if model_override:
         target.model = model_override

@@ -33,6 +33,9 @@ class EngineInfo:
     ignore_eos: bool | None = None  # False also when the engine cannot honour it ("unavailable")
     flags: dict[str, Any] = field(default_factory=dict)  # recorded in the run: flags, then the engine's settings
     knob_flags: dict[str, Any] = field(default_factory=dict)  # this checkout's knobs, used only when not recorded
+    # An engine the stack proxies (Ollama): "proxy" when the run's requests went through servescope's proxy, "direct"
+    # when not (its running/waiting then observed none of them), "" when the run did not record it.
+    route: str = ""
 
     @property
     def title(self) -> str:
@@ -241,6 +244,7 @@ def _engines(manifest: dict[str, Any], con, phases: list[PhaseRecord], warnings:
             ),
             ignore_eos=eos if isinstance(eos, bool) else (False if eos == "unavailable" else None),
             flags=flags,
+            route=entry.get("route") if entry.get("route") in ("proxy", "direct") else "",
         )
     # Instances the records name but the manifest does not: phases first, then requests, as they appear.
     seen = [(p.instance, p.engine, "", p.started_at) for p in phases] + con.execute(

@@ -631,6 +631,23 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
                 "Samples inside each load phase (the run's own samples)",
             )
         )
+    proxied = [
+        f"{info.title}: running and waiting are what the exporter's proxy observed of the requests it relayed "
+        f'(source="proxy"): running = answers streaming, waiting = requests without their first chunk yet (queued '
+        f"for a slot, loading the model or evaluating the prompt alike); Ollama reports neither, and its verdict does "
+        f"not rest on them alone"
+        if info.route != "direct" and report.engines.get(instance) and report.engines[instance].series
+        else f"{info.title}: running and waiting not observed: "
+        + (
+            "this run went to Ollama directly, not through the exporter's proxy (what it counted is other traffic)"
+            if info.route == "direct"
+            else "no request of this run went through the exporter's proxy, or nothing read it"
+        )
+        for instance, info in run.engines.items()
+        if info.kind == "ollama"
+    ]
+    if proxied:
+        sec.add(Bullets(proxied))
     scraped = [
         f"{run.engines[i].title}: Prometheus' scrapes saw peak running {_num(eg.prometheus_peaks.get(series.REQUESTS_RUNNING))}, "
         f"waiting {_num(eg.prometheus_peaks.get(series.REQUESTS_WAITING))} over the same run"

@@ -6,6 +6,13 @@ from). The clients say it too: in a burst, first tokens that came one after anot
 only once an earlier request had finished (sweep.queueing). The engine's timings give a queue
 share of TTFT (report/ttft_split.py). When these disagree the verdict says so and why, and it
 never reports that nothing waited while the clients saw requests served one after another.
+
+Ollama reports no queue of its own. Its running / waiting are what the exporter's proxy observed of
+the requests it relayed (source="proxy": waiting counts a request until the first chunk of its
+answer, queued, loading or evaluating its prompt alike), so they never decide alone: its verdict
+rests on Ollama's own durations in each final object (the time it held a request outside load,
+prompt evaluation and generation), then on TTFT by arrival order in the bursts, and says so when it
+has nothing else.
 """
 
 from __future__ import annotations
@@ -26,10 +33,13 @@ RULE = (
     f"Seed section 4, read from the gauges while requests waited: KV usage that stayed below {KV_ROOM:.0%} -> the "
     f"batch slots were the limit (vLLM: raise --max-num-seqs); KV usage averaging {KV_FULL:.0%} or more -> the KV "
     f"pool was the limit (raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len; never --swap-space, which adds no "
-    f"blocks on the CPU backend); in between, neither is claimed; llama.cpp / Ollama waiting -> raise "
-    f"LLAMACPP_PARALLEL / OLLAMA_NUM_PARALLEL. The clients' TTFT by arrival order and the engine's own queue "
-    f"timings are weighed with the gauges: a queue any of them saw is a queue (the thresholds are the alert "
-    f"rules' too: servescope/thresholds.py)."
+    f"blocks on the CPU backend); in between, neither is claimed; llama.cpp waiting -> raise LLAMACPP_PARALLEL. "
+    f"The clients' TTFT by arrival order and the engine's own queue timings are weighed with the gauges: a queue "
+    f"any of them saw is a queue (the thresholds are the alert rules' too: servescope/thresholds.py). Ollama has "
+    f"no queue gauge: the proxy's running/waiting (waiting = no first chunk yet: queued, loading or evaluating the "
+    f"prompt) never decide alone; Ollama's own durations do (a request held {thresholds.TTFT_QUEUED_MIN_S * 1000:g} "
+    f"ms or more outside load, prompt evaluation and generation waited: raise OLLAMA_NUM_PARALLEL), else the "
+    f"bursts' TTFT by arrival (a first token only after another request had finished), else undetermined."
 )
 
 RUNNING, WAITING, KV_USAGE = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE
@@ -140,6 +150,8 @@ def decide(
 ) -> Verdict:
     """The verdict for one engine: its gauges (peaks, KV usage while waiting, coverage), weighed with the queue evidence."""
     queue = queue or QueueEvidence()
+    if info.kind == "ollama":
+        return decide_ollama(info, peaks, gauges=gauges, queue=queue)
     running, waiting, kv_peak = peaks.get(RUNNING), peaks.get(WAITING), peaks.get(KV_USAGE)
     v = Verdict(
         info.instance, info.kind, False, None, "", peak_running=running, peak_waiting=waiting, peak_kv_usage=kv_peak
@@ -254,9 +266,6 @@ def _lever(
         v.text = _llamacpp_text(info)
         if pool == "full":
             v.text += f" (the slots' context was {kv_mean:.0%} full while they waited)"
-    elif info.kind == "ollama":
-        v.lever = "ollama_num_parallel"
-        v.text = _ollama_text(info)
     else:
         v.lever = "unknown"
         v.text = f"requests waited; no rule for engine kind {info.kind!r}"
@@ -274,17 +283,150 @@ def _llamacpp_text(info: EngineInfo) -> str:
     )
 
 
-def _ollama_text(info: EngineInfo) -> str:
+def decide_ollama(
+    info: EngineInfo,
+    peaks: dict[str, float | None],
+    *,
+    gauges: EngineGauges | None = None,
+    queue: QueueEvidence | None = None,
+    unobserved: str = "",
+) -> Verdict:
+    """Ollama's verdict: its own durations first, then the bursts' TTFT by arrival; the proxy's running / waiting are
+    evidence beside them, never alone (a request waits there until its first chunk, queued or evaluating its prompt).
+
+    `unobserved`: why there are no gauges at all (the report's reason), for the line that says nothing was observed.
+    """
+    queue = queue or QueueEvidence()
+    if info.route == "direct":
+        # The proxy saw none of this run's requests: whatever it counted was other traffic.
+        peaks, gauges = {}, None
+    running, waiting = peaks.get(RUNNING), peaks.get(WAITING)
+    v = Verdict(info.instance, info.kind, False, None, "", peak_running=running, peak_waiting=waiting)
+    split = queue.split if queue.split is not None and queue.split.available and queue.split.count else None
+    least = f"{thresholds.TTFT_QUEUED_MIN_S * 1000:g} ms"
     _, par = _setting(info, "OLLAMA_NUM_PARALLEL", "num_parallel", "num-parallel")
-    return f"raise OLLAMA_NUM_PARALLEL{par}: requests waited for the loaded model"
+    why = ""  # why the proxy observed nothing of this run
+    if waiting is not None:
+        where = f", {_source(gauges)}" if gauges is not None else ""
+        proxy = (
+            f"proxy (source=proxy{where}): answers streaming at once at most {_num(running)}, relayed requests "
+            f"without their first chunk (queued, loading or evaluating the prompt) at most {_num(waiting)}"
+        )
+    else:
+        why = (
+            "this run went to Ollama directly, not through the exporter's proxy"
+            if info.route == "direct"
+            else unobserved
+            or "no running/waiting samples for this engine: no request of this run went through the exporter's "
+            "proxy, or nothing read it"
+        )
+        proxy = f"proxy: not observed ({why})"
+    durations = ""
+    if split is not None:
+        means = split.means_s
+        share = f", queue {split.queue_share:.0%} of the mean TTFT" if split.queue_share is not None else ""
+        durations = (
+            f"Ollama's own durations ({split.count} requests): {split.queued} held {least} or more outside load, "
+            f"prompt evaluation and generation{share}; mean queue {means.get('queue', 0.0):.3f} s, load "
+            f"{means.get('load', 0.0):.3f} s, prompt {means.get('prompt', 0.0):.3f} s of a mean TTFT "
+            f"{_num3(split.ttft_mean_s)} s"
+        )
+    clients = QueueEvidence(queue.bursts).text()
+    v.evidence = "; ".join(x for x in (durations, clients, proxy) if x)
+    streamed = f"; answers streaming at once through the proxy: at most {_num(running)}" if running else ""
+
+    if split is not None:
+        v.computable = True
+        if split.queued:
+            v.lever = "ollama_num_parallel"
+            share = f" ({split.queue_share:.0%} of the mean TTFT)" if split.queue_share is not None else ""
+            v.text = (
+                f"raise OLLAMA_NUM_PARALLEL{par}: Ollama's own durations say requests waited for a slot: "
+                f"{split.queued} of {split.count} spent {least} or more inside Ollama outside load, prompt "
+                f"evaluation and generation, {split.means_s.get('queue', 0.0):.3f} s on average{share}{streamed}"
+            )
+            if queue.bursts and not queue.client_queued:
+                v.disagreement = (
+                    "Ollama's durations saw requests wait, but every first token of this run's bursts came on time: "
+                    "the waits were in its other phases"
+                )
+            elif waiting == 0:
+                v.disagreement = (
+                    "the engine's timings saw requests wait (Ollama's own durations), the proxy's reads never saw a "
+                    "relayed request without its first chunk: the waits fell between its reads"
+                )
+            return v
+        v.lever = "none"
+        if queue.client_queued:
+            load, prompt = split.means_s.get("load", 0.0), split.means_s.get("prompt", 0.0)
+            went = (
+                f"loading the model (mean load_duration {load:.3f} s: a cold start; OLLAMA_KEEP_ALIVE keeps it loaded)"
+                if load >= prompt
+                else f"evaluating the prompts (mean prompt_eval_duration {prompt:.3f} s)"
+            )
+            v.text = (
+                f"no OLLAMA_NUM_PARALLEL lever: first tokens came late in the bursts, but Ollama's own durations show "
+                f"no request waiting inside it (each under {least} outside load, prompt evaluation and generation): "
+                f"the time went to {went}"
+            )
+            v.disagreement = (
+                "the clients saw first tokens late, Ollama's durations no queue: the wait was inside the model, "
+                "not for a slot"
+            )
+            return v
+        v.text = (
+            f"no lever needed: Ollama's own durations show no request waiting inside it ({split.count} requests, "
+            f"each under {least} outside load, prompt evaluation and generation)"
+        )
+        return v
+
+    nothing_else = "the records carry no Ollama durations"
+    if queue.served_after:
+        v.computable, v.lever = True, "ollama_num_parallel"
+        v.text = (
+            f"raise OLLAMA_NUM_PARALLEL{par}: in the bursts, {queue.served_after} first tokens came only after "
+            f"another request had finished (the clients' TTFT by arrival), which is a wait for a slot; "
+            f"{nothing_else} to confirm it{streamed}"
+        )
+    elif queue.client_queued:
+        v.computable, v.lever = True, "undetermined"
+        v.text = (
+            "undetermined: first tokens came one after another in the bursts, which is a queue for a slot or prompts "
+            f"evaluated one at a time; {nothing_else}, so they cannot be told apart"
+        )
+    elif queue.bursts:
+        v.computable, v.lever = True, "none"
+        v.text = f"no lever needed: every first token of this run's bursts came on time; {nothing_else}"
+    elif waiting:
+        v.computable, v.lever = True, "undetermined"
+        v.text = (
+            f"undetermined: the only evidence is the proxy's count of relayed requests without their first chunk "
+            f"(up to {_num(waiting)}), which counts queueing, model loading and prompt evaluation alike; this run has "
+            f"no Ollama durations and no burst to tell them apart"
+        )
+    elif waiting is not None:
+        v.computable, v.lever = True, "none"
+        v.text = (
+            "no lever needed: the proxy saw no relayed request without its first chunk at any read (a wait shorter "
+            "than the interval between reads can be missed); nothing else in this run (no Ollama durations, no "
+            "burst) says more"
+        )
+    else:
+        v.text = (
+            f"no verdict: Ollama's running/waiting were not observed ({why}), and nothing else in this run tells "
+            f"whether requests waited: {nothing_else}, and there is no burst"
+        )
+    return v
+
+
+def _num3(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _lever_from_queue(v: Verdict, info: EngineInfo, queue: QueueEvidence, kv: KvArithmetic | None) -> None:
     """Requests waited by the clients' or the engine's account, not the gauges': the lever from the flags and section 3."""
     if info.kind == "llamacpp":
         v.lever, v.text = "llamacpp_parallel", _llamacpp_text(info)
-    elif info.kind == "ollama":
-        v.lever, v.text = "ollama_num_parallel", _ollama_text(info)
     elif info.kind == "vllm":
         seqs, now = _setting(info, "max-num-seqs", "VLLM_MAX_NUM_SEQS", "max_num_seqs")
         size = max((b.burst_size for b in queue.bursts), default=None)
@@ -341,7 +483,7 @@ def _why_gauges_missed(gauges: EngineGauges | None, waiting: float | None, queue
         return f"gauges under-sampled: {taken} samples during a {burst.wall_s:.1f} s burst ({_source(gauges)})"
     return (
         f"the waiting gauge stayed 0 across {taken} samples during {burst.phase}: the queue is not where the engine "
-        f"counts it (Ollama queues unseen unless the exporter's proxy carries the requests)"
+        f"counts it"
     )
 
 
@@ -364,6 +506,19 @@ def build(
     for instance, info in run.engines.items():
         queue = QueueEvidence([d for d in drains if d.instance == instance], splits_by.get(instance))
         eg = gauges.engines.get(instance) if gauges.available else None
+        if info.kind == "ollama":
+            # Not the gauges first: Ollama's own durations and the bursts decide, the proxy's gauges stand beside them.
+            sampled = eg is not None and bool(eg.series)
+            out.append(
+                decide_ollama(
+                    info,
+                    eg.peaks if sampled else {},
+                    gauges=eg if sampled else None,
+                    queue=queue,
+                    unobserved=gauges.reason if not gauges.available else "",
+                )
+            )
+            continue
         if eg is None and not queue.saw_queue:
             why = gauges.reason if not gauges.available else "no gauge series for this engine"
             out.append(

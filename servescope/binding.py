@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from servescope import series, slo, thresholds
+from servescope import ollama_durations, series, slo, thresholds
 from servescope.runfolder import RequestRecord, SampleRecord
 from servescope.sampler import ENGINE_UNREAD
 
@@ -47,6 +47,9 @@ NOT_CAPACITY = (ENGINE_FAULT, CLIENT, UNDECIDED, "unknown")
 # Engines whose queue is only ever for a slot: llama.cpp splits its context over the slots up front (a request
 # never waits for KV), Ollama runs OLLAMA_NUM_PARALLEL per model. vLLM's queue may be either.
 QUEUE_MEANS_SLOTS = frozenset({"llamacpp", "ollama"})
+# Engines whose own per-request durations say how long a request waited, where their gauges cannot (Ollama: the
+# proxy's waiting count holds model loads and prompt evaluation too).
+HELD_BY_DURATIONS = frozenset({"ollama"})
 # What a request that found no engine ends with (loadgen.client.ErrorKind values).
 FAULT_KINDS = frozenset({"connection_refused", "timeout", "stream_cut"})
 
@@ -239,6 +242,8 @@ def _floor(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -
 
 
 def _queue(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -> bool:
+    if engine in HELD_BY_DURATIONS:
+        return _held(b, failing)
     waited = b.waiting_share is not None and b.waiting_share >= thresholds.BINDING_WAITING_SHARE
     preempted = b.preemptions is not None and b.preemptions > 0
     if not (waited or preempted):
@@ -271,6 +276,28 @@ def _queue(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -
             f"{thresholds.KV_FULL:.0%} (mean {b.kv_mean_while_waiting:.0%}, highest {b.kv_max_while_waiting:.0%}): "
             f"neither slots nor KV is claimed"
         )
+    return True
+
+
+def _held(b: Binding, failing: Level) -> bool:
+    """Ollama: its proxy's waiting count holds prompt evaluation and model loads too, so the queue is read from its
+    own durations: a request it held outside the model for TTFT_QUEUED_MIN_S or more waited for a slot."""
+    held = [
+        h
+        for h in (ollama_durations.held_s(r.engine_stats or {}, "_ns") for r in failing.records if r.ok)
+        if h is not None
+    ]
+    if not held:
+        return False  # no durations (the OpenAI API carries none): compute's evidence, else undecided
+    waited = [h for h in held if h >= thresholds.TTFT_QUEUED_MIN_S]
+    if len(waited) / len(held) < thresholds.BINDING_WAITING_SHARE:
+        return False
+    b.resource = BATCH_SLOTS
+    b.evidence = (
+        f"Ollama held {len(waited)} of {len(held)} requests outside the model for "
+        f"{thresholds.TTFT_QUEUED_MIN_S * 1000:g} ms or more (its own durations; longest {max(held):.2f} s): they "
+        f"waited for one of OLLAMA_NUM_PARALLEL's slots"
+    )
     return True
 
 

@@ -19,6 +19,9 @@ class EngineKind:
     chat_path: str  # where chat requests go
     accepts_ignore_eos: bool  # whether the engine honours `ignore_eos` in a request
     api_key_env: str | None  # the knob holding the key of an engine started with --api-key; None: it has no such flag
+    # The knob of the port where the stack's exporter relays this engine's requests (Ollama: its proxy, the only
+    # place its requests in flight can be seen); None: load goes to the engine itself.
+    proxy_port_env: str | None = None
 
     @property
     def default_port(self) -> int:
@@ -64,7 +67,11 @@ OLLAMA = EngineKind(
     chat_path="/api/chat",
     accepts_ignore_eos=False,
     api_key_env=None,
+    proxy_port_env="OLLAMA_PROXY_PORT",
 )
+# How servescope's Ollama proxy names itself in the Via header of every response it relays (RFC 9110 7.6.3):
+# the load generator reads it to tell the proxy from an Ollama answering on the proxy's port.
+PROXY_VIA = "servescope-ollama-proxy"
 
 ENGINES: dict[str, EngineKind] = {kind.name: kind for kind in (VLLM, LLAMACPP, OLLAMA)}
 

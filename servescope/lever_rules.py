@@ -96,23 +96,35 @@ def llamacpp_levers() -> dict:
 
 
 def ollama_levers() -> dict:
-    """Ollama queues beyond OLLAMA_NUM_PARALLEL where no metric shows it; the exporter's proxy sees them in flight."""
+    """Ollama reports no queue; its own durations do: the time it held a request outside the model is a wait for a slot.
+
+    Read from what the exporter's proxy saw (servescope_proxy_queue_seconds: total_duration - load_duration -
+    prompt_eval_duration - eval_duration of each request it relayed), the same rule as the report's TTFT split
+    and its threshold; never from requests in flight against OLLAMA_NUM_PARALLEL, which would be the knob's own
+    assumption read back as a measurement.
+    """
+    queue = series.PROXY_QUEUE_SECONDS
+    least = thresholds.TTFT_QUEUED_MIN_S
     return {
         "groups": [
             {
                 "name": "ollama-concurrency",
                 "rules": [
                     _alert(
-                        "OllamaInFlightAboveNumParallel",
-                        f"min_over_time({series.PROXY_IN_FLIGHT}[{W}])\n> on (engine, instance) group_left\n"
-                        f"max_over_time({series.PROXY_NUM_PARALLEL}[{W}])",
+                        "OllamaRequestsQueued",
+                        f"sum by (engine, instance) (rate({queue}_sum[{W}]))\n"
+                        f"/ (sum by (engine, instance) (rate({queue}_count[{W}])) > 0)\n"
+                        f">= {least:g}",
                         "ollama-num-parallel",
-                        "Ollama {{ $labels.instance }}: more requests in flight than OLLAMA_NUM_PARALLEL: "
-                        "the rest queue unseen",
-                        f"""For over {LASTED} at least {{{{ $value }}}} requests have been in flight through the proxy
-                        to Ollama {{{{ $labels.instance }}}}, more than its OLLAMA_NUM_PARALLEL; the extra ones wait
-                        inside Ollama and their time shows up as TTFT. Raise OLLAMA_NUM_PARALLEL in .env (each parallel
-                        slot multiplies the context memory of the loaded model) or send fewer concurrent requests.""",
+                        "Ollama {{ $labels.instance }}: requests wait inside Ollama for a parallel slot: "
+                        "raise OLLAMA_NUM_PARALLEL",
+                        f"""For over {LASTED} the requests relayed to Ollama {{{{ $labels.instance }}}} through the
+                        exporter's proxy spent on average {{{{ $value | humanizeDuration }}}} inside Ollama outside
+                        loading the model, evaluating the prompt and generating (its own total_duration minus
+                        load_duration, prompt_eval_duration and eval_duration; {least * 1000:g} ms or more counts as a
+                        wait): they queued for one of its OLLAMA_NUM_PARALLEL slots, and the wait is part of their
+                        TTFT. Raise OLLAMA_NUM_PARALLEL in .env (each parallel slot multiplies the context memory of
+                        the loaded model) or send fewer concurrent requests.""",
                     )
                 ],
             }

@@ -8,10 +8,16 @@ PREFIX = "servescope"
 
 ENGINE_LABELS = ("engine", "instance")
 MODEL_LABELS = ("engine", "instance", "model")
+# Where a number came from, when not from the engine's own page: "process" / "container" (resource budget),
+# "proxy" (Ollama's running / waiting, as the exporter's proxy observed the requests it relayed).
+SOURCE = "source"
+PROXY_SOURCE = "proxy"
 
 # --- one set of gauges for every engine (exporter) ---
 ENGINE_UP = f"{PREFIX}_engine_up"  # 1 when the last scrape of the engine succeeded
 SCRAPE_DURATION = f"{PREFIX}_scrape_duration_seconds"  # per instance, this scrape
+# Ollama reports neither: the exporter's proxy exports what it observed of the requests it relayed, labelled
+# SOURCE="proxy" (running: their answer has begun; waiting: no byte of it yet), and nothing when it relayed none.
 REQUESTS_RUNNING = f"{PREFIX}_requests_running"  # sequences in the running batch
 REQUESTS_WAITING = f"{PREFIX}_requests_waiting"  # queued, not yet scheduled
 KV_CACHE_USAGE = f"{PREFIX}_kv_cache_usage_ratio"  # 0..1 of the paged KV pool in use
@@ -41,12 +47,14 @@ OLLAMA_MODEL_INFO = f"{PREFIX}_ollama_installed_model_info"
 
 # --- Ollama proxy (what passes through it) ---
 PROXY_IN_FLIGHT = f"{PREFIX}_proxy_requests_in_flight"
-PROXY_NUM_PARALLEL = f"{PREFIX}_proxy_num_parallel"  # the configured OLLAMA_NUM_PARALLEL
+PROXY_NUM_PARALLEL = f"{PREFIX}_proxy_num_parallel"  # OLLAMA_NUM_PARALLEL as configured (Ollama reports none)
 PROXY_REQUESTS = f"{PREFIX}_proxy_requests_total"  # by outcome
 PROXY_GEN_TOKENS_PER_SECOND = f"{PREFIX}_proxy_generation_tokens_per_second"  # histogram
 PROXY_PROMPT_EVAL_SECONDS = f"{PREFIX}_proxy_prompt_eval_seconds"  # histogram
 PROXY_LOAD_SECONDS = f"{PREFIX}_proxy_load_seconds"  # histogram (cold loads show here)
 PROXY_FIRST_CHUNK_SECONDS = f"{PREFIX}_proxy_first_chunk_seconds"  # histogram
+# summary (sum, count), derived from Ollama's durations: total - load - prompt eval - eval, its queue
+PROXY_QUEUE_SECONDS = f"{PREFIX}_proxy_queue_seconds"
 
 # --- resource budget (process table or docker stats) ---
 ENGINE_CPU_SECONDS = f"{PREFIX}_engine_cpu_seconds_total"

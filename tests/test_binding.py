@@ -186,3 +186,22 @@ def test_an_engine_the_exporter_could_not_read_for_seconds_is_a_fault():
 def test_every_branch_is_a_resource_the_module_names():
     assert {binding.BATCH_SLOTS, binding.KV_CAPACITY, binding.COMPUTE, binding.CLIENT} <= set(binding.RESOURCES)
     assert {binding.SLO_FLOOR, binding.ENGINE_FAULT, binding.UNDECIDED} <= set(binding.RESOURCES)
+
+
+def test_ollama_waits_are_read_from_its_own_durations_not_the_proxys_count():
+    """The proxy's waiting count holds prompt evaluation and model loads too: Ollama's slot queue is what its
+    durations say it held a request outside the model."""
+
+    def held(i, queue_s):
+        r = record(i, ttft=1.5)
+        ns = {"total_duration_ns": int((1.0 + queue_s) * 1e9), "load_duration_ns": int(0.1e9)}
+        r.engine_stats = {**ns, "prompt_eval_duration_ns": int(0.3e9), "eval_duration_ns": int(0.6e9)}
+        return r
+
+    queued = [held(i, 0.4) for i in range(10)]
+    busy_proxy = [sample(i, running=1, waiting=3) for i in range(30)]  # the proxy saw requests without output
+    b = classify(level(4, queued, busy_proxy), BELOW, engine="ollama")
+    assert b.resource == binding.BATCH_SLOTS and "held 10 of 10 requests outside the model" in b.evidence
+    prompt_bound = [held(i, 0.0) for i in range(10)]  # waiting only for their prompt evaluation
+    b = classify(level(4, prompt_bound, busy_proxy), BELOW, engine="ollama")
+    assert b.resource != binding.BATCH_SLOTS

@@ -246,3 +246,17 @@ def test_render_cli_unreachable_prometheus_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unreachable" in err
     assert not list(tmp_path.glob("png/*.png"))
+
+
+def test_ollamas_concurrency_is_what_the_proxy_observed_and_its_queue_comes_from_ollamas_durations():
+    """BUG at 7b2f789 (issue 23, item 4): the Ollama board drew requests in flight against OLLAMA_NUM_PARALLEL as the
+    queue, and the comparison board called Ollama's running min(in flight, OLLAMA_NUM_PARALLEL): the knob's split."""
+    ollama = exprs(BOARDS["ollama"])
+    proxy = f'{series.SOURCE}="{series.PROXY_SOURCE}"'
+    for gauge in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING):
+        assert any(gauge in expr and proxy in expr for expr in ollama), gauge
+    assert any(f"{series.PROXY_QUEUE_SECONDS}_sum" in expr for expr in ollama)
+    assert not any(series.PROXY_IN_FLIGHT in expr for expr in ollama)
+    for board in BOARDS.values():
+        for panel in data_panels(board):
+            assert "min(in flight" not in panel.get("description", ""), panel["title"]

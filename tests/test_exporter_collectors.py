@@ -525,21 +525,56 @@ def test_ollama_api_payloads():
         assert get(series.REQUESTS_RUNNING, smol) is None
 
 
-def test_ollama_running_and_waiting_come_from_the_proxy_counts():
-    observations = ProxyObservations(num_parallel=2)
-    for _ in range(5):
-        observations.started(observations.admit("smollm2-135m"))
+def test_ollama_running_and_waiting_are_what_the_proxy_saw_never_a_split_of_the_knob():
+    """BUG at 7b2f789 (issue 23, item 4): running was min(in flight, OLLAMA_NUM_PARALLEL) and waiting the rest, a
+    split computed from the very knob the verdict then recommends, unlabelled like an engine's own gauge."""
+    observations = ProxyObservations(num_parallel=2)  # what the exporter was told; the proxy sees otherwise
+    relayed = [observations.admit("smollm2-135m") for _ in range(5)]
+    for label in relayed:
+        observations.started(label)
+    observations.answering(relayed[0])  # one answer streams; four have not had a byte of theirs yet
     observations.tokens("smollm2-135m:latest", prompt=26, generated=3)
     with ollama_engine() as engine:
         registry = registry_with(OllamaCollector("ollama", Upstream(engine.url), observations=observations))
+        get = registry.get_sample_value
         smol = labels("ollama", model="smollm2-135m:latest")
-        assert registry.get_sample_value(series.REQUESTS_RUNNING, smol) == 2.0
-        assert registry.get_sample_value(series.REQUESTS_WAITING, smol) == 3.0
-        assert registry.get_sample_value(series.PROMPT_TOKENS, smol) == 26.0
-        assert registry.get_sample_value(series.GENERATED_TOKENS, smol) == 3.0
-        # a loaded model nobody has asked for yet reports zero, not nothing
-        assert registry.get_sample_value(series.REQUESTS_RUNNING, labels("ollama", model="qwen2.5:1.5b")) == 0.0
-        assert registry.get_sample_value(series.PROXY_IN_FLIGHT, labels("ollama")) == 5.0
+        proxy = {**smol, series.SOURCE: series.PROXY_SOURCE}
+        assert (get(series.REQUESTS_RUNNING, proxy), get(series.REQUESTS_WAITING, proxy)) == (1.0, 4.0)
+        assert get(series.REQUESTS_RUNNING, smol) is None  # never unlabelled, as if the engine had said it
+        assert get(series.PROMPT_TOKENS, smol) == 26.0 and get(series.GENERATED_TOKENS, smol) == 3.0
+        assert get(series.PROXY_IN_FLIGHT, labels("ollama")) == 5.0
+        assert get(series.PROXY_NUM_PARALLEL, labels("ollama")) == 2.0  # exported as configured, nothing more
+        help_text = {
+            family.name: family.documentation
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+        }
+        running_help, waiting_help = help_text[series.REQUESTS_RUNNING], help_text[series.REQUESTS_WAITING]
+        assert 'source="proxy"' in running_help and "first chunk" in running_help
+        assert "no byte of their answer yet" in waiting_help and "evaluating their prompt" in waiting_help
+        assert "OLLAMA_NUM_PARALLEL" not in waiting_help
+        observations.finished(relayed[0], ok=True, answered=True)
+        observations.answering(relayed[1])
+        assert (get(series.REQUESTS_RUNNING, proxy), get(series.REQUESTS_WAITING, proxy)) == (1.0, 3.0)
+
+
+def test_ollama_running_and_waiting_are_not_observed_before_the_proxy_relayed_a_request():
+    """BUG at 7b2f789 (issue 23, item 4): every loaded model read 0 running / 0 waiting while the load went to
+    Ollama's own port, which says "nothing queued" where nothing was observed."""
+    observations = ProxyObservations(num_parallel=1)
+    with ollama_engine() as engine:
+        registry = registry_with(OllamaCollector("ollama", Upstream(engine.url), observations=observations))
+        text = generate_latest(registry).decode()
+        assert registry.get_sample_value(series.ENGINE_UP, labels("ollama")) == 1.0
+        for name in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING):
+            assert not [line for line in text.splitlines() if line.startswith(name + "{")], name
+        assert registry.get_sample_value(series.PROXY_IN_FLIGHT, labels("ollama")) == 0.0  # the proxy's own count
+        label = observations.admit("qwen2.5:1.5b")
+        observations.started(label)
+        observations.finished(label, ok=True)
+        qwen = labels("ollama", model="qwen2.5:1.5b", source="proxy")
+        assert registry.get_sample_value(series.REQUESTS_WAITING, qwen) == 0.0  # observed, and nothing is waiting
+        smol = labels("ollama", model="smollm2-135m:latest", source="proxy")  # loaded, but nothing relayed for it
+        assert registry.get_sample_value(series.REQUESTS_RUNNING, smol) is None
 
 
 def test_ollama_down_still_reports_the_proxy_view():
@@ -547,7 +582,8 @@ def test_ollama_down_still_reports_the_proxy_view():
     observations.started(observations.admit("smollm2-135m:latest"))
     registry = registry_with(OllamaCollector("ollama", Upstream(closed_port_url()), observations=observations))
     assert registry.get_sample_value(series.ENGINE_UP, labels("ollama")) == 0.0
-    assert registry.get_sample_value(series.REQUESTS_RUNNING, labels("ollama", model="smollm2-135m:latest")) == 1.0
+    proxy = labels("ollama", model="smollm2-135m:latest", source="proxy")
+    assert registry.get_sample_value(series.REQUESTS_WAITING, proxy) == 1.0
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import requests
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.bounds import MAX_MODELS
 from exporter.config import Config, Instance
 from exporter.server import build
 from servescope import series
@@ -184,6 +185,12 @@ def test_the_metrics_page_at_its_worst_stays_under_the_stated_bound():
                 per_instance[instance.kind] = per_instance.get(instance.kind, 0) + len(line) + 1
     fixed = len(text.encode()) - sum(per_instance.values())
     assert len(first) < len(text)
+    # Whatever names clients sent: the proxy's observed running / waiting, one series per bounded model label.
+    for gauge in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING):
+        observed = [
+            line for line in text.splitlines() if line.startswith(gauge + "{") and f'{series.SOURCE}="proxy"' in line
+        ]
+        assert len(observed) == MAX_MODELS + 1, (gauge, len(observed))  # MAX_MODELS labels and "other"
     assert per_instance["ollama"] <= BOUND_PER_OLLAMA_WITH_PROXY, per_instance
     assert per_instance["vllm"] <= BOUND_PER_VLLM, per_instance
     assert per_instance["llamacpp"] <= BOUND_PER_LLAMACPP, per_instance

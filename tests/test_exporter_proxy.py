@@ -198,7 +198,11 @@ def test_native_final_object_is_observed(simulator):
         assert value(f"{series.PROXY_LOAD_SECONDS}_sum", model=MODEL) >= final["load_duration"] / 1e9  # the cold load
         assert value(f"{series.PROXY_PROMPT_EVAL_SECONDS}_count", model=MODEL) == 2.0
         assert value(f"{series.PROXY_FIRST_CHUNK_SECONDS}_count", model=MODEL) == 2.0
-        assert value(series.REQUESTS_RUNNING, model=MODEL) == 0.0
+        # Ollama's own durations: the time it held each request outside load, prompt eval and generation
+        assert value(f"{series.PROXY_QUEUE_SECONDS}_count", model=MODEL) == 2.0
+        queue_ns = final["total_duration"] - final["load_duration"] - final["prompt_eval_duration"]
+        assert value(f"{series.PROXY_QUEUE_SECONDS}_sum", model=MODEL) >= (queue_ns - final["eval_duration"]) / 1e9
+        assert value(series.REQUESTS_RUNNING, model=MODEL, source="proxy") == 0.0
 
 
 def test_openai_usage_chunk_is_observed(simulator):
@@ -223,29 +227,54 @@ def test_openai_usage_chunk_is_observed(simulator):
         assert wait_until(lambda: exporter.value(series.GENERATED_TOKENS, model=MODEL) == 14)
 
 
-def test_running_and_waiting_follow_num_parallel():
+@pytest.mark.parametrize(("ollama_runs", "knob_says"), [(1, 4), (2, 1)])
+def test_running_and_waiting_are_what_the_proxy_observed_whatever_the_knob_says(ollama_runs, knob_says):
+    """BUG at 7b2f789 (issue 23, item 4): running = min(in flight, OLLAMA_NUM_PARALLEL) and waiting the rest, so an
+    exporter told 4 where Ollama runs 1 showed 3 running, 0 waiting: the knob's split, not what happened."""
     with (
-        OllamaSimulator(num_parallel=1, token_delay=0.05, load_delay=0.0) as sim,
-        ExporterThread(sim.url, num_parallel=1) as exporter,
+        OllamaSimulator(num_parallel=ollama_runs, token_delay=0.02, load_delay=0.0) as sim,
+        ExporterThread(sim.url, num_parallel=knob_says) as exporter,
     ):
         threads = [
             threading.Thread(
                 target=requests.post,
                 args=(f"{exporter.proxy_url}/api/chat",),
-                kwargs={"json": chat_body(num_predict=10), "timeout": 20},
+                kwargs={"json": chat_body(num_predict=50), "timeout": 30},
             )
             for _ in range(3)
         ]
         for thread in threads:
             thread.start()
-        assert wait_until(lambda: exporter.value(series.PROXY_IN_FLIGHT) == 3.0)
-        assert exporter.value(series.REQUESTS_RUNNING, model=MODEL) == 1.0
-        assert exporter.value(series.REQUESTS_WAITING, model=MODEL) == 2.0
+        running = lambda: exporter.value(series.REQUESTS_RUNNING, model=MODEL, source="proxy")  # noqa: E731
+        waiting = lambda: exporter.value(series.REQUESTS_WAITING, model=MODEL, source="proxy")  # noqa: E731
+        # Ollama streams `ollama_runs` answers; the others have not had a byte of theirs (queued inside it).
+        assert wait_until(lambda: (running(), waiting()) == (ollama_runs, 3 - ollama_runs), timeout=20)
+        assert exporter.value(series.PROXY_IN_FLIGHT) == 3.0
         for thread in threads:
-            thread.join(20)
-        assert sim.stats["max_running"] == 1  # Ollama's semaphore: one at a time, the others waited unseen
+            thread.join(30)
+        assert sim.stats["max_running"] == ollama_runs
         assert wait_until(lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="ok") == 3.0)
-        assert exporter.value(series.REQUESTS_WAITING, model=MODEL) == 0.0
+        assert (running(), waiting()) == (0.0, 0.0)
+        # The requests that waited for a slot say so in Ollama's own durations, seen by the proxy.
+        assert exporter.value(f"{series.PROXY_QUEUE_SECONDS}_sum", model=MODEL) > 0.5
+
+
+def test_nothing_relayed_is_not_observed_and_every_answer_says_it_came_through_the_proxy(simulator):
+    """BUG at 7b2f789 (issue 23, item 4): with the load on Ollama's own port, the gauges read 0 for every loaded
+    model as if observed; and nothing told a client it was talking to the proxy rather than to Ollama."""
+    with ExporterThread(simulator.url) as exporter:
+        assert requests.post(f"{simulator.url}/api/chat", json=chat_body(), timeout=10).status_code == 200  # direct
+        page = requests.get(exporter.metrics_url, timeout=10).text
+        assert exporter.value(series.ENGINE_UP) == 1.0 and MODEL in page  # Ollama has the model loaded
+        assert f"{series.REQUESTS_RUNNING}{{" not in page and f"{series.REQUESTS_WAITING}{{" not in page
+        direct = requests.get(f"{simulator.url}/api/version", timeout=5)
+        relayed = requests.get(f"{exporter.proxy_url}/api/version", timeout=5)
+        assert "Via" not in direct.headers and relayed.headers["Via"] == "1.1 servescope-ollama-proxy"
+        assert relayed.json() == direct.json()
+        streamed = requests.post(f"{exporter.proxy_url}/api/chat", json=chat_body(), timeout=10)
+        assert streamed.headers["Via"] == "1.1 servescope-ollama-proxy"
+        assert wait_until(lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="ok") == 1.0)
+        assert exporter.value(series.REQUESTS_WAITING, model=MODEL, source="proxy") == 0.0  # observed now
 
 
 def test_client_disconnect_cancels_the_upstream_request():
@@ -308,6 +337,7 @@ def test_upstream_down_is_502_and_counted():
     with ExporterThread(gone) as exporter:
         resp = requests.post(f"{exporter.proxy_url}/api/chat", json=chat_body(), timeout=10)
         assert resp.status_code == 502 and "unreachable" in resp.json()["error"]
+        assert resp.headers["Via"] == "1.1 servescope-ollama-proxy"  # the proxy's own answer says who gave it
         # Ollama never vouched for the model (it is down): the outcome counts under "other"
         assert wait_until(
             lambda: exporter.value(series.PROXY_REQUESTS, model="other", outcome="upstream_unreachable") == 1.0

@@ -71,7 +71,7 @@ def test_every_alert_is_actionable():
         "VllmQueueWithKvCacheToSpare",
         "VllmQueueWithKvCacheFull",
         "EngineDown",
-        "OllamaInFlightAboveNumParallel",
+        "OllamaRequestsQueued",
     }
     for alert in found:
         name = alert["alert"]
@@ -88,8 +88,22 @@ def test_the_levers_name_the_seeds_flags():
     full = by_name["VllmQueueWithKvCacheFull"]["annotations"]
     assert "VLLM_CPU_KVCACHE_SPACE" in full["summary"] and "max-model-len" in full["summary"]
     assert "Not --swap-space" in full["description"]
-    ollama = by_name["OllamaInFlightAboveNumParallel"]
-    assert series.PROXY_IN_FLIGHT in ollama["expr"] and series.PROXY_NUM_PARALLEL in ollama["expr"]
+    ollama = by_name["OllamaRequestsQueued"]
+    assert "OLLAMA_NUM_PARALLEL" in ollama["annotations"]["summary"]
+
+
+def test_ollamas_alert_reads_what_was_observed_never_in_flight_against_the_knob():
+    """BUG at 7b2f789 (issue 23, item 4): Ollama's alert compared requests in flight with the configured
+    OLLAMA_NUM_PARALLEL ("the rest queue unseen") and then recommended raising it: the knob's assumption read back
+    as a measurement. It reads Ollama's own durations as the proxy saw them, with the report's threshold."""
+    from servescope import thresholds
+
+    expressions = [rule["expr"] for rule in alerts() if rule["labels"].get("lever") == "ollama-num-parallel"]
+    assert expressions, "no alert names OLLAMA_NUM_PARALLEL"
+    for expr in expressions:
+        assert series.PROXY_NUM_PARALLEL not in expr and series.PROXY_IN_FLIGHT not in expr, expr
+        assert f"{series.PROXY_QUEUE_SECONDS}_sum" in expr and f"{series.PROXY_QUEUE_SECONDS}_count" in expr, expr
+        assert expr.rstrip().endswith(f">= {thresholds.TTFT_QUEUED_MIN_S:g}"), expr
 
 
 def test_every_alert_has_a_firing_and_a_quiet_unit_test():

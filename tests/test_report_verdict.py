@@ -34,8 +34,6 @@ def test_one_at_a_time_engines_raise_their_parallelism():
     v = decide(LLAMA, {R: 2, W: 3, K: None})
     assert v.lever == "llamacpp_parallel" and "LLAMACPP_PARALLEL (--parallel) (now 2)" in v.text
     assert "4096 / 2 = 2048" in v.text
-    o = decide(OLLAMA, {R: 1, W: 2, K: None})
-    assert o.lever == "ollama_num_parallel" and "OLLAMA_NUM_PARALLEL (now 1)" in o.text
 
 
 def test_nothing_waiting_needs_no_lever():
@@ -61,7 +59,14 @@ def test_no_gauge_data_means_no_verdict_with_the_reason(kind):
     gauges = GaugeReport(False, "Prometheus at http://x is unreachable", "http://x")
     (v,) = build(run, gauges)
     assert isinstance(v, Verdict) and not v.computable
-    assert v.text == "no verdict can be made: the gauges had no data (Prometheus at http://x is unreachable)"
+    if kind == "ollama":  # and it says what else it lacks
+        assert v.text == (
+            "no verdict: Ollama's running/waiting were not observed (Prometheus at http://x is unreachable), and "
+            "nothing else in this run tells whether requests waited: the records carry no Ollama durations, and "
+            "there is no burst"
+        )
+    else:
+        assert v.text == "no verdict can be made: the gauges had no data (Prometheus at http://x is unreachable)"
 
 
 def _burst(kind: str, ttfts: list[float], queued: int, served_after: int, wall: float = 1.7):
@@ -134,3 +139,94 @@ def test_the_engines_own_queue_timings_count_as_evidence():
     v = decide(OLLAMA, {R: 1, W: 0, K: None}, queue=QueueEvidence([], split))
     assert v.lever == "ollama_num_parallel" and "the engine's timings saw requests wait" in v.disagreement
     assert "queue 71% of the mean TTFT" in v.evidence
+
+
+# --- Ollama: its own durations and the bursts decide; the proxy's running/waiting stand beside them (issue 23, item 4)
+
+
+def _ollama_split(queues: list[float], load: float = 0.002, prompt: float = 0.02, ttft: float = 0.1):
+    """Ollama's own durations of some requests (report/ttft_split.py's parts): one queue each."""
+    from report.ttft_split import RequestSplit, TtftSplit, _finish
+
+    split = TtftSplit("ollama", "ollama", True, "Ollama's final object: *_duration (ns), per request")
+    split.requests = [
+        RequestSplit("burst-1", f"p{i}", i, ttft + q, {"queue": q, "load": load, "prompt": prompt, "transport": 0.0})
+        for i, q in enumerate(queues)
+    ]
+    return _finish(split)
+
+
+def test_ollamas_waiting_alone_never_names_the_knob_it_was_split_from():
+    """BUG at 7b2f789 (issue 23, item 4): waiting was in flight beyond OLLAMA_NUM_PARALLEL, and the verdict read it
+    back as "raise OLLAMA_NUM_PARALLEL". The proxy's waiting counts prompt evaluation too: alone, it is undetermined."""
+    v = decide(OLLAMA, {R: 1, W: 2, K: None})
+    assert v.computable and v.lever == "undetermined", v.text
+    assert "the only evidence is the proxy's count of relayed requests without their first chunk (up to 2)" in v.text
+    assert "no Ollama durations and no burst" in v.text and "raise" not in v.text
+    assert (
+        "proxy (source=proxy): answers streaming at once at most 1, relayed requests without their first chunk "
+        "(queued, loading or evaluating the prompt) at most 2" in v.evidence
+    )
+
+
+def test_ollamas_own_durations_decide_over_the_proxys_waiting():
+    from report.verdict import QueueEvidence
+
+    busy = decide(OLLAMA, {R: 1, W: 2, K: None}, queue=QueueEvidence([], _ollama_split([0.0, 0.5, 0.8])))
+    assert busy.lever == "ollama_num_parallel" and busy.text.startswith(
+        "raise OLLAMA_NUM_PARALLEL (now 1): Ollama's own durations say requests waited for a slot: 2 of 3 spent 50 "
+        "ms or more inside Ollama outside load, prompt evaluation and generation, 0.433 s on average"
+    )
+    assert busy.text.endswith("; answers streaming at once through the proxy: at most 1")
+    assert busy.evidence.startswith("Ollama's own durations (3 requests): 2 held 50 ms or more outside load")
+    # The proxy saw requests without their first chunk, but Ollama held none of them outside its model: prefill.
+    calm = decide(OLLAMA, {R: 1, W: 2, K: None}, queue=QueueEvidence([], _ollama_split([0.0, 0.01, 0.02])))
+    assert calm.lever == "none" and calm.text.startswith(
+        "no lever needed: Ollama's own durations show no request waiting inside it (3 requests"
+    )
+
+
+def test_late_first_tokens_that_ollama_did_not_queue_are_not_a_slot_lever():
+    """The bursts' first tokens came one by one, yet Ollama's durations put the time in loading: not the knob."""
+    from report.verdict import QueueEvidence
+
+    queue = QueueEvidence([_burst("ollama", [0.1, 0.6, 0.9], queued=2, served_after=0)], _ollama_split([0, 0, 0], 0.5))
+    v = decide(OLLAMA, {R: 1, W: 2, K: None}, queue=queue)
+    assert v.lever == "none" and "no OLLAMA_NUM_PARALLEL lever" in v.text
+    assert "the time went to loading the model (mean load_duration 0.500 s" in v.text
+    assert "the clients saw first tokens late, Ollama's durations no queue" in v.disagreement
+
+
+def test_without_ollamas_durations_the_bursts_decide_and_say_so():
+    from report.verdict import QueueEvidence
+
+    after = QueueEvidence([_burst("ollama", [0.1, 0.6, 0.9], queued=2, served_after=2)])
+    v = decide(OLLAMA, {R: 1, W: 2, K: None}, queue=after)
+    assert v.lever == "ollama_num_parallel" and "2 first tokens came only after another request had finished" in v.text
+    assert "the records carry no Ollama durations to confirm it" in v.text
+    late = QueueEvidence([_burst("ollama", [0.1, 0.3, 0.5], queued=2, served_after=0)])
+    u = decide(OLLAMA, {R: 1, W: 2, K: None}, queue=late)
+    assert u.lever == "undetermined" and "a queue for a slot or prompts evaluated one at a time" in u.text
+
+
+def test_a_run_that_went_around_the_proxy_is_not_observed_whatever_the_proxy_counted():
+    """The manifest says the requests went to Ollama directly: the proxy's numbers are other traffic's."""
+    from types import SimpleNamespace
+
+    from report.gauges import EngineGauges
+
+    direct = EngineInfo("ollama", "ollama", flags={"OLLAMA_NUM_PARALLEL": 1}, route="direct")
+    eg = EngineGauges("ollama", "ollama", source="samples", spacing_s=0.1, series={W: [(0.0, 2.0)], R: [(0.0, 1.0)]})
+    eg.peaks = {R: 1.0, W: 2.0, K: None}
+    run = SimpleNamespace(engines={"ollama": direct}, phases_of=lambda i: [])
+    (v,) = build(run, GaugeReport(True, "samples", "", engines={"ollama": eg}))
+    assert not v.computable and v.lever is None
+    assert v.text.startswith(
+        "no verdict: Ollama's running/waiting were not observed (this run went to Ollama directly, not through the "
+        "exporter's proxy)"
+    )
+    (through,) = build(
+        SimpleNamespace(engines={"ollama": OLLAMA}, phases_of=lambda i: []),
+        GaugeReport(True, "samples", "", engines={"ollama": eg}),
+    )
+    assert through.lever == "undetermined"  # the proxy's waiting, alone
