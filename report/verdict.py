@@ -25,7 +25,7 @@ from report.load import EngineInfo, Run
 from report.noise import Assessment
 from report.sweep import BurstDrain
 from report.ttft_split import TtftSplit
-from servescope import series, thresholds
+from servescope import binding, series, thresholds
 from servescope.kv_arithmetic import blocks_for, capacity_tokens, max_concurrency
 
 KV_FULL, KV_ROOM = thresholds.KV_FULL, thresholds.KV_ROOM
@@ -230,9 +230,11 @@ def _oversized(kv_peak: float | None, running: float | None) -> str:
 def _lever(
     v: Verdict, info: EngineInfo, pool: str, running: float | None, kv_max: float | None, kv_mean: float | None
 ) -> None:
-    """Requests waited on the gauges: the lever by engine kind and the KV pool's state while they waited."""
+    """Requests waited on the gauges: the lever by engine kind and the KV pool's state while they waited, read by the
+    binding rule's own mapping (servescope/binding.queue_resource): the knee, the tune loop and this verdict agree."""
+    resource = binding.queue_resource(info.kind, kv_max, kv_mean)
     if info.kind == "vllm":
-        if pool == "full":
+        if resource == binding.KV_CAPACITY:
             v.lever = "kv_cache_space_or_max_model_len"
             _, space = _setting(info, "VLLM_CPU_KVCACHE_SPACE", "kv_cache_space", "kvcache_space")
             _, mml = _setting(info, "max-model-len", "VLLM_MAX_MODEL_LEN", "max_model_len")
@@ -244,9 +246,15 @@ def _lever(
         elif pool == "between":
             v.lever = "kv_undecided"
             v.text = (
-                f"requests waited with the KV pool between {KV_ROOM:.0%} and {KV_FULL:.0%} full (highest "
-                f"{kv_max:.0%}, mean {kv_mean:.0%} while they waited): both the batch cap (--max-num-seqs) and the "
-                f"KV pool are close to their limits; raise VLLM_CPU_KVCACHE_SPACE before --max-num-seqs"
+                f"undecided: requests waited with the KV pool between {KV_ROOM:.0%} and {KV_FULL:.0%} full (highest "
+                f"{kv_max:.0%}, mean {kv_mean:.0%} while they waited): neither the batch cap (--max-num-seqs) nor the "
+                f"KV pool is claimed; a burst larger than the cap, or a KV pool pinned full, would tell them apart"
+            )
+        elif resource == binding.UNDECIDED:
+            v.lever = "undetermined"
+            v.text = (
+                "undecided: requests waited, but the KV pool's usage while they waited is unknown: the batch cap "
+                "(--max-num-seqs) and the KV pool cannot be told apart"
             )
         else:
             v.lever = "max_num_seqs"
@@ -256,11 +264,7 @@ def _lever(
                 if seqs is not None and running is not None and running >= seqs
                 else ""
             )
-            unknown = "" if pool == "room" else " (KV usage unknown: check the KV pool before raising it)"
-            v.text = (
-                f"raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}: requests waited while the KV pool had "
-                f"room{full}{unknown}"
-            )
+            v.text = f"raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}: requests waited while the KV pool had room{full}"
     elif info.kind == "llamacpp":
         v.lever = "llamacpp_parallel"
         v.text = _llamacpp_text(info)

@@ -116,6 +116,13 @@ def test_missing_samples_during_the_burst_are_named_as_the_reason():
 def test_between_the_thresholds_neither_lever_is_claimed():
     v = decide(VLLM, {R: 5, W: 2, K: 0.85})
     assert v.lever == "kv_undecided" and "between 80% and 90%" in v.text
+    # The same rule as the knee's and the tune's (issue 23): undecided, no knob named first.
+    assert v.text.startswith("undecided") and "neither" in v.text and "raise" not in v.text
+
+
+def test_a_queue_without_the_kv_pools_usage_names_no_vllm_lever():
+    v = decide(VLLM, {R: 5, W: 2, K: None})
+    assert v.lever == "undetermined" and "cannot be told apart" in v.text and "raise" not in v.text
 
 
 def test_gauges_waiting_the_clients_did_not_see_is_said():
