@@ -172,8 +172,7 @@ def _fault(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -
     n = len(failing.records)
     faults = [r for r in failing.records if not r.ok and r.error_kind in FAULT_KINDS]
     b.fault_share = len(faults) / n if n else None
-    unread = [s for s in failing.samples if s.missing == ENGINE_UNREAD]
-    b.unread_s = sum(s.interval_s for s in unread)
+    b.unread_s = unread_s(failing.samples)
     parts = []
     if n and b.fault_share >= thresholds.FAULT_FAILED_SHARE:
         kinds = ", ".join(f"{k} {c}" for k, c in _counts(r.error_kind for r in faults))
@@ -207,6 +206,17 @@ def _client(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) 
         return False
     b.resource, b.evidence = CLIENT, "; ".join(parts)
     return True
+
+
+def unread_s(samples: Sequence[SampleRecord]) -> float:
+    """Seconds the exporter could not read the engine: from each such read to the next read (a frozen engine makes
+    each read wait out the exporter's timeout, so the reads come further apart than the interval asked for)."""
+    ordered = sorted(samples, key=lambda s: s.t)
+    total = 0.0
+    for i, s in enumerate(ordered):
+        if s.missing == ENGINE_UNREAD:
+            total += (ordered[i + 1].t - s.t) if i + 1 < len(ordered) else s.interval_s
+    return total
 
 
 def client_busy(noise: dict | None) -> float | None:

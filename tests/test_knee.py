@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -317,3 +319,71 @@ def test_a_measurement_the_host_noise_rule_flags_is_left_out_and_taken_again(tmp
     assert result["probes"][0]["noisy"] == ["noisy: 1.9 cores used by hog"] and not result["probes"][1]["noisy"]
     assert result["levels"] == [result["levels"][0]] and result["levels"][0]["measurements"] == 1
     assert result["levels"][0]["meets"] and any("left out and repeated" in line for line in search.lines())
+
+
+def knee_process(tmp_path: Path, engine_url: str, exporter_url: str, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter_url, "SAMPLE_INTERVAL_MS": "50", "LOADGEN_FAULT_WAIT_S": "15"}
+    options = (
+        f"--max-tokens 10 --prompts synthetic:16 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 "
+        f"--quiet --duration 2 --max-load 4 --knee-repeats 1 --slo {SLO}"
+    )
+    cmd = [sys.executable, "-m", "loadgen", "knee", "--engine", f"vllm={engine_url}", *options.split(), *extra]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def faults_during_a_search(tmp_path: Path, fault) -> tuple[dict, str]:
+    """A knee over 2 slots with `fault(engine)` done to the engine once the search has begun; knee.json, stdout."""
+    port = free_port()
+    args = ("--port", str(port), "--ttft", "0.02", "--itl", "0.01", "--tokens", "10", "--max-running", "2")
+    engine = [SyntheticProcess(*args)]
+    try:
+        with EngineExporter({"vllm": engine[0].url}) as exporter:
+            proc = knee_process(tmp_path, engine[0].url, exporter.url)
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "knee" / "knee.json").exists():  # the first measurement is in
+                assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+                time.sleep(0.2)
+            fault(engine, args)
+            out, err = proc.communicate(timeout=300)
+    finally:
+        for e in engine:
+            e.stop()
+    assert proc.returncode == 0, err
+    return json.loads((tmp_path / "knee" / "knee.json").read_text()), out
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
+def test_an_engine_killed_mid_search_and_back_is_measured_again_not_read_as_capacity(tmp_path):
+    """Issue 29: an engine SIGKILLed mid-search and back 3 s later gave thousands of refused requests and a knee of
+    1 with binding "compute". The level it was absent for is an engine fault, left out and measured again."""
+
+    def kill_and_restart(engine, args):
+        engine[0].proc.kill()
+        engine[0].proc.wait()
+        time.sleep(3)
+        engine.append(SyntheticProcess(*args))
+
+    result, out = faults_during_a_search(tmp_path, kill_and_restart)
+    faulted = [p for p in result["probes"] if p["fault"]]
+    assert faulted and all(p["binding"] == binding.ENGINE_FAULT for p in faulted), result["probes"]
+    assert (result["knee"], result["first_failing"]) == (2, 3), out
+    assert result["binding"]["resource"] == binding.BATCH_SLOTS
+    assert all(level["measurements"] >= 1 for level in result["levels"])
+    assert "engine fault" in out or "engine fault" in json.dumps(result["probes"])
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
+def test_an_engine_frozen_mid_search_is_a_fault_not_batch_slots(tmp_path):
+    """Issue 29: an engine frozen 8 s (SIGSTOP) was read as "batch slots: raise --max-num-seqs"."""
+
+    def freeze(engine, args):
+        engine[0].proc.send_signal(signal.SIGSTOP)
+        time.sleep(8)
+        engine[0].proc.send_signal(signal.SIGCONT)
+
+    result, out = faults_during_a_search(tmp_path, freeze)
+    faulted = [p for p in result["probes"] if p["fault"]]
+    assert faulted and "could not read the engine" in faulted[0]["fault"], result["probes"]
+    assert result["status"] == "found" and result["binding"]["resource"] == binding.BATCH_SLOTS, out
