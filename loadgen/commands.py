@@ -89,6 +89,7 @@ def prepare(args: argparse.Namespace) -> Plan:
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
     if args.command == "knee" and len(targets) != 1:
         raise UsageError("knee searches one engine at a time: give one --engine")
+    args.prompts = prompt_sets.for_this_run(args.prompts)  # a fresh set: this run's own prompts
     prompt_set = prompt_sets.load(args.prompts)
     workloads.check(args.command, prompt_set, getattr(args, "bursts", 1))
     if getattr(args, "workers", 0):

@@ -15,6 +15,7 @@ import hashlib
 import json
 import random
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,20 @@ class FreshPromptSet(PromptSet):
 # The fresh set's last words: an answer of the same kind for every prompt (engines without ignore_eos stop early
 # less often when they are asked to write).
 INSTRUCTION = "Summarise the text above."
+
+
+def for_this_run(spec: str, seed: int | None = None) -> str:
+    """A fresh set without a seed gets one of this run's (written into the spec, so the manifest and any worker
+    process read the same). Its prompts are drawn from (seed, phase, index): with one seed for every run, a second
+    knee sends the first's prompts again and an engine that keeps its cache across runs serves them (llama.cpp's
+    slots kept 256 of 257 prompt tokens; vLLM's prefix cache until it evicts). A seed given, or any other set, is
+    left as asked: `synthetic:256,seed=7` repeats a run's prompts exactly."""
+    m = SYNTHETIC.fullmatch(spec.strip())
+    if m is None or m.group(2) is not None or m.group(3) is not None:
+        return spec
+    if seed is None:
+        seed = time.time_ns() // 1000 % 10**12  # microseconds: two runs never share one; the spec takes 12 digits
+    return f"{spec.strip()},seed={seed}"
 
 
 def fresh(tokens: int, seed: int = 0) -> FreshPromptSet:

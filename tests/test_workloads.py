@@ -418,3 +418,19 @@ def test_the_shipped_sets_and_their_readme_table_are_up_to_date():
     assert generate.main(["--check"]) == 0
     readme = generate.README.read_text()
     assert generate.readme_table() in readme
+
+
+def test_a_fresh_set_without_a_seed_gets_one_of_its_run_and_every_other_set_is_left_as_asked():
+    """Two knees with one seed send the same prompts, and an engine that keeps its cache across runs serves the
+    second's first requests from the first's (llama.cpp: 256 of 257 prompt tokens cached)."""
+    assert prompts.for_this_run("synthetic:256", seed=7) == "synthetic:256,seed=7"
+    for asked in ("synthetic:256,seed=3", "synthetic:256x16", "seed3", "shared-prefix"):
+        assert prompts.for_this_run(asked) == asked
+    one, two = prompts.for_this_run("synthetic:64"), prompts.for_this_run("synthetic:64")
+    assert one != two and one.startswith("synthetic:64,seed=")
+    a, b = prompts.load(one), prompts.load(two)
+    assert a.prompt(0, "knee-c1-1").text != b.prompt(0, "knee-c1-1").text and a.sha256 != b.sha256
+    assert (
+        prompts.load("synthetic:64,seed=5").prompt(3, "x").text
+        == prompts.load("synthetic:64,seed=5").prompt(3, "x").text
+    )
