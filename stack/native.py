@@ -294,9 +294,13 @@ def check_vllm_plan(knob: dict[str, str], prep: Prepared) -> bool:
         f"vLLM plan: {kv.kv_tokens:,} KV tokens ({kv.bytes_per_token:,} B/token) → {kv.max_concurrency:.2f}x "
         f"concurrency at max-model-len {kv.max_model_len}; needs ~{kv.resident_bytes / vllm.GIB:.1f} GiB"
     )
-    reason = vllm.refusal(kv, vllm.available_memory())
+    overcommit = knob.get("VLLM_KV_OVERCOMMIT", "0").strip() == "1"
+    reason = vllm.refusal(kv, vllm.available_memory(), overcommit)
     if reason:
         raise StackError(f"refusing to start vLLM: {reason}")
+    note = vllm.overcommit_note(kv) if overcommit else None
+    if note:
+        say(note)
     return swap_used
 
 

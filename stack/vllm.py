@@ -155,8 +155,10 @@ def plan(model_dir: Path, knob: dict[str, str], weights: int, swap_used: bool) -
     )
 
 
-def refusal(kv: KvPlan, available_bytes: int) -> str | None:
-    """Why this configuration cannot run, naming the knob to turn; None when it fits."""
+def refusal(kv: KvPlan, available_bytes: int, overcommit: bool = False) -> str | None:
+    """Why this configuration cannot run, naming the knob to turn; None when it fits. `overcommit`
+    (VLLM_KV_OVERCOMMIT=1) lets more sequences in than fit at max-model-len: vLLM admits by what they hold, and
+    queues (or preempts) on the KV pool once it is full, so the pool, not the batch cap, is what runs out."""
     if kv.kv_space_bytes <= 0:
         return "VLLM_CPU_KVCACHE_SPACE must be at least 1 (GiB): vLLM-CPU has no other KV budget"
     if kv.resident_bytes > available_bytes:
@@ -172,13 +174,25 @@ def refusal(kv: KvPlan, available_bytes: int) -> str | None:
             "raise VLLM_CPU_KVCACHE_SPACE or lower VLLM_MAX_MODEL_LEN"
         )
     worst_case = kv.max_model_len * kv.max_num_seqs
-    if worst_case > kv.kv_tokens:
+    if worst_case > kv.kv_tokens and not overcommit:
         return (
             f"VLLM_MAX_NUM_SEQS={kv.max_num_seqs} × VLLM_MAX_MODEL_LEN={kv.max_model_len} = {worst_case:,} tokens "
             f"exceeds the {kv.kv_tokens:,}-token KV cache (VLLM_CPU_KVCACHE_SPACE={kv.kv_space_bytes / GIB:g} GiB): "
             f"lower VLLM_MAX_NUM_SEQS to {int(kv.max_concurrency)} or raise VLLM_CPU_KVCACHE_SPACE"
         )
     return None
+
+
+def overcommit_note(kv: KvPlan) -> str | None:
+    """The line that says the KV pool can run out before the batch cap (VLLM_KV_OVERCOMMIT=1)."""
+    worst_case = kv.max_model_len * kv.max_num_seqs
+    if worst_case <= kv.kv_tokens:
+        return None
+    return (
+        f"note: VLLM_MAX_NUM_SEQS={kv.max_num_seqs} x VLLM_MAX_MODEL_LEN={kv.max_model_len} = {worst_case:,} tokens "
+        f"is more than the {kv.kv_tokens:,}-token KV cache (VLLM_KV_OVERCOMMIT=1): long requests will wait on the KV "
+        f"pool (or be preempted) before the batch cap is reached"
+    )
 
 
 def available_memory() -> int:

@@ -154,3 +154,13 @@ def test_torch_comes_from_a_cpu_wheel(tmp_path, wheels, index, expected):
     for name in wheels:
         (tmp_path / name).write_bytes(b"")
     assert vllm.torch_index_args([str(tmp_path), "file:///nonexistent"], index) == expected
+
+
+def test_kv_overcommit_lets_more_sequences_in_than_fit_and_says_the_pool_runs_out_first(tmp_path):
+    """VLLM_KV_OVERCOMMIT=1: the seed's inequality is a note, not a refusal (the KV-capacity case is then reachable)."""
+    kv = vllm.plan(write_model(tmp_path), {**KNOBS, "VLLM_MAX_NUM_SEQS": "32"}, weights=0, swap_used=False)
+    assert vllm.refusal(kv, available_bytes=20 * GIB, overcommit=True) is None
+    note = vllm.overcommit_note(kv)
+    assert note is not None and "32,768 tokens" in note and "wait on the KV pool" in note
+    ok = vllm.plan(write_model(tmp_path), KNOBS, weights=0, swap_used=False)
+    assert vllm.overcommit_note(ok) is None
