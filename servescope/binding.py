@@ -233,8 +233,8 @@ def client_busy(noise: dict | None) -> float | None:
 
 
 def _floor(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -> bool:
-    if not lowest:
-        return False
+    if not lowest or failing.result is None or failing.result.meets:
+        return False  # a load that met the SLOs is no floor, whatever its level
     if open_loop:
         overlap = overlap_share(failing.records)
         if overlap is None or overlap > thresholds.ALONE_OVERLAP_SHARE:

@@ -205,3 +205,9 @@ def test_ollama_waits_are_read_from_its_own_durations_not_the_proxys_count():
     prompt_bound = [held(i, 0.0) for i in range(10)]  # waiting only for their prompt evaluation
     b = classify(level(4, prompt_bound, busy_proxy), BELOW, engine="ollama")
     assert b.resource != binding.BATCH_SLOTS
+
+
+def test_a_lowest_load_that_meets_the_slos_is_no_floor():
+    loose = slo.parse("ttft<=5", 0.9)
+    held = level(1, [record(i) for i in range(10)], [sample(i, running=1) for i in range(30)], spec=loose)
+    assert binding.classify(held, None, engine="vllm", spec=loose, lowest=True).resource != binding.SLO_FLOOR
