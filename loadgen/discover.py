@@ -21,6 +21,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -106,7 +107,13 @@ class Server:
 
     @property
     def is_stack_proxy(self) -> bool:
-        return self.kind == "ollama" and self.port is not None and self.port.source == PROXY_PORT_KNOB
+        """An Ollama answering on OLLAMA_PROXY_PORT of this machine: the stack's proxy in front of it."""
+        parts = urlsplit(self.url)
+        return (
+            self.kind == "ollama"
+            and parts.hostname in (HOST, "localhost")
+            and parts.port == knobs.get_int(PROXY_PORT_KNOB)
+        )
 
     def title(self) -> str:
         title = engines.kind(self.kind).title if self.kind else self.what

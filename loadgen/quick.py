@@ -208,7 +208,7 @@ def _servers(args: argparse.Namespace, say: Progress) -> list[discover.Server]:
                 raise discover.DiscoverError(f"{text!r}: {kind!r} is not an engine kind ({', '.join(engines.ENGINES)})")
             server = discover.identify(discover.root_url(url))
             if not server.answered:
-                say(f"quick: nothing answers at {redact(server.url)} ({server.error})")
+                print(f"quick: nothing answers at {redact(server.url)} ({server.error})", file=sys.stderr, flush=True)
                 continue
             if kind and server.kind != kind:
                 server.kind, server.what = kind, engines.kind(kind).title  # the user said what it is
@@ -267,13 +267,24 @@ def gauges_for(server: discover.Server, say: Progress) -> Gauges:
     if problem:
         return Gauges(server.url, not_measured=[f"server gauges: {problem}: {NO_GAUGES}"])
     exporter = SideExporter(server.kind, server.url)
+    problem = _start(exporter)
+    if problem:
+        return Gauges(server.url, not_measured=[f"server gauges: {problem}: {NO_GAUGES}"])
+    say(f"quick: {server.kind}: its gauges through an exporter of quick's own at {exporter.url}")
+    return Gauges(server.url, exporter.url, exporter)
+
+
+def _start(exporter: SideExporter) -> str:
+    """Start it; why not in one line ("" when it runs). Stopped again on anything else, Ctrl-C included."""
     try:
         exporter.start()
     except ExporterError as exc:
         exporter.close()
-        return Gauges(server.url, not_measured=[f"server gauges: {exc}: {NO_GAUGES}"])
-    say(f"quick: {server.kind}: its gauges through an exporter of quick's own at {exporter.url}")
-    return Gauges(server.url, exporter.url, exporter)
+        return str(exc)
+    except BaseException:
+        exporter.close()
+        raise
+    return ""
 
 
 def metrics_problem(url: str, kind: engines.EngineKind) -> str:
@@ -308,11 +319,9 @@ def _ollama_gauges(server: discover.Server, say: Progress) -> Gauges:
             not_measured=[f"server gauges: the stack's exporter at {source} does not export this Ollama: {NO_GAUGES}"],
         )
     exporter = SideExporter("ollama", server.url, proxy=True)
-    try:
-        exporter.start()
-    except ExporterError as exc:
-        exporter.close()
-        return Gauges(server.url, not_measured=[f"server gauges: {exc}: {NO_GAUGES}"])
+    problem = _start(exporter)
+    if problem:
+        return Gauges(server.url, not_measured=[f"server gauges: {problem}: {NO_GAUGES}"])
     say(f"quick: ollama: load through a proxy of quick's own at {exporter.proxy_url} (Ollama has no /metrics)")
     return Gauges(
         exporter.proxy_url,
@@ -371,7 +380,6 @@ def measure(server: discover.Server, settings: Settings, say: Progress) -> tuple
         gauges = gauges_for(server, say)
         outcome.not_measured += gauges.not_measured
         outcome.notes += gauges.notes
-        outcome.url = gauges.load_url
         outcome.run_id = run_id_for(server)
         interrupted = _run_knee(server, gauges, settings, outcome, say)
     except KeyboardInterrupt:

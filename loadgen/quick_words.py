@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servescope import slo
+from servescope import binding, slo
 from servescope.runfolder import RequestRecord
 
 LABEL = 14  # the width of a line's label: the values line up
@@ -23,7 +23,7 @@ LABEL = 14  # the width of a line's label: the values line up
 
 
 def _s(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 0.1 else f"{seconds:.3g} s"
+    return f"{seconds * 1000:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
 def _rate(per_s: float) -> str:
@@ -135,8 +135,9 @@ def lines(outcome: Outcome) -> list[str]:
     if outcome.failure and not knee:
         out.append(_line("Not measured", outcome.failure))
         return out + _tail(outcome)
-    if not knee:
-        out.append(_line("Not measured", outcome.stopped or "the knee wrote no result"))
+    if not knee:  # stopped before its first measurement ended (knee.json is written after each one)
+        early = f"; {outcome.stopped}" if outcome.stopped else ""
+        out.append(_line("Capacity", f"not measured: no measurement finished{early}"))
         return out + _tail(outcome)
     spec, unit = outcome.spec, knee.get("unit", "users")
     one = _level(knee, 1)
@@ -211,8 +212,12 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
         out.append(_line("Ran out", b.get("advice") or b.get("resource", "undecided")))
         out.append(_line("Evidence", b.get("evidence") or "none recorded"))
     elif b and knee.get("binding_level") is not None and status != "engine fault":
-        out.append(_line("Ran out", f"nothing up to {_users(knee['binding_level'])}"))
-        out.append(_line(f"At {_users(knee['binding_level'])}", b.get("evidence") or "no evidence recorded"))
+        top = knee["binding_level"]
+        out.append(_line("Ran out", f"nothing up to {_users(top)}: the SLOs held at every load tried"))
+        # What the server did at the top load, when the rule read a state there; its floor and fault branches
+        # describe a failing load and say nothing true about one that held.
+        if b.get("resource") not in (binding.SLO_FLOOR, binding.ENGINE_FAULT, binding.CLIENT) and b.get("evidence"):
+            out.append(_line("Server", f"at {_users(top)}: {b['evidence']}"))
     tried = []
     for row in knee.get("levels", []):
         verdict = "ok" if row["meets"] else "fails"
