@@ -158,7 +158,13 @@ def lines(outcome: Outcome) -> list[str]:
             )
         )
     else:
-        out.append(_line("One user", "not measured (no request at 1 user finished)"))
+        noisy = [p for p in knee.get("probes", []) if p.get("level") == 1 and p.get("noisy")]
+        why = (
+            f"its {len(noisy)} measurement(s) were left out, the host was noisy (see Note)"
+            if noisy
+            else "no request at 1 user finished"
+        )
+        out.append(_line("One user", f"not measured: {why}"))
     out += _capacity(outcome, knee, spec, unit)
     out += _tail(outcome)
     return out
@@ -172,7 +178,14 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
     if status == "engine fault":
         out.append(_line("Capacity", f"not measured: the engine was not there ({knee.get('note') or 'engine fault'})"))
     elif status == "nothing measured" or (k is None and fail is None):
-        out.append(_line("Capacity", f"not measured: no measurement finished{early}"))
+        noisy = [p for p in knee.get("probes", []) if p.get("noisy")]
+        why = (
+            f"all {len(noisy)} measurements were left out, the host was noisy (see Note): measure again when the "
+            f"machine is quieter"
+            if noisy
+            else "no measurement finished"
+        )
+        out.append(_line("Capacity", f"not measured: {why}{early}"))
     elif k is None:
         out.append(_line("Capacity", f"none: even one user at a time misses ({words}){early}"))
     elif fail is None:

@@ -295,6 +295,24 @@ def test_a_search_stopped_early_says_its_capacity_is_a_lower_bound():
     assert labelled(block, "Ran out") == ["nothing up to 2 users: the SLOs held at every load tried"]
 
 
+def test_measurements_the_host_disturbed_are_not_a_capacity():
+    """The trust rule (issue 15): a noisy measurement is left out; when every one was, nothing is concluded."""
+    noisy = {"level": 1, "noisy": ["noisy: 1.0 cores used by python other.py while measuring vllm"]}
+    noisy["result"] = {"requests": 9, "attainment": 1.0, "meets": True}
+    knee = {"status": "nothing measured", "knee": None, "first_failing": None, "levels": [], "probes": [noisy] * 3}
+    block = quick_words.lines(outcome(knee))
+    assert labelled(block, "One user") == [
+        "not measured: its 3 measurement(s) were left out, the host was noisy (see Note)"
+    ]
+    assert labelled(block, "Capacity")[0].startswith(
+        "not measured: all 3 measurements were left out, the host was noisy"
+    )
+    assert labelled(block, "Note") == [
+        "3 measurement(s) left out and taken again, the host was noisy: noisy: 1.0 cores used by python other.py while "
+        "measuring vllm"
+    ]
+
+
 # ---------------------------------------------------------------- measuring
 
 
