@@ -404,14 +404,25 @@ def measure(server: discover.Server, settings: Settings, say: Progress) -> tuple
     return outcome, interrupted
 
 
-def _run_knee(
-    server: discover.Server, gauges: Gauges, settings: Settings, outcome: quick_words.Outcome, say: Progress
-) -> bool:
+def knee_env(gauges: Gauges, settings: Settings) -> dict[str, str]:
+    """The knee's environment: where its samples come from (none without gauges), its warm-up bound, and the
+    exporter quick started as servescope's own observer."""
     env = {**os.environ, "WARMUP_MAX_S": f"{settings.warmup_max_s:g}"}
     if gauges.sample_url:
         env["SAMPLE_EXPORTER_URL"] = gauges.sample_url
     else:
         env["SAMPLE_INTERVAL_MS"] = "0"
+    if gauges.exporter is not None and gauges.exporter.proc is not None:
+        # Its CPU (a read of the engine per sample, 0.1-0.2 of a core on the double) is the measurement's cost, as
+        # the stack's exporter's is: never host noise that sends a measurement back.
+        env["LOADGEN_OBSERVER_PIDS"] = f"quick-exporter={gauges.exporter.proc.pid}"
+    return env
+
+
+def _run_knee(
+    server: discover.Server, gauges: Gauges, settings: Settings, outcome: quick_words.Outcome, say: Progress
+) -> bool:
+    env = knee_env(gauges, settings)
     folder = settings.results / outcome.run_id
     log = settings.results / f".{outcome.run_id}.log"  # the knee's own output; moved into its folder after
     settings.results.mkdir(parents=True, exist_ok=True)

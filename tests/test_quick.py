@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -18,12 +19,13 @@ import pytest
 import requests
 
 from loadgen import discover, quick, quick_words
+from loadgen.side_exporter import SideExporter
 from report import cli as report_cli
-from servescope import slo, thresholds
+from servescope import hostnoise, slo, thresholds
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.serving import ServedInThread
-from tests.doubles.synthetic_openai import SyntheticServer
+from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
 from tests.test_exporter_proxy import ExporterThread
 
 REPO = Path(__file__).resolve().parent.parent
@@ -174,6 +176,26 @@ def test_two_different_ollamas_are_both_measured(monkeypatch):
         monkeypatch.setenv("OLLAMA_PROXY_PORT", two.url.rsplit(":", 1)[1])
         found = discover.discover(discover.parse_ports(f"{one.url.rsplit(':', 1)[1]},{two.url.rsplit(':', 1)[1]}"))
     assert [s.url for s in found.servers] == [one.url, two.url] and not found.skipped
+
+
+def test_the_exporter_quick_starts_is_an_observer_and_its_proxy_is_not_the_engine(monkeypatch):
+    """Its CPU must not flag a measurement noisy, and the Ollama proxy it runs must not pass for the engine's CPU."""
+    with SyntheticProcess("--ttft", "0") as proxy_like:
+        pid = next(iter(hostnoise.listeners(int(proxy_like.url.rsplit(":", 1)[1]))))
+        monkeypatch.setenv("LOADGEN_OBSERVER_PIDS", f"quick-exporter={pid}")
+        roles = hostnoise.roles_for("ollama", "ollama", proxy_like.url, records={})
+    assert roles.observers == {"quick-exporter": {pid}}
+    assert roles.engine == set() and roles.engine_how.startswith("not measured: port ")
+    # ...and quick hands its exporter's pid to the knee it starts, the samples' source with it.
+    exporter = SideExporter("vllm", proxy_like.url)
+    exporter.proc = types.SimpleNamespace(pid=4242)
+    exporter.port = 9
+    settings = quick.Settings.of(quick.build_parser().parse_args([]))
+    env = quick.knee_env(quick.Gauges(proxy_like.url, exporter.url, exporter), settings)
+    assert env["LOADGEN_OBSERVER_PIDS"] == "quick-exporter=4242" and env["SAMPLE_EXPORTER_URL"] == exporter.url
+    exporter.proc = None
+    exporter.close()
+    assert quick.knee_env(quick.Gauges(proxy_like.url), settings)["SAMPLE_INTERVAL_MS"] == "0"  # no gauges: no samples
 
 
 # ---------------------------------------------------------------- one clear line
