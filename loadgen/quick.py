@@ -160,7 +160,17 @@ class Progress:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    say = Progress()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a SIGTERM ends it as Ctrl-C does
+    try:
+        return _main(args, Progress())
+    except KeyboardInterrupt:  # before or between engines: nothing was being measured
+        print("quick: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args: argparse.Namespace, say: Progress) -> int:
     try:
         settings = Settings.of(args)
         servers = _servers(args, say)
@@ -169,22 +179,18 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if not servers:
         return EXIT_NOTHING
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a SIGTERM ends it as Ctrl-C does
     outcomes: list[quick_words.Outcome] = []
     interrupted = False
-    try:
-        for n, server in enumerate(servers, 1):
-            say(f"quick: {n} of {len(servers)}: {server.title()} at {server.url}")
-            outcome, interrupted = measure(server, settings, say)
-            outcomes.append(outcome)
-            _answer(outcome)
-            if interrupted:
-                left = len(servers) - n
-                if left:
-                    say(f"quick: interrupted: {left} engine(s) not measured")
-                break
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    for n, server in enumerate(servers, 1):
+        say(f"quick: {n} of {len(servers)}: {server.title()} at {server.url}")
+        outcome, interrupted = measure(server, settings, say)
+        outcomes.append(outcome)
+        _answer(outcome)
+        if interrupted:
+            left = len(servers) - n
+            if left:
+                say(f"quick: interrupted: {left} engine(s) not measured")
+            break
     if len(outcomes) > 1:
         print("\n" + "\n".join(f"{o.title}: make report RUN={o.run_ref}" for o in outcomes if o.run_ref), flush=True)
     if interrupted:
