@@ -7,7 +7,8 @@ Per engine, one after another (two engines measured at once would share the core
      engine serves no metrics page: then the search runs without server samples and says what that costs
   3. `python -m loadgen knee` as a child process, its first load 1 user (the "one user" answer), each
      measurement QUICK_DURATION s, the boundary loads QUICK_KNEE_REPEATS times, at most QUICK_KNEE_PROBES
-     measurements up to QUICK_MAX_LOAD users, on the knee's own fair workload (a fresh prompt per request);
+     measurements up to QUICK_MAX_LOAD users, on the knee's own fair workload (a fresh prompt per request,
+     seeded for this run so that none repeats an earlier run's);
      at QUICK_BUDGET_S the search is stopped as Ctrl-C stops it and what was measured is the answer
   4. the answer: loadgen/quick_words.py, printed and kept as quick.txt in the knee's run folder, which is an
      ordinary run folder (`make report RUN=<id>`)
@@ -34,6 +35,7 @@ from typing import Any
 import requests
 
 from loadgen import discover, options, quick_words
+from loadgen import prompts as prompt_sets
 from loadgen.side_exporter import ExporterError, SideExporter
 from servescope import engine_identity, engines, knobs, sampler, slo, thresholds
 from servescope.runfolder import KNEE, REQUESTS, SAMPLES, RunFolder
@@ -96,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompts",
         default=None,
-        help="the workload (default the knee's: LOADGEN_CAPACITY_PROMPTS, a fresh prompt per request)",
+        help="the workload (default the knee's: LOADGEN_CAPACITY_PROMPTS, a fresh prompt per request; a synthetic set "
+        "without ,seed=S gets this run's, so no prompt repeats an earlier run's)",
     )
     p.add_argument(
         "--max-tokens",
@@ -141,11 +144,24 @@ class Settings:
             args.knee_probes,
             args.budget,
             args.warmup_max_s,
-            args.prompts,
+            fresh_for_this_run(args.prompts or knobs.get("LOADGEN_CAPACITY_PROMPTS")),
             args.max_tokens,
             args.model,
             Path(args.results),
         )
+
+
+def fresh_for_this_run(prompts: str, seed: int | None = None) -> str:
+    """A fresh synthetic set without a seed gets one of this run's: its prompts are drawn from (seed, phase, index),
+    so every knee with the same seed sends the same ones, and an engine that keeps its prompt cache across requests
+    (llama.cpp's slots; vLLM's prefix cache until evicted) served the first requests of each load from the last run's
+    (seen on the native stack: 256 of 257 prompt tokens cached). A seed given, or any other set, is left as asked."""
+    m = prompt_sets.SYNTHETIC.fullmatch(prompts.strip())
+    if m is None or m.group(2) is not None or m.group(3) is not None:
+        return prompts
+    if seed is None:
+        seed = time.time_ns() // 1000 % 10**12  # microseconds: two runs never share one; the set takes 12 digits
+    return f"{prompts.strip()},seed={seed}"
 
 
 class Progress:

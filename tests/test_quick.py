@@ -124,6 +124,14 @@ def test_quick_has_its_own_slo_default_and_the_slo_knobs_and_flags_override_it(m
     assert (spec.text, spec.objective) == ("e2e<=5", 0.5)
 
 
+def test_a_fresh_synthetic_set_gets_a_seed_of_this_run_and_every_other_set_is_left_as_asked():
+    assert quick.fresh_for_this_run("synthetic:256", seed=7) == "synthetic:256,seed=7"
+    for asked in ("synthetic:256,seed=3", "synthetic:256x16", "seed3", "shared-prefix"):
+        assert quick.fresh_for_this_run(asked) == asked
+    one, two = quick.fresh_for_this_run("synthetic:64"), quick.fresh_for_this_run("synthetic:64")
+    assert one != two and one.startswith("synthetic:64,seed=")
+
+
 # ---------------------------------------------------------------- discovery
 
 
@@ -409,6 +417,23 @@ def test_ollama_is_measured_through_a_proxy_of_quicks_own(tmp_path):
     proxy = note.removeprefix("load through a proxy of quick's own at ").split(":")[:3]
     assert manifest["engines"]["ollama"]["url"] == ":".join(proxy) != sim.url  # the load went through the proxy
     assert relayed > 0
+
+
+@pytest.mark.slow
+def test_a_second_quick_run_is_not_served_from_the_first_ones_prompt_cache(tmp_path):
+    """Seen on the native stack: llama.cpp served the first requests of each load from the last knee's prompts (the
+    same seed draws the same ones). Each quick run seeds its own; the double caches prefixes as the engines do."""
+    with SyntheticServer(ttft=0.02, itl=0.01, tokens=10, prefix_cache=True, prefix_block=1) as server:
+        args = [server.url, "--slo", "ttft<=1,tpot<=1", "--duration", "1", "--max-load", "2", "--knee-repeats", "1"]
+        runs = [run_quick(*args, "--max-tokens", "10", "--results", str(tmp_path)) for _ in range(2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    blocks = [answer_block(proc.stdout, "vLLM-CPU 0.0.0-synthetic at") for proc in runs]
+    knees = [json.loads((run_folder(block) / "knee.json").read_text()) for block in blocks]
+    assert knees[0]["prompt_set"]["name"] != knees[1]["prompt_set"]["name"]
+    for knee, block in zip(knees, blocks, strict=True):
+        assert not any(row["reuse_unasked"] for row in knee["levels"]), knee["levels"]
+        assert not any("prefix cache" in note for note in labelled(block, "Note"))
 
 
 @pytest.mark.slow
