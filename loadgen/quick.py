@@ -474,16 +474,19 @@ def _run_knee(
         finally:
             _end(proc)
         watcher.poll()
+    # A knee stopped on purpose may end any way (a SIGINT while it still imports is a traceback): not a failure.
+    failed = proc.returncode not in (0, EXIT_INTERRUPTED) and not outcome.stopped
     if folder.is_dir():
         log.replace(folder / "knee.log")
-    elif proc.returncode not in (0, EXIT_INTERRUPTED):
-        lines = [line for line in log.read_text().splitlines() if line.strip()]
-        outcome.failure = f"the knee run failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
-        log.unlink(missing_ok=True)
+        if failed:
+            outcome.failure = (
+                f"the knee run ended with exit {proc.returncode} (its output: {_shown(folder / 'knee.log')})"
+            )
     else:
+        if failed:
+            lines = [line for line in log.read_text().splitlines() if line.strip()]
+            outcome.failure = f"the knee run failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
         log.unlink(missing_ok=True)
-    if proc.returncode not in (0, EXIT_INTERRUPTED) and not outcome.failure:
-        outcome.failure = f"the knee run ended with exit {proc.returncode} (its output: {_shown(folder / 'knee.log')})"
     return interrupted
 
 
