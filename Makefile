@@ -6,12 +6,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help install constraints test e2e lint up down status report bench dashboards webui compare tune
+.PHONY: help install constraints test e2e lint up down status report bench dashboards webui compare tune quick
 
 help:
 	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native; MODE=native|compose forces one) and run the comparison"
 	@echo "make down     stop what make up started"
 	@echo "make status   table of services: pid, URL, ready, memory"
+	@echo "make quick    find the engines running here (URL=http://HOST:PORT for one), measure each for about 3 minutes: users it serves under the SLOs, what runs out"
 	@echo "make report   report on the latest run (RUN=<id> for another, BASELINE=<id> to compare two)"
 	@echo "make test     fast test suite;  make e2e: real-engine end-to-end suite"
 	@echo "make bench    proxy, exporter, load generator and report-at-scale benchmarks"
@@ -82,6 +83,12 @@ webui: install
 # TUNE_ARGS go to `python -m loadgen knee` (e.g. TUNE_ARGS="--duration 20 --slo ttft_p95<=1").
 tune: install
 	$(BIN)/python -m stack tune --engine $(ENGINE) $(TUNE_ARGS)
+
+# An engine that already runs (the stack's or your own): found on its usual port, or URL=http://HOST:PORT; one user
+# and a short knee each, answered in plain words, each a run folder `make report RUN=<id>` reads.
+# QUICK_ARGS go to `python -m loadgen quick` (e.g. QUICK_ARGS="--slo ttft<=1,tpot<=0.1 --budget 120").
+quick: install
+	$(BIN)/python -m loadgen quick $(URL) $(QUICK_ARGS)
 
 compare: install
 	$(BIN)/python -m loadgen compare $(foreach e,$(ENGINES),--engine $(e))

@@ -41,6 +41,10 @@ EXIT_INTERRUPTED = 130
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["quick"]:
+        from loadgen.quick import main as quick
+
+        return quick(argv[1:])
     if argv[:1] == ["webui"]:
         known, extra = build_parser().parse_known_args(argv)
         return webui(known, extra)

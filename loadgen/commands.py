@@ -34,6 +34,10 @@ COMMANDS = {
     "replay": "a trace's requests at their own times (--prompts trace:FILE), open loop, --speed times faster",
     "knee": "the highest concurrency (or rate) that meets the SLOs, and the server resource that ran out above it",
 }
+QUICK_HELP = (
+    "find the engines running here (or at URLs), measure one user and a short knee on each, answer in plain words "
+    "(`python -m loadgen quick --help`)"
+)
 web_port = options.bounded(int, "a port from 1 to 65535", 1, 65535)
 
 
@@ -46,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for command, text in COMMANDS.items():
         options.add_command_options(sub.add_parser(command, help=text), command)
+    # quick has a parser of its own (loadgen/quick.py): listed here so `python -m loadgen --help` shows it.
+    sub.add_parser("quick", add_help=False, help=QUICK_HELP)
     webui = sub.add_parser(
         "webui",
         help="Locust's web UI on LOCUST_PORT (127.0.0.1), opened pre-filled: Host = the engine URL, "

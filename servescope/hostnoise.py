@@ -7,7 +7,8 @@ process is then put in one group:
 
   engine      the engine under test and every process under it (vLLM's engine core is a child)
   loadgen     this load generator and its children: the measurement itself, left out
-  observers   servescope's own exporter, Prometheus and web UI (the native stack's pid records):
+  observers   servescope's own exporter, Prometheus and web UI (the native stack's pid records, and
+              LOADGEN_OBSERVER_PIDS: the exporter `python -m loadgen quick` starts for its knee):
               shown, but they run alike in every phase, so they never flag one (their cost is
               `make bench`'s observer effect)
   other engines   the other engines of this run (by the port they listen on) and the ones the
@@ -34,7 +35,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from servescope import pidrecords
+from servescope import knobs, pidrecords
 from servescope.thresholds import NoiseRule
 
 PROC = Path("/proc")
@@ -218,6 +219,8 @@ def roles_for(
     for rec in records.values():
         if rec.name in pidrecords.OBSERVERS:
             roles.observers[rec.name] = {rec.pid}
+    for name, pid in extra_observers():
+        roles.observers.setdefault(name, set()).add(pid)
     engine_records = {r.name: r for r in records.values() if r.is_engine}
     roles.engine, roles.engine_how = _locate(kind, url, engine_records, roles.observers)
     for name, rec in engine_records.items():
@@ -233,6 +236,17 @@ def roles_for(
     return roles
 
 
+def extra_observers() -> list[tuple[str, int]]:
+    """LOADGEN_OBSERVER_PIDS (NAME=PID,...): observers the stack's pid records do not name, such as the exporter
+    `python -m loadgen quick` starts for one measurement; shown like the stack's, never flagging a phase."""
+    out = []
+    for part in knobs.get("LOADGEN_OBSERVER_PIDS", "").split(","):
+        name, _, pid = part.strip().rpartition("=")
+        if pid.isdigit():
+            out.append((name or "observer", int(pid)))
+    return out
+
+
 def _locate(
     kind: str, url: str, records: dict[str, pidrecords.LiveRecord], observers: dict[str, set[int]]
 ) -> tuple[set[int], str]:
@@ -246,6 +260,9 @@ def _locate(
     if pids & set().union(*observers.values()) and kind in records:
         rec = records[kind]  # the exporter's Ollama proxy listens there; the engine behind it is recorded
         return {rec.pid}, f"pid {rec.pid} from the native stack's {rec.name} record (behind the exporter's proxy)"
+    if pids and pids <= set().union(*observers.values()):
+        # An exporter's proxy (quick's own) with no record of the engine behind it: the proxy is not the engine.
+        return set(), f"not measured: port {port} is an exporter's proxy, and no pid record names the engine behind it"
     if pids:
         return pids, f"pid {', '.join(map(str, sorted(pids)))} listening on port {port}"
     return set(), (

@@ -1,0 +1,239 @@
+"""Which LLM servers answer on this machine's usual ports, and what each one is (`python -m loadgen quick`).
+
+A server is told by the endpoint only its engine has, asked in this order (the first that answers decides):
+
+  Ollama     GET /api/version  {"version"}        (the stack's Ollama proxy relays it: the same answer)
+  llama.cpp  GET /props        total_slots / default_generation_settings
+  SGLang     GET /get_model_info                  (servescope has no engine kind for it: named, not measured)
+  LM Studio  GET /api/v0/models                   (likewise)
+  vLLM       GET /version      {"version"}
+  other      GET /v1/models    an OpenAI model list and none of the above: "an OpenAI-compatible server"
+
+Then servescope/engine_identity.py reads the version and models of the kinds servescope has. The ports
+probed are the stack's port knobs and each engine's own default (UPSTREAM_PORTS), or QUICK_PORTS / --ports
+when given; only 127.0.0.1 is probed. An Ollama reached both on its own port and through the stack's proxy
+(OLLAMA_PROXY_PORT, the same version, models and loaded models) is measured once, through the proxy: its
+gauges are what the proxy relayed (issue 23), its own port shows none.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+
+from servescope import engine_identity, engines, knobs
+from servescope.urls import parse_http_url, redact
+
+HOST = "127.0.0.1"
+TIMEOUT_S = 1.0  # per GET while looking: a local server answers in milliseconds, a port nobody listens on at once
+
+
+@dataclass(frozen=True)
+class Usual:
+    port: int
+    what: str  # whose port it is, in words
+    source: str  # the knob that sets it, or whose default it is
+
+
+# Where each engine listens when started without servescope (its own default), beside the stack's knobs.
+UPSTREAM_PORTS = (
+    Usual(8000, "vLLM", "vLLM's default"),
+    Usual(8080, "llama.cpp", "llama-server's default"),
+    Usual(11434, "Ollama", "Ollama's default"),
+    Usual(30000, "SGLang", "SGLang's default"),
+    Usual(1234, "LM Studio", "LM Studio's default"),
+)
+PROXY_PORT_KNOB = "OLLAMA_PROXY_PORT"
+
+
+class DiscoverError(ValueError):
+    """A bad port list or URL: one line."""
+
+
+def usual_ports() -> list[Usual]:
+    """The ports quick looks at with no URL: QUICK_PORTS when set, else the stack's knobs and the engines' defaults."""
+    listed = knobs.get("QUICK_PORTS", "").strip()
+    if listed:
+        return parse_ports(listed, "QUICK_PORTS")
+    table = [
+        UPSTREAM_PORTS[0],
+        Usual(engines.VLLM.default_port, "vLLM", engines.VLLM.port_env),
+        UPSTREAM_PORTS[1],
+        Usual(engines.LLAMACPP.default_port, "llama.cpp", engines.LLAMACPP.port_env),
+        Usual(knobs.get_int(PROXY_PORT_KNOB), "the stack's Ollama proxy", PROXY_PORT_KNOB),
+        Usual(engines.OLLAMA.default_port, "Ollama", engines.OLLAMA.port_env),
+        *UPSTREAM_PORTS[3:],
+    ]
+    if engines.OLLAMA.default_port != UPSTREAM_PORTS[2].port:
+        table.insert(-2, UPSTREAM_PORTS[2])
+    seen: set[int] = set()
+    return [u for u in table if not (u.port in seen or seen.add(u.port))]
+
+
+def parse_ports(text: str, where: str = "--ports") -> list[Usual]:
+    ports = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or not 0 < int(part) < 65536:
+            raise DiscoverError(f"{where} {text!r}: expected ports from 1 to 65535, comma-separated (e.g. 8009,8081)")
+        ports.append(Usual(int(part), f"port {part}", where))
+    if not ports:
+        raise DiscoverError(f"{where} {text!r}: expected at least one port")
+    return ports
+
+
+@dataclass
+class Server:
+    """What answered at one URL (or that nothing did)."""
+
+    url: str  # root URL, http://host:port
+    answered: bool
+    what: str = ""  # "vLLM", "llama.cpp", "Ollama", "SGLang", "LM Studio", "an OpenAI-compatible server"
+    kind: str | None = None  # servescope's engine kind; None: servescope cannot measure it
+    error: str = ""  # why nothing answered, one line
+    identity: engine_identity.Identity | None = None
+    port: Usual | None = None  # the usual port it was found on (None: a URL given)
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # Ollama: version, models and loaded models
+
+    @property
+    def version(self) -> str | None:
+        return self.identity.version if self.identity else None
+
+    @property
+    def is_stack_proxy(self) -> bool:
+        """An Ollama answering on OLLAMA_PROXY_PORT of this machine: the stack's proxy in front of it."""
+        parts = urlsplit(self.url)
+        return (
+            self.kind == "ollama"
+            and parts.hostname in (HOST, "localhost")
+            and parts.port == knobs.get_int(PROXY_PORT_KNOB)
+        )
+
+    def title(self) -> str:
+        title = engines.kind(self.kind).title if self.kind else self.what
+        return f"{title} {self.version}" if self.version else title
+
+
+def root_url(text: str) -> str:
+    """A URL as given (http://host:port, host:port or a bare port on 127.0.0.1) -> http://host:port."""
+    text = str(text).strip().rstrip("/")
+    if text.isdigit():
+        text = f"http://{HOST}:{text}"
+    elif "://" not in text:
+        text = f"http://{text}"
+    try:
+        parts = parse_http_url(text)
+    except ValueError as exc:
+        raise DiscoverError(f"{redact(text)!r}: {exc}") from None
+    path = parts.path.rstrip("/")
+    if path not in ("", "/v1"):
+        raise DiscoverError(f"{redact(text)!r}: give the server's address (http://host:port), not a path")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _get(session: requests.Session, url: str) -> tuple[int, Any]:
+    """(status, JSON or None); raises requests.RequestException when nothing answers."""
+    resp = session.get(url, timeout=TIMEOUT_S)
+    try:
+        return resp.status_code, resp.json()
+    except ValueError:
+        return resp.status_code, None
+
+
+def identify(url: str, port: Usual | None = None) -> Server:
+    """What serves at `url` (a root URL); never raises for a server that does not answer."""
+    with requests.Session() as session:
+        try:
+            status, version = _get(session, f"{url}/api/version")
+        except requests.RequestException as exc:
+            return Server(url, False, error=_reason(exc), port=port)
+        try:
+            server = _fingerprint(session, url, version if status == 200 else None)
+        except requests.RequestException as exc:
+            return Server(url, False, error=_reason(exc), port=port)
+    server.port = port
+    if server.kind is not None:
+        server.identity = engine_identity.probe(server.kind, url)
+    return server
+
+
+def _fingerprint(session: requests.Session, url: str, version: Any) -> Server:
+    if isinstance(version, dict) and isinstance(version.get("version"), str):
+        return Server(url, True, "Ollama", "ollama", fingerprint=_ollama_fingerprint(session, url, version))
+    status, props = _get(session, f"{url}/props")
+    if status == 200 and isinstance(props, dict) and ("total_slots" in props or "default_generation_settings" in props):
+        return Server(url, True, "llama.cpp", "llamacpp")
+    status, info = _get(session, f"{url}/get_model_info")
+    if status == 200 and isinstance(info, dict):
+        return Server(url, True, "SGLang")
+    status, listing = _get(session, f"{url}/api/v0/models")
+    if status == 200 and isinstance(listing, dict):
+        return Server(url, True, "LM Studio")
+    status, version = _get(session, f"{url}/version")
+    if status == 200 and isinstance(version, dict) and isinstance(version.get("version"), str):
+        return Server(url, True, "vLLM", "vllm")
+    status, models = _get(session, f"{url}/v1/models")
+    if status == 200 and isinstance(models, dict) and isinstance(models.get("data"), list):
+        return Server(url, True, "an OpenAI-compatible server")
+    return Server(url, True, "an HTTP server that is no LLM server servescope knows", error=f"GET /v1/models: {status}")
+
+
+def _ollama_fingerprint(session: requests.Session, url: str, version: dict) -> dict[str, Any]:
+    """What tells one Ollama from another: its version, installed models (with digests) and loaded models."""
+    out: dict[str, Any] = {"version": version.get("version")}
+    for path in ("/api/tags", "/api/ps"):
+        try:
+            status, payload = _get(session, f"{url}{path}")
+            entries = engine_identity.ollama_models(payload, path) if status == 200 else None
+        except (requests.RequestException, ValueError):
+            entries = None
+        out[path] = (
+            None
+            if entries is None
+            else sorted((str(e.get("name")), str(e.get("digest")), str(e.get("expires_at", ""))) for e in entries)
+        )
+    return out
+
+
+@dataclass
+class Found:
+    """Discovery's answer: servers to measure, and one line for each one found but left alone."""
+
+    servers: list[Server]
+    skipped: list[str]
+    probed: list[Usual]
+
+
+def discover(ports: list[Usual] | None = None, host: str = HOST) -> Found:
+    """Every server answering on the ports (in parallel), in the ports' order, one Ollama counted once."""
+    ports = usual_ports() if ports is None else ports
+    with ThreadPoolExecutor(max_workers=max(1, len(ports))) as pool:
+        answers = list(pool.map(lambda u: identify(f"http://{host}:{u.port}", u), ports))
+    servers = [s for s in answers if s.answered]
+    skipped: list[str] = []
+    for proxy in [s for s in servers if s.is_stack_proxy]:
+        for other in [s for s in servers if s.kind == "ollama" and s is not proxy]:
+            if other.fingerprint == proxy.fingerprint:
+                servers.remove(other)
+                skipped.append(
+                    f"Ollama at {other.url} is the Ollama behind the stack's proxy at {proxy.url} (the same version, "
+                    f"models and loaded models): measured once, through the proxy, whose gauges are what it relayed"
+                )
+    return Found(servers, skipped, ports)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    if isinstance(exc, requests.ConnectTimeout) or isinstance(exc, requests.ReadTimeout):
+        return f"no answer within {TIMEOUT_S:g} s"
+    if "refused" in text.lower():
+        return "connection refused"
+    if isinstance(exc, requests.ConnectionError):
+        return "connection failed: " + " ".join(text.split())[:160]
+    return " ".join(text.split())[:160] or type(exc).__name__

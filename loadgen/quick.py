@@ -1,0 +1,587 @@
+"""`python -m loadgen quick [URL ...]` (`make quick`): find the engines running here, measure one user and a short knee on each, answer in plain words.
+
+Per engine, one after another (two engines measured at once would share the cores and both be wrong):
+
+  1. what it is: loadgen/discover.py (the usual ports on 127.0.0.1, or the URLs given)
+  2. its gauges: an exporter of quick's own watching only it (loadgen/side_exporter.py), or none when the
+     engine serves no metrics page: then the search runs without server samples and says what that costs
+  3. `python -m loadgen knee` as a child process, its first load 1 user (the "one user" answer), each
+     measurement QUICK_DURATION s, the boundary loads QUICK_KNEE_REPEATS times, at most QUICK_KNEE_PROBES
+     measurements up to QUICK_MAX_LOAD users, on the knee's own fair workload (a fresh prompt per request,
+     seeded for this run so that none repeats an earlier run's);
+     at QUICK_BUDGET_S the search is stopped as Ctrl-C stops it and what was measured is the answer
+  4. the answer: loadgen/quick_words.py, printed and kept as quick.txt in the knee's run folder, which is an
+     ordinary run folder (`make report RUN=<id>`)
+
+The SLOs are --slo, else the SLO knob, else servescope/thresholds.py's QUICK_SLO_DEFAULT (and so for the
+attainment). Progress lines come from the run folder as the knee writes it (knee.json after each
+measurement, a new phase's first sample or request). Ctrl-C stops the search in progress (the knee keeps
+every finished request and measurement), answers for what was measured, and measures no further engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from loadgen import discover, options, quick_words
+from loadgen import prompts as prompt_sets
+from loadgen.side_exporter import ExporterError, SideExporter
+from servescope import engine_identity, engines, knobs, sampler, slo, thresholds
+from servescope.runfolder import KNEE, REQUESTS, SAMPLES, RunFolder
+from servescope.urls import redact
+
+EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+STOP_GRACE_S = 60.0  # after its SIGINT the knee ends its users mid-stream and writes its folder: seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = options.ArgumentParser(
+        prog="python -m loadgen quick",
+        description="Find the LLM engines running on this machine (or at the URLs given), measure one user and a "
+        "short knee on each, and say in plain words how many users each serves under the SLOs and what runs out.",
+    )
+    p.add_argument(
+        "urls",
+        nargs="*",
+        metavar="URL",
+        help="an engine's address (http://HOST:PORT, HOST:PORT or a port on 127.0.0.1; KIND=URL names its kind); "
+        "none: look on the usual ports",
+    )
+
+    def knob(flag: str, name: str, kind, text: str) -> None:
+        p.add_argument(flag, type=kind, default=knobs.get(name), help=f"{text} (default {name}: %(default)s)")
+
+    p.add_argument(
+        "--ports",
+        default=knobs.get("QUICK_PORTS", ""),
+        help="ports on 127.0.0.1 to look on, comma-separated (default QUICK_PORTS; empty: VLLM_PORT, LLAMACPP_PORT, "
+        "OLLAMA_PROXY_PORT, OLLAMA_PORT and each engine's own default: 8000, 8080, 11434, 30000, 1234)",
+    )
+    p.add_argument(
+        "--slo",
+        type=options.slo_spec,
+        default=knobs.get("SLO", ""),
+        metavar="SPEC",
+        help=f"service level objectives, {slo.SPEC_HELP} (default the SLO knob; empty: "
+        f"servescope/thresholds.py's QUICK_SLO_DEFAULT, {thresholds.QUICK_SLO_DEFAULT})",
+    )
+    p.add_argument(
+        "--slo-attainment",
+        type=options.slo_share,
+        default=knobs.get("SLO_ATTAINMENT", "") or None,
+        metavar="SHARE",
+        help=f"share of requests that must meet every per-request term (default the SLO_ATTAINMENT knob; empty: "
+        f"QUICK_SLO_ATTAINMENT, {thresholds.QUICK_SLO_ATTAINMENT:g})",
+    )
+    knob("--duration", "QUICK_DURATION", options.positive_seconds, "seconds per measurement")
+    knob("--max-load", "QUICK_MAX_LOAD", options.users, "the most users at once it tries")
+    knob("--knee-repeats", "QUICK_KNEE_REPEATS", options.positive_int, "measurements of each boundary load")
+    knob("--knee-probes", "QUICK_KNEE_PROBES", options.positive_int, "measurements per engine, at most")
+    knob(
+        "--budget",
+        "QUICK_BUDGET_S",
+        options.positive_seconds,
+        "seconds per engine, warm-up included: then the search stops as Ctrl-C stops it",
+    )
+    knob("--warmup-max-s", "QUICK_WARMUP_MAX_S", options.non_negative_seconds, "seconds of warm-up per engine, at most")
+    p.add_argument(
+        "--prompts",
+        default=None,
+        help="the workload (default the knee's: LOADGEN_CAPACITY_PROMPTS, a fresh prompt per request; a synthetic set "
+        "without ,seed=S gets this run's, so no prompt repeats an earlier run's)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=options.positive_int,
+        default=None,
+        help="output tokens per request (default the knee's: LOADGEN_CAPACITY_MAX_TOKENS)",
+    )
+    p.add_argument("--model", default=None, help="model to request (default: what the engine lists)")
+    p.add_argument(
+        "--results",
+        default=str(_default_results()),
+        help="where run folders go (default SERVESCOPE_RESULTS: %(default)s)",
+    )
+    return p
+
+
+@dataclass
+class Settings:
+    """The resolved command line: what every engine is measured with."""
+
+    spec: slo.SloSpec
+    duration_s: float
+    max_load: int
+    repeats: int
+    probes: int
+    budget_s: float
+    warmup_max_s: float
+    prompts: str | None
+    max_tokens: int | None
+    model: str | None
+    results: Path
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Settings:
+        text = args.slo or thresholds.QUICK_SLO_DEFAULT
+        objective = args.slo_attainment if args.slo_attainment not in (None, "") else thresholds.QUICK_SLO_ATTAINMENT
+        return cls(
+            slo.parse(text, objective),
+            args.duration,
+            args.max_load,
+            args.knee_repeats,
+            args.knee_probes,
+            args.budget,
+            args.warmup_max_s,
+            prompt_sets.for_this_run(args.prompts or knobs.get("LOADGEN_CAPACITY_PROMPTS")),
+            args.max_tokens,
+            args.model,
+            Path(args.results),
+        )
+
+
+class Progress:
+    """quick's own lines: elapsed time since it started, flushed (a pipe shows them as they come)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.t0:5.0f}s] {text}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a SIGTERM ends it as Ctrl-C does
+    try:
+        return _main(args, Progress())
+    except KeyboardInterrupt:  # before or between engines: nothing was being measured
+        print("quick: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args: argparse.Namespace, say: Progress) -> int:
+    try:
+        settings = Settings.of(args)
+        servers = _servers(args, say)
+    except (discover.DiscoverError, slo.SloError) as exc:
+        print(f"quick: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not servers:
+        return EXIT_NOTHING
+    outcomes: list[quick_words.Outcome] = []
+    interrupted = False
+    for n, server in enumerate(servers, 1):
+        say(f"quick: {n} of {len(servers)}: {server.title()} at {server.url}")
+        outcome, interrupted = measure(server, settings, say)
+        outcomes.append(outcome)
+        _answer(outcome)
+        if interrupted:
+            left = len(servers) - n
+            if left:
+                say(f"quick: interrupted: {left} engine(s) not measured")
+            break
+    if len(outcomes) > 1:
+        print("\n" + "\n".join(f"{o.title}: make report RUN={o.run_ref}" for o in outcomes if o.run_ref), flush=True)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if any(o.knee and o.knee.get("levels") for o in outcomes) else EXIT_NOTHING
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _servers(args: argparse.Namespace, say: Progress) -> list[discover.Server]:
+    """The engines to measure; one line for each one that answers nothing or cannot be measured."""
+    if args.urls:
+        found: list[discover.Server] = []
+        for text in args.urls:
+            kind, sep, url = text.partition("=")
+            if not sep:
+                kind, url = "", text
+            elif kind not in engines.ENGINES:
+                raise discover.DiscoverError(f"{text!r}: {kind!r} is not an engine kind ({', '.join(engines.ENGINES)})")
+            server = discover.identify(discover.root_url(url))
+            if not server.answered:
+                print(f"quick: nothing answers at {redact(server.url)} ({server.error})", file=sys.stderr, flush=True)
+                continue
+            if kind and server.kind != kind:
+                server.kind, server.what = kind, engines.kind(kind).title  # the user said what it is
+                server.identity = engine_identity.probe(kind, server.url)
+            found.append(server)
+    else:
+        ports = discover.parse_ports(args.ports, "--ports") if args.ports.strip() else discover.usual_ports()
+        say(f"quick: looking on 127.0.0.1 ports {', '.join(f'{u.port} ({u.source})' for u in ports)}")
+        result = discover.discover(ports)
+        for line in result.skipped:
+            say(f"quick: {line}")
+        found = result.servers
+        if not found:
+            say(
+                "quick: no engine answers on those ports: start one (`make up`), or give its URL "
+                "(python -m loadgen quick http://HOST:PORT, make quick URL=...)"
+            )
+            return []
+    usable = []
+    for server in found:
+        where = f" ({server.port.source})" if server.port else ""
+        if server.kind is None:
+            say(
+                f"quick: {server.what} at {server.url}{where}: servescope has no engine kind for it "
+                f"(it measures {', '.join(k.title for k in engines.ENGINES.values())}): not measured"
+            )
+            continue
+        model = server.identity.model if server.identity else ""
+        say(f"quick: found {server.title()} at {server.url}{where}" + (f", model {model}" if model else ""))
+        usable.append(server)
+    return usable
+
+
+# ---------------------------------------------------------------- one engine
+
+
+@dataclass
+class Gauges:
+    """Where the knee's server samples come from for one engine, and where its load goes."""
+
+    load_url: str
+    sample_url: str | None = None  # None: no samples (SAMPLE_INTERVAL_MS=0 for the knee)
+    exporter: SideExporter | None = None
+    not_measured: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+NO_GAUGES = "no running / waiting / KV gauges, so batch slots and KV capacity cannot be told apart"
+
+
+def gauges_for(server: discover.Server, say: Progress) -> Gauges:
+    kind = engines.kind(server.kind)
+    if server.kind == "ollama":
+        return _ollama_gauges(server, say)
+    problem = metrics_problem(server.url, kind)
+    if problem:
+        return Gauges(server.url, not_measured=[f"server gauges: {problem}: {NO_GAUGES}"])
+    exporter = SideExporter(server.kind, server.url)
+    problem = _start(exporter)
+    if problem:
+        return Gauges(server.url, not_measured=[f"server gauges: {problem}: {NO_GAUGES}"])
+    say(f"quick: {server.kind}: its gauges through an exporter of quick's own at {exporter.url}")
+    return Gauges(server.url, exporter.url, exporter)
+
+
+def _start(exporter: SideExporter) -> str:
+    """Start it; why not in one line ("" when it runs). Stopped again on anything else, Ctrl-C included."""
+    try:
+        exporter.start()
+    except ExporterError as exc:
+        exporter.close()
+        return str(exc)
+    except BaseException:
+        exporter.close()
+        raise
+    return ""
+
+
+def metrics_problem(url: str, kind: engines.EngineKind) -> str:
+    """Why the engine's metrics page cannot feed the exporter ("" when it can)."""
+    key = knobs.get(kind.api_key_env, "") if kind.api_key_env else ""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        resp = requests.get(url + kind.metrics_path, headers=headers, timeout=5)
+    except requests.RequestException as exc:
+        return f"{kind.metrics_path} did not answer ({discover._reason(exc)})"
+    hint = " (llama-server: start it with --metrics)" if kind.name == "llamacpp" else ""
+    if resp.status_code != 200:
+        return f"{kind.title} answers {kind.metrics_path} with HTTP {resp.status_code}{hint}"
+    if f"{kind.name}:" not in resp.text:
+        return f"{kind.metrics_path} carries none of {kind.title}'s series"
+    return ""
+
+
+def _ollama_gauges(server: discover.Server, say: Progress) -> Gauges:
+    """Ollama has no metrics page: running / waiting are what a proxy relayed. Through the stack's proxy, its exporter
+    has them; otherwise quick runs a proxy of its own and sends the load through it."""
+    if server.is_stack_proxy:
+        source = sampler.default_source()
+        if _exports_ollama(source):
+            return Gauges(
+                server.url,
+                source,
+                notes=[f"load through the stack's Ollama proxy: running and waiting are what it relayed ({source})"],
+            )
+        return Gauges(
+            server.url,
+            not_measured=[f"server gauges: the stack's exporter at {source} does not export this Ollama: {NO_GAUGES}"],
+        )
+    exporter = SideExporter("ollama", server.url, proxy=True)
+    problem = _start(exporter)
+    if problem:
+        return Gauges(server.url, not_measured=[f"server gauges: {problem}: {NO_GAUGES}"])
+    say(f"quick: ollama: load through a proxy of quick's own at {exporter.proxy_url} (Ollama has no /metrics)")
+    return Gauges(
+        exporter.proxy_url,
+        exporter.url,
+        exporter,
+        notes=[
+            f"load through a proxy of quick's own at {exporter.proxy_url}: running and waiting are what it relayed "
+            f"(Ollama has no metrics page)"
+        ],
+    )
+
+
+def _exports_ollama(source: str) -> bool:
+    try:
+        page = requests.get(f"{source}/metrics", timeout=3).text
+    except requests.RequestException:
+        return False
+    return 'engine="ollama"' in page
+
+
+def run_id_for(server: discover.Server) -> str:
+    port = server.url.rsplit(":", 1)[-1]
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-quick-{server.kind}-{port}"
+
+
+def knee_command(server: discover.Server, load_url: str, settings: Settings, run_id: str) -> list[str]:
+    cmd = [sys.executable, "-m", "loadgen", "knee", "--engine", f"{server.kind}={load_url}"]
+    cmd += ["--results", str(settings.results), "--run-id", run_id, "--quiet", "--metrics-port", "0"]
+    cmd += ["--over", "concurrency", "--min-load", "1", "--start-load", "1", "--max-load", str(settings.max_load)]
+    cmd += ["--duration", f"{settings.duration_s:g}", "--knee-repeats", str(settings.repeats)]
+    cmd += ["--knee-probes", str(settings.probes), "--slo", settings.spec.text]
+    cmd += ["--slo-attainment", f"{settings.spec.objective:g}"]
+    if settings.prompts:
+        cmd += ["--prompts", settings.prompts]
+    if settings.max_tokens:
+        cmd += ["--max-tokens", str(settings.max_tokens)]
+    if settings.model:
+        cmd += ["--model", settings.model]
+    return cmd
+
+
+def measure(server: discover.Server, settings: Settings, say: Progress) -> tuple[quick_words.Outcome, bool]:
+    """One engine: (its answer, whether Ctrl-C ended it)."""
+    started = time.monotonic()
+    outcome = quick_words.Outcome(
+        title=server.title(),
+        url=server.url,
+        model=settings.model or (server.identity.model if server.identity else ""),
+        spec=settings.spec,
+        knee=None,
+        duration_s=settings.duration_s,
+    )
+    interrupted = False
+    gauges = Gauges(server.url)
+    try:
+        gauges = gauges_for(server, say)
+        outcome.not_measured += gauges.not_measured
+        outcome.notes += gauges.notes
+        outcome.run_id = run_id_for(server)
+        interrupted = _run_knee(server, gauges, settings, outcome, say)
+    except KeyboardInterrupt:
+        interrupted = True
+        outcome.stopped = outcome.stopped or "Ctrl-C stopped it"
+    finally:
+        if gauges.exporter is not None:
+            gauges.exporter.close()
+    outcome.elapsed_s = time.monotonic() - started
+    folder = settings.results / outcome.run_id if outcome.run_id else None
+    if folder is not None and folder.is_dir():
+        outcome.folder = folder
+        outcome.run_path = _shown(folder)
+        # `make report RUN=` takes an id under SERVESCOPE_RESULTS, else a path
+        outcome.run_ref = outcome.run_id if folder.parent.resolve() == _default_results() else str(folder.resolve())
+        if (folder / KNEE).exists():
+            outcome.knee = json.loads((folder / KNEE).read_text())
+        outcome.records = list(RunFolder(folder).requests())
+        prompt_set = (outcome.knee or {}).get("prompt_set", {}).get("name")
+        if prompt_set:
+            outcome.prompts = prompt_set
+    return outcome, interrupted
+
+
+def knee_env(gauges: Gauges, settings: Settings) -> dict[str, str]:
+    """The knee's environment: where its samples come from (none without gauges), its warm-up bound, and the
+    exporter quick started as servescope's own observer."""
+    env = {**os.environ, "WARMUP_MAX_S": f"{settings.warmup_max_s:g}"}
+    if gauges.sample_url:
+        env["SAMPLE_EXPORTER_URL"] = gauges.sample_url
+    else:
+        env["SAMPLE_INTERVAL_MS"] = "0"
+    if gauges.exporter is not None and gauges.exporter.proc is not None:
+        # Its CPU (a read of the engine per sample, 0.1-0.2 of a core on the double) is the measurement's cost, as
+        # the stack's exporter's is: never host noise that sends a measurement back.
+        env["LOADGEN_OBSERVER_PIDS"] = f"quick-exporter={gauges.exporter.proc.pid}"
+    return env
+
+
+def _run_knee(
+    server: discover.Server, gauges: Gauges, settings: Settings, outcome: quick_words.Outcome, say: Progress
+) -> bool:
+    env = knee_env(gauges, settings)
+    folder = settings.results / outcome.run_id
+    log = settings.results / f".{outcome.run_id}.log"  # the knee's own output; moved into its folder after
+    settings.results.mkdir(parents=True, exist_ok=True)
+    cmd = knee_command(server, gauges.load_url, settings, outcome.run_id)
+    say(
+        f"quick: {server.kind}: warm-up (not recorded, at most {settings.warmup_max_s:g} s), then loads from 1 user, "
+        f"{settings.duration_s:g} s each, at most {settings.probes} measurements or {settings.budget_s:g} s"
+    )
+    interrupted = False
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=knobs.REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        try:
+            watcher = Watcher(folder, server.kind, settings.spec, say)
+            deadline = time.monotonic() + settings.budget_s
+            while proc.poll() is None:
+                time.sleep(0.5)
+                watcher.poll()
+                if time.monotonic() >= deadline and not outcome.stopped:
+                    outcome.stopped = f"the {settings.budget_s:g} s budget (QUICK_BUDGET_S) stopped the search"
+                    say(f"quick: {server.kind}: {outcome.stopped}; keeping what was measured")
+                    proc.send_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            interrupted = True
+            outcome.stopped = "Ctrl-C stopped the search"
+            say(f"quick: {server.kind}: Ctrl-C: stopping the search, keeping what was measured")
+            proc.send_signal(signal.SIGINT)
+        finally:
+            _end(proc)
+        watcher.poll()
+    # A knee stopped on purpose may end any way (a SIGINT while it still imports is a traceback): not a failure.
+    failed = proc.returncode not in (0, EXIT_INTERRUPTED) and not outcome.stopped
+    if folder.is_dir():
+        log.replace(folder / "knee.log")
+        if failed:
+            outcome.failure = (
+                f"the knee run ended with exit {proc.returncode} (its output: {_shown(folder / 'knee.log')})"
+            )
+    else:
+        if failed:
+            lines = [line for line in log.read_text().splitlines() if line.strip()]
+            outcome.failure = f"the knee run failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
+        log.unlink(missing_ok=True)
+    return interrupted
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Wait for the knee to finish its folder; a second Ctrl-C, or one that does not end, kills it."""
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+class Watcher:
+    """Progress from the run folder as the knee writes it: a new phase's first sample or request, knee.json's probes."""
+
+    def __init__(self, folder: Path, kind: str, spec: slo.SloSpec, say: Progress):
+        self.folder, self.kind, self.spec, self.say = folder, kind, spec, say
+        self.offsets = {SAMPLES: 0, REQUESTS: 0}
+        self.phases: set[str] = set()
+        self.probes = 0
+        self.knee_mtime = 0
+
+    def poll(self) -> None:
+        self._finished()  # first: the measurement that ended comes before the one that began after it
+        for name in (SAMPLES, REQUESTS):
+            for phase in self._new_phases(name):
+                level = _level_of(phase)
+                self.say(f"quick: {self.kind}: measuring {quick_words._users(level) if level else phase} at once")
+
+    def _finished(self) -> None:
+        path = self.folder / KNEE
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            return
+        if mtime == self.knee_mtime:
+            return
+        self.knee_mtime = mtime
+        try:
+            probes = json.loads(path.read_text()).get("probes", [])
+        except (OSError, ValueError):
+            return
+        for p in probes[self.probes :]:
+            self.say(f"quick: {self.kind}: {probe_line(p, self.spec)}")
+        self.probes = max(self.probes, len(probes))
+
+    def _new_phases(self, name: str) -> list[str]:
+        path = self.folder / name
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(self.offsets[name])
+                chunk = fh.read()
+        except OSError:
+            return []
+        end = chunk.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offsets[name] += end
+        new = []
+        for line in chunk[:end].splitlines():
+            try:
+                phase = json.loads(line).get("phase")
+            except ValueError:
+                continue
+            if phase and phase not in self.phases:
+                self.phases.add(phase)
+                new.append(phase)
+        return new
+
+
+def _level_of(phase: str) -> int | None:
+    """knee-c3-2 -> 3 (loadgen/knee.py's names for a concurrency measurement)."""
+    parts = phase.split("-")
+    if len(parts) == 3 and parts[0] == "knee" and parts[1].startswith("c") and parts[1][1:].isdigit():
+        return int(parts[1][1:])
+    return None
+
+
+def probe_line(probe: dict[str, Any], spec: slo.SloSpec) -> str:
+    r = probe["result"]
+    head = f"{quick_words._users(probe['level'])}: {r['requests']} requests, {quick_words._pct(r['attainment'])} met the SLOs"
+    if probe.get("fault"):
+        return f"{head}: the engine was not there ({probe['fault']}): measured again once it answers"
+    if probe.get("noisy"):
+        return f"{head}: left out, the host was noisy ({probe['noisy'][0]}): measured again"
+    verdict = "holds" if r["meets"] else f"fails ({quick_words.failed_words(spec, r)})"
+    return f"{head}: {verdict}"
+
+
+def _default_results() -> Path:
+    return Path(options.Option("--results", "", knob="SERVESCOPE_RESULTS", repo_relative=True).default()).resolve()
+
+
+def _shown(path: Path) -> str:
+    """A path as the user can type it: relative to the current directory when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _answer(outcome: quick_words.Outcome) -> None:
+    text = "\n".join([*quick_words.lines(outcome), f"  ({quick_words.LEGEND})"])
+    print("\n" + text + "\n", flush=True)
+    if outcome.folder is not None:
+        try:
+            (outcome.folder / "quick.txt").write_text(text + "\n")
+        except OSError:
+            pass  # the answer is on the terminal; a folder that refuses it keeps the knee's own files
