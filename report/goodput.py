@@ -245,6 +245,23 @@ def _phase_pool(run: Run, where: str, params: list) -> query.Pool:
     return query.Pool(run.con, f"ok AND {where}", params)
 
 
+def floors(run: Run, instance: str, rows: list[PhaseGoodput], spec: slo.SloSpec) -> list[str]:
+    """A term that failed at the run's lowest load for this engine is below its floor: one line each, with the value."""
+    loads = {p.phase: p.concurrency for p in run.phases_of(instance)}
+    lowest = min((loads.get(g.phase, 1) for g in rows), default=None)
+    at_lowest = [g for g in rows if loads.get(g.phase, 1) == lowest]
+    out = []
+    for term in spec.terms:
+        failed = [t for g in at_lowest for t in g.result.terms if t.term == term.name and not t.holds]
+        if not failed or len(failed) < len(at_lowest):
+            continue  # held in some phase at that load: not a floor
+        observed = [t.observed for t in failed if t.observed is not None]
+        value = f": {min(observed):.3g} s" if observed else ""
+        users = "1 user" if lowest == 1 else f"{lowest} users"
+        out.append(f"{term.name} is below this engine's floor here{value} at {users} (the run's lowest load)")
+    return out
+
+
 def knee_of(run: Run) -> dict[str, Any] | None:
     path = run.path / KNEE
     try:
@@ -273,6 +290,15 @@ def section(
             f"the limit, failures counting as misses (servescope/slo.py)."
         )
     )
+    # An objective no load meets here is said once, with the value measured at the run's lowest load, instead of
+    # leaving a column of zeros to explain itself.
+    below = [
+        f"{i}: {line}"
+        for i in dict.fromkeys(g.instance for g in rows)
+        for line in floors(run, i, [g for g in rows if g.instance == i], spec)
+    ]
+    if below:
+        sec.add(Bullets(below))
     if rows:
         sec.add(
             Table(

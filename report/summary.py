@@ -69,28 +69,11 @@ def build(
                 f"SLOs {spec.text} (objective {spec.objective:.0%} of requests): met in {met} of {len(mine)} "
                 f"phases{spread}"
             )
-            s.floors = floors(run, instance, mine, spec)
+            s.floors = goodput.floors(run, instance, mine, spec)
             s.lines += s.floors
         s.lines += _flags(instance, assessment, warn, work)
         s.lines = s.lines[:MAX_LINES]
         out.append(s)
-    return out
-
-
-def floors(run: Run, instance: str, rows: list[goodput.PhaseGoodput], spec: slo.SloSpec) -> list[str]:
-    """A term that failed at the run's lowest load for this engine is below its floor: one line each, with the value."""
-    loads = {p.phase: p.concurrency for p in run.phases_of(instance)}
-    lowest = min((loads.get(g.phase, 1) for g in rows), default=None)
-    at_lowest = [g for g in rows if loads.get(g.phase, 1) == lowest]
-    out = []
-    for term in spec.terms:
-        failed = [t for g in at_lowest for t in g.result.terms if t.term == term.name and not t.holds]
-        if not failed or len(failed) < len(at_lowest):
-            continue  # held in some phase at that load: not a floor
-        observed = [t.observed for t in failed if t.observed is not None]
-        value = f": {min(observed):.3g} s" if observed else ""
-        users = "1 user" if lowest == 1 else f"{lowest} users"
-        out.append(f"{term.name} is below this engine's floor here{value} at {users} (the run's lowest load)")
     return out
 
 

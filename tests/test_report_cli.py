@@ -196,6 +196,8 @@ def test_the_summary_opens_the_report_and_says_an_slo_below_the_floor(tmp_path, 
     assert "Scaling: 3.13x for a burst of 3" in first and "strongly sub-linear" in first
     assert "Scaling: 1.10x" in first and "Verdict: raise OLLAMA_NUM_PARALLEL" in first
     assert "ttft_p95<=0.001 is below this engine's floor here" in first and "at 1 user" in first
+    goodput_section = md[md.index("## 4. Goodput under the SLOs") : md.index("## 5. ")]
+    assert "- vllm: ttft_p95<=0.001 is below this engine's floor here" in goodput_section
     numbers = json.loads((run / "report.json").read_text())
     assert all(len(s["lines"]) <= 10 for s in numbers["summary"]) and len(numbers["summary"]) == 2
     assert numbers["sections"][0] == "Summary" and numbers["sections"][-1] == "Setup"
