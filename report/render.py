@@ -108,6 +108,7 @@ figure{margin:12px 0 20px}figure img{max-width:100%;border:1px solid #e3e6ec}
 figcaption{color:#5b6475;font-size:13px}
 pre{background:#f5f7fa;border:1px solid #dfe3ea;padding:10px;overflow-x:auto;font-size:12px}
 li{margin:2px 0}code{background:#f0f3f8;padding:0 3px;border-radius:3px;font-size:90%}
+.toc ul{list-style:none;padding:0;margin:4px 0 0;font-size:13px}.toc li{display:inline;margin-right:14px}
 """
 
 
@@ -122,7 +123,7 @@ def html_page(doc: Document) -> str:
         f'<p class="subtitle">{esc(doc.subtitle)}</p>',
     ]
     toc = "".join(f'<li><a href="#s{k}">{esc(h)}</a></li>' for k, (h, _) in enumerate(doc.numbered()))
-    out.append(f"<nav><ul>{toc}</ul></nav>")
+    out.append(f'<nav class="toc"><ul>{toc}</ul></nav>')  # one line: the first screen is for the summary
     for k, (heading, sec) in enumerate(doc.numbered()):
         out.append(f'<section id="s{k}"><h2>{esc(heading)}</h2>')
         for block in sec.blocks:
@@ -149,8 +150,9 @@ def html_page(doc: Document) -> str:
 
 
 def _inline(text: str) -> str:
-    """Escape, then turn `command` spans (written for the Markdown) into <code>."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    """Escape, then turn `command` spans and **strong** spans (written for the Markdown) into <code> and <strong>."""
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
 
 
 def _clean(value: Any) -> Any:
