@@ -191,12 +191,15 @@ def _client(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) 
     b.client_busy = max(busy) if busy else None
     lags = sorted(slo.schedule_lag(r) for r in failing.records if r.scheduled_at is not None)
     b.schedule_lag_p99_s = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else None
+    waits = [n["loadgen_wait_cores"] for n in failing.noise if _number(n.get("loadgen_wait_cores"))]
     parts = []
-    if b.client_busy is not None and b.client_busy >= thresholds.CLIENT_BUSY_SHARE:
+    starved = bool(waits) and max(waits) >= thresholds.CLIENT_WAIT_SHARE
+    if b.client_busy is not None and (b.client_busy >= thresholds.CLIENT_BUSY_SHARE or starved):
         worst = next(x for x in failing.noise if client_busy(x) == b.client_busy)
         parts.append(
             f"the load generator was busy {b.client_busy:.0%} of the phase (CPU {worst.get('loadgen_cores', 0):.2f} "
-            f"cores, waiting for a core {worst.get('loadgen_wait_cores') or 0:.2f})"
+            f"cores, waiting for a core {worst.get('loadgen_wait_cores') or 0:.2f}"
+            + (f": it waited, ready to run, >= {thresholds.CLIENT_WAIT_SHARE:.0%} of the time)" if starved else ")")
         )
     if open_loop and b.schedule_lag_p99_s is not None and b.schedule_lag_p99_s > thresholds.SCHEDULE_LAG_P99_MAX_S:
         parts.append(

@@ -78,6 +78,9 @@ ENGINE_CPU_NEAR = 0.8
 # Client: the load generator's own thread was busy (its CPU plus the time it waited, ready, for a core) this share of
 # the phase: it could not send and read on time, so the latencies are partly its own.
 CLIENT_BUSY_SHARE = 0.9
+# ...or it waited, ready to run, for a core this share of the phase (a starved client: every stamp it took was late by
+# its turn; beside engines on 2 busy cores it waited 2-7% in the live knees).
+CLIENT_WAIT_SHARE = 0.25
 # Engine fault: at least this share of the level's requests found no engine (refused, timed out, cut), or the
 # exporter could not read the engine for this many seconds of it. Not a capacity measurement.
 FAULT_FAILED_SHARE = 0.1

@@ -222,3 +222,16 @@ def test_the_cores_the_engine_could_have_are_its_allowed_less_what_others_took()
     assert b.resource == binding.COMPUTE and "1.37 of the 1.44 cores it could have (2 allowed" in b.evidence
     pinned = {**noise(engine=0.9, allowed=1.0), "foreign_cores": 0.6}  # others ran on the engine's spare core
     assert binding.cores_left(pinned) == pytest.approx(1.0)
+
+
+def test_a_client_that_waited_for_its_core_a_quarter_of_the_phase_is_the_client():
+    """Seen with the load generator at nice 19 beside a hog on its core: CPU 0.06, waiting 0.62: busy only 69%, but
+    every stamp it took was late by its turn."""
+    failing = level(
+        1,
+        [record(i, ttft=0.06) for i in range(8)],
+        [sample(i, running=1) for i in range(30)],
+        [noise(loadgen=0.06, wait=0.62, loadgen_allowed=1.0)],
+    )
+    b = binding.classify(failing, None, engine="vllm", spec=SPEC, lowest=True)
+    assert b.resource == binding.CLIENT and "waited, ready to run" in b.evidence
