@@ -116,7 +116,7 @@ def test_a_folder_that_refuses_the_index_costs_one_line_and_no_record(run, capsy
     (run / runfolder.INDEX).mkdir()  # the name is taken: the finished index cannot be put there
     with_refusal = read(run)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"run folder {run}: no index kept" in err, err
+    assert err.count("\n") == 1 and f"run folder {run}: index unreadable (" in err, err
     assert len(with_refusal[0]) == 40
     assert sorted(p.name for p in run.iterdir()) == sorted([runfolder.INDEX, runfolder.REQUESTS])
 
@@ -153,3 +153,40 @@ def test_a_folder_that_takes_no_writes_is_read_without_an_index_and_without_a_wo
         assert read(run) == first and seen == []
     finally:
         _set_writable(run, True)
+
+
+# --- a damaged, edited or foreign index (issue 29): dropped and the JSONL read, in one line ---
+
+
+def test_flipped_bytes_in_the_index_cost_one_line_and_no_record(run, capsys):
+    first = read(run)
+    index = run / runfolder.INDEX
+    pristine = index.read_bytes()
+    capsys.readouterr()
+    unreadable = 0
+    for position in range(0, len(pristine), len(pristine) // 16 + 1):  # block headers and the data in between
+        damaged = bytearray(pristine)
+        damaged[position] ^= 0xFF
+        index.write_bytes(bytes(damaged))
+        assert read(run) == first, position
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) <= 1, (position, err)
+        if err:
+            assert err[0].startswith(f"run folder {run}: index unreadable (") and err[0].endswith("): rebuilt"), err
+            unreadable += 1
+        assert read(run) == first and capsys.readouterr().err == ""  # rebuilt (or never damaged): read quietly
+    assert unreadable > 0  # the flips reached the data, not only free space
+
+
+def test_an_index_of_another_database_is_dropped_and_rebuilt(run, capsys):
+    import duckdb
+
+    first = read(run)
+    index = run / runfolder.INDEX
+    index.unlink()
+    con = duckdb.connect(str(index))
+    con.execute("CREATE TABLE index_meta (name VARCHAR, value VARCHAR)")
+    con.execute("CREATE VIEW requests_lines AS SELECT 1 AS x")
+    con.close()
+    assert read(run) == first
+    assert read(run) == first
