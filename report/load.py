@@ -12,7 +12,7 @@ from typing import Any
 from report import query
 from servescope import engines, knobs
 from servescope.runfolder import MANIFEST, MAX_EPOCH_S, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, latest
-from servescope.runreader import RunData
+from servescope.runreader import RunData, UnreadableRun
 
 
 class RunError(Exception):
@@ -132,7 +132,10 @@ def load(path: Path, limits_of: Callable[[dict[str, Any]], tuple[float, ...]] | 
     if not (path / MANIFEST).exists() and not (path / REQUESTS).exists():
         raise RunError(f"{path} is not a run folder (no {MANIFEST}, no {REQUESTS})")
     manifest = _manifest(folder, warnings)
-    db = RunData(path, limits=limits_of(manifest) if limits_of else ())
+    try:
+        db = RunData(path, limits=limits_of(manifest) if limits_of else ())
+    except UnreadableRun as exc:
+        raise RunError(str(exc)) from None
     warnings += db.skips.lines()
     con = db.con
     request_count = con.execute("SELECT count(*) FROM requests").fetchone()[0]

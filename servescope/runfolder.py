@@ -199,7 +199,12 @@ class RunFolder:
         tmp.replace(self.path / MANIFEST)
 
     def manifest(self) -> dict[str, Any]:
-        return json.loads((self.path / MANIFEST).read_text())
+        from servescope.runreader import regular
+
+        path = self.path / MANIFEST
+        if path.exists() and not regular(path):
+            raise ValueError(f"{path}: not a regular file")  # a FIFO would hold the reader forever
+        return json.loads(path.read_text())
 
     def requests(self, skips: Skips | None = None) -> Iterator[RequestRecord]:
         """Every record that meets the contract, in file order; the others are counted in skips (warned if None)."""

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -361,10 +362,23 @@ def _ingest(con, table: str, path: Path | None, spec: tuple[Field, ...], limits:
         return f"{table}_set_aside"
 
 
+class UnreadableRun(ValueError):
+    """A run folder this reader will not open (a FIFO where a JSONL should be): one line for the terminal."""
+
+
+def regular(path: Path) -> bool:
+    """Whether `path` is a regular file (following a link): never open a FIFO, a device or a folder as a record."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 # --- the run's index: the JSONL read once, kept beside it (runfolder.INDEX) ---
 INDEX_MIN_MB = 32  # the RUN_INDEX_MIN_MB knob's default: smaller runs (~16,000 requests) are read in about a second
 _INDEX_FORMAT = "2"  # raise when what the index holds changes in a way the reading rules' text does not show
 _ABSENT = "absent"
+_ENDS_BYTES = 64 << 10  # the head and the tail of each JSONL that the index's stamp hashes
 
 
 def _wants_index(folder: Path) -> bool:
@@ -383,12 +397,18 @@ def _wants_index(folder: Path) -> bool:
 
 
 def _stamps(folder: Path) -> dict[str, str]:
-    """Each file's size and modification time (what changes when a run appends), or absent."""
+    """Each file's size, modification time (what changes when a run appends) and a hash of its head and tail (what
+    an edit in place that keeps both changes, at either end), or absent."""
     stamps = {}
     for name in VIEWS:
         try:
-            st = (folder / name).stat()
-            stamps[name] = f"{st.st_size}:{st.st_mtime_ns}"
+            with open(folder / name, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                digest = hashlib.sha256(fh.read(_ENDS_BYTES))
+                if st.st_size > _ENDS_BYTES:
+                    fh.seek(max(_ENDS_BYTES, st.st_size - _ENDS_BYTES))
+                    digest.update(fh.read(_ENDS_BYTES))
+            stamps[name] = f"{st.st_size}:{st.st_mtime_ns}:{digest.hexdigest()[:32]}"
         except FileNotFoundError:
             stamps[name] = _ABSENT
     return stamps
@@ -412,8 +432,14 @@ def _attach(con, index: Path) -> tuple[dict[str, str] | None, str | None]:
     DuckDB checks each block's checksum when a query reads it, so a damaged block would fail the report halfway.
     An index whose modification time is not the one it was sealed with (written to since it was made) is read
     whole here first: every column of every table it holds, as the tables it must be."""
-    if not index.exists():
+    try:
+        mode = os.stat(index).st_mode
+    except FileNotFoundError:
         return None, None
+    except OSError as exc:
+        return None, _why(exc)
+    if not stat.S_ISREG(mode):
+        return None, "not a regular file"  # a FIFO would hold the reader forever
     import duckdb
 
     problem = None
@@ -483,6 +509,10 @@ class RunData:
         self.folder = Path(folder)
         self.limits = tuple(float(x) for x in limits)
         self.skips = Skips()
+        for name in VIEWS:
+            path = self.folder / name
+            if os.path.lexists(path) and not regular(path):
+                raise UnreadableRun(f"{path}: not a regular file: a run's records are files")
         self._tmp = tempfile.mkdtemp(prefix="servescope-run-")
         size = sum((self.folder / name).stat().st_size for name in files if (self.folder / name).exists())
         self._config = {"memory_limit": memory_limit, "temp_directory": str(Path(self._tmp) / "spill")}
