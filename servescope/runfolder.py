@@ -39,6 +39,7 @@ PHASES = "phases.jsonl"
 # The JSONL read once into a columnar database beside it (servescope.runreader): a cache, never the record.
 INDEX = "records.duckdb"
 SCHEMA_VERSION = 1
+FOLDER_MODE = 0o700  # a run folder: only its owner lists or reads it (README, Security defaults)
 
 
 @dataclass
@@ -177,8 +178,12 @@ class RunFolder:
 
     @classmethod
     def create(cls, results_dir: Path, run_id: str | None = None) -> RunFolder:
+        """The run's folder, its owner's alone (0700, whatever the umask): its manifest names the engines and the
+        prompts, its records what was asked and answered. What is written inside is out of others' reach with it."""
         path = Path(results_dir) / check_run_id(run_id or new_run_id())
-        path.mkdir(parents=True, exist_ok=False)
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=FOLDER_MODE, exist_ok=False)
+        os.chmod(path, FOLDER_MODE)  # mkdir's mode passes through the umask, which may take the owner's bits too
         return cls(path)
 
     def append_request(self, record: RequestRecord) -> None:

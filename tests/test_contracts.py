@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 
 import pytest
 
@@ -87,3 +89,18 @@ def test_run_folder_round_trip_and_torn_last_line(tmp_path):
     assert json.loads((run.path / "phases.jsonl").read_text())["wall_s"] == pytest.approx(2.5)
     assert latest(tmp_path).path == run.path
     assert run.manifest()["schema_version"] == 1
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+def test_a_run_folder_is_its_owners_alone_whatever_the_umask(tmp_path, umask):
+    """A manifest holds engine URLs and prompts, the records what was asked: no other user may list or read them."""
+    previous = os.umask(umask)
+    try:
+        folder = RunFolder.create(tmp_path / "results", "run")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(folder.path.stat().st_mode) == 0o700
+    folder.append_request(
+        RequestRecord("vllm", "vllm", "burst", "burst-1", "openai", "m", "s", "h", "p", 8, 1e9, True, 200)
+    )
+    assert (folder.path / "requests.jsonl").exists()
