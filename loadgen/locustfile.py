@@ -48,8 +48,13 @@ DISPATCH_CHECK_S = 0.05  # how often the master looks whether the load shape has
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser):
-    """The option table's Locust side: flags, environment variables, custom parameters in the web UI."""
+    """The option table's Locust side: flags, environment variables, custom parameters in the web UI.
+
+    Locust binds its web UI and a master's port for workers on every interface unless told; here they bind to
+    SERVESCOPE_BIND (127.0.0.1) like every other service (--web-host / --master-bind-host still move them)."""
     option_table.add_locust_options(parser)
+    bind = knobs.get("SERVESCOPE_BIND")
+    parser.set_defaults(web_host=bind, master_bind_host=bind)
 
 
 # Locust's own control flow passes through a task: never taken for a failure.

@@ -316,3 +316,39 @@ def test_distributed_burst_splits_its_users_across_workers_and_ends(server, tmp_
     assert [(p.phase, p.requests, p.concurrency) for p in folder.phases()] == [("burst-1", 3, 3), ("burst-2", 3, 3)]
     records = list(folder.requests())
     assert len(records) == 6 and all(r.ok for r in records) and server.stats.requests == 6
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses something listens on at `port`, from the kernel's socket tables (IPv4 and IPv6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_locust_f_as_the_readme_shows_it_binds_loopback_only(tmp_path):
+    """`locust -f loadgen/locustfile.py --master` once bound its web UI and its workers' port on every interface."""
+    web, master = free_port(), free_port()
+    log = open(tmp_path / "locust.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--master", "--web-port", str(web)]
+        + ["--master-bind-port", str(master), "--metrics-port", "0", "--results", str(tmp_path / "results")],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    try:
+        wait_http(f"http://127.0.0.1:{web}/", timeout=60, proc=proc)
+        assert _listening(web) == {"0100007F"}, (tmp_path / "locust.log").read_text()[-2000:]
+        assert _listening(master) == {"0100007F"}, (tmp_path / "locust.log").read_text()[-2000:]
+    finally:
+        stop_process(proc, 15)
