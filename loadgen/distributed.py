@@ -40,6 +40,7 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import json
 import logging
 import os
 import socket
@@ -56,11 +57,23 @@ import gevent
 from gevent.event import AsyncResult, Event
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
+from loadgen import master_port
 from loadgen.client import ErrorKind
 from loadgen.clock_sync import clock_offset
+from loadgen.master_port import checked, integer, key, mapping, number, optional, text
 from loadgen.recorder import Recorder
-from loadgen.scenarios import BurstPhase, ClosedLoopPhase, LoadRun, Phase, RatePhase, Share, Work
-from servescope.runfolder import RequestRecord
+from loadgen.scenarios import (
+    MAX_USERS,
+    BurstPhase,
+    ClosedLoopPhase,
+    LoadRun,
+    Phase,
+    RatePhase,
+    SequentialPhase,
+    Share,
+    Work,
+)
+from servescope.runfolder import MAX_EPOCH_S, REQUEST_FIELDS, RequestRecord, check_fields
 
 PLAN = "servescope_plan"  # master -> worker (`--workers N` only): the command's options and the probed engines
 PHASE = "servescope_phase"
@@ -81,6 +94,34 @@ DRAIN_S = 10.0  # after a stop, for the workers' interrupted records to arrive
 WORKERS_LOG = "workers.log"  # `--workers N`: in the run folder, what the worker processes printed
 
 Key = tuple[int, int, int]  # (phase index, burst round or 0, arrival index in a burst or the worker's own count)
+
+# What each worker -> master message may hold (master_port.checked: field -> (check, required)); anything else in it
+# is not read, and a message that breaks these costs itself.
+CLOCK_FIELDS = {
+    "host": (text, False),
+    "pid": (integer(), False),
+    "offset": (number(), True),
+    "estimate": (number(), False),
+    "bound": (number(0), False),
+}
+READY_FIELDS = {
+    "index": (integer(), True),
+    "round": (integer(), True),
+    "users": (integer(0, MAX_USERS), False),
+    "clock": (mapping(CLOCK_FIELDS), False),
+    "ended": (number(0, MAX_EPOCH_S), False),
+    "error": (text, False),
+}
+BEGIN_FIELDS = {
+    "key": (key, True),
+    "phase": (text, True),
+    "prompt_id": (text, True),
+    "arrival": (optional(integer()), False),
+    "at": (number(0, MAX_EPOCH_S), True),
+}
+RECORD_FIELDS = {"key": (key, True), "record": (lambda record: record, True)}  # the record: the run folder's contract
+DONE_FIELDS = {"index": (integer(), True), "sent": (integer(), True), "scheduled": (integer(), False)}
+PROBE_FIELDS = {"t1": (number(), True)}
 
 
 def locust_options(**values: Any) -> argparse.Namespace:
@@ -137,6 +178,8 @@ class _Step:
         self.ready: dict[int, dict[str, dict]] = defaultdict(dict)  # round -> worker id -> READY
         self.released: set[int] = set()
         self.done: dict[str, int] = {}  # worker id -> records it says it sent
+        self.scheduled = 0  # an open-loop phase: the arrivals of the whole schedule, as the workers walked it
+        self.lost: list[int] = []  # the workers lost while it ran (their indexes)
         self.stop_timer: gevent.Greenlet | None = None
 
 
@@ -145,14 +188,21 @@ class Coordinator:
     records into the run (the master's recorder), and a lost worker's requests in flight written as failed."""
 
     def __init__(
-        self, runner: MasterRunner, say: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None
+        self,
+        runner: MasterRunner,
+        say: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None,
+        admitted: set[str] | None = None,
     ):
+        """admitted: the identities of the workers this master started (None: any that connects, as Locust does)."""
         self.runner = runner
         self.say = say or (lambda text: None)  # progress (each worker's clock)
-        self.warn = warn or self.say  # a worker lost
+        self.warn = warn or self.say  # a worker lost, a message dropped
+        self.guard = master_port.PortGuard(runner, self.warn, admitted)
         self.run: LoadRun | None = None
         self.workers: dict[str, _Worker] = {}
         self.step: _Step | None = None
+        self.unsent: dict[str, int] = {}  # phase -> requests never sent because a worker was lost in it
         for name, handler in (
             (READY, self._on_ready),
             (BEGIN, self._on_begin),
@@ -165,7 +215,8 @@ class Coordinator:
 
     def attach(self, run: LoadRun) -> None:
         """A new run (the web UI's START): its records go to `run`; what was known of the last one is forgotten."""
-        self.run, self.step, self.workers = run, None, {}
+        self.run, self.step, self.workers, self.unsent = run, None, {}, {}
+        self.guard.dropped.clear()
 
     def close(self) -> None:
         self._watcher.kill(block=False)
@@ -182,6 +233,18 @@ class Coordinator:
     def describe(self) -> list[dict[str, Any]]:
         """The workers of the run, for the manifest."""
         return [w.describe() for w in sorted(self.workers.values(), key=lambda w: w.index)]
+
+    def summary(self) -> dict[str, Any]:
+        """For the manifest's `distributed`: the messages the port dropped, by reason, and each phase's requests
+        never sent because a worker was lost in it."""
+        return {"dropped_messages": self.guard.describe(), "unsent": dict(self.unsent)}
+
+    def dropped_line(self) -> str | None:
+        """One line for the end of the run when the port dropped anything."""
+        dropped = self.guard.describe()
+        if not dropped:
+            return None
+        return f"load generator workers' port: {sum(dropped.values())} message(s) dropped (by reason in the manifest)"
 
     # -- phases --
     def prepare(self, phase: Phase) -> None:
@@ -218,56 +281,100 @@ class Coordinator:
             self.workers[wid] = _Worker(wid, self.runner.get_worker_index(wid))
         return self.workers[wid]
 
-    def _current(self, msg) -> tuple[_Step, _Worker] | tuple[None, None]:
-        """The step and worker a phase message is about; none when stale or from a worker given up on."""
-        step, worker = self.step, self.workers.get(msg.node_id)
-        if step is None or worker is None or worker.lost or msg.data.get("index") != step.index:
-            return None, None
-        return step, worker
+    def _fields(self, msg, spec: dict, what: str) -> dict[str, Any] | None:
+        """The message's data as `spec` says, or None: dropped, counted, said once per reason."""
+        try:
+            return checked(msg.data, spec)
+        except ValueError as exc:
+            self.guard.drop(f"a {what} message with a bad field ({exc})")
+            return None
+
+    def _sender(self, msg, what: str) -> _Worker | None:
+        """The worker of this run a message is from; None (dropped) for any other sender, None (quietly) for a
+        worker given up on, whose requests were written as lost already."""
+        worker = self.workers.get(msg.node_id)
+        if worker is None or self.run is None:
+            self.guard.drop(f"a {what} message from no worker of this run")
+            return None
+        return None if worker.lost else worker
+
+    def _current(self, msg, what: str, spec: dict) -> tuple[_Step, _Worker, dict] | tuple[None, None, None]:
+        """The step and worker a phase message is about, and its fields; none when stale, bad or from a worker
+        given up on."""
+        worker = self._sender(msg, what)
+        data = self._fields(msg, spec, what) if worker is not None else None
+        step = self.step
+        if data is None or step is None or data["index"] != step.index or worker.id not in step.participants:
+            return None, None, None
+        return step, worker, data
 
     def _on_ready(self, environment, msg, **_kw) -> None:
-        step, worker = self._current(msg)
-        if step is None or worker.id not in step.participants:
+        step, worker, data = self._current(msg, "ready", READY_FIELDS)
+        if step is None:
             return
-        data = msg.data
-        if data.get("error"):
+        if data["error"]:
             self.run.abort(f"load generator worker {worker.index}: {data['error']}")
             return
-        if data.get("clock"):
+        if data["round"] == 0 and data["users"] is None:
+            self.guard.drop("a ready message with a bad field (users: missing)")
+            return
+        if data["clock"]:
             self._clock(worker, data["clock"])
         if data["round"] == 0:
-            step.users[worker.id] = int(data["users"])
+            step.users[worker.id] = data["users"]
         step.ready[data["round"]][worker.id] = data
         self._try_release(data["round"])
 
     def _on_begin(self, environment, msg, **_kw) -> None:
-        worker = self._worker(msg.node_id)
-        if not worker.lost:
-            worker.in_flight[tuple(msg.data["key"])] = msg.data
+        step, worker, data = None, self._sender(msg, "begin"), None
+        if worker is not None:
+            data = self._fields(msg, BEGIN_FIELDS, "begin")
+        if data is None:
+            return
+        step = self.step
+        index, round_no, _ = data["key"]
+        if step is None or index != step.index or round_no != 0 or worker.id not in step.participants:
+            self.guard.drop("a begin message for no phase its worker runs")
+            return
+        worker.in_flight[data["key"]] = {**data, "key": list(data["key"])}
 
     def _on_record(self, environment, msg, **_kw) -> None:
-        worker = self._worker(msg.node_id)
-        if worker.lost or self.run is None:
-            return  # a worker given up on came back: its requests were written as lost already
-        record = RequestRecord.from_dict(msg.data["record"])
+        worker = self._sender(msg, "record")
+        data = self._fields(msg, RECORD_FIELDS, "record") if worker is not None else None
+        if data is None:
+            return
+        entry = worker.in_flight.get(data["key"])
+        if entry is None:  # never begun, or already written (lost, the run stopped): not a second record of it
+            self.guard.drop("a record of no request in flight on its worker")
+            return
+        try:
+            record = RequestRecord(**check_fields(data["record"], REQUEST_FIELDS))
+        except (ValueError, TypeError) as exc:
+            self.guard.drop(f"a record that breaks the run folder's contract ({exc})")
+            return
+        if record.phase != entry["phase"]:
+            self.guard.drop("a record of another phase than the request it answers")
+            return
         record.worker = worker.index
-        key = tuple(msg.data["key"]) if msg.data.get("key") else None
-        index = key[0] if key else self.run.index
-        if key is not None:
-            worker.in_flight.pop(key, None)
+        index = data["key"][0]
+        del worker.in_flight[data["key"]]
         worker.received[index] += 1
         worker.records += 1
         self._write(record, index)
         self._check_done()
 
     def _on_done(self, environment, msg, **_kw) -> None:
-        step, worker = self._current(msg)
+        step, worker, data = self._current(msg, "done", DONE_FIELDS)
         if step is not None:
-            step.done[worker.id] = int(msg.data["sent"])
+            step.done[worker.id] = data["sent"]
+            step.scheduled = max(step.scheduled, data["scheduled"] or 0)
             self._check_done()
 
     def _on_clock_probe(self, environment, msg, **_kw) -> None:
-        self.runner.send_message(CLOCK_REPLY, {"t1": msg.data["t1"], "t2": time.time()}, client_id=msg.node_id)
+        worker = self._sender(msg, "clock probe")
+        data = self._fields(msg, PROBE_FIELDS, "clock probe") if worker is not None else None
+        if data is not None:
+            self.runner.send_message(CLOCK_REPLY, {"t1": data["t1"], "t2": time.time()}, client_id=worker.id)
 
     def _clock(self, worker: _Worker, clock: dict) -> None:
         first = worker.bound_s is None
@@ -333,6 +440,9 @@ class Coordinator:
             return
         released_at = time.time()
         name = phase.round_name(round_no)
+        released = sum(step.shares[wid]["users"] for wid in members if not self.workers[wid].lost)
+        # The round's record says how many went at once: fewer than the burst's size once a worker was lost.
+        phase.span(name).concurrency = released
         for wid in members:
             worker, share = self.workers[wid], step.shares[wid]
             if worker.lost:
@@ -362,7 +472,38 @@ class Coordinator:
                 return
         if step.stop_timer is not None:
             step.stop_timer.kill(block=False)
+        if step.lost:
+            self._count_unsent(step)
         step.phase.done.set()
+
+    def _count_unsent(self, step: _Step) -> None:
+        """A phase a worker was lost in: how many of its requests were never sent (the lost worker's share after it
+        went), from what the phase should have sent and what was written (sent, or in flight and lost)."""
+        from loadgen.workloads.replay import ReplayPhase
+
+        phase = step.phase
+        if isinstance(phase, BurstPhase):
+            expected = phase.size * phase.rounds
+        elif isinstance(phase, SequentialPhase):
+            expected = phase.count
+        elif isinstance(phase, ReplayPhase):
+            rows = phase.rows[: phase.max_requests] if phase.max_requests is not None else phase.rows
+            expected = sum(1 for r in rows if phase.duration_s is None or r.offset_s / phase.speed < phase.duration_s)
+        elif isinstance(phase, RatePhase):
+            expected = phase.max_requests if phase.max_requests is not None else step.scheduled
+        else:  # a closed loop: its quota per user, or until the clock ended it (no count to miss)
+            expected = phase.max_requests
+        lost = ", ".join(str(i) for i in step.lost)
+        if expected is None:
+            self.warn(f"{phase.title}: load generator worker {lost} lost; its users sent nothing more in it")
+            return
+        written = sum(span.requests for span in phase.spans.values())
+        if expected > written:
+            self.unsent[phase.title] = expected - written
+            self.warn(
+                f"{phase.title}: {expected - written} of {expected} requests never sent (load generator worker "
+                f"{lost} lost)"
+            )
 
     # -- lost workers --
     def _watch(self) -> None:
@@ -388,6 +529,8 @@ class Coordinator:
         lost = self._write_unreported(
             worker, ErrorKind.WORKER_LOST, f"load generator worker {worker.index} was lost mid-run ({why})"
         )
+        if self.step is not None and worker.id in self.step.participants and not self.step.phase.done.is_set():
+            self.step.lost.append(worker.index)
         live = self.live()
         self.warn(
             f"load generator worker {worker.index} lost ({why}): {lost} request(s) in flight recorded as failed "
@@ -515,7 +658,9 @@ class WorkerAgent:
     def _report_done(self, index: int, phase: Phase) -> None:
         if phase.share.users > 0:
             phase.done.wait()
-        self.send(DONE, {"index": index, "sent": self.sent[index]})
+        # An open-loop worker walks the whole schedule: how long it was, for the master's count of what went unsent.
+        scheduled = phase.issued if isinstance(phase, RatePhase) and phase.share.users > 0 else None
+        self.send(DONE, {"index": index, "sent": self.sent[index], "scheduled": scheduled})
 
     def _on_stop(self, environment, msg, **_kw) -> None:
         phase = self.run.phases[msg.data["index"]] if self.run is not None else None
@@ -611,16 +756,27 @@ class Fleet:
     """A Locust master in this process and N worker processes (`python -m loadgen.worker`) on this machine."""
 
     def __init__(
-        self, environment, count: int, log_path: Path, say: Callable[[str], None], warn: Callable[[str], None]
+        self,
+        environment,
+        count: int,
+        log_path: Path,
+        say: Callable[[str], None],
+        warn: Callable[[str], None],
+        engines: list[str] | None = None,
     ):
+        """engines: the command's --engine values, credentials included: each worker gets them in its environment,
+        never in a message (the plan carries them redacted)."""
         # Locust's runner warns on stderr of what its web UI's users choose (a burst's spawn rate "is very high");
         # here this module says what matters, in its own lines. Its errors still show.
         logging.getLogger("locust.runners").setLevel(logging.ERROR)
         self.runner: MasterRunner = environment.create_master_runner("127.0.0.1", 0)
-        self.coordinator = Coordinator(self.runner, say, warn)
+        # Each worker gets an identity only it and this master know: the port admits no one else.
+        identities = [master_port.new_identity(k) for k in range(count)]
+        self.coordinator = Coordinator(self.runner, say, warn, admitted=set(identities))
         self.log_path = log_path
         self.log = open(log_path, "ab")
         port = str(self.runner.server.port)
+        secrets_env = {master_port.ENGINES_ENV: json.dumps(list(engines or []))}
         self.procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "loadgen.worker", "--master-port", port],
@@ -628,8 +784,9 @@ class Fleet:
                 stdout=self.log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches the master, which stops them in order
+                env={**os.environ, **secrets_env, master_port.IDENTITY_ENV: identity},
             )
-            for _ in range(count)
+            for identity in identities
         ]
         deadline = time.monotonic() + WORKER_START_TIMEOUT_S
         while self.runner.worker_count < count:
@@ -648,8 +805,7 @@ class Fleet:
 
     def send_plan(self, options: argparse.Namespace, targets) -> None:
         """What each worker needs to build the master's phases: the command's options, the engines as probed."""
-        described = [{"instance": t.instance, "model": t.model, "info": t.info} for t in targets]
-        self.runner.send_message(PLAN, {"options": vars(options), "targets": described})
+        self.runner.send_message(PLAN, master_port.plan_message(options, targets))
 
     def close(self) -> None:
         self.coordinator.close()

@@ -346,6 +346,7 @@ def _write_manifest(environment, run: LoadRun, status: str) -> None:
             ended_at=None if status == "running" else time.time(),
             phases=[p.name for p in run.phases],
             workers=coordinator.describe() if coordinator is not None else None,
+            distributed=coordinator.summary() if coordinator is not None else None,
         )
     )
 
@@ -461,7 +462,9 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
                 file=sys.stderr,
             )
     if isinstance(runner, MasterRunner):
-        environment.servescope_coordinator = distributed.Coordinator(runner, print)
+        environment.servescope_coordinator = distributed.Coordinator(
+            runner, print, warn=lambda text: print(f"loadgen: {text}", file=sys.stderr, flush=True)
+        )
 
 
 @events.test_start.add_listener

@@ -309,6 +309,75 @@ PHASE_FIELDS = (
     Field("attempt", "int", default=1, lo=1),
     Field("noise", "object"),
 )
+
+
+def check_fields(data: Any, spec: tuple[Field, ...]) -> dict[str, Any]:
+    """`data` as a record of `spec` would be read from a run folder (servescope/runreader.py checks the same table in
+    SQL): the fields it knows, with their defaults; ValueError naming the first field that breaks the contract. For
+    records that arrive some other way than a file (a load generator worker's, over the master's port)."""
+    import math
+
+    if not isinstance(data, dict):
+        raise ValueError(NOT_OBJECT)
+    out: dict[str, Any] = {}
+    for f in spec:
+        value = data.get(f.name)
+        if value is None:
+            if f.required:
+                raise ValueError(f"missing {f.name}")
+            out[f.name] = (
+                list(f.default)
+                if isinstance(f.default, list)
+                else dict(f.default)
+                if isinstance(f.default, dict)
+                else f.default
+            )
+            continue
+        numbers = None
+        if f.kind == "str":
+            ok = isinstance(value, str)
+        elif f.kind == "bool":
+            ok = isinstance(value, bool)
+        elif f.kind == "int":
+            ok, numbers = isinstance(value, int) and not isinstance(value, bool), [value]
+        elif f.kind == "float":
+            ok, numbers = isinstance(value, (int, float)) and not isinstance(value, bool), [value]
+        elif f.kind == "floats":
+            ok = isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+            numbers = value
+        else:  # object: free-form engine numbers, each within what an engine can mean
+            ok = isinstance(value, dict) and _engine_numbers_ok(value)
+        if not ok:
+            raise ValueError(f"{f.name}: expected {f.kind}")
+        if numbers is not None and not all(math.isfinite(v) and f.lo <= v <= f.hi for v in numbers):
+            raise ValueError(f"{f.name}: out of range ({f.lo:g} to {f.hi:g})")
+        out[f.name] = float(value) if f.kind == "float" else value
+    if "ended_at" in out and "started_at" in out and out["ended_at"] < out["started_at"]:
+        raise ValueError(ENDS_BEFORE_START)
+    if "instance" in out and out["instance"] is None:
+        out["instance"] = out.get("engine")  # a record without one is its engine's only instance
+    return out
+
+
+def _engine_numbers_ok(value: dict, depth: int = 16) -> bool:
+    """Every number inside is finite and within MAX_ENGINE_NUMBER, nested at most `depth` deep (walked iteratively)."""
+    import math
+
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            if level > depth:
+                return False
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+        elif isinstance(item, (int, float)) and not isinstance(item, bool):
+            if not (math.isfinite(item) and abs(item) <= MAX_ENGINE_NUMBER):
+                return False
+        elif not (item is None or isinstance(item, (str, bool))):
+            return False
+    return True
+
+
 # Reasons a whole line is unusable, before any field is looked at.
 NOT_JSON = "not a JSON record"
 NOT_OBJECT = "not a JSON object"
