@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         agent.attach(run)
 
     runner.register_message(distributed.PLAN, on_plan)
+    runner.send_message(distributed.LISTENING, {})  # the master sends the plan once every worker has said this
     parent = os.getppid()
 
     def orphaned() -> None:

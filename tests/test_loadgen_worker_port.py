@@ -17,6 +17,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -308,3 +309,136 @@ def test_a_lost_workers_share_of_an_open_loop_schedule_is_counted(server, tmp_pa
     assert unsent[phase] > 0 and len(records) + unsent[phase] == 40, (len(records), unsent)
     assert f"{phase}: {unsent[phase]} of 40 requests never sent (load generator worker 1 lost)" in "".join(seen)
     assert json.loads(json.dumps(folder.manifest()["workers"]))[1]["lost"]
+
+
+# --- a worker whose clock steps mid-run (issue 29, part 3) ---
+
+STEP_HOOK = '''
+"""Test hook: one worker's wall clock jumps +30 s once the file STEP_CLOCK_FILE names exists, as with a real step
+(settimeofday, an NTP step): time.time() and the kernel's receive stamps (CLOCK_REALTIME) move, the monotonic clock
+does not."""
+import os
+import sys
+import time
+
+def _chosen(flag):
+    """The first worker process to start is the one whose clock steps."""
+    try:
+        os.close(os.open(flag + ".owner", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+_flag = os.environ.get("STEP_CLOCK_FILE")
+if _flag and "loadgen.worker" in sys.orig_argv and _chosen(_flag):
+    _real, _state = time.time, {"looked": -1.0, "on": False}
+
+    def _stepped():
+        if not _state["on"] and time.monotonic() - _state["looked"] > 0.02:
+            _state["looked"] = time.monotonic()
+            _state["on"] = os.path.exists(_flag)
+        return _real() + (30.0 if _state["on"] else 0.0)
+
+    time.time = _stepped
+    if os.environ.get("STEP_MONOTONIC") == "1":  # a clock the worker cannot see move: the master's window must catch it
+        _monotonic = time.monotonic
+
+        def _stepped_monotonic():
+            return _monotonic() + (30.0 if _state["on"] else 0.0)
+
+        time.monotonic = _stepped_monotonic
+    from servescope import kernel_stamps  # before loadgen.client takes its receive_stamp
+
+    _receive_stamp = kernel_stamps.receive_stamp
+
+    def _stepped_stamp(ancillary, clock=time.monotonic):
+        stamp = _receive_stamp(ancillary, clock)  # the kernel's stamp, moved onto `clock` with the stepped time.time()
+        return None if stamp is None else stamp + (30.0 if _state["on"] else 0.0)  # as if the kernel's moved too
+
+    kernel_stamps.receive_stamp = _stepped_stamp
+'''
+
+
+@pytest.mark.parametrize("clocks", ["wall", "wall-and-monotonic"])
+def test_a_worker_whose_clock_steps_mid_run_keeps_every_record_in_its_phase(server, tmp_path, clocks):
+    """A worker's clock jumped +30 s mid-run: 8 of 48 records were stamped outside the run's window and phases got
+    walls of a few milliseconds. Every record must stay in its phase, each round after the one before, on the
+    master's clock; the step is said and kept in the manifest. With its monotonic clock moved too (no real clock does
+    that) the worker cannot see the step: the master's window check must."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(STEP_HOOK)
+    flag = tmp_path / "step-now"
+    prompts = prompt_file(tmp_path, "s1", "s2", "s3", "s4")
+    env = {
+        **QUIET_SAMPLER,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p),
+        "STEP_CLOCK_FILE": str(flag),
+        "STEP_MONOTONIC": "1" if clocks == "wall-and-monotonic" else "0",
+    }
+    proc = subprocess.Popen(
+        command(server, tmp_path, "burst", "--burst-size", "4", "--bursts", "12", "--burst-pause", "0.2")
+        + ["--prompts", prompts],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 90
+        while server.stats.requests < 16 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        flag.touch()  # four rounds in: worker 1's clock jumps
+        proc.wait(timeout=120)  # a +30 s clock once made each later round's pause wait 30 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        reader.join(10)
+        raise AssertionError("".join(output)[-5000:]) from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    text = "".join(output)
+    assert proc.returncode == 0, text[-3000:]
+    folder = RunFolder(tmp_path / "run")
+    manifest = folder.manifest()
+    records = list(folder.requests())
+    assert len(records) == 48 and all(r.ok for r in records), text[-3000:]
+    (stepped,) = [w for w in manifest["workers"] if w["clock_steps_s"] or w["records_put_on_master_clock"]]
+    assert sum(r.worker == stepped["index"] for r in records) == 24
+    # Every record inside the run's window on the master's clock.
+    assert all(
+        manifest["started_at"] <= r.started_at <= r.started_at + r.e2e_s <= manifest["ended_at"] for r in records
+    )
+    phases = sorted(folder.phases(), key=lambda p: int(p.phase.rsplit("-", 1)[1]))
+    assert [p.phase for p in phases] == [f"burst-{n}" for n in range(1, 13)]
+    for phase in phases:
+        mine = [r for r in records if r.phase == phase.phase]
+        assert phase.requests == 4 and len(mine) == 4
+        longest = max(r.e2e_s for r in mine)
+        assert longest - 1e-6 <= phase.wall_s < 5, (phase.phase, phase.wall_s)  # a correct wall: not 30 s, not 0.003 s
+    for earlier, later in zip(phases, phases[1:], strict=False):  # one barrier: each round after the one before
+        assert later.started_at >= earlier.ended_at, (earlier.phase, later.phase)
+    if clocks == "wall":  # the worker saw its clock step, and said so
+        assert len(stepped["clock_steps_s"]) == 1 and abs(stepped["clock_steps_s"][0] - 30) < 1, stepped
+        assert f"load generator worker {stepped['index']}: its clock stepped +30." in text, text[-3000:]
+    else:  # the master saw its stamps leave the phase: put them on its own clock, had its clock probed again
+        assert 1 <= stepped["records_put_on_master_clock"] <= 4, stepped  # until its next probe, within a round
+        # +30 s, less the few milliseconds between its end and its arrival.
+        assert re.search(rf"load generator worker {stepped['index']}: a record stamped \+(29\.9|30\.0)", text), text
+    assert all(0.015 < r.ttft_s < 1 for r in records), sorted(r.ttft_s for r in records)[:3]  # differences: unmoved
+    report = subprocess.run(
+        [sys.executable, "-m", "report", "--run", str(folder.path), "--prometheus", "http://127.0.0.1:9"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "skipped" not in report.stderr, [line for line in report.stderr.splitlines() if "skipped" in line]
