@@ -30,7 +30,7 @@ from loadgen import client as llm
 from loadgen import distributed
 from loadgen import options as option_table
 from loadgen import prompts as prompt_sets
-from loadgen import workloads
+from loadgen import webui_guard, workloads
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
@@ -421,9 +421,11 @@ def _dispatched(runner, phase) -> bool:
 
 
 @events.init.add_listener
-def _on_init(environment, runner=None, **_kwargs) -> None:
+def _on_init(environment, runner=None, web_ui=None, **_kwargs) -> None:
     if not _ours(environment):
         return
+    if web_ui is not None:
+        webui_guard.install(environment, web_ui)  # its START: same-origin only, every field by the option table
     options = environment.parsed_options
     problem = None
     try:
@@ -494,6 +496,7 @@ def _on_test_start(environment, **_kwargs) -> None:
     except (ValueError, OSError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr, flush=True)
         environment.servescope_error = str(exc)  # the shape's next tick ends the test
+        webui_guard.forget_start(environment)  # the next START starts from the options before this one
         if options.headless:
             environment.process_exit_code = 2
         return

@@ -205,6 +205,15 @@ OPTIONS: tuple[Option, ...] = (
         knob="LOADGEN_PROMPTS",
     ),
     Option(
+        "--prompt-dir",
+        "web UI: a folder whose files the form's Prompts may name (besides the shipped sets and the set the UI "
+        "started with); empty: no other file. The form cannot change it",
+        knob="LOADGEN_PROMPT_DIR",
+        metavar="DIR",
+        commands=frozenset(),
+        web_ui=False,
+    ),
+    Option(
         "--think-time",
         "conversation sets: seconds between an answer and the conversation's next turn (not in a burst: "
         "the pause between bursts is its think time)",

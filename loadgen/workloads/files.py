@@ -149,3 +149,25 @@ def _array(path: Path, fh: TextIO) -> Iterator[tuple[str, Any]]:
         raise PromptSetError(f"{path}: expected a JSON array of records")
     for index, item in enumerate(items):
         yield f"{path}[{index}]", item
+
+
+def source_files(spec: str) -> list[Path]:
+    """The files a --prompts spec would read, resolved as its loader resolves them (a shipped set's name is its file
+    in loadgen/prompts/); none for generated sets (synthetic, shared-prefix). For a caller that must know where a
+    spec reads from before reading it (the web UI reads only from the shipped sets and the folder it was told)."""
+    from loadgen import workloads
+    from loadgen.prompts import SHIPPED, SYNTHETIC
+
+    kind, _, arg = spec.partition(":")
+    if spec in SHIPPED or SYNTHETIC.match(spec) or kind == "shared-prefix":
+        return []
+    if workloads.is_workload(spec):
+        name = arg.split(",")[0] if kind == "dataset" else arg
+        if not name:
+            return []  # the kind's default shipped set
+        if "/" not in name and "." not in name:
+            shipped = sorted(DATA_DIR.glob(f"{name}.json*"))
+            if shipped:
+                return [shipped[0]]
+        return [expand(name, f"{kind}:{arg}")]
+    return [expand(spec, "prompt set")]
