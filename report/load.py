@@ -116,7 +116,10 @@ def resolve(arg: str | None, results_dir: Path) -> Path:
             return latest(results_dir).path
         except FileNotFoundError as exc:
             raise RunError(str(exc)) from None
-    candidate = Path(arg).expanduser()
+    try:
+        candidate = Path(arg).expanduser()
+    except RuntimeError:  # ~user of no such user: "Could not determine home directory."
+        raise RunError(f"--run {arg!r}: no such user's home directory to expand ~ in") from None
     for path in (candidate, Path(results_dir) / arg):
         if path.is_dir():
             return path

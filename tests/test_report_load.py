@@ -90,3 +90,8 @@ def test_a_run_whose_workers_were_lost_or_stepped_says_so_in_its_warnings(tmp_pa
         "load generator worker 1: its clock stepped +30.000 s; 2 record(s) put on the master's clock as they arrived"
         in warnings
     )
+
+
+def test_a_run_under_a_home_that_does_not_exist_is_one_line(tmp_path):
+    with pytest.raises(RunError, match="no such user's home directory"):
+        resolve("~nosuchuser-servescope/run", tmp_path)
