@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         # DuckDB answers Ctrl-C inside a query with RuntimeError("Query interrupted"): the same Ctrl-C.
         if isinstance(exc, RuntimeError) and str(exc) != "Query interrupted":
             raise
+        # The report ends here: a second Ctrl-C, or the signal DuckDB passes on once its query stopped, must not
+        # kill it halfway through saying so.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if Painter._shared is not None:
             Painter._shared.stop()  # not waited on at exit: what it draws is not wanted any more
         print("\nreport: interrupted (Ctrl-C): the report was not written", file=sys.stderr)
