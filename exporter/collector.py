@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.bounds import MAX_MODELS, OVERFLOW_MODEL, ModelLabels
+from exporter.heap import give_back_memory
 from exporter.upstream import MISSING, Unauthorized, Upstream, UpstreamError
 from servescope import engine_identity, engines, series
 
@@ -87,6 +88,9 @@ class EngineCollector:
         except Exception as exc:  # noqa: BLE001 -- any surprise in a payload is "engine unreadable", never a crash
             families, up = [], 0.0
             self._failed(f"malformed response from {self.upstream.shown_url}: {type(exc).__name__}: {exc}")
+        if self.upstream.large_read:  # the page and what parsing it took are let go by now: give the heap back
+            self.upstream.large_read = False
+            give_back_memory()
         labels = [self.kind, self.name]
         up_family = GaugeMetricFamily(
             series.ENGINE_UP,

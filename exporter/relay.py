@@ -17,7 +17,6 @@ hooks of Relay (exporter/proxy.py observes Ollama's generation requests).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import logging
 import resource
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from exporter.heap import LARGE_BODY_BYTES, give_back_memory
 from servescope.urls import redact
 
 log = logging.getLogger("exporter")
@@ -80,25 +80,6 @@ BODYLESS_STATUS = frozenset((204, 304))
 # its last lines.
 TAIL_KEEP = 64 * 1024
 TAIL_LIMIT = 4 * TAIL_KEEP
-
-
-def _heap_trimmer() -> Callable[[], object] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc; elsewhere freed memory goes back by itself, or cannot
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _heap_trimmer()
-# A body at least this large, once let go, makes the relay hand free heap memory back to the system.
-LARGE_BODY_BYTES = 1024 * 1024
-
-
-def give_back_memory() -> None:
-    """Return the C heap's free pages to the system (glibc's malloc_trim). Large request bodies grow the heap;
-    freed, their pages stay with the process unless trimmed: 6 bodies of 60 MiB left RSS 27% above idle."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def raise_fd_limit() -> None:

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from exporter.heap import LARGE_BODY_BYTES
 from servescope.urls import credentials, redact
 
 # A metrics page or JSON payload larger than this is not something an engine sends; refuse it
@@ -138,6 +139,7 @@ class Upstream:
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._lookup: Future | None = None  # one name lookup at a time, however many scrapes wait on it
+        self.large_read = False  # a body of LARGE_BODY_BYTES or more was read since the collector last looked
         try:
             ipaddress.ip_address(self.host)
             self._literal = True
@@ -173,6 +175,8 @@ class Upstream:
                 )
             if response.status != 200:
                 raise UpstreamError(f"GET {url}: HTTP {response.status}")
+            if len(response.body) >= LARGE_BODY_BYTES:
+                self.large_read = True  # the collector gives the heap back once it is done with the page
             return bytes(response.body)
         raise AssertionError("unreachable")
 
@@ -209,6 +213,10 @@ class Upstream:
             response.keep_alive = False  # garbage after a whole response: the response stands, the connection goes
         except OSError as exc:
             raise UpstreamError(f"GET {url}: {_reason(exc)}") from None
+        finally:
+            # The parser holds the response (its callbacks) and the response the parser: a cycle, which only the
+            # cyclic collector would free, with the body in it. Broken here, the body goes when the caller is done.
+            response.parser = None
         return response
 
     # --- connections ------------------------------------------------------------------------------

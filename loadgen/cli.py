@@ -195,6 +195,7 @@ def run_headless(args: argparse.Namespace) -> int:
                 phases=[p.title for p in phases],
                 trials=trial_notes,
                 workers=fleet.coordinator.describe() if fleet is not None else None,
+                distributed=fleet.coordinator.summary() if fleet is not None else None,
             )
         )
 
@@ -218,6 +219,7 @@ def run_headless(args: argparse.Namespace) -> int:
                 folder.path / distributed.WORKERS_LOG,
                 say=recorder.line,
                 warn=lambda text: print(f"loadgen: {text}", file=sys.stderr, flush=True),
+                engines=args.engine,
             )
             fleet.send_plan(args, targets)
             fleet.coordinator.attach(run)
@@ -311,6 +313,9 @@ def run_headless(args: argparse.Namespace) -> int:
         runner.stop()
         if fleet is not None:
             fleet.close()  # after its last records, before the folder is finished
+            dropped = fleet.coordinator.dropped_line()
+            if dropped:
+                print(f"loadgen: {dropped}", file=sys.stderr, flush=True)
         else:
             runner.quit()
         if recorder.failure is None:  # a folder that refused a record would refuse these too

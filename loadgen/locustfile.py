@@ -30,7 +30,7 @@ from loadgen import client as llm
 from loadgen import distributed
 from loadgen import options as option_table
 from loadgen import prompts as prompt_sets
-from loadgen import workloads
+from loadgen import webui_guard, workloads
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
@@ -51,8 +51,13 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser):
-    """The option table's Locust side: flags, environment variables, custom parameters in the web UI."""
+    """The option table's Locust side: flags, environment variables, custom parameters in the web UI.
+
+    Locust binds its web UI and a master's port for workers on every interface unless told; here they bind to
+    SERVESCOPE_BIND (127.0.0.1) like every other service (--web-host / --master-bind-host still move them)."""
     option_table.add_locust_options(parser)
+    bind = knobs.get("SERVESCOPE_BIND")
+    parser.set_defaults(web_host=bind, master_bind_host=bind)
 
 
 # Locust's own control flow passes through a task: never taken for a failure.
@@ -363,6 +368,7 @@ def _write_manifest(environment, run: LoadRun, status: str) -> None:
             ended_at=None if status == "running" else time.time(),
             phases=[p.name for p in run.phases],
             workers=coordinator.describe() if coordinator is not None else None,
+            distributed=coordinator.summary() if coordinator is not None else None,
         )
     )
 
@@ -437,9 +443,11 @@ def _dispatched(runner, phase) -> bool:
 
 
 @events.init.add_listener
-def _on_init(environment, runner=None, **_kwargs) -> None:
+def _on_init(environment, runner=None, web_ui=None, **_kwargs) -> None:
     if not _ours(environment):
         return
+    if web_ui is not None:
+        webui_guard.install(environment, web_ui)  # its START: same-origin only, every field by the option table
     options = environment.parsed_options
     problem = None
     try:
@@ -478,7 +486,9 @@ def _on_init(environment, runner=None, **_kwargs) -> None:
                 file=sys.stderr,
             )
     if isinstance(runner, MasterRunner):
-        environment.servescope_coordinator = distributed.Coordinator(runner, print)
+        environment.servescope_coordinator = distributed.Coordinator(
+            runner, print, warn=lambda text: print(f"loadgen: {text}", file=sys.stderr, flush=True)
+        )
 
 
 @events.test_start.add_listener
@@ -508,6 +518,7 @@ def _on_test_start(environment, **_kwargs) -> None:
     except (ValueError, OSError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr, flush=True)
         environment.servescope_error = str(exc)  # the shape's next tick ends the test
+        webui_guard.forget_start(environment)  # the next START starts from the options before this one
         if options.headless:
             environment.process_exit_code = 2
         return

@@ -50,6 +50,7 @@ def build(
     phases: list[str] | None = None,
     trials: dict[str, Any] | None = None,
     workers: list[dict[str, Any]] | None = None,
+    distributed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything a report needs to say what was run where; status is running -> complete | interrupted."""
     from locust import __version__ as locust_version
@@ -88,5 +89,7 @@ def build(
     }
     if workers is not None:  # load from several processes: each one's pid, host, clock offset and bound, fate
         manifest["workers"] = workers
+    if distributed is not None:  # what the master's port dropped, and what lost workers never sent, per phase
+        manifest["distributed"] = distributed
     # Prompts are stored as sent (their sha256 is of this text): everything else is redacted.
     return {k: v if k == "prompt_sets" else _redacted(v) for k, v in manifest.items()}

@@ -56,11 +56,14 @@ def bounded(convert: Callable[[str], float], what: str, low: float, high: float 
     return check
 
 
+# What a run can take: no wait, pause, timeout or replay in it may be longer (a trace spans at most this, too).
+MAX_RUN_S = 7 * 24 * 3600.0
+
 positive_int = bounded(int, "a whole number >= 1", 1)
 non_negative_int = bounded(int, "a whole number >= 0", 0)
 users = bounded(int, f"a whole number of users from 1 to {MAX_USERS}", 1, MAX_USERS)
-positive_seconds = bounded(float, "a number of seconds > 0", 0, above=True)
-non_negative_seconds = bounded(float, "a number of seconds >= 0", 0)
+positive_seconds = bounded(float, f"a number of seconds > 0, at most {MAX_RUN_S:g} (a week)", 0, MAX_RUN_S, above=True)
+non_negative_seconds = bounded(float, f"a number of seconds from 0 to {MAX_RUN_S:g} (a week)", 0, MAX_RUN_S)
 linger_seconds = bounded(float, "a number of seconds from 0 to 600", 0, 600)
 positive_rate = bounded(float, "a number of arrivals per second > 0", 0, above=True)
 speed = bounded(float, "a speed-up factor > 0 (1: the trace's own times)", 0, above=True)
@@ -205,6 +208,15 @@ OPTIONS: tuple[Option, ...] = (
     # The capacity commands measure how much load an engine takes: on prompts no other request shares (a small
     # set sent again is served from the prefix cache at every level after the first), and a longer answer.
     Option("--prompts", PROMPTS_HELP, knob="LOADGEN_CAPACITY_PROMPTS", commands=CAPACITY, locust=False),
+    Option(
+        "--prompt-dir",
+        "web UI: a folder whose files the form's Prompts may name (besides the shipped sets and the set the UI "
+        "started with); empty: no other file. The form cannot change it",
+        knob="LOADGEN_PROMPT_DIR",
+        metavar="DIR",
+        commands=frozenset(),
+        web_ui=False,
+    ),
     Option(
         "--think-time",
         "conversation sets: seconds between an answer and the conversation's next turn (not in a burst: "

@@ -126,7 +126,9 @@ def load(spec: str) -> PromptSet:
         if match.group(2) is None:
             return fresh(int(match.group(1)), seed)
         return synthetic(int(match.group(1)), int(match.group(2)), seed)
-    path = Path(spec).expanduser()
+    from loadgen.workloads import files
+
+    path = files.expand(spec, "prompt set")
     if not path.is_file():
         raise PromptSetError(
             f"prompt set {spec!r}: not one of {', '.join(SHIPPED)}, {SYNTHETIC_HELP}, "
@@ -230,29 +232,41 @@ def filler(words: int, rng: random.Random) -> str:
 
 
 def _from_file(path: Path, name: str) -> PromptSet:
+    """A txt file (a prompt a line) or a JSONL one, streamed: lines bounded by WORKLOAD_MAX_LINE_MB, the set by
+    MAX_SYNTHETIC_COUNT prompts and MAX_SYNTHETIC_WORDS words, the bounds every set held in memory has."""
+    from loadgen.workloads import files
+
+    prompts: list[Prompt] = []
+    words = 0
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in files.lines(path, fh):
+                if not line.strip():
+                    continue
+                if path.suffix == ".jsonl":
+                    try:
+                        item = files.loads(line, f"{path}:{lineno}")
+                    except json.JSONDecodeError:
+                        raise PromptSetError(f"{path}:{lineno}: not JSON") from None
+                    if isinstance(item, str):
+                        item = {"prompt": item}
+                    prompt = item.get("prompt", item.get("text")) if isinstance(item, dict) else None
+                    if not isinstance(prompt, str) or not prompt.strip():
+                        raise PromptSetError(f'{path}:{lineno}: expected {{"id": ..., "prompt": "..."}}')
+                    prompt_id = item.get("id")
+                    if isinstance(prompt_id, (dict, list)):
+                        prompt_id = None
+                    prompts.append(Prompt(id=str(prompt_id or f"{name}-{len(prompts) + 1}"), text=prompt))
+                else:
+                    prompts.append(Prompt(id=f"{name}-{len(prompts) + 1}", text=line.strip()))
+                words += len(prompts[-1].text.split())
+                if len(prompts) > MAX_SYNTHETIC_COUNT or words > MAX_SYNTHETIC_WORDS:
+                    raise PromptSetError(
+                        f"prompt set {path}: more than {MAX_SYNTHETIC_COUNT} prompts or {MAX_SYNTHETIC_WORDS} words "
+                        f"(line {lineno}): use a smaller file"
+                    )
     except (OSError, UnicodeDecodeError) as exc:
         raise PromptSetError(f"prompt set {path}: cannot read ({exc})") from None
-    prompts: list[Prompt] = []
-    if path.suffix == ".jsonl":
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError:
-                raise PromptSetError(f"{path}:{lineno}: not JSON") from None
-            if isinstance(item, str):
-                item = {"prompt": item}
-            prompt = item.get("prompt", item.get("text")) if isinstance(item, dict) else None
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise PromptSetError(f'{path}:{lineno}: expected {{"id": ..., "prompt": "..."}}')
-            prompts.append(Prompt(id=str(item.get("id") or f"{name}-{len(prompts) + 1}"), text=prompt))
-    else:
-        for line in text.splitlines():
-            if line.strip():
-                prompts.append(Prompt(id=f"{name}-{len(prompts) + 1}", text=line.strip()))
     if not prompts:
         raise PromptSetError(f"prompt set {path}: no prompts in it")
     return PromptSet(name=name, prompts=tuple(prompts))

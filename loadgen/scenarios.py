@@ -64,6 +64,7 @@ class _Span:
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.requests = 0
+        self.concurrency: int | None = None  # a burst round released with fewer than the phase's users (a lost worker)
 
     def add(self, record: RequestRecord, elapsed_s: float) -> None:
         end = record.started_at + elapsed_s
@@ -132,7 +133,10 @@ class Phase:
 
     def add_record(self, record: RequestRecord, elapsed_s: float) -> None:
         """Widen the span of the record's phase (or burst round)."""
-        self.spans.setdefault(record.phase, _Span()).add(record, elapsed_s)
+        self.span(record.phase).add(record, elapsed_s)
+
+    def span(self, name: str) -> _Span:
+        return self.spans.setdefault(name, _Span())
 
     def add_worker_record(self, record: RequestRecord) -> None:
         """On a distributed master, which sends nothing itself: a record a worker measured (loadgen/distributed.py
@@ -166,7 +170,7 @@ class Phase:
                 started_at=span.started_at,
                 ended_at=span.ended_at,
                 requests=span.requests,
-                concurrency=self.users,
+                concurrency=self.users if span.concurrency is None else span.concurrency,
                 prompt_set=s.prompt_set.name,
                 prompt_set_sha256=s.prompt_set.sha256,
                 max_tokens=s.max_tokens,

@@ -4,12 +4,13 @@ from locust.env import Environment  # noqa: I001 - Locust first (gevent monkey-p
 from locust.event import Events
 
 import argparse
+import json
 import os
 import sys
 
 import gevent
 
-from loadgen import distributed
+from loadgen import distributed, master_port
 from loadgen.commands import prepare
 from loadgen.locustfile import USER_CLASSES
 from loadgen.scenarios import LoadRun
@@ -25,12 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     environment = Environment(
         user_classes=list(USER_CLASSES.values()), events=Events(), parsed_options=distributed.locust_options()
     )
-    runner = environment.create_worker_runner(args.master_host, args.master_port)
+    # The identity its master made up for it: the master's port admits no other (loadgen/master_port.py).
+    with master_port.worker_identity(os.environ.get(master_port.IDENTITY_ENV)):
+        runner = environment.create_worker_runner(args.master_host, args.master_port)
     agent = distributed.WorkerAgent(runner)
+    engines = json.loads(os.environ.get(master_port.ENGINES_ENV) or "[]")
 
     def on_plan(environment, msg, **_kw) -> None:
-        """The master's command, its engines as probed: the same phases here, records forwarded, nothing printed."""
+        """The master's command, its engines as probed: the same phases here, records forwarded, nothing printed.
+        The engines' URLs, credentials included, are the ones the master started this process with."""
         options = argparse.Namespace(**msg.data["options"])
+        if engines:
+            options.engine = engines
         plan = prepare(options)
         distributed.adopt_targets(plan.targets, msg.data["targets"])
         environment.parsed_options.http_client = options.http_client
@@ -39,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         agent.attach(run)
 
     runner.register_message(distributed.PLAN, on_plan)
+    runner.send_message(distributed.LISTENING, {})  # the master sends the plan once every worker has said this
     parent = os.getppid()
 
     def orphaned() -> None:

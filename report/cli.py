@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from report import load, tuning
-from report.painter import Painter
+from report.painter import Painter, figure_timeout_s
 from servescope import knobs, slo
 from servescope.thresholds import NoiseRule
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         NoiseRule.current()  # the rule that flags phases is knobs: a bad one is one line
+        figure_timeout_s()
     except ValueError as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
@@ -99,6 +101,17 @@ def main(argv: list[str] | None = None) -> int:
             f"report: cannot write the report: {exc.strerror or exc} ({getattr(exc, 'filename', '')})", file=sys.stderr
         )
         return 1
+    except (KeyboardInterrupt, RuntimeError) as exc:
+        # DuckDB answers Ctrl-C inside a query with RuntimeError("Query interrupted"): the same Ctrl-C.
+        if isinstance(exc, RuntimeError) and str(exc) != "Query interrupted":
+            raise
+        # The report ends here: a second Ctrl-C, or the signal DuckDB passes on once its query stopped, must not
+        # kill it halfway through saying so.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if Painter._shared is not None:
+            Painter._shared.stop()  # not waited on at exit: what it draws is not wanted any more
+        print("\nreport: interrupted (Ctrl-C): the report was not written", file=sys.stderr)
+        return 130
     finally:
         for opened in (run, baseline):
             if opened is not None:

@@ -12,7 +12,7 @@ from typing import Any
 from report import query
 from servescope import engines, knobs
 from servescope.runfolder import MANIFEST, MAX_EPOCH_S, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, latest
-from servescope.runreader import RunData
+from servescope.runreader import RunData, UnreadableRun
 
 
 class RunError(Exception):
@@ -119,7 +119,10 @@ def resolve(arg: str | None, results_dir: Path) -> Path:
             return latest(results_dir).path
         except FileNotFoundError as exc:
             raise RunError(str(exc)) from None
-    candidate = Path(arg).expanduser()
+    try:
+        candidate = Path(arg).expanduser()
+    except RuntimeError:  # ~user of no such user: "Could not determine home directory."
+        raise RunError(f"--run {arg!r}: no such user's home directory to expand ~ in") from None
     for path in (candidate, Path(results_dir) / arg):
         if path.is_dir():
             return path
@@ -135,7 +138,11 @@ def load(path: Path, limits_of: Callable[[dict[str, Any]], tuple[float, ...]] | 
     if not (path / MANIFEST).exists() and not (path / REQUESTS).exists():
         raise RunError(f"{path} is not a run folder (no {MANIFEST}, no {REQUESTS})")
     manifest = _manifest(folder, warnings)
-    db = RunData(path, limits=limits_of(manifest) if limits_of else ())
+    warnings += _distributed_warnings(manifest)
+    try:
+        db = RunData(path, limits=limits_of(manifest) if limits_of else ())
+    except UnreadableRun as exc:
+        raise RunError(str(exc)) from None
     warnings += db.skips.lines()
     con = db.con
     request_count = con.execute("SELECT count(*) FROM requests").fetchone()[0]
@@ -182,6 +189,36 @@ def _manifest(folder: RunFolder, warnings: list[str]) -> dict[str, Any]:
         raise RunError(f"{folder.path / MANIFEST}: {problem}, and no {REQUESTS} to report on")
     warnings.append(f"{MANIFEST}: {problem}: setup section limited to what the records say")
     return {}
+
+
+def _distributed_warnings(manifest: dict[str, Any]) -> list[str]:
+    """What the load generator's master says of its workers (loadgen/distributed.py): requests a lost worker never
+    sent, messages its port dropped, clock steps. Each one line; anything malformed in it is passed over."""
+    out: list[str] = []
+    distributed = manifest.get("distributed")
+    distributed = distributed if isinstance(distributed, dict) else {}
+    unsent = distributed.get("unsent")
+    for phase, count in unsent.items() if isinstance(unsent, dict) else ():
+        if isinstance(count, int) and count > 0:
+            out.append(f"{phase}: {count} requests were never sent (a load generator worker was lost in it)")
+    dropped = distributed.get("dropped_messages")
+    total = sum(n for n in dropped.values() if isinstance(n, int)) if isinstance(dropped, dict) else 0
+    if total:
+        out.append(
+            f"load generator workers' port: {total} message(s) dropped (not from this run's workers, or malformed)"
+        )
+    workers = manifest.get("workers")
+    for worker in workers if isinstance(workers, list) else ():
+        if not isinstance(worker, dict):
+            continue
+        steps = [s for s in worker.get("clock_steps_s") or () if isinstance(s, (int, float))]
+        moved = worker.get("records_put_on_master_clock")
+        moved = moved if isinstance(moved, int) else 0
+        if steps or moved:
+            said = [f"its clock stepped {', '.join(f'{s:+.3f}' for s in steps)} s"] if steps else []
+            said += [f"{moved} record(s) put on the master's clock as they arrived"] if moved else []
+            out.append(f"load generator worker {worker.get('index')}: {'; '.join(said)}")
+    return out
 
 
 def _phases_from_requests(con) -> list[PhaseRecord]:

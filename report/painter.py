@@ -14,6 +14,7 @@ Where no process can be started the figures are drawn on a thread, after one lin
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import pickle
 import queue
@@ -21,10 +22,27 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
 CLOSE_S = 5.0  # at exit, how long the painter may take to finish what is queued before it is killed
+
+
+def figure_timeout_s() -> float:
+    """PAINTER_FIGURE_TIMEOUT_S (.env.example): how long one figure may take; a bad value is the report's one line."""
+    from servescope import knobs
+
+    text = knobs.get("PAINTER_FIGURE_TIMEOUT_S").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"PAINTER_FIGURE_TIMEOUT_S={text!r}: expected a number of seconds > 0")
+    return value
+
+
 ROOT = Path(__file__).resolve().parent.parent  # where the report package is imported from, for the child too
 
 
@@ -101,16 +119,30 @@ class Painter:
 
     def collect(self, drawn: dict[str, Future]) -> dict[str, Path | None]:
         """Each figure's file; None for those the painter stopped before drawing, with one line naming them. A figure
-        whose drawing code failed raises here, as it would have in this process."""
+        whose drawing code failed raises here, as it would have in this process.
+
+        Figures are drawn in order, each given PAINTER_FIGURE_TIMEOUT_S from the moment the one before it was in: a
+        painter that draws nothing for that long (stopped, stuck) is ended, and what it had left is left out."""
+        deadline_s = figure_timeout_s()
         out: dict[str, Path | None] = {}
+        stuck = False
         for key, future in drawn.items():
             try:
-                out[key] = future.result()
+                out[key] = future.result(timeout=deadline_s)
             except PainterStopped:
+                out[key] = None
+            except FutureTimeout:
+                stuck = True
+                self.stop()  # its other figures fail at once: none is waited on again
                 out[key] = None
         lost = [key for key, path in out.items() if path is None]
         if lost:
-            print(f"report: the figure painter process stopped; figures left out: {', '.join(lost)}", file=sys.stderr)
+            why = (
+                f"drew nothing for {deadline_s:g} s (PAINTER_FIGURE_TIMEOUT_S) and was stopped"
+                if stuck
+                else "process stopped"
+            )
+            print(f"report: the figure painter {why}; figures left out: {', '.join(lost)}", file=sys.stderr)
         return out
 
     def close(self) -> None:
@@ -163,6 +195,15 @@ class Painter:
             future.set_exception(outcome)
         else:
             future.set_result(outcome)
+
+    def stop(self) -> None:
+        """No more figures from this painter (it is stuck, or the report was interrupted): the child is killed, even
+        a stopped one, and every figure asked for and not drawn fails. The next report starts another."""
+        if self._thread is not None:
+            self.broken = True
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            return
+        self._stop()
 
     def _stop(self) -> None:
         """No more figures from this painter: every one asked for and not drawn fails, and the child goes."""

@@ -39,6 +39,7 @@ PHASES = "phases.jsonl"
 # The JSONL read once into a columnar database beside it (servescope.runreader): a cache, never the record.
 INDEX = "records.duckdb"
 SCHEMA_VERSION = 1
+FOLDER_MODE = 0o700  # a run folder: only its owner lists or reads it (README, Security defaults)
 
 
 @dataclass
@@ -177,8 +178,12 @@ class RunFolder:
 
     @classmethod
     def create(cls, results_dir: Path, run_id: str | None = None) -> RunFolder:
+        """The run's folder, its owner's alone (0700, whatever the umask): its manifest names the engines and the
+        prompts, its records what was asked and answered. What is written inside is out of others' reach with it."""
         path = Path(results_dir) / check_run_id(run_id or new_run_id())
-        path.mkdir(parents=True, exist_ok=False)
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=FOLDER_MODE, exist_ok=False)
+        os.chmod(path, FOLDER_MODE)  # mkdir's mode passes through the umask, which may take the owner's bits too
         return cls(path)
 
     def append_request(self, record: RequestRecord) -> None:
@@ -199,7 +204,12 @@ class RunFolder:
         tmp.replace(self.path / MANIFEST)
 
     def manifest(self) -> dict[str, Any]:
-        return json.loads((self.path / MANIFEST).read_text())
+        from servescope.runreader import regular
+
+        path = self.path / MANIFEST
+        if path.exists() and not regular(path):
+            raise ValueError(f"{path}: not a regular file")  # a FIFO would hold the reader forever
+        return json.loads(path.read_text())
 
     def requests(self, skips: Skips | None = None) -> Iterator[RequestRecord]:
         """Every record that meets the contract, in file order; the others are counted in skips (warned if None)."""
@@ -299,6 +309,75 @@ PHASE_FIELDS = (
     Field("attempt", "int", default=1, lo=1),
     Field("noise", "object"),
 )
+
+
+def check_fields(data: Any, spec: tuple[Field, ...]) -> dict[str, Any]:
+    """`data` as a record of `spec` would be read from a run folder (servescope/runreader.py checks the same table in
+    SQL): the fields it knows, with their defaults; ValueError naming the first field that breaks the contract. For
+    records that arrive some other way than a file (a load generator worker's, over the master's port)."""
+    import math
+
+    if not isinstance(data, dict):
+        raise ValueError(NOT_OBJECT)
+    out: dict[str, Any] = {}
+    for f in spec:
+        value = data.get(f.name)
+        if value is None:
+            if f.required:
+                raise ValueError(f"missing {f.name}")
+            out[f.name] = (
+                list(f.default)
+                if isinstance(f.default, list)
+                else dict(f.default)
+                if isinstance(f.default, dict)
+                else f.default
+            )
+            continue
+        numbers = None
+        if f.kind == "str":
+            ok = isinstance(value, str)
+        elif f.kind == "bool":
+            ok = isinstance(value, bool)
+        elif f.kind == "int":
+            ok, numbers = isinstance(value, int) and not isinstance(value, bool), [value]
+        elif f.kind == "float":
+            ok, numbers = isinstance(value, (int, float)) and not isinstance(value, bool), [value]
+        elif f.kind == "floats":
+            ok = isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+            numbers = value
+        else:  # object: free-form engine numbers, each within what an engine can mean
+            ok = isinstance(value, dict) and _engine_numbers_ok(value)
+        if not ok:
+            raise ValueError(f"{f.name}: expected {f.kind}")
+        if numbers is not None and not all(math.isfinite(v) and f.lo <= v <= f.hi for v in numbers):
+            raise ValueError(f"{f.name}: out of range ({f.lo:g} to {f.hi:g})")
+        out[f.name] = float(value) if f.kind == "float" else value
+    if "ended_at" in out and "started_at" in out and out["ended_at"] < out["started_at"]:
+        raise ValueError(ENDS_BEFORE_START)
+    if "instance" in out and out["instance"] is None:
+        out["instance"] = out.get("engine")  # a record without one is its engine's only instance
+    return out
+
+
+def _engine_numbers_ok(value: dict, depth: int = 16) -> bool:
+    """Every number inside is finite and within MAX_ENGINE_NUMBER, nested at most `depth` deep (walked iteratively)."""
+    import math
+
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            if level > depth:
+                return False
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+        elif isinstance(item, (int, float)) and not isinstance(item, bool):
+            if not (math.isfinite(item) and abs(item) <= MAX_ENGINE_NUMBER):
+                return False
+        elif not (item is None or isinstance(item, (str, bool))):
+            return False
+    return True
+
+
 # Reasons a whole line is unusable, before any field is looked at.
 NOT_JSON = "not a JSON record"
 NOT_OBJECT = "not a JSON object"

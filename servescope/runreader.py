@@ -26,9 +26,11 @@ import json
 import math
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -360,10 +362,23 @@ def _ingest(con, table: str, path: Path | None, spec: tuple[Field, ...], limits:
         return f"{table}_set_aside"
 
 
+class UnreadableRun(ValueError):
+    """A run folder this reader will not open (a FIFO where a JSONL should be): one line for the terminal."""
+
+
+def regular(path: Path) -> bool:
+    """Whether `path` is a regular file (following a link): never open a FIFO, a device or a folder as a record."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 # --- the run's index: the JSONL read once, kept beside it (runfolder.INDEX) ---
 INDEX_MIN_MB = 32  # the RUN_INDEX_MIN_MB knob's default: smaller runs (~16,000 requests) are read in about a second
-_INDEX_FORMAT = "1"  # raise when what the index holds changes in a way the reading rules' text does not show
+_INDEX_FORMAT = "2"  # raise when what the index holds changes in a way the reading rules' text does not show
 _ABSENT = "absent"
+_ENDS_BYTES = 64 << 10  # the head and the tail of each JSONL that the index's stamp hashes
 
 
 def _wants_index(folder: Path) -> bool:
@@ -382,12 +397,18 @@ def _wants_index(folder: Path) -> bool:
 
 
 def _stamps(folder: Path) -> dict[str, str]:
-    """Each file's size and modification time (what changes when a run appends), or absent."""
+    """Each file's size, modification time (what changes when a run appends) and a hash of its head and tail (what
+    an edit in place that keeps both changes, at either end), or absent."""
     stamps = {}
     for name in VIEWS:
         try:
-            st = (folder / name).stat()
-            stamps[name] = f"{st.st_size}:{st.st_mtime_ns}"
+            with open(folder / name, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                digest = hashlib.sha256(fh.read(_ENDS_BYTES))
+                if st.st_size > _ENDS_BYTES:
+                    fh.seek(max(_ENDS_BYTES, st.st_size - _ENDS_BYTES))
+                    digest.update(fh.read(_ENDS_BYTES))
+            stamps[name] = f"{st.st_size}:{st.st_mtime_ns}:{digest.hexdigest()[:32]}"
         except FileNotFoundError:
             stamps[name] = _ABSENT
     return stamps
@@ -403,22 +424,62 @@ def _fingerprint() -> str:
     return hashlib.sha256("\n".join(text).encode()).hexdigest()
 
 
-def _attach(con, index: Path) -> dict[str, str] | None:
-    """Attach the run's index to con as `run` and return what it says of itself, if it was made by these rules from
-    the files as they are now; anything else (none, stale, unreadable) is left detached: None."""
-    if not index.exists():
-        return None
+def _attach(con, index: Path) -> tuple[dict[str, str] | None, str | None]:
+    """Attach the run's index to con as `run`: (what it says of itself, None) if it was made by these rules from the
+    files as they are now. Else it is left detached: (None, None) when there is none or it is stale or foreign (made
+    from other files or under other rules: read again, nothing to say), (None, why) when it cannot be read.
+
+    DuckDB checks each block's checksum when a query reads it, so a damaged block would fail the report halfway.
+    An index whose modification time is not the one it was sealed with (written to since it was made) is read
+    whole here first: every column of every table it holds, as the tables it must be."""
+    try:
+        mode = os.stat(index).st_mode
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, _why(exc)
+    if not stat.S_ISREG(mode):
+        return None, "not a regular file"  # a FIFO would hold the reader forever
     import duckdb
 
+    problem = None
     try:
         con.execute(f"ATTACH {_q(str(index))} AS run (READ_ONLY)")
         meta = dict(con.execute("SELECT name, value FROM run.index_meta").fetchall())
-    except duckdb.Error:
-        meta = {}
-    stamps = _stamps(index.parent)
-    if meta.get("fingerprint") == _fingerprint() and all(meta.get(f"file {n}") == v for n, v in stamps.items()):
-        return meta
+        current = meta.get("fingerprint") == _fingerprint() and all(
+            meta.get(f"file {n}") == v for n, v in _stamps(index.parent).items()
+        )
+        if current and str(os.stat(index).st_mtime_ns) != meta.get("sealed"):
+            problem = _verify(con, meta)
+    except (duckdb.Error, OSError, ValueError) as exc:
+        current, problem = False, _why(exc)
+    if current and problem is None:
+        return meta, None
     con.execute("DETACH DATABASE IF EXISTS run")
+    return None, problem
+
+
+def _verify(con, meta: dict[str, str]) -> str | None:
+    """Read every value of the attached index (its blocks' checksums are checked as they are read): why it cannot
+    be used, or None. Its tables must be tables (not views of something else) with the columns this reader makes."""
+    kinds = dict(
+        con.execute(
+            "SELECT table_name, 'table' FROM duckdb_tables() WHERE database_name = 'run' "
+            "UNION ALL SELECT view_name, 'view' FROM duckdb_views() WHERE database_name = 'run'"
+        ).fetchall()
+    )
+    tables = [f"{view}_lines" for view in VIEWS.values()]
+    tables += [meta[f"set aside {name}"] for name in VIEWS if meta.get(f"set aside {name}")]
+    for table in tables:
+        if kinds.get(table) != "table":
+            return f"no table {table}"
+        columns = [
+            row[0]
+            for row in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE database_name = 'run' AND table_name = ?", [table]
+            ).fetchall()
+        ]
+        con.execute(f"SELECT count(*), {', '.join(f'sum(hash({c}))' for c in columns)} FROM run.{table}").fetchall()
     return None
 
 
@@ -448,6 +509,10 @@ class RunData:
         self.folder = Path(folder)
         self.limits = tuple(float(x) for x in limits)
         self.skips = Skips()
+        for name in VIEWS:
+            path = self.folder / name
+            if os.path.lexists(path) and not regular(path):
+                raise UnreadableRun(f"{path}: not a regular file: a run's records are files")
         self._tmp = tempfile.mkdtemp(prefix="servescope-run-")
         size = sum((self.folder / name).stat().st_size for name in files if (self.folder / name).exists())
         self._config = {"memory_limit": memory_limit, "temp_directory": str(Path(self._tmp) / "spill")}
@@ -459,10 +524,13 @@ class RunData:
         if runfolder.REQUESTS in files and _wants_index(self.folder):
             self.con = duckdb.connect(":memory:", config=self._config)
             _settings(self.con)
-            meta = _attach(self.con, index)
+            meta, problem = _attach(self.con, index)
             # A folder that takes no writes (read-only, frozen) is read without one, silently: nothing to say there.
-            if meta is None and os.access(self.folder, os.W_OK) and self._make_index(index):
-                meta = _attach(self.con, index)
+            if meta is None and os.access(self.folder, os.W_OK) and self._make_index(index, quiet=problem is not None):
+                meta, _ = _attach(self.con, index)
+            if problem is not None:  # damaged: the JSONL is the record, the index only a copy of it
+                what = "rebuilt" if meta is not None else "read from the JSONL without it"
+                print(f"run folder {self.folder}: index unreadable ({problem}): {what}", file=sys.stderr)
             if meta is None:
                 self.con.close()
         if meta is not None:
@@ -505,18 +573,21 @@ class RunData:
             f"WHERE reason IS NULL"
         )
 
-    def _make_index(self, index: Path) -> bool:
+    def _make_index(self, index: Path, quiet: bool = False) -> bool:
         """Read every file of the run into a new index beside them (written under a temporary name, renamed when
-        complete: a reader never sees half of one). False, and nothing left behind, where the folder refuses it."""
+        complete: a reader never sees half of one), sealed with the modification time it records. False, and nothing
+        left behind, where the folder refuses it (one line unless `quiet`: the caller says it)."""
         import duckdb
 
         partial = index.with_name(f".{index.name}.{os.getpid()}.{threading.get_ident()}.partial")
+        # Whole, even seconds: a time every file system keeps exactly (FAT's is two seconds).
+        sealed = (int(time.time()) // 2 * 2) * 1_000_000_000
         try:
             stamps = _stamps(self.folder)  # before reading: a file that grows meanwhile leaves a stale index
             con = duckdb.connect(str(partial), config={k: v for k, v in self._config.items() if k != "threads"})
             try:
                 _settings(con)
-                meta = {"fingerprint": _fingerprint(), "limits": json.dumps(self.limits)}
+                meta = {"fingerprint": _fingerprint(), "limits": json.dumps(self.limits), "sealed": str(sealed)}
                 for name, view in VIEWS.items():
                     path = self.folder / name
                     rejects = _ingest(con, f"{view}_lines", path if path.exists() else None, SPECS[view], self.limits)
@@ -527,10 +598,12 @@ class RunData:
                 con.execute("CHECKPOINT")
             finally:
                 con.close()
+            os.utime(partial, ns=(sealed, sealed))
             os.replace(partial, index)
             return True
         except (OSError, duckdb.Error) as exc:
-            print(f"run folder {self.folder}: no index kept ({_why(exc)}); read without one", file=sys.stderr)
+            if not quiet:
+                print(f"run folder {self.folder}: no index kept ({_why(exc)}); read without one", file=sys.stderr)
             return False
         finally:
             for leftover in (partial, partial.with_name(partial.name + ".wal")):

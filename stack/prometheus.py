@@ -54,12 +54,16 @@ def check_config(config: Path) -> str | None:
 
 def command(binary: str, config: Path, host: str, port: int) -> list[str]:
     # Data lives in the state dir, bounded by time and size so a long-lived laptop stack cannot fill a disk.
-    return [
+    cmd = [
         binary,
         f"--config.file={config}",
         f"--storage.tsdb.path={paths.prometheus_dir() / 'data'}",
         f"--storage.tsdb.retention.time={knobs.get('PROMETHEUS_RETENTION', '15d')}",
         f"--storage.tsdb.retention.size={knobs.get('PROMETHEUS_RETENTION_SIZE', '1GB')}",
         f"--web.listen-address={host}:{port}",
-        "--web.enable-lifecycle",
     ]
+    # The lifecycle API (POST /-/quit, /-/reload) takes no token and no origin check: any page the user's browser
+    # opens could stop Prometheus. Nothing here needs it; only when asked.
+    if knobs.get("PROMETHEUS_LIFECYCLE", "0").strip().lower() in ("1", "true", "yes", "on"):
+        cmd.append("--web.enable-lifecycle")
+    return cmd

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ from typing import Any
 
 from report import stats
 from servescope import binding, knobs, slo
-from servescope.runfolder import KNEE, MANIFEST, RunFolder, new_run_id
+from servescope.runfolder import FOLDER_MODE, KNEE, MANIFEST, RunFolder, new_run_id
 from stack.errors import StackError
 from stack.progress import elapsed, say
 from stack.vllm import GIB
@@ -660,6 +661,8 @@ def last_line(engine: str, url: str, running: dict[str, str] | None, best: dict[
 
 
 def new_folder(results: Path, engine: str) -> Path:
+    """The tune's folder, its owner's alone as every run folder is (FOLDER_MODE): the runs inside it are."""
     folder = Path(results) / f"{new_run_id()}-tune-{engine}"
     folder.mkdir(parents=True, exist_ok=False)
+    os.chmod(folder, FOLDER_MODE)  # mkdir's mode passes through the umask
     return folder

@@ -160,7 +160,6 @@ class PrometheusServer:
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--storage.tsdb.retention.time=1h",
-                "--web.enable-lifecycle",
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,

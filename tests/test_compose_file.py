@@ -356,3 +356,8 @@ def test_budget_override_only_adds_the_container_watch_to_the_exporter(tmp_path)
         v.endswith("/var/run/docker.sock:ro") or "docker.sock" in str(v) for v in with_budget["exporter"]["volumes"]
     )
     assert "volumes" not in base["exporter"] or not any("docker.sock" in str(v) for v in base["exporter"]["volumes"])
+
+
+def test_prometheus_runs_without_the_lifecycle_api(config):
+    """POST /-/quit takes no token: any page open in the user's browser could stop Prometheus."""
+    assert not any("lifecycle" in str(arg) for arg in config["services"]["prometheus"]["command"])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 
 import pytest
 
@@ -98,3 +100,18 @@ def test_the_knob_page_is_generated_from_env_example_and_fresh():
     defaults = knobs.parse_env_file(knob_table.SOURCE)
     assert all(f"| `{k}` |" in page for k in defaults)
     assert "| `LOADGEN_CAPACITY_PROMPTS` | `synthetic:256` |" in page
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+def test_a_run_folder_is_its_owners_alone_whatever_the_umask(tmp_path, umask):
+    """A manifest holds engine URLs and prompts, the records what was asked: no other user may list or read them."""
+    previous = os.umask(umask)
+    try:
+        folder = RunFolder.create(tmp_path / "results", "run")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(folder.path.stat().st_mode) == 0o700
+    folder.append_request(
+        RequestRecord("vllm", "vllm", "burst", "burst-1", "openai", "m", "s", "h", "p", 8, 1e9, True, 200)
+    )
+    assert (folder.path / "requests.jsonl").exists()

@@ -356,7 +356,7 @@ def test_sweep_ramp_and_rate_phases(server, tmp_path):
         (["burst", "--warmup", "0", "--engine", "vllm=http://::1:8009"], "IPv6 address needs brackets"),
         (
             ["burst", "--warmup", "0", "--engine", "vllm=http://127.0.0.1:9", "--request-timeout", "-1"],
-            "argument --request-timeout: expected a number of seconds > 0, got '-1'",
+            "argument --request-timeout: expected a number of seconds > 0, at most 604800 (a week), got '-1'",
         ),
     ],
 )
@@ -373,15 +373,21 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
     [
         (
             ["ramp", "--duration", "nan"],
-            "argument --duration: expected a number of seconds > 0, got 'nan'",
+            "argument --duration: expected a number of seconds > 0, at most 604800 (a week), got 'nan'",
         ),  # never ended
-        (["ramp", "--duration", "-5"], "argument --duration: expected a number of seconds > 0, got '-5'"),  # exit 0
+        (
+            ["ramp", "--duration", "-5"],
+            "argument --duration: expected a number of seconds > 0, at most 604800 (a week), got '-5'",
+        ),  # exit 0
         (["ramp", "--requests", "-3"], "argument --requests: expected a whole number >= 1, got '-3'"),  # exit 0
         (["rate", "--rate", "inf"], "argument --rate: expected a number of arrivals per second > 0, got 'inf'"),
         (["sweep", "--concurrencies", "1,0"], "argument --concurrencies: expected user counts from 1 to 10000"),
         (["sequential", "--repeat", "0"], "argument --repeat: expected a whole number of passes from 1 to 100000"),
         (["burst", "--bursts", "0"], "argument --bursts: expected a whole number >= 1, got '0'"),
-        (["burst", "--burst-pause", "-1"], "argument --burst-pause: expected a number of seconds >= 0, got '-1'"),
+        (
+            ["burst", "--burst-pause", "-1"],
+            "argument --burst-pause: expected a number of seconds from 0 to 604800 (a week), got '-1'",
+        ),
         (["burst", "--metrics-port", "70000"], "argument --metrics-port: expected a port from 0 (off) to 65535"),
         (["burst", "--max-tokens", "0"], "argument --max-tokens: expected a whole number >= 1, got '0'"),
         (["burst", "--prompts", "synthetic:99999999999x1"], "TOKENS from 1 to 131072"),  # grew memory without bound

@@ -20,8 +20,10 @@ from hypothesis import strategies as st
 from loadgen import client as llm
 from loadgen import options
 from loadgen.commands import COMMANDS, USAGE_ERRORS, build_parser, prepare
+from loadgen.options import MAX_RUN_S
 from loadgen.prompts import MAX_SYNTHETIC_WORDS
 from loadgen.scenarios import MAX_USERS, BurstPhase, ClosedLoopPhase, RatePhase, SequentialPhase
+from loadgen.workloads.replay import ReplayPhase
 from servescope.runfolder import RUN_ID
 from servescope.urls import parse_http_url
 
@@ -55,7 +57,7 @@ ENGINES = st.one_of(
 )
 TEXT = {
     "--prompts": good_or_bad(
-        ["seed3", "seed4", "mixed", "synthetic:16x3", "synthetic:1"],
+        ["seed3", "seed4", "mixed", "synthetic:16x3", "synthetic:1", "trace"],
         ["synthetic:0x1", "synthetic:131073", "synthetic:1x100001", "synthetic:100000x100", "synthetic:abc"]
         + ["synthetic:" + "9" * 40, "/no/such/file", ""],
     ),
@@ -139,7 +141,8 @@ def check_accepted(args, plan) -> None:
     assert plan.phases
     for phase in plan.phases:
         s = phase.settings
-        assert math.isfinite(s.timeout_s) and s.timeout_s > 0 and s.max_tokens >= 1
+        assert math.isfinite(s.timeout_s) and 0 < s.timeout_s <= MAX_RUN_S and s.max_tokens >= 1
+        assert 0 <= s.think_s <= MAX_RUN_S
         assert math.isfinite(s.temperature) and s.temperature >= 0
         assert 1 <= phase.users <= MAX_USERS
         if isinstance(phase, SequentialPhase):
@@ -150,6 +153,9 @@ def check_accepted(args, plan) -> None:
             assert phase.duration_s is not None or phase.max_requests is not None
             assert phase.duration_s is None or (math.isfinite(phase.duration_s) and phase.duration_s > 0)
             assert phase.max_requests is None or phase.max_requests >= 1
+        elif isinstance(phase, ReplayPhase):  # a replay ends within what a run can take
+            last = phase.rows[-1].offset_s / phase.speed
+            assert min(last, phase.duration_s if phase.duration_s is not None else math.inf) <= MAX_RUN_S
         elif isinstance(phase, RatePhase):
             assert math.isfinite(phase.rate) and phase.rate > 0
         else:

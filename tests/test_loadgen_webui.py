@@ -74,6 +74,11 @@ def template_args(base: str) -> dict:
     return json.loads(match.group(1))
 
 
+def start(base: str, form: dict, **headers: str) -> requests.Response:
+    """POST the START form as the web UI's own page does: with its Origin (another site's page cannot send it)."""
+    return requests.post(f"{base}/swarm", data=form, headers={"Origin": base, **headers}, timeout=10)
+
+
 def wait_for_chat_requests(base: str, count: int, timeout: float = 30) -> dict:
     deadline = time.monotonic() + timeout
     stats: dict = {}
@@ -143,7 +148,7 @@ def test_swarm_with_custom_parameters_runs_the_chosen_engine_and_scenario(webui,
         "burst_pause": "0.1",
         "max_tokens": "8",
     }
-    answer = requests.post(f"{base}/swarm", data=form, timeout=10).json()
+    answer = start(base, form).json()
     assert answer["success"], answer
     stats = wait_for_chat_requests(base, 8)
     rows = {(s["method"], s["name"]): s for s in stats["stats"]}
@@ -162,18 +167,15 @@ def test_swarm_with_custom_parameters_runs_the_chosen_engine_and_scenario(webui,
 def test_a_bad_value_in_the_form_is_one_line_and_the_next_start_runs(webui, server, tmp_path):
     base, results = webui
     form = {"user_count": "2", "spawn_rate": "2", "host": server.url, "scenario": "ramp", "steps": "1"}
-    assert requests.post(f"{base}/swarm", data={**form, "duration": "nan"}, timeout=10).json()["success"]
-    deadline = time.monotonic() + 30
+    answer = start(base, {**form, "duration": "nan"}).json()
+    expected = "--duration: expected a number of seconds > 0, at most 604800 (a week), got 'nan'"
+    assert not answer["success"] and answer["message"] == expected  # one line in the UI, nothing started
     log = tmp_path / "webui.log"
-    while "loadgen: --duration" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert log.read_text().count("loadgen: --duration: expected a number of seconds > 0, got 'nan'") == 1
+    assert log.read_text().count(f"loadgen: web UI START refused: {expected}") == 1
     assert "Traceback" not in log.read_text() and not (results.exists() and any(results.iterdir()))
-    while requests.get(f"{base}/stats/requests", timeout=5).json()["state"] != "stopped":
-        assert time.monotonic() < deadline, "the test did not stop after the bad value"
-        time.sleep(0.2)
+    assert requests.get(f"{base}/stats/requests", timeout=5).json()["state"] in ("ready", "stopped")
     # The same form with a good value: a run, as if the bad one never happened.
-    answer = requests.post(f"{base}/swarm", data={**form, "duration": "", "requests": "2", "scenario": "sequential"})
+    answer = start(base, {**form, "duration": "", "requests": "2", "scenario": "sequential"})
     assert answer.json()["success"]
     wait_for_chat_requests(base, 2)
     assert finished_run(results).manifest()["status"] == "complete"
@@ -185,7 +187,7 @@ def test_credentials_in_the_engine_url_are_sent_but_stay_out_of_the_output_and_t
     proc, base = start_webui(tmp_path, "--results", str(results), "--engine-url", url, "--users", "2")
     try:
         form = {"user_count": "2", "spawn_rate": "2", "host": url, "scenario": "burst", "max_tokens": "4"}
-        assert requests.post(f"{base}/swarm", data=form, timeout=10).json()["success"]
+        assert start(base, form).json()["success"]
         wait_for_chat_requests(base, 2)
         folder = finished_run(results)
     finally:
@@ -311,3 +313,141 @@ def test_distributed_burst_splits_its_users_across_workers_and_ends(server, tmp_
     assert [(p.phase, p.requests, p.concurrency) for p in folder.phases()] == [("burst-1", 3, 3), ("burst-2", 3, 3)]
     records = list(folder.requests())
     assert len(records) == 6 and all(r.ok for r in records) and server.stats.requests == 6
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses something listens on at `port`, from the kernel's socket tables (IPv4 and IPv6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_locust_f_as_the_readme_shows_it_binds_loopback_only(tmp_path):
+    """`locust -f loadgen/locustfile.py --master` once bound its web UI and its workers' port on every interface."""
+    web, master = free_port(), free_port()
+    log = open(tmp_path / "locust.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--master", "--web-port", str(web)]
+        + ["--master-bind-port", str(master), "--metrics-port", "0", "--results", str(tmp_path / "results")],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    try:
+        wait_http(f"http://127.0.0.1:{web}/", timeout=60, proc=proc)
+        assert _listening(web) == {"0100007F"}, (tmp_path / "locust.log").read_text()[-2000:]
+        assert _listening(master) == {"0100007F"}, (tmp_path / "locust.log").read_text()[-2000:]
+    finally:
+        stop_process(proc, 15)
+
+
+# --- the START form under attack (issue 29, part 7): every refusal one line in the UI, nothing started ---
+
+
+def _state(base: str) -> str:
+    return requests.get(f"{base}/stats/requests", timeout=5).json()["state"]
+
+
+def test_every_field_of_the_start_form_is_checked_by_the_option_table(webui, server, tmp_path):
+    base, results = webui
+    good = {"user_count": "2", "spawn_rate": "2", "host": server.url, "scenario": "burst", "max_tokens": "4"}
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the content of a local file\n")
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=2) as elsewhere:
+        bad = {
+            "host=javascript:alert(1)": {"host": "javascript:alert(1)"},
+            "host=ftp://": {"host": "ftp://127.0.0.1:21"},
+            "host empty": {"host": ""},
+            "http_client=bogus": {"http_client": "bogus"},
+            "metrics_port=70000": {"metrics_port": "70000"},
+            "results anywhere": {"results": str(tmp_path / "elsewhere")},
+            "an unknown key": {"no_such_option": "1"},
+            "Locust's own html_file": {"html_file": str(tmp_path / "written.html")},
+            "max_tokens=0": {"max_tokens": "0"},
+            "a bad choice": {"scenario": "everything"},
+            "an empty number": {"max_tokens": ""},
+            # A page that could post this read the file: its content went to the host the form named.
+            "prompts = a local file, host = another server": {"prompts": str(secret), "host": elsewhere.url},
+            "prompts = a dataset of a local file": {"prompts": f"dataset:{secret}", "host": elsewhere.url},
+        }
+        answers = {name: start(base, {**good, **fields}) for name, fields in bad.items()}
+        assert elsewhere.stats.requests == 0  # no local file left the machine
+    for name, answer in answers.items():
+        body = answer.json()
+        assert answer.status_code == 200 and body["success"] is False, (name, body)
+        assert body["message"] and "\n" not in body["message"], (name, body)
+    assert (
+        "the web UI reads prompt files only from"
+        in answers["prompts = a local file, host = another server"].json()["message"]
+    )
+    assert server.stats.requests == 0 and _state(base) in ("ready", "stopped")
+    assert not (results.exists() and any(results.iterdir())) and not (tmp_path / "elsewhere").exists()
+    assert not (tmp_path / "written.html").exists()
+    log = (tmp_path / "webui.log").read_text()
+    assert log.count("loadgen: web UI START refused:") == len(bad) and "Traceback" not in log
+    # Refused values are forgotten: the next START without them runs with the values the UI started with.
+    assert start(base, {"user_count": "2", "spawn_rate": "2", "host": server.url}).json()["success"]
+    wait_for_chat_requests(base, 2)
+    folder = finished_run(results)
+    assert {r.max_tokens for r in folder.requests()} == {8}  # --max-tokens 8, as started: not the refused 0
+
+
+def test_a_start_from_another_origin_or_without_one_is_refused(webui, server):
+    base, results = webui
+    form = {"user_count": "2", "spawn_rate": "2", "host": server.url, "scenario": "burst"}
+    refused = {
+        "another origin": requests.post(
+            f"{base}/swarm", data=form, headers={"Origin": "http://evil.example"}, timeout=10
+        ),
+        "a sandboxed page (Origin: null)": requests.post(
+            f"{base}/swarm", data=form, headers={"Origin": "null"}, timeout=10
+        ),
+        "no Origin, no Referer": requests.post(f"{base}/swarm", data=form, timeout=10),
+        "a foreign Referer": requests.post(
+            f"{base}/swarm", data=form, headers={"Referer": "http://evil.example/page"}, timeout=10
+        ),
+        "another site's fetch": start(base, form, **{"Sec-Fetch-Site": "cross-site"}),
+        "a name rebound to 127.0.0.1": start(base, form, Host="evil.example:8089"),
+        "STOP from another origin": requests.post(
+            f"{base}/stop", headers={"Origin": "http://evil.example"}, timeout=10
+        ),
+    }
+    for name, answer in refused.items():
+        assert answer.status_code == 403 and answer.json()["success"] is False, (name, answer.status_code)
+    assert server.stats.requests == 0 and _state(base) in ("ready", "stopped")
+    assert not (results.exists() and any(results.iterdir()))
+    # The web UI's own page: the same form with its Origin, or its Referer, starts.
+    assert requests.post(f"{base}/swarm", data=form, headers={"Referer": f"{base}/"}, timeout=10).json()["success"]
+    wait_for_chat_requests(base, 2)
+
+
+def test_prompt_files_come_from_the_folder_the_operator_named(server, tmp_path):
+    allowed = tmp_path / "prompts"
+    allowed.mkdir()
+    (allowed / "mine.txt").write_text("my own prompt\n")
+    (tmp_path / "other.txt").write_text("not for the web UI\n")
+    results = tmp_path / "results"
+    proc, base = start_webui(
+        tmp_path, "--results", str(results), "--engine-url", server.url, "--prompt-dir", str(allowed), "--users", "1"
+    )
+    try:
+        form = {"user_count": "1", "spawn_rate": "1", "host": server.url, "scenario": "sequential"}
+        escape = start(base, {**form, "prompts": str(allowed / ".." / "other.txt")}).json()
+        assert not escape["success"] and "the web UI reads prompt files only from" in escape["message"], escape
+        (allowed / "link.txt").symlink_to(tmp_path / "other.txt")  # a link out of the folder is out of it
+        assert not start(base, {**form, "prompts": str(allowed / "link.txt")}).json()["success"]
+        assert start(base, {**form, "prompts": str(allowed / "mine.txt")}).json()["success"]
+        wait_for_chat_requests(base, 1)
+        assert [r.prompt_set for r in finished_run(results).requests()] == ["mine"]
+    finally:
+        stop_process(proc, 15)

@@ -69,3 +69,29 @@ def test_resolve_by_id_path_and_latest(tmp_path):
     (tmp_path / "notarun").mkdir()
     with pytest.raises(RunError, match="is not a run folder"):
         load(tmp_path / "notarun")
+
+
+def test_a_run_whose_workers_were_lost_or_stepped_says_so_in_its_warnings(tmp_path):
+    """The load generator writes what lost workers never sent, what its port dropped and the clock steps it saw into
+    the manifest (loadgen/distributed.py): the report says each in one line, where the numbers it shows are."""
+    shutil.copytree(RUNS / "seed-vllm-ollama", tmp_path / "r")
+    path = tmp_path / "r" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["distributed"] = {"unsent": {"rate-10rps": 23}, "dropped_messages": {"a forged record": 6}}
+    manifest["workers"] = [
+        {"index": 0, "lost": None, "clock_steps_s": [], "records_put_on_master_clock": 0},
+        {"index": 1, "lost": "it quit", "clock_steps_s": [30.0001], "records_put_on_master_clock": 2},
+    ]
+    path.write_text(json.dumps(manifest))
+    warnings = load(tmp_path / "r").warnings
+    assert "rate-10rps: 23 requests were never sent (a load generator worker was lost in it)" in warnings
+    assert "load generator workers' port: 6 message(s) dropped (not from this run's workers, or malformed)" in warnings
+    assert (
+        "load generator worker 1: its clock stepped +30.000 s; 2 record(s) put on the master's clock as they arrived"
+        in warnings
+    )
+
+
+def test_a_run_under_a_home_that_does_not_exist_is_one_line(tmp_path):
+    with pytest.raises(RunError, match="no such user's home directory"):
+        resolve("~nosuchuser-servescope/run", tmp_path)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +129,76 @@ def test_box_stats_are_matplotlibs(values):
     for key in ("mean", "med", "q1", "q3", "whislo", "whishi"):
         assert ours[key] == theirs[key], key
     assert np.array_equal(ours["fliers"], theirs["fliers"])
+
+
+# --- a painter that stops answering (SIGSTOP), Ctrl-C while it draws (issue 29) ---
+
+STOPPED_PAINTER = """
+import os, signal, sys
+from pathlib import Path
+from report.painter import Painter
+painter = Painter()
+os.kill(painter._proc.pid, signal.SIGSTOP)
+out = Path(sys.argv[1])
+bars = BARS_REPR
+drawn = {key: painter.draw("seed_table", bars, out / f"{key}.png") for key in ("table", "latency")}
+print(painter.collect(drawn), painter.broken, flush=True)
+""".replace("BARS_REPR", repr(BARS))
+
+
+def test_a_stopped_painter_costs_its_figures_after_the_deadline_not_the_report(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_PAINTER, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,  # without a deadline it waits as long as the painter is stopped: forever
+        env={**os.environ, "PAINTER_FIGURE_TIMEOUT_S": "2"},
+    )
+    assert done.stdout.strip() == "{'table': None, 'latency': None} True", done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "report: the figure painter drew nothing for 2 s (PAINTER_FIGURE_TIMEOUT_S) and was stopped; "
+        "figures left out: table, latency"
+    ]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def test_ctrl_c_while_the_report_draws_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "seed-vllm-ollama", run)
+    report = subprocess.Popen(
+        [sys.executable, "-m", "report", "--run", str(run), "--prometheus", "http://127.0.0.1:9"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PAINTER_FIGURE_TIMEOUT_S": "600"},
+    )
+    painters: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not painters and report.poll() is None and time.monotonic() < deadline:
+            painters = _children(report.pid)
+            time.sleep(0.02)
+        assert painters, "the report started no painter"
+        os.kill(painters[0], signal.SIGSTOP)  # it draws nothing more: the report waits on its figures
+        time.sleep(1)
+        report.send_signal(signal.SIGINT)
+        out, err = report.communicate(timeout=60)
+    finally:
+        for pid in painters:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if report.poll() is None:
+            report.kill()
+            report.wait()
+    assert report.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "report: interrupted (Ctrl-C): the report was not written", err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -5,6 +5,10 @@ folder that refuses it, or a broken one, costs one line and the reading goes on 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,8 @@ from servescope import runfolder, runreader
 from servescope.runfolder import RequestRecord, RunFolder
 from servescope.runreader import RunData
 from tests.test_loadgen_cli import _set_writable
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def record(i: int) -> RequestRecord:
@@ -116,7 +122,7 @@ def test_a_folder_that_refuses_the_index_costs_one_line_and_no_record(run, capsy
     (run / runfolder.INDEX).mkdir()  # the name is taken: the finished index cannot be put there
     with_refusal = read(run)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"run folder {run}: no index kept" in err, err
+    assert err == f"run folder {run}: index unreadable (not a regular file): read from the JSONL without it\n", err
     assert len(with_refusal[0]) == 40
     assert sorted(p.name for p in run.iterdir()) == sorted([runfolder.INDEX, runfolder.REQUESTS])
 
@@ -153,3 +159,113 @@ def test_a_folder_that_takes_no_writes_is_read_without_an_index_and_without_a_wo
         assert read(run) == first and seen == []
     finally:
         _set_writable(run, True)
+
+
+# --- a damaged, edited or foreign index (issue 29): dropped and the JSONL read, in one line ---
+
+
+def test_flipped_bytes_in_the_index_cost_one_line_and_no_record(run, capsys):
+    first = read(run)
+    index = run / runfolder.INDEX
+    pristine = index.read_bytes()
+    capsys.readouterr()
+    unreadable = 0
+    for position in range(0, len(pristine), len(pristine) // 16 + 1):  # block headers and the data in between
+        damaged = bytearray(pristine)
+        damaged[position] ^= 0xFF
+        index.write_bytes(bytes(damaged))
+        assert read(run) == first, position
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) <= 1, (position, err)
+        if err:
+            assert err[0].startswith(f"run folder {run}: index unreadable (") and err[0].endswith("): rebuilt"), err
+            unreadable += 1
+        assert read(run) == first and capsys.readouterr().err == ""  # rebuilt (or never damaged): read quietly
+    assert unreadable > 0  # the flips reached the data, not only free space
+
+
+def test_an_index_of_another_database_is_dropped_and_rebuilt(run, capsys):
+    import duckdb
+
+    first = read(run)
+    index = run / runfolder.INDEX
+    index.unlink()
+    con = duckdb.connect(str(index))
+    con.execute("CREATE TABLE index_meta (name VARCHAR, value VARCHAR)")
+    con.execute("CREATE VIEW requests_lines AS SELECT 1 AS x")
+    con.close()
+    assert read(run) == first
+    assert read(run) == first
+
+
+def test_an_edit_in_place_that_keeps_size_and_time_is_read_again(run):
+    """The index checks a hash of each JSONL's head and tail, not only its size and modification time."""
+    first = read(run)
+    path = run / runfolder.REQUESTS
+    before = path.stat()
+    text = path.read_text()
+    edited = text.replace('"ttft_s":0.01,', '"ttft_s":9.92,', 1)
+    assert len(edited) == len(text) and edited != text
+    path.write_text(edited)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    rows = read(run)[0]
+    assert rows[0][1] == pytest.approx(9.92) and rows[1:] == first[0][1:]
+
+
+READ_IN_A_CHILD = """
+import sys
+from servescope import runfolder
+from servescope.runreader import RunData
+try:
+    data = RunData(sys.argv[1], files=(runfolder.REQUESTS,))
+    print(data.con.execute("SELECT count(*) FROM requests").fetchone()[0])
+except ValueError as exc:
+    print("refused:", exc)
+"""
+
+
+def read_in_a_child(path) -> subprocess.CompletedProcess:
+    """A reader that would open a FIFO waits forever: in a child, with a generous timeout."""
+    return subprocess.run(
+        [sys.executable, "-c", READ_IN_A_CHILD, str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RUN_INDEX_MIN_MB": "0"},
+    )
+
+
+def test_a_fifo_in_place_of_the_index_is_never_opened(run):
+    (run / runfolder.INDEX).unlink(missing_ok=True)
+    os.mkfifo(run / runfolder.INDEX)
+    done = read_in_a_child(run)
+    assert done.stdout.strip() == "40", done.stderr
+    assert done.stderr.strip().splitlines() == [f"run folder {run}: index unreadable (not a regular file): rebuilt"]
+    assert (run / runfolder.INDEX).is_file()
+
+
+@pytest.mark.parametrize("name", [runfolder.REQUESTS, runfolder.PHASES])
+def test_a_fifo_in_place_of_a_jsonl_is_one_line(run, name):
+    (run / name).unlink(missing_ok=True)
+    os.mkfifo(run / name)
+    done = read_in_a_child(run)
+    assert done.stdout.strip() == f"refused: {run / name}: not a regular file: a run's records are files", done.stderr
+
+
+def test_a_report_on_a_folder_with_fifos_for_records_is_one_line(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    os.mkfifo(folder / runfolder.MANIFEST)
+    os.mkfifo(folder / runfolder.REQUESTS)
+    done = subprocess.run(
+        [sys.executable, "-m", "report", "--run", str(folder), "--prometheus", "http://127.0.0.1:9"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,  # a reader that opened a FIFO would wait forever
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"report: {folder / runfolder.REQUESTS}: not a regular file: a run's records are files"
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -120,3 +121,33 @@ def test_a_running_pip_in_the_venv_is_waited_for(tmp_path):
         proc.wait()
     with venvlock.exclusive(venv, timeout=5, poll=0.05):
         assert (tmp_path / ".venv-x.lock").exists()
+
+
+@pytest.mark.tool("prometheus")
+def test_the_native_prometheus_has_no_lifecycle_api_unless_asked(monkeypatch, tmp_path):
+    """A page in the user's browser once stopped the native Prometheus with a cross-origin POST to /-/quit."""
+    import requests
+
+    from tests.conftest import free_port, stop_process, wait_http
+
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    monkeypatch.delenv("PROMETHEUS_LIFECYCLE", raising=False)
+    config = prometheus.write_config([], rules=[])
+    port = free_port()
+    cmd = prometheus.command(shutil.which("prometheus"), config, "127.0.0.1", port)
+    assert not any("lifecycle" in arg for arg in cmd)
+    with open(tmp_path / "prometheus.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
+        for path in ("/-/quit", "/-/reload"):
+            answer = requests.post(
+                f"http://127.0.0.1:{port}{path}", headers={"Origin": "http://evil.example"}, timeout=10
+            )
+            assert answer.status_code == 403, (path, answer.status_code, answer.text)
+        assert requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=10).status_code == 200
+        assert proc.poll() is None
+    finally:
+        stop_process(proc)
+    monkeypatch.setenv("PROMETHEUS_LIFECYCLE", "1")  # asked for: there
+    assert "--web.enable-lifecycle" in prometheus.command("/usr/bin/prometheus", config, "127.0.0.1", port)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadgen import workloads
+from loadgen.options import MAX_RUN_S
 from loadgen.prompts import (
     MAX_SYNTHETIC_COUNT,
     MAX_SYNTHETIC_TOKENS,
@@ -40,7 +41,7 @@ from loadgen.workloads.turns import Answer, SingleTurn, Turn
 
 DEFAULT = "trace-small"
 MOONCAKE_BLOCK_TOKENS = 512  # what one of Mooncake's hash_ids stands for
-MAX_OFFSET_S = 7 * 24 * 3600.0
+MAX_OFFSET_S = MAX_RUN_S  # a trace longer than a run can last could not be replayed
 
 
 @dataclass(frozen=True)
@@ -223,4 +224,13 @@ def replay_phase(settings, options):
 
     duration = float(options.duration) if options.duration not in (None, "") else None
     requests = int(options.requests) if options.requests not in (None, "") else None
-    return ReplayPhase(settings, speed=float(options.speed), duration_s=duration, requests=requests)
+    speed = float(options.speed)
+    rows = settings.prompt_set.rows[:requests] if requests is not None else settings.prompt_set.rows
+    span = rows[-1].offset_s / speed if rows and speed > 0 else 0.0
+    if min(span, duration if duration is not None else math.inf) > MAX_RUN_S:
+        # A replay that outlasts any run (a speed of 1e-300) would never end: say so now, not after a week.
+        raise PromptSetError(
+            f"replay at --speed {options.speed}: the trace's {rows[-1].offset_s:g} s would take {span:.4g} s, more "
+            f"than a run can last ({MAX_RUN_S:g} s): raise --speed or give --duration"
+        )
+    return ReplayPhase(settings, speed=speed, duration_s=duration, requests=requests)

@@ -183,18 +183,17 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
         # A load test through the master, spread over both workers (separate containers, each its own client):
         # each worker runs users, and every record lands in the master's one run folder.
         bursts = 2
-        form = {
+        form = {  # the web UI's own fields: Host is the engine's URL, Number of users the burst size
             "user_count": str(2 * WORKERS),
             "spawn_rate": str(2 * WORKERS),
-            "host": "",
+            "host": compose.LOADGEN_URLS["llamacpp"],
             "engine": "llamacpp",
-            "engine_url": compose.LOADGEN_URLS["llamacpp"],
             "scenario": "burst",
-            "burst_size": str(2 * WORKERS),
             "bursts": str(bursts),
             "max_tokens": "64",
         }
-        answer = requests.post(f"{locust}/swarm", data=form, timeout=10).json()
+        # As the UI's own page posts it: with its Origin (loadgen/webui_guard.py refuses a START without one).
+        answer = requests.post(f"{locust}/swarm", data=form, headers={"Origin": locust}, timeout=10).json()
         assert answer["success"], answer
         users_seen: dict[str, int] = {}
         deadline = time.monotonic() + 300
