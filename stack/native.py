@@ -463,7 +463,7 @@ def main_job(knob: dict[str, str], host: str, engines: dict[str, str]) -> int:
         say("comparison failed: the services stay up (`make status`, `make down`)")
         return code or 1
     # The comparison printed the seed's table itself (the report's: report.table); the report's summary ends it.
-    summary.report_and_summary(run, f"http://127.0.0.1:{knob['PROMETHEUS_PORT']}")
+    summary.report_and_summary(run, f"http://127.0.0.1:{knob.get('PROMETHEUS_PORT') or knobs.get('PROMETHEUS_PORT')}")
     # "run folder: PATH" alone on its line, as loadgen prints it: scripts and the e2e suite take the path from it.
     say(f"run folder: {run}")
     say(f"`make report RUN={run}` writes the report again (report.md / report.html there)")

@@ -170,7 +170,7 @@ def test_a_cpu_hog_during_one_phase_is_flagged_refused_and_leaves_the_others_alo
     assert f"llama.cpp server {HOG_PHASE}: {flag}" in text
 
     # The setup section shows every phase's noise figures, the hog beside its phase.
-    setup = doc.sections[0]
+    setup = next(sec for sec in doc.sections if sec.title == "Setup")
     noise_table = next(b for b in setup.blocks if getattr(b, "caption", "").startswith("Host noise per phase"))
     hog_row = next(r for r in noise_table.rows if r[0] == "llama.cpp server" and r[1] == HOG_PHASE)
     assert HOG in hog_row[4] and hog_row[-1] == flag

@@ -152,7 +152,7 @@ def test_loadgen_shaped_run(tmp_path):
 def test_interrupted_status_is_said(tmp_path):
     run = load(write_run(tmp_path))
     doc, numbers = sections.build(run, "http://127.0.0.1:9", None, figures=False)
-    setup = doc.sections[0]
+    setup = next(sec for sec in doc.sections if sec.title == "Setup")
     texts = " ".join(getattr(b, "text", "") for b in setup.blocks)
     assert "status: interrupted" in texts and "recorded this run as interrupted" in texts
     assert numbers["table"]["repeated_bursts"]

@@ -161,7 +161,7 @@ def test_the_verdict_concludes_only_from_trusted_phases(tmp_path):
     assert "rerun sequential, burst-1" in llama["text"]
     assert len(llama["left_out"]) == 6 and llama["left_out"][0].startswith("sequential: noisy: 70% of a core used")
     assert verdicts["vllm"]["left_out"] == []
-    setup = doc.sections[0]
+    setup = next(sec for sec in doc.sections if sec.title == "Setup")
     noise_table = next(b for b in setup.blocks if getattr(b, "caption", "").startswith("Host noise per phase"))
     assert len(noise_table.rows) == 12
     assert noise_table.rows[0][:5] == ["vLLM-CPU", "sequential", "0.900s", "1.00", "0.05 (-)"]
