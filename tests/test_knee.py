@@ -392,49 +392,56 @@ def test_an_engine_frozen_mid_search_is_a_fault_not_batch_slots(tmp_path):
 @pytest.mark.slow
 @pytest.mark.serial  # a CPU hog at nice -20 on one core: it would starve a parallel worker's tests
 def test_a_load_generator_starved_of_its_core_is_named_the_client(tmp_path):
-    """The load generator held to one core at nice 19 beside a nice -20 hog on that core: it could not send and read
-    on time, so what failed is the client, not a resource of the engine (its run-queue wait is the evidence)."""
+    """Once the search measures, the load generator is held to one core where a hog spins (its main thread at
+    SCHED_IDLE): it cannot send and read on time, so what failed is the client, not a resource of the engine (its
+    run-queue wait is the evidence)."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("one core: the client cannot be starved apart from the engine")
     client_core = {cores[-1]}
-    hog = subprocess.Popen(
-        [sys.executable, "-m", "tests.doubles.cpu_hog", "--seconds", "120", "--nice", "-20"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, client_core),
-        start_new_session=True,
-    )
-    try:
-        assert hog.stdout.readline().strip() == "busy"
-        with (
-            SyntheticProcess("--ttft", "0.02", "--itl", "0.005", "--tokens", "40", "--cpus", str(cores[0])) as server,
-            EngineExporter({"vllm": server.url}) as exporter,
-        ):
-            env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter.url, "SAMPLE_INTERVAL_MS": "50"}
-            options = (
-                f"--max-tokens 40 --prompts synthetic:16 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 "
-                f"--quiet --duration 2 --max-load 8 --knee-repeats 1 --slo ttft_p95<=0.05,itl_p95<=0.02"
-            )
-
-            def starve() -> None:
-                os.sched_setaffinity(0, client_core)
-                os.nice(19)
-
-            proc = subprocess.run(
-                [sys.executable, "-m", "loadgen", "knee", "--engine", f"vllm={server.url}", *options.split()],
+    hog = None
+    with (
+        SyntheticProcess("--ttft", "0.02", "--itl", "0.005", "--tokens", "40", "--cpus", str(cores[0])) as server,
+        EngineExporter({"vllm": server.url}) as exporter,
+    ):
+        env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter.url, "SAMPLE_INTERVAL_MS": "50"}
+        options = (
+            f"--max-tokens 40 --prompts synthetic:16 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 "
+            f"--quiet --duration 2 --max-load 8 --knee-repeats 1 --slo ttft_p95<=0.05,itl_p95<=0.02"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "loadgen", "knee", "--engine", f"vllm={server.url}", *options.split()],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, client_core),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "knee" / "samples.jsonl").exists():  # the first measurement has begun
+                assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+                time.sleep(0.05)
+            # A nice value is not enough: a client that mostly sleeps on the network is woken ahead of a spinning task.
+            os.sched_setscheduler(proc.pid, os.SCHED_IDLE, os.sched_param(0))
+            hog = subprocess.Popen(
+                [sys.executable, "-m", "tests.doubles.cpu_hog", "--seconds", "60", "--nice", "-20"],
                 cwd=REPO,
-                env=env,
-                capture_output=True,
+                stdout=subprocess.PIPE,
                 text=True,
-                timeout=300,
-                preexec_fn=starve,
+                preexec_fn=lambda: os.sched_setaffinity(0, client_core),
+                start_new_session=True,
             )
-    finally:
-        hog.terminate()
-        hog.wait(10)
-    assert proc.returncode == 0, proc.stderr
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if hog is not None:
+                hog.terminate()
+                hog.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err
     result = json.loads((tmp_path / "knee" / "knee.json").read_text())
     b = result["binding"]
     assert b["resource"] == binding.CLIENT, (b["resource"], b["evidence"])
