@@ -2,13 +2,78 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from servescope import knobs
 
 # The request APIs the load generator speaks: OpenAI's SSE chat completions, Ollama's native NDJSON /api/chat.
 OPENAI_API = "openai"
 OLLAMA_API = "ollama"
+
+# The resources a serving knob adds (servescope/binding.py names the others, which no knob adds).
+BATCH_SLOTS = "batch slots"
+KV_CAPACITY = "KV capacity"
+# Past these, more is not a serving setting a CPU can use: where `make tune` stops raising a knob.
+MAX_SLOTS = 256
+MAX_CONTEXT = 1 << 20
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A serving setting: the knob the stack starts the engine with, the engine's own name for it, and the names a run
+    folder records it under (its command line, the engine's reported settings)."""
+
+    flag: str  # what the engine calls it, as advice shows it
+    env: str | None = None  # the knob in .env.example the native stack and Compose pass; None: servescope starts none
+    option: str | None = None  # the command-line option the stack passes it as; None: the engine reads `env` itself
+    names: tuple[str, ...] = ()  # other spellings a run records it under (matched without dashes, case or - vs _)
+
+    @property
+    def recorded_as(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.option, self.env, *self.names) if n)
+
+
+@dataclass(frozen=True)
+class Lever:
+    """What adds more of one resource on this engine: the knob to turn and how each reader says so."""
+
+    resource: str  # BATCH_SLOTS or KV_CAPACITY
+    knob: Knob
+    advice: str  # what to do with it (the binding rule's one line)
+    name: str  # the verdict's name for turning it (report.json's `lever`)
+    words: str  # the verdict's instruction: "{now}" where the current setting goes, "{max_model_len}" likewise
+    caveat: str = ""  # what not to turn instead, said beside a KV verdict read from the gauges
+
+    @property
+    def env(self) -> str | None:
+        return self.knob.env
+
+    @property
+    def flag(self) -> str:
+        return self.knob.flag
+
+    def to_json(self) -> dict[str, Any]:
+        """The knee's record of it (knee.json `knob`)."""
+        return {"env": self.env, "flag": self.flag, "advice": self.advice}
+
+    def say(self, now: str = "", max_model_len: str = "") -> str:
+        return self.words.format(now=now, max_model_len=max_model_len)
+
+
+class KvRoom(Protocol):
+    """How many slots the KV space admits at the served max-model-len (the native stack's plan: stack/tune.KvFit)."""
+
+    max_model_len: int
+
+    def most_slots(self, space_gib: float) -> int: ...
+
+    def space_for(self, slots: int) -> int: ...
+
+
+# More of a resource: (the new knob values, what changed in words), or None when there is no rule or no room.
+RaiseKnob = Callable[[str, Mapping[str, str], KvRoom | None], tuple[dict[str, str], str] | None]
 
 
 @dataclass(frozen=True)
@@ -29,9 +94,38 @@ class EngineKind:
     # place its requests in flight can be seen); None: load goes to the engine itself.
     proxy_port_env: str | None = None
 
+    # --- its knobs: what adds batch slots and KV capacity, and what else a report reads of its settings
+    levers: tuple[Lever, ...] = ()
+    max_model_len: Knob | None = None  # the longest request it admits (section 3's concurrency divides by it)
+    stack_knobs: tuple[str, ...] = ()  # the knobs `make up` starts it with: the report's fallback when a run has none
+    # Its queue is only ever for a slot (llama.cpp splits its context over the slots up front, Ollama runs
+    # OLLAMA_NUM_PARALLEL per model): waiting means batch slots whatever the KV pool says.
+    queue_means_slots: bool = False
+    # Seconds it held one request outside the model, from the request's own stats (the load generator's record of
+    # its durations); None: its stats do not say. Where this exists it decides what the requests waited for: the
+    # engine's gauges cannot (Ollama's waiting count, seen by the proxy, holds model loads and prompt evaluation).
+    held_s: Callable[[Mapping[str, Any]], float | None] | None = None
+    # Its KV knob is split evenly over the slots (llama.cpp's -c over --parallel): slots grow with their share kept.
+    context_split_over_slots: bool = False
+    # The stack admits no more slots than its KV space holds at full length (the seed's inequality): make tune raises
+    # slots within it, and checks the plan before each restart.
+    slots_within_kv: bool = False
+    # Where prompts wait inside the running batch, in words ("" when the engine has no such limit to name).
+    prefill_in_batch: str = ""
+    raise_knob: RaiseKnob | None = None  # make tune's rule; None: the stack cannot restart this engine with new knobs
+
     @property
     def default_port(self) -> int:
         return knobs.get_int(self.port_env)
 
     def default_url(self, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.default_port}"
+
+    def lever(self, resource: str) -> Lever | None:
+        """The knob that adds `resource`; None where no serving knob of this engine does."""
+        return next((lever for lever in self.levers if lever.resource == resource), None)
+
+    @property
+    def tuned(self) -> tuple[str, ...]:
+        """The knobs `make tune` may move (empty: it cannot tune this engine)."""
+        return tuple(lever.env for lever in self.levers if lever.env) if self.raise_knob else ()

@@ -2,7 +2,56 @@
 
 from __future__ import annotations
 
-from servescope.engines.base import OPENAI_API, EngineKind
+from collections.abc import Mapping
+
+from servescope.engines.base import (
+    BATCH_SLOTS,
+    KV_CAPACITY,
+    MAX_CONTEXT,
+    MAX_SLOTS,
+    OPENAI_API,
+    EngineKind,
+    Knob,
+    KvRoom,
+    Lever,
+)
+
+SLOTS = Lever(
+    BATCH_SLOTS,
+    Knob("--parallel", "LLAMACPP_PARALLEL", "--parallel", ("np", "n_parallel", "total_slots", "slots")),
+    advice="raise it, and LLAMACPP_CTX with it",
+    name="llamacpp_parallel",
+    words="raise LLAMACPP_PARALLEL (--parallel){now}",
+)
+# The context (-c) is split across the slots: each holds -c / --parallel tokens.
+KV = Lever(
+    KV_CAPACITY,
+    Knob("-c (--ctx-size)", "LLAMACPP_CTX", "-c", ("ctx-size", "ctx")),
+    advice="raise it",
+    name="llamacpp_ctx",
+    words="raise LLAMACPP_CTX (-c){now}",
+)
+
+
+def raise_knob(resource: str, values: Mapping[str, str], kv: KvRoom | None = None) -> tuple[dict[str, str], str] | None:
+    """Slots double with the context, so each slot keeps its share of -c; the context doubles."""
+    slots_env, ctx_env = SLOTS.env, KV.env
+    new = dict(values)
+    if resource == BATCH_SLOTS:
+        slots, ctx = int(values[slots_env]), int(values[ctx_env])
+        per_slot = max(1, ctx // slots)
+        if slots * 2 > MAX_SLOTS or per_slot * slots * 2 > MAX_CONTEXT:
+            return None
+        new[slots_env], new[ctx_env] = str(slots * 2), str(per_slot * slots * 2)
+        return new, f"{slots_env} {slots} -> {slots * 2} ({ctx_env} {ctx} -> {per_slot * slots * 2})"
+    if resource == KV_CAPACITY:
+        ctx = int(values[ctx_env])
+        if ctx * 2 > MAX_CONTEXT:
+            return None
+        new[ctx_env] = str(ctx * 2)
+        return new, f"{ctx_env} {ctx} -> {ctx * 2}"
+    return None
+
 
 LLAMACPP = EngineKind(
     name="llamacpp",
@@ -15,4 +64,10 @@ LLAMACPP = EngineKind(
     chat_path="/v1/chat/completions",
     accepts_ignore_eos=True,
     api_key_env="LLAMACPP_API_KEY",
+    levers=(SLOTS, KV),
+    stack_knobs=(SLOTS.env, KV.env),
+    # A request never waits for KV: the context is split over the slots up front.
+    queue_means_slots=True,
+    context_split_over_slots=True,
+    raise_knob=raise_knob,
 )

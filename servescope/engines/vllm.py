@@ -2,7 +2,61 @@
 
 from __future__ import annotations
 
-from servescope.engines.base import OPENAI_API, EngineKind
+from collections.abc import Mapping
+
+from servescope.engines.base import BATCH_SLOTS, KV_CAPACITY, MAX_SLOTS, OPENAI_API, EngineKind, Knob, KvRoom, Lever
+
+MAX_MODEL_LEN = Knob("--max-model-len", "VLLM_MAX_MODEL_LEN", "--max-model-len", ("max_model_len",))
+DTYPE = Knob("--dtype", "VLLM_DTYPE", "--dtype", ("dtype",))
+SLOTS = Lever(
+    BATCH_SLOTS,
+    Knob("--max-num-seqs", "VLLM_MAX_NUM_SEQS", "--max-num-seqs", ("max_num_seqs",)),
+    advice="raise it",
+    name="max_num_seqs",
+    words="raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}",
+)
+# vLLM-CPU's KV pool is the environment variable alone (no flag); VLLM_CPU_KVCACHE_SPACE is its own name for it.
+KV = Lever(
+    KV_CAPACITY,
+    Knob("VLLM_CPU_KVCACHE_SPACE (GiB)", "VLLM_CPU_KVCACHE_SPACE", None, ("kv_cache_space", "kvcache_space")),
+    advice="raise it, or lower --max-model-len",
+    name="kv_cache_space_or_max_model_len",
+    words="raise VLLM_CPU_KVCACHE_SPACE{now} or lower --max-model-len{max_model_len}",
+    # The seed's section 3: on the CPU backend --swap-space adds zero blocks.
+    caveat="not --swap-space: it adds no blocks on the CPU backend",
+)
+
+
+def raise_knob(resource: str, values: Mapping[str, str], kv: KvRoom | None) -> tuple[dict[str, str], str] | None:
+    """Slots double within the seed's inequality (kv): up to the most the KV space admits, and once they are there,
+    with the KV space that admits the doubled count; the KV space doubles."""
+    slots_env, space_env = SLOTS.env, KV.env
+    new = dict(values)
+    if resource == BATCH_SLOTS:
+        slots = int(values[slots_env])
+        if slots * 2 > MAX_SLOTS:
+            return None
+        want, what = slots * 2, f"{slots_env} {slots} -> {slots * 2}"
+        space = float(values[space_env])
+        most = kv.most_slots(space) if kv is not None else want
+        if want > most:
+            if most > slots:
+                want = most
+                what = (
+                    f"{slots_env} {slots} -> {most} (the most {space:g} GiB of KV admits at "
+                    f"{MAX_MODEL_LEN.env}={kv.max_model_len})"
+                )
+            else:
+                new[space_env] = str(kv.space_for(want))
+                what += f", {space_env} {space:g} -> {kv.space_for(want)} GiB (so that {want} fit)"
+        new[slots_env] = str(want)
+        return new, what
+    if resource == KV_CAPACITY:
+        space = float(values[space_env])
+        new[space_env] = f"{space * 2:g}"
+        return new, f"{space_env} {space:g} -> {space * 2:g} GiB"
+    return None
+
 
 VLLM = EngineKind(
     name="vllm",
@@ -15,4 +69,10 @@ VLLM = EngineKind(
     chat_path="/v1/chat/completions",
     accepts_ignore_eos=True,
     api_key_env="VLLM_API_KEY",
+    levers=(SLOTS, KV),
+    max_model_len=MAX_MODEL_LEN,
+    stack_knobs=(SLOTS.env, MAX_MODEL_LEN.env, KV.env, DTYPE.env),
+    slots_within_kv=True,
+    prefill_in_batch="vLLM: chunked prefill under --max-num-batched-tokens",
+    raise_knob=raise_knob,
 )
