@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from servescope import knobs
+from servescope import knobs, thresholds
 
 # The request APIs the load generator speaks: OpenAI's SSE chat completions, Ollama's native NDJSON /api/chat.
 OPENAI_API = "openai"
@@ -62,6 +62,31 @@ class Lever:
         return self.words.format(now=now, max_model_len=max_model_len)
 
 
+# How long a queue lasted before a "which lever" alert fires: never drained over the window, then held for `for:`.
+ALERT_LASTED = f"{thresholds.minutes(thresholds.ALERT_WINDOW) + thresholds.minutes(thresholds.ALERT_FOR)} minutes"
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One "which lever" alert in words (Prometheus templating in them: {{ $labels.instance }}, {{ $value }})."""
+
+    name: str
+    lever: str  # the alert's `lever` label
+    summary: str
+    description: str
+
+
+@dataclass(frozen=True)
+class AlertRules:
+    """The engine's "which lever" rule file, prometheus/rules/<file>: servescope/lever_rules.py writes the expressions
+    from the engine's queue rule and the threshold table, the words from here."""
+
+    file: str
+    group: str
+    waiting: Alert  # requests waited for a slot: KV with room, a queue only ever for a slot, or the engine's durations
+    kv_full: Alert | None = None  # requests waited on a full KV pool (an engine whose queue may be for either)
+
+
 class KvRoom(Protocol):
     """How many slots the KV space admits at the served max-model-len (the native stack's plan: stack/tune.KvFit)."""
 
@@ -113,6 +138,7 @@ class EngineKind:
     # Where prompts wait inside the running batch, in words ("" when the engine has no such limit to name).
     prefill_in_batch: str = ""
     raise_knob: RaiseKnob | None = None  # make tune's rule; None: the stack cannot restart this engine with new knobs
+    alerts: AlertRules | None = None  # the "which lever" alert rules' words
 
     @property
     def default_port(self) -> int:

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from servescope.engines.base import (
+    ALERT_LASTED,
     BATCH_SLOTS,
     KV_CAPACITY,
     MAX_CONTEXT,
     MAX_SLOTS,
     OPENAI_API,
+    Alert,
+    AlertRules,
     EngineKind,
     Knob,
     KvRoom,
@@ -53,6 +56,20 @@ def raise_knob(resource: str, values: Mapping[str, str], kv: KvRoom | None = Non
     return None
 
 
+# llama.cpp defers a request only when no slot is idle: the lever is always --parallel (its context split with it).
+ALERTS = AlertRules(
+    file="llamacpp.yml",
+    group="llamacpp-slots",
+    waiting=Alert(
+        "LlamacppRequestsDeferred",
+        "parallel-slots",
+        "llama.cpp {{ $labels.instance }}: requests wait for a free slot: raise --parallel",
+        f"""llama.cpp {{{{ $labels.instance }}}} has had at least {{{{ $value }}}} request(s) deferred
+        for over {ALERT_LASTED}: every slot is busy. Raise {SLOTS.env} (-np) in .env; the context (-c)
+        is split across slots, so raise {KV.env} with it to keep each slot's context.""",
+    ),
+)
+
 LLAMACPP = EngineKind(
     name="llamacpp",
     title="llama.cpp server",
@@ -70,4 +87,5 @@ LLAMACPP = EngineKind(
     queue_means_slots=True,
     context_split_over_slots=True,
     raise_knob=raise_knob,
+    alerts=ALERTS,
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servescope import ollama_durations
-from servescope.engines.base import BATCH_SLOTS, OLLAMA_API, EngineKind, Knob, Lever
+from servescope import ollama_durations, thresholds
+from servescope.engines.base import ALERT_LASTED, BATCH_SLOTS, OLLAMA_API, Alert, AlertRules, EngineKind, Knob, Lever
 
 SLOTS = Lever(
     BATCH_SLOTS,
@@ -21,6 +21,26 @@ def held_s(stats: Mapping[str, Any]) -> float | None:
     """What its final object's durations hold beyond the model's parts (the load generator keeps them as *_ns)."""
     return ollama_durations.held_s(stats, "_ns")
 
+
+# Ollama reports no queue; its own durations do: read from what the exporter's proxy saw (servescope_proxy_queue_seconds),
+# the same rule as the report's TTFT split and its threshold; never from requests in flight against
+# OLLAMA_NUM_PARALLEL, which would be the knob's own assumption read back as a measurement.
+ALERTS = AlertRules(
+    file="ollama.yml",
+    group="ollama-concurrency",
+    waiting=Alert(
+        "OllamaRequestsQueued",
+        "ollama-num-parallel",
+        "Ollama {{ $labels.instance }}: requests wait inside Ollama for a parallel slot: raise OLLAMA_NUM_PARALLEL",
+        f"""For over {ALERT_LASTED} the requests relayed to Ollama {{{{ $labels.instance }}}} through the
+        exporter's proxy spent on average {{{{ $value | humanizeDuration }}}} inside Ollama outside
+        loading the model, evaluating the prompt and generating (its own total_duration minus
+        load_duration, prompt_eval_duration and eval_duration; {thresholds.TTFT_QUEUED_MIN_S * 1000:g} ms or more
+        counts as a wait): they queued for one of its {SLOTS.env} slots, and the wait is part of their
+        TTFT. Raise {SLOTS.env} in .env (each parallel slot multiplies the context memory of
+        the loaded model) or send fewer concurrent requests.""",
+    ),
+)
 
 OLLAMA = EngineKind(
     name="ollama",
@@ -38,6 +58,7 @@ OLLAMA = EngineKind(
     stack_knobs=(SLOTS.env,),
     queue_means_slots=True,  # OLLAMA_NUM_PARALLEL requests per loaded model at once; the rest wait for one
     held_s=held_s,
+    alerts=ALERTS,
 )
 # How servescope's Ollama proxy names itself in the Via header of every response it relays (RFC 9110 7.6.3):
 # the load generator reads it to tell the proxy from an Ollama answering on the proxy's port.

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from servescope.engines.base import BATCH_SLOTS, KV_CAPACITY, MAX_SLOTS, OPENAI_API, EngineKind, Knob, KvRoom, Lever
+from servescope import thresholds
+from servescope.engines.base import (
+    ALERT_LASTED,
+    BATCH_SLOTS,
+    KV_CAPACITY,
+    MAX_SLOTS,
+    OPENAI_API,
+    Alert,
+    AlertRules,
+    EngineKind,
+    Knob,
+    KvRoom,
+    Lever,
+)
 
 MAX_MODEL_LEN = Knob("--max-model-len", "VLLM_MAX_MODEL_LEN", "--max-model-len", ("max_model_len",))
 DTYPE = Knob("--dtype", "VLLM_DTYPE", "--dtype", ("dtype",))
@@ -58,6 +71,33 @@ def raise_knob(resource: str, values: Mapping[str, str], kv: KvRoom | None) -> t
     return None
 
 
+# The seed's section 4: waiting with KV room -> --max-num-seqs; waiting on a full pool -> KV space (disjoint).
+ALERTS = AlertRules(
+    file="vllm_levers.yml",
+    group="vllm-kv-cache-levers",
+    waiting=Alert(
+        "VllmQueueWithKvCacheToSpare",
+        "max-num-seqs",
+        "vLLM {{ $labels.instance }}: requests queue while the KV cache has room: raise max-num-seqs",
+        f"""vLLM {{{{ $labels.instance }}}} has had at least {{{{ $value }}}} request(s) waiting for
+        over {ALERT_LASTED} while its KV cache stayed below {thresholds.KV_ROOM:.0%} full, so the running batch is
+        capped by {SLOTS.flag}, not by memory. Raise {SLOTS.env} in .env and restart vLLM; check the vLLM
+        dashboard's max concurrency first, since every extra sequence needs its own KV blocks.""",
+    ),
+    # On the CPU backend --swap-space adds zero blocks (the seed's section 3): never the lever.
+    kv_full=Alert(
+        "VllmQueueWithKvCacheFull",
+        "kv-cache-space",
+        "vLLM {{ $labels.instance }}: requests queue on a full KV cache: "
+        f"raise {KV.env} or lower {MAX_MODEL_LEN.flag}",
+        f"""vLLM {{{{ $labels.instance }}}} has had at least {{{{ $value }}}} request(s) waiting for
+        over {ALERT_LASTED} with its KV cache at {thresholds.KV_FULL:.0%} or more, so requests wait for KV blocks.
+        Raise {KV.env} (within the container's memory limit) or lower {MAX_MODEL_LEN.env} in .env. Not
+        --swap-space: on the CPU backend it adds no KV blocks. Raising max-num-seqs would only queue more on
+        memory.""",
+    ),
+)
+
 VLLM = EngineKind(
     name="vllm",
     title="vLLM-CPU",
@@ -75,4 +115,5 @@ VLLM = EngineKind(
     slots_within_kv=True,
     prefill_in_batch="vLLM: chunked prefill under --max-num-batched-tokens",
     raise_knob=raise_knob,
+    alerts=ALERTS,
 )
