@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from servescope import knobs, thresholds
@@ -87,6 +87,23 @@ class AlertRules:
     kv_full: Alert | None = None  # requests waited on a full KV pool (an engine whose queue may be for either)
 
 
+# The forms an engine's own request timings come in (the report's cross-check and TTFT split read each its way).
+DURATIONS = "durations"  # per request, its final object's *_duration in nanoseconds (Ollama's)
+TIMINGS = "timings"  # per request, a `timings` object in milliseconds in its final chunk (llama.cpp's)
+HISTOGRAMS = "histograms"  # none per request: histograms on its /metrics, read from Prometheus over the run window
+
+
+@dataclass(frozen=True)
+class RequestTimings:
+    """The engine's own account of its requests, beside the client's."""
+
+    form: str  # DURATIONS, TIMINGS or HISTOGRAMS
+    # HISTOGRAMS: the part of a request each histogram times (queue, prefill, decode, server_e2e), by name
+    histograms: Mapping[str, str] = field(default_factory=dict)
+    who: str = ""  # how the texts name the engine beside its histograms ("vLLM")
+    why_aggregate: str = ""  # why only means over a window ("vLLM 0.32 gives no per-request timings")
+
+
 class KvRoom(Protocol):
     """How many slots the KV space admits at the served max-model-len (the native stack's plan: stack/tune.KvFit)."""
 
@@ -139,6 +156,7 @@ class EngineKind:
     prefill_in_batch: str = ""
     raise_knob: RaiseKnob | None = None  # make tune's rule; None: the stack cannot restart this engine with new knobs
     alerts: AlertRules | None = None  # the "which lever" alert rules' words
+    timings: RequestTimings | None = None  # its own request timings; None: it reports none servescope reads
 
     @property
     def default_port(self) -> int:

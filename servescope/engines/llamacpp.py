@@ -11,12 +11,14 @@ from servescope.engines.base import (
     MAX_CONTEXT,
     MAX_SLOTS,
     OPENAI_API,
+    TIMINGS,
     Alert,
     AlertRules,
     EngineKind,
     Knob,
     KvRoom,
     Lever,
+    RequestTimings,
 )
 
 SLOTS = Lever(
@@ -88,4 +90,5 @@ LLAMACPP = EngineKind(
     context_split_over_slots=True,
     raise_knob=raise_knob,
     alerts=ALERTS,
+    timings=RequestTimings(TIMINGS),  # prompt_ms, predicted_ms, cache_n, predicted_n in the final chunk
 )

@@ -6,7 +6,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from servescope import ollama_durations, thresholds
-from servescope.engines.base import ALERT_LASTED, BATCH_SLOTS, OLLAMA_API, Alert, AlertRules, EngineKind, Knob, Lever
+from servescope.engines.base import (
+    ALERT_LASTED,
+    BATCH_SLOTS,
+    DURATIONS,
+    OLLAMA_API,
+    Alert,
+    AlertRules,
+    EngineKind,
+    Knob,
+    Lever,
+    RequestTimings,
+)
 
 SLOTS = Lever(
     BATCH_SLOTS,
@@ -59,6 +70,7 @@ OLLAMA = EngineKind(
     queue_means_slots=True,  # OLLAMA_NUM_PARALLEL requests per loaded model at once; the rest wait for one
     held_s=held_s,
     alerts=ALERTS,
+    timings=RequestTimings(DURATIONS),  # total, load, prompt_eval and eval durations in each final object
 )
 # How servescope's Ollama proxy names itself in the Via header of every response it relays (RFC 9110 7.6.3):
 # the load generator reads it to tell the proxy from an Ollama answering on the proxy's port.

@@ -8,6 +8,7 @@ from servescope import thresholds
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,
+    HISTOGRAMS,
     KV_CAPACITY,
     MAX_SLOTS,
     OPENAI_API,
@@ -17,6 +18,7 @@ from servescope.engines.base import (
     Knob,
     KvRoom,
     Lever,
+    RequestTimings,
 )
 
 MAX_MODEL_LEN = Knob("--max-model-len", "VLLM_MAX_MODEL_LEN", "--max-model-len", ("max_model_len",))
@@ -98,6 +100,19 @@ ALERTS = AlertRules(
     ),
 )
 
+# Its responses carry no timings: the means of its own histograms over a run's window stand in for them.
+TIMINGS = RequestTimings(
+    HISTOGRAMS,
+    {
+        "queue": "vllm:request_queue_time_seconds",
+        "prefill": "vllm:request_prefill_time_seconds",
+        "decode": "vllm:request_decode_time_seconds",
+        "server_e2e": "vllm:e2e_request_latency_seconds",
+    },
+    who="vLLM",
+    why_aggregate="vLLM 0.32 gives no per-request timings",
+)
+
 VLLM = EngineKind(
     name="vllm",
     title="vLLM-CPU",
@@ -116,4 +131,5 @@ VLLM = EngineKind(
     prefill_in_batch="vLLM: chunked prefill under --max-num-batched-tokens",
     raise_knob=raise_knob,
     alerts=ALERTS,
+    timings=TIMINGS,
 )
