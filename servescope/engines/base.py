@@ -12,6 +12,66 @@ from servescope import knobs, thresholds
 OPENAI_API = "openai"
 OLLAMA_API = "ollama"
 
+GetJson = Callable[[str], Any]
+
+
+@dataclass
+class Identity:
+    """What an engine says about itself: one reading for the exporter and the load generator."""
+
+    version: str | None = None
+    models: dict[str, int | None] = field(default_factory=dict)  # model id -> max_model_len (None: not stated)
+    settings: dict[str, Any] = field(default_factory=dict)  # llama.cpp: total_slots, n_ctx, model_path
+    loaded: str = ""  # llama.cpp: the model /props names (its --alias, else the file's path)
+    errors: dict[str, str] = field(default_factory=dict)  # endpoint path -> why it could not be read
+
+    @property
+    def model(self) -> str:
+        """The first served model, else the one llama-server says it loaded."""
+        return next(iter(self.models), "") or self.loaded
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One GET an engine answers about itself, and what its payload fills in (ValueError on a shape it never sends)."""
+
+    path: str
+    read: Callable[[Any, Identity], None]
+
+
+def version_of(payload: object, path: str) -> str:
+    """`{"version": "x.y.z"}`: vLLM's /version, Ollama's /api/version."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("version"), str) or not payload["version"]:
+        raise ValueError(f'{path}: expected {{"version": "x.y.z"}}')
+    return payload["version"]
+
+
+def openai_models(payload: object) -> dict[str, int | None]:
+    """Model id -> max_model_len (vLLM adds it; None elsewhere) from GET /v1/models."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        raise ValueError("/v1/models: expected an object with a 'data' list")
+    models: dict[str, int | None] = {}
+    for entry in payload["data"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            raise ValueError("/v1/models: every entry needs a string 'id'")
+        length = entry.get("max_model_len")
+        usable = isinstance(length, int | float) and not isinstance(length, bool) and 0 < length < 1 << 40
+        models[entry["id"]] = int(length) if usable else None
+    return models
+
+
+def version_endpoint(path: str) -> Endpoint:
+    """An endpoint answering `{"version": "x.y.z"}`."""
+    return Endpoint(path, lambda payload, identity: setattr(identity, "version", version_of(payload, path)))
+
+
+def _set_models(payload: object, identity: Identity) -> None:
+    identity.models = openai_models(payload)
+
+
+OPENAI_MODELS = Endpoint("/v1/models", _set_models)
+
+
 # The resources a serving knob adds (servescope/binding.py names the others, which no knob adds).
 BATCH_SLOTS = "batch slots"
 KV_CAPACITY = "KV capacity"
@@ -135,6 +195,9 @@ class EngineKind:
     # The knob of the port where the stack's exporter relays this engine's requests (Ollama: its proxy, the only
     # place its requests in flight can be seen); None: load goes to the engine itself.
     proxy_port_env: str | None = None
+
+    # What it says about itself, read in this order (servescope/engine_identity.py asks each on its own).
+    identity: tuple[Endpoint, ...] = ()
 
     # --- its knobs: what adds batch slots and KV capacity, and what else a report reads of its settings
     levers: tuple[Lever, ...] = ()

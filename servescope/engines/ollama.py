@@ -13,11 +13,27 @@ from servescope.engines.base import (
     OLLAMA_API,
     Alert,
     AlertRules,
+    Endpoint,
     EngineKind,
+    Identity,
     Knob,
     Lever,
     RequestTimings,
+    version_endpoint,
 )
+
+
+def models_of(payload: object, path: str = "/api/tags") -> list[dict]:
+    """The `models` list of its /api/tags or /api/ps (entries that are not objects are left out)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("models"), list):
+        raise ValueError(f"{path}: expected an object with a 'models' list")
+    return [entry for entry in payload["models"] if isinstance(entry, dict)]
+
+
+def _set_installed(payload: object, identity: Identity) -> None:
+    names = (entry.get("name") or entry.get("model") for entry in models_of(payload))
+    identity.models = {name: None for name in names if isinstance(name, str) and name}
+
 
 SLOTS = Lever(
     BATCH_SLOTS,
@@ -65,6 +81,8 @@ OLLAMA = EngineKind(
     accepts_ignore_eos=False,
     api_key_env=None,
     proxy_port_env="OLLAMA_PROXY_PORT",
+    # /api/version says {"version"}; /api/tags lists the installed models (what it can serve).
+    identity=(version_endpoint("/api/version"), Endpoint("/api/tags", _set_installed)),
     levers=(SLOTS,),
     stack_knobs=(SLOTS.env,),
     queue_means_slots=True,  # OLLAMA_NUM_PARALLEL requests per loaded model at once; the rest wait for one

@@ -12,6 +12,7 @@ from servescope.engines.base import (
     KV_CAPACITY,
     MAX_SLOTS,
     OPENAI_API,
+    OPENAI_MODELS,
     Alert,
     AlertRules,
     EngineKind,
@@ -19,6 +20,7 @@ from servescope.engines.base import (
     KvRoom,
     Lever,
     RequestTimings,
+    version_endpoint,
 )
 
 MAX_MODEL_LEN = Knob("--max-model-len", "VLLM_MAX_MODEL_LEN", "--max-model-len", ("max_model_len",))
@@ -124,6 +126,8 @@ VLLM = EngineKind(
     chat_path="/v1/chat/completions",
     accepts_ignore_eos=True,
     api_key_env="VLLM_API_KEY",
+    # /v1/models entries add max_model_len; /version says {"version"}.
+    identity=(OPENAI_MODELS, version_endpoint("/version")),
     levers=(SLOTS, KV),
     max_model_len=MAX_MODEL_LEN,
     stack_knobs=(SLOTS.env, MAX_MODEL_LEN.env, KV.env, DTYPE.env),
