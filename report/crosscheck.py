@@ -211,8 +211,8 @@ def llamacpp(run: Run, instance: str, engine: str = engines.LLAMACPP.name) -> Cr
 def histograms(run: Run, instance: str, client: Prometheus | None, engine: str = engines.VLLM.name) -> CrossCheck:
     """An engine whose responses carry no timings: the means of its own histograms (its adapter's RequestTimings)
     over the run's window, from Prometheus."""
-    timings = engines.kind(engine).timings
-    names, who = timings.histograms, timings.who
+    adapter = engines.kind(engine)
+    names, who = adapter.timings.histograms, adapter.said
     c = columns(run, "ok AND instance = ? AND e2e_s IS NOT NULL", [instance], e2e="e2e_s", ttft="ttft_s")
     if client is None:
         return CrossCheck(

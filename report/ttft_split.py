@@ -174,11 +174,12 @@ def llamacpp(run: Run, instance: str, engine: str = engines.LLAMACPP.name) -> Tt
 
 def histograms(run: Run, instance: str, check: CrossCheck | None, engine: str = engines.VLLM.name) -> TtftSplit:
     """Means of the engine's queue and prefill histograms over the window (the cross-check read them), not per request."""
-    timings = engines.kind(engine).timings
+    adapter = engines.kind(engine)
+    timings, who = adapter.timings, adapter.said
     means = check.histogram_means_s if check is not None else {}
     if "queue" not in means:
         reason = check.source if check is not None else "no cross-check for this engine"
-        return TtftSplit(instance, engine, False, f"{timings.who} histograms unavailable: {reason}")
+        return TtftSplit(instance, engine, False, f"{who} histograms unavailable: {reason}")
     ttft = columns(run, TIMED, [instance], ttft="ttft_s")["ttft"]
     used = " and ".join(timings.histograms[p] for p in ("queue", "prefill") if p in timings.histograms)
     split = TtftSplit(
@@ -197,7 +198,7 @@ def histograms(run: Run, instance: str, check: CrossCheck | None, engine: str = 
         split.means_s["prompt"] = means["prefill"]
     split.means_s["transport"] = max(0.0, split.ttft_mean_s - sum(split.means_s.values()))
     split.queued = int(means["queue"] >= thresholds.TTFT_QUEUED_MIN_S)
-    split.notes.append(f"the histograms count every request {timings.who} finished in the window, warm-up included")
+    split.notes.append(f"the histograms count every request {who} finished in the window, warm-up included")
     return split
 
 

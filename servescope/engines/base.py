@@ -147,6 +147,55 @@ class AlertRules:
     kv_full: Alert | None = None  # requests waited on a full KV pool (an engine whose queue may be for either)
 
 
+# How the exporter reads an engine's KV pool beyond its page's gauges.
+POOL_CACHE_CONFIG = "cache_config_info"  # vLLM's cache_config_info labels: blocks x block size, / max-model-len
+POOL_SLOTS = "slots"  # llama-server's GET /slots: tokens the busy slots hold over every slot's n_ctx
+
+
+@dataclass(frozen=True)
+class Source:
+    """One engine-neutral series (servescope/series.py) as the engine's metrics page gives it."""
+
+    series: str
+    names: tuple[str, ...]  # the engine's sample names: the first one on the page is read (a rename: newest first)
+    counter: bool = False  # else a gauge
+    ratio: bool = False  # a 0..1 value (else a count)
+    mean: bool = False  # averaged over the engine's other labels (data-parallel ranks' equal pools); else summed
+    optional: bool = False  # none of the names on the page: no series at all, never a made-up 0
+    plus: tuple[str, ...] = ()  # added to it where the page has them (llama.cpp's prompt tokens: computed + cached)
+    note: str = ""  # what the exporter's HELP says beside the names
+
+    @property
+    def read(self) -> tuple[str, ...]:
+        return (*self.names, *self.plus)
+
+    def help(self) -> str:
+        said = " + ".join((", else ".join(self.names), *self.plus))
+        return f"{said} ({self.note})" if self.note else said
+
+
+@dataclass(frozen=True)
+class MetricsPage:
+    """The engine's Prometheus page and how its samples map onto the engine-neutral series."""
+
+    prefix: str  # every sample name of its own starts so ("vllm:"): a page without one is not this engine's
+    sources: tuple[Source, ...]
+    model_label: str | None = None  # the label naming the model; None: unlabelled, the served model's
+    optional: bool = False  # the page may be off (llama-server without --metrics): costs its series, not the engine
+    without: str = ""  # what a page that is off costs, in words
+    how_on: str = ""  # how to turn it on, said where it answers an error
+    pool: str | None = None  # POOL_CACHE_CONFIG, POOL_SLOTS, or None: the page's gauges are all there is
+    extra: tuple[str, ...] = ()  # other sample names the exporter reads for `pool`
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every sample name the exporter reads from the page."""
+        return frozenset(n for source in self.sources for n in source.read) | frozenset(self.extra)
+
+    def source(self, series_name: str) -> Source | None:
+        return next((s for s in self.sources if s.series == series_name), None)
+
+
 # The forms an engine's own request timings come in (the report's cross-check and TTFT split read each its way).
 DURATIONS = "durations"  # per request, its final object's *_duration in nanoseconds (Ollama's)
 TIMINGS = "timings"  # per request, a `timings` object in milliseconds in its final chunk (llama.cpp's)
@@ -160,7 +209,6 @@ class RequestTimings:
     form: str  # DURATIONS, TIMINGS or HISTOGRAMS
     # HISTOGRAMS: the part of a request each histogram times (queue, prefill, decode, server_e2e), by name
     histograms: Mapping[str, str] = field(default_factory=dict)
-    who: str = ""  # how the texts name the engine beside its histograms ("vLLM")
     why_aggregate: str = ""  # why only means over a window ("vLLM 0.32 gives no per-request timings")
 
 
@@ -196,6 +244,12 @@ class EngineKind:
     # place its requests in flight can be seen); None: load goes to the engine itself.
     proxy_port_env: str | None = None
 
+    short: str = ""  # how running text names it ("vLLM"); the title when empty
+    metrics: MetricsPage | None = None  # its page's samples on the neutral series; None: it has no page
+    model_name: Callable[[str], str] | None = None  # the model label for a model as it names it (None: as is)
+    # Where a neutral series comes from when not from its page (GET /slots, the exporter's proxy, a label), for the
+    # exporter's HELP; a series in neither this nor the page is one the engine cannot report.
+    explains: Mapping[str, str] = field(default_factory=dict)
     # What it says about itself, read in this order (servescope/engine_identity.py asks each on its own).
     identity: tuple[Endpoint, ...] = ()
 
@@ -227,6 +281,15 @@ class EngineKind:
 
     def default_url(self, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.default_port}"
+
+    @property
+    def said(self) -> str:
+        return self.short or self.title
+
+    def where(self, series_name: str) -> str | None:
+        """Where the engine's value of a neutral series comes from, in words; None: it reports none."""
+        source = self.metrics.source(series_name) if self.metrics is not None else None
+        return source.help() if source is not None else self.explains.get(series_name)
 
     def lever(self, resource: str) -> Lever | None:
         """The knob that adds `resource`; None where no serving knob of this engine does."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from servescope import series
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,
@@ -13,6 +14,7 @@ from servescope.engines.base import (
     MAX_SLOTS,
     OPENAI_API,
     OPENAI_MODELS,
+    POOL_SLOTS,
     TIMINGS,
     Alert,
     AlertRules,
@@ -22,7 +24,9 @@ from servescope.engines.base import (
     Knob,
     KvRoom,
     Lever,
+    MetricsPage,
     RequestTimings,
+    Source,
 )
 
 # What llama.cpp's build writes when built outside a git checkout (build number 0, commit unknown),
@@ -96,6 +100,42 @@ def raise_knob(resource: str, values: Mapping[str, str], kv: KvRoom | None = Non
     return None
 
 
+# /metrics only with --metrics: unlabelled. The *_seconds gauges are averages since the previous scrape (each scrape
+# resets them): the counters are read instead. KV usage gauges were removed in 2025: /slots is what remains.
+PAGE = MetricsPage(
+    prefix="llamacpp:",
+    sources=(
+        Source(series.REQUESTS_RUNNING, ("llamacpp:requests_processing",), note="busy slots"),
+        Source(series.REQUESTS_WAITING, ("llamacpp:requests_deferred",)),
+        Source(series.GENERATED_TOKENS, ("llamacpp:tokens_predicted_total",), counter=True),
+        # prompt_tokens_total counts only the tokens it computed: the cached ones (builds that count them) are added,
+        # so prompt tokens mean the whole prompt here as they do on vLLM
+        Source(
+            series.PROMPT_TOKENS,
+            ("llamacpp:prompt_tokens_total",),
+            counter=True,
+            plus=("llamacpp:prompt_tokens_cached_total",),
+            note="the tokens it computed, and those from its cache where the build counts them",
+        ),
+        Source(
+            series.PROMPT_CACHED_TOKENS,
+            ("llamacpp:prompt_tokens_cached_total",),
+            counter=True,
+            note="builds that have it",
+        ),
+    ),
+    optional=True,
+    without="no queue and no token counters",
+    how_on="llama-server: start it with --metrics",
+    pool=POOL_SLOTS,
+)
+EXPLAINS = {
+    series.KV_CACHE_USAGE: "tokens held in slots / total n_ctx of all slots, from GET /slots",
+    series.ENGINE_INFO: "GET /props build_info",
+    series.KV_CAPACITY_TOKENS: "sum of n_ctx over the slots in GET /slots",
+    series.KV_MAX_CONCURRENCY: "the number of slots in GET /slots",
+}
+
 # llama.cpp defers a request only when no slot is idle: the lever is always --parallel (its context split with it).
 ALERTS = AlertRules(
     file="llamacpp.yml",
@@ -121,6 +161,10 @@ LLAMACPP = EngineKind(
     chat_path="/v1/chat/completions",
     accepts_ignore_eos=True,
     api_key_env="LLAMACPP_API_KEY",
+    short="llama.cpp",
+    metrics=PAGE,
+    model_name=gguf_file_name,
+    explains=EXPLAINS,
     identity=(OPENAI_MODELS, Endpoint("/props", _set_props)),
     levers=(SLOTS, KV),
     stack_knobs=(SLOTS.env, KV.env),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servescope import ollama_durations, thresholds
+from servescope import ollama_durations, series, thresholds
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,
@@ -69,6 +69,25 @@ ALERTS = AlertRules(
     ),
 )
 
+# No /metrics: its running and waiting are what the exporter's proxy observed of the requests it relayed, labelled
+# source="proxy"; its version and models come from its API.
+EXPLAINS = {
+    series.REQUESTS_RUNNING: (
+        'source="proxy", observed by the exporter\'s proxy, which Ollama itself does not report: requests the proxy '
+        "relayed whose answer has begun to stream (first chunk relayed) and not ended, i.e. being generated. Only "
+        "requests sent through the proxy count; no series until it relayed one for the model"
+    ),
+    series.REQUESTS_WAITING: (
+        'source="proxy": requests the proxy relayed with no byte of their answer yet: queued for one of '
+        "Ollama's parallel slots, waiting for the model to load, or evaluating their prompt (the proxy cannot tell "
+        'which; a "stream": false request stays here until its whole answer). Only requests sent through the proxy '
+        "count; no series until it relayed one for the model"
+    ),
+    series.GENERATED_TOKENS: "eval_count / usage.completion_tokens of responses seen by the proxy",
+    series.PROMPT_TOKENS: "prompt_eval_count / usage.prompt_tokens of responses seen by the proxy",
+    series.ENGINE_INFO: "GET /api/version",
+}
+
 OLLAMA = EngineKind(
     name="ollama",
     title="Ollama",
@@ -81,6 +100,7 @@ OLLAMA = EngineKind(
     accepts_ignore_eos=False,
     api_key_env=None,
     proxy_port_env="OLLAMA_PROXY_PORT",
+    explains=EXPLAINS,
     # /api/version says {"version"}; /api/tags lists the installed models (what it can serve).
     identity=(version_endpoint("/api/version"), Endpoint("/api/tags", _set_installed)),
     levers=(SLOTS,),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from servescope import thresholds
+from servescope import series, thresholds
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,
@@ -13,13 +13,16 @@ from servescope.engines.base import (
     MAX_SLOTS,
     OPENAI_API,
     OPENAI_MODELS,
+    POOL_CACHE_CONFIG,
     Alert,
     AlertRules,
     EngineKind,
     Knob,
     KvRoom,
     Lever,
+    MetricsPage,
     RequestTimings,
+    Source,
     version_endpoint,
 )
 
@@ -75,6 +78,48 @@ def raise_knob(resource: str, values: Mapping[str, str], kv: KvRoom | None) -> t
     return None
 
 
+# Every series carries `model_name` and `engine` (the data-parallel rank). Either generation of a renamed name is read,
+# never both: the new one when present (KV usage: 0.9.2; prefix-cache hits: the same rename, 0.9.2-0.10 has both).
+CACHE_INFO = "vllm:cache_config_info"  # every CacheConfig field a label: block_size, num_gpu_blocks, ...
+PAGE = MetricsPage(
+    prefix="vllm:",
+    model_label="model_name",
+    sources=(
+        Source(series.REQUESTS_RUNNING, ("vllm:num_requests_running",), note="summed over data-parallel engines"),
+        Source(series.REQUESTS_WAITING, ("vllm:num_requests_waiting",)),
+        # a usage ratio of data-parallel ranks' equally sized pools averages; the counts add up
+        Source(
+            series.KV_CACHE_USAGE,
+            ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            ratio=True,
+            mean=True,
+            optional=True,
+            note="the older name before 0.9.2; never both",
+        ),
+        Source(series.GENERATED_TOKENS, ("vllm:generation_tokens_total",), counter=True),
+        Source(series.PROMPT_TOKENS, ("vllm:prompt_tokens_total",), counter=True),
+        Source(
+            series.PROMPT_CACHED_TOKENS,
+            ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+            counter=True,
+            note="the older name in 0.9.2-0.10; it stays 0 while prefix caching is off",
+        ),
+        Source(series.PREEMPTIONS, ("vllm:num_preemptions_total",), counter=True, optional=True),
+    ),
+    pool=POOL_CACHE_CONFIG,
+    extra=(CACHE_INFO,),
+)
+EXPLAINS = {
+    series.ENGINE_INFO: "GET /version",
+    series.KV_BLOCK_SIZE: f"block_size label of {CACHE_INFO}",
+    series.KV_BLOCKS: (
+        f"num_gpu_blocks label of {CACHE_INFO} (on CPU these live in VLLM_CPU_KVCACHE_SPACE), summed over "
+        f"data-parallel engines"
+    ),
+    series.KV_CAPACITY_TOKENS: f"num_gpu_blocks x block_size from {CACHE_INFO}",
+    series.KV_MAX_CONCURRENCY: "capacity tokens / max_model_len from GET /v1/models (read once per engine start)",
+}
+
 # The seed's section 4: waiting with KV room -> --max-num-seqs; waiting on a full pool -> KV space (disjoint).
 ALERTS = AlertRules(
     file="vllm_levers.yml",
@@ -111,7 +156,6 @@ TIMINGS = RequestTimings(
         "decode": "vllm:request_decode_time_seconds",
         "server_e2e": "vllm:e2e_request_latency_seconds",
     },
-    who="vLLM",
     why_aggregate="vLLM 0.32 gives no per-request timings",
 )
 
@@ -126,6 +170,9 @@ VLLM = EngineKind(
     chat_path="/v1/chat/completions",
     accepts_ignore_eos=True,
     api_key_env="VLLM_API_KEY",
+    short="vLLM",
+    metrics=PAGE,
+    explains=EXPLAINS,
     # /v1/models entries add max_model_len; /version says {"version"}.
     identity=(OPENAI_MODELS, version_endpoint("/version")),
     levers=(SLOTS, KV),
