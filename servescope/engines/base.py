@@ -72,6 +72,22 @@ def _set_models(payload: object, identity: Identity) -> None:
 OPENAI_MODELS = Endpoint("/v1/models", _set_models)
 
 
+@dataclass(frozen=True)
+class Signature:
+    """How discovery tells the engine from other servers: a GET only it answers so (loadgen/discover.py)."""
+
+    path: str
+    matches: Callable[[int, Any], bool]  # (HTTP status, JSON payload or None) -> it is this engine
+    # Signatures are asked in rank order, the most particular first: a {"version"} object at /version (vLLM's) is
+    # answered by other servers too, so it comes after theirs.
+    rank: int
+
+
+def version_object(status: int, payload: Any) -> bool:
+    """A 200 with `{"version": "x.y.z"}`."""
+    return status == 200 and isinstance(payload, dict) and isinstance(payload.get("version"), str)
+
+
 # The resources a serving knob adds (servescope/binding.py names the others, which no knob adds).
 BATCH_SLOTS = "batch slots"
 KV_CAPACITY = "KV capacity"
@@ -247,9 +263,15 @@ class EngineKind:
     short: str = ""  # how running text names it ("vLLM"); the title when empty
     metrics: MetricsPage | None = None  # its page's samples on the neutral series; None: it has no page
     model_name: Callable[[str], str] | None = None  # the model label for a model as it names it (None: as is)
+    model_env: str = "SERVED_MODEL_NAME"  # the knob naming the model the stack serves on it
+    # Its model list is every model installed, not the one it serves (Ollama's /api/tags): the knob's model is asked
+    # for when set, and the list says nothing of a model's length.
+    lists_installed: bool = False
     # Where a neutral series comes from when not from its page (GET /slots, the exporter's proxy, a label), for the
     # exporter's HELP; a series in neither this nor the page is one the engine cannot report.
     explains: Mapping[str, str] = field(default_factory=dict)
+    own_port: int | None = None  # where it listens when started without servescope (its own default)
+    signature: Signature | None = None  # how discovery recognises it; None: only ever named by the user
     # What it says about itself, read in this order (servescope/engine_identity.py asks each on its own).
     identity: tuple[Endpoint, ...] = ()
 

@@ -26,6 +26,7 @@ from servescope.engines.base import (
     Lever,
     MetricsPage,
     RequestTimings,
+    Signature,
     Source,
 )
 
@@ -61,6 +62,14 @@ def gguf_file_name(model: str) -> str:
     """llama-server names a model by its file path when started without --alias: keep the file name only,
     so the name does not change with where the cache lives."""
     return model.replace("\\", "/").rsplit("/", 1)[-1] if model.lower().endswith(".gguf") else model
+
+
+def _is_llama_server(status: int, payload: Any) -> bool:
+    return (
+        status == 200
+        and isinstance(payload, dict)
+        and ("total_slots" in payload or "default_generation_settings" in payload)
+    )
 
 
 SLOTS = Lever(
@@ -162,6 +171,8 @@ LLAMACPP = EngineKind(
     accepts_ignore_eos=True,
     api_key_env="LLAMACPP_API_KEY",
     short="llama.cpp",
+    own_port=8080,
+    signature=Signature("/props", _is_llama_server, rank=20),
     metrics=PAGE,
     model_name=gguf_file_name,
     explains=EXPLAINS,

@@ -19,7 +19,9 @@ from servescope.engines.base import (
     Knob,
     Lever,
     RequestTimings,
+    Signature,
     version_endpoint,
+    version_object,
 )
 
 
@@ -100,7 +102,13 @@ OLLAMA = EngineKind(
     accepts_ignore_eos=False,
     api_key_env=None,
     proxy_port_env="OLLAMA_PROXY_PORT",
+    short="Ollama",
+    own_port=11434,
+    # The stack's Ollama proxy relays /api/version too: the same answer.
+    signature=Signature("/api/version", version_object, rank=10),
     explains=EXPLAINS,
+    model_env="OLLAMA_MODEL",
+    lists_installed=True,
     # /api/version says {"version"}; /api/tags lists the installed models (what it can serve).
     identity=(version_endpoint("/api/version"), Endpoint("/api/tags", _set_installed)),
     levers=(SLOTS,),

@@ -22,8 +22,10 @@ from servescope.engines.base import (
     Lever,
     MetricsPage,
     RequestTimings,
+    Signature,
     Source,
     version_endpoint,
+    version_object,
 )
 
 MAX_MODEL_LEN = Knob("--max-model-len", "VLLM_MAX_MODEL_LEN", "--max-model-len", ("max_model_len",))
@@ -171,6 +173,8 @@ VLLM = EngineKind(
     accepts_ignore_eos=True,
     api_key_env="VLLM_API_KEY",
     short="vLLM",
+    own_port=8000,
+    signature=Signature("/version", version_object, rank=50),
     metrics=PAGE,
     explains=EXPLAINS,
     # /v1/models entries add max_model_len; /version says {"version"}.
