@@ -202,6 +202,8 @@ class MetricsPage:
     how_on: str = ""  # how to turn it on, said where it answers an error
     pool: str | None = None  # POOL_CACHE_CONFIG, POOL_SLOTS, or None: the page's gauges are all there is
     extra: tuple[str, ...] = ()  # other sample names the exporter reads for `pool`
+    # Its own latency histograms as the dashboards chart them: "ttft", "itl", "e2e" -> names (a rename: newest first)
+    latency: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def names(self) -> frozenset[str]:
@@ -263,6 +265,7 @@ class EngineKind:
     short: str = ""  # how running text names it ("vLLM"); the title when empty
     metrics: MetricsPage | None = None  # its page's samples on the neutral series; None: it has no page
     model_name: Callable[[str], str] | None = None  # the model label for a model as it names it (None: as is)
+    colour: str = ""  # its colour on every plot (a matplotlib colour); "" : the next free one
     model_env: str = "SERVED_MODEL_NAME"  # the knob naming the model the stack serves on it
     # Its model list is every model installed, not the one it serves (Ollama's /api/tags): the knob's model is asked
     # for when set, and the list says nothing of a model's length.

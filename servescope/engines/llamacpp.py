@@ -171,6 +171,7 @@ LLAMACPP = EngineKind(
     accepts_ignore_eos=True,
     api_key_env="LLAMACPP_API_KEY",
     short="llama.cpp",
+    colour="C2",
     own_port=8080,
     signature=Signature("/props", _is_llama_server, rank=20),
     metrics=PAGE,

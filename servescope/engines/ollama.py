@@ -103,6 +103,7 @@ OLLAMA = EngineKind(
     api_key_env=None,
     proxy_port_env="OLLAMA_PROXY_PORT",
     short="Ollama",
+    colour="C1",
     own_port=11434,
     # The stack's Ollama proxy relays /api/version too: the same answer.
     signature=Signature("/api/version", version_object, rank=10),

@@ -82,7 +82,8 @@ def raise_knob(resource: str, values: Mapping[str, str], kv: KvRoom | None) -> t
 
 # Every series carries `model_name` and `engine` (the data-parallel rank). Either generation of a renamed name is read,
 # never both: the new one when present (KV usage: 0.9.2; prefix-cache hits: the same rename, 0.9.2-0.10 has both).
-CACHE_INFO = "vllm:cache_config_info"  # every CacheConfig field a label: block_size, num_gpu_blocks, ...
+CACHE_INFO = "vllm:cache_config_info"
+E2E = "vllm:e2e_request_latency_seconds"  # every CacheConfig field a label: block_size, num_gpu_blocks, ...
 PAGE = MetricsPage(
     prefix="vllm:",
     model_label="model_name",
@@ -110,6 +111,12 @@ PAGE = MetricsPage(
     ),
     pool=POOL_CACHE_CONFIG,
     extra=(CACHE_INFO,),
+    latency={
+        "ttft": ("vllm:time_to_first_token_seconds",),
+        # named time_per_output_token before 0.11 (hidden 0.12, later removed)
+        "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        "e2e": (E2E,),
+    },
 )
 EXPLAINS = {
     series.ENGINE_INFO: "GET /version",
@@ -156,7 +163,7 @@ TIMINGS = RequestTimings(
         "queue": "vllm:request_queue_time_seconds",
         "prefill": "vllm:request_prefill_time_seconds",
         "decode": "vllm:request_decode_time_seconds",
-        "server_e2e": "vllm:e2e_request_latency_seconds",
+        "server_e2e": E2E,
     },
     why_aggregate="vLLM 0.32 gives no per-request timings",
 )
@@ -173,6 +180,7 @@ VLLM = EngineKind(
     accepts_ignore_eos=True,
     api_key_env="VLLM_API_KEY",
     short="vLLM",
+    colour="C0",
     own_port=8000,
     signature=Signature("/version", version_object, rank=50),
     metrics=PAGE,
