@@ -9,11 +9,23 @@ from __future__ import annotations
 from servescope.engines.base import OLLAMA_API, OPENAI_API, EngineKind
 from servescope.engines.llamacpp import LLAMACPP
 from servescope.engines.ollama import OLLAMA, PROXY_VIA
+from servescope.engines.sglang import SGLANG
 from servescope.engines.vllm import VLLM
 
-__all__ = ["ENGINES", "LLAMACPP", "OLLAMA", "OLLAMA_API", "OPENAI_API", "PROXY_VIA", "VLLM", "EngineKind", "kind"]
+__all__ = [
+    "ENGINES",
+    "LLAMACPP",
+    "OLLAMA",
+    "OLLAMA_API",
+    "OPENAI_API",
+    "PROXY_VIA",
+    "SGLANG",
+    "VLLM",
+    "EngineKind",
+    "kind",
+]
 
-ENGINES: dict[str, EngineKind] = {adapter.name: adapter for adapter in (VLLM, LLAMACPP, OLLAMA)}
+ENGINES: dict[str, EngineKind] = {adapter.name: adapter for adapter in (VLLM, LLAMACPP, OLLAMA, SGLANG)}
 
 
 def kind(name: str) -> EngineKind:
