@@ -6,8 +6,8 @@ decides):
 
   Ollama     GET /api/version  {"version"}        (the stack's Ollama proxy relays it: the same answer)
   llama.cpp  GET /props        total_slots / default_generation_settings
-  SGLang     GET /get_model_info                  (servescope has no engine kind for it: named, not measured)
-  LM Studio  GET /api/v0/models                   (likewise)
+  SGLang     GET /get_model_info
+  LM Studio  GET /api/v0/models                   (servescope has no engine kind for it: named, not measured)
   vLLM       GET /version      {"version"}
   other      GET /v1/models    an OpenAI model list and none of the above: "an OpenAI-compatible server"
 
@@ -58,10 +58,7 @@ def _models(status: int, payload: Any) -> bool:
 
 
 # Known but not measured (an adapter of the same name, once there is one, takes its place: see unmeasured()).
-UNMEASURED = (
-    Known("SGLang", 30000, engines.base.Signature("/get_model_info", _answers, rank=30)),
-    Known("LM Studio", 1234, engines.base.Signature("/api/v0/models", _answers, rank=40)),
-)
+UNMEASURED = (Known("LM Studio", 1234, engines.base.Signature("/api/v0/models", _answers, rank=40)),)
 OPENAI_COMPATIBLE = Known("an OpenAI-compatible server", 0, engines.base.Signature("/v1/models", _models, rank=90))
 
 
