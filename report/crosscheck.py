@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from report.load import Run
 from servescope import engines
 from servescope.engines.base import DURATIONS, HISTOGRAMS, TIMINGS, RequestTimings
 
+T = TypeVar("T")
 COLD_LOAD_S = 1.0  # an Ollama load_duration above this means the model was (re)loaded for the request
 COMPONENTS = ("load", "queue", "compute", "queue+transport", "transport")
 COMPONENT_HELP = {
@@ -273,20 +275,28 @@ def timings_of(kind: str) -> RequestTimings | None:
     return adapter.timings if adapter is not None else None
 
 
-def build(run: Run, client: Prometheus | None) -> list[CrossCheck]:
+def per_engine(run: Run, readers: Mapping[str, Callable[[str, str], T]], unknown: Callable[[str, str], T]) -> list[T]:
+    """readers[form](instance, kind) for each engine instance of the run, the form of its own timings (DURATIONS,
+    TIMINGS, HISTOGRAMS) chosen by its adapter; unknown(instance, kind) where it declares none."""
     out = []
     for instance, info in run.engines.items():
         timings = timings_of(info.kind)
-        form = timings.form if timings is not None else None
-        if form == DURATIONS:
-            out.append(ollama(run, instance, info.kind))
-        elif form == TIMINGS:
-            out.append(llamacpp(run, instance, info.kind))
-        elif form == HISTOGRAMS:
-            out.append(histograms(run, instance, client, info.kind))
-        else:
-            out.append(CrossCheck(instance, info.kind, False, f"no engine-side timings known for {info.kind!r}"))
+        reader = readers.get(timings.form) if timings is not None else None
+        out.append((reader or unknown)(instance, info.kind))
     return out
+
+
+def build(run: Run, client: Prometheus | None) -> list[CrossCheck]:
+    readers = {
+        DURATIONS: lambda instance, kind: ollama(run, instance, kind),
+        TIMINGS: lambda instance, kind: llamacpp(run, instance, kind),
+        HISTOGRAMS: lambda instance, kind: histograms(run, instance, client, kind),
+    }
+    return per_engine(
+        run,
+        readers,
+        lambda instance, kind: CrossCheck(instance, kind, False, f"no engine-side timings known for {kind!r}"),
+    )
 
 
 def to_json(checks: list[CrossCheck]) -> list[dict]:

@@ -26,8 +26,8 @@ from report.crosscheck import (
     CrossCheck,
     columns,
     fmean,
+    per_engine,
     timing,
-    timings_of,
 )
 from report.load import Run
 from servescope import engines, thresholds
@@ -204,19 +204,16 @@ def histograms(run: Run, instance: str, check: CrossCheck | None, engine: str = 
 
 def build(run: Run, checks: list[CrossCheck]) -> list[TtftSplit]:
     by_instance = {c.instance: c for c in checks}
-    out = []
-    for instance, info in run.engines.items():
-        timings = timings_of(info.kind)
-        form = timings.form if timings is not None else None
-        if form == DURATIONS:
-            out.append(ollama(run, instance, info.kind))
-        elif form == TIMINGS:
-            out.append(llamacpp(run, instance, info.kind))
-        elif form == HISTOGRAMS:
-            out.append(histograms(run, instance, by_instance.get(instance), info.kind))
-        else:
-            out.append(TtftSplit(instance, info.kind, False, f"no engine-side timings known for {info.kind!r}"))
-    return out
+    readers = {
+        DURATIONS: lambda instance, kind: ollama(run, instance, kind),
+        TIMINGS: lambda instance, kind: llamacpp(run, instance, kind),
+        HISTOGRAMS: lambda instance, kind: histograms(run, instance, by_instance.get(instance), kind),
+    }
+    return per_engine(
+        run,
+        readers,
+        lambda instance, kind: TtftSplit(instance, kind, False, f"no engine-side timings known for {kind!r}"),
+    )
 
 
 def to_json(splits: list[TtftSplit]) -> dict:
