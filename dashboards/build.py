@@ -24,7 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from servescope import series
+from servescope import engines, series
+from servescope.engines.base import EngineKind
 from servescope.prometheus_config import COMPOSE_PORTS, DEFAULT_SCRAPE_INTERVAL
 
 HERE = Path(__file__).resolve().parent
@@ -55,7 +56,15 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 # carry engine/scenario.
 NEUTRAL = {"engine": "=~$engine", "instance": "=~$instance", "model": "=~$model"}
 ENGINE_ONLY = {"engine": "=~$engine", "instance": "=~$instance"}
-VLLM_RAW = {"instance": "=~$instance", "model_name": "=~$model"}
+
+
+def raw(kind: EngineKind) -> dict[str, str]:
+    """An engine's own series: `instance` from the scrape config, the model under the label its page uses."""
+    label = kind.metrics.model_label
+    return {"instance": "=~$instance", **({label: "=~$model"} if label else {})}
+
+
+VLLM_RAW = raw(engines.VLLM)
 CLIENT = {"engine": "=~$engine"}
 CLIENT_SCENARIO = {"engine": "=~$engine", "scenario": "=~$scenario"}
 
@@ -349,11 +358,32 @@ def _latency_targets(metric: str, matchers: dict[str, str], by: list[str], legen
     return _quantile_targets([sel(f"{metric}_bucket", matchers)], by, legend)
 
 
-# vLLM's inter-token latency histogram, named time_per_output_token before 0.11.
-VLLM_ITL_BUCKETS = [
-    sel("vllm:inter_token_latency_seconds_bucket", VLLM_RAW),
-    sel("vllm:time_per_output_token_seconds_bucket", VLLM_RAW),
-]
+def _raw_buckets(kind: EngineKind, which: str) -> list[str]:
+    """One of an engine's latency histograms as bucket selectors, each of its names (a rename) joined with `or`."""
+    return [sel(f"{name}_bucket", raw(kind)) for name in kind.metrics.latency.get(which, ())]
+
+
+def _with_latency(which: str) -> list[EngineKind]:
+    """The engines whose own page has this latency histogram (ttft, itl, e2e)."""
+    return [k for k in engines.ENGINES.values() if k.metrics is not None and k.metrics.latency.get(which)]
+
+
+def _server_latency(which: str) -> list[dict]:
+    return [
+        t
+        for kind in _with_latency(which)
+        for t in _quantile_targets(_raw_buckets(kind, which), ["instance"], "{{instance}}")
+    ]
+
+
+def _named(kinds: list[EngineKind], which: str, how: str) -> str:
+    """'vLLM time_to_first_token histogram' for each engine: the short names of its histograms, as the panels say."""
+    parts = []
+    for kind in kinds:
+        first, *older = (n.split(":", 1)[-1].removesuffix("_seconds") for n in kind.metrics.latency[which])
+        before = f" (older: {' / '.join(older)})" if older else ""
+        parts.append(f"{kind.said} {first} {how}{before}")
+    return "; ".join(parts)
 
 
 def _prompt_rate(name: str) -> str:
@@ -365,6 +395,14 @@ def _reuse_ratio(matchers: dict[str, str]) -> str:
     cached = sum_by(["engine", "instance"], rate(sel(series.PROMPT_CACHED_TOKENS, matchers)))
     prompt = sum_by(["engine", "instance"], rate(sel(series.PROMPT_TOKENS, matchers)))
     return f"{cached} / ({prompt} > 0)"
+
+
+def _none_say(which: str) -> str:
+    """The engines with a page but no such histogram, as the panel says it."""
+    none = [k.said for k in engines.ENGINES.values() if k.metrics is not None and not k.metrics.latency.get(which)]
+    return (
+        f"{' and '.join(none)} {'keeps' if len(none) == 1 else 'keep'} no histogram" if none else "every engine has one"
+    )
 
 
 def engine_comparison() -> dict:
@@ -449,11 +487,11 @@ def engine_comparison() -> dict:
         row("Latency: server view (engine histograms; Ollama via the exporter's proxy)"),
         timeseries(
             "TTFT (server)",
-            "vLLM time_to_first_token histogram; Ollama: first chunk through the proxy. "
-            "llama.cpp keeps no histogram: see the client view.",
+            f"{_named(_with_latency('ttft'), 'ttft', 'histogram')}; Ollama: first chunk through the proxy. "
+            f"{_none_say('ttft')}: see the client view.",
             "s",
             [
-                *_latency_targets("vllm:time_to_first_token_seconds", VLLM_RAW, ["instance"], "{{instance}}"),
+                *_server_latency("ttft"),
                 *_latency_targets(
                     series.PROXY_FIRST_CHUNK_SECONDS, ENGINE_ONLY, ["engine", "instance"], "{{instance}}"
                 ),
@@ -462,9 +500,9 @@ def engine_comparison() -> dict:
         ),
         timeseries(
             "ITL (server)",
-            "vLLM inter_token_latency histogram (time_per_output_token before 0.11).",
+            f"{_named(_with_latency('itl'), 'itl', 'histogram')}.",
             "s",
-            _quantile_targets(VLLM_ITL_BUCKETS, ["instance"], "{{instance}}"),
+            _server_latency("itl"),
             width=12,
         ),
         row("Latency: client view (the load generator: send -> first content chunk; gaps between content chunks)"),
@@ -520,14 +558,16 @@ def engine_comparison() -> dict:
 
 
 def vllm_dashboard() -> dict:
-    kv_usage = [sel("vllm:kv_cache_usage_perc", VLLM_RAW), sel("vllm:gpu_cache_usage_perc", VLLM_RAW)]
-    vllm = {"engine": "=vllm", "instance": "=~$instance", "model": "=~$model"}
+    kind, page = engines.VLLM, engines.VLLM.metrics
+    names = {src.series: src.names for src in page.sources}
+    running, waiting = names[series.REQUESTS_RUNNING][0], names[series.REQUESTS_WAITING][0]
+    kv_names = names[series.KV_CACHE_USAGE]
+    hits = names[series.PROMPT_CACHED_TOKENS][0]
+    kv_usage = [sel(name, VLLM_RAW) for name in kv_names]
+    vllm = {"engine": f"={kind.name}", "instance": "=~$instance", "model": "=~$model"}
     by_instance = ["instance"]
-    phases = [
-        ("queue", "vllm:request_queue_time_seconds"),
-        ("prefill", "vllm:request_prefill_time_seconds"),
-        ("decode", "vllm:request_decode_time_seconds"),
-    ]
+    phases = [(part, kind.timings.histograms[part]) for part in ("queue", "prefill", "decode")]
+    ttft, itl, e2e = (page.latency[which] for which in ("ttft", "itl", "e2e"))
     panels = [
         row("KV capacity: VLLM_CPU_KVCACHE_SPACE / (block size x dtype) -> blocks -> tokens -> max concurrency"),
         *(
@@ -563,33 +603,33 @@ def vllm_dashboard() -> dict:
         row("Scheduler"),
         timeseries(
             "Running and waiting",
-            "vllm:num_requests_running / _waiting.",
+            f"{running} / _waiting.",
             "short",
             [
-                target(sum_by(by_instance, sel("vllm:num_requests_running", VLLM_RAW)), "running {{instance}}"),
-                target(sum_by(by_instance, sel("vllm:num_requests_waiting", VLLM_RAW)), "waiting {{instance}}"),
+                target(sum_by(by_instance, sel(running, VLLM_RAW)), "running {{instance}}"),
+                target(sum_by(by_instance, sel(waiting, VLLM_RAW)), "waiting {{instance}}"),
             ],
         ),
         timeseries(
             "KV cache usage",
-            "vllm:kv_cache_usage_perc (0..1; gpu_cache_usage_perc before 0.10).",
+            f"{kv_names[0]} (0..1; {kv_names[1].split(':', 1)[1]} before 0.10).",
             "percentunit",
             [target(f"max by (instance) ({' or '.join(kv_usage)})", "{{instance}}")],
         ),
         timeseries(
             "Preemptions/s",
-            "vllm:num_preemptions_total: sequences evicted for lack of KV blocks and "
+            f"{names[series.PREEMPTIONS][0]}: sequences evicted for lack of KV blocks and "
             "recomputed later. Above 0 under load = the KV cache is the bottleneck.",
             "short",
-            [target(sum_by(by_instance, rate(sel("vllm:num_preemptions_total", VLLM_RAW))), "{{instance}}")],
+            [target(sum_by(by_instance, rate(sel(names[series.PREEMPTIONS][0], VLLM_RAW))), "{{instance}}")],
         ),
         timeseries(
             "Prefix-cache hit rate",
-            "vllm:prefix_cache_hits_total / prefix_cache_queries_total (tokens).",
+            f"{hits} / prefix_cache_queries_total (tokens).",
             "percentunit",
             [
                 target(
-                    f"{sum_by(by_instance, rate(sel('vllm:prefix_cache_hits_total', VLLM_RAW)))} / "
+                    f"{sum_by(by_instance, rate(sel(hits, VLLM_RAW)))} / "
                     f"{sum_by(by_instance, rate(sel('vllm:prefix_cache_queries_total', VLLM_RAW)))}",
                     "{{instance}}",
                 )
@@ -612,9 +652,10 @@ def vllm_dashboard() -> dict:
             "Prompt and generated tokens per second.",
             TOKENS_PER_S,
             [
-                target(sum_by(by_instance, rate(sel("vllm:prompt_tokens_total", VLLM_RAW))), "prompt {{instance}}"),
+                target(sum_by(by_instance, rate(sel(names[series.PROMPT_TOKENS][0], VLLM_RAW))), "prompt {{instance}}"),
                 target(
-                    sum_by(by_instance, rate(sel("vllm:generation_tokens_total", VLLM_RAW))), "generated {{instance}}"
+                    sum_by(by_instance, rate(sel(names[series.GENERATED_TOKENS][0], VLLM_RAW))),
+                    "generated {{instance}}",
                 ),
             ],
         ),
@@ -638,21 +679,21 @@ def vllm_dashboard() -> dict:
         ),
         timeseries(
             "TTFT",
-            "vllm:time_to_first_token_seconds.",
+            f"{ttft[0]}.",
             "s",
-            _latency_targets("vllm:time_to_first_token_seconds", VLLM_RAW, by_instance, "{{instance}}"),
+            _latency_targets(ttft[0], VLLM_RAW, by_instance, "{{instance}}"),
         ),
         timeseries(
             "ITL",
-            "vllm:inter_token_latency_seconds (time_per_output_token before 0.11).",
+            f"{itl[0]} ({itl[1].split(':', 1)[1].removesuffix('_seconds')} before 0.11).",
             "s",
-            _quantile_targets(VLLM_ITL_BUCKETS, by_instance, "{{instance}}"),
+            _quantile_targets(_raw_buckets(kind, "itl"), by_instance, "{{instance}}"),
         ),
         timeseries(
             "End-to-end latency",
-            "vllm:e2e_request_latency_seconds.",
+            f"{e2e[0]}.",
             "s",
-            _latency_targets("vllm:e2e_request_latency_seconds", VLLM_RAW, by_instance, "{{instance}}"),
+            _latency_targets(e2e[0], VLLM_RAW, by_instance, "{{instance}}"),
         ),
     ]
     return dashboard(
@@ -660,13 +701,13 @@ def vllm_dashboard() -> dict:
         "servescope · vLLM",
         "vLLM-CPU internals: KV capacity arithmetic, scheduler pressure, preemptions, prefix cache, "
         "and where each request's time goes.",
-        engine_variables("vllm"),
+        engine_variables(kind.name),
         panels,
     )
 
 
 def ollama_dashboard() -> dict:
-    ollama = {"engine": "=ollama", "instance": "=~$instance"}
+    ollama = {"engine": f"={engines.OLLAMA.name}", "instance": "=~$instance"}
     ollama_model = {**ollama, "model": "=~$model"}
     ollama_proxy = {**ollama_model, series.SOURCE: f"={series.PROXY_SOURCE}"}
     panels = [
@@ -796,7 +837,7 @@ def ollama_dashboard() -> dict:
         "servescope · Ollama",
         "Ollama through the exporter: loaded models and their memory, time until unload, "
         "generation speed, cold loads, what the proxy observed in flight and Ollama's own queue time.",
-        engine_variables("ollama"),
+        engine_variables(engines.OLLAMA.name),
         panels,
     )
 
@@ -869,8 +910,8 @@ def load_test_dashboard() -> dict:
 
 DASHBOARDS = {
     "engine-comparison": engine_comparison,
-    "vllm": vllm_dashboard,
-    "ollama": ollama_dashboard,
+    engines.VLLM.name: vllm_dashboard,
+    engines.OLLAMA.name: ollama_dashboard,
     "load-test": load_test_dashboard,
 }
 

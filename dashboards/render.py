@@ -20,6 +20,7 @@ from pathlib import Path
 import requests
 
 from dashboards.build import DASHBOARDS, SCRAPE_INTERVAL
+from servescope import engines
 from servescope.sampler import split_at_gaps
 
 # Grafana asks for at most about this many points per series; so do we.
@@ -187,7 +188,7 @@ def _formatter(unit: str):
 
 
 # The same engine keeps its colour on every panel (instances named like vllm-b share their kind's).
-ENGINE_COLOURS = {"vllm": "C0", "ollama": "C1", "llamacpp": "C2"}
+ENGINE_COLOURS = {kind.name: kind.colour for kind in engines.ENGINES.values() if kind.colour}
 # Legend suffixes that name a variant of one engine's series (build.py's legends).
 VARIANTS = {"p50", "p95", "p99", "used", "limit"}
 DASHED = {"p95", "p99", "limit"}

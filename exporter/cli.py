@@ -15,14 +15,18 @@ except ImportError:  # not built for this platform
 
 from exporter import config as exporter_config
 from exporter import relay, server
+from servescope import engines
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="servescope-exporter",
-        description="Prometheus exporter for vLLM, llama.cpp and Ollama (with Ollama's streaming proxy).",
-        epilog="Env: EXPORTER_PORT, SERVESCOPE_BIND, VLLM_URL, LLAMACPP_URL, OLLAMA_URL, OLLAMA_PROXY_PORT, "
-        "OLLAMA_NUM_PARALLEL, VLLM_API_KEY and LLAMACPP_API_KEY (engines started with --api-key). "
+        description=f"Prometheus exporter for {', '.join(k.said for k in engines.ENGINES.values())} (with Ollama's "
+        f"streaming proxy).",
+        epilog=f"Env: EXPORTER_PORT, SERVESCOPE_BIND, {', '.join(k.url_env for k in engines.ENGINES.values())}, "
+        f"OLLAMA_PROXY_PORT, OLLAMA_NUM_PARALLEL, "
+        f"{' and '.join(k.api_key_env for k in engines.ENGINES.values() if k.api_key_env)} (engines started with "
+        f"--api-key). "
         "The config file format is described in `python -m pydoc exporter.config`. "
         "Resource series: --process/--container, or processes:/containers: in the file.",
     )
@@ -30,9 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="FILE", help="YAML file listing engine instances (see exporter/config.py)")
     parser.add_argument("--listen-address", metavar="ADDR", help="address to bind (default SERVESCOPE_BIND, 127.0.0.1)")
     parser.add_argument("--port", metavar="N", help="port for / and /metrics (default EXPORTER_PORT, 9464)")
-    parser.add_argument("--vllm-url", metavar="URL", help="a vLLM server (default VLLM_URL)")
-    parser.add_argument("--llamacpp-url", metavar="URL", help="a llama.cpp llama-server (default LLAMACPP_URL)")
-    parser.add_argument("--ollama-url", metavar="URL", help="an Ollama server (default OLLAMA_URL)")
+    for kind in engines.ENGINES.values():  # --vllm-url, --llamacpp-url, ...: one per engine adapter
+        parser.add_argument(
+            f"--{kind.name}-url", metavar="URL", help=f"the {kind.said} server to read (default {kind.url_env})"
+        )
     parser.add_argument("--proxy-port", metavar="N", help="port of the Ollama proxy (default OLLAMA_PROXY_PORT, 11435)")
     parser.add_argument(
         "--ollama-num-parallel",

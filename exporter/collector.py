@@ -37,7 +37,7 @@ class EngineCollector:
     `servescope_scrape_duration_seconds` for the instance, whatever happened upstream.
     """
 
-    kind = ""  # the `engine` label: vllm, llamacpp, ollama
+    kind = ""  # the `engine` label: its adapter's name (servescope/engines/<name>.py)
     family_names: tuple[tuple[str, str], ...] = ()  # (name, type) of what scrape() may yield
 
     def __init__(
@@ -214,57 +214,35 @@ class EndpointOff(Exception):
     """The engine answered 404/501 for an endpoint: the feature is off in this build or this start."""
 
 
-# One HELP per engine-neutral family: families from every engine are merged under one name,
-# so the text names each engine's source.
-HELP = {
-    series.REQUESTS_RUNNING: (
-        "Requests in the running batch. vLLM: vllm:num_requests_running (summed over data-parallel engines); "
-        'llama.cpp: llamacpp:requests_processing (busy slots); Ollama (source="proxy", observed by the exporter\'s '
-        "proxy, which Ollama itself does not report): requests the proxy relayed whose answer has begun to stream "
-        "(first chunk relayed) and not ended, i.e. being generated. Only requests sent through the proxy count; no "
-        "series until it relayed one for the model."
-    ),
-    series.REQUESTS_WAITING: (
-        "Requests queued, not yet scheduled. vLLM: vllm:num_requests_waiting; llama.cpp: llamacpp:requests_deferred; "
-        'Ollama (source="proxy"): requests the proxy relayed with no byte of their answer yet: queued for one of '
-        "Ollama's parallel slots, waiting for the model to load, or evaluating their prompt (the proxy cannot tell "
-        'which; a "stream": false request stays here until its whole answer). Only requests sent through the proxy '
-        "count; no series until it relayed one for the model."
-    ),
-    series.KV_CACHE_USAGE: (
-        "Fraction 0..1 of the KV cache in use. vLLM: vllm:kv_cache_usage_perc, else the older vllm:gpu_cache_usage_perc "
-        "(never both); llama.cpp: tokens held in slots / total n_ctx of all slots, from GET /slots. Ollama exposes none."
-    ),
-    series.GENERATED_TOKENS: (
-        "Generated (output) tokens. vLLM: vllm:generation_tokens_total; llama.cpp: llamacpp:tokens_predicted_total; "
-        "Ollama: eval_count / usage.completion_tokens of responses seen by the proxy."
-    ),
-    series.PROMPT_TOKENS: (
-        "Prompt tokens of the requests, computed or taken from a cache. vLLM: vllm:prompt_tokens_total; "
-        "llama.cpp: llamacpp:prompt_tokens_total (the tokens it computed) + llamacpp:prompt_tokens_cached_total "
-        "where the build has it; Ollama: prompt_eval_count / usage.prompt_tokens of responses seen by the proxy."
-    ),
-    series.PROMPT_CACHED_TOKENS: (
-        "Prompt tokens taken from the engine's prefix / prompt cache instead of computed. vLLM: "
-        "vllm:prefix_cache_hits_total (0.9.2-0.10: vllm:gpu_prefix_cache_hits_total; it stays 0 while prefix "
-        "caching is off); llama.cpp: llamacpp:prompt_tokens_cached_total (builds that have it). Ollama reports none."
-    ),
+# One HELP per engine-neutral family: families from every engine are merged under one name, so the text names each
+# engine's source (its adapter's metrics page or `explains`), and which engines report none.
+_HELP_BASE = {
+    series.REQUESTS_RUNNING: "Requests in the running batch.",
+    series.REQUESTS_WAITING: "Requests queued, not yet scheduled.",
+    series.KV_CACHE_USAGE: "Fraction 0..1 of the KV cache in use.",
+    series.GENERATED_TOKENS: "Generated (output) tokens.",
+    series.PROMPT_TOKENS: "Prompt tokens of the requests, computed or taken from a cache.",
+    series.PROMPT_CACHED_TOKENS: "Prompt tokens taken from the engine's prefix / prompt cache instead of computed.",
     series.PREEMPTIONS: (
         "Requests preempted (taken out of the running batch, their KV blocks freed, recomputed later) because the KV "
-        "cache was full. vLLM: vllm:num_preemptions_total; llama.cpp and Ollama report none."
+        "cache was full."
     ),
-    series.ENGINE_INFO: "Engine version, value 1. vLLM: GET /version; llama.cpp: GET /props build_info; Ollama: GET /api/version.",
-    series.KV_BLOCK_SIZE: "Tokens per KV-cache block. vLLM: block_size label of vllm:cache_config_info.",
-    series.KV_BLOCKS: (
-        "KV-cache blocks. vLLM: num_gpu_blocks label of vllm:cache_config_info (on CPU these live in "
-        "VLLM_CPU_KVCACHE_SPACE), summed over data-parallel engines."
-    ),
-    series.KV_CAPACITY_TOKENS: (
-        "Tokens the KV cache holds. vLLM: num_gpu_blocks x block_size from vllm:cache_config_info; "
-        "llama.cpp: sum of n_ctx over the slots in GET /slots."
-    ),
-    series.KV_MAX_CONCURRENCY: (
-        "Requests of the served max-model-len that fit in the KV cache at once. vLLM: capacity tokens / max_model_len "
-        "from GET /v1/models (read once per engine start); llama.cpp: the number of slots in GET /slots."
-    ),
+    series.ENGINE_INFO: "Engine version, value 1.",
+    series.KV_BLOCK_SIZE: "Tokens per KV-cache block.",
+    series.KV_BLOCKS: "KV-cache blocks.",
+    series.KV_CAPACITY_TOKENS: "Tokens the KV cache holds.",
+    series.KV_MAX_CONCURRENCY: "Requests of the served max-model-len that fit in the KV cache at once.",
 }
+
+
+def _help(name: str, base: str) -> str:
+    said = [f"{a.said}: {where}" for a in engines.ENGINES.values() if (where := a.where(name))]
+    none = [a.said for a in engines.ENGINES.values() if not a.where(name)]
+    if none:
+        said.append(
+            f"{', '.join(none[:-1])} and {none[-1]} report none" if len(none) > 1 else f"{none[0]} reports none"
+        )
+    return f"{base} {'; '.join(said)}."
+
+
+HELP = {name: _help(name, base) for name, base in _HELP_BASE.items()}

@@ -55,6 +55,7 @@ import yaml
 
 from exporter.resources import WatchedContainer, WatchedProcess
 from servescope import engines, knobs
+from servescope.engines.base import BATCH_SLOTS
 from servescope.urls import redact
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -184,9 +185,9 @@ def _file_instances(entries: object, timeout: float) -> tuple[Instance, ...]:
             raise ConfigError(f"{where}.name", f"{name!r} is used twice")
         names.add(name)
         url = _url(f"{where}.url", _required(entry, "url", where))
-        if kind != "ollama":
+        if engines.kind(kind).proxy_port_env is None:
             for key in OLLAMA_ONLY & set(entry):
-                raise ConfigError(f"{where}.{key}", "only meaningful for kind: ollama")
+                raise ConfigError(f"{where}.{key}", f"only meaningful for kind: {', '.join(_proxied())}")
         proxy_port = entry.get("proxy_port")
         instances.append(
             Instance(
@@ -275,14 +276,16 @@ def _url_instances(args, timeout: float) -> tuple[Instance, ...]:
             continue
         key = flag if getattr(args, f"{kind.name}_url", None) else kind.url_env
         extra = {}
-        if kind.name == "ollama":
+        if kind.proxy_port_env:
+            # The proxy's port and the slots it relays to (Ollama reports neither): the CLI's or the knobs'.
+            slots = kind.lever(BATCH_SLOTS).env
             extra["proxy_port"] = _port(
-                "--proxy-port" if args.proxy_port is not None else "OLLAMA_PROXY_PORT",
-                _pick(args.proxy_port, None, knobs.get("OLLAMA_PROXY_PORT", "11435")),
+                "--proxy-port" if args.proxy_port is not None else kind.proxy_port_env,
+                _pick(args.proxy_port, None, knobs.get(kind.proxy_port_env, "11435")),
             )
             extra["num_parallel"] = _positive_int(
-                "--ollama-num-parallel" if args.ollama_num_parallel is not None else "OLLAMA_NUM_PARALLEL",
-                _pick(args.ollama_num_parallel, None, knobs.get("OLLAMA_NUM_PARALLEL", "1")),
+                "--ollama-num-parallel" if args.ollama_num_parallel is not None else slots,
+                _pick(args.ollama_num_parallel, None, knobs.get(slots, "1")),
             )
         instances.append(
             Instance(
@@ -295,6 +298,11 @@ def _url_instances(args, timeout: float) -> tuple[Instance, ...]:
             )
         )
     return tuple(instances)
+
+
+def _proxied() -> list[str]:
+    """The kinds the exporter proxies (Ollama): proxy_port and num_parallel mean something for them only."""
+    return [kind.name for kind in engines.ENGINES.values() if kind.proxy_port_env]
 
 
 def _check_ports(instances: tuple[Instance, ...], exporter_port: int) -> None:

@@ -15,85 +15,50 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from exporter.bounds import bounded, count
-from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
+from exporter.bounds import ModelLabels, bounded
+from exporter.collector import HELP
+from exporter.page import PageCollector
 from exporter.upstream import MISSING
-from servescope import series
-from servescope.engine_identity import gguf_file_name
-from servescope.exposition import parse_exposition
-
-LLAMACPP_SAMPLES = frozenset(
-    (
-        "llamacpp:requests_processing",
-        "llamacpp:requests_deferred",
-        "llamacpp:tokens_predicted_total",
-        "llamacpp:prompt_tokens_total",
-        "llamacpp:prompt_tokens_cached_total",
-    )
-)
+from servescope import engines, series
+from servescope.engines.base import Identity
+from servescope.exposition import Samples
 
 
-class LlamacppCollector(EngineCollector):
-    kind = "llamacpp"
-    family_names = ENGINE_FAMILIES + (
+class LlamacppCollector(PageCollector):
+    """llama-server's page (servescope/engines/llamacpp.py), and its KV pool from GET /slots."""
+
+    adapter = engines.LLAMACPP
+    pool_families = (
         (series.KV_CAPACITY_TOKENS, "gauge"),
         (series.KV_MAX_CONCURRENCY, "gauge"),
     )
 
-    def scrape(self, deadline: float) -> Iterator[Metric]:
-        # Without --metrics llama-server answers 501 on /metrics, without slots 501 on /slots, and
-        # behind --api-key 401 on both: each costs the series it feeds, never the engine.
-        page = self.optional(self.upstream.get_text, "/metrics", deadline, "no queue and no token counters")
-        samples = parse_exposition(page, LLAMACPP_SAMPLES) if page is not MISSING else {}
+    def before(self, deadline: float) -> Occupancy | None:
+        # Without --slots llama-server answers 501 on /slots, and behind --api-key 401: that costs the KV series only.
         slots = self.optional(self.upstream.get_json, "/slots", deadline, "no KV-cache usage or capacity")
-        occupancy = self._occupancy(slots) if slots is not MISSING else None
-        identity = self.identity(deadline)
-        model = bounded(gguf_file_name(identity.model))
+        return self._occupancy(slots) if slots is not MISSING else None
 
-        info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
-        info.add_metric(self.labels(bounded(identity.version or "unknown")), 1.0)
-        yield info
+    def fallback(self, name: str, occupancy: Occupancy | None) -> float | None:
+        if name == series.REQUESTS_RUNNING and occupancy is not None:
+            return float(occupancy.processing)  # busy slots, as /metrics counts them
+        return None
 
-        # The counters, once each (a value that is not a count costs its series); prompt_tokens_total counts only the
-        # tokens it computed: the cached ones (builds that count them) are added, so prompt tokens mean the whole
-        # prompt here as they do on vLLM.
-        totals = {source: self._total(samples, source) for source in LLAMACPP_SAMPLES}
-        cached = totals["llamacpp:prompt_tokens_cached_total"]
-        prompt = totals["llamacpp:prompt_tokens_total"]
-        for name, value, typ in (
-            (series.REQUESTS_RUNNING, totals["llamacpp:requests_processing"], "gauge"),
-            (series.REQUESTS_WAITING, totals["llamacpp:requests_deferred"], "gauge"),
-            (series.GENERATED_TOKENS, totals["llamacpp:tokens_predicted_total"], "counter"),
-            (series.PROMPT_TOKENS, None if prompt is None else prompt + (cached or 0.0), "counter"),
-            (series.PROMPT_CACHED_TOKENS, cached, "counter"),
+    def pool(
+        self, samples: Samples, identity: Identity, on_page: set[str], models: ModelLabels, occupancy: Occupancy | None
+    ) -> Iterator[Metric]:
+        if occupancy is None:
+            return
+        model = bounded(self.adapter.model_name(identity.model))
+        for name, value in (
+            (series.KV_CACHE_USAGE, occupancy.held / occupancy.capacity if occupancy.capacity else 0.0),
+            (series.KV_CAPACITY_TOKENS, float(occupancy.capacity)),
+            (series.KV_MAX_CONCURRENCY, float(occupancy.slots)),
         ):
-            family = (
-                self.gauge(name, HELP[name], ["model"])
-                if typ == "gauge"
-                else CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
-            )
-            if value is not None:
-                family.add_metric(self.labels(model), value)
-            elif name == series.REQUESTS_RUNNING and occupancy is not None:
-                family.add_metric(self.labels(model), float(occupancy.processing))  # busy slots, as /metrics counts
+            family = self.gauge(name, HELP[name], ["model"])
+            family.add_metric(self.labels(model), value)
             yield family
-
-        if occupancy is not None:
-            for name, value in (
-                (series.KV_CACHE_USAGE, occupancy.held / occupancy.capacity if occupancy.capacity else 0.0),
-                (series.KV_CAPACITY_TOKENS, float(occupancy.capacity)),
-                (series.KV_MAX_CONCURRENCY, float(occupancy.slots)),
-            ):
-                family = self.gauge(name, HELP[name], ["model"])
-                family.add_metric(self.labels(model), value)
-                yield family
-
-    def _total(self, samples, source: str) -> float | None:
-        """One sample name's value (summed over its lines), or None when absent or any line is not a count."""
-        values = [self.valid(value, count, source) for _, value in samples.get(source, ())]
-        return sum(values) if values and None not in values else None
 
     def _occupancy(self, slots: object) -> Occupancy | None:
         """slot_occupancy() with its impossible values counted; a /slots that is not a list of slots costs the

@@ -24,14 +24,14 @@ from exporter.bounds import MAX_MODELS, OVERFLOW_MODEL, bounded, count, finite
 from exporter.collector import HELP, EngineCollector
 from exporter.observations import ProxyObservations, normalise_model
 from exporter.upstream import Upstream
-from servescope import series
+from servescope import engines, series
 from servescope.engine_identity import ollama_models, version_of
 
 OVERFLOW_NOTE = f' Loaded models past the first {MAX_MODELS} by name add up under model="other".'
 
 
 class OllamaCollector(EngineCollector):
-    kind = "ollama"
+    kind = engines.OLLAMA.name
     family_names = (
         (series.ENGINE_INFO, "gauge"),
         (series.OLLAMA_MODEL_SIZE, "gauge"),

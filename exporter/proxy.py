@@ -225,7 +225,7 @@ class OllamaProxy(Relay):
     def _children(self, label: str) -> ModelMetrics:
         children = self._by_model.get(label)
         if children is None:
-            children = self._by_model[label] = ModelMetrics(self.metrics, ("ollama", self.instance, label))
+            children = self._by_model[label] = ModelMetrics(self.metrics, (engines.OLLAMA.name, self.instance, label))
         return children
 
     def _final(self, exchange: Exchange) -> dict | None:

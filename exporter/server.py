@@ -20,11 +20,21 @@ from exporter.fanout import FanoutCollector
 from exporter.llamacpp import LlamacppCollector
 from exporter.observations import ProxyObservations
 from exporter.ollama import OllamaCollector
+from exporter.page import PageCollector
 from exporter.proxy import OllamaProxy, ProxyMetrics
 from exporter.resources import ResourceCollector
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
+from servescope import engines
+from servescope.engines.base import OLLAMA_API, POOL_CACHE_CONFIG, POOL_SLOTS
 from servescope.urls import redact
+
+# The collector that reads an engine's KV pool beyond its page's gauges (its adapter's metrics.pool), by how.
+POOL_READERS: dict[str | None, type[PageCollector]] = {
+    POOL_CACHE_CONFIG: VllmCollector,
+    POOL_SLOTS: LlamacppCollector,
+    None: PageCollector,
+}
 
 log = logging.getLogger("exporter")
 
@@ -66,11 +76,12 @@ def build(config: Config) -> Exporter:
     proxies: list[tuple[Instance, OllamaProxy]] = []
     for instance in config.instances:
         upstream = Upstream(instance.url, api_key=instance.api_key)
-        if instance.kind == "vllm":
-            collectors.append(VllmCollector(instance.name, upstream, timeout=instance.timeout))
-        elif instance.kind == "llamacpp":
-            collectors.append(LlamacppCollector(instance.name, upstream, timeout=instance.timeout))
-        else:
+        adapter = engines.kind(instance.kind)
+        if adapter.metrics is not None:
+            reader = POOL_READERS[adapter.metrics.pool]
+            collectors.append(reader(instance.name, upstream, adapter=adapter, timeout=instance.timeout))
+        elif adapter.api == OLLAMA_API:
+            # No page: the bridge reads Ollama's API on scrape, and its proxy (when configured) what it relays.
             observations = None
             if instance.proxy_port is not None:
                 observations = ProxyObservations(instance.num_parallel)
@@ -78,6 +89,8 @@ def build(config: Config) -> Exporter:
             collectors.append(
                 OllamaCollector(instance.name, upstream, timeout=instance.timeout, observations=observations)
             )
+        else:
+            raise ValueError(f"{instance.kind}: no metrics page and no API servescope can bridge")
     fanout = FanoutCollector(collectors)
     registry.register(fanout)
     # The resource budget of watched processes/containers; describe() keeps registration offline.
@@ -98,7 +111,7 @@ def metrics_app(exporter: Exporter) -> web.Application:
             + "</li>"
             for i in exporter.config.instances
         )
-        or "<li>none configured: set VLLM_URL, LLAMACPP_URL, OLLAMA_URL or --config FILE</li>"
+        or f"<li>none configured: set {', '.join(k.url_env for k in engines.ENGINES.values())} or --config FILE</li>"
     )
     rows += "".join(
         f"<li>resource budget of {html.escape(w.kind)} <b>{html.escape(w.name)}</b>: pid file {html.escape(str(w.pidfile))}</li>"

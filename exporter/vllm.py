@@ -13,108 +13,35 @@ Exposition produced for one instance (the seed's image, 0.9.1, idle)::
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from exporter.bounds import OVERFLOW_MODEL, ModelLabels, bounded, count, ratio
-from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
-from servescope import kv_arithmetic, series
-from servescope.exposition import Samples, parse_exposition
-
-# vLLM renamed its KV gauge in 0.9.2 and kept both until 0.11: read the new one when present.
-KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-# Prefix-cache hits in tokens, the same rename (0.9.2-0.10 has both; 0.9.1's V0 engine only a block hit-rate gauge).
-PREFIX_HIT_NAMES = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-
-# The only sample names read from vLLM's page.
-CACHE_INFO = "vllm:cache_config_info"
-VLLM_SAMPLES = frozenset(
-    (
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        *KV_USAGE_NAMES,
-        *PREFIX_HIT_NAMES,
-        "vllm:generation_tokens_total",
-        "vllm:prompt_tokens_total",
-        "vllm:num_preemptions_total",
-        CACHE_INFO,
-    )
-)
+from exporter.bounds import OVERFLOW_MODEL, ModelLabels, count
+from exporter.collector import HELP
+from exporter.page import PageCollector
+from servescope import engines, kv_arithmetic, series
+from servescope.engines.base import Identity
+from servescope.engines.vllm import CACHE_INFO
+from servescope.exposition import Samples
 
 
-class VllmCollector(EngineCollector):
-    kind = "vllm"
-    family_names = ENGINE_FAMILIES + (
-        (series.PREEMPTIONS, "counter"),
+class VllmCollector(PageCollector):
+    """vLLM's page (servescope/engines/vllm.py), and its KV pool from cache_config_info."""
+
+    adapter = engines.VLLM
+    pool_families = (
         (series.KV_BLOCK_SIZE, "gauge"),
         (series.KV_BLOCKS, "gauge"),
         (series.KV_CAPACITY_TOKENS, "gauge"),
         (series.KV_MAX_CONCURRENCY, "gauge"),
     )
 
-    def scrape(self, deadline: float) -> Iterator[Metric]:
-        # vLLM's --api-key guards /v1/* only: its /metrics page is read without a key.
-        samples = parse_exposition(self.upstream.get_text("/metrics", deadline), VLLM_SAMPLES)
-        identity = self.identity(deadline)
-        on_page = {
-            labels.get("model_name", "") for name in VLLM_SAMPLES - {CACHE_INFO} for labels, _ in samples.get(name, ())
-        }
-        models = self.model_labels([*identity.models, *on_page])
-        info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
-        info.add_metric(self.labels(bounded(identity.version or "unknown")), 1.0)
-        yield info
-
-        for name, source, check, mean in (
-            (series.REQUESTS_RUNNING, "vllm:num_requests_running", count, False),
-            (series.REQUESTS_WAITING, "vllm:num_requests_waiting", count, False),
-            # a usage ratio of data-parallel ranks' equally sized pools averages; the counts add up
-            (series.KV_CACHE_USAGE, next((n for n in KV_USAGE_NAMES if samples.get(n)), None), ratio, True),
-        ):
-            if source is None:
-                continue  # a page without either KV gauge
-            family = self.gauge(name, HELP[name], ["model"])
-            for model, value in self.by_model(samples, source, check, models, mean=mean).items():
-                family.add_metric(self.labels(model), value)
-            yield family
-
-        hits_source = next((name for name in PREFIX_HIT_NAMES if samples.get(name)), PREFIX_HIT_NAMES[0])
-        for name, source in (
-            (series.GENERATED_TOKENS, "vllm:generation_tokens_total"),
-            (series.PROMPT_TOKENS, "vllm:prompt_tokens_total"),
-            (series.PROMPT_CACHED_TOKENS, hits_source),
-            (series.PREEMPTIONS, "vllm:num_preemptions_total"),
-        ):
-            if name == series.PREEMPTIONS and not samples.get(source):
-                continue  # a build without the counter: no series rather than a made-up 0
-            family = CounterMetricFamily(name, HELP[name], labels=[*series.ENGINE_LABELS, "model"])
-            for model, value in self.by_model(samples, source, count, models).items():
-                family.add_metric(self.labels(model), value)
-            yield family
-
-        yield from self._capacity(samples, identity.models, on_page, models)
-
-    def by_model(
-        self, samples: Samples, name: str, check: Callable, models: ModelLabels, *, mean: bool = False
-    ) -> dict[str, float]:
-        """Values of one sample name per model label, summed (or averaged) over vLLM's other labels (its
-        data-parallel `engine` rank); impossible values are dropped and counted."""
-        totals: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
-        for labels, value in samples.get(name, ()):
-            number = self.valid(value, check, name)
-            if number is not None:
-                model = models[labels.get("model_name", "")]
-                totals[model] += number
-                counts[model] += 1
-        if mean:
-            return {model: totals[model] / counts[model] for model in totals}
-        return dict(totals)
-
-    def _capacity(
-        self, samples: Samples, served: dict[str, int | None], on_page: set[str], models: ModelLabels
+    def pool(
+        self, samples: Samples, identity: Identity, on_page: set[str], models: ModelLabels, extra: object
     ) -> Iterator[Metric]:
         """The seed's section-3 arithmetic from vllm:cache_config_info: blocks x block size, / max-model-len."""
+        served = identity.models
         block_size: dict[str, float] = {}
         blocks: dict[str, float] = defaultdict(float)
         # cache_config_info carries no model_name in most versions: one served model owns the pool. When

@@ -44,6 +44,7 @@ from geventhttpclient.response import (
     HTTPSocketResponse,
 )
 
+from servescope.engines.base import OLLAMA_API
 from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
 from servescope.urls import redact
 
@@ -159,7 +160,7 @@ def chat_payload(
 ) -> dict:
     """The streaming chat request: `prompt` is one user message's text, or the messages of a conversation so far."""
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    if api == "ollama":
+    if api == OLLAMA_API:
         # Ollama has no ignore_eos; num_predict is its max_tokens.
         return {
             "model": model,
@@ -449,14 +450,14 @@ def stream_chat(
             raise StreamError(
                 _status_kind(response.status), f"HTTP {response.status}: {_error_message(response.body_text())}"
             )
-        if api == "ollama":
+        if api == OLLAMA_API:
             _read_ndjson(response, m, on_first_content, clock)
         else:
             _read_sse(response, m, on_first_content, clock)
         if not m.finished:
             raise StreamError(
                 ErrorKind.STREAM_CUT,
-                f"stream cut after {len(m.content_times)} content chunks (no {'done' if api == 'ollama' else '[DONE]'})",
+                f"stream cut after {len(m.content_times)} content chunks (no {'done' if api == OLLAMA_API else '[DONE]'})",
             )
     except StreamError as exc:
         m.fail(exc)

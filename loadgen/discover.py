@@ -1,17 +1,18 @@
 """Which LLM servers answer on this machine's usual ports, and what each one is (`python -m loadgen quick`).
 
-A server is told by the endpoint only its engine has, asked in this order (the first that answers decides):
+A server is told by the endpoint only its engine has (each adapter's signature, servescope/engines/<name>.py,
+beside the servers servescope knows but cannot measure), asked most particular first (the first that answers
+decides):
 
   Ollama     GET /api/version  {"version"}        (the stack's Ollama proxy relays it: the same answer)
   llama.cpp  GET /props        total_slots / default_generation_settings
-  SGLang     GET /get_model_info                  (servescope has no engine kind for it: named, not measured)
-  LM Studio  GET /api/v0/models                   (likewise)
+  SGLang     GET /get_model_info
+  LM Studio  GET /api/v0/models                   (servescope has no engine kind for it: named, not measured)
   vLLM       GET /version      {"version"}
   other      GET /v1/models    an OpenAI model list and none of the above: "an OpenAI-compatible server"
 
 Then servescope/engine_identity.py reads the version and models of the kinds servescope has. The ports
-probed are the stack's port knobs and each engine's own default (UPSTREAM_PORTS), or QUICK_PORTS / --ports
-when given; only 127.0.0.1 is probed. An Ollama reached both on its own port and through the stack's proxy
+probed are the stack's port knobs and each engine's own default, or QUICK_PORTS / --ports when given; only 127.0.0.1 is probed. An Ollama reached both on its own port and through the stack's proxy
 (OLLAMA_PROXY_PORT, the same version, models and loaded models) is measured once, through the proxy: its
 gauges are what the proxy relayed (issue 23), its own port shows none.
 """
@@ -39,15 +40,32 @@ class Usual:
     source: str  # the knob that sets it, or whose default it is
 
 
-# Where each engine listens when started without servescope (its own default), beside the stack's knobs.
-UPSTREAM_PORTS = (
-    Usual(8000, "vLLM", "vLLM's default"),
-    Usual(8080, "llama.cpp", "llama-server's default"),
-    Usual(11434, "Ollama", "Ollama's default"),
-    Usual(30000, "SGLang", "SGLang's default"),
-    Usual(1234, "LM Studio", "LM Studio's default"),
-)
-PROXY_PORT_KNOB = "OLLAMA_PROXY_PORT"
+@dataclass(frozen=True)
+class Known:
+    """A server servescope can tell but not measure: where it listens by default and its signature."""
+
+    what: str
+    port: int
+    signature: engines.base.Signature
+
+
+def _answers(status: int, payload: Any) -> bool:
+    return status == 200 and isinstance(payload, dict)
+
+
+def _models(status: int, payload: Any) -> bool:
+    return _answers(status, payload) and isinstance(payload.get("data"), list)
+
+
+# Known but not measured (an adapter of the same name, once there is one, takes its place: see unmeasured()).
+UNMEASURED = (Known("LM Studio", 1234, engines.base.Signature("/api/v0/models", _answers, rank=40)),)
+OPENAI_COMPATIBLE = Known("an OpenAI-compatible server", 0, engines.base.Signature("/v1/models", _models, rank=90))
+
+
+def unmeasured() -> list[Known]:
+    """The servers servescope can tell but has no adapter for."""
+    measured = {kind.said for kind in engines.ENGINES.values()}
+    return [k for k in UNMEASURED if k.what not in measured]
 
 
 class DiscoverError(ValueError):
@@ -55,21 +73,21 @@ class DiscoverError(ValueError):
 
 
 def usual_ports() -> list[Usual]:
-    """The ports quick looks at with no URL: QUICK_PORTS when set, else the stack's knobs and the engines' defaults."""
+    """The ports quick looks at with no URL: QUICK_PORTS when set, else the stack's knobs and the engines' defaults
+    (per engine: the stack's proxy in front of it first, then its own default, then the stack's knob)."""
     listed = knobs.get("QUICK_PORTS", "").strip()
     if listed:
         return parse_ports(listed, "QUICK_PORTS")
-    table = [
-        UPSTREAM_PORTS[0],
-        Usual(engines.VLLM.default_port, "vLLM", engines.VLLM.port_env),
-        UPSTREAM_PORTS[1],
-        Usual(engines.LLAMACPP.default_port, "llama.cpp", engines.LLAMACPP.port_env),
-        Usual(knobs.get_int(PROXY_PORT_KNOB), "the stack's Ollama proxy", PROXY_PORT_KNOB),
-        Usual(engines.OLLAMA.default_port, "Ollama", engines.OLLAMA.port_env),
-        *UPSTREAM_PORTS[3:],
-    ]
-    if engines.OLLAMA.default_port != UPSTREAM_PORTS[2].port:
-        table.insert(-2, UPSTREAM_PORTS[2])
+    table: list[Usual] = []
+    for kind in engines.ENGINES.values():
+        if kind.proxy_port_env:
+            table.append(
+                Usual(knobs.get_int(kind.proxy_port_env), f"the stack's {kind.said} proxy", kind.proxy_port_env)
+            )
+        if kind.own_port and kind.own_port != kind.default_port:  # the same port: the knob is what set it
+            table.append(Usual(kind.own_port, kind.said, f"{kind.said}'s default"))
+        table.append(Usual(kind.default_port, kind.said, kind.port_env))
+    table += [Usual(k.port, k.what, f"{k.what}'s default") for k in unmeasured()]
     seen: set[int] = set()
     return [u for u in table if not (u.port in seen or seen.add(u.port))]
 
@@ -107,12 +125,14 @@ class Server:
 
     @property
     def is_stack_proxy(self) -> bool:
-        """An Ollama answering on OLLAMA_PROXY_PORT of this machine: the stack's proxy in front of it."""
+        """An engine the stack proxies (Ollama) answering on its proxy port of this machine: the proxy in front of it."""
+        adapter = engines.ENGINES.get(self.kind) if self.kind else None
         parts = urlsplit(self.url)
         return (
-            self.kind == "ollama"
+            adapter is not None
+            and adapter.proxy_port_env is not None
             and parts.hostname in (HOST, "localhost")
-            and parts.port == knobs.get_int(PROXY_PORT_KNOB)
+            and parts.port == knobs.get_int(adapter.proxy_port_env)
         )
 
     def title(self) -> str:
@@ -164,23 +184,22 @@ def identify(url: str, port: Usual | None = None) -> Server:
 
 
 def _fingerprint(session: requests.Session, url: str, version: Any) -> Server:
-    if isinstance(version, dict) and isinstance(version.get("version"), str):
-        return Server(url, True, "Ollama", "ollama", fingerprint=_ollama_fingerprint(session, url, version))
-    status, props = _get(session, f"{url}/props")
-    if status == 200 and isinstance(props, dict) and ("total_slots" in props or "default_generation_settings" in props):
-        return Server(url, True, "llama.cpp", "llamacpp")
-    status, info = _get(session, f"{url}/get_model_info")
-    if status == 200 and isinstance(info, dict):
-        return Server(url, True, "SGLang")
-    status, listing = _get(session, f"{url}/api/v0/models")
-    if status == 200 and isinstance(listing, dict):
-        return Server(url, True, "LM Studio")
-    status, version = _get(session, f"{url}/version")
-    if status == 200 and isinstance(version, dict) and isinstance(version.get("version"), str):
-        return Server(url, True, "vLLM", "vllm")
-    status, models = _get(session, f"{url}/v1/models")
-    if status == 200 and isinstance(models, dict) and isinstance(models.get("data"), list):
-        return Server(url, True, "an OpenAI-compatible server")
+    """The first signature, most particular first, the server answers as its engine's; `version`: what /api/version
+    said (already asked, to see whether anything listens)."""
+    asked: dict[str, tuple[int, Any]] = {"/api/version": (200, version) if version is not None else (404, None)}
+    signatures = [(k.signature, k) for k in engines.ENGINES.values() if k.signature]
+    signatures += [(k.signature, k) for k in (*unmeasured(), OPENAI_COMPATIBLE)]
+    for signature, who in sorted(signatures, key=lambda pair: pair[0].rank):
+        if signature.path not in asked:
+            asked[signature.path] = _get(session, f"{url}{signature.path}")
+        status, payload = asked[signature.path]
+        if not signature.matches(status, payload):
+            continue
+        if isinstance(who, Known):
+            return Server(url, True, who.what)
+        fingerprint = _ollama_fingerprint(session, url, payload) if who.api == engines.OLLAMA_API else {}
+        return Server(url, True, who.said, who.name, fingerprint=fingerprint)
+    status = asked[OPENAI_COMPATIBLE.signature.path][0]
     return Server(url, True, "an HTTP server that is no LLM server servescope knows", error=f"GET /v1/models: {status}")
 
 
@@ -218,7 +237,7 @@ def discover(ports: list[Usual] | None = None, host: str = HOST) -> Found:
     servers = [s for s in answers if s.answered]
     skipped: list[str] = []
     for proxy in [s for s in servers if s.is_stack_proxy]:
-        for other in [s for s in servers if s.kind == "ollama" and s is not proxy]:
+        for other in [s for s in servers if s.kind == proxy.kind and s is not proxy]:
             if other.fingerprint == proxy.fingerprint:
                 servers.remove(other)
                 skipped.append(

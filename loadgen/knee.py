@@ -362,7 +362,7 @@ class KneeSearch:
                 "repeats": self.prompt_set.repeats,
                 "asked_reuse": self.prompt_set.asked_reuse,
             },
-            "knob": asdict(knob) if knob else None,
+            "knob": knob.to_json() if knob else None,
             "search": {
                 "min_load": self.min_load,
                 "start_load": self.start_load,

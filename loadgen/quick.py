@@ -270,7 +270,7 @@ NO_GAUGES = "no running / waiting / KV gauges, so batch slots and KV capacity ca
 
 def gauges_for(server: discover.Server, say: Progress) -> Gauges:
     kind = engines.kind(server.kind)
-    if server.kind == "ollama":
+    if kind.metrics is None and kind.proxy_port_env:
         return _ollama_gauges(server, say)
     problem = metrics_problem(server.url, kind)
     if problem:
@@ -304,10 +304,10 @@ def metrics_problem(url: str, kind: engines.EngineKind) -> str:
         resp = requests.get(url + kind.metrics_path, headers=headers, timeout=5)
     except requests.RequestException as exc:
         return f"{kind.metrics_path} did not answer ({discover._reason(exc)})"
-    hint = " (llama-server: start it with --metrics)" if kind.name == "llamacpp" else ""
+    hint = f" ({kind.metrics.how_on})" if kind.metrics.how_on else ""
     if resp.status_code != 200:
         return f"{kind.title} answers {kind.metrics_path} with HTTP {resp.status_code}{hint}"
-    if f"{kind.name}:" not in resp.text:
+    if kind.metrics.prefix not in resp.text:
         return f"{kind.metrics_path} carries none of {kind.title}'s series"
     return ""
 
@@ -317,7 +317,7 @@ def _ollama_gauges(server: discover.Server, say: Progress) -> Gauges:
     has them; otherwise quick runs a proxy of its own and sends the load through it."""
     if server.is_stack_proxy:
         source = sampler.default_source()
-        if _exports_ollama(source):
+        if _exports(source, server.kind):
             return Gauges(
                 server.url,
                 source,
@@ -327,7 +327,7 @@ def _ollama_gauges(server: discover.Server, say: Progress) -> Gauges:
             server.url,
             not_measured=[f"server gauges: the stack's exporter at {source} does not export this Ollama: {NO_GAUGES}"],
         )
-    exporter = SideExporter("ollama", server.url, proxy=True)
+    exporter = SideExporter(server.kind, server.url, proxy=True)
     problem = _start(exporter)
     if problem:
         return Gauges(server.url, not_measured=[f"server gauges: {problem}: {NO_GAUGES}"])
@@ -343,12 +343,13 @@ def _ollama_gauges(server: discover.Server, say: Progress) -> Gauges:
     )
 
 
-def _exports_ollama(source: str) -> bool:
+def _exports(source: str, kind: str) -> bool:
+    """Whether the exporter at `source` exports an engine of this kind."""
     try:
         page = requests.get(f"{source}/metrics", timeout=3).text
     except requests.RequestException:
         return False
-    return 'engine="ollama"' in page
+    return f'engine="{kind}"' in page
 
 
 def run_id_for(server: discover.Server) -> str:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import requests
 
-from servescope import knobs, series
+from servescope import engines, knobs, series
+from servescope.engines.base import BATCH_SLOTS
 from servescope.exposition import parse_exposition
 
 HOST = "127.0.0.1"
@@ -42,7 +43,8 @@ class SideExporter:
 
     def __init__(self, kind: str, engine_url: str, *, proxy: bool = False):
         self.kind, self.engine_url = kind, engine_url
-        self.proxy = proxy and kind == "ollama"
+        self.adapter = engines.kind(kind)
+        self.proxy = proxy and self.adapter.proxy_port_env is not None
         self.port = 0
         self.proxy_port: int | None = None
         self.proc: subprocess.Popen | None = None
@@ -60,9 +62,9 @@ class SideExporter:
     def _config(self) -> Path:
         lines = [f"listen_address: {HOST}", f"port: {self.port}", "engines:", f"  - kind: {self.kind}"]
         lines += [f"    name: {self.kind}", f"    url: {self.engine_url}"]
-        if self.kind == "ollama":
+        if self.adapter.proxy_port_env:
             lines.append(f"    proxy_port: {self.proxy_port if self.proxy_port else 'null'}")
-            lines.append(f"    num_parallel: {knobs.get('OLLAMA_NUM_PARALLEL', '1')}")
+            lines.append(f"    num_parallel: {knobs.get(self.adapter.lever(BATCH_SLOTS).env, '1')}")
         path = self._dir / "exporter.yml"
         path.write_text("\n".join(lines) + "\n")
         return path

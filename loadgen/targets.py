@@ -22,7 +22,7 @@ class Target:
     kind: str  # engine kind: vllm, llamacpp, ollama (the `engine` label)
     instance: str  # kind, or kind:name when several of one kind run
     url: str  # base URL the chat path is appended to (may end in /v1 for Ollama's OpenAI API)
-    api: str  # "openai" or "ollama"
+    api: str  # engines.OPENAI_API or engines.OLLAMA_API
     chat_path: str
     model: str = ""
     ignore_eos: bool | None = None  # None: the engine does not accept it (recorded as unavailable)
@@ -66,7 +66,7 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     api, chat_path = kind.api, kind.chat_path
     if parts.path.endswith("/v1"):
         # Ollama's (or any engine's) OpenAI-compatible API under /v1.
-        api, chat_path = "openai", "/chat/completions"
+        api, chat_path = engines.OPENAI_API, "/chat/completions"
     elif parts.path:
         raise TargetError(f"--engine {redact(spec)!r}: the URL takes no path other than /v1")
     return Target(
@@ -233,11 +233,12 @@ def probe(target: Target, model_override: str | None = None, session: requests.S
 
     Never raises: an engine that doesn't answer is recorded as such and the run goes on.
     """
+    adapter = engines.kind(target.kind)
     identity = engine_identity.probe(target.kind, target.root_url, session=session)
     info: dict[str, Any] = {"version": identity.version, "models": list(identity.models)}
     settings = dict(identity.settings)
     max_model_len = next(iter(identity.models.values()), None)
-    if target.kind != "ollama" and max_model_len:
+    if not adapter.lists_installed and max_model_len:
         settings["max_model_len"] = max_model_len
     if settings:
         info["settings"] = settings
@@ -246,13 +247,13 @@ def probe(target: Target, model_override: str | None = None, session: requests.S
         info["flags"] = launch
     if identity.errors:
         info["probe_errors"] = [f"{path}: {reason}" for path, reason in identity.errors.items()]
-    if engines.kind(target.kind).proxy_port_env:
+    if adapter.proxy_port_env:
         # Whether the stack's proxy saw this load: the report's verdict weighs its gauges only then.
         info["route"] = "proxy" if answers_as_proxy(target.root_url) else "direct"
     target.info = info
     if model_override:
         target.model = model_override
-    elif info["models"] and (target.kind != "ollama" or not _knob_model(target)):
+    elif info["models"] and (not adapter.lists_installed or not _knob_model(target)):
         target.model = info["models"][0]
     else:
         target.model = _knob_model(target)
@@ -260,4 +261,4 @@ def probe(target: Target, model_override: str | None = None, session: requests.S
 
 
 def _knob_model(target: Target) -> str:
-    return knobs.get("OLLAMA_MODEL" if target.kind == "ollama" else "SERVED_MODEL_NAME", "")
+    return knobs.get(engines.kind(target.kind).model_env, "")

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from report import query
 from report.gauges import PAD_S, Prometheus, PrometheusError
 from report.load import Run
+from servescope import engines
+from servescope.engines.base import DURATIONS, HISTOGRAMS, TIMINGS, RequestTimings
 
+T = TypeVar("T")
 COLD_LOAD_S = 1.0  # an Ollama load_duration above this means the model was (re)loaded for the request
-VLLM_HISTOGRAMS = {
-    "queue": "vllm:request_queue_time_seconds",
-    "prefill": "vllm:request_prefill_time_seconds",
-    "decode": "vllm:request_decode_time_seconds",
-    "server_e2e": "vllm:e2e_request_latency_seconds",
-}
 COMPONENTS = ("load", "queue", "compute", "queue+transport", "transport")
 COMPONENT_HELP = {
     "load": "model load inside the request (Ollama load_duration)",
@@ -41,7 +39,7 @@ class CrossCheck:
     client_e2e_mean_s: float | None = None
     client_ttft_mean_s: float | None = None
     engine_first_token_mean_s: float | None = None  # what the engine says it spent before the first token
-    histogram_means_s: dict[str, float] = field(default_factory=dict)  # vLLM: queue, prefill, decode, server_e2e
+    histogram_means_s: dict[str, float] = field(default_factory=dict)  # histograms: queue, prefill, decode, server_e2e
     cold_loads: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -121,7 +119,8 @@ def columns(run: Run, where: str, params: list, **exprs: str) -> dict[str, np.nd
     }
 
 
-def ollama(run: Run, instance: str) -> CrossCheck:
+def ollama(run: Run, instance: str, engine: str = engines.OLLAMA.name) -> CrossCheck:
+    """An engine whose final objects carry Ollama's durations (engine: its kind, for the record)."""
     c = columns(
         run,
         f"ok AND instance = ? AND {OLLAMA_TOTAL} IS NOT NULL AND e2e_s IS NOT NULL",
@@ -138,7 +137,7 @@ def ollama(run: Run, instance: str) -> CrossCheck:
     n = len(c["e2e"])
     cc = CrossCheck(
         instance,
-        "ollama",
+        engine,
         bool(n),
         "Ollama's final object: *_duration (ns)" if n else "no Ollama durations in the records (engine_stats empty)",
         requests=n,
@@ -168,7 +167,8 @@ def ollama(run: Run, instance: str) -> CrossCheck:
     return cc
 
 
-def llamacpp(run: Run, instance: str) -> CrossCheck:
+def llamacpp(run: Run, instance: str, engine: str = engines.LLAMACPP.name) -> CrossCheck:
+    """An engine whose final chunks carry llama.cpp's `timings` (engine: its kind, for the record)."""
     c = columns(
         run,
         f"ok AND instance = ? AND {HAS_LLAMACPP} AND e2e_s IS NOT NULL",
@@ -184,7 +184,7 @@ def llamacpp(run: Run, instance: str) -> CrossCheck:
     n = len(c["e2e"])
     cc = CrossCheck(
         instance,
-        "llamacpp",
+        engine,
         bool(n),
         "llama.cpp's `timings` (prompt_ms, predicted_ms)"
         if n
@@ -210,23 +210,27 @@ def llamacpp(run: Run, instance: str) -> CrossCheck:
     return cc
 
 
-def vllm(run: Run, instance: str, client: Prometheus | None) -> CrossCheck:
+def histograms(run: Run, instance: str, client: Prometheus | None, engine: str = engines.VLLM.name) -> CrossCheck:
+    """An engine whose responses carry no timings: the means of its own histograms (its adapter's RequestTimings)
+    over the run's window, from Prometheus."""
+    adapter = engines.kind(engine)
+    names, who = adapter.timings.histograms, adapter.said
     c = columns(run, "ok AND instance = ? AND e2e_s IS NOT NULL", [instance], e2e="e2e_s", ttft="ttft_s")
     if client is None:
         return CrossCheck(
             instance,
-            "vllm",
+            engine,
             False,
-            "vLLM's queue/prefill histograms come from Prometheus, which did not answer (see section 5)",
+            f"{who}'s queue/prefill histograms come from Prometheus, which did not answer (see section 5)",
         )
     phases = run.phases_of(instance)
     if not phases or not len(c["e2e"]):
-        return CrossCheck(instance, "vllm", False, "no phases or successful requests for this engine")
+        return CrossCheck(instance, engine, False, "no phases or successful requests for this engine")
     start, end = min(p.started_at for p in phases), max(p.ended_at for p in phases)
     window = f"{int(end - start + 2 * PAD_S) + 1}s"
     means: dict[str, float] = {}
     try:
-        for name, metric in VLLM_HISTOGRAMS.items():
+        for name, metric in names.items():
             expr = f"sum(increase({metric}_sum[{window}])) / sum(increase({metric}_count[{window}]))"
             result = client.query(expr, end + PAD_S)
             if result:
@@ -234,19 +238,20 @@ def vllm(run: Run, instance: str, client: Prometheus | None) -> CrossCheck:
                 if value == value:  # NaN when no request finished in the window
                     means[name] = value
     except PrometheusError as exc:
-        return CrossCheck(instance, "vllm", False, f"no vLLM histograms: {exc}")
+        return CrossCheck(instance, engine, False, f"no {who} histograms: {exc}")
     if "queue" not in means:
+        queue = names.get("queue", "queue-time histogram")
         return CrossCheck(
             instance,
-            "vllm",
+            engine,
             False,
-            f"no {VLLM_HISTOGRAMS['queue']} samples in the run window (is raw vLLM /metrics scraped?)",
+            f"no {queue} samples in the run window (is raw {who} /metrics scraped?)",
         )
     cc = CrossCheck(
         instance,
-        "vllm",
+        engine,
         True,
-        f"Prometheus: vLLM histograms, mean over the run window ({window})",
+        f"Prometheus: {who} histograms, mean over the run window ({window})",
         requests=len(c["e2e"]),
     )
     cc.client_e2e_mean_s = fmean(c["e2e"])
@@ -259,23 +264,39 @@ def vllm(run: Run, instance: str, client: Prometheus | None) -> CrossCheck:
         cc.components_mean_s["transport"] = max(0.0, cc.client_e2e_mean_s - means["server_e2e"])
     cc.engine_first_token_mean_s = means["queue"] + means.get("prefill", 0.0)
     cc.notes.append(
-        "histogram means over every request vLLM finished in the window (warm-up included if it fell inside)"
+        f"histogram means over every request {who} finished in the window (warm-up included if it fell inside)"
     )
     return cc
 
 
-def build(run: Run, client: Prometheus | None) -> list[CrossCheck]:
+def timings_of(kind: str) -> RequestTimings | None:
+    """The engine's own request timings as its adapter declares them; None for a kind servescope does not know."""
+    adapter = engines.ENGINES.get(kind)
+    return adapter.timings if adapter is not None else None
+
+
+def per_engine(run: Run, readers: Mapping[str, Callable[[str, str], T]], unknown: Callable[[str, str], T]) -> list[T]:
+    """readers[form](instance, kind) for each engine instance of the run, the form of its own timings (DURATIONS,
+    TIMINGS, HISTOGRAMS) chosen by its adapter; unknown(instance, kind) where it declares none."""
     out = []
     for instance, info in run.engines.items():
-        if info.kind == "ollama":
-            out.append(ollama(run, instance))
-        elif info.kind == "llamacpp":
-            out.append(llamacpp(run, instance))
-        elif info.kind == "vllm":
-            out.append(vllm(run, instance, client))
-        else:
-            out.append(CrossCheck(instance, info.kind, False, f"no engine-side timings known for {info.kind!r}"))
+        timings = timings_of(info.kind)
+        reader = readers.get(timings.form) if timings is not None else None
+        out.append((reader or unknown)(instance, info.kind))
     return out
+
+
+def build(run: Run, client: Prometheus | None) -> list[CrossCheck]:
+    readers = {
+        DURATIONS: lambda instance, kind: ollama(run, instance, kind),
+        TIMINGS: lambda instance, kind: llamacpp(run, instance, kind),
+        HISTOGRAMS: lambda instance, kind: histograms(run, instance, client, kind),
+    }
+    return per_engine(
+        run,
+        readers,
+        lambda instance, kind: CrossCheck(instance, kind, False, f"no engine-side timings known for {kind!r}"),
+    )
 
 
 def to_json(checks: list[CrossCheck]) -> list[dict]:

@@ -6,6 +6,8 @@ import re
 
 from report.load import EngineInfo, Run
 from report.table import TableRow
+from servescope import engines
+from servescope.engines.base import BATCH_SLOTS
 
 
 def _short(sha: str) -> str:
@@ -48,16 +50,12 @@ def warnings(run: Run, rows: list[TableRow]) -> list[str]:
     # Bursts larger than the slots of one-at-a-time engines.
     for i, info in run.engines.items():
         bursts = [p for p in run.phases_of(i) if p.scenario == "burst"]
-        if not bursts or info.kind not in ("ollama", "llamacpp"):
+        adapter = engines.ENGINES.get(info.kind)
+        lever = adapter.lever(BATCH_SLOTS) if adapter is not None and adapter.queue_means_slots else None
+        if not bursts or lever is None:
             continue
         size = max(p.concurrency for p in bursts)
-        if info.kind == "ollama":
-            knob, (value, source) = "OLLAMA_NUM_PARALLEL", info.flag_source("OLLAMA_NUM_PARALLEL", "num_parallel")
-        else:
-            knob, (value, source) = (
-                "LLAMACPP_PARALLEL",
-                info.flag_source("parallel", "np", "LLAMACPP_PARALLEL", "n_parallel", "total_slots", "slots"),
-            )
+        knob, (value, source) = lever.env, info.flag_source(*lever.knob.recorded_as)
         try:
             slots = int(value) if value is not None else None
         except (TypeError, ValueError):

@@ -302,21 +302,15 @@ def _engines(manifest: dict[str, Any], con, phases: list[PhaseRecord], warnings:
     return found
 
 
-# The knobs `make up` starts each engine with: the report falls back on them (and says so) when a run
-# folder does not record the setting, since the engines do not report it over their APIs.
-_KNOBS_BY_KIND = {
-    "vllm": ("VLLM_MAX_NUM_SEQS", "VLLM_MAX_MODEL_LEN", "VLLM_CPU_KVCACHE_SPACE", "VLLM_DTYPE"),
-    "llamacpp": ("LLAMACPP_PARALLEL", "LLAMACPP_CTX"),
-    "ollama": ("OLLAMA_NUM_PARALLEL",),
-}
-
-
 def _knob_flags(kind: str) -> dict[str, Any]:
+    """The knobs `make up` starts the engine with (its adapter's stack_knobs): the report falls back on them (and says
+    so) when a run folder does not record the setting, since the engines do not report it over their APIs."""
+    adapter = engines.ENGINES.get(kind)
     try:
         values = knobs.load()
     except (OSError, ValueError):
         return {}
-    return {k: values[k] for k in _KNOBS_BY_KIND.get(kind, ()) if k in values}
+    return {k: values[k] for k in (adapter.stack_knobs if adapter else ()) if k in values}
 
 
 def _flags_from_argv(argv: list[str]) -> dict[str, Any]:

@@ -29,7 +29,8 @@ from report import figures as figure_data
 from report.load import Run
 from report.painter import Painter
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
-from servescope import series
+from servescope import engines, series
+from servescope.engines.base import DURATIONS
 
 
 def _utc(ts: float | None) -> str:
@@ -510,7 +511,7 @@ def _crosscheck(
                 _s(c.engine_first_token_mean_s),
                 _s(c.client_e2e_mean_s),
                 comps,
-                cold if c.engine == "ollama" else "n/a",
+                cold if _times_model_loads(c.engine) else "n/a",
             ]
         )
     sec.add(
@@ -644,7 +645,7 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
             else "no request of this run went through the exporter's proxy, or nothing read it"
         )
         for instance, info in run.engines.items()
-        if info.kind == "ollama"
+        if _proxied(info.kind)
     ]
     if proxied:
         sec.add(Bullets(proxied))
@@ -829,3 +830,15 @@ def _compare(deltas: list[compare.Delta], how: str, baseline: Run | None, figs: 
     for fig_ in figs:
         sec.add(fig_)
     return sec
+
+
+def _times_model_loads(kind: str) -> bool:
+    """Whether the engine's own durations time each request's model load (Ollama's load_duration)."""
+    timings = crosscheck.timings_of(kind)
+    return timings is not None and timings.form == DURATIONS
+
+
+def _proxied(kind: str) -> bool:
+    """Whether the engine's running and waiting are what servescope's proxy observed (Ollama reports neither)."""
+    adapter = engines.ENGINES.get(kind)
+    return adapter is not None and adapter.proxy_port_env is not None

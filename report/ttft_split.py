@@ -8,8 +8,8 @@
   predicted_ms / predicted_n. It reports no queue time: the TTFT left over is queue + transport,
   and the smallest leftover of the engine's requests (one that never queued) is taken as the
   transport of each, the rest as its queue.
-- vLLM 0.32 (aggregate only: its responses carry no timings): the means of its queue-time and
-  prefill-time histograms over the run window, against the client's mean TTFT.
+- vLLM 0.32 (aggregate only: its responses carry no timings; any engine whose adapter names histograms): the
+  means of its queue-time and prefill-time histograms over the run window, against the client's mean TTFT.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from report.crosscheck import (
     CrossCheck,
     columns,
     fmean,
+    per_engine,
     timing,
 )
 from report.load import Run
-from servescope import thresholds
+from servescope import engines, thresholds
+from servescope.engines.base import DURATIONS, HISTOGRAMS, TIMINGS
 
 PARTS = ("queue", "load", "prompt", "first_token", "transport")
 PART_HELP = {
@@ -116,8 +118,8 @@ def _base(run: Run, instance: str, where: str, **exprs: str) -> dict[str, np.nda
     )
 
 
-def ollama(run: Run, instance: str) -> TtftSplit:
-    split = TtftSplit(instance, "ollama", False, "no Ollama durations in the records (engine_stats empty)")
+def ollama(run: Run, instance: str, engine: str = engines.OLLAMA.name) -> TtftSplit:
+    split = TtftSplit(instance, engine, False, "no Ollama durations in the records (engine_stats empty)")
     eval_count = "CASE WHEN json_type(s.eval_count) IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN s.eval_count::DOUBLE END"
     c = _base(
         run,
@@ -138,8 +140,8 @@ def ollama(run: Run, instance: str) -> TtftSplit:
     return _finish(split, c, parts)
 
 
-def llamacpp(run: Run, instance: str) -> TtftSplit:
-    split = TtftSplit(instance, "llamacpp", False, "no llama.cpp timings in the records (engine_stats empty)")
+def llamacpp(run: Run, instance: str, engine: str = engines.LLAMACPP.name) -> TtftSplit:
+    split = TtftSplit(instance, engine, False, "no llama.cpp timings in the records (engine_stats empty)")
     predicted_n = timing("predicted_n", integer=True)
     c = _base(
         run,
@@ -170,18 +172,21 @@ def llamacpp(run: Run, instance: str) -> TtftSplit:
     return _finish(split, c, parts)
 
 
-def vllm(run: Run, instance: str, check: CrossCheck | None) -> TtftSplit:
+def histograms(run: Run, instance: str, check: CrossCheck | None, engine: str = engines.VLLM.name) -> TtftSplit:
+    """Means of the engine's queue and prefill histograms over the window (the cross-check read them), not per request."""
+    adapter = engines.kind(engine)
+    timings, who = adapter.timings, adapter.said
     means = check.histogram_means_s if check is not None else {}
     if "queue" not in means:
         reason = check.source if check is not None else "no cross-check for this engine"
-        return TtftSplit(instance, "vllm", False, f"vLLM histograms unavailable: {reason}")
+        return TtftSplit(instance, engine, False, f"{who} histograms unavailable: {reason}")
     ttft = columns(run, TIMED, [instance], ttft="ttft_s")["ttft"]
+    used = " and ".join(timings.histograms[p] for p in ("queue", "prefill") if p in timings.histograms)
     split = TtftSplit(
         instance,
-        "vllm",
+        engine,
         bool(len(ttft)),
-        "aggregate: vLLM 0.32 gives no per-request timings; means of vllm:request_queue_time_seconds and "
-        "vllm:request_prefill_time_seconds over the run window",
+        f"aggregate: {timings.why_aggregate}; means of {used} over the run window",
         aggregate=True,
     )
     if not len(ttft):
@@ -193,23 +198,22 @@ def vllm(run: Run, instance: str, check: CrossCheck | None) -> TtftSplit:
         split.means_s["prompt"] = means["prefill"]
     split.means_s["transport"] = max(0.0, split.ttft_mean_s - sum(split.means_s.values()))
     split.queued = int(means["queue"] >= thresholds.TTFT_QUEUED_MIN_S)
-    split.notes.append("the histograms count every request vLLM finished in the window, warm-up included")
+    split.notes.append(f"the histograms count every request {who} finished in the window, warm-up included")
     return split
 
 
 def build(run: Run, checks: list[CrossCheck]) -> list[TtftSplit]:
     by_instance = {c.instance: c for c in checks}
-    out = []
-    for instance, info in run.engines.items():
-        if info.kind == "ollama":
-            out.append(ollama(run, instance))
-        elif info.kind == "llamacpp":
-            out.append(llamacpp(run, instance))
-        elif info.kind == "vllm":
-            out.append(vllm(run, instance, by_instance.get(instance)))
-        else:
-            out.append(TtftSplit(instance, info.kind, False, f"no engine-side timings known for {info.kind!r}"))
-    return out
+    readers = {
+        DURATIONS: lambda instance, kind: ollama(run, instance, kind),
+        TIMINGS: lambda instance, kind: llamacpp(run, instance, kind),
+        HISTOGRAMS: lambda instance, kind: histograms(run, instance, by_instance.get(instance), kind),
+    }
+    return per_engine(
+        run,
+        readers,
+        lambda instance, kind: TtftSplit(instance, kind, False, f"no engine-side timings known for {kind!r}"),
+    )
 
 
 def to_json(splits: list[TtftSplit]) -> dict:

@@ -25,20 +25,22 @@ from report.load import EngineInfo, Run
 from report.noise import Assessment
 from report.sweep import BurstDrain
 from report.ttft_split import TtftSplit
-from servescope import binding, series, thresholds
+from servescope import binding, engines, series, thresholds
+from servescope.engines import llamacpp, ollama, vllm
+from servescope.engines.base import Lever
 from servescope.kv_arithmetic import blocks_for, capacity_tokens, max_concurrency
 
 KV_FULL, KV_ROOM = thresholds.KV_FULL, thresholds.KV_ROOM
 RULE = (
     f"Seed section 4, read from the gauges while requests waited: KV usage that stayed below {KV_ROOM:.0%} -> the "
-    f"batch slots were the limit (vLLM: raise --max-num-seqs); KV usage averaging {KV_FULL:.0%} or more -> the KV "
-    f"pool was the limit (raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len; never --swap-space, which adds no "
-    f"blocks on the CPU backend); in between, neither is claimed; llama.cpp waiting -> raise LLAMACPP_PARALLEL. "
+    f"batch slots were the limit (vLLM: raise {vllm.SLOTS.flag}); KV usage averaging {KV_FULL:.0%} or more -> the KV "
+    f"pool was the limit (raise {vllm.KV.env} or lower {vllm.MAX_MODEL_LEN.flag}; never --swap-space, which adds no "
+    f"blocks on the CPU backend); in between, neither is claimed; llama.cpp waiting -> raise {llamacpp.SLOTS.env}. "
     f"The clients' TTFT by arrival order and the engine's own queue timings are weighed with the gauges: a queue "
     f"any of them saw is a queue (the thresholds are the alert rules' too: servescope/thresholds.py). Ollama has "
     f"no queue gauge: the proxy's running/waiting (waiting = no first chunk yet: queued, loading or evaluating the "
     f"prompt) never decide alone; Ollama's own durations do (a request held {thresholds.TTFT_QUEUED_MIN_S * 1000:g} "
-    f"ms or more outside load, prompt evaluation and generation waited: raise OLLAMA_NUM_PARALLEL), else the "
+    f"ms or more outside load, prompt evaluation and generation waited: raise {ollama.SLOTS.env}), else the "
     f"bursts' TTFT by arrival (a first token only after another request had finished), else undetermined."
 )
 
@@ -80,6 +82,27 @@ class KvArithmetic:
 
 def _flag_int(info: EngineInfo, *names: str) -> int | None:
     return _setting(info, *names)[0]
+
+
+def _adapter(info: EngineInfo) -> engines.EngineKind | None:
+    return engines.ENGINES.get(info.kind)
+
+
+def _knob(info: EngineInfo, resource: str) -> tuple[Lever | None, int | None, str]:
+    """The engine's lever for a resource, its setting in this run and how to say where that came from."""
+    adapter = _adapter(info)
+    lever = adapter.lever(resource) if adapter is not None else None
+    if lever is None:
+        return None, None, ""
+    return (lever, *_setting(info, *lever.knob.recorded_as))
+
+
+def _max_model_len_names(info: EngineInfo) -> tuple[str, ...]:
+    """Where a run records the longest request the engine admits: the load generator's probe says max_model_len for
+    every engine; the engine's own knob and flag besides."""
+    adapter = _adapter(info)
+    own = adapter.max_model_len.recorded_as if adapter is not None and adapter.max_model_len else ()
+    return ("max_model_len", *own)
 
 
 def _setting(info: EngineInfo, *names: str) -> tuple[int | None, str]:
@@ -150,7 +173,7 @@ def decide(
 ) -> Verdict:
     """The verdict for one engine: its gauges (peaks, KV usage while waiting, coverage), weighed with the queue evidence."""
     queue = queue or QueueEvidence()
-    if info.kind == "ollama":
+    if _held_by_durations(info):
         return decide_ollama(info, peaks, gauges=gauges, queue=queue)
     running, waiting, kv_peak = peaks.get(RUNNING), peaks.get(WAITING), peaks.get(KV_USAGE)
     v = Verdict(
@@ -194,11 +217,12 @@ def decide(
             # The gauges saw every request of the burst running at once: the batch cap let them all in (none
             # waited for a slot), yet first tokens came one by one, later ones even after an earlier had finished.
             v.lever = "none"
+            adapter = _adapter(info)
+            where = f" ({adapter.prefill_in_batch})" if adapter is not None and adapter.prefill_in_batch else ""
             v.text = (
                 f"no slot or KV lever: all {burst.burst_size} requests of {burst.phase} were admitted at once (running "
                 f"reached {_num(admitted)}, nothing waiting), but their first tokens came one after another: the "
-                f"prompts were processed one at a time inside the running batch (vLLM: chunked prefill under "
-                f"--max-num-batched-tokens), which is where their TTFT went"
+                f"prompts were processed one at a time inside the running batch{where}, which is where their TTFT went"
             )
             v.text += _oversized(kv_peak, running)
             v.disagreement = (
@@ -227,63 +251,78 @@ def _oversized(kv_peak: float | None, running: float | None) -> str:
     return ""
 
 
+def _held_by_durations(info: EngineInfo) -> bool:
+    """An engine whose own durations say what its requests waited for (Ollama): its verdict rests on them."""
+    adapter = _adapter(info)
+    return adapter is not None and adapter.held_s is not None
+
+
 def _lever(
     v: Verdict, info: EngineInfo, pool: str, running: float | None, kv_max: float | None, kv_mean: float | None
 ) -> None:
-    """Requests waited on the gauges: the lever by engine kind and the KV pool's state while they waited, read by the
-    binding rule's own mapping (servescope/binding.queue_resource): the knee, the tune loop and this verdict agree."""
-    resource = binding.queue_resource(info.kind, kv_max, kv_mean)
-    if info.kind == "vllm":
-        if resource == binding.KV_CAPACITY:
-            v.lever = "kv_cache_space_or_max_model_len"
-            _, space = _setting(info, "VLLM_CPU_KVCACHE_SPACE", "kv_cache_space", "kvcache_space")
-            _, mml = _setting(info, "max-model-len", "VLLM_MAX_MODEL_LEN", "max_model_len")
-            v.text = (
-                f"raise VLLM_CPU_KVCACHE_SPACE{space} or lower --max-model-len{mml}: requests waited "
-                f"while the KV pool was full (mean {kv_mean:.0%} while they waited; not --swap-space: it adds no "
-                f"blocks on the CPU backend)"
-            )
-        elif pool == "between":
-            v.lever = "kv_undecided"
-            v.text = (
-                f"undecided: requests waited with the KV pool between {KV_ROOM:.0%} and {KV_FULL:.0%} full (highest "
-                f"{kv_max:.0%}, mean {kv_mean:.0%} while they waited): neither the batch cap (--max-num-seqs) nor the "
-                f"KV pool is claimed; a burst larger than the cap, or a KV pool pinned full, would tell them apart"
-            )
-        elif resource == binding.UNDECIDED:
-            v.lever = "undetermined"
-            v.text = (
-                "undecided: requests waited, but the KV pool's usage while they waited is unknown: the batch cap "
-                "(--max-num-seqs) and the KV pool cannot be told apart"
-            )
-        else:
-            v.lever = "max_num_seqs"
-            seqs, now = _setting(info, "max-num-seqs", "VLLM_MAX_NUM_SEQS", "max_num_seqs")
-            full = (
-                " (the running batch hit the cap)"
-                if seqs is not None and running is not None and running >= seqs
-                else ""
-            )
-            v.text = f"raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}: requests waited while the KV pool had room{full}"
-    elif info.kind == "llamacpp":
-        v.lever = "llamacpp_parallel"
-        v.text = _llamacpp_text(info)
-        if pool == "full":
-            v.text += f" (the slots' context was {kv_mean:.0%} full while they waited)"
-    else:
+    """Requests waited on the gauges: the lever by the engine's queue rule and the KV pool's state while they waited,
+    read by the binding rule's own mapping (servescope/binding.queue_resource): the knee, the tune loop and this
+    verdict agree."""
+    adapter = _adapter(info)
+    slots, seqs, now = _knob(info, binding.BATCH_SLOTS)
+    if adapter is None or slots is None:
         v.lever = "unknown"
         v.text = f"requests waited; no rule for engine kind {info.kind!r}"
+        return
+    if adapter.queue_means_slots:
+        v.lever, v.text = slots.name, _slots_text(info)
+        if pool == "full":
+            v.text += f" (the slots' context was {kv_mean:.0%} full while they waited)"
+        return
+    resource = binding.queue_resource(info.kind, kv_max, kv_mean)
+    kv, _, space = _knob(info, binding.KV_CAPACITY)
+    if resource == binding.KV_CAPACITY and kv is not None:
+        v.lever = kv.name
+        _, mml = _setting(info, *_max_model_len_names(info))
+        caveat = f"; {kv.caveat}" if kv.caveat else ""
+        v.text = (
+            f"{kv.say(space, mml)}: requests waited while the KV pool was full (mean {kv_mean:.0%} while they "
+            f"waited{caveat})"
+        )
+    elif pool == "between":
+        v.lever = "kv_undecided"
+        v.text = (
+            f"undecided: requests waited with the KV pool between {KV_ROOM:.0%} and {KV_FULL:.0%} full (highest "
+            f"{kv_max:.0%}, mean {kv_mean:.0%} while they waited): neither the batch cap ({slots.flag}) nor the "
+            f"KV pool is claimed; a burst larger than the cap, or a KV pool pinned full, would tell them apart"
+        )
+    elif resource == binding.UNDECIDED:
+        v.lever = "undetermined"
+        v.text = (
+            f"undecided: requests waited, but the KV pool's usage while they waited is unknown: the batch cap "
+            f"({slots.flag}) and the KV pool cannot be told apart"
+        )
+    else:
+        v.lever = slots.name
+        full = (
+            " (the running batch hit the cap)" if seqs is not None and running is not None and running >= seqs else ""
+        )
+        v.text = f"{slots.say(now)}: requests waited while the KV pool had room{full}"
 
 
-def _llamacpp_text(info: EngineInfo) -> str:
-    """llama.cpp defers a request only while no slot is idle: more slots, each keeping its share of -c."""
-    slots, slots_now = _setting(info, "parallel", "np", "LLAMACPP_PARALLEL", "n_parallel", "total_slots", "slots")
+def _slots_text(info: EngineInfo) -> str:
+    """An engine that queues only for a slot (llama.cpp defers a request only while no slot is idle): more slots,
+    each keeping its share of the context where the context is split over them."""
+    slots, count, slots_now = _knob(info, binding.BATCH_SLOTS)
+    adapter = _adapter(info)
+    kv = adapter.lever(binding.KV_CAPACITY) if adapter is not None and adapter.context_split_over_slots else None
+    if kv is None:
+        return f"{slots.say(slots_now)}: requests waited for a free slot"
     # not the server's n_ctx: /props reports the per-slot context there
-    ctx, _ = _setting(info, "ctx-size", "c", "LLAMACPP_CTX", "ctx")
-    per_slot = f"; each slot gets -c / --parallel tokens ({ctx} / {slots} = {ctx // slots})" if ctx and slots else ""
+    ctx, _ = _setting(info, *kv.knob.recorded_as)
+    per_slot = (
+        f"; each slot gets {kv.knob.option} / {slots.knob.option} tokens ({ctx} / {count} = {ctx // count})"
+        if ctx and count
+        else ""
+    )
     return (
-        f"raise LLAMACPP_PARALLEL (--parallel){slots_now}: requests waited for a free slot"
-        f"{per_slot}, so raise LLAMACPP_CTX with it to keep the per-slot context"
+        f"{slots.say(slots_now)}: requests waited for a free slot{per_slot}, so raise {kv.env} with it to keep the "
+        f"per-slot context"
     )
 
 
@@ -308,7 +347,7 @@ def decide_ollama(
     v = Verdict(info.instance, info.kind, False, None, "", peak_running=running, peak_waiting=waiting)
     split = queue.split if queue.split is not None and queue.split.available and queue.split.count else None
     least = f"{thresholds.TTFT_QUEUED_MIN_S * 1000:g} ms"
-    _, par = _setting(info, "OLLAMA_NUM_PARALLEL", "num_parallel", "num-parallel")
+    slots, _, par = _knob(info, binding.BATCH_SLOTS)
     why = ""  # why the proxy observed nothing of this run
     if waiting is not None:
         where = f", {_source(gauges)}" if gauges is not None else ""
@@ -342,10 +381,10 @@ def decide_ollama(
     if split is not None:
         v.computable = True
         if split.queued:
-            v.lever = "ollama_num_parallel"
+            v.lever = slots.name
             share = f" ({split.queue_share:.0%} of the mean TTFT)" if split.queue_share is not None else ""
             v.text = (
-                f"raise OLLAMA_NUM_PARALLEL{par}: Ollama's own durations say requests waited for a slot: "
+                f"{slots.say(par)}: Ollama's own durations say requests waited for a slot: "
                 f"{split.queued} of {split.count} spent {least} or more inside Ollama outside load, prompt "
                 f"evaluation and generation, {split.means_s.get('queue', 0.0):.3f} s on average{share}{streamed}"
             )
@@ -369,7 +408,7 @@ def decide_ollama(
                 else f"evaluating the prompts (mean prompt_eval_duration {prompt:.3f} s)"
             )
             v.text = (
-                f"no OLLAMA_NUM_PARALLEL lever: first tokens came late in the bursts, but Ollama's own durations show "
+                f"no {slots.env} lever: first tokens came late in the bursts, but Ollama's own durations show "
                 f"no request waiting inside it (each under {least} outside load, prompt evaluation and generation): "
                 f"the time went to {went}"
             )
@@ -386,9 +425,9 @@ def decide_ollama(
 
     nothing_else = "the records carry no Ollama durations"
     if queue.served_after:
-        v.computable, v.lever = True, "ollama_num_parallel"
+        v.computable, v.lever = True, slots.name
         v.text = (
-            f"raise OLLAMA_NUM_PARALLEL{par}: in the bursts, {queue.served_after} first tokens came only after "
+            f"{slots.say(par)}: in the bursts, {queue.served_after} first tokens came only after "
             f"another request had finished (the clients' TTFT by arrival), which is a wait for a slot; "
             f"{nothing_else} to confirm it{streamed}"
         )
@@ -429,34 +468,38 @@ def _num3(value: float | None) -> str:
 
 def _lever_from_queue(v: Verdict, info: EngineInfo, queue: QueueEvidence, kv: KvArithmetic | None) -> None:
     """Requests waited by the clients' or the engine's account, not the gauges': the lever from the flags and section 3."""
-    if info.kind == "llamacpp":
-        v.lever, v.text = "llamacpp_parallel", _llamacpp_text(info)
-    elif info.kind == "vllm":
-        seqs, now = _setting(info, "max-num-seqs", "VLLM_MAX_NUM_SEQS", "max_num_seqs")
+    adapter = _adapter(info)
+    slots, seqs, now = _knob(info, binding.BATCH_SLOTS)
+    pool = adapter.lever(binding.KV_CAPACITY) if adapter is not None else None
+    if adapter is None or slots is None:
+        v.lever = "unknown"
+        v.text = f"requests waited; no rule for engine kind {info.kind!r}"
+    elif adapter.queue_means_slots:
+        v.lever, v.text = slots.name, _slots_text(info)
+    else:
         size = max((b.burst_size for b in queue.bursts), default=None)
         fits = kv is not None and kv.burst_blocks is not None and kv.blocks and kv.burst_blocks <= kv.blocks
         if seqs is not None and size is not None and size > seqs:
-            v.lever = "max_num_seqs"
+            v.lever = slots.name
             v.text = (
-                f"raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}: the burst of {size} is more than the batch cap, "
-                f"so requests waited for a slot"
+                f"{slots.say(now)}: the burst of {size} is more than the batch cap, so requests waited for a slot"
                 + (f"; the burst's {kv.burst_blocks} KV blocks fit the pool of {kv.blocks:,.0f}" if fits else "")
             )
-        elif kv is not None and kv.burst_blocks is not None and kv.blocks and kv.burst_blocks > kv.blocks:
-            v.lever = "kv_cache_space_or_max_model_len"
-            v.text = (
-                f"raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len: the burst needs {kv.burst_blocks} KV blocks, "
-                f"the pool has {kv.blocks:,.0f}"
-            )
+        elif (
+            pool is not None
+            and kv is not None
+            and kv.burst_blocks is not None
+            and kv.blocks
+            and kv.burst_blocks > kv.blocks
+        ):
+            v.lever = pool.name
+            v.text = f"{pool.say()}: the burst needs {kv.burst_blocks} KV blocks, the pool has {kv.blocks:,.0f}"
         else:
             v.lever = "undetermined"
             v.text = (
                 f"requests waited, but without the KV usage while they waited the lever cannot be told: compare "
-                f"--max-num-seqs{now} with the burst size and the KV pool (section 3 below)"
+                f"{slots.flag}{now} with the burst size and the KV pool (section 3 below)"
             )
-    else:
-        v.lever = "unknown"
-        v.text = f"requests waited; no rule for engine kind {info.kind!r}"
 
 
 def _why_gauges_missed(gauges: EngineGauges | None, waiting: float | None, queue: QueueEvidence) -> str:
@@ -510,7 +553,7 @@ def build(
     for instance, info in run.engines.items():
         queue = QueueEvidence([d for d in drains if d.instance == instance], splits_by.get(instance))
         eg = gauges.engines.get(instance) if gauges.available else None
-        if info.kind == "ollama":
+        if _held_by_durations(info):
             # Not the gauges first: Ollama's own durations and the bursts decide, the proxy's gauges stand beside them.
             sampled = eg is not None and bool(eg.series)
             out.append(
@@ -582,7 +625,7 @@ def kv_arithmetic(run: Run, gauges: GaugeReport) -> list[KvArithmetic]:
         if a.blocks is not None and a.block_size_tokens:
             a.capacity_from_blocks = capacity_tokens(a.blocks, a.block_size_tokens)
         capacity = a.capacity_tokens if a.capacity_tokens is not None else a.capacity_from_blocks
-        mml = _flag_int(info, "max-model-len", "VLLM_MAX_MODEL_LEN", "max_model_len")
+        mml = _flag_int(info, *_max_model_len_names(info))
         if mml is None and capacity and a.max_concurrency_reported:
             mml = round(capacity / a.max_concurrency_reported)
         a.max_model_len = mml

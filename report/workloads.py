@@ -23,7 +23,8 @@ from report import query, stats
 from report.gauges import GaugeReport
 from report.load import Run
 from report.render import Bullets, Figure, Paragraph, Section, Table
-from servescope import prefix_reuse, series, thresholds
+from servescope import engines, prefix_reuse, series, thresholds
+from servescope.engines.base import DURATIONS
 from servescope.runfolder import RequestRecord
 
 # A sample's value was read somewhere within its read around its time, and an engine updates its counters a
@@ -146,7 +147,7 @@ def build(run: Run, gauge_report: GaugeReport) -> WorkloadReport:
         )
         report.lag += _lag_rows(instance, records)
         report.lengths += _length_rows(run, instance)
-        if info.kind == "ollama" and any(r.turn is not None for r in records):
+        if _counts_whole_prompts(info.kind) and any(r.turn is not None for r in records):
             report.notes.append(f"{info.title}: " + OLLAMA_NOTE.format(verdict=_ollama_counts(records)))
     shorts = [row for row in report.lengths if row.short]
     if shorts and len({row.instance for row in report.lengths}) > 1:
@@ -156,6 +157,12 @@ def build(run: Run, gauge_report: GaugeReport) -> WorkloadReport:
             + ". Tokens/s compare like for like only where every engine produced the lengths asked for."
         )
     return report
+
+
+def _counts_whole_prompts(kind: str) -> bool:
+    """An engine whose final objects carry Ollama's durations and prompt_eval_count, and no cached-token count."""
+    adapter = engines.ENGINES.get(kind)
+    return adapter is not None and adapter.timings is not None and adapter.timings.form == DURATIONS
 
 
 def _ollama_counts(records: list[RequestRecord]) -> str:

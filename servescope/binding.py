@@ -28,12 +28,11 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from servescope import ollama_durations, series, slo, thresholds
+from servescope import engines, series, slo, thresholds
+from servescope.engines.base import BATCH_SLOTS, KV_CAPACITY, Lever
 from servescope.runfolder import RequestRecord, SampleRecord
 from servescope.sampler import ENGINE_UNREAD
 
-BATCH_SLOTS = "batch slots"
-KV_CAPACITY = "KV capacity"
 COMPUTE = "compute"
 CLIENT = "client"
 SLO_FLOOR = "SLO below the floor"
@@ -44,32 +43,9 @@ RESOURCES = (BATCH_SLOTS, KV_CAPACITY, COMPUTE, CLIENT, SLO_FLOOR, ENGINE_FAULT,
 # Names that are not a resource a knob adds: a tune stops at them, a knee level with a fault is measured again.
 NOT_CAPACITY = (ENGINE_FAULT, CLIENT, UNDECIDED, "unknown")
 
-# Engines whose queue is only ever for a slot: llama.cpp splits its context over the slots up front (a request
-# never waits for KV), Ollama runs OLLAMA_NUM_PARALLEL per model. vLLM's queue may be either.
-QUEUE_MEANS_SLOTS = frozenset({"llamacpp", "ollama"})
-# Engines whose own per-request durations say how long a request waited, where their gauges cannot (Ollama: the
-# proxy's waiting count holds model loads and prompt evaluation too).
-HELD_BY_DURATIONS = frozenset({"ollama"})
 # What a request that found no engine ends with (loadgen.client.ErrorKind values).
 FAULT_KINDS = frozenset({"connection_refused", "timeout", "stream_cut"})
 
-
-@dataclass(frozen=True)
-class Knob:
-    env: str  # the knob in .env.example that the native stack and Compose pass to the engine
-    flag: str  # what the engine calls it
-    advice: str  # what to do with it
-
-
-KNOBS: dict[tuple[str, str], Knob] = {
-    ("vllm", BATCH_SLOTS): Knob("VLLM_MAX_NUM_SEQS", "--max-num-seqs", "raise it"),
-    ("vllm", KV_CAPACITY): Knob(
-        "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE (GiB)", "raise it, or lower --max-model-len"
-    ),
-    ("llamacpp", BATCH_SLOTS): Knob("LLAMACPP_PARALLEL", "--parallel", "raise it, and LLAMACPP_CTX with it"),
-    ("llamacpp", KV_CAPACITY): Knob("LLAMACPP_CTX", "-c (--ctx-size)", "raise it"),
-    ("ollama", BATCH_SLOTS): Knob("OLLAMA_NUM_PARALLEL", "OLLAMA_NUM_PARALLEL", "raise it"),
-}
 
 ADVICE = {
     COMPUTE: "no serving knob adds more (fewer or shorter requests, more cores, a smaller model)",
@@ -82,9 +58,11 @@ ADVICE = {
 }
 
 
-def knob_for(engine: str, resource: str) -> Knob | None:
-    """The engine's knob for a resource; None where no serving knob adds it (compute, client, ...)."""
-    return KNOBS.get((engine, resource))
+def knob_for(engine: str, resource: str) -> Lever | None:
+    """The engine's knob for a resource (its adapter's lever); None where no serving knob adds it (compute, client,
+    ...) or the engine kind is unknown."""
+    adapter = engines.ENGINES.get(engine)
+    return adapter.lever(resource) if adapter is not None else None
 
 
 @dataclass
@@ -130,7 +108,8 @@ class Binding:
         if knob is None:
             return f"{self.resource}: {ADVICE.get(self.resource, f'no knob rule for {engine}')}"
         now = f" (now {current})" if current not in (None, "") else ""
-        return f"{self.resource}: {knob.advice} - {knob.flag}, knob {knob.env}{now}"
+        where = f", knob {knob.env}" if knob.env else ""  # an engine servescope does not start has no knob of its own
+        return f"{self.resource}: {knob.advice} - {knob.flag}{where}{now}"
 
 
 # ---------------------------------------------------------------- the queue: slots or KV (the seed's section 4)
@@ -141,7 +120,7 @@ def queue_resource(engine: str, kv_max_while_waiting: float | None, kv_mean_whil
 
     The verdict reads the same: pool full -> KV; room -> slots; between the thresholds or unknown -> neither
     is claimed (an engine whose queue is only ever for a slot: slots)."""
-    if engine in QUEUE_MEANS_SLOTS:
+    if _queue_means_slots(engine):
         return BATCH_SLOTS
     pool = thresholds.kv_pool_state(kv_max_while_waiting, kv_mean_while_waiting)
     return {"full": KV_CAPACITY, "room": BATCH_SLOTS}.get(pool, UNDECIDED)
@@ -272,9 +251,15 @@ def _floor(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -
     return True
 
 
+def _queue_means_slots(engine: str) -> bool:
+    adapter = engines.ENGINES.get(engine)
+    return adapter is not None and adapter.queue_means_slots
+
+
 def _queue(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -> bool:
-    if engine in HELD_BY_DURATIONS:
-        return _held(b, failing)
+    adapter = engines.ENGINES.get(engine)
+    if adapter is not None and adapter.held_s is not None:
+        return _held(b, failing, adapter)
     waited = b.waiting_share is not None and b.waiting_share >= thresholds.BINDING_WAITING_SHARE
     preempted = b.preemptions is not None and b.preemptions > 0
     if not (waited or preempted):
@@ -292,7 +277,7 @@ def _queue(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -
             f"requests waited on the KV pool: {seen}, KV usage while they waited mean "
             f"{b.kv_mean_while_waiting:.0%}, highest {b.kv_max_while_waiting:.0%}"
         )
-    elif resource == BATCH_SLOTS and engine in QUEUE_MEANS_SLOTS:
+    elif resource == BATCH_SLOTS and _queue_means_slots(engine):
         b.evidence = f"requests waited for a slot: {seen}{run}; {engine} queues only for a slot"
     elif resource == BATCH_SLOTS:
         b.evidence = (
@@ -310,24 +295,23 @@ def _queue(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -
     return True
 
 
-def _held(b: Binding, failing: Level) -> bool:
-    """Ollama: its proxy's waiting count holds prompt evaluation and model loads too, so the queue is read from its
-    own durations: a request it held outside the model for TTFT_QUEUED_MIN_S or more waited for a slot."""
-    held = [
-        h
-        for h in (ollama_durations.held_s(r.engine_stats or {}, "_ns") for r in failing.records if r.ok)
-        if h is not None
-    ]
+def _held(b: Binding, failing: Level, adapter: engines.EngineKind) -> bool:
+    """An engine whose own durations say how long it held a request (Ollama: its proxy's waiting count holds prompt
+    evaluation and model loads too): a request it held outside the model for TTFT_QUEUED_MIN_S or more waited for a
+    slot."""
+    held = [h for h in (adapter.held_s(r.engine_stats or {}) for r in failing.records if r.ok) if h is not None]
     if not held:
         return False  # no durations (the OpenAI API carries none): compute's evidence, else undecided
     waited = [h for h in held if h >= thresholds.TTFT_QUEUED_MIN_S]
     if len(waited) / len(held) < thresholds.BINDING_WAITING_SHARE:
         return False
     b.resource = BATCH_SLOTS
+    slots = adapter.lever(BATCH_SLOTS)
+    slot = f"one of {slots.env}'s slots" if slots and slots.env else "a slot"
     b.evidence = (
-        f"Ollama held {len(waited)} of {len(held)} requests outside the model for "
+        f"{adapter.title} held {len(waited)} of {len(held)} requests outside the model for "
         f"{thresholds.TTFT_QUEUED_MIN_S * 1000:g} ms or more (its own durations; longest {max(held):.2f} s): they "
-        f"waited for one of OLLAMA_NUM_PARALLEL's slots"
+        f"waited for {slot}"
     )
     return True
 

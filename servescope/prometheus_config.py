@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from servescope import engines
 from servescope.knobs import REPO_ROOT
 
 PROMETHEUS_DIR = REPO_ROOT / "prometheus"
@@ -26,8 +27,12 @@ DEFAULT_SCRAPE_INTERVAL = "5s"
 # engine within engine_budget_s() of it, so a slow engine never makes the whole scrape time out.
 NATIVE_SCRAPE_INTERVAL = "1s"
 
+# The engines docker-compose.yml runs, each a service (and a profile) named after its kind.
+COMPOSE_ENGINES = (engines.VLLM.name, engines.LLAMACPP.name, engines.OLLAMA.name)
+# Those Prometheus scrapes raw as well: the ones with a metrics page of their own.
+COMPOSE_SCRAPED = tuple(name for name in COMPOSE_ENGINES if engines.kind(name).metrics_path)
 # The jobs every piece agrees on (dashboards and rules select on them).
-JOBS = ("exporter", "loadgen", "vllm", "llamacpp", "prometheus")
+JOBS = ("exporter", "loadgen", *COMPOSE_SCRAPED, "prometheus")
 
 # Jobs whose series carry their own `engine`/`instance` labels (the exporter's engine-neutral
 # series, the loadgen's client histograms): Prometheus must keep those rather than rename them
@@ -44,12 +49,12 @@ NATIVE_RULE_FILES = (str(RULES_DIR / "*.yml"),)
 COMPOSE_PORTS: Mapping[str, int] = {
     "exporter": 9464,
     "locust-master": 9465,
-    "vllm": 8000,
-    "llamacpp": 8081,
+    engines.VLLM.name: 8000,
+    engines.LLAMACPP.name: 8081,
     "prometheus": 9090,
-    "ollama": 11434,
+    engines.OLLAMA.name: 11434,
     "grafana": 3000,
-    "ollama-proxy": 11435,  # the exporter's Ollama proxy
+    f"{engines.OLLAMA.name}-proxy": 11435,  # the exporter's Ollama proxy
 }
 
 
@@ -158,8 +163,10 @@ def compose_targets() -> list[Target]:
         Target("loadgen", f"locust-master:{COMPOSE_PORTS['locust-master']}"),
         # Raw engine pages, with `instance` renamed to the name the exporter gives the same engine,
         # so raw and engine-neutral series join on (instance).
-        Target("vllm", f"vllm:{COMPOSE_PORTS['vllm']}", labels={"instance": "vllm"}),
-        Target("llamacpp", f"llamacpp:{COMPOSE_PORTS['llamacpp']}", labels={"instance": "llamacpp"}),
+        *(
+            Target(name, f"{name}:{COMPOSE_PORTS[name]}", engines.kind(name).metrics_path, {"instance": name})
+            for name in COMPOSE_SCRAPED
+        ),
         Target("prometheus", f"localhost:{COMPOSE_PORTS['prometheus']}"),
     ]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from servescope import engines as kinds
 from servescope import knobs, prometheus_config
 from servescope.runfolder import new_run_id
 from stack import summary
@@ -22,17 +23,19 @@ from stack.progress import elapsed, say
 
 COMPOSE_FILE = knobs.REPO_ROOT / "docker-compose.yml"
 PROJECT = "servescope"
-ENGINE_SERVICES = ("vllm", "ollama", "llamacpp")
+ENGINE_SERVICES = prometheus_config.COMPOSE_ENGINES
 # COMPOSE_PROFILES picks among these; every other service always runs.
-PROFILES = ("vllm", "llamacpp", "ollama", "grafana")
+PROFILES = (*ENGINE_SERVICES, "grafana")
 # Where the exporter reaches each engine inside the Compose network.
-ENGINE_URLS = {
-    "vllm": f"http://vllm:{prometheus_config.COMPOSE_PORTS['vllm']}",
-    "llamacpp": f"http://llamacpp:{prometheus_config.COMPOSE_PORTS['llamacpp']}",
-    "ollama": f"http://ollama:{prometheus_config.COMPOSE_PORTS['ollama']}",
+ENGINE_URLS = {name: f"http://{name}:{prometheus_config.COMPOSE_PORTS[name]}" for name in ENGINE_SERVICES}
+# Where the load generator sends requests: an engine the exporter proxies (Ollama) through its proxy, the only place
+# its queue is visible.
+LOADGEN_URLS = {
+    name: f"http://exporter:{prometheus_config.COMPOSE_PORTS[f'{name}-proxy']}"
+    if kinds.kind(name).proxy_port_env
+    else url
+    for name, url in ENGINE_URLS.items()
 }
-# Where the load generator sends requests: Ollama through the exporter's proxy, the only place its queue is visible.
-LOADGEN_URLS = {**ENGINE_URLS, "ollama": f"http://exporter:{prometheus_config.COMPOSE_PORTS['ollama-proxy']}"}
 CPU_KNOBS = ("VLLM_CPUS", "OLLAMA_CPUS", "LLAMACPP_CPUS")
 MASTER_CONTAINER = "servescope-locust-master"
 # A Docker engine that does not answer within this is treated as absent (native stack instead).

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from servescope import knobs
+from servescope.engines import llamacpp as adapter
 from stack import paths, venvlock
 from stack.errors import StackError
 from stack.progress import run_logged
@@ -161,10 +162,10 @@ def command(binary: Path, gguf: Path, knob: dict[str, str], host: str, port: int
         str(port),
         "--metrics",
         "--slots",
-        "--parallel",
-        knob["LLAMACPP_PARALLEL"],
-        "-c",
-        knob["LLAMACPP_CTX"],
+        adapter.SLOTS.knob.option,
+        knob[adapter.SLOTS.env],
+        adapter.KV.knob.option,
+        knob[adapter.KV.env],
         # Off: no slot reuses its prompt (--no-cache-prompt) and no prompt is kept in RAM for later (--cache-ram 0).
         *(() if knob["LLAMACPP_CACHE_PROMPT"] == "1" else ("--no-cache-prompt", "--cache-ram", "0")),
     ]

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from servescope import engines as kinds
 from servescope import knobs, prometheus_config
 from servescope.runfolder import MANIFEST, new_run_id
 from stack import llamacpp, model, ollama, paths, ports, prometheus, summary, supervisor, vllm
@@ -18,7 +19,10 @@ from stack.errors import ServiceExited, StackError
 from stack.progress import elapsed, say
 from stack.supervisor import Record, Service
 
-ORDER = ("vllm", "llamacpp", "ollama", "exporter", "prometheus", "locust")
+VLLM, LLAMACPP, OLLAMA = kinds.VLLM.name, kinds.LLAMACPP.name, kinds.OLLAMA.name
+# The engines `up` builds and starts itself (stack/vllm.py, stack/llamacpp.py); Ollama joins when one is there.
+STARTED = (VLLM, LLAMACPP)
+ORDER = (VLLM, LLAMACPP, OLLAMA, "exporter", "prometheus", "locust")
 
 
 @dataclass
@@ -41,7 +45,7 @@ def client_host(bind: str) -> str:
 def wanted_engines() -> list[str]:
     """SERVESCOPE_ENGINES (default vllm,llamacpp): the engines `up` starts itself; Ollama joins when present."""
     names = [n.strip() for n in knobs.get("SERVESCOPE_ENGINES", "vllm,llamacpp").split(",") if n.strip()]
-    unknown = [n for n in names if n not in ("vllm", "llamacpp")]
+    unknown = [n for n in names if n not in STARTED]
     if unknown or not names:
         raise StackError(f"SERVESCOPE_ENGINES={','.join(names)!s}: expected a comma list of vllm, llamacpp")
     return names
@@ -51,21 +55,21 @@ def prepare(engines: list[str]) -> Prepared:
     """Two independent chains at once: the llama.cpp build (CPU-bound) beside the vLLM install (mostly download)."""
     started = time.monotonic()
     chains = (
-        (["llama.cpp build"] if "llamacpp" in engines else [])
+        (["llama.cpp build"] if LLAMACPP in engines else [])
         + ["GGUF"]
-        + (["venv-vllm → float32 weights for vLLM"] if "vllm" in engines else [])
+        + (["venv-vllm → float32 weights for vLLM"] if VLLM in engines else [])
     )
     say(f"preparing (cached after the first time): {' | '.join(chains)}")
 
     def model_chain() -> tuple[Path, Path | None, Path | None]:
         gguf = model.ensure_gguf()
-        if "vllm" not in engines:
+        if VLLM not in engines:
             return gguf, None, None
         python = vllm.ensure_venv()
         return gguf, python, model.ensure_vllm_model(gguf, python)
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare") as pool:
-        llama_future = pool.submit(llamacpp.ensure_built) if "llamacpp" in engines else None
+        llama_future = pool.submit(llamacpp.ensure_built) if LLAMACPP in engines else None
         model_future = pool.submit(model_chain)
         gguf, vllm_python, vllm_model = model_future.result()
         llama_server = llama_future.result() if llama_future else None
@@ -80,31 +84,31 @@ def prepare(engines: list[str]) -> Prepared:
 def engine_services(knob: dict[str, str], prep: Prepared, host: str, swap_used: bool) -> list[Service]:
     services = []
     if prep.vllm_python and prep.vllm_model:
-        port = int(knob["VLLM_PORT"])
+        port = int(knob[kinds.VLLM.port_env])
         services.append(
             Service(
-                "vllm",
-                "vLLM-CPU",
+                VLLM,
+                kinds.VLLM.title,
                 vllm.command(prep.vllm_python, prep.vllm_model, knob, host, port, swap_used),
                 host,
                 port,
-                "VLLM_PORT",
-                "/v1/models",
+                kinds.VLLM.port_env,
+                kinds.VLLM.health_path,
                 ready_timeout=float(knobs.get("VLLM_READY_TIMEOUT", "600")),
                 env=vllm.environment(knob),
             )
         )
     if prep.llama_server:
-        port = int(knob["LLAMACPP_PORT"])
+        port = int(knob[kinds.LLAMACPP.port_env])
         services.append(
             Service(
-                "llamacpp",
-                "llama.cpp server",
+                LLAMACPP,
+                kinds.LLAMACPP.title,
                 llamacpp.command(prep.llama_server, prep.gguf, knob, host, port),
                 host,
                 port,
-                "LLAMACPP_PORT",
-                "/health",
+                kinds.LLAMACPP.port_env,
+                kinds.LLAMACPP.health_path,
                 ready_timeout=120,
             )
         )
@@ -116,7 +120,7 @@ def exporter_service(knob: dict[str, str], host: str, engines: dict[str, str], o
     # Each engine read within the native 1 s scrape (servescope/prometheus_config.py).
     budget = prometheus_config.engine_budget_s(prometheus_config.NATIVE_SCRAPE_INTERVAL)
     cmd = [sys.executable, "-m", "exporter", "--listen-address", host, "--port", str(port), "--timeout", f"{budget:g}"]
-    for name in ("vllm", "llamacpp"):
+    for name in STARTED:
         if name in engines:
             # Each engine's CPU and memory against its limit (the dashboards' resource panels) from the pid
             # record `up` wrote for it: the exporter checks pid and start time, so a reused pid reads as down.
@@ -144,10 +148,10 @@ def prometheus_targets(
     if "exporter" in running:
         targets.append(("exporter", f"{host}:{knob['EXPORTER_PORT']}", "/metrics", {}))
     targets.append(("loadgen", f"{host}:{knob['LOADGEN_METRICS_PORT']}", "/metrics", {}))
-    if "vllm" in running:
-        targets.append(("vllm", f"{host}:{knob['VLLM_PORT']}", "/metrics", {"instance": "vllm"}))
-    if "llamacpp" in running:
-        targets.append(("llamacpp", f"{host}:{knob['LLAMACPP_PORT']}", "/metrics", {"instance": "llamacpp"}))
+    for name in STARTED:
+        kind = kinds.kind(name)
+        if name in running and kind.metrics_path:
+            targets.append((name, f"{host}:{knob[kind.port_env]}", kind.metrics_path, {"instance": name}))
     return targets
 
 
@@ -156,7 +160,7 @@ def locust_service(knob: dict[str, str], host: str, engines: dict[str, str]) -> 
     burst scenario with BURST_SIZE users, so START works untouched."""
     port = int(knob["LOCUST_PORT"])
     cmd = [sys.executable, "-m", "loadgen", "webui", "--port", str(port), "--bind", host]
-    engine = next((name for name in ("vllm", "llamacpp", "ollama") if name in engines), None)
+    engine = next((name for name in ORDER if name in engines), None)
     if engine:
         cmd += [
             "--engine",
@@ -246,7 +250,7 @@ def up(compare: bool = True) -> int:
     try:
         engines = start_engines(launch, services, knob, prep, bind, host, swap_used)
         ollama_url = engines.pop("_ollama_backend", None)
-        launch.start(exporter_service(knob, bind, {k: v for k, v in engines.items() if k != "ollama"}, ollama_url))
+        launch.start(exporter_service(knob, bind, {k: v for k, v in engines.items() if k != OLLAMA}, ollama_url))
         start_prometheus(launch, knob, prep, bind, host, running={r.name for r in launch.started})
     except BaseException:
         launch.rollback()
@@ -266,8 +270,7 @@ def up(compare: bool = True) -> int:
 
 
 PORTS = (
-    ("vllm", "VLLM_PORT", "vLLM-CPU"),
-    ("llamacpp", "LLAMACPP_PORT", "llama.cpp server"),
+    *((name, kinds.kind(name).port_env, kinds.kind(name).title) for name in STARTED),
     ("exporter", "EXPORTER_PORT", "exporter"),
     ("prometheus", "PROMETHEUS_PORT", "Prometheus"),
     ("locust", "LOCUST_PORT", "Locust web UI"),
@@ -276,7 +279,7 @@ PORTS = (
 
 def check_ports(knob: dict[str, str], bind: str, engines: list[str]) -> None:
     for name, port_env, title in PORTS:
-        if name in ("vllm", "llamacpp") and name not in engines:
+        if name in STARTED and name not in engines:
             continue
         ports.require_free(bind, int(knob[port_env]), title, port_env)
 
@@ -311,12 +314,12 @@ def start_engines(
     by_name = {service.name: service for service in services}
     engines: dict[str, str] = {}
     vllm_started = None
-    if "vllm" in by_name:
-        vllm_started = launch.start(by_name["vllm"], wait=False)
-        engines["vllm"] = by_name["vllm"].url
-    if "llamacpp" in by_name:
+    if VLLM in by_name:
+        vllm_started = launch.start(by_name[VLLM], wait=False)
+        engines[VLLM] = by_name[VLLM].url
+    if LLAMACPP in by_name:
         try:
-            launch.start(by_name["llamacpp"])
+            launch.start(by_name[LLAMACPP])
         except ServiceExited as exc:
             if exc.code not in (-signal.SIGILL, -signal.SIGSEGV) or not llamacpp.cpu_advertises_amx():
                 raise
@@ -327,22 +330,22 @@ def start_engines(
                 f"llama-server died of signal {-exc.code} in its AMX kernels (AMX advertised but unusable here): "
                 "restarting with --no-repack"
             )
-            by_name["llamacpp"].cmd.append("--no-repack")
-            launch.start(by_name["llamacpp"])
-        engines["llamacpp"] = by_name["llamacpp"].url
+            by_name[LLAMACPP].cmd.append("--no-repack")
+            launch.start(by_name[LLAMACPP])
+        engines[LLAMACPP] = by_name[LLAMACPP].url
     ollama_backend = start_ollama(launch, knob, prep, bind)
     if ollama_backend:
         engines["_ollama_backend"] = ollama_backend
-        engines["ollama"] = f"http://{host}:{knob['OLLAMA_PROXY_PORT']}"
+        engines[OLLAMA] = f"http://{host}:{knob[kinds.OLLAMA.proxy_port_env]}"
     if vllm_started:
         proc, record = vllm_started
         supervisor.wait_ready(
             record,
             proc,
-            by_name["vllm"].ready_timeout,
+            by_name[VLLM].ready_timeout,
             label=f"vLLM warming up at {record.ready_url} (about 100 s on 2 cores)",
         )
-        print_section3(by_name["vllm"].url, knob, swap_used)
+        print_section3(by_name[VLLM].url, knob, swap_used)
     return engines
 
 
@@ -357,7 +360,7 @@ def start_ollama(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str
         binary = ollama.binary()
         if binary is None:
             Record(
-                name="ollama",
+                name=OLLAMA,
                 title="Ollama",
                 url=url,
                 ready_url=url + "/api/version",
@@ -368,8 +371,8 @@ def start_ollama(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str
         port = int(knob["OLLAMA_PORT"])
         launch.start(
             Service(
-                "ollama",
-                "Ollama",
+                OLLAMA,
+                kinds.OLLAMA.title,
                 ollama.serve_command(binary),
                 bind,
                 port,
@@ -381,7 +384,7 @@ def start_ollama(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str
         )
         url = f"http://{client_host(bind)}:{port}"
     else:
-        Record(name="ollama", title="Ollama", url=url, ready_url=url + "/api/version").save()
+        Record(name=OLLAMA, title=kinds.OLLAMA.title, url=url, ready_url=url + kinds.OLLAMA.health_path).save()
         say(f"Ollama: using the one already answering at {url}")
     ollama.create_model(url, knob["OLLAMA_MODEL"], prep.gguf)
     return url
@@ -436,7 +439,7 @@ def start_prometheus(
 
 def compare_command(knob: dict[str, str], engines: dict[str, str], run_id: str) -> list[str]:
     cmd = [sys.executable, "-m", "loadgen", "compare"]
-    for name in ("vllm", "llamacpp", "ollama"):
+    for name in (VLLM, LLAMACPP, OLLAMA):
         if name in engines:
             cmd += ["--engine", f"{name}={engines[name]}"]
     cmd += ["--max-tokens", knob["MAX_TOKENS"], "--burst-size", knob["BURST_SIZE"]]

@@ -43,19 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from report import stats
-from servescope import binding, knobs, slo
+from servescope import binding, engines, knobs, slo
+from servescope.engines import base
 from servescope.runfolder import FOLDER_MODE, KNEE, MANIFEST, RunFolder, new_run_id
 from stack.errors import StackError
 from stack.progress import elapsed, say
 from stack.vllm import GIB
 
 TUNE = "tune.json"
-TUNED = {  # the knobs a tune may move, per engine (servescope/binding.py names them per resource)
-    "vllm": ("VLLM_MAX_NUM_SEQS", "VLLM_CPU_KVCACHE_SPACE"),
-    "llamacpp": ("LLAMACPP_PARALLEL", "LLAMACPP_CTX"),
-}
-MAX_SLOTS = 256  # past this, more slots is not a serving setting a CPU can use
-MAX_CONTEXT = 1 << 20
+# The knobs a tune may move, per engine it can restart (each adapter's levers: servescope/engines/<name>.py).
+TUNED = {a.name: a.tuned for a in engines.ENGINES.values() if a.tuned}
+MAX_SLOTS, MAX_CONTEXT = base.MAX_SLOTS, base.MAX_CONTEXT
 
 
 class TuneError(StackError):
@@ -103,48 +101,12 @@ class KvFit:
 def raise_knob(
     engine: str, resource: str, values: dict[str, str], kv: KvFit | None = None
 ) -> tuple[dict[str, str], str] | None:
-    """More of the binding resource: the new knob values and what changed, or None when there is no rule or no room.
-
-    vLLM's slots double within the seed's inequality (kv): up to the most the KV space admits, and once they are
-    there, with the KV space that admits the doubled count."""
-    new = dict(values)
-    if (engine, resource) == ("vllm", binding.BATCH_SLOTS):
-        slots = int(values["VLLM_MAX_NUM_SEQS"])
-        if slots * 2 > MAX_SLOTS:
-            return None
-        want, what = slots * 2, f"VLLM_MAX_NUM_SEQS {slots} -> {slots * 2}"
-        space = float(values["VLLM_CPU_KVCACHE_SPACE"])
-        most = kv.most_slots(space) if kv is not None else want
-        if want > most:
-            if most > slots:
-                want = most
-                what = (
-                    f"VLLM_MAX_NUM_SEQS {slots} -> {most} (the most {space:g} GiB of KV admits at "
-                    f"VLLM_MAX_MODEL_LEN={kv.max_model_len})"
-                )
-            else:
-                new["VLLM_CPU_KVCACHE_SPACE"] = str(kv.space_for(want))
-                what += f", VLLM_CPU_KVCACHE_SPACE {space:g} -> {kv.space_for(want)} GiB (so that {want} fit)"
-        new["VLLM_MAX_NUM_SEQS"] = str(want)
-        return new, what
-    if (engine, resource) == ("vllm", binding.KV_CAPACITY):
-        space = float(values["VLLM_CPU_KVCACHE_SPACE"])
-        new["VLLM_CPU_KVCACHE_SPACE"] = f"{space * 2:g}"
-        return new, f"VLLM_CPU_KVCACHE_SPACE {space:g} -> {space * 2:g} GiB"
-    if (engine, resource) == ("llamacpp", binding.BATCH_SLOTS):
-        slots, ctx = int(values["LLAMACPP_PARALLEL"]), int(values["LLAMACPP_CTX"])
-        per_slot = max(1, ctx // slots)  # llama.cpp splits -c over the slots: keep each slot's share
-        if slots * 2 > MAX_SLOTS or per_slot * slots * 2 > MAX_CONTEXT:
-            return None
-        new["LLAMACPP_PARALLEL"], new["LLAMACPP_CTX"] = str(slots * 2), str(per_slot * slots * 2)
-        return new, f"LLAMACPP_PARALLEL {slots} -> {slots * 2} (LLAMACPP_CTX {ctx} -> {per_slot * slots * 2})"
-    if (engine, resource) == ("llamacpp", binding.KV_CAPACITY):
-        ctx = int(values["LLAMACPP_CTX"])
-        if ctx * 2 > MAX_CONTEXT:
-            return None
-        new["LLAMACPP_CTX"] = str(ctx * 2)
-        return new, f"LLAMACPP_CTX {ctx} -> {ctx * 2}"
-    return None
+    """More of the binding resource: the new knob values and what changed, or None when there is no rule or no room
+    (the engine's own rule: servescope/engines/<name>.py raise_knob)."""
+    adapter = engines.ENGINES.get(engine)
+    if adapter is None or adapter.raise_knob is None:
+        return None
+    return adapter.raise_knob(resource, values, kv)
 
 
 class Tuner:
@@ -478,7 +440,8 @@ def expectation(
 ) -> dict[str, Any]:
     """What the change should buy at the failing load if the resource was the only limit (and compute does not bind)."""
     b = knee.get("binding") or {}
-    slot_knob = {"vllm": "VLLM_MAX_NUM_SEQS", "llamacpp": "LLAMACPP_PARALLEL"}.get(engine)
+    slots = binding.knob_for(engine, binding.BATCH_SLOTS)
+    slot_knob = slots.env if slots is not None and slots.env in old else None
     users = load if unit == "users" else None
     if resource == binding.BATCH_SLOTS and slot_knob and users is not None:
         was, now = min(users, int(old[slot_knob])), min(users, int(new[slot_knob]))
@@ -544,7 +507,8 @@ def native_restart(engine: str) -> Callable[[dict[str, str]], None]:
             return  # already so (a refused change never stopped it): no warm-up for nothing
         knob = {**knobs.load(), **values}
         prep = native.prepare([engine])  # cached after `make up`: a few checks
-        swap_used = native.check_vllm_plan(knob, prep) if engine == "vllm" else False  # refuses what cannot fit
+        # refuses what cannot fit
+        swap_used = native.check_vllm_plan(knob, prep) if engines.kind(engine).slots_within_kv else False
         (service,) = [
             s for s in native.engine_services(knob, prep, knob["SERVESCOPE_BIND"], swap_used) if s.name == engine
         ]
@@ -566,7 +530,7 @@ def native_kv_fit() -> KvFit:
     from stack import native, vllm
 
     knob = knobs.load()
-    prep = native.prepare(["vllm"])  # cached after `make up`
+    prep = native.prepare([engines.VLLM.name])  # cached after `make up`
     config = json.loads((prep.vllm_model / "config.json").read_text())
     return KvFit(vllm.kv_bytes_per_token(config, knob["VLLM_DTYPE"]), int(knob["VLLM_MAX_MODEL_LEN"]))
 
@@ -582,15 +546,15 @@ def running_with(engine: str, values: dict[str, str]) -> bool:
     if proc is None:
         return False
     argv = record.cmdline
-    flags = {"VLLM_MAX_NUM_SEQS": "--max-num-seqs", "LLAMACPP_PARALLEL": "--parallel", "LLAMACPP_CTX": "-c"}
-    for key, flag in flags.items():
-        if key in values and (
-            flag not in argv or argv.index(flag) + 1 >= len(argv) or argv[argv.index(flag) + 1] != values[key]
-        ):
+    tuned = [lever.knob for lever in engines.kind(engine).levers if lever.env in values]
+    for knob in (k for k in tuned if k.option):
+        flag = knob.option
+        if flag not in argv or argv.index(flag) + 1 >= len(argv) or argv[argv.index(flag) + 1] != values[knob.env]:
             return False
-    if "VLLM_CPU_KVCACHE_SPACE" in values:
+    for knob in (k for k in tuned if not k.option):  # a knob the engine reads from its environment
         try:
-            return proc.environ().get("VLLM_CPU_KVCACHE_SPACE") == values["VLLM_CPU_KVCACHE_SPACE"]
+            if proc.environ().get(knob.env) != values[knob.env]:
+                return False
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             return False
     return True
@@ -622,7 +586,7 @@ def main(engine: str, loadgen_args: list[str]) -> int:
         folder,
         loadgen_args=loadgen_args,
         max_steps=knobs.get_int("TUNE_MAX_STEPS"),
-        kv=native_kv_fit() if engine == "vllm" else None,
+        kv=native_kv_fit() if engines.kind(engine).slots_within_kv else None,
         max_measurements=knobs.get_int("TUNE_MAX_MEASUREMENTS"),
     )
     try:

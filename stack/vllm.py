@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from servescope import knobs, kv_arithmetic
+from servescope.engines import vllm as adapter
 from servescope.exposition import parse_exposition
 from stack import paths, venvlock
 from stack.model import python_has
@@ -261,12 +262,12 @@ def command(python: Path, model_dir: Path, knob: dict[str, str], host: str, port
         str(model_dir),
         "--served-model-name",
         knob["SERVED_MODEL_NAME"],
-        "--dtype",
-        knob["VLLM_DTYPE"],
-        "--max-model-len",
-        knob["VLLM_MAX_MODEL_LEN"],
-        "--max-num-seqs",
-        knob["VLLM_MAX_NUM_SEQS"],
+        adapter.DTYPE.option,
+        knob[adapter.DTYPE.env],
+        adapter.MAX_MODEL_LEN.option,
+        knob[adapter.MAX_MODEL_LEN.env],
+        adapter.SLOTS.knob.option,
+        knob[adapter.SLOTS.env],
         "--host",
         host,
         "--port",
@@ -282,7 +283,7 @@ def command(python: Path, model_dir: Path, knob: dict[str, str], host: str, port
 
 def environment(knob: dict[str, str]) -> dict[str, str]:
     return {
-        "VLLM_CPU_KVCACHE_SPACE": knob["VLLM_CPU_KVCACHE_SPACE"],
+        adapter.KV.env: knob[adapter.KV.env],  # vLLM-CPU reads its KV pool from the environment alone
         # Offline by design: the weights are local, nothing may reach for the hub.
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

@@ -2,7 +2,8 @@
 
 The engines behind them are what can run here in seconds: vLLM's /metrics served from a recorded
 capture (tests/fixtures/vllm-*-metrics*.txt) whose counters and histograms advance as a live
-engine's would, the Ollama simulator behind the exporter's real proxy, and the synthetic
+engine's would, SGLang's the same way from the page written from its documentation (its raw
+histograms feed the comparison's server-latency panels), the Ollama simulator behind the exporter's real proxy, and the synthetic
 OpenAI-compatible server for the load generator's client view. The resource budget panels read a
 real child process (an engine-shaped parent with a child) that the exporter watches through a pid file. Grafana cannot run here: its queries
 are replayed through Prometheus' query_range with the variables substituted as Grafana does.
@@ -177,6 +178,8 @@ def live(tmp_path_factory):
     procs = Processes(workdir)
     capture = vllm_capture()
     vllm = serve_vllm_capture(AdvancingPage(capture.read_text()))
+    # The comparison's server TTFT and ITL panels hold every engine's own histograms: SGLang's from its docs' page.
+    sglang = serve_vllm_capture(AdvancingPage((FIXTURES / "sglang-0.5-metrics-from-docs.txt").read_text()))
     synthetic = SyntheticServer(ttft=0.05, itl=0.01, tokens=24, model=SERVED_MODEL).start()
     ollama = OllamaSimulator(num_parallel=1, token_delay=0.01).__enter__()
     prometheus = PrometheusServer(workdir / "prometheus")
@@ -215,6 +218,7 @@ def live(tmp_path_factory):
             prometheus_config.Target("exporter", f"127.0.0.1:{exporter_port}"),
             prometheus_config.Target("loadgen", f"127.0.0.1:{loadgen_port}"),
             prometheus_config.Target("vllm", vllm_url.removeprefix("http://"), labels={"instance": "vllm"}),
+            prometheus_config.Target("sglang", f"127.0.0.1:{sglang.server_address[1]}", labels={"instance": "sglang"}),
             prometheus_config.Target("prometheus", f"127.0.0.1:{prometheus.port}"),
         ]
         prometheus.start(prometheus_config.render(targets, scrape_interval=SCRAPE))
@@ -273,8 +277,9 @@ def live(tmp_path_factory):
         procs.stop()
         ollama.__exit__(None, None, None)
         synthetic.stop()
-        vllm.shutdown()
-        vllm.server_close()
+        for page in (vllm, sglang):
+            page.shutdown()
+            page.server_close()
 
 
 def panel_cases() -> list:

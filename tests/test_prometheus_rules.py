@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servescope import series
+from servescope import engines, series
 from servescope.prometheus_config import PROMETHEUS_DIR, RULES_DIR
 
 PROMTOOL = shutil.which("promtool")
@@ -136,7 +136,7 @@ def test_lever_rules_are_the_threshold_tables(monkeypatch, tmp_path, capsys):
     assert f"[{thresholds.ALERT_WINDOW}]" in text and f"for: {thresholds.ALERT_FOR}\n" in text
     stale = tmp_path / "vllm_levers.yml"
     stale.write_text(text.replace(f"< {thresholds.KV_ROOM:g}", "< 0.7"))
-    monkeypatch.setattr(lever_rules, "FILES", {stale: lever_rules.vllm_levers})
+    monkeypatch.setattr(lever_rules, "FILES", {stale: lambda: lever_rules.levers(engines.VLLM)})
     monkeypatch.setattr(lever_rules, "REPO_ROOT", tmp_path)
     assert lever_rules.main(["--check"]) == 1
     assert "vllm_levers.yml is stale" in capsys.readouterr().err
@@ -161,7 +161,7 @@ def test_the_alert_rules_and_the_verdict_pick_the_same_vllm_lever(tmp_path):
         "pinned": [room + 0.05, 0.99, 0.99],  # mean past full while waiting: the KV pool
     }
     info = EngineInfo("vllm", "vllm", flags={"max-num-seqs": 8})
-    rules = {r["alert"]: r["expr"] for g in lever_rules.vllm_levers()["groups"] for r in g["rules"]}
+    rules = {r["alert"]: r["expr"] for g in lever_rules.levers(engines.VLLM)["groups"] for r in g["rules"]}
     lever_of_alert = {
         "VllmQueueWithKvCacheToSpare": "max_num_seqs",
         "VllmQueueWithKvCacheFull": "kv_cache_space_or_max_model_len",

@@ -152,7 +152,7 @@ def test_discovery_tells_the_engines_apart_on_the_ports_it_is_given():
     assert [(s.url, s.what, s.kind) for s in found.servers] == [
         (vllm.url, "vLLM", "vllm"),
         (llamacpp.url, "llama.cpp", "llamacpp"),
-        (sglang.url, "SGLang", None),
+        (sglang.url, "SGLang", "sglang"),  # servescope/engines/sglang.py
         (lmstudio.url, "LM Studio", None),
         (other.url, "an OpenAI-compatible server", None),
     ]
@@ -218,11 +218,11 @@ def test_no_engine_on_the_ports_given_says_where_it_looked(tmp_path):
 
 
 def test_a_server_servescope_has_no_kind_for_is_named_in_one_line_not_measured(tmp_path):
-    with Fingerprint(SGLANG) as sglang:
-        proc = run_quick("--ports", str(sglang.port), "--results", str(tmp_path), timeout=60)
+    with Fingerprint(LMSTUDIO) as lmstudio:  # SGLang was this example until it had an adapter
+        proc = run_quick("--ports", str(lmstudio.port), "--results", str(tmp_path), timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    (line,) = [line for line in proc.stdout.splitlines() if "SGLang" in line]
-    assert f"SGLang at {sglang.url} (--ports): servescope has no engine kind for it" in line
+    (line,) = [line for line in proc.stdout.splitlines() if "LM Studio" in line]
+    assert f"LM Studio at {lmstudio.url} (--ports): servescope has no engine kind for it" in line
     assert line.endswith("not measured") and not any(tmp_path.iterdir())
 
 

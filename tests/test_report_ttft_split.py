@@ -47,10 +47,10 @@ def test_vllm_is_labelled_aggregate_from_its_histograms():
     run = load(RUNS / "seed-vllm-ollama")
     check = crosscheck.CrossCheck("vllm", "vllm", True, "Prometheus")
     check.histogram_means_s = {"queue": 0.05, "prefill": 0.1, "decode": 3.85}
-    split = ttft_split.vllm(run, "vllm", check)
+    split = ttft_split.histograms(run, "vllm", check)
     assert split.available and split.aggregate and not split.requests
     assert split.source.startswith("aggregate: vLLM 0.32 gives no per-request timings")
     assert split.means_s["queue"] == 0.05 and split.means_s["prompt"] == 0.1
     assert split.means_s["transport"] == pytest.approx(split.ttft_mean_s - 0.15)
-    unavailable = ttft_split.vllm(run, "vllm", None)
+    unavailable = ttft_split.histograms(run, "vllm", None)
     assert not unavailable.available and "unavailable" in unavailable.source

@@ -19,12 +19,13 @@ was read. The stream looks like vLLM's:
 CLI (stable; other tests rely on it):
   python -m tests.doubles.synthetic_openai --port N [--host 127.0.0.1] [--ttft 0.2] [--itl 0.02]
       [--tokens 64] [--model NAME] [--no-usage] [--timings] [--fault SPEC] [--version-string S]
-      [--max-running N] [--kv-blocks N] [--slowdown F] [--burn] [--cpus LIST]
+      [--max-running N] [--kv-blocks N] [--slowdown F] [--burn] [--cpus LIST] [--flavour vllm|sglang]
   --port 0 picks a free port. The first stdout line is always `listening on http://HOST:PORT`.
   tokens per request = min(--tokens, the request's max_tokens); --itl 0 sends as fast as it can.
 
 Endpoints: POST /v1/chat/completions (stream or not), GET /v1/models, GET /version (vLLM-style),
-GET /metrics (vLLM 0.32's scheduler gauges and token counters, the lines the exporter reads),
+GET /metrics (vLLM 0.32's scheduler gauges and token counters, the lines the exporter reads; with
+--flavour sglang the same state in SGLang's names, and /get_model_info, /get_server_info instead of /version),
 GET /health, GET /stats (request counts and how late the server's own writes were, in ms), GET
 /stats/counters (requests, streams_completed, tokens_sent only: cheap enough to poll while a test runs),
 GET /stats/streams (per stream: prompt, t_arrival (kernel receive stamp; t0), t_request_line (when a
@@ -123,6 +124,9 @@ class Behaviour:
     kv_blocks: int = 0  # > 0: a KV pool of this many 16-token blocks that admission waits on (0: the seed's pool)
     slowdown: float = 0.0  # > 0: every step takes (1 + slowdown x (running - 1)) times longer; nothing ever queues
     burn: bool = False  # a core kept busy while any request runs: the server's CPU does the work, as an engine's does
+    # "sglang": /metrics in SGLang's names (tests/fixtures/sglang-0.5-metrics-from-docs.txt), its /get_model_info and
+    # /get_server_info, no /version (SGLang's version is in /get_server_info); "vllm": vLLM 0.32's, as above.
+    flavour: str = "vllm"
 
 
 @dataclass
@@ -291,8 +295,10 @@ class Scheduler:
             self.generation_tokens_total += generated
             self.held_tokens += held
 
-    def metrics(self, model: str) -> str:
-        """The scheduler lines of vLLM 0.32's /metrics (same names, labels and types)."""
+    def metrics(self, model: str, flavour: str = "vllm") -> str:
+        """The scheduler lines of vLLM 0.32's /metrics (same names, labels and types), or SGLang's."""
+        if flavour == "sglang":
+            return self.sglang_metrics(model)
         labels = f'engine="0",model_name="{model}"'
         with self.lock:
             if self.kv_blocks > 0:
@@ -316,6 +322,25 @@ class Scheduler:
             "# TYPE vllm:cache_config_info gauge",
             f'vllm:cache_config_info{{block_size="{KV_BLOCK_SIZE}",engine="0",num_gpu_blocks="{blocks}"}} 1.0',
         ]
+        return "\n".join(lines) + "\n"
+
+    def sglang_metrics(self, model: str) -> str:
+        """SGLang's names for the same state (its documented page): running, queue, token usage, token counters."""
+        labels = f'model_name="{model}"'
+        with self.lock:
+            blocks = self.kv_blocks or KV_BLOCKS
+            usage = self.reserved_blocks / blocks if self.kv_blocks > 0 else self.held_tokens / (KV_BLOCK_SIZE * blocks)
+            gauges = (
+                ("sglang:num_running_reqs", "gauge", self.running),
+                ("sglang:num_queue_reqs", "gauge", len(self.queue)),
+                ("sglang:token_usage", "gauge", usage),
+                ("sglang:num_used_tokens", "gauge", self.held_tokens),
+                ("sglang:prompt_tokens_total", "counter", self.prompt_tokens_total),
+                ("sglang:generation_tokens_total", "counter", self.generation_tokens_total),
+            )
+        lines = []
+        for name, kind, value in gauges:
+            lines += [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)!r}"]
         return "\n".join(lines) + "\n"
 
 
@@ -434,8 +459,14 @@ class _Handler(BaseHTTPRequestHandler):
                     "data": [{"id": b.model, "object": "model", "owned_by": "synthetic", "max_model_len": 1024}],
                 },
             )
-        elif self.path == "/version":
+        elif self.path == "/version" and b.flavour != "sglang":
             self._json(200, {"version": b.version})
+        elif self.path == "/get_model_info" and b.flavour == "sglang":
+            self._json(200, {"model_path": b.model, "tokenizer_path": b.model, "is_generation": True})
+        elif self.path == "/get_server_info" and b.flavour == "sglang":
+            self._json(
+                200, {"version": b.version, "max_running_requests": b.max_running or None, "context_length": 1024}
+            )
         elif self.path.split("?", 1)[0] == "/metrics":
             fault = Fault.parse(b.metrics_fault)
             if fault.stall:
@@ -443,7 +474,7 @@ class _Handler(BaseHTTPRequestHandler):
             if fault.status:
                 self._json(fault.status, {"error": {"message": "synthetic metrics fault", "code": fault.status}})
                 return
-            body = self.server.scheduler.metrics(b.model).encode()
+            body = self.server.scheduler.metrics(b.model, b.flavour).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -791,6 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown", type=float, default=0.0, help="each step x (1 + F x (running - 1))")
     parser.add_argument("--burn", action="store_true", help="keep a core busy while any request runs (an engine's CPU)")
     parser.add_argument("--cpus", default="", help="run on these cores only, e.g. 0 (its CPU affinity)")
+    parser.add_argument("--flavour", choices=("vllm", "sglang"), default="vllm", help="whose metric names to serve")
     args = parser.parse_args(argv)
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
@@ -811,6 +843,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_blocks=args.kv_blocks,
             slowdown=args.slowdown,
             burn=args.burn,
+            flavour=args.flavour,
         )
     except (ValueError, OSError) as exc:
         print(f"synthetic_openai: {exc}", file=sys.stderr)

