@@ -16,6 +16,9 @@ kept in knee.json but left out of every verdict, and the same load is measured a
 where the engine was not there (refused, timed out, unreadable: servescope/binding.py's engine
 fault): the search waits for the engine to answer its health check and measures the level again,
 and after FAULT_RETRIES such measurements in a row it stops with that line, never with a capacity.
+The same holds for one the load generator could not keep up with (its CPU plus run-queue wait, the
+binding rule's client): the load it asked for was not offered, so its verdict says nothing of the
+engine (with kernel stamps its latencies can look fine while it sent a tenth of its requests).
 
 Whether a load meets the SLOs is servescope/slo.py's rule over that phase's records. At the lowest
 failing load, what ran out is named by servescope/binding.py's rule from evidence of its own (the
@@ -48,7 +51,7 @@ except ImportError:  # pragma: no cover - before servescope/hostnoise.py is merg
 CONCURRENCY, RATE = "concurrency", "rate"
 OVER = (CONCURRENCY, RATE)
 UNITS = {CONCURRENCY: "users", RATE: "req/s"}
-FAULT_RETRIES = 2  # measurements of one level in a row the engine was not there for: then the search stops
+FAULT_RETRIES = 2  # measurements of one level in a row the engine (or the client) failed: then the search stops
 
 
 @dataclass
@@ -69,6 +72,12 @@ class Probe:
     def fault(self) -> bool:
         """The engine was not there: not a measurement of its capacity (left out, measured again)."""
         return self.binding.resource == binding.ENGINE_FAULT
+
+    @property
+    def void(self) -> bool:
+        """Not a measurement of the engine's capacity: the engine was not there, or the client could not offer the
+        load (left out, measured again)."""
+        return self.binding.resource in binding.STOPPED
 
 
 def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[tuple[str, ...], dict | None]:
@@ -109,7 +118,7 @@ class KneeSearch:
         self._records: dict[str, list[RequestRecord]] = {}  # phase -> its records (levels pool them)
         self._samples: dict[str, list[SampleRecord]] = {}  # phase -> this engine's samples during it
         self.note = ""
-        self.fault_stop = False  # the search ended on an engine that was not there
+        self.stopped_on: str | None = None  # the binding resource (engine fault, client) that ended the search
         self.say = print  # where the search's own lines go between measurements (the CLI's recorder)
         self.prompt_set = settings.prompt_set
 
@@ -185,6 +194,11 @@ class KneeSearch:
             self.say(f"knee: {phase.name}: {warning}")
         level = self.next_level()
         self.write(folder)
+        if level is not None and probe.void and not probe.fault:
+            self.say(
+                f"knee: {phase.name}: the load generator could not keep up ({probe.binding.evidence}): "
+                f"measuring {level:g} again"
+            )
         if level is not None and probe.fault:
             self.say(f"knee: {phase.name}: engine fault ({probe.binding.evidence}): measuring {level:g} again")
             self._wait_for_engine()
@@ -218,7 +232,7 @@ class KneeSearch:
 
     def trusted(self, level: float | None = None) -> list[Probe]:
         """The measurements the search concludes from (of one level): not flagged noisy, the engine there."""
-        return [p for p in self.probes if not p.noisy and not p.fault and (level is None or p.level == level)]
+        return [p for p in self.probes if not p.noisy and not p.void and (level is None or p.level == level)]
 
     def levels(self) -> list[float]:
         return sorted({p.level for p in self.trusted()})
@@ -242,20 +256,20 @@ class KneeSearch:
             self.note = f"the probe budget (--knee-probes {self.max_probes}) was spent before the search settled"
             return None
         last = self.probes[-1]
-        if last.fault:
+        if last.void:
             run = 0
             for p in reversed(self.probes):
-                if not p.fault:
+                if p.binding.resource != last.binding.resource:
                     break
                 run += 1
             if run >= FAULT_RETRIES:
-                self.fault_stop = True
+                self.stopped_on = last.binding.resource
                 self.note = (
-                    f"engine fault at {last.level:g} {UNITS[self.over]} in {run} measurements in a row "
+                    f"{binding.STOPPED[self.stopped_on]} at {last.level:g} {UNITS[self.over]} in {run} measurements in a row "
                     f"({last.binding.evidence}): the search stopped; nothing above is a capacity"
                 )
                 return None
-            return last.level  # the engine was not there: the same load again once it answers
+            return last.level  # not a measurement of the engine: the same load again (once it answers)
         if last.noisy:
             return last.level  # the host disturbed it: the same load again, nothing concluded
         knee, fail = self.boundary()
@@ -304,7 +318,7 @@ class KneeSearch:
         knee, fail = self.boundary()
         measured = self.levels()
         last = self.probes[-1] if self.probes else None
-        if self.fault_stop or (not measured and last is not None and last.fault):
+        if self.stopped_on or (not measured and last is not None and last.void):
             return last.level, last.binding
         if not measured:
             return None, binding.Binding(binding.UNDECIDED, "nothing measured")
@@ -333,8 +347,8 @@ class KneeSearch:
         level, b = self.limit_binding()
         engine = self.settings.target.kind
         knob = binding.knob_for(engine, b.resource)
-        if self.fault_stop or (not self.trusted() and self.probes and self.probes[-1].fault):
-            status = "engine fault"
+        if self.stopped_on or (not self.trusted() and self.probes and self.probes[-1].void):
+            status = binding.STOPPED[self.stopped_on or self.probes[-1].binding.resource]
         elif not self.trusted():
             status = "nothing measured"
         elif knee is None:
@@ -447,8 +461,8 @@ class KneeSearch:
         elif s["status"] == "meets the SLOs up to the highest load":
             out.append(f"knee: at least {s['knee']:g} {unit} - the SLOs hold up to --max-load {self.max_load:g}")
         b = s["binding"]
-        if s["status"] == "engine fault":
-            out.append(f"knee: none - {s['note'] or 'the engine was not there'}")
+        if s["status"] in binding.STOPPED.values():
+            out.append(f"knee: none - {s['note'] or s['status']}")
         elif s["first_failing"] is not None:
             out.append(f"binding at {s['binding_level']:g} {unit}: {b['advice']} ({b['evidence']})")
         elif s["binding_level"] is not None:  # nothing failed: what the server did at the top, not what ran out
@@ -460,7 +474,7 @@ class KneeSearch:
             )
         if s["non_monotonic"]:
             out.append("note: a load above a failing one met the SLOs (feasibility not monotone: a noisy machine?)")
-        if s["note"] and s["status"] != "engine fault":
+        if s["note"] and s["status"] not in binding.STOPPED.values():
             out.append(f"note: {s['note']}")
         return out
 

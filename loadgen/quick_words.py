@@ -177,6 +177,8 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
     early = f"; {outcome.stopped}, so this is what was measured until then" if outcome.stopped else ""
     if status == "engine fault":
         out.append(_line("Capacity", f"not measured: the engine was not there ({knee.get('note') or 'engine fault'})"))
+    elif status == "client bound":
+        out.append(_line("Capacity", f"not measured: the load generator could not keep up ({knee.get('note')})"))
     elif status == "nothing measured" or (k is None and fail is None):
         noisy = [p for p in knee.get("probes", []) if p.get("noisy")]
         why = (
@@ -224,7 +226,7 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
     if fail is not None and b:
         out.append(_line("Ran out", b.get("advice") or b.get("resource", "undecided")))
         out.append(_line("Evidence", b.get("evidence") or "none recorded"))
-    elif b and knee.get("binding_level") is not None and status != "engine fault":
+    elif b and knee.get("binding_level") is not None and status not in binding.STOPPED.values():
         top = knee["binding_level"]
         out.append(_line("Ran out", f"nothing up to {_users(top)}: the SLOs held at every load tried"))
         # What the server did at the top load, when the rule read a state there; its floor and fault branches
@@ -258,7 +260,7 @@ def _tail(outcome: Outcome) -> list[str]:
         )
     if knee.get("non_monotonic"):
         notes.append("a load above a failing one met the SLOs (a noisy machine?): measure again, longer")
-    if knee.get("note") and knee.get("status") != "engine fault":
+    if knee.get("note") and knee.get("status") not in binding.STOPPED.values():
         notes.append(str(knee["note"]))
     out += [_line("Note", text) for text in notes]
     if probes:

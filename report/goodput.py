@@ -18,7 +18,7 @@ import numpy as np
 from report import latency, query, schedule, stats
 from report.load import Run
 from report.render import Bullets, Paragraph, Section, Table
-from servescope import runreader, slo
+from servescope import binding, runreader, slo
 from servescope.runfolder import KNEE
 
 
@@ -373,8 +373,8 @@ def _knee_text(knee: dict[str, Any]) -> str:
         found = f"the knee is {knee['knee']:g} {unit} ({knee['first_failing']:g} {unit} fails)"
     elif knee["status"] == "fails at the lowest load":
         found = f"no knee: the SLOs fail even at {knee['first_failing']:g} {unit}"
-    elif knee["status"] == "engine fault":
-        found = f"no knee: {knee.get('note') or 'the engine was not there'}"
+    elif knee["status"] in binding.STOPPED.values():
+        found = f"no knee: {knee.get('note') or knee['status']}"
     elif knee["status"] == "nothing measured":
         found = "nothing was measured"
     else:

@@ -42,6 +42,8 @@ UNKNOWN = UNDECIDED  # knee.json of runs before the evidence rule said "unknown"
 RESOURCES = (BATCH_SLOTS, KV_CAPACITY, COMPUTE, CLIENT, SLO_FLOOR, ENGINE_FAULT, UNDECIDED)
 # Names that are not a resource a knob adds: a tune stops at them, a knee level with a fault is measured again.
 NOT_CAPACITY = (ENGINE_FAULT, CLIENT, UNDECIDED, "unknown")
+# What a knee search that stopped on measurements of these (not of the engine's capacity) ends with.
+STOPPED = {ENGINE_FAULT: "engine fault", CLIENT: "client bound"}
 
 # What a request that found no engine ends with (loadgen.client.ErrorKind values).
 FAULT_KINDS = frozenset({"connection_refused", "timeout", "stream_cut"})
