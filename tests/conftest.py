@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -15,6 +16,12 @@ import pytest
 import requests
 
 from stack import provision
+
+# A suite started in the background by a non-interactive shell (`make test &`) inherits SIGINT ignored, and so would
+# every program it starts: the Ctrl-C tests would then fail on the shell, not the code. Python's own handler puts
+# it back (an exec resets a handler to the default, never an ignored signal).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def in_ci() -> bool:

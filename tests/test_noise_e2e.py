@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 HOG = "python -m tests.doubles.cpu_hog"
 # Every other program's CPU in a phase is what it measures (a parallel test worker is one), and its hog takes
 # two cores: run alone.
-pytestmark = [pytest.mark.serial, pytest.mark.slow]
+pytestmark = [pytest.mark.serial, pytest.mark.slow, pytest.mark.long]
 HOG_PHASE = "burst-1#2"  # llama.cpp's burst in repetition 2 (A1 A2 B1 B2 | B2 B1 A2 A1: it follows its repetition 1)
 
 

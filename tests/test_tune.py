@@ -56,6 +56,7 @@ class RestartableEngine:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a minute: the whole loop, knee after knee
 @pytest.mark.serial  # knees under real-latency SLOs and goodput deltas: a shared CPU moves both
 def test_the_tune_loop_raises_slots_while_they_bind_keeps_what_raises_goodput_and_stops_at_compute(
     tmp_path, engine_core
