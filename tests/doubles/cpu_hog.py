@@ -27,8 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         "--realtime", action="store_true", help="spin at SCHED_FIFO priority 1 (root): ordinary tasks on its cores wait"
     )
     parser.add_argument(
-        "--duty", type=float, default=1.0, help="share of each 0.25 s the hog spins (it sleeps the rest): below 1, "
-        "what shares its core runs in the gaps, slowly, instead of not at all"
+        "--duty",
+        type=float,
+        default=1.0,
+        help="share of each 0.25 s the hog spins (it sleeps the rest): below 1, "
+        "what shares its core runs in the gaps, slowly, instead of not at all",
     )
     args = parser.parse_args(argv)
     try:
