@@ -86,6 +86,7 @@ class Binding:
     waiting_share: float | None = None  # share of them that saw a request waiting
     peak_waiting: float | None = None
     peak_running: float | None = None
+    at_ceiling_while_waiting: float | None = None  # share of the waiting samples with running at its peak
     mean_running: float | None = None
     kv_max_while_waiting: float | None = None
     kv_mean_while_waiting: float | None = None
@@ -281,6 +282,16 @@ def _queue(b: Binding, failing: Level, below, engine, spec, open_loop, lowest) -
         )
     elif resource == BATCH_SLOTS and _queue_means_slots(engine):
         b.evidence = f"requests waited for a slot: {seen}{run}; {engine} queues only for a slot"
+    elif resource == BATCH_SLOTS and (
+        b.at_ceiling_while_waiting is not None and b.at_ceiling_while_waiting < thresholds.SLOT_CEILING_SHARE
+    ):
+        b.resource = UNDECIDED
+        b.evidence = (
+            f"requests waited ({seen}{run}) while the running batch was below its peak in "
+            f"{1 - b.at_ceiling_while_waiting:.0%} of those samples, KV usage below {thresholds.KV_ROOM:.0%} "
+            f"(highest {b.kv_max_while_waiting:.0%}): the scheduler admitted them at its own pace, not for want of "
+            f"a slot or KV: neither is claimed"
+        )
     elif resource == BATCH_SLOTS:
         b.evidence = (
             f"requests waited for a slot: {seen}{run}; KV usage stayed below {thresholds.KV_ROOM:.0%} "
@@ -383,6 +394,10 @@ def _gauges(samples: Sequence[SampleRecord]) -> Binding:
     b.waiting_share = len(waited) / len(readable)
     b.peak_waiting = max(waiting)
     b.peak_running = max(running) if running else None
+    ceiling = [
+        s.values[series.REQUESTS_RUNNING] >= b.peak_running for s in waited if series.REQUESTS_RUNNING in s.values
+    ]
+    b.at_ceiling_while_waiting = sum(ceiling) / len(ceiling) if ceiling else None
     b.kv_max_while_waiting = max(kv_waiting) if kv_waiting else None
     b.kv_mean_while_waiting = statistics.fmean(kv_waiting) if kv_waiting else None
     b.kv_peak = max(kv_all) if kv_all else None

@@ -70,6 +70,10 @@ QUICK_SLO_ATTAINMENT = 0.9
 # Requests "waited" at a load when at least this share of the phase's samples saw waiting > 0: a queue
 # that shows once between two reads is a step's admission, not a resource that ran out.
 BINDING_WAITING_SHARE = 0.2
+# Batch slots (an engine that queues for KV too, vLLM): requests waited while the running batch sat at its ceiling
+# in at least this share of those samples. Waiting beside a batch below its peak is the scheduler's own pace (its
+# per-step token budget admitting long prompts a few at a time), which no slot knob moves: neither is claimed.
+SLOT_CEILING_SHARE = 0.8
 # Compute: the latency the SLOs failed on grew at least this much from the lightest load measured while the batch
 # grew (every request admitted, each step slower), AND the engine used at least ENGINE_CPU_NEAR of the cores it could
 # (its affinity or cgroup quota, less what other programs, servescope's observers and the load generator took).

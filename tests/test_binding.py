@@ -76,6 +76,17 @@ def test_requests_waiting_with_kv_room_are_batch_slots():
     assert binding.knob_for("vllm", b.resource).env == "VLLM_MAX_NUM_SEQS"
 
 
+def test_requests_waiting_beside_a_batch_below_its_peak_are_not_batch_slots():
+    """Live (vLLM-CPU, 850-token prompts, 32 slots, 22 users): running touched 22 once, requests waited while it sat
+    at 4-12 (the scheduler's token budget admits long prompts a few per step) and KV stayed at 78%: not slots."""
+    samples = [sample(0, running=22, waiting=0)] + [
+        sample(i, running=4 + i % 8, waiting=18 - i % 8) for i in range(1, 30)
+    ]
+    b = classify(level(22, [record(i, ttft=40) for i in range(20)], samples), BELOW)
+    assert b.resource == binding.UNDECIDED and b.at_ceiling_while_waiting == 0.0
+    assert "below its peak in 100% of those samples" in b.evidence and "neither is claimed" in b.evidence
+
+
 def test_requests_waiting_on_a_full_pool_are_kv_capacity():
     failing = level(4, [record(i, ttft=1.5) for i in range(20)], [sample(i, waiting=3, kv=0.97) for i in range(30)])
     b = classify(failing, BELOW)
