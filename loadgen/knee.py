@@ -397,6 +397,7 @@ class KneeSearch:
                     "result": asdict(p.result),
                     "binding": p.binding.resource,
                     "fault": p.binding.evidence if p.fault else None,
+                    "client": p.binding.evidence if p.void and not p.fault else None,  # the load was not offered
                     "noisy": list(p.noisy),
                     "reuse": asdict(p.reuse) if p.reuse else None,
                 }
