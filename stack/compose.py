@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from servescope import engines as kinds
 from servescope import knobs, prometheus_config
 from servescope.runfolder import new_run_id
-from stack import summary
+from stack import llamacpp, summary
 from stack.errors import StackError
 from stack.progress import elapsed, say
 
@@ -106,6 +106,9 @@ def compose_env(environ: dict[str, str] | None = None, cores: int | None = None)
     if engines:
         env.setdefault("COMPOSE_LOADGEN_ENGINE", engines[0])
         env.setdefault("COMPOSE_LOADGEN_ENGINE_URL", LOADGEN_URLS[engines[0]])
+    # The container runs on this CPU: where it advertises AMX, llama-server's repacked (AMX) kernels die of SIGILL on
+    # this project's VMs (exit 132 in a crash loop), as the native stack finds and mends (stack/native.py).
+    env.setdefault("COMPOSE_LLAMACPP_REPACK", "0" if llamacpp.cpu_advertises_amx() else "1")
     if "grafana" in profiles:
         env.setdefault("COMPOSE_GRAFANA_URL", f"http://grafana:{prometheus_config.COMPOSE_PORTS['grafana']}")
     elif not env.get("GRAFANA_ADMIN_PASSWORD"):

@@ -30,6 +30,7 @@ INTERNAL_VARS = {
     "COMPOSE_LOADGEN_ENGINE",
     "COMPOSE_LOADGEN_ENGINE_URL",
     "COMPOSE_GRAFANA_URL",
+    "COMPOSE_LLAMACPP_REPACK",  # stack/compose.py: 0 where the host CPU advertises AMX
     "COMPOSE_WHEELHOUSE_HOST",
 }
 
