@@ -79,6 +79,16 @@ class Probe:
         load (left out, measured again)."""
         return self.binding.resource in binding.STOPPED
 
+    @property
+    def client(self) -> bool:
+        """The load generator could not offer the load asked for: a measurement of the client, not the engine."""
+        return self.binding.resource == binding.CLIENT
+
+    @property
+    def trusted(self) -> bool:
+        """What the search (and tune, from knee.json) concludes from: not flagged noisy, a measurement of the engine."""
+        return not self.noisy and not self.void
+
 
 def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[tuple[str, ...], dict | None]:
     """(the host noise rule's flags, the noise itself) of a finished phase (its PhaseRecord's `noise`)."""
@@ -194,7 +204,7 @@ class KneeSearch:
             self.say(f"knee: {phase.name}: {warning}")
         level = self.next_level()
         self.write(folder)
-        if level is not None and probe.void and not probe.fault:
+        if level is not None and probe.client:
             self.say(
                 f"knee: {phase.name}: the load generator could not keep up ({probe.binding.evidence}): "
                 f"measuring {level:g} again"
@@ -232,7 +242,7 @@ class KneeSearch:
 
     def trusted(self, level: float | None = None) -> list[Probe]:
         """The measurements the search concludes from (of one level): not flagged noisy, the engine there."""
-        return [p for p in self.probes if not p.noisy and not p.void and (level is None or p.level == level)]
+        return [p for p in self.probes if p.trusted and (level is None or p.level == level)]
 
     def levels(self) -> list[float]:
         return sorted({p.level for p in self.trusted()})
@@ -397,7 +407,8 @@ class KneeSearch:
                     "result": asdict(p.result),
                     "binding": p.binding.resource,
                     "fault": p.binding.evidence if p.fault else None,
-                    "client": p.binding.evidence if p.void and not p.fault else None,  # the load was not offered
+                    "client": p.binding.evidence if p.client else None,  # the load was not offered
+                    "trusted": p.trusted,
                     "noisy": list(p.noisy),
                     "reuse": asdict(p.reuse) if p.reuse else None,
                 }

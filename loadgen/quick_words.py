@@ -175,9 +175,9 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
     status, k, fail = knee.get("status"), knee.get("knee"), knee.get("first_failing")
     words = slo_words(spec)
     early = f"; {outcome.stopped}, so this is what was measured until then" if outcome.stopped else ""
-    if status == "engine fault":
+    if status == binding.STOPPED[binding.ENGINE_FAULT]:
         out.append(_line("Capacity", f"not measured: the engine was not there ({knee.get('note') or 'engine fault'})"))
-    elif status == "client bound":
+    elif status == binding.STOPPED[binding.CLIENT]:
         out.append(_line("Capacity", f"not measured: the load generator could not keep up ({knee.get('note')})"))
     elif status == "nothing measured" or (k is None and fail is None):
         noisy = [p for p in knee.get("probes", []) if p.get("noisy")]

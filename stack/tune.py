@@ -166,11 +166,7 @@ class Tuner:
         probes = [
             p
             for p in result["probes"]
-            if p["level"] == level
-            and p["started_at"] is not None
-            and not p.get("noisy")
-            and not p.get("fault")
-            and not p.get("client")
+            if p["level"] == level and p["started_at"] is not None and p["trusted"]  # the knee's own rule
         ]
         spec = slo.parse(result["spec"], result["objective"])
         names = {p["phase"] for p in probes}
