@@ -41,14 +41,14 @@ import requests
 
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
 from servescope import binding, engines, knobs, prefix_reuse, slo
-from servescope.runfolder import KNEE, RequestRecord, RunFolder, SampleRecord, read_samples
+from servescope.runfolder import KNEE, KNEE_CONCURRENCY, KNEE_RATE, RequestRecord, RunFolder, SampleRecord, read_samples
 
 try:  # issue 15's host noise: a phase the host disturbed is measured again, never concluded from
     from servescope.hostnoise import flags as noise_flags
 except ImportError:  # pragma: no cover - before servescope/hostnoise.py is merged
     noise_flags = None
 
-CONCURRENCY, RATE = "concurrency", "rate"
+CONCURRENCY, RATE = KNEE_CONCURRENCY, KNEE_RATE
 OVER = (CONCURRENCY, RATE)
 UNITS = {CONCURRENCY: "users", RATE: "req/s"}
 FAULT_RETRIES = 2  # measurements of one level in a row the engine (or the client) failed: then the search stops

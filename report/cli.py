@@ -53,6 +53,11 @@ def _gap_limits(manifest: dict, override: str | None) -> tuple[float, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"]:  # `python -m report plan KNEE_RUN...`: replicas for a traffic (report/plan.py)
+        from report import plan
+
+        return plan.main(argv[1:])
     args = parser().parse_args(argv)
     run = baseline = None
     started = time.monotonic()

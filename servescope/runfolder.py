@@ -440,6 +440,8 @@ def latest(results_dir: Path) -> RunFolder:
 SAMPLES = "samples.jsonl"
 # `python -m loadgen knee` writes its search (levels, verdicts, the knee, the binding resource) beside the records.
 KNEE = "knee.json"
+# knee.json's "over": what the search varied (loadgen/knee.py writes it; the report's plan reads it)
+KNEE_CONCURRENCY, KNEE_RATE = "concurrency", "rate"
 
 
 @dataclass

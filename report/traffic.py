@@ -1,0 +1,113 @@
+"""The traffic a plan is made for: constant or Poisson arrivals, a trace file's, or a real service's rate in Prometheus."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+
+from report.replicas import Arrival
+
+MAX_ARRIVALS = 2_000_000  # what one plan simulates: about a minute per replica count searched at the top
+
+
+class TrafficError(ValueError):
+    """Traffic that cannot be planned for: one line saying why."""
+
+
+@dataclass(frozen=True)
+class Traffic:
+    name: str  # what the plan's header says it was made for
+    arrivals: tuple[Arrival, ...]
+    duration_s: float  # the span the traffic covers (cost is for this long)
+
+    @property
+    def mean_rate(self) -> float:
+        return len(self.arrivals) / self.duration_s if self.duration_s > 0 else 0.0
+
+
+def constant(rate: float, duration_s: float) -> Traffic:
+    _check_rate(rate, duration_s)
+    n = int(rate * duration_s)
+    return Traffic(
+        f"constant {rate:g} req/s for {duration_s:g} s", tuple(Arrival(i / rate) for i in range(n)), duration_s
+    )
+
+
+def poisson(rate: float, duration_s: float, seed: int = 0) -> Traffic:
+    _check_rate(rate, duration_s)
+    return Traffic(
+        f"Poisson {rate:g} req/s for {duration_s:g} s", _poisson([(0.0, duration_s, rate)], seed), duration_s
+    )
+
+
+def trace(arg: str, speed: float = 1.0) -> Traffic:
+    """A trace file of the kinds `--prompts trace:` reads (loadgen/workloads/trace.py: its parser, its errors), its
+    offsets divided by `speed` (the replay's --speed), each request's output length kept."""
+    from loadgen.prompts import PromptSetError
+    from loadgen.workloads import trace as trace_file
+
+    if not speed > 0 or not math.isfinite(speed):
+        raise TrafficError(f"--speed {speed:g}: expected a number above 0")
+    try:
+        loaded = trace_file.load(arg)
+    except PromptSetError as exc:
+        raise TrafficError(str(exc)) from None
+    arrivals = tuple(
+        Arrival(row.offset_s / speed, p.max_tokens) for row, p in zip(loaded.rows, loaded.prompts, strict=True)
+    )
+    last = arrivals[-1].at
+    # The span: the last arrival plus one mean gap, so a trace of n requests at rate r lasts n / r.
+    span = last * len(arrivals) / (len(arrivals) - 1) if len(arrivals) > 1 and last > 0 else max(last, 1.0)
+    said = f" at {speed:g}x" if speed != 1 else ""
+    return Traffic(f"trace {arg}{said}", arrivals, span)
+
+
+def prometheus(url: str, expr: str, since_s: float, step_s: float, seed: int = 0, now: float | None = None) -> Traffic:
+    """A real service's request rate over the last `since_s` (a PromQL expression in requests per second, e.g.
+    `sum(rate(http_requests_total{job="api"}[5m]))`), as Poisson arrivals at each step's rate."""
+    from report.gauges import Prometheus, PrometheusError
+
+    if not (since_s > 0 and step_s > 0) or step_s > since_s:
+        raise TrafficError("--since and --step: seconds above 0, the step no longer than the span")
+    end = time.time() if now is None else now
+    try:
+        result = Prometheus(url).query_range(expr, end - since_s, end, step_s)
+    except PrometheusError as exc:
+        raise TrafficError(str(exc)) from None
+    totals: dict[float, float] = {}
+    for series in result:
+        for t, v in series.get("values") or ():
+            value = float(v)
+            if math.isfinite(value) and value >= 0:
+                totals[float(t)] = totals.get(float(t), 0.0) + value
+    if not totals:
+        raise TrafficError(f"Prometheus at {url}: {expr!r} returned no samples over the last {since_s:g} s")
+    start = min(totals)
+    pieces = [(t - start, t - start + step_s, rate) for t, rate in sorted(totals.items())]
+    span = pieces[-1][1]
+    return Traffic(f"Prometheus {expr} over {since_s:g} s (step {step_s:g} s)", _poisson(pieces, seed), span)
+
+
+def _check_rate(rate: float, duration_s: float) -> None:
+    if not (rate > 0 and math.isfinite(rate)) or not (duration_s > 0 and math.isfinite(duration_s)):
+        raise TrafficError("--rate and --duration: numbers above 0")
+    if rate * duration_s > MAX_ARRIVALS:
+        raise TrafficError(f"{rate:g} req/s for {duration_s:g} s is more than {MAX_ARRIVALS:,} requests: plan a part")
+
+
+def _poisson(pieces: list[tuple[float, float, float]], seed: int) -> tuple[Arrival, ...]:
+    """Arrivals of a Poisson process whose rate is constant on each (start, end, rate) piece."""
+    rng = random.Random(f"traffic-{seed}")
+    out: list[Arrival] = []
+    for start, end, rate in pieces:
+        t = start
+        while rate > 0:
+            t += rng.expovariate(rate)
+            if t >= end:
+                break
+            out.append(Arrival(t))
+            if len(out) > MAX_ARRIVALS:
+                raise TrafficError(f"more than {MAX_ARRIVALS:,} requests: plan a part")
+    return tuple(out)

@@ -1,0 +1,161 @@
+"""The plan: the replica model's queueing and routing, the replica search, and `python -m report plan` on a knee folder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from report import plan, replicas, traffic
+from report.replicas import Arrival, Level, Profile
+from servescope import slo
+from servescope.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
+
+
+def level(concurrency, ttft=0.1, tpot=0.02, failed=0.0):
+    return Level(concurrency, np.array([ttft]), np.array([tpot]), failed, 10)
+
+
+def profile(levels, slots=None, tokens=11, knee=None):
+    return Profile("test", "vllm", tuple(levels), knee, slots, tokens, None)
+
+
+def test_a_request_beyond_the_slots_waits_for_one_and_its_wait_is_in_its_ttft():
+    one_slot = profile([level(1)], slots=1)  # e2e alone: 0.1 + 10 x 0.02 = 0.3 s
+    out, _ = replicas.simulate([Arrival(0.0), Arrival(0.2)], one_slot, 1)
+    assert out[0].e2e_s == pytest.approx(0.3)
+    assert out[1].ttft_s == pytest.approx(0.1 + 0.1)  # waited 0.3 - 0.2, then its own prefill
+    assert out[1].e2e_s == pytest.approx(0.1 + 0.3)
+
+
+def test_a_request_admitted_later_slows_the_one_decoding():
+    # Alone a token takes 0.02 s, beside another 0.04 s: A decodes 5 tokens alone (0.1 -> 0.2), B arrives at 0.2
+    # (its prefill 0.1 s counts it in flight), so A's last 5 tokens take 0.04 each: A ends at 0.4.
+    two = profile([level(1, tpot=0.02), level(2, tpot=0.04)])
+    out, _ = replicas.simulate([Arrival(0.0), Arrival(0.2)], two, 1)
+    assert out[0].e2e_s == pytest.approx(0.4)
+
+
+def test_least_connections_sends_to_the_idle_replica_where_round_robin_does_not():
+    # Three arrivals while the first is still running: round robin puts the third back on replica 0.
+    slow = profile([level(1, tpot=1.0), level(2, tpot=1.0)], tokens=3)
+    arrivals = [Arrival(0.0), Arrival(0.1), Arrival(0.2)]
+    rr, _ = replicas.simulate(arrivals, slow, 3, replicas.ROUND_ROBIN)
+    lc, _ = replicas.simulate(arrivals, slow, 2, replicas.LEAST_CONN)
+    assert [o.replica for o in rr] == [0, 1, 2]
+    assert lc[2].replica in (0, 1) and lc[0].replica != lc[1].replica
+
+
+def test_a_load_above_the_highest_measured_level_is_a_failure_not_an_extrapolation():
+    out, _ = replicas.simulate([Arrival(0.0), Arrival(0.01)], profile([level(1)]), 1)
+    assert out[0].ok and not out[1].ok and out[1].error == replicas.BEYOND
+
+
+def test_the_search_finds_the_fewest_replicas_and_says_one_fewer_misses():
+    # One slot, 0.3 s a request: a replica serves about 3 req/s; 8 req/s of Poisson needs more than 3 of them.
+    spec = slo.parse("ttft<=0.5", 0.9)
+    one_slot = profile([level(1)], slots=1, knee=1)
+    row, tried = plan.plan(one_slot, traffic.poisson(8, 120), spec, replicas.LEAST_CONN, 2, 60, 16, price=1.0)
+    assert row.replicas is not None and row.replicas >= 3
+    assert tried[-1].meets and not tried[-2].meets
+    assert row.attainment >= 0.9 > row.attainment_one_fewer
+    assert row.cost_per_million_good_tokens > 0
+    assert 0.5 < row.utilisation < 1.5  # requests held per replica (running or queued) over the knee's 1 user
+
+
+def test_a_search_that_reaches_its_limit_says_so():
+    spec = slo.parse("ttft<=0.5", 0.9)
+    row, _ = plan.plan(profile([level(1)], slots=1), traffic.poisson(20, 30), spec, replicas.LEAST_CONN, 1, 60, 2, None)
+    assert row.replicas is None and any("PLAN_MAX_REPLICAS" in n for n in row.notes)
+
+
+def _knee_folder(tmp_path, slots_flag=None):
+    folder = RunFolder.create(tmp_path, "knee")
+    engine = {"instance": "vllm", "kind": "vllm", "url": "http://127.0.0.1:1"}
+    if slots_flag is not None:
+        engine["flags"] = {"--max-num-seqs": str(slots_flag)}
+    folder.write_manifest({"run_id": "knee", "engines": [engine]})
+    probes = []
+    for users, ttft in ((1, 0.1), (2, 0.12), (4, 0.9)):
+        phase = f"knee-c{users}"
+        t0 = 1_000_000.0 + users * 100
+        for i in range(20):
+            folder.append_request(
+                RequestRecord(
+                    "vllm",
+                    "vllm",
+                    "sweep",
+                    phase,
+                    "openai",
+                    "m",
+                    "synthetic:256",
+                    "sha",
+                    f"p{i}",
+                    11,
+                    t0 + i,
+                    True,
+                    200,
+                    ttft_s=ttft,
+                    e2e_s=ttft + 0.2,
+                    output_tokens=11,
+                    prompt_tokens=256,
+                )  # fmt: skip
+            )
+        folder.append_phase(
+            PhaseRecord("vllm", "vllm", "sweep", phase, t0, t0 + 20, 20, users, "synthetic:256", "sha", 11)
+        )
+        probes.append({"phase": phase, "level": users, "trusted": True})
+    probes.append({"phase": "knee-c8", "level": 8, "trusted": False})  # left out: a fault, never modelled
+    summary = {"over": "concurrency", "engine": "vllm", "instance": "vllm", "spec": "ttft<=0.5", "objective": 0.9}
+    (folder.path / KNEE).write_text(json.dumps({**summary, "knee": 2, "probes": probes}))
+    return folder.path
+
+
+def test_a_knee_folder_becomes_a_replica_of_its_trusted_levels_and_recorded_slots(tmp_path):
+    p = plan.profile_of(_knee_folder(tmp_path, slots_flag=2))
+    assert [lv.concurrency for lv in p.levels] == [1, 2, 4]
+    assert p.slots == 2 and p.knee == 2 and p.output_tokens == 11
+    assert "max-num-seqs=2" in p.label
+    assert plan.profile_of(_knee_folder(tmp_path / "b")).slots is None  # not recorded: not guessed
+
+
+def test_plan_command_prints_the_table_and_writes_plan_json(tmp_path, capsys):
+    knee = _knee_folder(tmp_path)
+    out = tmp_path / "plan"
+    code = plan.main([str(knee), "--poisson", "6", "--duration", "60", "--price", "vllm=0.5", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "replicas" in printed and "predicted, not measured" in printed
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["rows"][0]["replicas"] >= 1 and doc["slo"]["spec"] == "ttft<=0.5"
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--poisson", "1", "--rate", "1"], "one of --trace"),
+        (["--trace", "/nonexistent/trace.jsonl"], "trace"),
+        (["--rate", "-1"], "above 0"),
+        (["--rate", "1", "--price", "nope=1"], "ENGINE=PRICE_PER_HOUR"),
+    ],
+)
+def test_bad_plan_input_is_one_line_and_exit_2(tmp_path, capsys, args, said):
+    assert plan.main([str(_knee_folder(tmp_path)), *args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("plan: ") and said in err[0]
+
+
+def test_a_folder_without_knee_json_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    assert plan.main([str(tmp_path / "run"), "--rate", "1"]) == 2
+    assert "knee.json" in capsys.readouterr().err
+
+
+def test_the_router_config_streams_through_kept_alive_connections_to_every_replica(tmp_path):
+    from stack.router import config
+
+    text = config(["http://127.0.0.1:8001", "127.0.0.1:8002/"], 9000, replicas.LEAST_CONN, tmp_path)
+    assert "least_conn;" in text and "server 127.0.0.1:8001 " in text and "server 127.0.0.1:8002 " in text
+    assert "proxy_buffering off;" in text and "listen 127.0.0.1:9000;" in text
+    assert "least_conn" not in config(["127.0.0.1:1"], 9000, replicas.ROUND_ROBIN, tmp_path)
