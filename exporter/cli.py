@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:  # `python -m exporter check URL...`: the metric-drift gate (exporter/check.py)
+        from exporter import check
+
+        return check.main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="servescope-exporter: %(message)s", stream=sys.stderr)
     try:
