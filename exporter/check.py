@@ -15,11 +15,13 @@ needs is gone (or the page is off); 2: bad input (a URL that does not answer or 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
 
 from exporter.llamacpp import slot_occupancy
+from exporter.ollama import OllamaCollector
 from exporter.upstream import MISSING, Upstream, UpstreamError
 from servescope import engine_identity, engines, knobs
 from servescope.engines.base import BY_EXPORTER, POOL_SLOTS, EngineKind, Reading
@@ -191,7 +193,7 @@ def check(spec: str, timeout: float = TIMEOUT_S) -> Verdict:
                 upstream = Upstream(url, api_key=_api_key(kind))
         verdict = Verdict(shown, kind, _version(kind, upstream, deadline))
         if kind.metrics is None:
-            verdict.findings = _api_findings(kind, upstream, deadline)
+            verdict.findings = _exporter_findings(kind, upstream, deadline)
             return verdict
         if text is MISSING:
             if not kind.metrics.optional:
@@ -204,7 +206,7 @@ def check(spec: str, timeout: float = TIMEOUT_S) -> Verdict:
             raise BadInput(
                 f"{shown}{kind.metrics_path}: not a {kind.title} metrics page (no {kind.metrics.prefix} sample)"
             )
-        verdict.findings = judge(kind, names)
+        verdict.findings = _cross_check(judge(kind, names), _exported(kind, upstream, deadline))
         if kind.metrics.pool == POOL_SLOTS:
             verdict.findings.append(_slots(upstream, deadline))
         return verdict
@@ -254,18 +256,48 @@ def _slots(upstream: Upstream, deadline: float) -> Finding:
     return Finding(reading, CURRENT, "/slots", f"GET /slots: current, {occupancy.slots} slots for {reading.feeds}")
 
 
-def _api_findings(kind: EngineKind, upstream: Upstream, deadline: float) -> list[Finding]:
-    """An engine without a page (Ollama): each endpoint the exporter reads it by answers in the shape it reads."""
-    findings = []
-    for endpoint in kind.identity:
-        reading = Reading((endpoint.path,), (BY_EXPORTER,), f"GET {endpoint.path}")
-        try:
-            endpoint.read(upstream.get_json(endpoint.path, deadline), engine_identity.Identity())
-        except (UpstreamError, ValueError) as exc:
-            line = f"needed by the exporter: GET {endpoint.path}: {exc}"
-            findings.append(Finding(reading, GONE_NEEDED, endpoint.path, line))
-            continue
-        findings.append(Finding(reading, CURRENT, endpoint.path, f"GET {endpoint.path}: current"))
+def _exporter_findings(kind: EngineKind, upstream: Upstream, deadline: float) -> list[Finding]:
+    """An engine without a page (Ollama): the exporter's own collector reads what it reads (its API), once."""
+    reading = Reading((kind.name,), (BY_EXPORTER,), "its API")
+    try:
+        read = _exported(kind, upstream, deadline)
+    except (UpstreamError, ValueError, KeyError, TypeError) as exc:
+        return [Finding(reading, GONE_NEEDED, kind.name, f"needed by the exporter: {exc}")]
+    paths = ", ".join(endpoint.path for endpoint in kind.identity)
+    return [
+        Finding(
+            reading, CURRENT, kind.name, f"its API ({paths} and the rest): read by the exporter ({len(read)} series)"
+        )
+    ]
+
+
+def _exported(kind: EngineKind, upstream: Upstream, deadline: float) -> set[str]:
+    """The series the exporter's own collector of the kind gives from this engine now (those with a sample)."""
+    from exporter.server import POOL_READERS  # the collector the exporter builds for the kind
+
+    collector = (
+        OllamaCollector(kind.name, upstream)
+        if kind.metrics is None
+        else POOL_READERS[kind.metrics.pool](kind.name, upstream, adapter=kind)
+    )
+    logging.getLogger("exporter").disabled = True  # its notes repeat what the check says
+    try:
+        return {sample.name for family in collector.scrape(deadline) for sample in family.samples}
+    finally:
+        logging.getLogger("exporter").disabled = False
+
+
+def _cross_check(findings: list[Finding], exported: set[str]) -> list[Finding]:
+    """A page sample the check calls read that the exporter's collector turns into no series: it is not read."""
+    for finding in findings:
+        reading = finding.reading
+        if finding.state in (CURRENT, OLD_NAME) and reading and BY_EXPORTER in reading.readers:
+            if reading.feeds.startswith("servescope_") and reading.feeds not in exported:
+                finding.state = MISSING_OPTIONAL if reading.optional else GONE_NEEDED
+                finding.line = (
+                    f"{'optional' if reading.optional else f'needed by {_readers(reading)}'}: the page carries "
+                    f"{finding.name} but the exporter gives no {reading.feeds} from it (no value it accepts)"
+                )
     return findings
 
 

@@ -177,3 +177,31 @@ def test_every_engine_sample_the_rules_and_dashboards_use_is_in_an_adapter():
     histogram_parts = re.compile(r"_(bucket|sum|count)$")
     missing = {n for n in used if n not in declared and histogram_parts.sub("", n) not in declared}
     assert used and not missing
+
+
+def test_a_sample_the_exporter_cannot_accept_is_not_called_read(capsys):
+    """The check runs the exporter's own collector: a waiting count of -1 is on the page but exported as nothing."""
+    with vllm_page("vllm-0.32.0-cpu-metrics-idle.txt", "0.32.0") as engine:
+        page = re.sub(
+            r"^(vllm:num_requests_waiting\{[^}]*\}) \S+$", r"\1 -1.0", engine.pages["/metrics"][1], flags=re.M
+        )
+        engine.set_text("/metrics", page)
+        code, out, _ = run(capsys, engine.url)
+    assert code == 1
+    assert f"carries vllm:num_requests_waiting but the exporter gives no {series.REQUESTS_WAITING}" in out
+
+
+def ollama_engine() -> RecordedEngine:
+    engine = RecordedEngine()
+    for path, name in (("/api/version", "version"), ("/api/ps", "ps"), ("/api/tags", "tags")):
+        engine.pages[path] = (200, fixture(f"ollama-0.12-{name}.json"), "application/json")
+    return engine
+
+
+def test_ollama_is_told_by_its_api_and_read_as_the_exporter_reads_it(capsys):
+    with ollama_engine() as engine:
+        code, out, err = run(capsys, engine.url)
+        del engine.pages["/api/ps"]
+        broken, out_broken, _ = run(capsys, f"ollama={engine.url}")
+    assert code == 0 and out.startswith("ok: Ollama 0.12"), out + err
+    assert broken == 1 and "needed by the exporter" in out_broken and "/api/ps" in out_broken
