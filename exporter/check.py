@@ -1,12 +1,14 @@
 """`python -m exporter check URL...`: whether each engine's live pages still carry what servescope reads off them.
 
 What is read, under which names (newest first: the others are old names), and who needs it comes from the engine
-adapters alone (EngineKind.readings(), servescope/engines/base.py); this module only looks at the pages. Per URL:
+adapters alone (EngineKind.readings(), servescope/engines/base.py); this module looks at the pages, and runs the
+exporter's own collector once on the same engine to confirm that what it calls read gives a value. Per URL (the
+recorded 0.9.1 page, trimmed)::
 
     vLLM-CPU 0.9.1 at http://127.0.0.1:8000
       renamed: reads vllm:gpu_cache_usage_perc (old name of vllm:kv_cache_usage_perc), for servescope_kv_cache_usage_ratio
       optional, not on the page: vllm:inter_token_latency_seconds (itl latency, read by the dashboards)
-      summary: 14 read: 9 current, 1 under an old name, 0 gone, 4 optional missing
+      summary: 16 read: 9 current, 1 under an old name, 0 gone, 6 optional missing
 
 A current page with nothing to say is one line ("ok: ..."). Exit 0: nothing needed is gone; 1: a series the exporter
 needs is gone (or the page is off); 2: bad input (a URL that does not answer or serves no metrics page).
