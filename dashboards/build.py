@@ -557,12 +557,18 @@ def engine_comparison() -> dict:
     )
 
 
+def _either(names: tuple[str, ...], by: list[str]) -> str:
+    """The rate of a renamed vLLM counter under whichever of its names the page has (never both: `or`)."""
+    return sum_by(by, " or ".join(rate(sel(name, VLLM_RAW)) for name in names))
+
+
 def vllm_dashboard() -> dict:
     kind, page = engines.VLLM, engines.VLLM.metrics
     names = {src.series: src.names for src in page.sources}
     running, waiting = names[series.REQUESTS_RUNNING][0], names[series.REQUESTS_WAITING][0]
     kv_names = names[series.KV_CACHE_USAGE]
-    hits = names[series.PROMPT_CACHED_TOKENS][0]
+    hits, queries = names[series.PROMPT_CACHED_TOKENS], page.charted["prefix-cache queries"]
+    (finished,) = page.charted["finish reasons"]
     kv_usage = [sel(name, VLLM_RAW) for name in kv_names]
     vllm = {"engine": f"={kind.name}", "instance": "=~$instance", "model": "=~$model"}
     by_instance = ["instance"]
@@ -625,23 +631,18 @@ def vllm_dashboard() -> dict:
         ),
         timeseries(
             "Prefix-cache hit rate",
-            f"{hits} / prefix_cache_queries_total (tokens).",
+            f"{hits[0]} / {queries[0].split(':', 1)[1]} (tokens; {' / '.join(n.split(':', 1)[1] for n in hits[1:])} "
+            "in 0.9.2-0.10).",
             "percentunit",
-            [
-                target(
-                    f"{sum_by(by_instance, rate(sel(hits, VLLM_RAW)))} / "
-                    f"{sum_by(by_instance, rate(sel('vllm:prefix_cache_queries_total', VLLM_RAW)))}",
-                    "{{instance}}",
-                )
-            ],
+            [target(f"{_either(hits, by_instance)} / {_either(queries, by_instance)}", "{{instance}}")],
         ),
         timeseries(
             "Finish reasons",
-            "vllm:request_success_total by finished_reason (stop, length, abort...).",
+            f"{finished} by finished_reason (stop, length, abort...).",
             "reqps",
             [
                 target(
-                    sum_by(["instance", "finished_reason"], rate(sel("vllm:request_success_total", VLLM_RAW))),
+                    sum_by(["instance", "finished_reason"], rate(sel(finished, VLLM_RAW))),
                     "{{finished_reason}} {{instance}}",
                 )
             ],

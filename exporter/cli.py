@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"{' and '.join(k.api_key_env for k in engines.ENGINES.values() if k.api_key_env)} (engines started with "
         f"--api-key). "
         "The config file format is described in `python -m pydoc exporter.config`. "
-        "Resource series: --process/--container, or processes:/containers: in the file.",
+        "Resource series: --process/--container, or processes:/containers: in the file. "
+        "`python -m exporter check URL...`: whether the engines' pages still carry what servescope reads "
+        "(docs/drift.md).",
     )
     # Defaults are None so that "not given" falls through to the file, then the environment.
     parser.add_argument("--config", metavar="FILE", help="YAML file listing engine instances (see exporter/config.py)")
@@ -66,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:  # `python -m exporter check URL...`: the metric-drift gate (exporter/check.py)
+        from exporter import check
+
+        return check.main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="servescope-exporter: %(message)s", stream=sys.stderr)
     try:

@@ -204,6 +204,10 @@ class MetricsPage:
     extra: tuple[str, ...] = ()  # other sample names the exporter reads for `pool`
     # Its own latency histograms as the dashboards chart them: "ttft", "itl", "e2e" -> names (a rename: newest first)
     latency: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Other samples its own dashboard charts as they are: what the panel shows -> names (a rename: newest first)
+    charted: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Sample names the engine dropped that servescope once read -> where their value comes from now
+    removed: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def names(self) -> frozenset[str]:
@@ -212,6 +216,31 @@ class MetricsPage:
 
     def source(self, series_name: str) -> Source | None:
         return next((s for s in self.sources if s.series == series_name), None)
+
+
+# Who reads a sample off an engine's page, as `python -m exporter check` (exporter/check.py) names them.
+BY_EXPORTER = "the exporter"
+BY_DASHBOARDS = "the dashboards"
+BY_REPORT = "the report"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One sample servescope reads off an engine's page, under every name it has had, and who reads it."""
+
+    names: tuple[str, ...]  # newest first: the others are its old names
+    readers: tuple[str, ...]  # BY_EXPORTER, BY_DASHBOARDS, BY_REPORT
+    feeds: str  # what it becomes: a neutral series, "ttft latency", "the KV pool"
+    optional: bool = False  # its absence costs a panel or a cross-check, never a neutral series the exporter must give
+    histogram: bool = False  # `names` are histogram names: the page carries <name>_bucket, _sum and _count
+
+    @property
+    def current(self) -> str:
+        return self.names[0]
+
+    @property
+    def old(self) -> tuple[str, ...]:
+        return self.names[1:]
 
 
 # The forms an engine's own request timings come in (the report's cross-check and TTFT split read each its way).
@@ -319,6 +348,46 @@ class EngineKind:
     def lever(self, resource: str) -> Lever | None:
         """The knob that adds `resource`; None where no serving knob of this engine does."""
         return next((lever for lever in self.levers if lever.resource == resource), None)
+
+    def readings(self) -> tuple[Reading, ...]:
+        """Every sample servescope reads off its page, from this adapter alone: the neutral series' sources and the
+        pool's samples (the exporter's; needed unless the source is optional), its latency histograms and the
+        samples its dashboard charts (the dashboards'), its timing histograms (the report's): all optional."""
+        page = self.metrics
+        if page is None:
+            return ()
+        found: dict[tuple[str, ...], Reading] = {}
+
+        def add(reading: Reading) -> None:
+            known = found.get(reading.names)
+            if known is None:
+                found[reading.names] = reading
+                return
+            found[reading.names] = Reading(
+                reading.names,
+                tuple(dict.fromkeys((*known.readers, *reading.readers))),
+                known.feeds,
+                known.optional and reading.optional,
+                known.histogram or reading.histogram,
+            )
+
+        for source in page.sources:
+            add(Reading(source.names, (BY_EXPORTER,), source.series, optional=source.optional))
+        read = {name for source in page.sources for name in source.names}
+        for source in page.sources:
+            for name in source.plus:
+                if name not in read:  # added "where the page has them"
+                    add(Reading((name,), (BY_EXPORTER,), source.series, optional=True))
+        for name in page.extra:
+            add(Reading((name,), (BY_EXPORTER,), "the KV pool"))
+        for which, names in page.latency.items():
+            add(Reading(names, (BY_DASHBOARDS,), f"{which} latency", optional=True, histogram=True))
+        if self.timings is not None:
+            for part, name in self.timings.histograms.items():
+                add(Reading((name,), (BY_REPORT,), f"{part} time", optional=True, histogram=True))
+        for what, names in page.charted.items():
+            add(Reading(names, (BY_DASHBOARDS,), what, optional=True))
+        return tuple(found.values())
 
     @property
     def tuned(self) -> tuple[str, ...]:

@@ -137,6 +137,7 @@ PAGE = MetricsPage(
     without="no queue and no token counters",
     how_on="llama-server: start it with --metrics",
     pool=POOL_SLOTS,
+    removed={"llamacpp:kv_cache_usage_ratio": "KV usage is worked out from GET /slots"},
 )
 EXPLAINS = {
     series.KV_CACHE_USAGE: "tokens held in slots / total n_ctx of all slots, from GET /slots",

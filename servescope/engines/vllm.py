@@ -105,6 +105,8 @@ PAGE = MetricsPage(
             series.PROMPT_CACHED_TOKENS,
             ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
             counter=True,
+            # the V0 engine (0.9.1) has neither, only a block hit-rate gauge
+            optional=True,
             note="the older name in 0.9.2-0.10; it stays 0 while prefix caching is off",
         ),
         Source(series.PREEMPTIONS, ("vllm:num_preemptions_total",), counter=True, optional=True),
@@ -116,6 +118,10 @@ PAGE = MetricsPage(
         # named time_per_output_token before 0.11 (hidden 0.12, later removed)
         "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
         "e2e": (E2E,),
+    },
+    charted={
+        "prefix-cache queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        "finish reasons": ("vllm:request_success_total",),
     },
 )
 EXPLAINS = {
