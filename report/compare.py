@@ -106,7 +106,7 @@ def matched_set(current: tuple[Run, list[PhaseRecord]], baseline: tuple[Run, lis
         shown = {(p.prompt_set or "?", p.prompt_set_sha256[:12] or "no hash", p.max_tokens) for p in phases}
         return ", ".join(f"{n} ({h}, max_tokens {m})" for n, h, m in sorted(shown))
 
-    return f"{said(*baseline)} against {said(*current)}"
+    return f"{baseline[0].run_id} ran {said(*baseline)}; {current[0].run_id} ran {said(*current)}"
 
 
 def compare_groups(current: Side, baseline: Side) -> list[Delta]:

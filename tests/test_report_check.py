@@ -278,3 +278,21 @@ def test_the_percentile_bootstrap_shares_the_medians_resampling():
 def _build(cand: Path, base: Path) -> check.Check:
     c, b = load(cand), load(base)
     return check.build(c, b, goodput.spec_of(c), check.tolerance())
+
+
+def test_help_explains_the_exit_codes_and_the_report_still_takes_its_own_options(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["check", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert all(f"\n  {code}  " in out for code in (0, 1, 2)) and "CHECK_TOLERANCE_PCT" in out
+    assert cli.parser().parse_args(["--run", "check"]).run == "check"  # a run named check is still a run
+
+
+def test_the_candidate_defaults_to_the_latest_run_and_never_to_the_baseline(tmp_path, capsys):
+    base = write_run(tmp_path, "20260101-000000-1", n=20)
+    code, _, err = run_check("--baseline", str(base), "--results", str(tmp_path), capsys=capsys)
+    assert code == 2 and "the candidate is the baseline" in err
+    write_run(tmp_path, "20260102-000000-1", n=20)
+    code, out, _ = run_check("--baseline", base.name, "--results", str(tmp_path), capsys=capsys)
+    assert code == 0 and "candidate 20260102-000000-1 against baseline 20260101-000000-1" in out
