@@ -23,7 +23,12 @@ def default_prometheus_url() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m report", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m report",
+        description=__doc__,
+        epilog="python -m report check --baseline RUN [--run RUN]: the regression gate (its --help: what it compares "
+        "and its exit codes)",
+    )
     p.add_argument("--run", metavar="ID|PATH", help="run folder to report on (default: the latest under --results)")
     p.add_argument("--baseline", metavar="ID|PATH", help="a second run to compare against (comparison mode)")
     p.add_argument(
@@ -58,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         from report import plan
 
         return plan.main(argv[1:])
+    if argv[:1] == ["check"]:  # a subcommand beside the report's own options, which stay as they were
+        from report import check
+
+        return check.main(argv[1:])
     args = parser().parse_args(argv)
     run = baseline = None
     started = time.monotonic()

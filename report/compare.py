@@ -8,6 +8,7 @@ import numpy as np
 
 from report import latency, query, stats
 from report.load import Run
+from servescope.runfolder import PhaseRecord
 
 METRICS = ("ttft_s", "itl_s", "tpot_s", "e2e_s", "output_tokens")
 METHOD = (
@@ -70,6 +71,42 @@ def pairs(current: Side, baseline: Side, metric: str) -> tuple[list[float], list
     cur, base = by_prompt(current, metric), by_prompt(baseline, metric)
     common = sorted(set(cur) & set(base))
     return [cur[k] for k in common], [base[k] for k in common]
+
+
+def prompt_set_kinds(run: Run) -> dict[str, dict]:
+    """The manifest's word on each prompt set by name (kind, tokens, seed; loadgen/manifest.py), old lists too."""
+    sets = run.manifest.get("prompt_sets")
+    if isinstance(sets, list):
+        sets = {s.get("name"): s for s in sets if isinstance(s, dict)}
+    return {str(k): v for k, v in sets.items() if isinstance(v, dict)} if isinstance(sets, dict) else {}
+
+
+def work(run: Run, phases: list[PhaseRecord]) -> set[tuple]:
+    """What a group of phases asked: (prompt set sha256, max_tokens) per phase; a fresh set (a new prompt per request,
+    drawn from a seed of the run's own) as ("fresh", its prompt length, max_tokens): two runs of one are two draws
+    of the same workload, never the same prompts."""
+    kinds = prompt_set_kinds(run)
+    out = set()
+    for p in phases:
+        described = kinds.get(p.prompt_set, {})
+        if described.get("kind") == "fresh":
+            out.add(("fresh", described.get("tokens"), p.max_tokens))
+        else:
+            out.add((p.prompt_set_sha256, p.max_tokens))
+    return out
+
+
+def matched_set(current: tuple[Run, list[PhaseRecord]], baseline: tuple[Run, list[PhaseRecord]]) -> str | None:
+    """The seed's matched-set rule between two runs' groups of phases: the same prompt sets (sha256) with the same
+    max_tokens, or fresh sets of the same prompt length; None when they match, else what differs (one line)."""
+    if work(*current) == work(*baseline):
+        return None
+
+    def said(run: Run, phases: list[PhaseRecord]) -> str:
+        shown = {(p.prompt_set or "?", p.prompt_set_sha256[:12] or "no hash", p.max_tokens) for p in phases}
+        return ", ".join(f"{n} ({h}, max_tokens {m})" for n, h, m in sorted(shown))
+
+    return f"{baseline[0].run_id} ran {said(*baseline)}; {current[0].run_id} ran {said(*current)}"
 
 
 def compare_groups(current: Side, baseline: Side) -> list[Delta]:

@@ -130,14 +130,35 @@ def _meets(term: slo.Term, value: str) -> str:
     return f"coalesce({value} <= {term.limit_s!r}::DOUBLE, {missing})"
 
 
-def _values(run: Run, terms, where: str) -> str:
+def _values(run: Run, terms, where: str, carry: str = "") -> str:
     """A phase's requests with each term's value computed once (v0, v1, ...), beside c<i>: an ITL percentile term's
-    count of gaps within its limit."""
+    count of gaps within its limit; carry: more of the records' columns to keep ("a, b, ")."""
     counts = "".join(f", {_gaps_within(t, run.db.limits)} AS c{i}" for i, t in enumerate(terms) if _is_flag(t))
     inner = f"SELECT *{counts} FROM requests WHERE {where}"
     values = ", ".join(f"{term_value(t, i)} AS v{i}" for i, t in enumerate(terms))
     kept = "".join(f", c{i}" for i, t in enumerate(terms) if _is_flag(t))
-    return f"(SELECT ok, output_tokens, itl_s_n{kept}, {values} FROM ({inner}))"
+    return f"(SELECT {carry}ok, output_tokens, itl_s_n{kept}, {values} FROM ({inner}))"
+
+
+def _good(terms) -> str:
+    """SQL: a request is good when it succeeded and met every term on its own (slo.SloSpec.good)."""
+    return " AND ".join(["ok", *(_meets(t, f"v{i}") for i, t in enumerate(terms))])
+
+
+def request_outcomes(run: Run, spec: slo.SloSpec, where: str, params: list) -> dict[str, np.ndarray]:
+    """Per request of the selection, in the report's order: good (1 or 0: evaluate's rule, request by request), ok,
+    finished_at (slo.finished_at: send + E2E), e2e_s (NaN without one) and output_tokens (0 without)."""
+    carry = "started_at, arrival_index, line_no, started_at + coalesce(e2e_s, 0.0) AS finished_at, e2e_s, "
+    rows = run.con.execute(
+        f"SELECT ({_good(spec.terms)})::DOUBLE AS good, ok::DOUBLE AS ok, finished_at, e2e_s::DOUBLE AS e2e_s, "
+        f"coalesce(output_tokens, 0)::DOUBLE AS output_tokens FROM {_values(run, spec.terms, where, carry)} "
+        f"ORDER BY {query.ORDER}",
+        params,
+    ).fetchnumpy()
+    out = {}
+    for k, v in rows.items():
+        out[k] = np.asarray(v.astype(float).filled(np.nan) if isinstance(v, np.ma.MaskedArray) else v, dtype=float)
+    return out
 
 
 def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: float) -> slo.SloResult:
@@ -146,7 +167,7 @@ def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: flo
     terms = spec.terms
     meets = [_meets(t, f"v{i}") for i, t in enumerate(terms)]
     per_request = [m for t, m in zip(terms, meets, strict=True) if t.percentile is None]
-    good = " AND ".join(["ok", *meets])
+    good = _good(terms)
     meeting = " AND ".join(["ok", *per_request])
     row = run.con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE ok), count(*) FILTER (WHERE {good}), "

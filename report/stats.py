@@ -1,4 +1,4 @@
-"""Percentiles, summaries and seeded bootstrap confidence intervals on medians, computed from raw samples."""
+"""Percentiles, summaries and seeded bootstrap confidence intervals on medians and percentiles, computed from raw samples."""
 
 from __future__ import annotations
 
@@ -129,16 +129,67 @@ def bootstrap_median_delta(
     prompt-to-prompt spread cancels. Unpaired: each side is resampled on its own. pools: (n, exact median)
     of each side when current and baseline are already uniform subsamples of pools too large to pass whole.
     """
+    return _bootstrap_delta(
+        current, baseline, "median", median, _Ranked.medians, paired, resamples, seed, confidence, pools
+    )
+
+
+def bootstrap_percentile_delta(
+    current: Sequence[float] | np.ndarray,
+    baseline: Sequence[float] | np.ndarray,
+    q: float,
+    *,
+    paired: bool = False,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    confidence: float = CONFIDENCE,
+    pools: tuple[tuple[int, float | None], tuple[int, float | None]] | None = None,
+) -> dict[str, float | int | bool | None]:
+    """percentile(current, q) - percentile(baseline, q) (type 7, as `percentile`) with bootstrap_median_delta's
+    resampling; keys as its, "percentile_current" / "percentile_baseline" for the medians'. pools: (n, exact q-th
+    percentile) of each side, as there."""
+
+    def point(values: np.ndarray) -> float | None:
+        data = np.sort(values)
+        if not len(data):
+            return None
+        lo, hi, w = rank_of(len(data), q)
+        return interpolate(float(data[lo]), float(data[hi]), w)
+
+    def resampled(ranked: _Ranked, idx: np.ndarray) -> np.ndarray:
+        return ranked.percentiles(idx, q)
+
+    out = _bootstrap_delta(
+        current, baseline, "percentile", point, resampled, paired, resamples, seed, confidence, pools
+    )
+    out["q"] = q
+    return out
+
+
+def _bootstrap_delta(
+    current: Sequence[float] | np.ndarray,
+    baseline: Sequence[float] | np.ndarray,
+    name: str,
+    point: Callable[[np.ndarray], float | None],
+    resampled: Callable[[_Ranked, np.ndarray], np.ndarray],
+    paired: bool,
+    resamples: int,
+    seed: int,
+    confidence: float,
+    pools: tuple[tuple[int, float | None], tuple[int, float | None]] | None,
+) -> dict[str, float | int | bool | None]:
+    """point(current) - point(baseline) with a percentile bootstrap CI, point's value of each resample computed by
+    `resampled` from the resample's indices into the sample (sorted once)."""
     cur, base = np.asarray(current, dtype=float), np.asarray(baseline, dtype=float)
-    (n_cur, m_cur), (n_base, m_base) = pools or ((len(cur), median(cur)), (len(base), median(base)))
+    (n_cur, m_cur), (n_base, m_base) = pools or ((len(cur), point(cur)), (len(base), point(base)))
     out: dict[str, float | int | bool | None] = {
         "paired": paired,
         "n_current": n_cur,
         "n_baseline": n_base,
         "resamples": resamples,
         "seed": seed,
-        "median_current": m_cur,
-        "median_baseline": m_base,
+        f"{name}_current": m_cur,
+        f"{name}_baseline": m_base,
         "delta": None,
         "ci_low": None,
         "ci_high": None,
@@ -160,9 +211,9 @@ def bootstrap_median_delta(
             cur_a = rng.choice(cur_a, BOOTSTRAP_MAX_SAMPLES, replace=False)
         if len(base_a) > BOOTSTRAP_MAX_SAMPLES:
             base_a = rng.choice(base_a, BOOTSTRAP_MAX_SAMPLES, replace=False)
-    # A subsample's medians differ a little from the whole's: its resampled deltas are moved by that much, so the
+    # A subsample's statistic differs a little from the whole's: its resampled deltas are moved by that much, so the
     # interval sits around the exact delta rather than around the subsample's.
-    shift = delta - (median(cur_a) - median(base_a)) if (len(cur_a), len(base_a)) != (n_cur, n_base) else 0.0
+    shift = delta - (point(cur_a) - point(base_a)) if (len(cur_a), len(base_a)) != (n_cur, n_base) else 0.0
     deltas: list[float] = []
     cur_r, base_r = _Ranked(cur_a), _Ranked(base_a)
     # Chunks keep memory bounded when ITL pools thousands of gaps per side.
@@ -171,11 +222,11 @@ def bootstrap_median_delta(
         k = min(chunk, resamples - len(deltas))
         if paired:
             idx = rng.integers(0, len(cur_a), size=(k, len(cur_a)))
-            d = cur_r.medians(idx) - base_r.medians(idx)
+            d = resampled(cur_r, idx) - resampled(base_r, idx)
         else:
             ci = rng.integers(0, len(cur_a), size=(k, len(cur_a)))
             bi = rng.integers(0, len(base_a), size=(k, len(base_a)))
-            d = cur_r.medians(ci) - base_r.medians(bi)
+            d = resampled(cur_r, ci) - resampled(base_r, bi)
         deltas.extend((d + shift).tolist() if shift else d.tolist())
     alpha = (1.0 - confidence) / 2.0
     out["ci_low"] = percentile(deltas, 100.0 * alpha)
@@ -202,6 +253,12 @@ class _Ranked:
         lo, hi = (size - 1) // 2, size // 2
         part = np.partition(self.ranks[idx], [lo, hi] if hi != lo else [lo], axis=1)
         return (self.ordered[part[:, lo]] + self.ordered[part[:, hi]]) / 2  # odd sizes: (x + x) / 2 is x exactly
+
+    def percentiles(self, idx: np.ndarray, q: float) -> np.ndarray:
+        """Each row's q-th percentile (type 7, as `percentile`), its two neighbouring ranks found by partitioning."""
+        lo, hi, w = rank_of(idx.shape[1], q)
+        part = np.partition(self.ranks[idx], [lo, hi] if hi != lo else [lo], axis=1)
+        return interpolate(self.ordered[part[:, lo]], self.ordered[part[:, hi]], w)
 
 
 def bootstrap_median_ci(

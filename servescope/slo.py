@@ -162,6 +162,38 @@ def finished_at(record: RequestRecord) -> float:
     return record.started_at + (record.e2e_s or 0.0)
 
 
+SLICES_PER_MEASUREMENT = (4, 40)  # fewest and most slices one measurement is cut into
+
+
+def good_slices(
+    started: float,
+    ended: float,
+    finished: Sequence[float],
+    good: Sequence[bool],
+    tokens: Sequence[float],
+    ok_e2e: Sequence[float],
+) -> tuple[list[float], list[float], list[float]]:
+    """One measurement cut into slices about two typical requests long: per slice, the good requests that finished in
+    it, their output tokens, and its length. sum(good) / sum(lengths) is goodput; the slices are what a bootstrap of
+    it resamples (batch means: a slice's completions carry the run's ups and downs, which single requests do not).
+    finished: each request's finish (finished_at); ok_e2e: the successful requests' E2E, whose median is typical."""
+    wall = ended - started
+    if wall <= 0:
+        return [], [], []
+    e2e = sorted(x for x in ok_e2e if x)
+    typical = e2e[len(e2e) // 2] if e2e else wall
+    low, high = SLICES_PER_MEASUREMENT
+    n = max(low, min(high, int(wall / (2 * typical))))
+    width = wall / n
+    per_slice, per_slice_tokens = [0.0] * n, [0.0] * n
+    for f, g, t in zip(finished, good, tokens, strict=True):
+        if g:
+            k = min(n - 1, max(0, int((f - started) / width)))
+            per_slice[k] += 1
+            per_slice_tokens[k] += t or 0
+    return per_slice, per_slice_tokens, [width] * n
+
+
 # ---------------------------------------------------------------- per phase
 
 

@@ -105,6 +105,11 @@ TEMPLATE_TOKENS = 64
 # its send-based latency hides the wait (coordinated omission); the schedule-based one shows it.
 SCHEDULE_LAG_P99_MAX_S = 0.05
 
+# --- the regression gate (report/check.py; its tolerance is the knob CHECK_TOLERANCE_PCT) ---
+# A tail percentile is gated only when each side has at least this many samples beyond it (p95: 200 requests,
+# p99: 1,000): fewer, and the percentile is one or two of the slowest requests, which a rerun moves at will.
+CHECK_TAIL_BEYOND = 10
+
 
 def kv_pool_state(kv_max_while_waiting: float | None, kv_mean_while_waiting: float | None) -> str:
     """ "full", "room", "between" or "unknown": the KV pool's state over the time requests waited."""

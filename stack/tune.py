@@ -361,8 +361,6 @@ class Tuner:
 
 # ---------------------------------------------------------------- goodput: one estimator, its CI by batch means
 
-SLICES_PER_MEASUREMENT = (4, 40)  # fewest and most slices one measurement is cut into
-
 
 @dataclass
 class Evidence:
@@ -378,23 +376,19 @@ class Evidence:
     faults: list[str] = field(default_factory=list)
 
     def add(self, started: float, ended: float, records: list, spec: slo.SloSpec) -> None:
-        wall = ended - started
-        if wall <= 0:
+        good, tokens, lengths = slo.good_slices(
+            started,
+            ended,
+            [slo.finished_at(r) for r in records],
+            [spec.good(r) for r in records],
+            [r.output_tokens or 0 for r in records],
+            [r.e2e_s for r in records if r.ok and r.e2e_s],
+        )
+        if not lengths:
             return
-        e2e = sorted(r.e2e_s for r in records if r.ok and r.e2e_s)
-        typical = e2e[len(e2e) // 2] if e2e else wall
-        low, high = SLICES_PER_MEASUREMENT
-        n = max(low, min(high, int(wall / (2 * typical))))
-        width = wall / n
-        good, tokens = [0.0] * n, [0.0] * n
-        for r in records:
-            if spec.good(r):
-                k = min(n - 1, max(0, int((slo.finished_at(r) - started) / width)))
-                good[k] += 1
-                tokens[k] += r.output_tokens or 0
         self.good += good
         self.tokens += tokens
-        self.lengths += [width] * n
+        self.lengths += lengths
         self.measurements += 1
 
     def extend(self, other: Evidence) -> None:
