@@ -368,7 +368,7 @@ def describe(energy: dict | None) -> str:
         return "energy not recorded"
     joules = energy.get("joules")
     if not isinstance(joules, (int, float)):
-        return str(energy.get("reason") or "energy not measured")
+        return "energy " + str(energy.get("reason") or "not measured")
     names = ", ".join(
         f"{s.get('source')} {s['joules']:.1f} J"
         for s in energy.get("sources") or []

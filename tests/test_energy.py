@@ -267,6 +267,6 @@ def test_an_engine_on_another_host_gets_the_reason_not_this_machines_joules(tmp_
 
 def test_describe_says_the_joules_or_the_reason():
     assert energy.describe(None) == "energy not recorded"
-    assert energy.describe({"joules": None, "reason": "not measured: x"}) == "not measured: x"
+    assert energy.describe({"joules": None, "reason": "not measured: x"}) == "energy not measured: x"
     line = energy.describe({"joules": 12.5, "sources": [{"source": "intel-rapl", "joules": 12.5}]})
     assert line == "energy 12.5 J (intel-rapl 12.5 J)"
