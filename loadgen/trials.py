@@ -266,8 +266,12 @@ class NoiseKeeper:
                 self.last["settle"] = self.settled
         if self.elsewhere is not None:  # this machine's counters say nothing of an engine elsewhere
             record.energy = {"joules": None, "reason": self.elsewhere}
-        elif (measured := self.energy.measure()) is not None:
-            record.energy = measured
+        elif (measured := self.energy.measure(go_on=True)) is not None:
+            record.energy = measured  # the phase's next record (a burst's next round) starts where this one ended
+
+    def close(self) -> None:
+        """The run is over: no window stays open (nor its reads between the edges)."""
+        self.energy.stop()
 
     def flags(self) -> list[str]:
         return hostnoise.flags(self.last, self.instance)

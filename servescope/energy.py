@@ -327,7 +327,10 @@ class Watch:
 
     def begin(self) -> None:
         self.stop()
-        self.series = [[r] for r in take(self.sources)]
+        self._start(take(self.sources))
+
+    def _start(self, first: list[Reading]) -> None:
+        self.series = [[r] for r in first]
         wrapping = [i for i, m in enumerate(self.sources) if getattr(m, "wraps", False)]
         if wrapping and self.tick_s > 0:
             self._stop = threading.Event()
@@ -342,7 +345,7 @@ class Watch:
                 series[i].append(self.sources[i].read())
 
     def stop(self) -> None:
-        """End the window without measuring it (a phase that was interrupted, an engine elsewhere)."""
+        """End the window without measuring it (a phase that was interrupted, an engine elsewhere, the run's end)."""
         self.series = None
         self._halt()
 
@@ -352,13 +355,18 @@ class Watch:
             self._ticker.join()
         self._stop = self._ticker = None
 
-    def measure(self) -> dict | None:
+    def measure(self, go_on: bool = False) -> dict | None:
+        """The energy since begin() (or the last measure that went on); go_on: the next window starts at this read
+        (a burst of several rounds writes a record per round, each its own window)."""
         if self.series is None:
             return None
         self._halt()
-        for reads, last in zip(self.series, take(self.sources), strict=True):
-            reads.append(last)
+        last = take(self.sources)
+        for reads, read in zip(self.series, last, strict=True):
+            reads.append(read)
         series, self.series = self.series, None
+        if go_on:
+            self._start(last)
         return over(series, self.no_source)
 
 

@@ -213,6 +213,26 @@ def test_the_watch_reads_a_wrapping_counter_between_the_edges_and_undoes_every_w
     assert meter.reads == reads  # the ticker stopped with the window
 
 
+def test_each_record_of_a_phase_gets_its_own_window():
+    """A burst of several rounds writes one record per round: the second round's joules are not the first's again."""
+
+    class Steps:
+        source, wraps = "intel-rapl", False
+        values = iter([0, 3_000_000, 10_000_000])
+        zone = energy.Zone("intel-rapl:0", "package-0", wrap_uj=RANGE_UJ)
+
+        def read(self) -> energy.Reading:
+            return energy.Reading(
+                self.source, time.monotonic(), {self.zone.key: next(self.values)}, {self.zone.key: self.zone}
+            )
+
+    watch = energy.Watch([Steps()])
+    watch.begin()
+    assert watch.measure(go_on=True)["joules"] == pytest.approx(3.0)
+    assert watch.measure()["joules"] == pytest.approx(7.0)
+    assert watch.measure() is None  # the window ended without going on
+
+
 def test_reads_too_far_apart_for_one_wrap_to_be_known_are_not_measured():
     zone_ = energy.Zone("intel-rapl:0", "package-0", wrap_uj=1_000_000, max_power_uw=100_000)  # 10 s to wrap
     begin = energy.Reading("intel-rapl", 0.0, {zone_.key: 5}, {zone_.key: zone_})
