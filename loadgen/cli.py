@@ -310,6 +310,7 @@ def run_headless(args: argparse.Namespace) -> int:
     finally:
         isolation.release()
         sampler.close()
+        keeper.close()  # after run.finish(): the last phase's records took their energy
         runner.stop()
         if fleet is not None:
             fleet.close()  # after its last records, before the folder is finished

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from loadgen.client_metrics import ClientMetrics
-from servescope import hostnoise
+from servescope import energy, hostnoise
 from servescope.runfolder import PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder
 
 
@@ -78,6 +78,8 @@ class Recorder:
             noise = "; " + "; ".join(
                 [hostnoise.describe(record.noise), *hostnoise.flags(record.noise, record.instance)]
             )
+        if record.energy is not None:
+            noise += "; " + energy.describe(record.energy)
         self.line(
             f"{record.instance} {record.phase} done: {record.requests} requests, wall {record.wall_s:.3f}s, "
             f"{tokens} tokens, {rate:.1f} tok/s{noise}"

@@ -5,7 +5,8 @@ One pass of the seed's experiment is one trial; a shared machine turns a transie
 until its latencies agree (thresholds.WarmupRule), the experiment runs K repetitions with engines
 and phases interleaved and their order reversed every other repetition (A1 A2 B1 B2 | B2 B1 A2 A1
 | ...) so a drift over the run hits every engine and phase alike, each phase record carries the
-host's noise while it ran (servescope/hostnoise.py), and a phase flagged noisy may be run again.
+host's noise while it ran (servescope/hostnoise.py) and the machine's energy (servescope/energy.py), and a
+phase flagged noisy may be run again.
 When the schedule switches engines, the next phase waits until the engines measured before have
 gone quiet (settle): vLLM's CPU backend keeps about 0.4 of a core busy for seconds after its own
 load, which flagged the llama.cpp phase after it on every idle-machine run of issue 15.
@@ -22,7 +23,7 @@ from gevent.event import Event
 from loadgen import client as llm
 from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
 from loadgen.targets import Target
-from servescope import hostnoise
+from servescope import energy, hostnoise
 from servescope.runfolder import PhaseRecord
 from servescope.thresholds import NoiseRule, WarmupRule
 
@@ -214,10 +215,13 @@ def settle(
 
 
 class NoiseKeeper:
-    """Who is who per engine (resolved once, after its warm-up) and the current phase's noise window."""
+    """Who is who per engine (resolved once, after its warm-up) and the current phase's noise and energy windows."""
 
-    def __init__(self, targets: list[Target]):
+    def __init__(self, targets: list[Target], meters: list[energy.Meter] | None = None):
         self.targets = targets
+        self.meters = energy.meters() if meters is None else meters  # found once: the machine does not change
+        self.energy = energy.Watch(self.meters)
+        self.elsewhere: str | None = None  # why this machine's energy is not the current engine's
         self.roles: dict[str, hostnoise.Roles] = {}
         self.watch: hostnoise.Watch | None = None
         self.instance = ""
@@ -247,6 +251,12 @@ class NoiseKeeper:
         self.watch = hostnoise.Watch(self.roles.get(target.instance) or hostnoise.Roles())
         self.watch.begin()
         self.last = None
+        self.elsewhere = None
+        if not hostnoise.on_this_host(target.url):
+            self.elsewhere = f"not measured: {target.url} is not on this host (its counters are not read here)"
+            self.energy.stop()
+        else:
+            self.energy.begin()
 
     def annotate(self, record: PhaseRecord) -> None:
         """Put the noise from the phase's start up to now on a finished phase record (before it is written)."""
@@ -254,6 +264,14 @@ class NoiseKeeper:
             self.last = record.noise = self.watch.measure()
             if self.last is not None and self.settled is not None:
                 self.last["settle"] = self.settled
+        if self.elsewhere is not None:  # this machine's counters say nothing of an engine elsewhere
+            record.energy = {"joules": None, "reason": self.elsewhere}
+        elif (measured := self.energy.measure(go_on=True)) is not None:
+            record.energy = measured  # the phase's next record (a burst's next round) starts where this one ended
+
+    def close(self) -> None:
+        """The run is over: no window stays open (nor its reads between the edges)."""
+        self.energy.stop()
 
     def flags(self) -> list[str]:
         return hostnoise.flags(self.last, self.instance)

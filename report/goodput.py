@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from report import latency, query, schedule, stats
+from report import energy, latency, query, schedule, stats
 from report.load import Run
 from report.render import Bullets, Paragraph, Section, Table
 from servescope import binding, runreader, slo
@@ -29,6 +29,15 @@ class PhaseGoodput:
     phase: str
     scenario: str
     result: slo.SloResult
+    energy: energy.Energy | None = None  # the machine's while the phase ran (report/energy.py)
+
+    @property
+    def joules_per_good_token(self) -> float | None:
+        return self.energy.per(self.result.good_tokens) if self.energy else None
+
+    @property
+    def joules_per_request(self) -> float | None:
+        return self.energy.per(self.result.requests) if self.energy else None
 
 
 def spec_of(run: Run, override: str | None = None) -> slo.SloSpec:
@@ -71,7 +80,14 @@ def spec_of_manifest(manifest: dict[str, Any], override: str | None = None) -> s
 
 def build(run: Run, spec: slo.SloSpec) -> list[PhaseGoodput]:
     return [
-        PhaseGoodput(p.instance, p.engine, p.phase, p.scenario, evaluate(run, spec, p.instance, p.phase, p.wall_s))
+        PhaseGoodput(
+            p.instance,
+            p.engine,
+            p.phase,
+            p.scenario,
+            evaluate(run, spec, p.instance, p.phase, p.wall_s),
+            energy.of_record(p),
+        )
         for p in run.phases
     ]
 
@@ -332,6 +348,8 @@ def section(
                     "good tok/s",
                     "meets SLOs",
                     "missed most",
+                    "J/good token",
+                    "J/request",
                 ],
                 [
                     [
@@ -343,11 +361,15 @@ def section(
                         _rate(g.result.good_tokens_per_s),
                         "yes" if g.result.meets else "no",
                         g.result.failed_most or "-",
+                        _per(g, g.joules_per_good_token),
+                        _per(g, g.joules_per_request),
                     ]
                     for g in rows
                 ],
             )
         )
+        for block in _energy_notes(rows):
+            sec.add(block)
     if checks:
         sec.add(Paragraph(f"Open-loop honesty: {schedule.RULE}."))
         sec.add(
@@ -386,6 +408,32 @@ def section(
     if knee:
         sec.add(Paragraph(_knee_text(knee)))
     return sec
+
+
+def _per(g: PhaseGoodput, value: float | None) -> str:
+    if g.energy is None or not g.energy.measured:
+        return "not measured"
+    return "n/a (0)" if value is None else energy.joules(value)  # measured, but nothing good (or sent) to share it
+
+
+def _energy_notes(rows: list[PhaseGoodput]) -> list[Paragraph | Bullets]:
+    """What the energy columns are, and why each phase without them has none (one line per reason)."""
+    measured = [g for g in rows if g.energy is not None and g.energy.measured]
+    unmeasured = Counter(g.energy.text() if g.energy else "not measured" for g in rows if g not in measured)
+    head = (
+        "Energy: the machine's own counters while the phase ran (servescope/energy.py; all it ran is in them, the "
+        "host noise says what else did), divided by the phase's good output tokens and by its requests."
+    )
+    if not measured:
+        if len(unmeasured) == 1:
+            return [Paragraph(f"{head} Energy {next(iter(unmeasured))}.")]
+        return [Paragraph(head), Bullets([f"{n} phase(s): energy {why}" for why, n in unmeasured.most_common()])]
+    sources = sorted({s for g in measured for s in g.energy.sources})
+    lines = [f"{len(measured)} phase(s) measured by {', '.join(sources)}"]
+    missing = sorted({m.removeprefix("not measured: ") for g in measured for m in g.energy.missing})
+    lines += [f"left out of those joules (present, not read): {m}" for m in missing]
+    lines += [f"{n} phase(s): energy {why}" for why, n in unmeasured.most_common()]
+    return [Paragraph(head), Bullets(lines)]
 
 
 def _knee_text(knee: dict[str, Any]) -> str:
@@ -431,7 +479,17 @@ def to_json(spec: slo.SloSpec, rows: list[PhaseGoodput], checks: list[schedule.S
     return {
         "spec": spec.text,
         "objective": spec.objective,
-        "phases": [{**{k: v for k, v in asdict(g).items() if k != "result"}, **asdict(g.result)} for g in rows],
+        "phases": [
+            {
+                **{k: v for k, v in asdict(g).items() if k not in ("result", "energy")},
+                **asdict(g.result),
+                "energy_j": g.energy.joules if g.energy else None,
+                "energy_reason": g.energy.reason if g.energy else None,
+                "joules_per_good_token": g.joules_per_good_token,
+                "joules_per_request": g.joules_per_request,
+            }
+            for g in rows
+        ],
         "schedule": schedule.to_json(checks),
         "knee": knee_of(run),
     }

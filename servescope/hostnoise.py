@@ -194,6 +194,11 @@ def _local(url: str) -> bool:
     return host in ("localhost", "127.0.0.1", "::1", "0.0.0.0", "") or host.startswith("127.")
 
 
+def on_this_host(url: str) -> bool:
+    """The URL names this machine (localhost, a loopback address): what runs there shares its counters."""
+    return _local(url)
+
+
 def same_endpoint(a: str, b: str) -> bool:
     """Two URLs reach the same listener on this host: the same port, both local (or the same host)."""
     if _port(a) != _port(b):

@@ -4,7 +4,7 @@ results/<run-id>/
   manifest.json     RunManifest: engines (url, version, model, flags), prompt set + sha256, machine, times
   requests.jsonl    one RequestRecord per measured request (warm-up excluded), appended as they finish
   phases.jsonl      one PhaseRecord per load phase (sequential pass, burst k, ramp step, sweep level), with its
-                    repetition, attempt and the host's noise while it ran (see PhaseRecord)
+                    repetition, attempt, the host's noise and the machine's energy while it ran (see PhaseRecord)
   locust_*.csv, locust.html   Locust's own stats (rounded by Locust: never the source of a reported number)
   workers.log       `python -m loadgen ... --workers N`: what its worker processes printed
   report.md / report.html / report.json / *.png   written by `make report`
@@ -105,6 +105,10 @@ class PhaseRecord:
     `noise` (servescope/hostnoise.py) is the host's CPU while the phase ran: the engine's own cores,
     every other program's (other engines by name, other processes by program), servescope's own
     observers, CPU steal and the load average; null when it was not measured.
+
+    `energy` (servescope/energy.py) is the machine's energy while the phase ran, from its own counters (RAPL, a
+    GPU's): joules, by source and zone, or the reason it was not measured; null in records written before it
+    existed, which read as not measured.
     """
 
     engine: str
@@ -121,6 +125,7 @@ class PhaseRecord:
     repetition: int = 1
     attempt: int = 1
     noise: dict[str, Any] | None = None
+    energy: dict[str, Any] | None = None
 
     @property
     def wall_s(self) -> float:
@@ -308,6 +313,7 @@ PHASE_FIELDS = (
     Field("repetition", "int", default=1, lo=1),
     Field("attempt", "int", default=1, lo=1),
     Field("noise", "object"),
+    Field("energy", "object"),
 )
 
 

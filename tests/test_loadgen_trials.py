@@ -194,6 +194,9 @@ def test_a_noisy_phase_is_run_again_and_the_retry_supersedes_it(tmp_path):
     ]
     assert "vllm sequential: noisy: " in proc.stdout and "running it again as sequential.retry1" in proc.stdout
     assert all(p.noise and p.noise["engine_found"] for p in RunFolder(tmp_path / "retry").phases())
+    # Beside it the machine's energy: joules where this host exposes a counter, else the reason (servescope/energy.py).
+    for p in RunFolder(tmp_path / "retry").phases():
+        assert isinstance(p.energy["joules"], float) or p.energy["reason"].startswith("not measured: ")
     manifest = RunFolder(tmp_path / "retry").manifest()
     assert manifest["trials"]["repetitions"] == 1 and "sequential.retry1" in manifest["phases"]
 
