@@ -1,11 +1,10 @@
-"""`make report` at scale: wall time and peak memory of `python -m report` on generated run folders of 51,200 and
-1,000,000 requests x 256 tokens (goals: 3 s; 30 s and 2 GB), beside the list-based report it replaced.
+"""`make report` at scale: wall time and peak memory of `python -m report` on generated run folders of 51,200 (and,
+with --sizes 51200,1000000, 1,000,000) requests x 256 tokens, written as the load generator writes them.
 
-A run ends with the load generator's summary table, which reads the run folder as the report does and leaves the
-run's index (servescope/runreader.py) beside its JSONL; the report then opens the index. Each size is measured that
-way: the summary once (timed: the run's last step), the report --repeat times (the goal is judged on their median),
-and once more without an index (RUN_INDEX_MIN_MB=off: a run killed before its summary, or a folder copied without
-it)."""
+Each folder is reported on first without its index (the report makes it: a folder from merged workers, an import,
+an older run) and then with it, --repeat times each (the goal, GOALS, is judged on the median wall time and the
+largest peak), and once with no index kept (RUN_INDEX_MIN_MB=off). The folder's size and bytes per gap are printed
+beside them: a bench whose records are smaller than a real run's measures a lighter report."""
 
 from __future__ import annotations
 
