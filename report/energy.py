@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from report.load import Run
 from servescope.runfolder import PhaseRecord
 
-NOT_RECORDED = "not measured: this run folder does not record it, servescope does since issue 25"
+NOT_RECORDED = "not measured: this run folder was written before servescope recorded energy"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from report import load, replicas, traffic
+from report import energy, load, replicas, traffic
 from report.replicas import Level, Profile
 from servescope import engines, knobs, slo
 from servescope.engines.base import BATCH_SLOTS
@@ -56,6 +56,8 @@ class PlanRow:
     cost_per_million_good_tokens: float | None
     beyond: int
     source: str
+    joules_per_good_token: float | None = None  # measured at the knee's load, one replica
+    energy_reason: str = ""
     notes: list[str] = field(default_factory=list)
 
 
@@ -85,6 +87,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         closed_loop = summary.get("over") == KNEE_CONCURRENCY
         by_level: dict[float, list[RequestRecord]] = {}
         walls: dict[float, float] = {}
+        energy_by_level: dict[float, list[energy.Energy]] = {}
         phases = {p.phase: p for p in run.phases_of(instance)}
         for probe in summary["probes"]:
             if not isinstance(probe, dict) or not probe.get("trusted") or probe.get("phase") not in phases:
@@ -94,6 +97,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
             by_level.setdefault(level, []).extend(records)
             ph = phases[probe["phase"]]
             walls[level] = walls.get(level, 0.0) + max(ph.ended_at - ph.started_at, 1e-9)
+            energy_by_level.setdefault(level, []).append(energy.of_record(ph))
         levels = []
         for level, records in sorted(by_level.items()):
             busy = sum(r.e2e_s or 0.0 for r in records)
@@ -103,6 +107,8 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         out_tokens = int(np.median([r.output_tokens for r in ok if r.output_tokens])) if ok else 0
         prompt = [r.prompt_tokens for r in ok if r.prompt_tokens]
         info = run.engines.get(instance)
+        knee_level = summary.get("knee") if summary.get("knee") in by_level else None
+        joules, energy_reason = _energy_at(energy_by_level.get(knee_level), by_level.get(knee_level), summary)
     finally:
         run.close()
     if not levels:
@@ -130,7 +136,26 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         slots=slots,
         output_tokens=max(out_tokens, 1),
         prompt_tokens=int(np.median(prompt)) if prompt else None,
+        joules_per_good_token=joules,
+        energy_reason=energy_reason,
     )
+
+
+def _energy_at(
+    measured: list[energy.Energy] | None, records: list[RequestRecord] | None, summary: dict
+) -> tuple[float | None, str]:
+    """Joules per good output token the knee's own load measured (every measurement of it read, or none counts)."""
+    if not measured or not records:
+        return None, "not measured: no trusted measurement at the knee's load"
+    missing = next((e for e in measured if not e.measured), None)
+    if missing is not None:
+        return None, missing.text()
+    try:
+        spec = slo.resolve(summary.get("spec"), summary.get("objective"))
+    except slo.SloError:
+        return None, "not measured: the knee's SLOs are unreadable"
+    good = sum(r.output_tokens or 0 for r in records if spec.good(r))
+    return (sum(e.joules for e in measured) / good, "") if good else (None, "not measured: no good token at the knee")
 
 
 def _level(concurrency: float, records: list[RequestRecord]) -> Level:
@@ -256,6 +281,8 @@ def plan(
         cost_per_million_good_tokens=None,
         beyond=(found or tried[-1]).beyond,
         source="",
+        joules_per_good_token=profile.joules_per_good_token,
+        energy_reason=profile.energy_reason,
         notes=notes,
     )
     if found is None:
@@ -422,7 +449,7 @@ def _prices(given: list[str]) -> dict[str, float]:
 def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, settings: dict[str, Any]) -> str:
     head = (
         f"{'engine / setting':<28} {'knee':>6} {'replicas':>8} {'p95 time':>8} {'attain':>7} {'at N-1':>7} "
-        f"{'util':>5} {'headroom':>8} {'$/M good tok':>12}"
+        f"{'util':>5} {'headroom':>8} {'$/M good tok':>12} {'J/good tok':>12}"
     )
     lines = [f"plan for {offered.name}, {spec.describe()}:", head]
     too_many = f">{settings['max_replicas']}"
@@ -432,14 +459,16 @@ def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, set
             f"{_num(r.replicas_p95_time, '{:d}'):>8} {_num(r.attainment, '{:.0%}'):>7} "
             f"{_num(r.attainment_one_fewer, '{:.0%}'):>7} {_num(r.utilisation, '{:.0%}'):>5} "
             f"{_num(r.headroom, '{:.0%}'):>8} "
-            f"{_num(r.cost_per_million_good_tokens, '{:.3g}', 'not priced' if r.price_per_hour is None else '-'):>12}"
+            f"{_num(r.cost_per_million_good_tokens, '{:.3g}', 'not priced' if r.price_per_hour is None else '-'):>12} "
+            f"{_num(r.joules_per_good_token, '{:.3g}', 'not measured'):>12}"
         )
     lines.append(f"note: {METHOD}.")
     lines.append(
         "note: replicas: the fewest meeting the SLOs in every window; p95 time: what 95% of the windows need; attain: "
         "predicted SLO attainment at that count and at one fewer; util: mean requests held (running or queued) per replica over the "
         "knee's load; headroom: what the busiest window leaves of it; $/M good tok: replicas x price x hours over the "
-        "good output tokens (PLAN_PRICE_PER_HOUR or --price)."
+        "good output tokens (PLAN_PRICE_PER_HOUR or --price); J/good tok: measured, the machine's energy over the "
+        "good output tokens at the knee's load (docs/energy.md), not modelled."
     )
     for r in rows:
         if r.beyond:
@@ -447,6 +476,8 @@ def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, set
                 f"note: {r.label}: {r.beyond} request(s) met a replica above the highest load its knee measured"
             )
         lines.extend(f"note: {r.label}: {n}" for n in r.notes)
+        if r.joules_per_good_token is None and r.energy_reason:
+            lines.append(f"note: {r.label}: energy {r.energy_reason}")
     return "\n".join(lines) + "\n"
 
 

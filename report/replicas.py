@@ -67,6 +67,9 @@ class Profile:
     slots: int | None  # the replica's batch slots (requests beyond them wait in its queue); None: not known
     output_tokens: int  # the knee's median output length: what a traffic without lengths asks for
     prompt_tokens: int | None
+    # Measured at the knee's load, not modelled: joules per good output token, or None and why not
+    joules_per_good_token: float | None = None
+    energy_reason: str = "not measured"
 
     def __post_init__(self) -> None:
         if not self.levels:

@@ -257,6 +257,11 @@ def up(compare: bool = True) -> int:
         raise
     say("")
     status()
+    # Whether the engines' pages still carry what the exporter, rules and dashboards read (exporter/check.py): one
+    # line, never a stop (the comparison still runs on what is there).
+    from exporter import check as drift
+
+    say(drift.one_line([f"{name}={url}" for name, url in engines.items() if not name.startswith("_")]))
     # The comparison runs before the Locust UI starts: both expose client metrics on LOADGEN_METRICS_PORT
     # (the one `loadgen` target Prometheus scrapes); the UI takes the port over once the run is done.
     code = main_job(knob, host, engines) if compare else 0

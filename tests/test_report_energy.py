@@ -66,7 +66,7 @@ def test_a_run_folder_without_energy_says_not_measured_and_never_a_number():
     assert row.joules_per_good_token is None
     md = goodput_markdown(run)
     assert "| not measured | not measured |" in md
-    assert "Energy not measured (this run folder does not record it, servescope does since issue 25)." in md
+    assert "Energy not measured (this run folder was written before servescope recorded energy)." in md
 
 
 def test_the_recorded_reason_is_what_the_report_says():
@@ -119,7 +119,7 @@ def test_the_full_report_shows_joules_per_token_where_measured_and_not_measured_
     assert cli.main(["--run", str(run), "--prometheus", f"http://127.0.0.1:{free_port()}"]) == 0
     capsys.readouterr()
     md = (run / "report.md").read_text()
-    assert "J/good token" in md and "not measured (this run folder does not record it" in md
+    assert "J/good token" in md and "not measured (this run folder was written before servescope recorded energy" in md
     numbers = json.loads((run / "report.json").read_text())
     rows = {(r["instance"], r["phase"]): r for r in numbers["goodput"]["phases"]}
     seq = rows[("vllm", "sequential")]

@@ -70,7 +70,7 @@ def test_a_search_that_reaches_its_limit_says_so():
     assert row.replicas is None and any("PLAN_MAX_REPLICAS" in n for n in row.notes)
 
 
-def _knee_folder(tmp_path, slots_flag=None):
+def _knee_folder(tmp_path, slots_flag=None, joules=None):
     folder = RunFolder.create(tmp_path, "knee")
     engine = {"instance": "vllm", "kind": "vllm", "url": "http://127.0.0.1:1"}
     if slots_flag is not None:
@@ -102,9 +102,9 @@ def _knee_folder(tmp_path, slots_flag=None):
                     prompt_tokens=256,
                 )  # fmt: skip
             )
-        folder.append_phase(
-            PhaseRecord("vllm", "vllm", "sweep", phase, t0, t0 + 20, 20, users, "synthetic:256", "sha", 11)
-        )
+        record = PhaseRecord("vllm", "vllm", "sweep", phase, t0, t0 + 20, 20, users, "synthetic:256", "sha", 11)
+        record.energy = {"joules": joules, "reason": None if joules else "not measured: no RAPL here"}
+        folder.append_phase(record)
         probes.append({"phase": phase, "level": users, "trusted": True})
     probes.append({"phase": "knee-c8", "level": 8, "trusted": False})  # left out: a fault, never modelled
     summary = {"over": "concurrency", "engine": "vllm", "instance": "vllm", "spec": "ttft<=0.5", "objective": 0.9}
@@ -159,3 +159,10 @@ def test_the_router_config_streams_through_kept_alive_connections_to_every_repli
     assert "least_conn;" in text and "server 127.0.0.1:8001 " in text and "server 127.0.0.1:8002 " in text
     assert "proxy_buffering off;" in text and "listen 127.0.0.1:9000;" in text
     assert "least_conn" not in config(["127.0.0.1:1"], 9000, replicas.ROUND_ROBIN, tmp_path)
+
+
+def test_energy_per_good_token_is_the_knee_level_s_measured_joules_or_says_why_not(tmp_path):
+    # At the knee (2 users): 20 good requests of 11 tokens; 440 J over 220 good tokens.
+    assert plan.profile_of(_knee_folder(tmp_path / "a", joules=440.0)).joules_per_good_token == pytest.approx(2.0)
+    p = plan.profile_of(_knee_folder(tmp_path / "b"))
+    assert p.joules_per_good_token is None and "no RAPL here" in p.energy_reason
