@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help install constraints test e2e lint up down status report bench dashboards webui compare tune quick
+.PHONY: help install constraints test e2e lint up down status report bench dashboards webui compare tune quick plan check
 
 help:
 	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native; MODE=native|compose forces one) and run the comparison"
@@ -19,6 +19,8 @@ help:
 	@echo "make webui    Locust web UI on LOCUST_PORT (engine and scenario are chosen in the UI)"
 	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the seed's experiment on running engines"
 	@echo "make tune ENGINE=vllm|llamacpp  knee, turn the knob the binding resource names, restart, keep it if goodput rises (native stack up)"
+	@echo "make plan RUNS='<knee-id> ...' [TRACE=trace-small] [SPEED=1]  replicas for a traffic from each knee, cost per good token"
+	@echo "make check BASELINE=<id> [RUN=<id>]  the regression gate: exit 1 when the run got worse than the baseline"
 	@echo "make lint     ruff"
 	@echo "make constraints  re-pin constraints.txt from the venv (after a dependency change in pyproject.toml)"
 
@@ -96,6 +98,18 @@ quick: install
 
 compare: install
 	$(BIN)/python -m loadgen compare $(foreach e,$(ENGINES),--engine $(e))
+
+# `make plan`: the knee runs (ids under SERVESCOPE_RESULTS or paths) and a trace (loadgen/prompts/ or a file); other
+# traffic (--poisson, --rate, --prometheus-query) through `python -m report plan` itself.
+TRACE ?= trace-small
+SPEED ?= 1
+plan: install
+	@test -n "$(RUNS)" || { echo "make plan: say the knee runs: make plan RUNS='<knee-id> <knee-id>'"; exit 2; }
+	$(BIN)/python -m report plan $(RUNS) --trace $(TRACE) --speed $(SPEED)
+
+check: install
+	@test -n "$(BASELINE)" || { echo "make check: say the baseline: make check BASELINE=<id> [RUN=<id>]"; exit 2; }
+	$(BIN)/python -m report check --baseline $(BASELINE) $(if $(RUN),--run $(RUN))
 
 bench: install
 	$(BIN)/python -m bench

@@ -416,7 +416,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", metavar="ID|PATH", required=True, help="the run to compare against")
     p.add_argument("--run", metavar="ID|PATH", help="the candidate run (default: the latest under --results)")
     p.add_argument(
-        "--results", metavar="DIR", type=Path, default=Path("results"), help="where run folders live (default: results)"
+        "--results", metavar="DIR", type=Path, default=None, help="where run folders live (default: SERVESCOPE_RESULTS)"
     )
     p.add_argument(
         "--slo", metavar="SPEC", help="judge both runs by these SLOs instead of their own (servescope/slo.py)"
@@ -444,8 +444,8 @@ def main(argv: list[str]) -> int:
         print(f"report check: {exc}", file=sys.stderr)
         return 2
     try:
-        base_path = load.resolve(args.baseline, args.results)
-        cand_path = load.resolve(args.run, args.results)
+        base_path = load.resolve(args.baseline, args.results or load.results_dir())
+        cand_path = load.resolve(args.run, args.results or load.results_dir())
         if cand_path.resolve() == base_path.resolve():
             raise CheckError(f"the candidate is the baseline ({cand_path}): give --run")
         specs = []

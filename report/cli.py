@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run", metavar="ID|PATH", help="run folder to report on (default: the latest under --results)")
     p.add_argument("--baseline", metavar="ID|PATH", help="a second run to compare against (comparison mode)")
     p.add_argument(
-        "--results", metavar="DIR", type=Path, default=Path("results"), help="where run folders live (default: results)"
+        "--results", metavar="DIR", type=Path, default=None, help="where run folders live (default: SERVESCOPE_RESULTS)"
     )
     p.add_argument(
         "--prometheus",
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: {exc}", file=sys.stderr)
         return 2
     try:
-        path = load.resolve(args.run, args.results)
+        path = load.resolve(args.run, args.results or load.results_dir())
         if tuning.is_tune_folder(path):  # a `make tune` folder: its trajectory (each step's runs report alone)
             written = tuning.write(path)
             print(f"report: wrote {', '.join(p.name for p in written)} for the tune in {path}", file=sys.stderr)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             from report import render, sections
 
             run = reading.result()
-        baseline = load.load(load.resolve(args.baseline, args.results)) if args.baseline else None
+        baseline = load.load(load.resolve(args.baseline, args.results or load.results_dir())) if args.baseline else None
         url = args.prometheus or default_prometheus_url()
         print(
             f"report: run {run.run_id}: {run.request_count} requests, {len(run.phases)} phases; "

@@ -112,6 +112,16 @@ class Run:
         self.db.close()
 
 
+def results_dir() -> Path:
+    """Where run folders live: SERVESCOPE_RESULTS, a relative one under the repository (where the load generator
+    writes them, whatever the working directory)."""
+    try:
+        path = knobs.path("SERVESCOPE_RESULTS")
+    except (KeyError, ValueError):
+        path = Path("results")
+    return path if path.is_absolute() else knobs.REPO_ROOT / path
+
+
 def resolve(arg: str | None, results_dir: Path) -> Path:
     """--run ID|PATH (or nothing: the latest run under results_dir) -> the run folder's path."""
     if arg is None:

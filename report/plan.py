@@ -120,7 +120,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
     lever = adapter.lever(BATCH_SLOTS) if adapter else None
     # The setting that sizes a replica's batch, where the run recorded it (this checkout's knobs say nothing of it)
     setting, source = info.flag_source(*lever.knob.recorded_as) if lever and info else (None, None)
-    recorded = setting is not None and source == "run"
+    recorded = setting not in (None, "") and source == "run"
     label += f" {lever.flag}={setting}" if recorded else ""
     if slots is None and recorded:
         try:
@@ -335,9 +335,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        results = args.results or knobs.path("SERVESCOPE_RESULTS")
-        if not results.is_absolute():
-            results = knobs.REPO_ROOT / results
+        results = args.results or load.results_dir()
         settings = _settings(args)
         profiles = [profile_of(load.resolve(r, results), args.slots) for r in args.runs]
         spec = _spec(args, [load.resolve(r, results) for r in args.runs])
