@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--urls", default="", help="replicas already running (comma-separated) instead of synthetic ones")
     p.add_argument("--kind", default="vllm", help="their engine kind (the load generator's --engine)")
     p.add_argument("--prompts", default=None, help="the load generator's --prompts (default: its capacity default)")
+    p.add_argument(
+        "--keep", type=Path, default=None, help="write the run folders here and keep them (default: a temp dir)"
+    )
     args = p.parse_args(argv)
     spec = slo.resolve(args.slo, args.attainment)
     engine_args = ("--max-running", str(args.slots), "--ttft", str(args.ttft), "--itl", str(args.itl))
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     failures = 0
     with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp:
-        results = Path(tmp)
+        results = args.keep or Path(tmp)
         knee = args.knee
         if knee is None:
             with SyntheticProcess(*engine_args) as one:

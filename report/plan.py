@@ -36,8 +36,8 @@ class Prediction:
     meets: bool  # every window meets the SLOs
     window_meets: list[bool | None]  # None: no request arrived in that window
     good_tokens: float  # per repetition
-    mean_in_flight: float  # per replica, over the traffic's span
-    peak_in_flight: float  # per replica, the busiest window's (Little's law: sum of E2E / window)
+    mean_in_flight: float  # requests held per replica over the traffic's span (Little's law: sum of E2E / span)
+    peak_in_flight: float  # the same in the busiest window
     beyond: int  # requests that met a replica above the highest measured load (counted as failed)
 
 
@@ -119,8 +119,13 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
     label += f" ({instance})" if instance and instance != engine else ""
     lever = adapter.lever(BATCH_SLOTS) if adapter else None
     # The setting that sizes a replica's batch, where the run recorded it (this checkout's knobs say nothing of it)
-    setting, source = info.flag_source(*lever.knob.recorded_as) if lever and info else (None, None)
-    recorded = setting not in (None, "") and source == "run"
+    setting = None
+    for name in lever.knob.recorded_as if lever and info else ():
+        value, where = info.flag_source(name)
+        if where == "run" and value not in (None, "") and not isinstance(value, bool):  # `--slots` alone: a switch
+            setting = value
+            break
+    recorded = setting is not None
     label += f" {lever.flag}={setting}" if recorded else ""
     if slots is None and recorded:
         try:
@@ -181,22 +186,22 @@ def predict(
 ) -> Prediction:
     windows = max(1, math.ceil(load.duration_s / window_s))
     per_window: list[list[RequestRecord]] = [[] for _ in range(windows)]
-    busy = 0.0
     beyond = 0
     for seed in range(repeats):
-        outcomes, busy_s = replicas.simulate(load.arrivals, profile, n, policy, seed)
-        busy += sum(busy_s)
+        outcomes, _ = replicas.simulate(load.arrivals, profile, n, policy, seed)
         for o in outcomes:
             beyond += o.error == replicas.BEYOND
             per_window[min(int(o.at / window_s), windows - 1)].append(_record(profile, o))
     meets: list[bool | None] = []
     peak = 0.0
-    for records in per_window:
+    for w, records in enumerate(per_window):
         if not records:
             meets.append(None)
             continue
-        meets.append(slo.evaluate(spec, records, window_s * repeats).meets)
-        peak = max(peak, sum(r.e2e_s or 0.0 for r in records) / (window_s * repeats * n))
+        span = min(window_s, load.duration_s - w * window_s)  # the last window ends with the traffic
+        meets.append(slo.evaluate(spec, records, span * repeats).meets)
+        # Little's law: requests held = arrival rate x time in the system (E2E), per replica
+        peak = max(peak, sum(r.e2e_s or 0.0 for r in records) / (span * repeats * n))
     every = [r for records in per_window for r in records]
     good = [r for r in every if spec.good(r)]
     return Prediction(
@@ -205,7 +210,7 @@ def predict(
         meets=all(m is not False for m in meets),
         window_meets=meets,
         good_tokens=sum(r.output_tokens or 0 for r in good) / repeats,
-        mean_in_flight=busy / repeats / n / load.duration_s,
+        mean_in_flight=sum(r.e2e_s or 0.0 for r in every) / (repeats * n * load.duration_s),
         peak_in_flight=peak,
         beyond=beyond // repeats,
     )
@@ -446,14 +451,14 @@ def _prices(given: list[str]) -> dict[str, float]:
 
 def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, settings: dict[str, Any]) -> str:
     head = (
-        f"{'engine / setting':<28} {'knee':>6} {'replicas':>8} {'p95 time':>8} {'attain':>7} {'at N-1':>7} "
+        f"{'engine / setting':<34} {'knee':>6} {'replicas':>8} {'p95 time':>8} {'attain':>7} {'at N-1':>7} "
         f"{'util':>5} {'headroom':>8} {'$/M good tok':>12} {'J/good tok':>12}"
     )
     lines = [f"plan for {offered.name}, {spec.describe()}:", head]
     too_many = f">{settings['max_replicas']}"
     for r in rows:
         lines.append(
-            f"{r.label[:28]:<28} {_num(r.knee, '{:g} u'):>6} {_num(r.replicas, '{:d}', too_many):>8} "
+            f"{r.label[:34]:<34} {_num(r.knee, '{:g} u'):>6} {_num(r.replicas, '{:d}', too_many):>8} "
             f"{_num(r.replicas_p95_time, '{:d}'):>8} {_num(r.attainment, '{:.0%}'):>7} "
             f"{_num(r.attainment_one_fewer, '{:.0%}'):>7} {_num(r.utilisation, '{:.0%}'):>5} "
             f"{_num(r.headroom, '{:.0%}'):>8} "
