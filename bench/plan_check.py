@@ -15,6 +15,7 @@ from pathlib import Path
 from report import load, plan, traffic
 from report.replicas import Arrival
 from servescope import slo
+from stack.errors import StackError
 from stack.router import Router
 from tests.doubles.synthetic_openai import SyntheticProcess
 
@@ -54,6 +55,14 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return check(argv)
+    except (StackError, RuntimeError, plan.PlanError) as exc:  # no nginx, a replica or a run that failed: one line
+        print(f"plan_check: {exc}")
+        return 1
+
+
+def check(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.plan_check", description=__doc__)
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--slots", type=int, default=2, help="each synthetic replica's batch slots (--max-running)")
