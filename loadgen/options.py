@@ -167,7 +167,7 @@ OPTIONS: tuple[Option, ...] = (
     # -- what to load --
     Option(
         "--engine",
-        "engine kind (vllm, llamacpp, ollama), optionally kind:instance, =URL for where it listens; "
+        f"engine kind ({', '.join(engines.ENGINES)}), optionally kind:instance, =URL for where it listens; "
         "repeat for several, run back to back (no URL: the kind's *_URL knob, else its default port)",
         repeat=True,
         metavar="NAME[=URL]",
