@@ -97,21 +97,8 @@ def records(first: int, count: int, tokens: int) -> str:
             prompt_set_sha256="5e" * 32,
             prompt_id=f"p{(i // 2) % 64}",  # both engines get every prompt
             max_tokens=tokens,
-            started_at=m.started_at,
-            ok=m.ok,
-            status=m.status,
-            error=m.error,
-            error_kind=m.error_kind,
-            ttft_s=m.ttft_s,
-            e2e_s=m.e2e_s,
-            itl_s=m.itl_s,
-            tpot_s=m.tpot_s,
-            output_tokens=m.output_tokens,
-            prompt_tokens=m.prompt_tokens,
-            tokens_source=m.tokens_source,
-            content_chunks=len(m.content_times),
             scheduled_at=scheduled,
-            engine_stats=m.engine_stats,
+            **m.record_fields(),  # the load generator's own fields, so the bench cannot drift from a real run
         )
         lines.append(record.to_json() + "\n")  # RunFolder.append_request's line
     return "".join(lines)

@@ -112,6 +112,26 @@ class Measurement:
     def ok(self) -> bool:
         return self.error is None
 
+    def record_fields(self) -> dict[str, Any]:
+        """What RequestRecord takes from the measurement itself; the caller adds who sent what (engine, phase...)."""
+        return {
+            "started_at": self.started_at,
+            "ok": self.ok,
+            "status": self.status,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "ttft_s": self.ttft_s,
+            "e2e_s": self.e2e_s,
+            "itl_s": self.itl_s,
+            "tpot_s": self.tpot_s,
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens_source": self.tokens_source,
+            "content_chunks": len(self.content_times),
+            "engine_stats": self.engine_stats,
+            "cached_tokens": self.cached_tokens,
+        }
+
     def fail(self, error: StreamError) -> None:
         self.error, self.error_kind = str(error), error.kind
 

@@ -188,7 +188,7 @@ def predict(
     per_window: list[list[RequestRecord]] = [[] for _ in range(windows)]
     beyond = 0
     for seed in range(repeats):
-        outcomes, _ = replicas.simulate(load.arrivals, profile, n, policy, seed)
+        outcomes = replicas.simulate(load.arrivals, profile, n, policy, seed)
         for o in outcomes:
             beyond += o.error == replicas.BEYOND
             per_window[min(int(o.at / window_s), windows - 1)].append(_record(profile, o))

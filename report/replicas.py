@@ -121,7 +121,6 @@ class _Replica:
     waiting: deque[int] = field(default_factory=deque)  # arrivals beyond the batch slots, in order
     last: float = 0.0
     version: int = 0
-    busy_s: float = 0.0  # integral of requests in flight over time: its mean load
 
     def pace(self, profile: Profile, f: _Flight) -> float:
         """Seconds per decode token of this flight at the replica's current load."""
@@ -134,7 +133,6 @@ class _Replica:
     def advance(self, profile: Profile, now: float) -> None:
         dt = now - self.last
         if dt > 0:
-            self.busy_s += dt * (len(self.flights) + len(self.waiting))
             for f in self.flights.values():
                 if f.first_at <= self.last and f.remaining > 0:
                     pace = self.pace(profile, f)
@@ -155,8 +153,8 @@ class _Replica:
 
 def simulate(
     arrivals: Sequence[Arrival], profile: Profile, replicas: int, policy: str = LEAST_CONN, seed: int = 0
-) -> tuple[list[Outcome], list[float]]:
-    """Every arrival's outcome over `replicas` replicas, and each replica's integral of requests held over time."""
+) -> list[Outcome]:
+    """Every arrival's outcome over `replicas` replicas."""
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
     if policy not in POLICIES:
@@ -225,4 +223,4 @@ def simulate(
             admit(r, index, a.at)
         schedule(r)
     settle(float("inf"))
-    return [o for o in outcomes if o is not None], [s.busy_s for s in state]
+    return [o for o in outcomes if o is not None]

@@ -23,7 +23,7 @@ def profile(levels, slots=None, tokens=11, knee=None):
 
 def test_a_request_beyond_the_slots_waits_for_one_and_its_wait_is_in_its_ttft():
     one_slot = profile([level(1)], slots=1)  # e2e alone: 0.1 + 10 x 0.02 = 0.3 s
-    out, _ = replicas.simulate([Arrival(0.0), Arrival(0.2)], one_slot, 1)
+    out = replicas.simulate([Arrival(0.0), Arrival(0.2)], one_slot, 1)
     assert out[0].e2e_s == pytest.approx(0.3)
     assert out[1].ttft_s == pytest.approx(0.1 + 0.1)  # waited 0.3 - 0.2, then its own prefill
     assert out[1].e2e_s == pytest.approx(0.1 + 0.3)
@@ -33,7 +33,7 @@ def test_a_request_admitted_later_slows_the_one_decoding():
     # Alone a token takes 0.02 s, beside another 0.04 s: A decodes 5 tokens alone (0.1 -> 0.2), B arrives at 0.2
     # (its prefill 0.1 s counts it in flight), so A's last 5 tokens take 0.04 each: A ends at 0.4.
     two = profile([level(1, tpot=0.02), level(2, tpot=0.04)])
-    out, _ = replicas.simulate([Arrival(0.0), Arrival(0.2)], two, 1)
+    out = replicas.simulate([Arrival(0.0), Arrival(0.2)], two, 1)
     assert out[0].e2e_s == pytest.approx(0.4)
 
 
@@ -41,14 +41,14 @@ def test_least_connections_sends_to_the_idle_replica_where_round_robin_does_not(
     # Three arrivals while the first is still running: round robin puts the third back on replica 0.
     slow = profile([level(1, tpot=1.0), level(2, tpot=1.0)], tokens=3)
     arrivals = [Arrival(0.0), Arrival(0.1), Arrival(0.2)]
-    rr, _ = replicas.simulate(arrivals, slow, 3, replicas.ROUND_ROBIN)
-    lc, _ = replicas.simulate(arrivals, slow, 2, replicas.LEAST_CONN)
+    rr = replicas.simulate(arrivals, slow, 3, replicas.ROUND_ROBIN)
+    lc = replicas.simulate(arrivals, slow, 2, replicas.LEAST_CONN)
     assert [o.replica for o in rr] == [0, 1, 2]
     assert lc[2].replica in (0, 1) and lc[0].replica != lc[1].replica
 
 
 def test_a_load_above_the_highest_measured_level_is_a_failure_not_an_extrapolation():
-    out, _ = replicas.simulate([Arrival(0.0), Arrival(0.01)], profile([level(1)]), 1)
+    out = replicas.simulate([Arrival(0.0), Arrival(0.01)], profile([level(1)]), 1)
     assert out[0].ok and not out[1].ok and out[1].error == replicas.BEYOND
 
 
