@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help install constraints test e2e lint up down status report bench dashboards webui compare tune quick plan check
+.PHONY: replicas help install constraints test e2e lint up down status report bench dashboards webui compare tune quick plan check
 
 help:
 	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native; MODE=native|compose forces one) and run the comparison"
@@ -20,6 +20,7 @@ help:
 	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the seed's experiment on running engines"
 	@echo "make tune ENGINE=vllm|llamacpp  knee, turn the knob the binding resource names, restart, keep it if goodput rises (native stack up)"
 	@echo "make plan RUNS='<knee-id> ...' [TRACE=trace-small] [SPEED=1]  replicas for a traffic from each knee, cost per good token"
+	@echo "make replicas [N=2]  N llama.cpp replicas on their own cores behind nginx (held until Ctrl-C)"
 	@echo "make check BASELINE=<id> [RUN=<id>]  the regression gate: exit 1 when the run got worse than the baseline"
 	@echo "make lint     ruff"
 	@echo "make constraints  re-pin constraints.txt from the venv (after a dependency change in pyproject.toml)"
@@ -106,6 +107,12 @@ SPEED ?= 1
 plan: install
 	@test -n "$(RUNS)" || { echo "make plan: say the knee runs: make plan RUNS='<knee-id> <knee-id>'"; exit 2; }
 	$(BIN)/python -m report plan $(RUNS) --trace $(TRACE) --speed $(SPEED)
+
+# `make replicas [N=2]`: N llama.cpp replicas pinned to their own cores behind nginx (REPLICAS_* knobs), held
+# until Ctrl-C: load the router, read each replica with the exporter config it prints.
+N ?= 2
+replicas: install
+	$(BIN)/python -m stack replicas --engine llamacpp --count $(N)
 
 check: install
 	@test -n "$(BASELINE)" || { echo "make check: say the baseline: make check BASELINE=<id> [RUN=<id>]"; exit 2; }

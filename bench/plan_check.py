@@ -16,6 +16,7 @@ from report import load, plan, traffic
 from report.replicas import Arrival
 from servescope import slo
 from stack.errors import StackError
+from stack.replicas import Replicas
 from stack.router import Router
 from tests.doubles.synthetic_openai import SyntheticProcess
 
@@ -34,18 +35,25 @@ def loadgen(*args: str, results: Path, run_id: str) -> Path:
     return results / run_id
 
 
-def measured(folder: Path, spec: slo.SloSpec, duration_s: float) -> tuple[float | None, traffic.Traffic]:
-    """The measured attainment, and the arrivals the load generator scheduled: the prediction replays the same ones
-    (a short Poisson sample's own queueing would otherwise swamp the model's error near saturation)."""
+def measured(folder: Path, spec: slo.SloSpec, duration_s: float) -> tuple[float | None, bool, traffic.Traffic]:
+    """The measured attainment and SLO verdict (the knee's rule), and the arrivals the load generator scheduled: the
+    prediction replays the same ones (a short Poisson sample's own queueing would otherwise swamp the model's error
+    near saturation)."""
     run = load.load(folder)
     try:
         records = [r for inst in run.engines for r in run.requests_of(inst, gaps=False)]
     finally:
         run.close()
     good = sum(spec.good(r) for r in records)
+    meets = bool(records) and slo.evaluate(spec, records, duration_s).meets
     times = sorted(r.scheduled_at if r.scheduled_at is not None else r.started_at for r in records)
     arrivals = tuple(Arrival(t - times[0]) for t in times) if times else ()
-    return (good / len(records) if records else None), traffic.Traffic(folder.name, arrivals, duration_s)
+    return (good / len(records) if records else None), meets, traffic.Traffic(folder.name, arrivals, duration_s)
+
+
+def smallest(counts: dict[int, bool]) -> int | None:
+    """The fewest replicas that met the SLOs, among the counts tried (None: none did)."""
+    return min((n for n, ok in counts.items() if ok), default=None)
 
 
 def free_port() -> int:
@@ -62,14 +70,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def check(argv: list[str] | None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.plan_check", description=__doc__)
     p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--slots", type=int, default=2, help="each synthetic replica's batch slots (--max-running)")
+    p.add_argument("--slots", type=int, default=2, help="each replica's batch slots (synthetic: --max-running)")
     p.add_argument("--ttft", type=float, default=0.1)
     p.add_argument("--itl", type=float, default=0.02)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--rates", default="2.5,4.5,6", help="req/s over the whole fleet, comma-separated")
+    p.add_argument(
+        "--counts",
+        default="",
+        help="replica counts to measure at each rate (e.g. 1,2): the predicted count is checked against the "
+        "smallest that met the SLOs (default: only --replicas)",
+    )
     p.add_argument("--duration", type=float, default=60.0, help="seconds per measured traffic level")
     p.add_argument("--knee-duration", type=float, default=8.0)
     p.add_argument("--slo", default="ttft<=0.5,tpot<=0.05")
@@ -77,61 +91,114 @@ def check(argv: list[str] | None) -> int:
     p.add_argument("--policies", default="least_conn,round_robin")
     p.add_argument("--knee", type=Path, default=None, help="a knee run folder to plan from (default: measure one)")
     p.add_argument("--urls", default="", help="replicas already running (comma-separated) instead of synthetic ones")
-    p.add_argument("--kind", default="vllm", help="their engine kind (the load generator's --engine)")
+    p.add_argument(
+        "--start",
+        default="",
+        help="start --replicas real replicas of this engine (stack/replicas.py: llamacpp), each pinned to its cores",
+    )
+    p.add_argument("--threads", type=int, default=1, help="--start: threads per replica")
+    p.add_argument("--kind", default="vllm", help="the replicas' engine kind (the load generator's --engine)")
     p.add_argument("--prompts", default=None, help="the load generator's --prompts (default: its capacity default)")
     p.add_argument(
         "--keep", type=Path, default=None, help="write the run folders here and keep them (default: a temp dir)"
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def check(argv: list[str] | None) -> int:
+    args = parser().parse_args(argv)
     spec = slo.resolve(args.slo, args.attainment)
+    kind = args.start or args.kind
+    counts = sorted({int(c) for c in args.counts.split(",") if c} or {args.replicas})
+    if counts[0] < 1 or counts[-1] > args.replicas:
+        raise RuntimeError(f"--counts {args.counts}: expected counts between 1 and --replicas {args.replicas}")
     engine_args = ("--max-running", str(args.slots), "--ttft", str(args.ttft), "--itl", str(args.itl))
     engine_args += ("--tokens", str(args.tokens))
     tokens = ("--max-tokens", str(args.tokens)) + (("--prompts", args.prompts) if args.prompts else ())
-    what = f"{args.kind} at {args.urls}" if args.urls else "synthetic engines"
+    what = (
+        f"{args.replicas} {kind} replicas started here ({args.threads} thread(s), pinned)"
+        if args.start
+        else f"{kind} at {args.urls}"
+        if args.urls
+        else f"{args.replicas} synthetic engines, TTFT {args.ttft} s, ITL {args.itl} s"
+    )
     print(
-        f"replicas: {what}, {args.slots} batch slots each, TTFT {args.ttft} s, ITL {args.itl} s, "
-        f"{args.tokens} tokens; router: nginx {{{args.policies}}}; {spec.describe()}; Poisson traffic, "
-        f"{args.duration:g} s per level; load average {os.getloadavg()[0]:.2f}"
+        f"replicas: {what}, {args.slots} batch slots each, {args.tokens} tokens out; router: nginx "
+        f"{{{args.policies}}}; {spec.describe()}; Poisson traffic, {args.duration:g} s per level; "
+        f"load average {os.getloadavg()[0]:.2f}"
     )
     failures = 0
-    with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp, contextlib.ExitStack() as fleet:
         results = args.keep or Path(tmp)
+        if args.start:
+            started = fleet.enter_context(
+                Replicas(args.start, args.replicas, threads=args.threads, slots=args.slots, workdir=results / "fleet")
+            )
+            urls = list(started.urls)
+        else:
+            urls = [u for u in args.urls.split(",") if u] or [
+                fleet.enter_context(SyntheticProcess(*engine_args)).url for _ in range(args.replicas)
+            ]
         knee = args.knee
-        if knee is None:
-            with SyntheticProcess(*engine_args) as one:
+        if knee is None:  # measured on the first replica alone, just before the check: the plan is as good as it
+            with contextlib.ExitStack() as one:
+                url = urls[0] if (args.start or args.urls) else one.enter_context(SyntheticProcess(*engine_args)).url
                 knee = loadgen(
-                    "knee", "--engine", f"{args.kind}={one.url}", "--slo", args.slo, "--slo-attainment", args.attainment,
+                    "knee", "--engine", f"{kind}={url}", "--slo", args.slo, "--slo-attainment", args.attainment,
                     "--duration", str(args.knee_duration), *tokens, results=results, run_id="knee",
                 )  # fmt: skip
         profile = plan.profile_of(knee, args.slots)
         print(f"knee of one replica: {profile.knee} users; levels {[lv.concurrency for lv in profile.levels]}")
         print(f"{'policy':<12} {'req/s':>6} {'N':>3} {'predicted':>9} {'measured':>8} {'diff':>6} {'requests':>8}")
-        with contextlib.ExitStack() as fleet:
-            urls = [u for u in args.urls.split(",") if u] or [
-                fleet.enter_context(SyntheticProcess(*engine_args)).url for _ in range(args.replicas)
-            ]
-            for policy in args.policies.split(","):
-                with Router(urls, free_port(), policy, results / f"nginx-{policy}") as router:
-                    for rate in (float(r) for r in args.rates.split(",")):
-                        run_id = f"{policy}-{rate:g}"
+        for policy in args.policies.split(","):
+            for rate in (float(r) for r in args.rates.split(",")):
+                met: dict[int, bool] = {}
+                offered = None
+                for n in counts:
+                    with Router(urls[:n], free_port(), policy, results / f"nginx-{policy}-{n}") as router:
                         folder = loadgen(
-                            "rate", "--engine", f"{args.kind}={router}", "--rate", f"{rate:g}", "--arrivals", "poisson",
+                            "rate", "--engine", f"{kind}={router}", "--rate", f"{rate:g}", "--arrivals", "poisson",
                             "--duration", f"{args.duration:g}", "--slo", args.slo, *tokens,
-                            results=results, run_id=run_id,
+                            results=results, run_id=f"{policy}-{rate:g}-{n}",
                         )  # fmt: skip
-                        attained, offered = measured(folder, spec, args.duration)
-                        n = len(offered.arrivals)
-                        predicted = plan.predict(
-                            profile, offered, len(urls), spec, policy, repeats=5, window_s=args.duration
-                        ).attainment
-                        diff = (predicted - attained) * 100 if predicted is not None and attained is not None else None
-                        failures += diff is None or abs(diff) > 5
-                        print(
-                            f"{policy:<12} {rate:>6g} {len(urls):>3} {predicted:>9.1%} {attained:>8.1%} "
-                            f"{diff:>+5.1f}p {n:>8}"
-                        )
-    print(f"goal: predicted within 5 points of measured: {'met' if not failures else f'missed in {failures} row(s)'}")
+                    attained, met[n], sample = measured(folder, spec, args.duration)
+                    offered = offered or sample
+                    predicted = plan.predict(profile, sample, n, spec, policy, repeats=5, window_s=args.duration)
+                    diff = (
+                        (predicted.attainment - attained) * 100
+                        if predicted.attainment is not None and attained is not None
+                        else None
+                    )
+                    failures += diff is None or abs(diff) > 5
+                    print(
+                        f"{policy:<12} {rate:>6g} {n:>3} {_pct(predicted.attainment):>9} {_pct(attained):>8} "
+                        f"{'-' if diff is None else f'{diff:+.1f}p':>6} {len(sample.arrivals):>8}"
+                    )
+                if len(counts) > 1 and offered is not None:
+                    failures += not count_check(profile, offered, spec, policy, args.duration, met, counts)
+    goal = "predicted within 5 points of measured" + (", replica count the same or one more" if len(counts) > 1 else "")
+    print(f"goal: {goal}: {'met' if not failures else f'missed in {failures} row(s)'}")
     return 1 if failures else 0
+
+
+def count_check(profile, offered, spec, policy: str, duration: float, met: dict[int, bool], counts: list[int]) -> bool:
+    """The plan's replica count for this traffic against the smallest count that met the SLOs when measured: the
+    same or one more is right; fewer would send the user to production short."""
+    row, _ = plan.plan(profile, offered, spec, policy, 5, duration, counts[-1], None)
+    fewest = smallest(met)
+    ok = fewest is not None and row.replicas is not None and row.replicas in (fewest, fewest + 1)
+    if fewest is None:
+        ok = row.replicas is None  # none of the counts tried met it: the plan must not claim one does
+    said = "met" if ok else "missed"
+    print(
+        f"             replicas: predicted {row.replicas or f'more than {counts[-1]}'}, measured smallest meeting "
+        f"the SLOs {fewest or f'none of {counts}'} ({said}: the same or one more)"
+    )
+    return ok
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
-"""`python -m stack up|down|status|provision [--mode native|compose|auto]`: Compose when a Docker engine answers, else native."""
+"""`python -m stack up|down|status|provision|tune|replicas [--mode native|compose|auto]`: Compose when a Docker engine
+answers, else native."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from stack import compose, native, provision, supervisor, tune
+from stack import compose, native, provision, replicas, supervisor, tune
 from stack.errors import StackError
 
 
@@ -21,7 +22,7 @@ def use_compose(mode: str, command: str, native_has_state: bool) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stack", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("up", "down", "status", "provision", "tune"))
+    parser.add_argument("command", choices=("up", "down", "status", "provision", "tune", "replicas"))
     parser.add_argument(
         "--mode",
         choices=("auto", "native", "compose"),
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--engine",
-        help="tune: the native stack's engine to tune (vllm, llamacpp); options after it go to `python -m loadgen knee`",
+        help="tune: the native stack's engine to tune (vllm, llamacpp); options after it go to `python -m loadgen knee`;"
+        " replicas: the engine to start replicas of (llamacpp)",
+    )
+    parser.add_argument(
+        "--count", type=int, default=2, help="replicas: how many to start behind the router (default 2)"
     )
     args, knee_args = parser.parse_known_args(argv)
     usage = None
@@ -56,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "tune":
             return tune.main(args.engine or "", knee_args)
+        if args.command == "replicas":
+            return replicas.serve(args.engine or replicas.STARTABLE[0], args.count)
         if args.command == "provision":
             return provision.main(args.purpose)
         if use_compose(args.mode, args.command, bool(supervisor.records())):
