@@ -6,14 +6,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
+import requests
+
 from report import load, plan, traffic
-from report.replicas import Arrival
+from report.replicas import Arrival, Sharing
 from servescope import slo
 from stack.errors import StackError
 from stack.replicas import Replicas
@@ -49,6 +53,53 @@ def measured(folder: Path, spec: slo.SloSpec, duration_s: float) -> tuple[float 
     times = sorted(r.scheduled_at if r.scheduled_at is not None else r.started_at for r in records)
     arrivals = tuple(Arrival(t - times[0]) for t in times) if times else ()
     return (good / len(records) if records else None), meets, traffic.Traffic(folder.name, arrivals, duration_s)
+
+
+class Neighbours:
+    """Keeps every other replica busy (`streams` requests each, back to back, a fresh prompt each) while one replica's
+    knee is measured: replicas sharing this machine slow each other, which a knee beside idle neighbours misses."""
+
+    def __init__(self, urls: list[str], streams: int, max_tokens: int, prompt_words: int = 96):
+        self.urls, self.streams, self.max_tokens, self.words = urls, streams, max_tokens, prompt_words
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.sent = 0
+
+    def _loop(self, url: str, seed: int) -> None:
+        rng, session = random.Random(seed), requests.Session()
+        while not self.stop.is_set():
+            words = " ".join(rng.choice(WORDS) for _ in range(self.words))
+            body = {
+                "model": "neighbour",
+                "messages": [{"role": "user", "content": f"{seed} {self.sent} {words}"}],
+                "max_tokens": self.max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            try:
+                with session.post(f"{url}/v1/chat/completions", json=body, stream=True, timeout=120) as answer:
+                    for _ in answer.iter_lines():
+                        if self.stop.is_set():
+                            break
+                self.sent += 1
+            except requests.RequestException:
+                self.stop.wait(0.5)  # a neighbour that refuses is idle: the busy knee then says less, not wrong
+
+    def __enter__(self) -> Neighbours:
+        for i, url in enumerate(self.urls):
+            for j in range(self.streams):
+                t = threading.Thread(target=self._loop, args=(url, 1000 * i + j), daemon=True)
+                t.start()
+                self.threads.append(t)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=130)
+
+
+WORDS = "cat dog river stone light paper window garden music cloud bread train market silver forest letter".split()
 
 
 def smallest(counts: dict[int, bool]) -> int | None:
@@ -149,6 +200,18 @@ def check(argv: list[str] | None) -> int:
                 )  # fmt: skip
         profile = plan.profile_of(knee, args.slots)
         print(f"knee of one replica: {profile.knee} users; levels {[lv.concurrency for lv in profile.levels]}")
+        sharing = None
+        if args.start and len(urls) > 1:  # the replicas share this machine: the knee again, its neighbours busy
+            with Neighbours(urls[1:], args.slots, args.tokens) as busy:
+                busy_knee = loadgen(
+                    "knee", "--engine", f"{kind}={urls[0]}", "--slo", args.slo, "--slo-attainment", args.attainment,
+                    "--duration", str(args.knee_duration), *tokens, results=results, run_id="knee-busy",
+                )  # fmt: skip
+            sharing = Sharing(len(urls), plan.profile_of(busy_knee, args.slots))
+            print(
+                f"knee of one replica, its {len(urls) - 1} neighbour(s) busy ({busy.sent} requests): "
+                f"{sharing.busy.knee} users; the {len(urls)} replicas share this machine"
+            )
         print(f"{'policy':<12} {'req/s':>6} {'N':>3} {'predicted':>9} {'measured':>8} {'diff':>6} {'requests':>8}")
         for policy in args.policies.split(","):
             for rate in (float(r) for r in args.rates.split(",")):
@@ -163,7 +226,7 @@ def check(argv: list[str] | None) -> int:
                         )  # fmt: skip
                     attained, met[n], sample = measured(folder, spec, args.duration)
                     offered = offered or sample
-                    predicted = plan.predict(profile, sample, n, spec, policy, repeats=5, window_s=args.duration)
+                    predicted = plan.predict(profile, sample, n, spec, policy, 5, args.duration, sharing)
                     diff = (
                         (predicted.attainment - attained) * 100
                         if predicted.attainment is not None and attained is not None
@@ -175,16 +238,18 @@ def check(argv: list[str] | None) -> int:
                         f"{'-' if diff is None else f'{diff:+.1f}p':>6} {len(sample.arrivals):>8}"
                     )
                 if len(counts) > 1 and offered is not None:
-                    failures += not count_check(profile, offered, spec, policy, args.duration, met, counts)
+                    failures += not count_check(profile, offered, spec, policy, args.duration, met, counts, sharing)
     goal = "predicted within 5 points of measured" + (", replica count the same or one more" if len(counts) > 1 else "")
     print(f"goal: {goal}: {'met' if not failures else f'missed in {failures} row(s)'}")
     return 1 if failures else 0
 
 
-def count_check(profile, offered, spec, policy: str, duration: float, met: dict[int, bool], counts: list[int]) -> bool:
+def count_check(
+    profile, offered, spec, policy: str, duration: float, met: dict[int, bool], counts: list[int], sharing=None
+) -> bool:
     """The plan's replica count for this traffic against the smallest count that met the SLOs when measured: the
     same or one more is right; fewer would send the user to production short."""
-    row, _ = plan.plan(profile, offered, spec, policy, 5, duration, counts[-1], None)
+    row, _ = plan.plan(profile, offered, spec, policy, 5, duration, counts[-1], None, sharing)
     fewest = smallest(met)
     ok = fewest is not None and row.replicas is not None and row.replicas in (fewest, fewest + 1)
     if fewest is None:

@@ -183,12 +183,13 @@ def predict(
     policy: str,
     repeats: int,
     window_s: float,
+    sharing: replicas.Sharing | None = None,
 ) -> Prediction:
     windows = max(1, math.ceil(load.duration_s / window_s))
     per_window: list[list[RequestRecord]] = [[] for _ in range(windows)]
     beyond = 0
     for seed in range(repeats):
-        outcomes = replicas.simulate(load.arrivals, profile, n, policy, seed)
+        outcomes = replicas.simulate(load.arrivals, profile, n, policy, seed, sharing)
         for o in outcomes:
             beyond += o.error == replicas.BEYOND
             per_window[min(int(o.at / window_s), windows - 1)].append(_record(profile, o))
@@ -248,13 +249,14 @@ def plan(
     window_s: float,
     max_replicas: int,
     price: float | None,
+    sharing: replicas.Sharing | None = None,
 ) -> tuple[PlanRow, list[Prediction]]:
     """The fewest replicas that meet the SLOs in every window, searched upwards from one."""
     tried: list[Prediction] = []
     first_meeting: list[int | None] = []
     found: Prediction | None = None
     for n in range(1, max_replicas + 1):
-        p = predict(profile, load, n, spec, policy, repeats, window_s)
+        p = predict(profile, load, n, spec, policy, repeats, window_s, sharing)
         tried.append(p)
         if not first_meeting:
             first_meeting = [None] * len(p.window_meets)
@@ -270,6 +272,11 @@ def plan(
         if profile.slots
         else "batch slots not known (not recorded; --slots): the engine's queueing as the knee measured it"
     )
+    if sharing:
+        notes.append(
+            f"{sharing.per_host} replicas a machine: a replica with a busy neighbour draws from the knee measured "
+            "with its neighbours busy"
+        )
     if profile.prompt_tokens:
         notes.append(f"knee measured {profile.prompt_tokens}-token prompts, {profile.output_tokens} tokens out")
     row = PlanRow(
@@ -331,6 +338,20 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--slo", metavar="SPEC", help="SLOs (default: the knees' own, which must agree)")
     p.add_argument("--slo-attainment", metavar="SHARE", help="share of requests that must meet them")
+    p.add_argument(
+        "--per-host",
+        type=int,
+        default=1,
+        metavar="M",
+        help="replicas sharing one machine (default 1: a machine each); needs --busy-knee",
+    )
+    p.add_argument(
+        "--busy-knee",
+        action="append",
+        default=[],
+        metavar="KNEE_RUN",
+        help="--per-host: a knee of one replica measured while its neighbours were kept busy, one per KNEE_RUN",
+    )
     p.add_argument("--routing", choices=replicas.POLICIES, default=None, help="the router's policy (PLAN_ROUTING)")
     p.add_argument("--price", action="append", default=[], metavar="ENGINE=PER_HOUR", help="price of an instance-hour")
     p.add_argument("--out", type=Path, default=None, help="folder for plan.json and plan.md (default: RESULTS/plan-ID)")
@@ -344,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = _settings(args)
         profiles = [profile_of(load.resolve(r, results), args.slots) for r in args.runs]
         spec = _spec(args, [load.resolve(r, results) for r in args.runs])
+        sharings = _sharings(args, results)
         offered = _traffic(args)
         prices = _prices(args.price)
     except (PlanError, traffic.TrafficError, slo.SloError, load.RunError, ValueError) as exc:
@@ -356,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     rows = []
-    for path, profile in zip(args.runs, profiles, strict=True):
+    for path, profile, sharing in zip(args.runs, profiles, sharings, strict=True):
         row, _ = plan(
             profile,
             offered,
@@ -366,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             settings["window_s"],
             settings["max_replicas"],
             prices.get(profile.engine),
+            sharing,
         )
         row.source = str(path)
         rows.append(row)
@@ -401,6 +424,22 @@ def _settings(args) -> dict[str, Any]:
     if repeats < 1 or max_replicas < 1:
         raise PlanError("PLAN_REPEATS and PLAN_MAX_REPLICAS: at least 1")
     return {"routing": routing, "window_s": window_s, "repeats": repeats, "max_replicas": max_replicas}
+
+
+def _sharings(args, results: Path) -> list[replicas.Sharing | None]:
+    """One busy knee per knee run when replicas share machines (--per-host above 1), none otherwise."""
+    if args.per_host < 1:
+        raise PlanError(f"--per-host {args.per_host}: expected at least 1")
+    if args.per_host == 1:
+        if args.busy_knee:
+            raise PlanError("--busy-knee: only with --per-host above 1 (replicas sharing a machine)")
+        return [None] * len(args.runs)
+    if len(args.busy_knee) != len(args.runs):
+        raise PlanError(
+            f"--per-host {args.per_host}: give one --busy-knee per knee run ({len(args.runs)}), "
+            f"got {len(args.busy_knee)}"
+        )
+    return [replicas.Sharing(args.per_host, profile_of(load.resolve(r, results), args.slots)) for r in args.busy_knee]
 
 
 def _spec(args, paths: list[Path]) -> slo.SloSpec:

@@ -17,6 +17,10 @@ What it assumes (the README's plan section says the same):
   level's measured failure share.
 - A load above the highest measured level is not extrapolated: such a request counts as failed ("beyond
   the measured load"), the decode keeps the top level's pace times k / top (for the state only).
+- Replicas run on machines of their own, unless they share one (`Sharing`: M replicas a machine, and a second knee
+  of one replica measured while its neighbours were kept busy). Then a replica draws from that busy knee whenever
+  another replica on its machine has a request in flight, and from its own knee otherwise: two states, not a
+  measured curve of how many neighbours are busy.
 - No cache is shared across replicas, and the traffic's prompts are taken to be like the knee's.
 """
 
@@ -86,6 +90,19 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class Sharing:
+    """Replicas that share a machine slow each other (cores, memory bandwidth): `per_host` replicas a machine, and
+    `busy`, one replica's knee measured while the others on its machine were kept busy."""
+
+    per_host: int
+    busy: Profile
+
+    def __post_init__(self) -> None:
+        if self.per_host < 1:
+            raise ValueError("replicas per machine must be at least 1")
+
+
+@dataclass(frozen=True)
 class Arrival:
     at: float  # seconds from the traffic's start
     output_tokens: int | None = None  # None: the profile's
@@ -152,7 +169,12 @@ class _Replica:
 
 
 def simulate(
-    arrivals: Sequence[Arrival], profile: Profile, replicas: int, policy: str = LEAST_CONN, seed: int = 0
+    arrivals: Sequence[Arrival],
+    profile: Profile,
+    replicas: int,
+    policy: str = LEAST_CONN,
+    seed: int = 0,
+    sharing: Sharing | None = None,
 ) -> list[Outcome]:
     """Every arrival's outcome over `replicas` replicas."""
     if replicas < 1:
@@ -165,22 +187,40 @@ def simulate(
     heap: list[tuple[float, int, int, int]] = []  # (time, replica, its version, flight): stale when versions differ
     turn = itertools.count()
     draws = [(rng.random(), rng.random(), rng.random()) for _ in arrivals]  # one quantile each for the whole life
+    per_host = sharing.per_host if sharing else 1
+
+    def machine(r: int) -> range:
+        """The replicas whose pace changes when r's load does: r's machine (r alone without sharing)."""
+        first = r - r % per_host
+        return range(first, min(first + per_host, replicas))
+
+    def of(r: int) -> Profile:
+        """The knee replica r draws from now: the busy one while a neighbour on its machine has work."""
+        if sharing and any(state[j].flights for j in machine(r) if j != r):
+            return sharing.busy
+        return profile
+
+    def advance(r: int, now: float) -> None:
+        """Bring r's machine to `now` at the paces of the moment, before r's load changes them."""
+        for j in machine(r):
+            state[j].advance(of(j), now)
 
     def schedule(r: int) -> None:
-        state[r].version += 1
-        nxt = state[r].next_event(profile)
-        if nxt is not None:
-            heapq.heappush(heap, (nxt[0], r, state[r].version, nxt[1]))
+        for j in machine(r):
+            state[j].version += 1
+            nxt = state[j].next_event(of(j))
+            if nxt is not None:
+                heapq.heappush(heap, (nxt[0], j, state[j].version, nxt[1]))
 
     def admit(r: int, index: int, now: float) -> None:
-        rep = state[r]
+        rep, drawn = state[r], of(r)
         a = arrivals[index]
         k = len(rep.flights) + 1
-        level = profile.level_for(k)
+        level = drawn.level_for(k)
         u_ttft, u_tpot, u_fail = draws[index]
         beyond = level is None
-        measured = level or profile.levels[-1]
-        ttft = measured.ttft(u_ttft) * (k / profile.top if beyond else 1.0)
+        measured = level or drawn.levels[-1]
+        ttft = measured.ttft(u_ttft) * (k / drawn.top if beyond else 1.0)
         tokens = a.output_tokens or profile.output_tokens
         failed = u_fail < measured.failed_share
         rep.flights[index] = _Flight(index, a.at, now + ttft, max(0, tokens - 1), u_tpot, beyond, failed)
@@ -193,7 +233,7 @@ def simulate(
             rep = state[r]
             if version != rep.version:
                 continue
-            rep.advance(profile, t)
+            advance(r, t)
             f = rep.flights[index]
             if f.remaining <= 1e-9 and f.first_at <= t:
                 del rep.flights[index]
@@ -216,7 +256,7 @@ def simulate(
             tied = [i for i, s in enumerate(state) if len(s.flights) + len(s.waiting) == fewest]
             r = tied[next(turn) % len(tied)]
         rep = state[r]
-        rep.advance(profile, a.at)
+        advance(r, a.at)
         if profile.slots is not None and len(rep.flights) >= profile.slots:
             rep.waiting.append(index)
         else:

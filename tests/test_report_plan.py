@@ -37,6 +37,30 @@ def test_a_request_admitted_later_slows_the_one_decoding():
     assert out[0].e2e_s == pytest.approx(0.4)
 
 
+def test_replicas_on_one_machine_slow_each_other_only_while_both_have_work():
+    # Alone 0.02 s a token, 0.04 s with a neighbour busy. A (replica 0) decodes alone 0.1 -> 0.2 (5 tokens), B lands
+    # on replica 1 at 0.2: A's last 5 tokens take 0.04 each, A ends at 0.4; B (first token at 0.3) decodes at 0.04
+    # until A leaves at 0.4 (2.5 tokens), then alone: 7.5 x 0.02 = 0.15, ending at 0.55.
+    alone, busy = profile([level(1, tpot=0.02)]), profile([level(1, tpot=0.04)])
+    arrivals = [Arrival(0.0), Arrival(0.2)]
+    shared = replicas.simulate(arrivals, alone, 2, replicas.LEAST_CONN, sharing=replicas.Sharing(2, busy))
+    assert [o.replica for o in shared] == [0, 1]
+    assert shared[0].e2e_s == pytest.approx(0.4)
+    assert shared[1].e2e_s == pytest.approx(0.55 - 0.2)
+    apart = replicas.simulate(arrivals, alone, 2, replicas.LEAST_CONN, sharing=replicas.Sharing(1, busy))
+    assert [o.e2e_s for o in apart] == pytest.approx([0.3, 0.3])  # a machine each: nobody's neighbour
+    assert [o.e2e_s for o in replicas.simulate(arrivals, alone, 2)] == pytest.approx([0.3, 0.3])
+
+
+def test_a_busy_knee_without_shared_machines_is_refused_in_one_line(tmp_path):
+    with pytest.raises(plan.PlanError, match="only with --per-host"):
+        plan._sharings(plan.parser().parse_args(["k", "--rate", "1", "--busy-knee", "b"]), tmp_path)
+    with pytest.raises(plan.PlanError, match="one --busy-knee per knee run"):
+        plan._sharings(
+            plan.parser().parse_args(["k", "j", "--rate", "1", "--per-host", "2", "--busy-knee", "b"]), tmp_path
+        )
+
+
 def test_least_connections_sends_to_the_idle_replica_where_round_robin_does_not():
     # Three arrivals while the first is still running: round robin puts the third back on replica 0.
     slow = profile([level(1, tpot=1.0), level(2, tpot=1.0)], tokens=3)
