@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -114,6 +115,8 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM unwinds like Ctrl-C: the replicas and nginx run in sessions of their own and would outlive us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return check(argv)
     except (StackError, RuntimeError, plan.PlanError) as exc:  # no nginx, a replica or a run that failed: one line
