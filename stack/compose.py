@@ -182,9 +182,19 @@ def up(compare: bool = True, ready_timeout: float | None = None) -> int:
         say(f"grafana     http://{host}:{env['GRAFANA_PORT']}  (admin / GRAFANA_ADMIN_PASSWORD)")
     say(f"prometheus  http://{host}:{env['PROMETHEUS_PORT']}")
     say(f"locust      http://{host}:{env['LOCUST_PORT']}")
+    say(drift_line(env, host))
     if not compare:
         return 0
     return main_job(env)
+
+
+def drift_line(env: dict[str, str], host: str) -> str:
+    """Whether the engines' pages still carry what the exporter, rules and dashboards read (exporter/check.py), on
+    the ports Compose published: one line, never a stop, as the native stack prints it."""
+    from exporter import check as drift
+
+    ports = {n: env.get(kinds.kind(n).port_env) or knobs.get(kinds.kind(n).port_env) for n in engines_in(env)}
+    return drift.one_line([f"{n}=http://{host}:{port}" for n, port in ports.items()])
 
 
 def results_dir(env: dict[str, str]) -> Path:

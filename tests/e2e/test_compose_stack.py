@@ -160,6 +160,10 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
         failed = [f"{r.engine} {r.phase}: {r.error}" for r in folder.requests() if not r.ok]
         assert not failed, failed
         assert "scaling factor" in up.stdout.lower()
+        # The metric-drift line on the published ports, as the native stack prints it: llama.cpp's page answered.
+        assert "metrics check: " in up.stdout and "llama.cpp server" in up.stdout.split("metrics check: ")[1], (
+            up.stdout[-4000:]
+        )
 
         # The run's own 100 ms samples saw each burst queue: llama.cpp's one slot and vLLM's two (VLLM_MAX_NUM_SEQS)
         # ran with the rest waiting. A burst here lasts about 4 s, shorter than a 5 s scrape: Prometheus may miss it.
