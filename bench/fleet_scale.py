@@ -37,9 +37,9 @@ def shown(value: float | None, digits: int = 4) -> str:
     return "not measured" if value is None else f"{value:.{digits}f}"
 
 
-def start_prometheus(workdir: Path, fleet_port: int, targets: int) -> tuple[subprocess.Popen, str]:
+def start_prometheus(workdir: Path, fleet_port: int, targets: int, rules: str) -> tuple[subprocess.Popen, str]:
     """Debian's Prometheus on an ephemeral port, its data in workdir, the fleet found through a target file."""
-    from servescope import metrics_mode
+    from servescope import fleet_rules, metrics_mode
     from servescope import prometheus_config as pc
 
     listen = f"127.0.0.1:{free_port()}"
@@ -55,7 +55,7 @@ def start_prometheus(workdir: Path, fleet_port: int, targets: int) -> tuple[subp
         pc.render(
             [pc.Target("prometheus", listen)],
             scrape_interval=INTERVAL,
-            rule_files=pc.native_rule_files(metrics_mode.FLEET),
+            rule_files=pc.native_rule_files(metrics_mode.FLEET) if rules == "all" else (str(fleet_rules.RULES_FILE),),
             discovered=[pc.Discovered("vllm", files=(str(files),), refresh="5s")],
         )
     )
@@ -74,10 +74,10 @@ def start_prometheus(workdir: Path, fleet_port: int, targets: int) -> tuple[subp
     return proc, f"http://{listen}"
 
 
-def fleet_mode(fleet_port: int, targets: int, warmup: float, window: float) -> dict[str, str]:
+def fleet_mode(fleet_port: int, targets: int, warmup: float, window: float, rules: str) -> dict[str, str]:
     """Prometheus scraping `targets` pages every 5 s with the fleet rules: what it costs, as it measures itself."""
     workdir = Path(tempfile.mkdtemp(prefix="servescope-fleet-bench-"))
-    proc, url = start_prometheus(workdir, fleet_port, targets)
+    proc, url = start_prometheus(workdir, fleet_port, targets, rules)
     try:
         wait_ready(f"{url}/-/ready", proc, timeout=60)
         deadline = time.monotonic() + 120
@@ -166,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds after every target is up")
     parser.add_argument("--window", type=float, default=60.0, help="seconds measured")
     parser.add_argument("--scrapes", type=int, default=3, help="exporter scrapes timed per engine count")
+    parser.add_argument(
+        "--rules",
+        choices=("all", "fleet"),
+        default="all",
+        help="every rule fleet mode loads (default), or the fleet rules alone (their own cost)",
+    )
     args = parser.parse_args(argv)
     try:
         counts = [int(n) for n in args.exporter_engines.split(",") if n.strip()]
@@ -186,10 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_ready(f"http://127.0.0.1:{fleet_port}/i/0/version", double)
         print(f"  load average before: {open('/proc/loadavg').read().strip()} ({os.cpu_count()} cores)", flush=True)
+        rules = "every rule fleet mode loads" if args.rules == "all" else "the fleet rules alone"
         print(
-            f"  fleet mode: Prometheus scrapes {args.targets} recorded vLLM 0.32 pages every {INTERVAL} ...", flush=True
+            f"  fleet mode: Prometheus scrapes {args.targets} recorded vLLM 0.32 pages every {INTERVAL} ({rules}) ...",
+            flush=True,
         )
-        fleet = fleet_mode(fleet_port, args.targets, args.warmup, args.window)
+        fleet = fleet_mode(fleet_port, args.targets, args.warmup, args.window, args.rules)
         for key, value in fleet.items():
             print(f"    {key:<45} {value}")
         print(f"  load average after: {open('/proc/loadavg').read().strip()}", flush=True)
