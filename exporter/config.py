@@ -134,8 +134,8 @@ def load(args) -> Config:
     mode = getattr(args, "metrics_mode", None) or knobs.get(metrics_mode.KNOB, metrics_mode.EXPORTER)
     try:
         fleet = metrics_mode.is_fleet(mode)
-    except ValueError as exc:
-        raise ConfigError(metrics_mode.KNOB, str(exc).partition(": ")[2]) from None
+    except ValueError:
+        raise ConfigError(metrics_mode.KNOB, f"{mode!r}: expected {' or '.join(metrics_mode.MODES)}") from None
     return Config(
         fleet=fleet,
         listen_address=listen_address,

@@ -73,9 +73,19 @@ def test_one_knob_picks_the_rules_natively_and_in_compose():
         assert (pc.MODE_DIR / mode).is_dir()  # what the Compose mount names exists for every mode
 
 
-def test_a_misspelt_mode_is_refused():
+def test_a_misspelt_mode_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="METRICS_MODE='fleat': expected exporter or fleet"):
         metrics_mode.parse("fleat")
+    from exporter import cli, config
+
+    monkeypatch.setenv(metrics_mode.KNOB, "fleat")
+    with pytest.raises(config.ConfigError, match="^config error: METRICS_MODE: 'fleat': expected exporter or fleet$"):
+        config.load(cli.build_parser().parse_args(["--vllm-url", "http://127.0.0.1:8000"]))
+    monkeypatch.setenv(metrics_mode.KNOB, "Fleet")
+    assert config.load(cli.build_parser().parse_args(["--vllm-url", "http://127.0.0.1:8000"])).fleet
+    # the flag wins over the knob
+    args = cli.build_parser().parse_args(["--vllm-url", "http://127.0.0.1:8000", "--metrics-mode", "exporter"])
+    assert not config.load(args).fleet
 
 
 def test_real_prometheus_makes_the_neutral_series_from_discovered_engines(prometheus_server, tmp_path):
