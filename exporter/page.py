@@ -84,7 +84,9 @@ class PageCollector(EngineCollector):
             text = self.optional(self.upstream.get_text, path, deadline, self.page.without)
         else:
             text = self.upstream.get_text(path, deadline)
-        samples = parse_exposition(text, self.page.names) if text is not MISSING else {}
+        # In fleet mode only the pool's samples are parsed: the rest are Prometheus' to read.
+        wanted = frozenset(self.page.extra) if self.left_out else self.page.names
+        samples = parse_exposition(text, wanted) if text is not MISSING else {}
         extra = self.before(deadline)
         identity = self.identity(deadline)
         info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
