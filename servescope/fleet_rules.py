@@ -14,7 +14,6 @@ engine's version) stays the exporter's (exporter/page.py's `fleet` set).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import yaml
@@ -85,15 +84,11 @@ def rendered() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servescope.fleet_rules", description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="write the rule file (default)")
-    mode.add_argument("--check", action="store_true", help="exit 1 when the committed rule file differs")
-    args = parser.parse_args(argv)
-    return generated_files.write_or_check(
-        {RULES_FILE: rendered()},
-        check=args.check,
-        command="python -m servescope.fleet_rules --write",
+    return generated_files.main(
+        argv,
+        module="servescope.fleet_rules",
+        doc=__doc__,
+        files={RULES_FILE: rendered()},
         root=REPO_ROOT,
         what="fleet rules",
     )

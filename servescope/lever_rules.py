@@ -6,7 +6,6 @@ python -m servescope.lever_rules --check   # exit 1 when a committed file is sta
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 
@@ -95,17 +94,8 @@ def rendered() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servescope.lever_rules", description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="write the rule files (default)")
-    mode.add_argument("--check", action="store_true", help="exit 1 when a committed rule file differs from the table")
-    args = parser.parse_args(argv)
-    return generated_files.write_or_check(
-        rendered(),
-        check=args.check,
-        command="python -m servescope.lever_rules --write",
-        root=REPO_ROOT,
-        what="lever rules",
+    return generated_files.main(
+        argv, module="servescope.lever_rules", doc=__doc__, files=rendered(), root=REPO_ROOT, what="lever rules"
     )
 
 
