@@ -184,6 +184,20 @@ def stat(
     return _panel("stat", title, description, defaults, options, targets, (width, height))
 
 
+def heatmap(title: str, description: str, unit: str, targets: list[dict], *, width: int = 12, height: int = 8) -> dict:
+    """The spread of one gauge across many series at each instant: Grafana buckets the instances' values itself."""
+    options = {
+        "calculate": True,
+        "calculation": {"yBuckets": {"mode": "count", "value": "10"}},
+        "color": {"mode": "scheme", "scheme": "Oranges", "fill": "dark-orange", "exponent": 0.5, "steps": 64},
+        "yAxis": {"unit": unit, "axisPlacement": "left"},
+        "cellGap": 1,
+        "tooltip": {"mode": "single", "yHistogram": True},
+        "legend": {"show": True},
+    }
+    return _panel("heatmap", title, description, {"unit": unit}, options, targets, (width, height))
+
+
 def row(title: str) -> dict:
     return {"type": "row", "title": title, "collapsed": False, "panels": [], "_size": (24, 1)}
 
@@ -909,11 +923,134 @@ def load_test_dashboard() -> dict:
     )
 
 
+# How many instances the fleet dashboard's top-N panels name.
+TOP_N = 10
+FLEET = {"engine": "=~$engine", "model": "=~$model"}
+
+
+def fleet_dashboard() -> dict:
+    """Many replicas at once, from the neutral series alone: the same panels whether the exporter or Prometheus' fleet
+    rules (METRICS_MODE, docs/fleet.md) make them."""
+    by_engine = ["engine"]
+    running, waiting = sel(series.REQUESTS_RUNNING, FLEET), sel(series.REQUESTS_WAITING, FLEET)
+    kv = sel(series.KV_CACHE_USAGE, FLEET)
+    queueing = or_zero(f"count by (engine) ({waiting} > 0)", f"count by (engine) ({waiting})", by_engine)
+    variables = [
+        datasource_variable(),
+        query_variable("engine", "Engine", f"label_values({series.REQUESTS_RUNNING}, engine)"),
+        query_variable("model", "Model", f'label_values({series.REQUESTS_RUNNING}{{engine=~"$engine"}}, model)'),
+    ]
+    panels = [
+        row("Fleet totals (every instance of the engine kind)"),
+        stat(
+            "Instances reporting",
+            f"Instances with a {series.REQUESTS_RUNNING} series now, per engine kind.",
+            "none",
+            [target(f"count by (engine) ({running})", "{{engine}}")],
+        ),
+        stat(
+            "Running, all instances",
+            "Requests in the running batches of every instance, summed.",
+            "short",
+            [target(sum_by(by_engine, running), "{{engine}}")],
+        ),
+        stat(
+            "Waiting, all instances",
+            "Requests queued on every instance, summed. A fleet queue with instances idle is the router's.",
+            "short",
+            [target(sum_by(by_engine, waiting), "{{engine}}")],
+        ),
+        stat(
+            "Instances with a queue",
+            "Instances with at least one request waiting now (0 when none).",
+            "none",
+            [target(queueing, "{{engine}}")],
+        ),
+        stat(
+            "KV usage, fleet mean",
+            "The mean over instances of the fraction of each KV pool in use (Ollama reports none).",
+            "percentunit",
+            [target(f"avg by (engine) ({kv})", "{{engine}}")],
+        ),
+        stat(
+            "Output tokens/s, fleet",
+            "Generated tokens per second of every instance, summed.",
+            TOKENS_PER_S,
+            [target(sum_by(by_engine, rate(sel(series.GENERATED_TOKENS, FLEET))), "{{engine}}")],
+        ),
+        timeseries(
+            "Running and waiting, fleet totals",
+            "Summed over the instances of each engine kind: batch occupancy beside the queue.",
+            "short",
+            [
+                target(sum_by(by_engine, running), "{{engine}} running"),
+                target(sum_by(by_engine, waiting), "{{engine}} waiting"),
+            ],
+            width=12,
+        ),
+        timeseries(
+            "KV usage spread across instances",
+            "Max, 90th percentile, median and min over the instances at each instant: a wide spread is uneven routing.",
+            "percentunit",
+            [
+                target(f"max by (engine) ({kv})", "{{engine}} max"),
+                target(f"quantile by (engine) (0.9, {kv})", "{{engine}} p90"),
+                target(f"quantile by (engine) (0.5, {kv})", "{{engine}} median"),
+                target(f"min by (engine) ({kv})", "{{engine}} min"),
+            ],
+            width=12,
+        ),
+        row("Per instance, at fleet scale"),
+        heatmap(
+            "KV usage per instance (heat map)",
+            "How many instances sit at each KV usage, over time: one column per instant, darker = more instances.",
+            "percentunit",
+            [target(kv, "{{instance}}")],
+        ),
+        heatmap(
+            "Waiting per instance (heat map)",
+            "How many instances have each queue length, over time: a band off zero is a fleet short of slots.",
+            "short",
+            [target(waiting, "{{instance}}")],
+        ),
+        timeseries(
+            f"Top {TOP_N} instances by waiting",
+            f"The {TOP_N} instances with the longest queue at each instant.",
+            "short",
+            [target(f"topk({TOP_N}, {sum_by(['engine', 'instance'], waiting)})", "{{engine}} {{instance}}")],
+            width=12,
+        ),
+        timeseries(
+            "Lever alerts firing, per instance",
+            'The "which lever" alerts (prometheus/rules/*_levers.yml, llamacpp.yml, sglang.yml) firing on each '
+            "instance; the line at 0 when none fires.",
+            "none",
+            [
+                target(
+                    'sum by (alertname, instance) (ALERTS{alertstate="firing",lever=~".+",engine=~"$engine"}) '
+                    "or on () vector(0)",
+                    "{{alertname}} {{instance}}",
+                )
+            ],
+            width=12,
+        ),
+    ]
+    return dashboard(
+        "servescope-fleet",
+        "servescope · fleet",
+        "Many replicas at once: fleet totals, the spread across instances, heat maps, the top instances by queue and "
+        "the lever alerts, from the engine-neutral series (the same in exporter and fleet mode).",
+        variables,
+        panels,
+    )
+
+
 DASHBOARDS = {
     "engine-comparison": engine_comparison,
     engines.VLLM.name: vllm_dashboard,
     engines.OLLAMA.name: ollama_dashboard,
     "load-test": load_test_dashboard,
+    "fleet": fleet_dashboard,
 }
 
 

@@ -15,7 +15,7 @@ except ImportError:  # not built for this platform
 
 from exporter import config as exporter_config
 from exporter import relay, server
-from servescope import engines
+from servescope import engines, metrics_mode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         metavar="SECONDS",
         help="budget per engine per scrape, below Prometheus' scrape_timeout (default 3)",
+    )
+    parser.add_argument(
+        "--metrics-mode",
+        choices=metrics_mode.MODES,
+        help="fleet: leave out the series Prometheus' fleet rules make from the engines' own pages "
+        "(default METRICS_MODE, exporter)",
     )
     parser.add_argument(
         "--process",

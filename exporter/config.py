@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from exporter.resources import WatchedContainer, WatchedProcess
-from servescope import engines, knobs
+from servescope import engines, knobs, metrics_mode
 from servescope.engines.base import BATCH_SLOTS
 from servescope.urls import redact
 
@@ -97,6 +97,7 @@ class Config:
     instances: tuple[Instance, ...] = field(default_factory=tuple)
     processes: tuple[WatchedProcess, ...] = field(default_factory=tuple)
     containers: tuple[WatchedContainer, ...] = field(default_factory=tuple)
+    fleet: bool = False  # METRICS_MODE=fleet: the page's own series are Prometheus' rules', not the exporter's
 
 
 def load(args) -> Config:
@@ -130,7 +131,13 @@ def load(args) -> Config:
         if getattr(args, "container", None)
         else _file_watches("containers", file_data.get("containers"), "container")
     )
+    mode = getattr(args, "metrics_mode", None) or knobs.get(metrics_mode.KNOB, metrics_mode.EXPORTER)
+    try:
+        fleet = metrics_mode.is_fleet(mode)
+    except ValueError:
+        raise ConfigError(metrics_mode.KNOB, f"{mode!r}: expected {' or '.join(metrics_mode.MODES)}") from None
     return Config(
+        fleet=fleet,
         listen_address=listen_address,
         port=port,
         timeout=timeout,

@@ -6,6 +6,9 @@ averaged over the engine's other labels, the label naming the model, whether the
 A subclass adds what the page's gauges cannot say (vLLM's KV pool from cache_config_info labels,
 llama.cpp's from GET /slots).
 
+In fleet mode (METRICS_MODE=fleet) Prometheus scrapes the page itself and the recording rules make the page's
+series (servescope/fleet_rules.py): the collector leaves those out, and reads the page only for its pool's samples.
+
 Values: per model where the page labels them, each impossible value dropped and counted; on an
 unlabelled page one value per series, left out whole when any of its lines is impossible.
 """
@@ -32,19 +35,31 @@ class PageCollector(EngineCollector):
     adapter: engines.EngineKind | None = None  # a subclass's own engine; else given to __init__
     pool_families: tuple[tuple[str, str], ...] = ()  # what a subclass's pool() yields
 
-    def __init__(self, name: str, upstream: Upstream, *, adapter: engines.EngineKind | None = None, **kwargs):
+    def __init__(
+        self,
+        name: str,
+        upstream: Upstream,
+        *,
+        adapter: engines.EngineKind | None = None,
+        fleet: bool = False,
+        **kwargs,
+    ):
         super().__init__(name, upstream, **kwargs)
         self.adapter = adapter or self.adapter
         if self.adapter is None or self.adapter.metrics is None:
             raise ValueError(f"{type(self).__name__}: an engine adapter with a metrics page is needed")
         self.kind = self.adapter.name
         self.page = self.adapter.metrics
+        # One source per series: in fleet mode the rules make these from Prometheus' own scrape of the page.
+        self.left_out = self.page.page_series if fleet else frozenset()
+        self.sources = tuple(s for s in self.page.sources if s.series not in self.left_out)
 
     @property
     def family_names(self) -> tuple[tuple[str, str], ...]:
         known = {name for name, _ in ENGINE_FAMILIES}
-        own = tuple((s.series, "counter" if s.counter else "gauge") for s in self.page.sources if s.series not in known)
-        return ENGINE_FAMILIES + own + self.pool_families
+        own = tuple((s.series, "counter" if s.counter else "gauge") for s in self.sources if s.series not in known)
+        named = ENGINE_FAMILIES + own + self.pool_families
+        return tuple(family for family in named if family[0] not in self.left_out)
 
     # --- what a subclass adds
     def before(self, deadline: float) -> Any:
@@ -62,12 +77,16 @@ class PageCollector(EngineCollector):
     # --- the page
     def scrape(self, deadline: float) -> Iterator[Metric]:
         path = self.adapter.metrics_path
-        if self.page.optional:
+        if self.left_out and not self.page.extra:
+            text = MISSING  # fleet mode, and the pool needs nothing off the page: Prometheus alone reads it
+        elif self.page.optional:
             # Off (404/501) or behind an API key: it costs the series it feeds, never the engine.
             text = self.optional(self.upstream.get_text, path, deadline, self.page.without)
         else:
             text = self.upstream.get_text(path, deadline)
-        samples = parse_exposition(text, self.page.names) if text is not MISSING else {}
+        # In fleet mode only the pool's samples are parsed: the rest are Prometheus' to read.
+        wanted = frozenset(self.page.extra) if self.left_out else self.page.names
+        samples = parse_exposition(text, wanted) if text is not MISSING else {}
         extra = self.before(deadline)
         identity = self.identity(deadline)
         info = self.gauge(series.ENGINE_INFO, HELP[series.ENGINE_INFO], ["version"])
@@ -102,7 +121,7 @@ class PageCollector(EngineCollector):
                 read[name, mean] = self.by_model(samples, name, check, models, mean=mean)
             return read[name, mean]
 
-        for source in self.page.sources:
+        for source in self.sources:
             name = self._chosen(source, samples)
             if name is None:
                 continue
@@ -126,7 +145,7 @@ class PageCollector(EngineCollector):
                 read[name] = self._total(samples, name, check)
             return read[name]
 
-        for source in self.page.sources:
+        for source in self.sources:
             name = self._chosen(source, samples)
             if name is None:
                 continue

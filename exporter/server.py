@@ -79,7 +79,9 @@ def build(config: Config) -> Exporter:
         adapter = engines.kind(instance.kind)
         if adapter.metrics is not None:
             reader = POOL_READERS[adapter.metrics.pool]
-            collectors.append(reader(instance.name, upstream, adapter=adapter, timeout=instance.timeout))
+            collectors.append(
+                reader(instance.name, upstream, adapter=adapter, timeout=instance.timeout, fleet=config.fleet)
+            )
         elif adapter.api == OLLAMA_API:
             # No page: the bridge reads Ollama's API on scrape, and its proxy (when configured) what it relays.
             observations = None

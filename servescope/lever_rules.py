@@ -6,13 +6,12 @@ python -m servescope.lever_rules --check   # exit 1 when a committed file is sta
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 
 import yaml
 
-from servescope import engines, series, thresholds
+from servescope import engines, generated_files, series, thresholds
 from servescope.engines.base import Alert, EngineKind
 from servescope.knobs import REPO_ROOT
 from servescope.prometheus_config import RULES_DIR
@@ -84,6 +83,7 @@ _Dumper.add_representer(
     str,
     lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
 )
+RuleDumper = _Dumper  # the other rule generators write the same way (servescope/fleet_rules.py)
 
 
 def rendered() -> dict:
@@ -94,28 +94,9 @@ def rendered() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servescope.lever_rules", description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="write the rule files (default)")
-    mode.add_argument("--check", action="store_true", help="exit 1 when a committed rule file differs from the table")
-    args = parser.parse_args(argv)
-    files = rendered()
-    if args.check:
-        stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
-        for path in stale:
-            print(
-                f"{path.relative_to(REPO_ROOT)} is stale: run `python -m servescope.lever_rules --write`",
-                file=sys.stderr,
-            )
-        if stale:
-            return 1
-        print(f"lever rules up to date ({len(files)} files)")
-        return 0
-    for path, text in files.items():
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-            print(f"wrote {path.relative_to(REPO_ROOT)}")
-    return 0
+    return generated_files.main(
+        argv, module="servescope.lever_rules", doc=__doc__, files=rendered(), root=REPO_ROOT, what="lever rules"
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ from servescope.knobs import REPO_ROOT
 
 PROMETHEUS_DIR = REPO_ROOT / "prometheus"
 RULES_DIR = PROMETHEUS_DIR / "rules"
+# Rules of one METRICS_MODE (servescope/metrics_mode.py), loaded beside RULES_DIR: mode/fleet/ holds the recording
+# rules that make the neutral series from the engines' own pages (servescope/fleet_rules.py); mode/exporter/ none.
+MODE_DIR = PROMETHEUS_DIR / "mode"
 COMPOSE_CONFIG = PROMETHEUS_DIR / "prometheus.compose.yml"
 
 # Grafana's datasource timeInterval is set to this too, so $__rate_interval spans >= 4 scrapes.
@@ -39,10 +42,17 @@ JOBS = ("exporter", "loadgen", *COMPOSE_SCRAPED, "prometheus")
 # to exported_instance.
 HONOR_LABELS_JOBS = frozenset({"exporter", "loadgen"})
 
-# Where the Compose Prometheus finds its rules (docker-compose.yml mounts prometheus/rules there).
-COMPOSE_RULE_FILES = ("/etc/prometheus/rules/*.yml",)
+# Where the Compose Prometheus finds its rules (docker-compose.yml mounts prometheus/rules there, and
+# prometheus/mode/${METRICS_MODE} at .../mode: one knob picks the mode's rules).
+COMPOSE_RULE_FILES = ("/etc/prometheus/rules/*.yml", "/etc/prometheus/mode/*.yml")
 # The native Prometheus reads the rules straight from the work tree.
 NATIVE_RULE_FILES = (str(RULES_DIR / "*.yml"),)
+
+
+def native_rule_files(mode: str) -> tuple[str, ...]:
+    """The work tree's rules for a METRICS_MODE: the shared ones and the mode's own."""
+    return (*NATIVE_RULE_FILES, str(MODE_DIR / mode / "*.yml"))
+
 
 # Compose service name -> the port the service listens on INSIDE the Compose network. The host
 # ports are knobs (.env); container ports are fixed so the generated config never depends on them.
@@ -79,13 +89,64 @@ class Target:
             raise ValueError(f"target {self.job}: discovery must be static or dns, not {self.discovery!r}")
 
 
+@dataclass(frozen=True)
+class Discovered:
+    """Engines of one kind that Prometheus finds and scrapes itself (fleet mode): file-based or DNS service discovery.
+
+    A target file is Prometheus' file_sd JSON or YAML, `[{"targets": ["host:port"], "labels": {"instance": "a"}}]`,
+    reread when it changes; label each target's `instance` with the name the exporter gives the same engine (its
+    remaining series join on it) and, for llama.cpp, whose page names no model, its `model`. A DNS name is
+    "host:port": every A record of host is one engine on port.
+    """
+
+    kind: str
+    files: tuple[str, ...] = ()
+    dns: tuple[str, ...] = ()
+    refresh: str = "30s"
+
+    def __post_init__(self) -> None:
+        adapter = engines.kind(self.kind)  # ValueError naming the kinds
+        if adapter.metrics_path is None:
+            raise ValueError(f"{self.kind} has no /metrics page of its own: the exporter reads it, not Prometheus")
+        if not self.files and not self.dns:
+            raise ValueError(f"{self.kind}: give a target file or a DNS name")
+        for name in self.dns:
+            host, sep, port = name.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{self.kind}: DNS name {name!r} is not host:port")
+
+    @property
+    def job(self) -> str:
+        return f"{self.kind}-fleet"
+
+    def scrape_config(self) -> dict:
+        scrape: dict = {"job_name": self.job, "metrics_path": engines.kind(self.kind).metrics_path}
+        if self.files:
+            scrape["file_sd_configs"] = [{"files": list(self.files), "refresh_interval": self.refresh}]
+        if self.dns:
+            scrape["dns_sd_configs"] = [
+                {"names": [host], "type": "A", "port": int(port), "refresh_interval": self.refresh}
+                for host, _, port in (name.rpartition(":") for name in self.dns)
+            ]
+        return scrape
+
+
+def file_sd(targets: Iterable[tuple[str, Mapping[str, str]]]) -> str:
+    """A file_sd target file (JSON) for (host:port, labels) pairs."""
+    import json
+
+    return json.dumps([{"targets": [address], "labels": dict(labels)} for address, labels in targets], indent=1)
+
+
 def render(
     targets: Iterable[Target],
     *,
     scrape_interval: str = DEFAULT_SCRAPE_INTERVAL,
     rule_files: Sequence[str] = NATIVE_RULE_FILES,
+    discovered: Iterable[Discovered] = (),
 ) -> str:
-    """A complete prometheus.yml for these targets: one scrape job per job name, in first-seen order."""
+    """A complete prometheus.yml for these targets: one scrape job per job name, in first-seen order, then the
+    discovered engines' jobs."""
     by_job: dict[str, list[Target]] = {}
     for target in targets:
         by_job.setdefault(target.job, []).append(target)
@@ -113,6 +174,7 @@ def render(
             if relabels:
                 scrape["relabel_configs"] = relabels
         scrape_configs.append(scrape)
+    scrape_configs += [fleet.scrape_config() for fleet in discovered]
     config = {
         "global": {
             "scrape_interval": scrape_interval,

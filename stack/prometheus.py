@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from servescope import knobs
+from servescope import knobs, metrics_mode
 from stack import paths, provision
 
 
@@ -17,8 +17,11 @@ def find_or_install() -> tuple[str | None, str | None]:
     return shutil.which("prometheus"), None
 
 
-def rule_files(repo_root: Path = knobs.REPO_ROOT) -> list[str]:
-    return [str(p) for p in sorted((repo_root / "prometheus" / "rules").glob("*.yml"))]
+def rule_files(repo_root: Path = knobs.REPO_ROOT, mode: str | None = None) -> list[str]:
+    """The shared rules and those of the METRICS_MODE (fleet: the neutral series from the engines' own pages)."""
+    mode = metrics_mode.current() if mode is None else metrics_mode.parse(mode)
+    prometheus = repo_root / "prometheus"
+    return [str(p) for d in (prometheus / "rules", prometheus / "mode" / mode) for p in sorted(d.glob("*.yml"))]
 
 
 def write_config(

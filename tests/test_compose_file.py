@@ -278,8 +278,10 @@ def test_prometheus_mounts_the_generated_config_and_the_rules(config):
     mounts = _bind_mounts(config["services"]["prometheus"])
     sources = {target: os.path.relpath(source, start=config["_project_dir"]) for target, source in mounts.items()}
     assert sources["/etc/prometheus/prometheus.yml"] == "prometheus/prometheus.compose.yml"
-    (rule_glob,) = prometheus_config.COMPOSE_RULE_FILES
-    assert sources[os.path.dirname(rule_glob)] == "prometheus/rules"
+    shared, mode = prometheus_config.COMPOSE_RULE_FILES
+    assert sources[os.path.dirname(shared)] == "prometheus/rules"
+    # METRICS_MODE unset: the exporter mode's rules (none); fleet mode mounts prometheus/mode/fleet there
+    assert sources[os.path.dirname(mode)] == "prometheus/mode/exporter"
 
 
 def test_grafana_mounts_the_provisioning_and_the_dashboards_where_the_provider_looks(config):

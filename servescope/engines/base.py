@@ -214,6 +214,11 @@ class MetricsPage:
         """Every sample name the exporter reads from the page."""
         return frozenset(n for source in self.sources for n in source.read) | frozenset(self.extra)
 
+    @property
+    def page_series(self) -> frozenset[str]:
+        """The neutral series the page's own samples give: fleet mode's recording rules make these, not the exporter."""
+        return frozenset(source.series for source in self.sources)
+
     def source(self, series_name: str) -> Source | None:
         return next((s for s in self.sources if s.series == series_name), None)
 

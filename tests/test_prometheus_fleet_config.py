@@ -1,0 +1,115 @@
+"""Fleet-mode scrape configs (servescope/fleet_config.py): discovery, the mode's rules, and a real Prometheus on them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from servescope import fleet_config, metrics_mode, series
+from servescope import prometheus_config as pc
+from stack import prometheus as stack_prometheus
+from tests.doubles.recorded_engine import vllm_engine
+
+PROMTOOL = shutil.which("promtool")
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_file_and_dns_discovery_render_one_job_per_kind(tmp_path):
+    fleet = fleet_config.discovered(
+        [f"vllm={tmp_path / 'a.json'}", f"vllm={tmp_path / 'b.json'}"], ["llamacpp=llama.fleet.internal:8080"]
+    )
+    config = yaml.safe_load(fleet_config.render(fleet, exporter="127.0.0.1:9464"))
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"exporter", "vllm-fleet", "llamacpp-fleet"}
+    assert jobs["vllm-fleet"]["file_sd_configs"][0]["files"] == [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    assert jobs["llamacpp-fleet"]["dns_sd_configs"] == [
+        {"names": ["llama.fleet.internal"], "type": "A", "port": 8080, "refresh_interval": "30s"}
+    ]
+    assert jobs["exporter"]["honor_labels"] is True
+    assert str(pc.MODE_DIR / "fleet" / "*.yml") in config["rule_files"]
+
+
+@pytest.mark.tool("prometheus")
+def test_promtool_accepts_the_fleet_config(tmp_path):
+    (tmp_path / "vllm.json").write_text(pc.file_sd([("127.0.0.1:8000", {"instance": "vllm-a"})]))
+    config = tmp_path / "prometheus.yml"
+    config.write_text(fleet_config.render(fleet_config.discovered([f"vllm={tmp_path / 'vllm.json'}"], [])))
+    proc = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "neutral.yml" in proc.stdout  # the fleet rules were found and checked
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--dns", "ollama=ollama:11434"], "ollama has no /metrics page"),
+        (["--dns", "vllm=vllm"], "not host:port"),
+        (["--file-sd", "targets.json"], "expected KIND="),
+        (["--file-sd", "tgi=targets.json"], "unknown engine kind 'tgi'"),
+        ([], "at least one"),
+    ],
+)
+def test_bad_discovery_options_are_one_line_and_exit_2(capsys, argv, said):
+    assert fleet_config.main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1
+
+
+def test_one_knob_picks_the_rules_natively_and_in_compose():
+    fleet = stack_prometheus.rule_files(mode=metrics_mode.FLEET)
+    exporter = stack_prometheus.rule_files(mode=metrics_mode.EXPORTER)
+    assert any(path.endswith("mode/fleet/neutral.yml") for path in fleet)
+    assert not any("/mode/" in path for path in exporter)
+    assert set(exporter) < set(fleet)
+    compose = yaml.safe_load((pc.REPO_ROOT / "docker-compose.yml").read_text())["services"]
+    assert "./prometheus/mode/${METRICS_MODE:-exporter}:/etc/prometheus/mode:ro" in compose["prometheus"]["volumes"]
+    assert compose["exporter"]["environment"][metrics_mode.KNOB] == "${METRICS_MODE:-exporter}"
+    assert "/etc/prometheus/mode/*.yml" in yaml.safe_load(pc.COMPOSE_CONFIG.read_text())["rule_files"]
+    for mode in metrics_mode.MODES:
+        assert (pc.MODE_DIR / mode).is_dir()  # what the Compose mount names exists for every mode
+
+
+def test_a_misspelt_mode_is_refused(monkeypatch):
+    with pytest.raises(ValueError, match="METRICS_MODE='fleat': expected exporter or fleet"):
+        metrics_mode.parse("fleat")
+    from exporter import cli, config
+
+    monkeypatch.setenv(metrics_mode.KNOB, "fleat")
+    with pytest.raises(config.ConfigError, match="^config error: METRICS_MODE: 'fleat': expected exporter or fleet$"):
+        config.load(cli.build_parser().parse_args(["--vllm-url", "http://127.0.0.1:8000"]))
+    monkeypatch.setenv(metrics_mode.KNOB, "Fleet")
+    assert config.load(cli.build_parser().parse_args(["--vllm-url", "http://127.0.0.1:8000"])).fleet
+    # the flag wins over the knob
+    args = cli.build_parser().parse_args(["--vllm-url", "http://127.0.0.1:8000", "--metrics-mode", "exporter"])
+    assert not config.load(args).fleet
+
+
+def test_real_prometheus_makes_the_neutral_series_from_discovered_engines(prometheus_server, tmp_path):
+    """Two recorded vLLM pages found through a target file: the rules give each its own instance's series."""
+    with vllm_engine("vllm-0.32.0-cpu-metrics-burst.txt") as a, vllm_engine("vllm-0.32.0-cpu-metrics-idle.txt") as b:
+        targets = tmp_path / "vllm.json"
+        targets.write_text(
+            pc.file_sd(
+                [(a.url.removeprefix("http://"), {"instance": "a"}), (b.url.removeprefix("http://"), {"instance": "b"})]
+            )
+        )
+        fleet = fleet_config.discovered([f"vllm={targets}"], [])
+        prometheus_server.start(
+            fleet_config.render(fleet, scrape_interval="1s", rule_files=(str(pc.MODE_DIR / "fleet" / "*.yml"),))
+        )
+        query = f'{series.REQUESTS_WAITING}{{engine="vllm"}}'
+        found = prometheus_server.wait_for(query, timeout=40)
+        for _ in range(80):  # both targets discovered, scraped and evaluated; at most 40 s
+            if len(found) >= 2:
+                break
+            time.sleep(0.5)
+            found = prometheus_server.query(query)
+        by_instance = {r["metric"]["instance"]: r for r in found}
+        assert set(by_instance) == {"a", "b"}
+        assert float(by_instance["a"]["value"][1]) == 5.0 and float(by_instance["b"]["value"][1]) == 0.0
+        assert {r["metric"]["model"] for r in found} == {MODEL}
+        assert "job" not in by_instance["a"]["metric"] and "model_name" not in by_instance["a"]["metric"]
