@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import gevent
 from gevent.event import Event
 
-from loadgen.prompts import Prompt, PromptSet
 from loadgen.targets import Target
+from loadgen.workloads.base import Prompt, PromptSet
 from servescope import knobs
 from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
 

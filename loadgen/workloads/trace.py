@@ -25,9 +25,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen import workloads
 from loadgen.options import MAX_RUN_S
-from loadgen.prompts import (
+from loadgen.workloads import files, lengths
+from loadgen.workloads.base import (
     MAX_SYNTHETIC_COUNT,
     MAX_SYNTHETIC_TOKENS,
     MAX_SYNTHETIC_WORDS,
@@ -35,8 +35,8 @@ from loadgen.prompts import (
     PromptSet,
     PromptSetError,
     filler,
+    warmup_text,
 )
-from loadgen.workloads import files, lengths
 from loadgen.workloads.turns import Answer, SingleTurn, Turn
 
 DEFAULT = "trace-small"
@@ -73,7 +73,7 @@ class TraceSet(PromptSet):
         return TraceTurns(self) if phase.scenario == "replay" else SingleTurn()
 
     def warmup_text(self, index: int) -> str:
-        return workloads.warmup_text(index)
+        return warmup_text(index)
 
 
 def load(arg: str) -> TraceSet:
