@@ -38,6 +38,7 @@ from loadgen.workloads.base import (
     warmup_text,
 )
 from loadgen.workloads.turns import Answer, SingleTurn, Turn
+from servescope import arrivals
 
 DEFAULT = "trace-small"
 MOONCAKE_BLOCK_TOKENS = 512  # what one of Mooncake's hash_ids stands for
@@ -56,6 +57,10 @@ class TraceSet(PromptSet):
 
     def canonical(self) -> Any:
         return [[r.offset_s, r.conversation, p.canonical()] for r, p in zip(self.rows, self.prompts, strict=True)]
+
+    def schedule(self, speed: float = 1.0) -> arrivals.Trace:
+        """Its requests' arrival times, SPEED times faster (the replay's --speed)."""
+        return arrivals.Trace(tuple(r.offset_s for r in self.rows), speed)
 
     def describe(self) -> dict[str, Any]:
         duration = self.rows[-1].offset_s if self.rows else 0.0
