@@ -26,7 +26,7 @@ from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import Recorder
-from loadgen.scenarios import BurstPhase, LoadRun, SequentialPhase, spawn_rate_for
+from loadgen.scenarios import LoadRun, spawn_rate_for
 from loadgen.summary import print_summary
 from loadgen.targets import chosen_url_line, default_url, probe, route_line
 from servescope import knobs, slo
@@ -286,8 +286,8 @@ def run_headless(args: argparse.Namespace) -> int:
                     f"{phase.backoff_count} times, {phase.backoff_s:.1f} s in all, before sending again"
                 )
             noisy = keeper.flags()
-            if noisy and phase.attempt <= retries and isinstance(phase, (SequentialPhase, BurstPhase)):
-                retry = trials.again(phase)
+            retry = phase.again() if noisy and phase.attempt <= retries else None
+            if retry is not None:
                 phases.insert(phases.index(phase) + 1, retry)
                 recorder.line(
                     f"{target.instance} {phase.title}: {noisy[0]}: running it again as {retry.title} "

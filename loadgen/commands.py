@@ -11,7 +11,8 @@ from loadgen import client as llm
 from loadgen import options, trials, workloads
 from loadgen import prompts as prompt_sets
 from loadgen.prompts import PromptSet
-from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings, build_phases
+from loadgen.runplan import build_phases
+from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
 from loadgen.targets import Target, TargetError, parse_engine
 from servescope import knobs
 from servescope.thresholds import NoiseRule, WarmupRule

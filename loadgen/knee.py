@@ -40,7 +40,7 @@ import gevent
 import requests
 
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
-from servescope import binding, engines, knobs, prefix_reuse, slo
+from servescope import arrivals, binding, engines, knobs, prefix_reuse, slo
 from servescope.runfolder import KNEE, KNEE_CONCURRENCY, KNEE_RATE, RequestRecord, RunFolder, SampleRecord, read_samples
 
 try:  # issue 15's host noise: a phase the host disturbed is measured again, never concluded from
@@ -122,7 +122,7 @@ class KneeSearch:
         self.precision = float(options.knee_precision)
         self.max_probes = int(options.knee_probes)
         self.duration_s, self.requests = duration_s, requests  # per measurement (requests: per user when closed)
-        self.poisson = options.arrivals == "poisson"
+        self.arrivals = options.arrivals  # an open-loop level's schedule: constant or poisson
         self.max_in_flight = int(options.max_in_flight)
         self.probes: list[Probe] = []
         self._records: dict[str, list[RequestRecord]] = {}  # phase -> its records (levels pool them)
@@ -157,12 +157,12 @@ class KneeSearch:
                 scenario="knee",
             )
         else:
+            schedule = arrivals.Poisson(level) if self.arrivals == "poisson" else arrivals.Constant(level)
             phase = RatePhase(
                 self.settings,
-                rate=level,
+                schedule,
                 duration_s=self.duration_s,
                 requests=self.requests,
-                poisson=self.poisson,
                 max_in_flight=self.max_in_flight,
                 name=f"knee-r{level:g}-{k}",
                 scenario="knee",

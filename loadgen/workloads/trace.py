@@ -221,21 +221,3 @@ class _TraceConversation:
     def release(self) -> None:
         self.busy = False
         self.idle.set()
-
-
-def replay_phase(settings, options):
-    """The `replay` scenario's one phase (built here so loadgen/scenarios.py needs no trace knowledge)."""
-    from loadgen.workloads.replay import ReplayPhase
-
-    duration = float(options.duration) if options.duration not in (None, "") else None
-    requests = int(options.requests) if options.requests not in (None, "") else None
-    speed = float(options.speed)
-    rows = settings.prompt_set.rows[:requests] if requests is not None else settings.prompt_set.rows
-    span = rows[-1].offset_s / speed if rows and speed > 0 else 0.0
-    if min(span, duration if duration is not None else math.inf) > MAX_RUN_S:
-        # A replay that outlasts any run (a speed of 1e-300) would never end: say so now, not after a week.
-        raise PromptSetError(
-            f"replay at --speed {options.speed}: the trace's {rows[-1].offset_s:g} s would take {span:.4g} s, more "
-            f"than a run can last ({MAX_RUN_S:g} s): raise --speed or give --duration"
-        )
-    return ReplayPhase(settings, speed=speed, duration_s=duration, requests=requests)
