@@ -35,7 +35,7 @@ from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import Recorder
-from loadgen.runplan import build_phases
+from loadgen.runplan import LoadShape, build_phases
 from loadgen.scenarios import LoadRun, Settings
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
 from loadgen.workloads.conversation import ConversationSet
@@ -331,7 +331,7 @@ def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
         think_s=float(options.think_time or 0),
     )
     return LoadRun(
-        build_phases(options.scenario, settings, options),
+        build_phases(options.scenario, settings, LoadShape.from_options(options)),
         recorder,
         folder=folder,
     )

@@ -1,11 +1,19 @@
 """The phases a run is made of, built from the run's options: the factory on top of the phase kinds
-(loadgen/scenarios.py), the knee's search (loadgen/knee.py) and the schedules (servescope/arrivals.py)."""
+(loadgen/scenarios.py), the knee's search (loadgen/knee.py) and the schedules (servescope/arrivals.py).
+
+The options arrive as a namespace (the command line's, Locust's parser for the web UI and the workers); they are
+read into a typed LoadShape once, here, and nothing below takes the namespace.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from loadgen.knee import KneeSearch
+from loadgen.knee import KneeOptions, KneeSearch
 from loadgen.options import MAX_RUN_S
 from loadgen.scenarios import (
     SCENARIOS,
@@ -21,6 +29,54 @@ from loadgen.workloads.base import PromptSetError
 from servescope import arrivals, knobs
 
 
+@dataclass(frozen=True)
+class LoadShape:
+    """What the phases of one scenario are: the options table's values for them, typed (None: not given, or a
+    field the web UI's form left empty)."""
+
+    repeat: int | None = None
+    burst_size: int | None = None
+    bursts: int | None = None
+    burst_pause: float | None = None
+    duration: float | None = None
+    requests: int | None = None
+    steps: str | None = None
+    concurrencies: str | None = None
+    rate: float | None = None
+    arrivals: str | None = None
+    max_in_flight: int | None = None
+    speed: float | None = None
+    knee: KneeOptions | None = None
+
+    @classmethod
+    def from_options(cls, options: Any) -> LoadShape:
+        """From a namespace of the options table (loadgen/options.py): the same names on every path."""
+        values = {f.name: read(options, f.name, _TYPES[f.name]) for f in dataclasses.fields(cls) if f.name != "knee"}
+        return cls(**values, knee=KneeOptions.from_options(options) if hasattr(options, "over") else None)
+
+
+_TYPES: dict[str, Callable[[Any], Any]] = {
+    "repeat": int,
+    "burst_size": int,
+    "bursts": int,
+    "burst_pause": float,
+    "duration": float,
+    "requests": int,
+    "steps": str,
+    "concurrencies": str,
+    "rate": float,
+    "arrivals": str,
+    "max_in_flight": int,
+    "speed": float,
+}
+
+
+def read(options: Any, name: str, convert: Callable[[Any], Any]) -> Any:
+    """One option's value from a namespace of the options table, typed; None when absent or left empty ("")."""
+    value = getattr(options, name, None)
+    return None if value in (None, "") else convert(value)
+
+
 def closed_loop_steps(
     settings: Settings, levels: list[int], hold_s: float | None, requests_per_level: int | None, scenario: str
 ) -> list[Phase]:
@@ -34,41 +90,35 @@ def closed_loop_steps(
     ]
 
 
-def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
-    """The phases of one scenario for one engine, from CLI/web-UI options (loadgen.options: the same names in both)."""
+def build_phases(scenario: str, settings: Settings, shape: LoadShape) -> list[Phase]:
+    """The phases of one scenario for one engine."""
     if scenario == "sequential":
-        return [SequentialPhase(settings, repeat=int(options.repeat))]
+        return [SequentialPhase(settings, repeat=shape.repeat)]
     if scenario == "burst":
-        return [
-            BurstPhase(
-                settings, size=int(options.burst_size), rounds=int(options.bursts), pause_s=float(options.burst_pause)
-            )
-        ]
-    # The web UI hands back an empty field as "": no bound of that kind.
-    duration = float(options.duration) if options.duration not in (None, "") else None
-    requests = int(options.requests) if options.requests not in (None, "") else None
+        return [BurstPhase(settings, size=shape.burst_size, rounds=shape.bursts, pause_s=shape.burst_pause)]
+    duration, requests = shape.duration, shape.requests
     if scenario == "replay":
-        return [replay_phase(settings, float(options.speed), duration, requests)]  # a trace ends by itself
+        return [replay_phase(settings, shape.speed, duration, requests)]  # a trace ends by itself
     if duration is None and requests is None:
         duration = float(knobs.get("LOADGEN_DURATION"))
     if scenario == "ramp":
-        return closed_loop_steps(settings, parse_levels(options.steps, "--steps"), duration, requests, "ramp")
+        return closed_loop_steps(settings, parse_levels(shape.steps, "--steps"), duration, requests, "ramp")
     if scenario == "sweep":
         return closed_loop_steps(
-            settings, parse_levels(options.concurrencies, "--concurrencies"), duration, requests, "sweep"
+            settings, parse_levels(shape.concurrencies, "--concurrencies"), duration, requests, "sweep"
         )
     if scenario == "rate":
         return [
             RatePhase(
                 settings,
-                rate_schedule(float(options.rate), options.arrivals),
+                rate_schedule(shape.rate, shape.arrivals),
                 duration_s=duration,
                 requests=requests,
-                max_in_flight=int(options.max_in_flight),
+                max_in_flight=shape.max_in_flight,
             )
         ]
     if scenario == "knee":
-        return [KneeSearch(settings, options, duration, requests).first()]
+        return [KneeSearch(settings, shape.knee, duration, requests).first()]
     raise ValueError(f"unknown scenario {scenario!r}: expected one of {', '.join(SCENARIOS)}")
 
 
