@@ -29,46 +29,35 @@ from loadgen.workloads.base import PromptSetError
 from servescope import arrivals, knobs
 
 
+def _typed(convert: Callable[[Any], Any]) -> Any:
+    """A LoadShape field read from the options with `convert`."""
+    return dataclasses.field(default=None, metadata={"type": convert})
+
+
 @dataclass(frozen=True)
 class LoadShape:
     """What the phases of one scenario are: the options table's values for them, typed (None: not given, or a
     field the web UI's form left empty)."""
 
-    repeat: int | None = None
-    burst_size: int | None = None
-    bursts: int | None = None
-    burst_pause: float | None = None
-    duration: float | None = None
-    requests: int | None = None
-    steps: str | None = None
-    concurrencies: str | None = None
-    rate: float | None = None
-    arrivals: str | None = None
-    max_in_flight: int | None = None
-    speed: float | None = None
+    repeat: int | None = _typed(int)
+    burst_size: int | None = _typed(int)
+    bursts: int | None = _typed(int)
+    burst_pause: float | None = _typed(float)
+    duration: float | None = _typed(float)
+    requests: int | None = _typed(int)
+    steps: str | None = _typed(str)
+    concurrencies: str | None = _typed(str)
+    rate: float | None = _typed(float)
+    arrivals: str | None = _typed(str)
+    max_in_flight: int | None = _typed(int)
+    speed: float | None = _typed(float)
     knee: KneeOptions | None = None
 
     @classmethod
     def from_options(cls, options: Any) -> LoadShape:
         """From a namespace of the options table (loadgen/options.py): the same names on every path."""
-        values = {f.name: read(options, f.name, _TYPES[f.name]) for f in dataclasses.fields(cls) if f.name != "knee"}
+        values = {f.name: read(options, f.name, f.metadata["type"]) for f in dataclasses.fields(cls) if f.metadata}
         return cls(**values, knee=KneeOptions.from_options(options) if hasattr(options, "over") else None)
-
-
-_TYPES: dict[str, Callable[[Any], Any]] = {
-    "repeat": int,
-    "burst_size": int,
-    "bursts": int,
-    "burst_pause": float,
-    "duration": float,
-    "requests": int,
-    "steps": str,
-    "concurrencies": str,
-    "rate": float,
-    "arrivals": str,
-    "max_in_flight": int,
-    "speed": float,
-}
 
 
 def read(options: Any, name: str, convert: Callable[[Any], Any]) -> Any:
