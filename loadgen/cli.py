@@ -19,14 +19,14 @@ from gevent.event import Event
 from loadgen import client as llm
 from loadgen import distributed, options, trials
 from loadgen.annotations import PhaseAnnotator
-from loadgen.commands import USAGE_ERRORS, UsageError, build_parser, prepare
+from loadgen.commands import USAGE_ERRORS, Plan, UsageError, build_parser, prepare
 from loadgen.client_metrics import ClientMetrics
 from loadgen.isolate import Isolation
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import Recorder
-from loadgen.scenarios import BurstPhase, LoadRun, SequentialPhase, spawn_rate_for
+from loadgen.scenarios import LoadRun, spawn_rate_for
 from loadgen.summary import print_summary
 from loadgen.targets import chosen_url_line, default_url, probe, route_line
 from servescope import knobs, slo
@@ -90,42 +90,12 @@ def run_headless(args: argparse.Namespace) -> int:
     for target in targets:
         if target.url_from:
             print(f"loadgen: {chosen_url_line(target.kind, target.url)}", flush=True)
-    try:
-        folder = RunFolder.create(Path(args.results), args.run_id)
-    except FileExistsError:
-        raise UsageError(
-            f"run folder {Path(args.results) / args.run_id} already exists: pick another --run-id"
-        ) from None
-    except OSError as exc:
-        raise UsageError(f"cannot create a run folder under {args.results}: {exc.strerror or exc}") from None
-
+    folder = _create_folder(Path(args.results), args.run_id)
     # From here on Ctrl-C / SIGTERM end the run cleanly: the folder is finished, not abandoned.
-    interrupted = Event()
-
-    def on_signal(signum: int) -> None:
-        if not interrupted.is_set():
-            print(
-                f"\nloadgen: {signal.Signals(signum).name}: stopping, keeping every finished request",
-                file=sys.stderr,
-                flush=True,
-            )
-        interrupted.set()
-
-    handlers = [gevent.signal_handler(sig, on_signal, sig) for sig in (signal.SIGINT, signal.SIGTERM)]
-
+    interrupted, handlers = _stop_on_signals()
     out = None if args.quiet else sys.stdout
     bind = knobs.get("SERVESCOPE_BIND")
-    metrics = ClientMetrics(spec=spec) if args.metrics_port else None
-    if metrics is not None:
-        try:
-            metrics.serve(args.metrics_port, addr=bind)
-        except OSError as exc:
-            print(
-                f"loadgen: client metrics not exposed (port {args.metrics_port}: {exc.strerror or exc}); the run goes on",
-                file=sys.stderr,
-                flush=True,
-            )
-            metrics = None
+    metrics = _serve_client_metrics(spec, args.metrics_port, bind)
     # A folder that stops taking writes ends the run (the run exists before the first record is written).
     recorder = Recorder(folder=folder, metrics=metrics, out=out, on_failure=lambda reason: run.abort(reason))
     started_at = time.time()
@@ -133,28 +103,7 @@ def run_headless(args: argparse.Namespace) -> int:
     if metrics is not None:
         recorder.line(f"client metrics on http://{bind}:{args.metrics_port}/metrics")
 
-    for target in targets:
-        probe(target, plan.model_for(target))
-        version = target.info.get("version") or "unknown"
-        problems = (
-            f" (engine not answering: {target.info['probe_errors'][0]})" if target.info.get("probe_errors") else ""
-        )
-        recorder.line(
-            f"engine {target.instance} at {redact(target.url)}: version {version}, "
-            f"model {target.model or '?'}{redact(problems)}"
-        )
-        if not target.url_from and route_line(target):
-            # A URL given: say whether it is the stack's proxy (a chosen one's line said so already), --quiet or not.
-            print(f"loadgen: {route_line(target)}", flush=True)
-        if prompt_set.sized_by_engine and not target.info.get("probe_errors"):
-            settings = next(p.settings for p in phases if p.settings.target is target)
-            line = trials.measure_template(
-                target, settings, http_client=args.http_client, timeout_s=args.request_timeout
-            )
-            if "template_tokens" in target.info:
-                recorder.line(line)
-            else:  # the prompts' lengths are off by the template: said even with --quiet
-                print(f"loadgen: {line}", file=sys.stderr, flush=True)
+    _probe_engines(plan, recorder, http_client=args.http_client, timeout_s=args.request_timeout)
 
     sampler = Sampler.for_run(folder, [(t.kind, t.instance) for t in targets])  # engine gauges into samples.jsonl
     recorder.line(sampler.describe())
@@ -286,8 +235,8 @@ def run_headless(args: argparse.Namespace) -> int:
                     f"{phase.backoff_count} times, {phase.backoff_s:.1f} s in all, before sending again"
                 )
             noisy = keeper.flags()
-            if noisy and phase.attempt <= retries and isinstance(phase, (SequentialPhase, BurstPhase)):
-                retry = trials.again(phase)
+            retry = phase.again() if noisy and phase.attempt <= retries else None
+            if retry is not None:
                 phases.insert(phases.index(phase) + 1, retry)
                 recorder.line(
                     f"{target.instance} {phase.title}: {noisy[0]}: running it again as {retry.title} "
@@ -339,11 +288,84 @@ def run_headless(args: argparse.Namespace) -> int:
             handler.cancel()
         if metrics is not None:
             metrics.close()
+    return _say_outcome(run, folder, out or sys.stdout, status)
+
+
+def _create_folder(results: Path, run_id: str | None) -> RunFolder:
+    """The run's folder, or one line saying why there is none."""
     try:
-        print_summary(folder, out or sys.stdout)
+        return RunFolder.create(results, run_id)
+    except FileExistsError:
+        raise UsageError(f"run folder {results / run_id} already exists: pick another --run-id") from None
+    except OSError as exc:
+        raise UsageError(f"cannot create a run folder under {results}: {exc.strerror or exc}") from None
+
+
+def _stop_on_signals() -> tuple[Event, list]:
+    """An event Ctrl-C and SIGTERM set (the run then stops, keeping every finished request), and their handlers."""
+    interrupted = Event()
+
+    def on_signal(signum: int) -> None:
+        if not interrupted.is_set():
+            print(
+                f"\nloadgen: {signal.Signals(signum).name}: stopping, keeping every finished request",
+                file=sys.stderr,
+                flush=True,
+            )
+        interrupted.set()
+
+    return interrupted, [gevent.signal_handler(sig, on_signal, sig) for sig in (signal.SIGINT, signal.SIGTERM)]
+
+
+def _serve_client_metrics(spec: slo.SloSpec, port: int, bind: str) -> ClientMetrics | None:
+    """The client-side /metrics on `port` (0: none); a port that cannot be had is one line, and the run goes on."""
+    if not port:
+        return None
+    metrics = ClientMetrics(spec=spec)
+    try:
+        metrics.serve(port, addr=bind)
+    except OSError as exc:
+        print(
+            f"loadgen: client metrics not exposed (port {port}: {exc.strerror or exc}); the run goes on",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    return metrics
+
+
+def _probe_engines(plan: Plan, recorder: Recorder, *, http_client: str, timeout_s: float) -> None:
+    """Each engine's version and model (and, for prompts sized by the engine, its chat template), said in a line."""
+    targets, prompt_set, phases = plan.targets, plan.prompt_set, plan.phases
+    for target in targets:
+        probe(target, plan.model_for(target))
+        version = target.info.get("version") or "unknown"
+        problems = (
+            f" (engine not answering: {target.info['probe_errors'][0]})" if target.info.get("probe_errors") else ""
+        )
+        recorder.line(
+            f"engine {target.instance} at {redact(target.url)}: version {version}, "
+            f"model {target.model or '?'}{redact(problems)}"
+        )
+        if not target.url_from and route_line(target):
+            # A URL given: say whether it is the stack's proxy (a chosen one's line said so already), --quiet or not.
+            print(f"loadgen: {route_line(target)}", flush=True)
+        if prompt_set.sized_by_engine and not target.info.get("probe_errors"):
+            settings = next(p.settings for p in phases if p.settings.target is target)
+            line = trials.measure_template(target, settings, http_client=http_client, timeout_s=timeout_s)
+            if "template_tokens" in target.info:
+                recorder.line(line)
+            else:  # the prompts' lengths are off by the template: said even with --quiet
+                print(f"loadgen: {line}", file=sys.stderr, flush=True)
+
+
+def _say_outcome(run: LoadRun, folder: RunFolder, out, status: str) -> int:
+    """The run's summary, each search's answer and where the folder is; the exit code."""
+    try:
+        print_summary(folder, out)
     except OSError:
         pass  # a folder that cannot be read back: the failure line below says what happened to it
-    for planner in dict.fromkeys(p.planner for p in phases if p.planner is not None):
+    for planner in dict.fromkeys(p.planner for p in run.phases if p.planner is not None):
         print("\n".join(planner.lines()), flush=True)
     print(f"run folder: {folder.path}", flush=True)
     if run.failure:

@@ -11,7 +11,8 @@ from loadgen import client as llm
 from loadgen import options, trials, workloads
 from loadgen import prompts as prompt_sets
 from loadgen.prompts import PromptSet
-from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings, build_phases
+from loadgen.runplan import LoadShape, build_phases
+from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
 from loadgen.targets import Target, TargetError, parse_engine
 from servescope import knobs
 from servescope.thresholds import NoiseRule, WarmupRule
@@ -149,7 +150,8 @@ def _phases(args: argparse.Namespace, targets: list[Target], prompt_set: PromptS
         )
 
     if args.command != "compare":
-        return [phase for target in targets for phase in build_phases(args.command, settings_of(target), args)]
+        shape = LoadShape.from_options(args)
+        return [phase for target in targets for phase in build_phases(args.command, settings_of(target), shape)]
     seed4_set = prompt_sets.load("seed4") if not args.no_seed4 and prompt_set.name != "seed4" else None
 
     def one_pass(target: Target, repetition: int) -> list[Phase]:

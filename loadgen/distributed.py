@@ -74,11 +74,8 @@ from loadgen.recorder import Recorder
 from loadgen.scenarios import (
     MAX_USERS,
     BurstPhase,
-    ClosedLoopPhase,
     LoadRun,
     Phase,
-    RatePhase,
-    SequentialPhase,
     Share,
     Work,
 )
@@ -276,7 +273,7 @@ class Coordinator:
     # -- phases --
     def prepare(self, phase: Phase) -> None:
         """Before the phase's users are dispatched: an open-loop phase runs one schedule user per worker."""
-        if isinstance(phase, RatePhase):
+        if phase.open_loop:
             phase.users = max(1, len(self.live()))
 
     def start(self, phase: Phase) -> None:
@@ -487,21 +484,15 @@ class Coordinator:
         first = 0
         for place, wid in enumerate(with_users):
             users = step.users[wid]
-            if isinstance(phase, BurstPhase):
-                step.shares[wid] = {"users": users, "first": first}
-            else:
-                step.shares[wid] = {"users": users, "first": place, "stride": len(with_users)}
-                if isinstance(phase, ClosedLoopPhase) and phase.max_requests is not None:
-                    step.shares[wid]["requests"] = round(phase.max_requests * users / max(1, phase.users))
+            step.shares[wid] = _share_message(phase.worker_share(users, first, place, len(with_users)))
             first += users
         step.started_at = self.step_starts[step.index] = time.time()
         for wid in members:
             share = step.shares.get(wid, {"users": 0})
             self.runner.send_message(GO, {"index": step.index, "round": 0, "share": share}, client_id=wid)
-        if isinstance(phase, ClosedLoopPhase):
-            phase.start_clock()  # the step's clock: from the moment every worker was told to start
-            if phase.duration_s is not None:
-                step.stop_timer = gevent.spawn_later(phase.duration_s, self._stop, step)
+        phase.start_clock()  # the step's clock: from the moment every worker was told to start
+        if phase.master_clock_s is not None:
+            step.stop_timer = gevent.spawn_later(phase.master_clock_s, self._stop, step)
         self._check_done()  # no users anywhere: nothing to wait for
 
     def _release_round(self, step: _Step, round_no: int, members: list[str]) -> None:
@@ -555,20 +546,8 @@ class Coordinator:
     def _count_unsent(self, step: _Step) -> None:
         """A phase a worker was lost in: how many of its requests were never sent (the lost worker's share after it
         went), from what the phase should have sent and what was written (sent, or in flight and lost)."""
-        from loadgen.workloads.replay import ReplayPhase
-
         phase = step.phase
-        if isinstance(phase, BurstPhase):
-            expected = phase.size * phase.rounds
-        elif isinstance(phase, SequentialPhase):
-            expected = phase.count
-        elif isinstance(phase, ReplayPhase):
-            rows = phase.rows[: phase.max_requests] if phase.max_requests is not None else phase.rows
-            expected = sum(1 for r in rows if phase.duration_s is None or r.offset_s / phase.speed < phase.duration_s)
-        elif isinstance(phase, RatePhase):
-            expected = phase.max_requests if phase.max_requests is not None else step.scheduled
-        else:  # a closed loop: its quota per user, or until the clock ended it (no count to miss)
-            expected = phase.max_requests
+        expected = phase.expected_requests(step.scheduled)
         lost = ", ".join(str(i) for i in step.lost)
         if expected is None:
             self.warn(f"{phase.title}: load generator worker {lost} lost; its users sent nothing more in it")
@@ -739,7 +718,7 @@ class WorkerAgent:
             first=share.get("first", 0),
             stride=share.get("stride", 1),
             requests=share.get("requests"),
-            hold=functools.partial(self._hold, index) if isinstance(phase, BurstPhase) else None,
+            hold=functools.partial(self._hold, index) if phase.in_rounds else None,
         )
         if phase.share.users > 0:
             # Its users, waiting for a change, see the phase now. A worker without users of it stays on the last
@@ -752,12 +731,12 @@ class WorkerAgent:
         if phase.share.users > 0:
             phase.done.wait()
         # An open-loop worker walks the whole schedule: how long it was, for the master's count of what went unsent.
-        scheduled = phase.issued if isinstance(phase, RatePhase) and phase.share.users > 0 else None
+        scheduled = phase.issued if phase.open_loop and phase.share.users > 0 else None
         self.send(DONE, {"index": index, "sent": self.sent[index], "scheduled": scheduled})
 
     def _on_stop(self, environment, msg, **_kw) -> None:
         phase = self.run.phases[msg.data["index"]] if self.run is not None else None
-        if isinstance(phase, ClosedLoopPhase):
+        if phase is not None:
             phase.stop()
 
     def _hold(self, index: int, round_no: int) -> None:
@@ -850,7 +829,7 @@ class ForwardingRecorder(Recorder):
         # stamps (scheduled_at) were read when it started, just before its first request here.
         shift = agent.to_master()
         agent.schedule_shift.setdefault(index, shift)
-        if isinstance(phase, BurstPhase):
+        if phase.in_rounds:
             key = (index, phase.round, work.arrival_index)  # the master counted it in flight at the release
         else:
             key = (index, 0, next(agent.seq))
@@ -960,6 +939,14 @@ class Fleet:
                 proc.kill()
                 proc.wait()
         self.log.close()
+
+
+def _share_message(share: Share) -> dict[str, Any]:
+    """A worker's part of a phase as GO carries it (the worker makes its Share of it again)."""
+    message: dict[str, Any] = {"users": share.users, "first": share.first, "stride": share.stride}
+    if share.requests is not None:
+        message["requests"] = share.requests
+    return message
 
 
 def adopt_targets(targets, described: list[dict]) -> None:

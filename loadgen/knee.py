@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import gevent
 import requests
 
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
-from servescope import binding, engines, knobs, prefix_reuse, slo
+from servescope import arrivals, binding, engines, knobs, prefix_reuse, slo
 from servescope.runfolder import KNEE, KNEE_CONCURRENCY, KNEE_RATE, RequestRecord, RunFolder, SampleRecord, read_samples
 
 try:  # issue 15's host noise: a phase the host disturbed is measured again, never concluded from
@@ -52,6 +52,27 @@ CONCURRENCY, RATE = KNEE_CONCURRENCY, KNEE_RATE
 OVER = (CONCURRENCY, RATE)
 UNITS = {CONCURRENCY: "users", RATE: "req/s"}
 FAULT_RETRIES = 2  # measurements of one level in a row the engine (or the client) failed: then the search stops
+
+
+@dataclass(frozen=True)
+class KneeOptions:
+    """The search's options (loadgen/options.py's knee rows), as the command line or the web UI gave them."""
+
+    over: str
+    slo: str | None
+    slo_attainment: float | None
+    min_load: Any
+    max_load: Any
+    start_load: Any  # None or "": from --min-load
+    knee_repeats: int
+    knee_precision: float
+    knee_probes: int
+    arrivals: str  # an open-loop level's schedule: constant or poisson
+    max_in_flight: int
+
+    @classmethod
+    def from_options(cls, options: Any) -> KneeOptions:
+        return cls(**{f.name: getattr(options, f.name, None) for f in fields(cls)})
 
 
 @dataclass
@@ -103,7 +124,7 @@ def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[tuple[str, .
 class KneeSearch:
     """Hands out the next phase after each finished one; the run's loop appends it (loadgen/cli.py, the web UI's conductor)."""
 
-    def __init__(self, settings: Settings, options: Any, duration_s: float | None, requests: int | None):
+    def __init__(self, settings: Settings, options: KneeOptions, duration_s: float | None, requests: int | None):
         self.settings = settings
         self.over = str(options.over)
         if self.over not in OVER:
@@ -122,7 +143,7 @@ class KneeSearch:
         self.precision = float(options.knee_precision)
         self.max_probes = int(options.knee_probes)
         self.duration_s, self.requests = duration_s, requests  # per measurement (requests: per user when closed)
-        self.poisson = options.arrivals == "poisson"
+        self.arrivals = options.arrivals  # an open-loop level's schedule: constant or poisson
         self.max_in_flight = int(options.max_in_flight)
         self.probes: list[Probe] = []
         self._records: dict[str, list[RequestRecord]] = {}  # phase -> its records (levels pool them)
@@ -157,12 +178,12 @@ class KneeSearch:
                 scenario="knee",
             )
         else:
+            schedule = arrivals.Poisson(level) if self.arrivals == "poisson" else arrivals.Constant(level)
             phase = RatePhase(
                 self.settings,
-                rate=level,
+                schedule,
                 duration_s=self.duration_s,
                 requests=self.requests,
-                poisson=self.poisson,
                 max_in_flight=self.max_in_flight,
                 name=f"knee-r{level:g}-{k}",
                 scenario="knee",

@@ -35,7 +35,8 @@ from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import Recorder
-from loadgen.scenarios import LoadRun, RatePhase, Settings, build_phases
+from loadgen.runplan import LoadShape, build_phases
+from loadgen.scenarios import LoadRun, Settings
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
 from loadgen.workloads.conversation import ConversationSet
 from servescope import knobs, slo
@@ -282,7 +283,7 @@ class RateUser(LLMUser):
     def arrivals(self) -> None:
         run: LoadRun | None = getattr(self.environment, "servescope_run", None)
         phase = run.phase if run is not None else None
-        if not isinstance(phase, RatePhase) or phase.scheduling:  # one schedule per process: the others wait
+        if phase is None or not phase.open_loop or phase.scheduling:  # one schedule per process: the others wait
             if run is None:
                 gevent.sleep(0.2)
             else:
@@ -330,7 +331,7 @@ def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
         think_s=float(options.think_time or 0),
     )
     return LoadRun(
-        build_phases(options.scenario, settings, options),
+        build_phases(options.scenario, settings, LoadShape.from_options(options)),
         recorder,
         folder=folder,
     )

@@ -9,17 +9,17 @@ iteration: sends go out within a millisecond or two, where `curl ... &` spawns p
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice, takewhile
 
 import gevent
 from gevent.event import Event
 
-from loadgen.prompts import Prompt, PromptSet
 from loadgen.targets import Target
-from servescope import knobs
+from loadgen.workloads.base import Prompt, PromptSet
+from servescope.arrivals import Schedule
 from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
 
 SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep", "replay", "knee")
@@ -78,6 +78,9 @@ class Phase:
     user_class = "ClosedLoopUser"
     planner = None  # a search that picks the next phase from this one's results (loadgen/knee.py)
     level: float | None = None  # the load the planner asked of this phase
+    open_loop = False  # arrivals on a schedule (one schedule per process), not users sending back to back
+    in_rounds = False  # released round by round at a barrier (a burst): a distributed master releases each round
+    max_requests: int | None = None  # the phase's --requests, where it takes one
 
     def __init__(self, settings: Settings, name: str, users: int, repetition: int = 1, attempt: int = 1):
         self.settings = settings
@@ -150,6 +153,37 @@ class Phase:
     def exhausted(self) -> bool:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """The run moved on: hand out no more work (what is in flight finishes)."""
+
+    def again(self) -> Phase | None:
+        """The same phase once more, as its next attempt (a retry of a phase the host noise rule flagged); None for a
+        phase that is not retried (a closed or open loop runs for a time: its retry would not be the same load)."""
+        return None
+
+    # -- a distributed run's part of the phase per worker (loadgen/distributed.py) --
+    def worker_share(self, users: int, first_user: int, place: int, workers: int) -> Share:
+        """The part of the phase a worker with `users` of its users runs: the worker at `place` of `workers` takes
+        every workers-th prompt or arrival from its place (`first_user`: the users of the workers before it)."""
+        return Share(users, first=place, stride=workers)
+
+    @property
+    def master_clock_s(self) -> float | None:
+        """How long the master's clock runs the phase on every worker (None: each worker's part ends by itself)."""
+        return None
+
+    def start_clock(self) -> None:
+        """The phase's clock starts (on a distributed master: once every worker was told to start)."""
+
+    def stop(self) -> None:
+        """The master's clock ended the phase on every worker: no more requests (in-flight ones finish)."""
+
+    def expected_requests(self, scheduled: int | None) -> int | None:
+        """How many requests the whole phase sends, when that is known (`scheduled`: how many arrivals an open-loop
+        schedule had); None: until a clock ends it. What a lost distributed worker's unsent requests are counted
+        against."""
+        return self.max_requests
+
     def emit(self, names: list[str] | None = None) -> None:
         """Write the PhaseRecords of finished spans (each once)."""
         for record in self.phase_records():
@@ -219,12 +253,21 @@ class SequentialPhase(Phase):
     def exhausted(self) -> bool:
         return self.issued >= self.count
 
+    def again(self) -> Phase:
+        return SequentialPhase(
+            self.settings, self.name, count=self.count, repetition=self.repetition, attempt=self.attempt + 1
+        )
+
+    def expected_requests(self, scheduled: int | None) -> int:
+        return self.count
+
 
 class BurstPhase(Phase):
     """SIZE users released at the same instant, all awaited, ROUNDS times with PAUSE between (the seed's `&` + `wait`)."""
 
     scenario = "burst"
     user_class = "BurstUser"
+    in_rounds = True
 
     def __init__(
         self,
@@ -288,6 +331,24 @@ class BurstPhase(Phase):
     def exhausted(self) -> bool:
         return self.round >= self.rounds
 
+    def again(self) -> Phase:
+        return BurstPhase(
+            self.settings,
+            self.size,
+            self.rounds,
+            self.pause_s,
+            self.name,
+            repetition=self.repetition,
+            attempt=self.attempt + 1,
+        )
+
+    def expected_requests(self, scheduled: int | None) -> int:
+        return self.size * self.rounds
+
+    def worker_share(self, users: int, first_user: int, place: int, workers: int) -> Share:
+        # Its users take the prompts after the users of the workers before it: the matched set.
+        return Share(users, first=first_user)
+
     def describe(self) -> str:
         return f"{self.settings.target.instance} {self.title}: {self.size} at once x {self.rounds}"
 
@@ -345,6 +406,19 @@ class ClosedLoopPhase(Phase):
         self.closed = True
         self._check_done()
 
+    def close(self) -> None:
+        self.closed = True
+
+    def worker_share(self, users: int, first_user: int, place: int, workers: int) -> Share:
+        share = super().worker_share(users, first_user, place, workers)
+        if self.max_requests is not None:  # its quota: the phase's requests in proportion to its users
+            share.requests = round(self.max_requests * users / max(1, self.users))
+        return share
+
+    @property
+    def master_clock_s(self) -> float | None:
+        return self.duration_s
+
     def time_left(self) -> float | None:
         if self.duration_s is None or self.t_start is None:
             return None
@@ -352,39 +426,45 @@ class ClosedLoopPhase(Phase):
 
 
 class RatePhase(Phase):
-    """Open loop: arrivals at RATE per second (constant gaps or Poisson), each sent without waiting for the others."""
+    """Open loop: arrivals at the times of a schedule (servescope/arrivals.py: constant gaps, Poisson, a trace's own
+    times), each sent without waiting for the others."""
 
     scenario = "rate"
     user_class = "RateUser"
+    open_loop = True
     scheduling = False  # its schedule has started in this process (one per process, whatever its rate users)
 
     def __init__(
         self,
         settings: Settings,
-        rate: float,
+        schedule: Schedule,
         duration_s: float | None,
         requests: int | None,
-        poisson: bool = False,
         max_in_flight: int = 256,
-        seed: int = 0,
         name: str | None = None,
         scenario: str = "rate",
     ):
-        super().__init__(settings, name or f"rate-{rate:g}rps{'-poisson' if poisson else ''}", users=1)
+        super().__init__(settings, name or f"{scenario}-{schedule.label}", users=1)
         self.sessions = None
         self.scenario = scenario
         self.prompt_key = self.title
-        if rate <= 0:
-            raise ValueError("--rate must be > 0")
-        if duration_s is None and requests is None:
+        if duration_s is None and requests is None and schedule.length is None:
             raise ValueError("an open-loop phase needs a duration or a request count")
-        self.rate, self.poisson = rate, poisson
-        self.duration_s, self.max_requests = duration_s, requests
+        self.schedule = schedule
+        self.duration_s, self.max_requests = duration_s, requests  # a replay's --duration: in replayed seconds
         self.max_in_flight = max_in_flight
-        self.rng = random.Random(seed)
         self.issued = 0  # arrivals of the schedule so far (on a distributed worker, every worker's)
         self.stopped = False
         self.slot_free = Event()
+
+    def due(self) -> Iterator[float]:
+        """The schedule's offsets within the phase's bounds (--requests arrivals, --duration seconds)."""
+        offsets = self.schedule.offsets()
+        if self.max_requests is not None:
+            offsets = islice(offsets, self.max_requests)
+        if self.duration_s is not None:
+            offsets = takewhile(lambda at: at < self.duration_s, offsets)
+        return offsets
 
     def arrivals(self) -> Iterator[Work]:
         """Yields work at its scheduled instant (absolute schedule: a slow send never delays the next arrival).
@@ -402,26 +482,19 @@ class RatePhase(Phase):
         max_in_flight = math.ceil(self.max_in_flight / share.stride)
         t0 = time.monotonic()
         epoch0 = time.time()
-        due = t0
-        while not self.stopped:
-            if self.max_requests is not None and self.issued >= self.max_requests:
-                break
-            if self.duration_s is not None and due - t0 >= self.duration_s:
+        for at in self.due():
+            if self.stopped:
                 break
             if self.issued % share.stride == share.first:
-                gevent.sleep(max(0.0, due - time.monotonic()))
-                while self.in_flight >= max_in_flight:  # the client's own ceiling: bounded memory
+                gevent.sleep(max(0.0, t0 + at - time.monotonic()))
+                if self.stopped:
+                    break
+                while self.in_flight >= max_in_flight:  # the client's own ceiling: bounded memory; shows as lag
                     self.slot_free.clear()
                     self.slot_free.wait(1.0)
                 self.in_flight += 1
-                yield Work(
-                    self.prompt(self.issued),
-                    self.name,
-                    arrival_index=self.issued,
-                    scheduled_at=epoch0 + (due - t0),
-                )
+                yield Work(self.prompt(self.issued), self.name, arrival_index=self.issued, scheduled_at=epoch0 + at)
             self.issued += 1
-            due += self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
         self.stopped = True
         self._check_done()
 
@@ -434,6 +507,18 @@ class RatePhase(Phase):
 
     def exhausted(self) -> bool:
         return self.stopped
+
+    def close(self) -> None:
+        self.stopped = True
+
+    def expected_requests(self, scheduled: int | None) -> int | None:
+        if self.schedule.length is not None:  # a trace: its arrivals within the bounds are known up front
+            return sum(1 for _ in self.due())
+        return self.max_requests if self.max_requests is not None else scheduled
+
+    def describe(self) -> str:
+        what = self.schedule.describe()
+        return super().describe() if what is None else f"{self.settings.target.instance} {self.name}: {what}"
 
 
 class LoadRun:
@@ -499,10 +584,7 @@ class LoadRun:
         current = self.phase
         if current is not None:
             current.emit()
-            if isinstance(current, RatePhase):
-                current.stopped = True
-            if isinstance(current, ClosedLoopPhase):
-                current.closed = True
+            current.close()
         return current
 
     def _changed(self) -> None:
@@ -524,19 +606,6 @@ class LoadRun:
         return self.index >= len(self.phases)
 
 
-def closed_loop_steps(
-    settings: Settings, levels: list[int], hold_s: float | None, requests_per_level: int | None, scenario: str
-) -> list[Phase]:
-    name = (lambda n: f"ramp-{n}users") if scenario == "ramp" else (lambda n: f"sweep-c{n}")
-    # `requests_per_level` counts per user, so every level sees the same work per user.
-    return [
-        ClosedLoopPhase(
-            settings, name(n), n, hold_s, None if requests_per_level is None else requests_per_level * n, scenario
-        )
-        for n in levels
-    ]
-
-
 def parse_levels(text: str, what: str) -> list[int]:
     """`1,2,4`: the users of each step or level, each from 1 to MAX_USERS."""
     try:
@@ -546,49 +615,6 @@ def parse_levels(text: str, what: str) -> list[int]:
     if not levels or any(not 1 <= n <= MAX_USERS for n in levels):
         raise ValueError(f"{what}: expected user counts from 1 to {MAX_USERS}, got {text!r}")
     return levels
-
-
-def build_phases(scenario: str, settings: Settings, options) -> list[Phase]:
-    """The phases of one scenario for one engine, from CLI/web-UI options (loadgen.options: the same names in both)."""
-    if scenario == "sequential":
-        return [SequentialPhase(settings, repeat=int(options.repeat))]
-    if scenario == "burst":
-        return [
-            BurstPhase(
-                settings, size=int(options.burst_size), rounds=int(options.bursts), pause_s=float(options.burst_pause)
-            )
-        ]
-    # The web UI hands back an empty field as "": no bound of that kind.
-    duration = float(options.duration) if options.duration not in (None, "") else None
-    requests = int(options.requests) if options.requests not in (None, "") else None
-    if duration is None and requests is None:
-        duration = float(knobs.get("LOADGEN_DURATION"))
-    if scenario == "ramp":
-        return closed_loop_steps(settings, parse_levels(options.steps, "--steps"), duration, requests, "ramp")
-    if scenario == "sweep":
-        return closed_loop_steps(
-            settings, parse_levels(options.concurrencies, "--concurrencies"), duration, requests, "sweep"
-        )
-    if scenario == "replay":
-        from loadgen.workloads.trace import replay_phase
-
-        return [replay_phase(settings, options)]
-    if scenario == "rate":
-        return [
-            RatePhase(
-                settings,
-                rate=float(options.rate),
-                duration_s=duration,
-                requests=requests,
-                poisson=(options.arrivals == "poisson"),
-                max_in_flight=int(options.max_in_flight),
-            )
-        ]
-    if scenario == "knee":
-        from loadgen.knee import KneeSearch  # the search builds phases of this module
-
-        return [KneeSearch(settings, options, duration, requests).first()]
-    raise ValueError(f"unknown scenario {scenario!r}: expected one of {', '.join(SCENARIOS)}")
 
 
 def spawn_rate_for(phase: Phase) -> float:

@@ -21,7 +21,7 @@ import gevent
 from gevent.event import Event
 
 from loadgen import client as llm
-from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
+from loadgen.scenarios import Phase, Settings
 from loadgen.targets import Target
 from servescope import energy, hostnoise
 from servescope.runfolder import PhaseRecord
@@ -37,25 +37,6 @@ def interleave(targets: list[Target], one_pass: Callable[[Target, int], list[Pha
             phases = one_pass(target, repetition)
             schedule.extend(phases if forward else reversed(phases))
     return schedule
-
-
-def again(phase: Phase) -> Phase:
-    """The same phase once more (the next attempt of its repetition): a retry of a phase flagged noisy."""
-    if isinstance(phase, SequentialPhase):
-        return SequentialPhase(
-            phase.settings, phase.name, count=phase.count, repetition=phase.repetition, attempt=phase.attempt + 1
-        )
-    if isinstance(phase, BurstPhase):
-        return BurstPhase(
-            phase.settings,
-            phase.size,
-            phase.rounds,
-            phase.pause_s,
-            phase.name,
-            repetition=phase.repetition,
-            attempt=phase.attempt + 1,
-        )
-    raise ValueError(f"{phase.scenario} phases are not retried")
 
 
 # ---------------------------------------------------------------- the chat template's share of a prompt

@@ -32,7 +32,6 @@ from loadgen import options as option_table
 from loadgen import prompts as prompt_sets
 from loadgen import workloads
 from loadgen.targets import TargetError, default_url, parse_engine
-from loadgen.workloads import files
 
 # Locust's own START fields (its form), and what each may be.
 LOCUST_FIELDS = {
@@ -193,8 +192,8 @@ def _prompt_files_problem(spec: str, prompt_dir: str | None, started_with: str |
     """A spec read from the web UI may read only the shipped sets, files under LOADGEN_PROMPT_DIR, or the set the web
     UI was started with: a form must not send a local file's content to the host it names."""
     try:
-        wanted = files.source_files(spec)
-        allowed_as_started = {p.resolve() for p in files.source_files(started_with)} if started_with else set()
+        wanted = prompt_sets.source_files(spec)
+        allowed_as_started = {p.resolve() for p in prompt_sets.source_files(started_with)} if started_with else set()
     except prompt_sets.PromptSetError as exc:
         return str(exc)
     folders = [prompt_sets.DATA_DIR.resolve()]

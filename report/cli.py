@@ -11,15 +11,8 @@ from pathlib import Path
 
 from report import load, tuning
 from report.painter import Painter, figure_timeout_s
-from servescope import knobs, slo
+from servescope import slo
 from servescope.thresholds import NoiseRule
-
-
-def default_prometheus_url() -> str:
-    try:
-        return f"http://127.0.0.1:{knobs.get_int('PROMETHEUS_PORT', 9090)}"
-    except ValueError:
-        return "http://127.0.0.1:9090"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -96,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(1) as reader:
             reading = reader.submit(load.load, path, lambda manifest: _gap_limits(manifest, args.slo))
             from report import render, sections
+            from report.gauges import default_prometheus_url
 
             run = reading.result()
         baseline = load.load(load.resolve(args.baseline, args.results or load.results_dir())) if args.baseline else None

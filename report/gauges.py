@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 from urllib.request import urlopen
 
 from report.load import Run
-from servescope import series
+from servescope import knobs, series
 from servescope.runfolder import SAMPLES, RunFolder, SampleRecord, read_samples
 from servescope.sampler import combine_models, split_at_gaps
 
@@ -25,6 +25,14 @@ REUSE_COUNTERS = (series.PROMPT_TOKENS, series.PROMPT_CACHED_TOKENS)
 MAX_POINTS = 600  # query_range resolution: a step that gives at most this many points
 PAD_S = 5.0  # look a little beyond the run so a scrape just after the last request still counts
 TIMEOUT_S = 5.0
+
+
+def default_prometheus_url() -> str:
+    """The stack's Prometheus on this machine (PROMETHEUS_PORT): where the report and the plan ask when not told."""
+    try:
+        return f"http://127.0.0.1:{knobs.get_int('PROMETHEUS_PORT', 9090)}"
+    except ValueError:
+        return "http://127.0.0.1:9090"
 
 
 class PrometheusError(Exception):

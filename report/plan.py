@@ -465,7 +465,7 @@ def _traffic(args) -> traffic.Traffic:
         return traffic.constant(args.rate, args.duration)
     if args.poisson is not None:
         return traffic.poisson(args.poisson, args.duration)
-    from report.cli import default_prometheus_url
+    from report.gauges import default_prometheus_url
 
     return traffic.prometheus(args.prometheus or default_prometheus_url(), args.prometheus_query, args.since, args.step)
 

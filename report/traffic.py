@@ -1,13 +1,18 @@
-"""The traffic a plan is made for: constant or Poisson arrivals, a trace file's, or a real service's rate in Prometheus."""
+"""The traffic a plan is made for: constant or Poisson arrivals, a trace file's, or a real service's rate in Prometheus.
+
+The arrival times are servescope/arrivals.py's schedules, the ones the load generator's open-loop phases send at.
+"""
 
 from __future__ import annotations
 
 import math
-import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice, takewhile
 
 from report.replicas import Arrival
+from servescope import arrivals
 
 MAX_ARRIVALS = 2_000_000  # what one plan simulates: about a minute per replica count searched at the top
 
@@ -30,16 +35,16 @@ class Traffic:
 def constant(rate: float, duration_s: float) -> Traffic:
     _check_rate(rate, duration_s)
     n = int(rate * duration_s)
-    return Traffic(
-        f"constant {rate:g} req/s for {duration_s:g} s", tuple(Arrival(i / rate) for i in range(n)), duration_s
-    )
+    at = islice(arrivals.Constant(rate).offsets(), n)
+    return Traffic(f"constant {rate:g} req/s for {duration_s:g} s", tuple(Arrival(t) for t in at), duration_s)
 
 
 def poisson(rate: float, duration_s: float, seed: int = 0) -> Traffic:
     _check_rate(rate, duration_s)
-    return Traffic(
-        f"Poisson {rate:g} req/s for {duration_s:g} s", _poisson([(0.0, duration_s, rate)], seed), duration_s
-    )
+    # Observed from an arbitrary instant: the first arrival after a gap, not at the start as a load phase sends.
+    schedule = arrivals.Poisson(rate, seed=_seed(seed), at_start=False)
+    at = takewhile(lambda t: t < duration_s, schedule.offsets())
+    return Traffic(f"Poisson {rate:g} req/s for {duration_s:g} s", _bounded(at), duration_s)
 
 
 def trace(arg: str, speed: float = 1.0) -> Traffic:
@@ -54,14 +59,13 @@ def trace(arg: str, speed: float = 1.0) -> Traffic:
         loaded = trace_file.load(arg)
     except PromptSetError as exc:
         raise TrafficError(str(exc)) from None
-    arrivals = tuple(
-        Arrival(row.offset_s / speed, p.max_tokens) for row, p in zip(loaded.rows, loaded.prompts, strict=True)
-    )
-    last = arrivals[-1].at
+    schedule = loaded.schedule(speed)
+    planned = tuple(Arrival(t, p.max_tokens) for t, p in zip(schedule.offsets(), loaded.prompts, strict=True))
+    last = planned[-1].at
     # The span: the last arrival plus one mean gap, so a trace of n requests at rate r lasts n / r.
-    span = last * len(arrivals) / (len(arrivals) - 1) if len(arrivals) > 1 and last > 0 else max(last, 1.0)
+    span = last * len(planned) / (len(planned) - 1) if len(planned) > 1 and last > 0 else max(last, 1.0)
     said = f" at {speed:g}x" if speed != 1 else ""
-    return Traffic(f"trace {arg}{said}", arrivals, span)
+    return Traffic(f"trace {arg}{said}", planned, span)
 
 
 def prometheus(url: str, expr: str, since_s: float, step_s: float, seed: int = 0, now: float | None = None) -> Traffic:
@@ -87,7 +91,8 @@ def prometheus(url: str, expr: str, since_s: float, step_s: float, seed: int = 0
     start = min(totals)
     pieces = [(t - start, t - start + step_s, rate) for t, rate in sorted(totals.items())]
     span = pieces[-1][1]
-    return Traffic(f"Prometheus {expr} over {since_s:g} s (step {step_s:g} s)", _poisson(pieces, seed), span)
+    planned = _bounded(arrivals.piecewise_poisson(pieces, _seed(seed)))
+    return Traffic(f"Prometheus {expr} over {since_s:g} s (step {step_s:g} s)", planned, span)
 
 
 def _check_rate(rate: float, duration_s: float) -> None:
@@ -97,17 +102,15 @@ def _check_rate(rate: float, duration_s: float) -> None:
         raise TrafficError(f"{rate:g} req/s for {duration_s:g} s is more than {MAX_ARRIVALS:,} requests: plan a part")
 
 
-def _poisson(pieces: list[tuple[float, float, float]], seed: int) -> tuple[Arrival, ...]:
-    """Arrivals of a Poisson process whose rate is constant on each (start, end, rate) piece."""
-    rng = random.Random(f"traffic-{seed}")
+def _seed(seed: int) -> str:
+    return f"traffic-{seed}"  # not the load generator's seeds: a plan's arrivals are its own draw
+
+
+def _bounded(offsets: Iterable[float]) -> tuple[Arrival, ...]:
+    """The arrivals at `offsets`, refused past MAX_ARRIVALS (a rate times a span can be any size)."""
     out: list[Arrival] = []
-    for start, end, rate in pieces:
-        t = start
-        while rate > 0:
-            t += rng.expovariate(rate)
-            if t >= end:
-                break
-            out.append(Arrival(t))
-            if len(out) > MAX_ARRIVALS:
-                raise TrafficError(f"more than {MAX_ARRIVALS:,} requests: plan a part")
+    for t in offsets:
+        out.append(Arrival(t))
+        if len(out) > MAX_ARRIVALS:
+            raise TrafficError(f"more than {MAX_ARRIVALS:,} requests: plan a part")
     return tuple(out)

@@ -10,10 +10,10 @@ Each line lands in a table with its line number and either typed columns or the 
 `requests` and `phases` are views of the accepted rows. Lines are parsed with typed columns, which would read
 "12" as 12 or true as 1.0; a regex and string searches over the raw line send every line where that could have
 happened to the full check (each field parsed as JSON and its type looked at), so what is accepted is exactly what
-the contract allows. Both checks are generated from the contract's field table (servescope.runfolder): the rule is
+the contract allows. Both checks are generated from the contract's field table (servescope.runcontract): the rule is
 written once.
 
-A long run is read once: past RUN_INDEX_MIN_MB of requests the tables are kept beside the JSONL (runfolder.INDEX)
+A long run is read once: past RUN_INDEX_MIN_MB of requests the tables are kept beside the JSONL (runcontract.INDEX)
 and later readers open them (the load generator's end-of-run summary is the first). Measured by bench/report_scale.py
 on this machine: the report on 51,200 requests 3.7 s reading the JSONL, 2.7 s opening the index; on 1 M requests
 38.6 s against 12.3 s.
@@ -35,12 +35,16 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-from servescope import runfolder
-from servescope.runfolder import MAX_ENGINE_NUMBER, NOT_JSON, NOT_OBJECT, TORN, Field, Skips
+from servescope import runcontract
+from servescope.runcontract import MAX_ENGINE_NUMBER, NOT_JSON, NOT_OBJECT, TORN, Field, Skips
 
 # Each file of a run folder, the view of its accepted lines (the table of all of them: <view>_lines), its fields.
-VIEWS = {runfolder.REQUESTS: "requests", runfolder.PHASES: "phases", runfolder.SAMPLES: "samples"}
-SPECS = {"requests": runfolder.REQUEST_FIELDS, "phases": runfolder.PHASE_FIELDS, "samples": runfolder.SAMPLE_FIELDS}
+VIEWS = {runcontract.REQUESTS: "requests", runcontract.PHASES: "phases", runcontract.SAMPLES: "samples"}
+SPECS = {
+    "requests": runcontract.REQUEST_FIELDS,
+    "phases": runcontract.PHASE_FIELDS,
+    "samples": runcontract.SAMPLE_FIELDS,
+}
 # Memory the engine may use before it spills to its temporary directory; the report process's peak stays near
 # this plus the plots, whatever the size of the run.
 MEMORY_LIMIT = "1GB"
@@ -180,7 +184,7 @@ def _strict_checks(spec: tuple[Field, ...]) -> str:
 def _cross_checks(spec: tuple[Field, ...], value: str) -> list[tuple[str, str]]:
     names = {f.name for f in spec}
     if {"started_at", "ended_at"} <= names:
-        return [(f"{value.format('ended_at')} < {value.format('started_at')}", _q(runfolder.ENDS_BEFORE_START))]
+        return [(f"{value.format('ended_at')} < {value.format('started_at')}", _q(runcontract.ENDS_BEFORE_START))]
     return []
 
 
@@ -460,7 +464,7 @@ def regular(path: Path) -> bool:
         return False
 
 
-# --- the run's index: the JSONL read once, kept beside it (runfolder.INDEX) ---
+# --- the run's index: the JSONL read once, kept beside it (runcontract.INDEX) ---
 INDEX_MIN_MB = 32  # the RUN_INDEX_MIN_MB knob's default: smaller runs (~16,000 requests) are read in about a second
 _INDEX_FORMAT = "2"  # raise when what the index holds changes in a way the reading rules' text does not show
 _ABSENT = "absent"
@@ -478,7 +482,7 @@ def _wants_index(folder: Path) -> bool:
         threshold = float(setting) * (1 << 20)
     except ValueError:
         raise ValueError(f"RUN_INDEX_MIN_MB={setting!r}: expected megabytes or off") from None
-    requests = folder / runfolder.REQUESTS
+    requests = folder / runcontract.REQUESTS
     return requests.exists() and requests.stat().st_size >= threshold
 
 
@@ -579,14 +583,14 @@ class RunData:
     number, the reason it was refused, '' for a blank line, or NULL) and a view of the accepted lines (VIEWS).
 
     A run whose requests.jsonl passes the index threshold (INDEX_MIN_MB) is read once into the run's index
-    (runfolder.INDEX, beside the JSONL it copies) and every later reader opens that instead of parsing the JSON again,
+    (runcontract.INDEX, beside the JSONL it copies) and every later reader opens that instead of parsing the JSON again,
     as long as the index was made by this reader from the files as they are now (their sizes and modification times,
     and a fingerprint of the reading rules). The JSONL stays the record: the index can be deleted at any time."""
 
     def __init__(
         self,
         folder: Path,
-        files: tuple[str, ...] = (runfolder.REQUESTS, runfolder.PHASES),
+        files: tuple[str, ...] = (runcontract.REQUESTS, runcontract.PHASES),
         memory_limit: str = MEMORY_LIMIT,
         limits: tuple[float, ...] = (),
     ):
@@ -607,8 +611,8 @@ class RunData:
             self._config["threads"] = 1  # a few hundred records: a second thread costs more than it parses
         import duckdb  # loaded by whoever reads, not by every importer (the load generator imports this module)
 
-        index, meta = self.folder / runfolder.INDEX, None
-        if runfolder.REQUESTS in files and _wants_index(self.folder):
+        index, meta = self.folder / runcontract.INDEX, None
+        if runcontract.REQUESTS in files and _wants_index(self.folder):
             self.con = duckdb.connect(":memory:", config=self._config)
             _settings(self.con)
             meta, problem = _attach(self.con, index)

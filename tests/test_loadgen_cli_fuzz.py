@@ -23,7 +23,7 @@ from loadgen.commands import COMMANDS, USAGE_ERRORS, build_parser, prepare
 from loadgen.options import MAX_RUN_S
 from loadgen.prompts import MAX_SYNTHETIC_WORDS
 from loadgen.scenarios import MAX_USERS, BurstPhase, ClosedLoopPhase, RatePhase, SequentialPhase
-from loadgen.workloads.replay import ReplayPhase
+from servescope import arrivals
 from servescope.runfolder import RUN_ID
 from servescope.urls import parse_http_url
 
@@ -153,10 +153,11 @@ def check_accepted(args, plan) -> None:
             assert phase.duration_s is not None or phase.max_requests is not None
             assert phase.duration_s is None or (math.isfinite(phase.duration_s) and phase.duration_s > 0)
             assert phase.max_requests is None or phase.max_requests >= 1
-        elif isinstance(phase, ReplayPhase):  # a replay ends within what a run can take
-            last = phase.rows[-1].offset_s / phase.speed
+        elif isinstance(phase, RatePhase) and isinstance(phase.schedule, arrivals.Trace):
+            # a replay ends within what a run can take
+            last = phase.schedule.offsets_s[-1] / phase.schedule.speed
             assert min(last, phase.duration_s if phase.duration_s is not None else math.inf) <= MAX_RUN_S
         elif isinstance(phase, RatePhase):
-            assert math.isfinite(phase.rate) and phase.rate > 0
+            assert math.isfinite(phase.schedule.rate) and phase.schedule.rate > 0
         else:
             pytest.fail(f"unexpected phase {phase!r}")

@@ -58,7 +58,7 @@ def test_repetitions_interleave_engines_and_phases_a_b_b_a():
         "llamacpp sequential#3",
         "llamacpp burst#3",
     ]
-    again = trials.again(trials.interleave(targets, one_pass, 2)[4])
+    again = trials.interleave(targets, one_pass, 2)[4].again()
     assert (again.title, again.attempt, again.size) == ("burst#2.retry1", 2, 3)
 
 

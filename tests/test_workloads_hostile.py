@@ -168,7 +168,7 @@ def test_a_replay_slower_than_a_run_can_last_is_refused_in_one_line_unless_durat
     (phase,) = _plan(*base, "--speed", "1e-300", "--duration", "10").phases  # --duration caps the replay
     assert phase.duration_s == 10
     (phase,) = _plan(*base, "--speed", "2").phases
-    assert phase.rows[-1].offset_s / phase.speed <= MAX_RUN_S
+    assert phase.schedule.offsets_s[-1] / phase.schedule.speed <= MAX_RUN_S
 
 
 @pytest.mark.parametrize("flag", ["--think-time", "--burst-pause", "--request-timeout"])

@@ -45,7 +45,7 @@ def load(spec: str):
 
 def check(scenario: str, prompt_set, bursts: int = 1) -> None:
     """Refuse, in one line and before anything runs, a scenario that cannot run this set as asked."""
-    from loadgen.prompts import PromptSetError
+    from loadgen.workloads.base import PromptSetError
     from loadgen.workloads.conversation import ConversationSet
     from loadgen.workloads.trace import TraceSet
 
@@ -60,8 +60,3 @@ def check(scenario: str, prompt_set, bursts: int = 1) -> None:
             "burst sends; later rounds would send later turns with nothing to match them: use "
             "`burst --bursts K` to play K turns)"
         )
-
-
-def warmup_text(index: int) -> str:
-    """A warm-up prompt that shares nothing with a workload's prompts: it must not prime the cache the run measures."""
-    return f"Warm-up request {index + 1}: reply with one short sentence."

@@ -23,21 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen import workloads
-from loadgen.prompts import Prompt, PromptSet, PromptSetError
 from loadgen.workloads import files, lengths
+from loadgen.workloads.base import Conversation, Prompt, PromptSet, PromptSetError, warmup_text
 
 DEFAULT = "chat4"
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
 MAX_CONVERSATIONS = 100_000
 MAX_WORDS = 4_000_000  # the same bound as a synthetic set's: every turn is held in memory (and in the manifest)
-
-
-@dataclass(frozen=True)
-class Conversation:
-    id: str
-    system: str | None  # a system prompt sent before the first turn
-    turns: tuple[Prompt, ...]  # the user messages, in order; max_tokens: the recorded answer's length in words
 
 
 @dataclass(frozen=True)
@@ -66,7 +58,7 @@ class ConversationSet(PromptSet):
         return Sessions(self.conversations, live=phase.sessions, think_s=think_s)
 
     def warmup_text(self, index: int) -> str:
-        return workloads.warmup_text(index)
+        return warmup_text(index)
 
 
 def load(arg: str) -> ConversationSet:

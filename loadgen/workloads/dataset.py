@@ -20,9 +20,15 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadgen import workloads
-from loadgen.prompts import MAX_SYNTHETIC_COUNT, MAX_SYNTHETIC_WORDS, Prompt, PromptSet, PromptSetError
 from loadgen.workloads import conversation, files, lengths
+from loadgen.workloads.base import (
+    MAX_SYNTHETIC_COUNT,
+    MAX_SYNTHETIC_WORDS,
+    Prompt,
+    PromptSet,
+    PromptSetError,
+    warmup_text,
+)
 
 DEFAULT = "sharegpt-like"
 OPTIONS = ("input", "output", "sample", "seed")
@@ -41,7 +47,7 @@ class DatasetSet(PromptSet):
         }
 
     def warmup_text(self, index: int) -> str:
-        return workloads.warmup_text(index)
+        return warmup_text(index)
 
 
 def load(arg: str) -> DatasetSet:

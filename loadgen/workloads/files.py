@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from loadgen.prompts import DATA_DIR, PromptSetError
+from loadgen.workloads.base import DATA_DIR, PromptSetError
 
 MAX_JSON_DEPTH = 64  # a conversation is 3 deep (record, messages, message); Mooncake's rows 2
 _READ_CHUNK = 1 << 16
@@ -149,25 +149,3 @@ def _array(path: Path, fh: TextIO) -> Iterator[tuple[str, Any]]:
         raise PromptSetError(f"{path}: expected a JSON array of records")
     for index, item in enumerate(items):
         yield f"{path}[{index}]", item
-
-
-def source_files(spec: str) -> list[Path]:
-    """The files a --prompts spec would read, resolved as its loader resolves them (a shipped set's name is its file
-    in loadgen/prompts/); none for generated sets (synthetic, shared-prefix). For a caller that must know where a
-    spec reads from before reading it (the web UI reads only from the shipped sets and the folder it was told)."""
-    from loadgen import workloads
-    from loadgen.prompts import SHIPPED, SYNTHETIC
-
-    kind, _, arg = spec.partition(":")
-    if spec in SHIPPED or SYNTHETIC.match(spec) or kind == "shared-prefix":
-        return []
-    if workloads.is_workload(spec):
-        name = arg.split(",")[0] if kind == "dataset" else arg
-        if not name:
-            return []  # the kind's default shipped set
-        if "/" not in name and "." not in name:
-            shipped = sorted(DATA_DIR.glob(f"{name}.json*"))
-            if shipped:
-                return [shipped[0]]
-        return [expand(name, f"{kind}:{arg}")]
-    return [expand(spec, "prompt set")]

@@ -15,7 +15,7 @@ import random
 import sys
 from pathlib import Path
 
-from loadgen.prompts import DATA_DIR
+from loadgen.workloads.base import DATA_DIR
 
 README = DATA_DIR / "README.md"
 BEGIN, END = "<!-- begin generated: python -m loadgen.workloads.generate -->", "<!-- end generated -->"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import gevent
 from gevent.event import Event
 
-from loadgen.workloads.conversation import Conversation
+from loadgen.workloads.base import Conversation
 from loadgen.workloads.turns import Answer, Turn
 
 

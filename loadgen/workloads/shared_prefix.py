@@ -14,8 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen import workloads
-from loadgen.prompts import (
+from loadgen.workloads.base import (
     MAX_SYNTHETIC_COUNT,
     MAX_SYNTHETIC_TOKENS,
     MAX_SYNTHETIC_WORDS,
@@ -23,6 +22,7 @@ from loadgen.prompts import (
     PromptSet,
     PromptSetError,
     filler,
+    warmup_text,
 )
 
 DEFAULTS = (4, 256, 8, 16)  # prefixes, prefix tokens, suffixes per prefix, suffix tokens
@@ -56,7 +56,7 @@ class SharedPrefixSet(PromptSet):
         }
 
     def warmup_text(self, index: int) -> str:
-        return workloads.warmup_text(index)
+        return warmup_text(index)
 
 
 def load(arg: str) -> SharedPrefixSet:

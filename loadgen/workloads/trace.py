@@ -25,9 +25,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen import workloads
 from loadgen.options import MAX_RUN_S
-from loadgen.prompts import (
+from loadgen.workloads import files, lengths
+from loadgen.workloads.base import (
     MAX_SYNTHETIC_COUNT,
     MAX_SYNTHETIC_TOKENS,
     MAX_SYNTHETIC_WORDS,
@@ -35,9 +35,10 @@ from loadgen.prompts import (
     PromptSet,
     PromptSetError,
     filler,
+    warmup_text,
 )
-from loadgen.workloads import files, lengths
 from loadgen.workloads.turns import Answer, SingleTurn, Turn
+from servescope import arrivals
 
 DEFAULT = "trace-small"
 MOONCAKE_BLOCK_TOKENS = 512  # what one of Mooncake's hash_ids stands for
@@ -57,6 +58,10 @@ class TraceSet(PromptSet):
     def canonical(self) -> Any:
         return [[r.offset_s, r.conversation, p.canonical()] for r, p in zip(self.rows, self.prompts, strict=True)]
 
+    def schedule(self, speed: float = 1.0) -> arrivals.Trace:
+        """Its requests' arrival times, SPEED times faster (the replay's --speed)."""
+        return arrivals.Trace(tuple(r.offset_s for r in self.rows), speed)
+
     def describe(self) -> dict[str, Any]:
         duration = self.rows[-1].offset_s if self.rows else 0.0
         return {
@@ -73,7 +78,7 @@ class TraceSet(PromptSet):
         return TraceTurns(self) if phase.scenario == "replay" else SingleTurn()
 
     def warmup_text(self, index: int) -> str:
-        return workloads.warmup_text(index)
+        return warmup_text(index)
 
 
 def load(arg: str) -> TraceSet:
@@ -216,21 +221,3 @@ class _TraceConversation:
     def release(self) -> None:
         self.busy = False
         self.idle.set()
-
-
-def replay_phase(settings, options):
-    """The `replay` scenario's one phase (built here so loadgen/scenarios.py needs no trace knowledge)."""
-    from loadgen.workloads.replay import ReplayPhase
-
-    duration = float(options.duration) if options.duration not in (None, "") else None
-    requests = int(options.requests) if options.requests not in (None, "") else None
-    speed = float(options.speed)
-    rows = settings.prompt_set.rows[:requests] if requests is not None else settings.prompt_set.rows
-    span = rows[-1].offset_s / speed if rows and speed > 0 else 0.0
-    if min(span, duration if duration is not None else math.inf) > MAX_RUN_S:
-        # A replay that outlasts any run (a speed of 1e-300) would never end: say so now, not after a week.
-        raise PromptSetError(
-            f"replay at --speed {options.speed}: the trace's {rows[-1].offset_s:g} s would take {span:.4g} s, more "
-            f"than a run can last ({MAX_RUN_S:g} s): raise --speed or give --duration"
-        )
-    return ReplayPhase(settings, speed=speed, duration_s=duration, requests=requests)
