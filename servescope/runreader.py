@@ -44,6 +44,10 @@ SPECS = {"requests": runfolder.REQUEST_FIELDS, "phases": runfolder.PHASE_FIELDS,
 # Memory the engine may use before it spills to its temporary directory; the report process's peak stays near
 # this plus the plots, whatever the size of the run.
 MEMORY_LIMIT = "1GB"
+# Building the index writes every row group to the index file as it is read, so the engine can drop the pages it
+# wrote; with the reading limit it held them, on top of the report's imports and the figure painter started beside
+# it. A quarter of that builds as fast (bench/report_scale.py); the file-backed read below spills past it.
+INDEX_MEMORY_LIMIT = "256MB"
 ONE_THREAD_BYTES = 8 << 20
 FILE_BACKED_BYTES = 512 << 20  # JSONL past this is read into a compressed database file (RunData)
 # Lines are read whole (a CSV scan with a delimiter no JSON line can hold: raw control characters are invalid
@@ -671,7 +675,10 @@ class RunData:
         sealed = (int(time.time()) // 2 * 2) * 1_000_000_000
         try:
             stamps = _stamps(self.folder)  # before reading: a file that grows meanwhile leaves a stale index
-            con = duckdb.connect(str(partial), config={k: v for k, v in self._config.items() if k != "threads"})
+            config = {k: v for k, v in self._config.items() if k != "threads"}
+            if config["memory_limit"] == MEMORY_LIMIT:  # a caller's own limit stands
+                config["memory_limit"] = INDEX_MEMORY_LIMIT
+            con = duckdb.connect(str(partial), config=config)
             try:
                 _settings(con)
                 meta = {"fingerprint": _fingerprint(), "limits": json.dumps(self.limits), "sealed": str(sealed)}
