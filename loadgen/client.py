@@ -27,6 +27,7 @@ import enum
 import json
 import socket
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,6 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 import gevent
 from gevent import monkey as gevent_monkey
+from gevent import socket as gevent_socket
 from geventhttpclient import HTTPClient
 from geventhttpclient.connectionpool import ConnectionPool
 from geventhttpclient.response import (
@@ -268,6 +270,11 @@ class GeventTransport:
         pool._is_socket_alive = _idle_socket_alive
         if self.kernel_stamps:
             pool.after_connect = _ask_for_receive_stamps  # geventhttpclient's hook for socket options
+            # Its socket factory: each read that may carry the headers keeps its kernel stamp for post().
+            self.read_stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+            pool._create_tcp_socket = lambda *family_type_proto: _StampedSocket(
+                *family_type_proto, stamps=self.read_stamps
+            )
 
     def connect(self) -> None:
         pool = self.client._connection_pool
@@ -284,7 +291,9 @@ class GeventTransport:
             # A kept-alive connection the server closed as the request went out (llama.cpp's server does,
             # intermittently, in e2e runs): no response byte came back, so it is sent once more on a new connection.
             response = self.client.request("POST", self.prefix + path, body=body)
-        return _GeventResponse(response, self.kernel_stamps)
+        # The last read of this greenlet was the one that completed the headers: nothing yields between it and here.
+        header_stamp = self.read_stamps.pop(gevent.getcurrent(), None) if self.kernel_stamps else None
+        return _GeventResponse(response, self.kernel_stamps, header_stamp)
 
     def close(self) -> None:
         self.client.close()
@@ -310,6 +319,23 @@ def _ask_for_receive_stamps(sock) -> None:
         pass  # no kernel stamps: reads carry no ancillary data and are stamped by the clock as they return
 
 
+class _StampedSocket(gevent_socket.socket):
+    """A cooperative socket whose recv() keeps the kernel's receive stamp of what it read (on the perf_counter clock),
+    by reading greenlet, in `stamps`. geventhttpclient reads a response's headers with recv(), and with them every
+    body byte that had arrived: on a client many streams deep those can be the first content chunks, which were then
+    stamped when parsed rather than when they arrived (a whole short answer can come with the headers, its
+    connection back in the pool before the body is looked at)."""
+
+    def __init__(self, *family_type_proto, stamps: weakref.WeakKeyDictionary):
+        super().__init__(*family_type_proto)
+        self._stamps = stamps
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, ancillary, _flags, _addr = self.recvmsg(bufsize, CMSG_SIZE, flags)
+        self._stamps[gevent.getcurrent()] = _kernel_stamp(ancillary, time.perf_counter())
+        return data
+
+
 def _kernel_stamp(ancillary, now: float) -> float:
     """The kernel's receive time of a read's bytes on the perf_counter clock; `now` (read just after) without one."""
     stamp = receive_stamp(ancillary, time.perf_counter)
@@ -318,17 +344,18 @@ def _kernel_stamp(ancillary, now: float) -> float:
 
 
 class _GeventResponse:
-    def __init__(self, response, kernel_stamps: bool = False):
+    def __init__(self, response, kernel_stamps: bool = False, header_stamp: float | None = None):
         self.response = response
         self.status = response.status_code
         self.kernel_stamps = kernel_stamps
+        self.header_stamp = header_stamp  # the kernel's stamp of the read that completed the headers
 
     def blocks(self, clock: Callable[[], float]) -> Iterator[tuple[float, bytes]]:
         response = self.response
         kernel = self.kernel_stamps and clock is time.perf_counter  # kernel stamps convert to perf_counter only
         last = float("-inf")
-        if response._body_buffer:  # body bytes that came with the headers
-            last = clock()
+        if response._body_buffer:  # body bytes that came with the headers: the header read's stamp
+            last = self.header_stamp if kernel and self.header_stamp is not None else clock()
             yield last, _take(response._body_buffer)
         while not response.message_complete:
             sock = response._sock
@@ -351,9 +378,9 @@ class _GeventResponse:
                 response.release()
                 raise
             if response._body_buffer:
-                # Bytes that came with the headers are stamped when parsed, after the kernel took them; on a
-                # starved client the next read's kernel stamp can be earlier still. Stamps never go back: a
-                # negative gap is no measurement (the run-folder reader refuses the record).
+                # A read's kernel stamp is its last segment's: a later read's may be earlier than the stamp of
+                # bytes that came with the headers where the kernel gave none (the clock's, taken when parsed).
+                # Stamps never go back: a negative gap is no measurement (the run-folder reader refuses the record).
                 last = max(stamp, last)
                 yield last, _take(response._body_buffer)
             if not data and not response.message_complete:
@@ -407,6 +434,7 @@ def make_transport(name: str, base_url: str, timeout: float, concurrency: int = 
 _GEVENTHTTPCLIENT_INTERNALS: tuple[tuple[str, Callable[[], bool]], ...] = (
     ("HTTPClient._connection_pool", lambda: "_connection_pool" in HTTPClient.__init__.__code__.co_names),
     ("ConnectionPool._is_socket_alive", lambda: callable(getattr(ConnectionPool, "_is_socket_alive", None))),
+    ("ConnectionPool._create_tcp_socket", lambda: callable(getattr(ConnectionPool, "_create_tcp_socket", None))),
     ("ConnectionPool.after_connect", lambda: callable(getattr(ConnectionPool, "after_connect", None))),
     (
         "ConnectionPool.get_socket/return_socket/release_socket",

@@ -321,3 +321,25 @@ def test_stamps_never_go_back_when_the_next_reads_kernel_stamp_precedes_the_pars
     stamps = [t for t, _ in blocks]
     assert [b for _, b in blocks] == [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
     assert stamps == sorted(stamps), stamps
+
+
+@pytest.mark.skipif(llm.SO_TIMESTAMPNS is None or llm.CMSG_SIZE == 0, reason="no kernel receive stamps on this OS")
+def test_content_that_came_with_the_headers_to_a_busy_client_keeps_the_kernels_stamp():
+    # A client busy elsewhere (another greenlet holding the process 150 ms) reads the headers late, and with them the
+    # first content chunks the server had sent meanwhile: stamped when parsed, their TTFT had those 150 ms in it.
+    import gevent
+
+    with SyntheticServer(ttft=0.0, itl=0.0, tokens=3) as s:
+        transport = llm.make_transport("geventhttpclient", s.url, timeout=5.0)
+        try:
+            transport.connect()
+            busy = gevent.spawn(time.sleep, 0.15)  # unpatched: blocks the hub, the server's thread answers meanwhile
+            m = llm.stream_chat(
+                transport, "/v1/chat/completions", "openai", llm.chat_payload("openai", "m", "hi", 3, 0.0, True)
+            )
+            busy.join()
+        finally:
+            transport.close()
+    assert m.ok, m.error
+    assert m.content_times and m.t_end - m.t_send >= 0.15  # the client was late: it read after the busy spell
+    assert m.ttft_s < 0.05, m.ttft_s  # yet the first content chunk is stamped when it reached the socket
