@@ -278,31 +278,47 @@ def errors_vs_server(
     return ttft_err, itl_err, queued
 
 
-def send_delays(records: list[dict], server_url: str, prompts: str = PROMPTS) -> list[float]:
-    """Per request, in send order: ms from the client's send stamp (the record's started_at, time.time() read with
-    the perf_counter send stamp) to the kernel's receive stamp of the request at the server (t_arrival, monotonic).
-    Both processes are on this host: the monotonic stamp is put on the wall clock with this process's offset."""
+def send_delays(
+    records: list[dict], server_url: str, prompts: str = PROMPTS
+) -> tuple[list[float], list[float], list[float]]:
+    """Each request's TTFT error against the server's stamps split in two, in send order (ms). Send: from the client's
+    send stamp (the record's started_at, time.time() read with the perf_counter send stamp) to the kernel's receive
+    stamp of the request at the server (t_arrival, monotonic; both processes are on this host, the monotonic stamp is
+    put on the wall clock with this process's offset). Receive: the rest, from the server's first content write to the
+    client's stamp of it, once against the write's start (the truth's own stamp) and once against its end: a server
+    thread preempted between its stamp and its write shows in the first and not in the second."""
     offset = time.time() - time.monotonic()
     pairs = sorted(paired_streams(records, server_url, prompts), key=lambda pair: pair[0]["started_at"])
-    return [(stream["t_arrival"] + offset - record["started_at"]) * 1000 for record, stream in pairs]
+    send, receive, receive_end = [], [], []
+    for record, stream in pairs:
+        writes = stream["writes"]
+        sent = (stream["t_arrival"] + offset - record["started_at"]) * 1000
+        ttft_err = (record["ttft_s"] - (writes[0] - stream["t_arrival"])) * 1000
+        send.append(sent)
+        receive.append(ttft_err - sent)
+        if stream.get("write_ends"):
+            receive_end.append(ttft_err - sent - (stream["write_ends"][0] - writes[0]) * 1000)
+    return send, receive, receive_end
 
 
-def send_delay_line(delays: list[float], window: Window) -> str:
-    """The send delay distribution of one run, its halves' medians (a step inside the run shows as two medians), and
-    the client's CPU inside the traffic window."""
-    if not delays:
+def send_delay_line(delays: tuple[list[float], list[float], list[float]], window: Window) -> str:
+    """The send delay distribution of one run, its halves' medians (a step inside the run shows as two medians), the
+    receive side's p99 (against the server's write start and end), and the client's CPU inside the traffic window."""
+    send, receive, receive_end = delays
+    if not send:
         return "  send delay: not measured (no request paired with the server's streams)"
-    half = len(delays) // 2
+    half = len(send) // 2
     halves = (
-        f"; p50 first/second half {statistics.median(delays[:half]):.3f}/{statistics.median(delays[half:]):.3f}"
+        f"; p50 first/second half {statistics.median(send[:half]):.3f}/{statistics.median(send[half:]):.3f}"
         if half
         else ""
     )
+    after_end = f" (after the write's end {percentile(receive_end, 0.99):+.3f})" if receive_end else ""
     return (
-        f"  send delay ms (client send stamp -> server's kernel receive stamp), n={len(delays)}: "
-        f"p50 {statistics.median(delays):.3f} p90 {percentile(delays, 0.9):.3f} p99 {percentile(delays, 0.99):.3f} "
-        f"max {max(delays):.3f}{halves}; client CPU in the window {window.cpu_s:.2f} s, "
-        f"{window.tokens_per_cpu_s:,.0f} tokens per CPU-s"
+        f"  send delay ms (client send stamp -> server's kernel receive stamp), n={len(send)}: "
+        f"p50 {statistics.median(send):.3f} p90 {percentile(send, 0.9):.3f} p99 {percentile(send, 0.99):.3f} "
+        f"max {max(send):.3f}{halves}; receive side p99 {percentile(receive, 0.99):+.3f}{after_end}; "
+        f"client CPU in the window {window.cpu_s:.2f} s, {window.tokens_per_cpu_s:,.0f} tokens per CPU-s"
     )
 
 
@@ -384,7 +400,9 @@ def vllm_short_run_cpu(server: SyntheticProcess, requests_n: int = SHORT_RUN_REQ
         return process_cpu(cmd, timeout=300, cwd=Path(out_dir), env=env)
 
 
-def goal_line(concurrency: int, vs_server: tuple[list[float], list[float], list[float]], delays: list[float]) -> str:
+def goal_line(
+    concurrency: int, vs_server: tuple[list[float], list[float], list[float]], delays: tuple[list[float], ...]
+) -> str:
     """Issue 28's goals for one servescope run, each said met or NOT met; "" where no goal applies."""
     if concurrency not in GOAL_LEVELS:
         return ""
@@ -397,8 +415,8 @@ def goal_line(concurrency: int, vs_server: tuple[list[float], list[float], list[
         f"(<= {GOAL_TTFT_MEDIAN_MS:g})",
         f"p99 {p99:+.3f} ms {'met' if abs(p99) <= GOAL_TTFT_P99_MS else 'NOT met'} (<= {GOAL_TTFT_P99_MS:g})",
     ]
-    if concurrency == 1 and delays:
-        send_p99 = percentile(delays, 0.99)
+    if concurrency == 1 and delays and delays[0]:
+        send_p99 = percentile(delays[0], 0.99)
         said.append(
             f"send delay p99 {send_p99:.3f} ms {'met' if send_p99 <= GOAL_SEND_P99_MS_ONE_STREAM else 'NOT met'} "
             f"(<= {GOAL_SEND_P99_MS_ONE_STREAM:g})"
