@@ -271,7 +271,7 @@ def test_a_report_on_a_folder_with_fifos_for_records_is_one_line(tmp_path):
     ]
 
 
-def test_the_index_is_built_under_its_own_smaller_memory_limit_and_a_callers_limit_stands(run, monkeypatch):
+def test_a_runs_index_is_built_under_a_smaller_memory_limit_unless_large_or_the_caller_says(run, monkeypatch):
     import duckdb
 
     limits: dict[str, str] = {}
@@ -292,3 +292,8 @@ def test_the_index_is_built_under_its_own_smaller_memory_limit_and_a_callers_lim
     limits.clear()
     read(run, memory_limit="64MB")
     assert limits == {"read": "64MB", "build": "64MB"}
+    (run / runfolder.INDEX).unlink()
+    limits.clear()
+    monkeypatch.setattr(runreader, "FILE_BACKED_BYTES", 0)  # a run past it: the smaller limit would spill
+    read(run)
+    assert limits["build"] == runreader.MEMORY_LIMIT
