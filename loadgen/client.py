@@ -8,8 +8,9 @@ Definitions (docs/latency.md repeats them beside vLLM bench, GuideLLM and AIPerf
   output tokens: the server's `usage` (OpenAI, asked for with stream_options.include_usage) or
   Ollama's `eval_count`; counting content chunks is a fallback, flagged tokens_source="chunks".
 
-Where the stamps come from: send = the clock just before the request is handed to the HTTP client, on a
-connection opened beforehand where the scenario allows (`Transport.connect()`: a burst's users connect
+Where the stamps come from: send = the clock as the request's bytes are handed to the socket (plain-HTTP
+geventhttpclient: the request built and the pooled connection checked first), else just before the request is
+handed to the HTTP client; on a connection opened beforehand where the scenario allows (`Transport.connect()`: a burst's users connect
 before the gate opens). A chunk = the moment its bytes reached this host's socket: the kernel's receive
 stamp (SO_TIMESTAMPNS, plain-HTTP geventhttpclient on Linux), else the clock as the socket read returns;
 never after parsing, so neither JSON decoding nor the event loop serving 63 other streams first is in it.
@@ -272,8 +273,9 @@ class GeventTransport:
             pool.after_connect = _ask_for_receive_stamps  # geventhttpclient's hook for socket options
             # Its socket factory: each read that may carry the headers keeps its kernel stamp for post().
             self.read_stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+            self.send_stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
             pool._create_tcp_socket = lambda *family_type_proto: _StampedSocket(
-                *family_type_proto, stamps=self.read_stamps
+                *family_type_proto, stamps=self.read_stamps, sends=self.send_stamps
             )
 
     def connect(self) -> None:
@@ -292,8 +294,10 @@ class GeventTransport:
             # intermittently, in e2e runs): no response byte came back, so it is sent once more on a new connection.
             response = self.client.request("POST", self.prefix + path, body=body)
         # The last read of this greenlet was the one that completed the headers: nothing yields between it and here.
-        header_stamp = self.read_stamps.pop(gevent.getcurrent(), None) if self.kernel_stamps else None
-        return _GeventResponse(response, self.kernel_stamps, header_stamp)
+        me = gevent.getcurrent()
+        header_stamp = self.read_stamps.pop(me, None) if self.kernel_stamps else None
+        sent = self.send_stamps.pop(me, None) if self.kernel_stamps else None
+        return _GeventResponse(response, self.kernel_stamps, header_stamp, sent)
 
     def close(self) -> None:
         self.client.close()
@@ -326,9 +330,15 @@ class _StampedSocket(gevent_socket.socket):
     stamped when parsed rather than when they arrived (a whole short answer can come with the headers, its
     connection back in the pool before the body is looked at)."""
 
-    def __init__(self, *family_type_proto, stamps: weakref.WeakKeyDictionary):
+    def __init__(self, *family_type_proto, stamps: weakref.WeakKeyDictionary, sends: weakref.WeakKeyDictionary):
         super().__init__(*family_type_proto)
         self._stamps = stamps
+        self._sends = sends
+
+    def sendall(self, data, flags: int = 0):
+        # The send stamp as the request's bytes go to the kernel: the request built, the pooled socket checked.
+        self._sends[gevent.getcurrent()] = (time.time(), time.perf_counter())
+        return super().sendall(data, flags)
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data, ancillary, _flags, _addr = self.recvmsg(bufsize, CMSG_SIZE, flags)
@@ -344,11 +354,18 @@ def _kernel_stamp(ancillary, now: float) -> float:
 
 
 class _GeventResponse:
-    def __init__(self, response, kernel_stamps: bool = False, header_stamp: float | None = None):
+    def __init__(
+        self,
+        response,
+        kernel_stamps: bool = False,
+        header_stamp: float | None = None,
+        sent: tuple[float, float] | None = None,
+    ):
         self.response = response
         self.status = response.status_code
         self.kernel_stamps = kernel_stamps
         self.header_stamp = header_stamp  # the kernel's stamp of the read that completed the headers
+        self.sent = sent  # (time.time(), perf_counter) as the request went to the socket, where the transport saw it
 
     def blocks(self, clock: Callable[[], float]) -> Iterator[tuple[float, bytes]]:
         response = self.response
@@ -493,6 +510,9 @@ def stream_chat(
     response = None
     try:
         response = transport.post(path, body)
+        sent = getattr(response, "sent", None)
+        if sent is not None and clock is time.perf_counter:
+            m.started_at, m.t_send = sent  # later than the stamp above by the request's building: none of it in TTFT
         m.status = response.status
         if response.status != 200:
             raise StreamError(
