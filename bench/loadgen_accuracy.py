@@ -1,4 +1,4 @@
-"""Load generator accuracy: reported TTFT and ITL against the synthetic server's exact timing, per HTTP client, beside vLLM's own client."""
+"""Load generator accuracy: reported TTFT and ITL against the synthetic server's exact timing, per HTTP client, beside vLLM's own client; the send delay per run and a short run's whole-process CPU."""
 
 from __future__ import annotations
 
@@ -233,6 +233,11 @@ def percentile(values: list[float], q: float) -> float:
 
 # --- the accuracy benchmark ---
 TTFT_S, ITL_S, TOKENS = 0.2, 0.02, 64
+# Issue 28's goals, judged on every repetition against the server's stamps (ms): TTFT median and p99 error at these
+# stream counts, the send delay p99 at one stream, and a 4-request run's whole-process CPU seconds.
+GOAL_LEVELS = (1, 16, 64)
+GOAL_TTFT_MEDIAN_MS, GOAL_TTFT_P99_MS, GOAL_SEND_P99_MS_ONE_STREAM = 2.0, 5.0, 1.0
+SHORT_RUN_REQUESTS, GOAL_SHORT_RUN_CPU_S = 4, 1.0
 PROMPTS = "synthetic:16x64"  # 64 distinct prompts: each request of a burst can be paired with the server's stream
 
 
@@ -273,6 +278,50 @@ def errors_vs_server(
     return ttft_err, itl_err, queued
 
 
+def send_delays(
+    records: list[dict], server_url: str, prompts: str = PROMPTS
+) -> tuple[list[float], list[float], list[float]]:
+    """Each request's TTFT error against the server's stamps split in two, in send order (ms). Send: from the client's
+    send stamp (the record's started_at, time.time() read with the perf_counter send stamp) to the kernel's receive
+    stamp of the request at the server (t_arrival, monotonic; both processes are on this host, the monotonic stamp is
+    put on the wall clock with this process's offset). Receive: the rest, from the server's first content write to the
+    client's stamp of it, once against the write's start (the truth's own stamp) and once against its end: a server
+    thread preempted between its stamp and its write shows in the first and not in the second."""
+    offset = time.time() - time.monotonic()
+    pairs = sorted(paired_streams(records, server_url, prompts), key=lambda pair: pair[0]["started_at"])
+    send, receive, receive_end = [], [], []
+    for record, stream in pairs:
+        writes = stream["writes"]
+        sent = (stream["t_arrival"] + offset - record["started_at"]) * 1000
+        ttft_err = (record["ttft_s"] - (writes[0] - stream["t_arrival"])) * 1000
+        send.append(sent)
+        receive.append(ttft_err - sent)
+        if stream.get("write_ends"):
+            receive_end.append(ttft_err - sent - (stream["write_ends"][0] - writes[0]) * 1000)
+    return send, receive, receive_end
+
+
+def send_delay_line(delays: tuple[list[float], list[float], list[float]], window: Window) -> str:
+    """The send delay distribution of one run, its halves' medians (a step inside the run shows as two medians), the
+    receive side's p99 (against the server's write start and end), and the client's CPU inside the traffic window."""
+    send, receive, receive_end = delays
+    if not send:
+        return "  send delay: not measured (no request paired with the server's streams)"
+    half = len(send) // 2
+    halves = (
+        f"; p50 first/second half {statistics.median(send[:half]):.3f}/{statistics.median(send[half:]):.3f}"
+        if half
+        else ""
+    )
+    after_end = f" (after the write's end {percentile(receive_end, 0.99):+.3f})" if receive_end else ""
+    return (
+        f"  send delay ms (client send stamp -> server's kernel receive stamp), n={len(send)}: "
+        f"p50 {statistics.median(send):.3f} p90 {percentile(send, 0.9):.3f} p99 {percentile(send, 0.99):.3f} "
+        f"max {max(send):.3f}{halves}; receive side p99 {percentile(receive, 0.99):+.3f}{after_end}; "
+        f"client CPU in the window {window.cpu_s:.2f} s, {window.tokens_per_cpu_s:,.0f} tokens per CPU-s"
+    )
+
+
 def _errors_ms(values: list[float], truth: float) -> tuple[float, float]:
     errors = [(v - truth) * 1000 for v in values]
     return (statistics.median(errors), percentile(errors, 0.99)) if errors else (float("nan"), float("nan"))
@@ -305,15 +354,91 @@ def accuracy_row(
     )
 
 
+def process_cpu(cmd: list[str], timeout: float, cwd: Path = REPO, env: dict | None = None) -> tuple[int, float, str]:
+    """(exit code, CPU seconds of the whole process and the children it reaped, output) of one client run, start-up and
+    exit included: the kernel's account (wait4), as /usr/bin/time reads it."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        out.seek(0)
+        return proc.returncode, usage.ru_utime + usage.ru_stime, out.read()
+
+
+def short_run_cpu(server: SyntheticProcess, requests_n: int = SHORT_RUN_REQUESTS) -> tuple[int, float, str]:
+    """`python -m loadgen burst` of `requests_n` requests (no warm-up), as `quick`, the knee and the tune loop make them
+    by the dozen: its whole-process CPU, the end-of-run summary included."""
+    with tempfile.TemporaryDirectory(prefix="servescope-bench-short-") as results:
+        cmd = [
+            sys.executable, "-m", "loadgen", "burst", "--engine", f"vllm={server.url}", "--burst-size", str(requests_n),
+            "--bursts", "1", "--max-tokens", str(TOKENS), "--warmup", "0", "--prompts", PROMPTS, "--results", results,
+            "--run-id", "short", "--metrics-port", "0", "--quiet", "--no-ignore-eos",
+        ]  # fmt: skip
+        return process_cpu(cmd, timeout=120)
+
+
+def vllm_short_run_cpu(server: SyntheticProcess, requests_n: int = SHORT_RUN_REQUESTS) -> tuple[int, float, str]:
+    """`vllm bench serve` of the same number of requests, all at once: its whole-process CPU."""
+    with tempfile.TemporaryDirectory(prefix="servescope-vllm-short-") as out_dir:
+        cmd = [
+            str(VLLM_PYTHON), "-c", VLLM_CLI_SHIM, "bench", "serve", "--backend", "openai-chat", "--base-url",
+            server.url, "--endpoint", "/v1/chat/completions", "--model", "synthetic/model", "--tokenizer",
+            str(VLLM_TOKENIZER), "--dataset-name", "random", "--random-input-len", "16", "--random-output-len",
+            str(TOKENS), "--num-prompts", str(requests_n), "--max-concurrency", str(requests_n), "--ignore-eos",
+            "--disable-tqdm", "--ready-check-timeout-sec", "0",
+        ]  # fmt: skip
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
+        return process_cpu(cmd, timeout=300, cwd=Path(out_dir), env=env)
+
+
+def goal_line(
+    concurrency: int, vs_server: tuple[list[float], list[float], list[float]], delays: tuple[list[float], ...]
+) -> str:
+    """Issue 28's goals for one servescope run, each said met or NOT met; "" where no goal applies."""
+    if concurrency not in GOAL_LEVELS:
+        return ""
+    ttft_err = vs_server[0]
+    if not ttft_err:
+        return "  goals: not measured (no request paired with the server's streams)"
+    med, p99 = statistics.median(ttft_err), percentile(ttft_err, 0.99)
+    said = [
+        f"TTFT median error {med:+.3f} ms {'met' if abs(med) <= GOAL_TTFT_MEDIAN_MS else 'NOT met'} "
+        f"(<= {GOAL_TTFT_MEDIAN_MS:g})",
+        f"p99 {p99:+.3f} ms {'met' if abs(p99) <= GOAL_TTFT_P99_MS else 'NOT met'} (<= {GOAL_TTFT_P99_MS:g})",
+    ]
+    if concurrency == 1 and delays and delays[0]:
+        send_p99 = percentile(delays[0], 0.99)
+        said.append(
+            f"send delay p99 {send_p99:.3f} ms {'met' if send_p99 <= GOAL_SEND_P99_MS_ONE_STREAM else 'NOT met'} "
+            f"(<= {GOAL_SEND_P99_MS_ONE_STREAM:g})"
+        )
+    return "  goals: " + "; ".join(said)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loadgen_accuracy", description=__doc__)
-    parser.add_argument("--concurrencies", default="1,16,64")
+    parser.add_argument("--concurrencies", default="1,16,64,256")
     parser.add_argument("--clients", default="geventhttpclient,requests")
     parser.add_argument(
         "--rounds",
         type=int,
         default=4,
         help="bursts per concurrency level (at least 32 requests): the first round also pays TCP connects",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=2, help="interleaved repetitions: every client at every level, then again"
+    )
+    parser.add_argument(
+        "--short-runs", type=int, default=3, help=f"{SHORT_RUN_REQUESTS}-request runs whose CPU is read"
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's own client")
     args = parser.parse_args(argv)
@@ -327,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         f"against the client. vs server stamps: truth = the server's first write - the kernel's receive stamp of the "
         f"request, and its write-to-write gaps (CLOCK_MONOTONIC, same machine): the client's error alone. queued = median "
         f"ms a request's bytes waited before a server thread read them (in the truth, not the client's error). "
-        f"load average {os.getloadavg()[0]:.2f}"
+        f"{args.repeat} interleaved repetitions; load average {os.getloadavg()[0]:.2f}"
     )
     print(f"{'':<28}{'--- vs configured ---':^44} {'srv late':^17} {'--- vs server stamps ---':^39}")
     print(
@@ -335,57 +460,105 @@ def main(argv: list[str] | None = None) -> int:
         f"{'p50':>8} {'p99':>8} {'TTFT med':>9} {'TTFT p99':>9} {'ITL med':>9} {'ITL p99':>9} {'queued':>8}"
     )
     failures = 0
-    for concurrency in levels:
-        bursts = max(args.rounds, -(-32 // concurrency))
-        for client in clients:
-            with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
-                try:
-                    records, _phases, _cpu = loadgen_burst(
-                        server, size=concurrency, bursts=bursts, max_tokens=TOKENS, http_client=client, prompts=PROMPTS
-                    )
-                except RuntimeError as exc:
-                    print(f"{'servescope/' + client:<18} {concurrency:>4} failed: {exc}")
-                    failures += 1
-                    continue
-                ok = [r for r in records if r["ok"]]
-                print(
-                    accuracy_row(
-                        f"servescope/{client}"[:18],
-                        concurrency,
-                        len(ok),
-                        [r["ttft_s"] for r in ok],
-                        [gap for r in ok for gap in r["itl_s"]],
-                        server.stats(),
-                        errors_vs_server(ok, server.url),
-                    ),
-                    flush=True,
-                )
-        if with_vllm:
-            with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
-                try:
-                    result, _cpu = vllm_bench(
-                        server, concurrency=concurrency, prompts=bursts * concurrency, output_len=TOKENS
-                    )
-                except RuntimeError as exc:
-                    print(f"{'vllm bench serve':<18} {concurrency:>4} failed: {exc}")
-                    failures += 1
-                    continue
-                ttfts, itls = content_aligned(result)
-                print(
-                    accuracy_row(
-                        "vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()
-                    ),
-                    flush=True,
-                )
+    for repetition in range(1, args.repeat + 1):
+        for concurrency in levels:
+            failures += _level(concurrency, max(args.rounds, -(-32 // concurrency)), clients, with_vllm, repetition)
     if with_vllm:
         print(
             "* vllm bench serve stamps its TTFT at the first chunk even when it is empty (the role chunk, sent at once) and "
             "adds a gap for the content-less finish chunk: from its own per-request stamps, TTFT here = its TTFT + its first "
-            "gap (first content chunk) and ITL = its gaps between content chunks, our definitions"
+            "gap (first content chunk) and ITL = its gaps between content chunks, our definitions; its send delay: not "
+            "measured (its result has no per-request send stamp on a clock the server's can be put on)"
         )
-    if not with_vllm:
+    else:
         print("vLLM's client skipped: ~/.cache/servescope/venv-vllm or its tokenizer is missing (or --no-vllm)")
+    failures += _short_runs(args.short_runs, with_vllm)
     return 1 if failures else 0
+
+
+def _level(concurrency: int, bursts: int, clients: list[str], with_vllm: bool, repetition: int) -> int:
+    """One repetition at one level: each servescope client, then vLLM's, each on a fresh server; 1 per failed client."""
+    failures = 0
+    for client in clients:
+        with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
+            try:
+                records, _phases, window = loadgen_burst(
+                    server, size=concurrency, bursts=bursts, max_tokens=TOKENS, http_client=client, prompts=PROMPTS
+                )
+            except RuntimeError as exc:
+                print(f"{'servescope/' + client:<18} {concurrency:>4} failed: {exc}")
+                failures += 1
+                continue
+            ok = [r for r in records if r["ok"]]
+            vs_server = errors_vs_server(ok, server.url)
+            delays = send_delays(ok, server.url)
+            print(
+                accuracy_row(
+                    f"servescope/{client}"[:18],
+                    concurrency,
+                    len(ok),
+                    [r["ttft_s"] for r in ok],
+                    [gap for r in ok for gap in r["itl_s"]],
+                    server.stats(),
+                    vs_server,
+                ),
+                flush=True,
+            )
+            print(f"{send_delay_line(delays, window)} (repetition {repetition}, load {os.getloadavg()[0]:.2f})")
+            goals = goal_line(concurrency, vs_server, delays)
+            if goals:
+                print(goals, flush=True)
+    if with_vllm:
+        with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
+            try:
+                result, window = vllm_bench(
+                    server, concurrency=concurrency, prompts=bursts * concurrency, output_len=TOKENS
+                )
+            except RuntimeError as exc:
+                print(f"{'vllm bench serve':<18} {concurrency:>4} failed: {exc}")
+                return failures + 1
+            ttfts, itls = content_aligned(result)
+            print(
+                accuracy_row("vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()),
+                flush=True,
+            )
+            print(
+                f"  client CPU in the window {window.cpu_s:.2f} s, {window.tokens_per_cpu_s:,.0f} tokens per CPU-s "
+                f"(repetition {repetition}, load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
+    return failures
+
+
+def _short_runs(runs: int, with_vllm: bool) -> int:
+    """A short run's whole-process CPU (start-up, the requests, the summary, exit), interleaved with vLLM's client."""
+    if runs <= 0:
+        return 0
+    print(
+        f"\nwhole-process CPU s of a {SHORT_RUN_REQUESTS}-request run (user + system, wait4; goal for servescope <= "
+        f"{GOAL_SHORT_RUN_CPU_S:g}), {runs} interleaved runs each"
+    )
+    clients = [("servescope burst", short_run_cpu)] + ([("vllm bench serve", vllm_short_run_cpu)] if with_vllm else [])
+    cpu: dict[str, list[float]] = {name: [] for name, _ in clients}
+    failures = 0
+    with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
+        for _ in range(runs):
+            for name, run in clients:
+                rc, cpu_s, output = run(server)
+                if rc != 0:
+                    print(f"{name:<18} failed ({rc}): {output.strip()[-300:]}")
+                    failures += 1
+                    continue
+                cpu[name].append(cpu_s)
+    for name, values in cpu.items():
+        if not values:
+            continue
+        verdict = ""
+        if name == "servescope burst":
+            worst = max(values)
+            verdict = f"  goal {'met' if worst <= GOAL_SHORT_RUN_CPU_S else 'NOT met'} (largest {worst:.2f})"
+        print(f"{name:<18} " + " ".join(f"{v:.2f}" for v in values) + f"  (load {os.getloadavg()[0]:.2f}){verdict}")
+    return failures
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ Definitions (docs/latency.md repeats them beside vLLM bench, GuideLLM and AIPerf
   output tokens: the server's `usage` (OpenAI, asked for with stream_options.include_usage) or
   Ollama's `eval_count`; counting content chunks is a fallback, flagged tokens_source="chunks".
 
-Where the stamps come from: send = the clock just before the request is handed to the HTTP client, on a
-connection opened beforehand where the scenario allows (`Transport.connect()`: a burst's users connect
+Where the stamps come from: send = the clock as the request's bytes are handed to the socket (plain-HTTP
+geventhttpclient: the request built and the pooled connection checked first), else just before the request is
+handed to the HTTP client; on a connection opened beforehand where the scenario allows (`Transport.connect()`: a burst's users connect
 before the gate opens). A chunk = the moment its bytes reached this host's socket: the kernel's receive
 stamp (SO_TIMESTAMPNS, plain-HTTP geventhttpclient on Linux), else the clock as the socket read returns;
 never after parsing, so neither JSON decoding nor the event loop serving 63 other streams first is in it.
@@ -27,6 +28,7 @@ import enum
 import json
 import socket
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,6 +36,7 @@ from urllib.parse import unquote, urlsplit
 
 import gevent
 from gevent import monkey as gevent_monkey
+from gevent import socket as gevent_socket
 from geventhttpclient import HTTPClient
 from geventhttpclient.connectionpool import ConnectionPool
 from geventhttpclient.response import (
@@ -268,6 +271,12 @@ class GeventTransport:
         pool._is_socket_alive = _idle_socket_alive
         if self.kernel_stamps:
             pool.after_connect = _ask_for_receive_stamps  # geventhttpclient's hook for socket options
+            # Its socket factory: each read that may carry the headers keeps its kernel stamp for post().
+            self.read_stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+            self.send_stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+            pool._create_tcp_socket = lambda *family_type_proto: _StampedSocket(
+                *family_type_proto, stamps=self.read_stamps, sends=self.send_stamps
+            )
 
     def connect(self) -> None:
         pool = self.client._connection_pool
@@ -284,7 +293,11 @@ class GeventTransport:
             # A kept-alive connection the server closed as the request went out (llama.cpp's server does,
             # intermittently, in e2e runs): no response byte came back, so it is sent once more on a new connection.
             response = self.client.request("POST", self.prefix + path, body=body)
-        return _GeventResponse(response, self.kernel_stamps)
+        # The last read of this greenlet was the one that completed the headers: nothing yields between it and here.
+        me = gevent.getcurrent()
+        header_stamp = self.read_stamps.pop(me, None) if self.kernel_stamps else None
+        sent = self.send_stamps.pop(me, None) if self.kernel_stamps else None
+        return _GeventResponse(response, self.kernel_stamps, header_stamp, sent)
 
     def close(self) -> None:
         self.client.close()
@@ -310,6 +323,29 @@ def _ask_for_receive_stamps(sock) -> None:
         pass  # no kernel stamps: reads carry no ancillary data and are stamped by the clock as they return
 
 
+class _StampedSocket(gevent_socket.socket):
+    """A cooperative socket whose recv() keeps the kernel's receive stamp of what it read (on the perf_counter clock),
+    by reading greenlet, in `stamps`. geventhttpclient reads a response's headers with recv(), and with them every
+    body byte that had arrived: on a client many streams deep those can be the first content chunks, which were then
+    stamped when parsed rather than when they arrived (a whole short answer can come with the headers, its
+    connection back in the pool before the body is looked at)."""
+
+    def __init__(self, *family_type_proto, stamps: weakref.WeakKeyDictionary, sends: weakref.WeakKeyDictionary):
+        super().__init__(*family_type_proto)
+        self._stamps = stamps
+        self._sends = sends
+
+    def sendall(self, data, flags: int = 0):
+        # The send stamp as the request's bytes go to the kernel: the request built, the pooled socket checked.
+        self._sends[gevent.getcurrent()] = (time.time(), time.perf_counter())
+        return super().sendall(data, flags)
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, ancillary, _flags, _addr = self.recvmsg(bufsize, CMSG_SIZE, flags)
+        self._stamps[gevent.getcurrent()] = _kernel_stamp(ancillary, time.perf_counter())
+        return data
+
+
 def _kernel_stamp(ancillary, now: float) -> float:
     """The kernel's receive time of a read's bytes on the perf_counter clock; `now` (read just after) without one."""
     stamp = receive_stamp(ancillary, time.perf_counter)
@@ -318,17 +354,25 @@ def _kernel_stamp(ancillary, now: float) -> float:
 
 
 class _GeventResponse:
-    def __init__(self, response, kernel_stamps: bool = False):
+    def __init__(
+        self,
+        response,
+        kernel_stamps: bool = False,
+        header_stamp: float | None = None,
+        sent: tuple[float, float] | None = None,
+    ):
         self.response = response
         self.status = response.status_code
         self.kernel_stamps = kernel_stamps
+        self.header_stamp = header_stamp  # the kernel's stamp of the read that completed the headers
+        self.sent = sent  # (time.time(), perf_counter) as the request went to the socket, where the transport saw it
 
     def blocks(self, clock: Callable[[], float]) -> Iterator[tuple[float, bytes]]:
         response = self.response
         kernel = self.kernel_stamps and clock is time.perf_counter  # kernel stamps convert to perf_counter only
         last = float("-inf")
-        if response._body_buffer:  # body bytes that came with the headers
-            last = clock()
+        if response._body_buffer:  # body bytes that came with the headers: the header read's stamp
+            last = self.header_stamp if kernel and self.header_stamp is not None else clock()
             yield last, _take(response._body_buffer)
         while not response.message_complete:
             sock = response._sock
@@ -351,9 +395,9 @@ class _GeventResponse:
                 response.release()
                 raise
             if response._body_buffer:
-                # Bytes that came with the headers are stamped when parsed, after the kernel took them; on a
-                # starved client the next read's kernel stamp can be earlier still. Stamps never go back: a
-                # negative gap is no measurement (the run-folder reader refuses the record).
+                # A read's kernel stamp is its last segment's: a later read's may be earlier than the stamp of
+                # bytes that came with the headers where the kernel gave none (the clock's, taken when parsed).
+                # Stamps never go back: a negative gap is no measurement (the run-folder reader refuses the record).
                 last = max(stamp, last)
                 yield last, _take(response._body_buffer)
             if not data and not response.message_complete:
@@ -407,6 +451,7 @@ def make_transport(name: str, base_url: str, timeout: float, concurrency: int = 
 _GEVENTHTTPCLIENT_INTERNALS: tuple[tuple[str, Callable[[], bool]], ...] = (
     ("HTTPClient._connection_pool", lambda: "_connection_pool" in HTTPClient.__init__.__code__.co_names),
     ("ConnectionPool._is_socket_alive", lambda: callable(getattr(ConnectionPool, "_is_socket_alive", None))),
+    ("ConnectionPool._create_tcp_socket", lambda: callable(getattr(ConnectionPool, "_create_tcp_socket", None))),
     ("ConnectionPool.after_connect", lambda: callable(getattr(ConnectionPool, "after_connect", None))),
     (
         "ConnectionPool.get_socket/return_socket/release_socket",
@@ -465,6 +510,9 @@ def stream_chat(
     response = None
     try:
         response = transport.post(path, body)
+        sent = getattr(response, "sent", None)
+        if sent is not None and clock is time.perf_counter:
+            m.started_at, m.t_send = sent  # later than the stamp above by the request's building: none of it in TTFT
         m.status = response.status
         if response.status != 200:
             raise StreamError(

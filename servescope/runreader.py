@@ -48,6 +48,11 @@ SPECS = {
 # Memory the engine may use before it spills to its temporary directory; the report process's peak stays near
 # this plus the plots, whatever the size of the run.
 MEMORY_LIMIT = "1GB"
+# Building the index writes every row group to the index file as it is read, so the engine can drop the pages it
+# wrote; with the reading limit it held them, on top of the report's imports and the figure painter started beside
+# it. Up to FILE_BACKED_BYTES of JSONL a quarter of that builds as fast; past it the build spills and takes twice as
+# long, so a run that large keeps the reading limit (bench/report_scale.py, 51,200 and 1,000,000 requests).
+INDEX_MEMORY_LIMIT = "256MB"
 ONE_THREAD_BYTES = 8 << 20
 FILE_BACKED_BYTES = 512 << 20  # JSONL past this is read into a compressed database file (RunData)
 # Lines are read whole (a CSV scan with a delimiter no JSON line can hold: raw control characters are invalid
@@ -606,6 +611,7 @@ class RunData:
                 raise UnreadableRun(f"{path}: not a regular file: a run's records are files")
         self._tmp = tempfile.mkdtemp(prefix="servescope-run-")
         size = sum((self.folder / name).stat().st_size for name in files if (self.folder / name).exists())
+        self._size = size
         self._config = {"memory_limit": memory_limit, "temp_directory": str(Path(self._tmp) / "spill")}
         if size < ONE_THREAD_BYTES:
             self._config["threads"] = 1  # a few hundred records: a second thread costs more than it parses
@@ -675,7 +681,11 @@ class RunData:
         sealed = (int(time.time()) // 2 * 2) * 1_000_000_000
         try:
             stamps = _stamps(self.folder)  # before reading: a file that grows meanwhile leaves a stale index
-            con = duckdb.connect(str(partial), config={k: v for k, v in self._config.items() if k != "threads"})
+            config = {k: v for k, v in self._config.items() if k != "threads"}
+            # A caller's own limit stands; so does the reading limit for a run past FILE_BACKED_BYTES.
+            if config["memory_limit"] == MEMORY_LIMIT and self._size <= FILE_BACKED_BYTES:
+                config["memory_limit"] = INDEX_MEMORY_LIMIT
+            con = duckdb.connect(str(partial), config=config)
             try:
                 _settings(con)
                 meta = {"fingerprint": _fingerprint(), "limits": json.dumps(self.limits), "sealed": str(sealed)}

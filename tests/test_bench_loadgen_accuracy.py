@@ -52,3 +52,58 @@ def test_each_client_runs_a_burst_through_the_load_generators_cli(client):
         records, phases, _window = loadgen_burst(server, size=2, bursts=1, max_tokens=4, http_client=client)
     assert len(records) == 2 and all(r["ok"] and r["output_tokens"] == 4 for r in records)
     assert [p["phase"] for p in phases["phases"]] == ["burst-1"]
+
+
+def test_a_step_in_the_send_delay_shows_as_two_half_medians():
+    from bench.loadgen_accuracy import Window, send_delay_line
+
+    line = send_delay_line(
+        ([0.3] * 11 + [3.0] * 21, [0.01] * 31 + [11.0], [0.01] * 32), Window(cpu_s=0.5, tokens=1000, wall_s=10)
+    )
+    assert "p50 first/second half 0.300/3.000" in line
+    assert "max 3.000" in line and "2,000 tokens per CPU-s" in line
+    assert "receive side p99 +11.000 (after the write's end +0.010)" in line
+    assert "not measured" in send_delay_line(([], [], []), Window(0.5, 0, 1))
+
+
+def test_goals_are_judged_on_the_server_stamps_and_only_where_the_issue_sets_them():
+    from bench.loadgen_accuracy import goal_line
+
+    tight = ([0.5] * 99 + [4.0], [], [])
+    assert goal_line(64, tight, []).count(" met") == 2 and "NOT" not in goal_line(64, tight, [])
+    tail = ([0.5] * 90 + [12.0] * 10, [], [])
+    assert "p99 +12.000 ms NOT met" in goal_line(64, tail, [])
+    assert "send delay p99 3.000 ms NOT met" in goal_line(1, tight, ([0.2] * 50 + [3.0] * 50, [], []))
+    assert goal_line(256, tail, []) == ""  # no goal at 256 streams: measured, not judged
+
+
+def test_a_short_runs_cpu_is_the_whole_process_start_up_and_exit_included():
+    from bench.loadgen_accuracy import process_cpu
+
+    rc, cpu_s, output = process_cpu(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\nprint('x')",
+        ],
+        timeout=30,
+    )
+    assert rc == 0 and output.strip() == "x" and cpu_s >= 0.2
+    rc, _cpu, _out = process_cpu([sys.executable, "-c", "raise SystemExit(3)"], timeout=30)
+    assert rc == 3
+
+
+def test_each_requests_ttft_error_splits_into_its_send_and_receive_sides():
+    from bench.loadgen_accuracy import PROMPTS, errors_vs_server, send_delays
+
+    with SyntheticProcess("--ttft", "0.02", "--itl", "0.002", "--tokens", "4") as server:
+        records, _phases, _window = loadgen_burst(
+            server, size=2, bursts=2, max_tokens=4, http_client="geventhttpclient", prompts=PROMPTS
+        )
+        ok = [r for r in records if r["ok"]]
+        send, receive, receive_end = send_delays(ok, server.url)
+        ttft_err = errors_vs_server(ok, server.url)[0]
+    assert len(send) == len(receive) == len(receive_end) == 4
+    assert all(s > 0 for s in send)  # the request reached the server after the client stamped its send
+    assert sorted(s + r for s, r in zip(send, receive, strict=True)) == pytest.approx(sorted(ttft_err), abs=1e-6)
+    assert all(e <= r for r, e in zip(receive, receive_end, strict=True))  # a write's end is never before its start

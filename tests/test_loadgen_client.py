@@ -321,3 +321,47 @@ def test_stamps_never_go_back_when_the_next_reads_kernel_stamp_precedes_the_pars
     stamps = [t for t, _ in blocks]
     assert [b for _, b in blocks] == [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
     assert stamps == sorted(stamps), stamps
+
+
+@pytest.mark.skipif(llm.SO_TIMESTAMPNS is None or llm.CMSG_SIZE == 0, reason="no kernel receive stamps on this OS")
+def test_content_that_came_with_the_headers_to_a_busy_client_keeps_the_kernels_stamp():
+    # A client busy elsewhere (another greenlet holding the process 150 ms) reads the headers late, and with them the
+    # first content chunks the server had sent meanwhile: stamped when parsed, their TTFT had those 150 ms in it.
+    import gevent
+
+    with SyntheticServer(ttft=0.0, itl=0.0, tokens=3) as s:
+        transport = llm.make_transport("geventhttpclient", s.url, timeout=5.0)
+        try:
+            transport.connect()
+            busy = gevent.spawn(time.sleep, 0.15)  # unpatched: blocks the hub, the server's thread answers meanwhile
+            m = llm.stream_chat(
+                transport, "/v1/chat/completions", "openai", llm.chat_payload("openai", "m", "hi", 3, 0.0, True)
+            )
+            busy.join()
+        finally:
+            transport.close()
+    assert m.ok, m.error
+    assert m.content_times and m.t_end - m.t_send >= 0.15  # the client was late: it read after the busy spell
+    assert m.ttft_s < 0.05, m.ttft_s  # yet the first content chunk is stamped when it reached the socket
+
+
+@pytest.mark.skipif(llm.SO_TIMESTAMPNS is None or llm.CMSG_SIZE == 0, reason="no kernel receive stamps on this OS")
+def test_the_send_is_stamped_as_the_request_goes_to_the_socket_not_before_it_is_built(monkeypatch):
+    # Whatever the HTTP client does before the bytes go out (building the request, checking the pooled socket; here a
+    # 50 ms stall) is not the server's time: it must not be in the TTFT.
+    from geventhttpclient import HTTPClient
+
+    real = HTTPClient._build_request
+
+    def slow_build(self, *args, **kwargs):
+        time.sleep(0.05)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(HTTPClient, "_build_request", slow_build)
+    with SyntheticServer(ttft=0.02, itl=0.0, tokens=2) as s:
+        before = time.perf_counter()
+        m = chat(s.url, "geventhttpclient", max_tokens=2)
+    assert m.ok, m.error
+    assert m.t_send - before >= 0.05  # stamped after the stall
+    assert 0.02 <= m.ttft_s < 0.05, m.ttft_s
+    assert abs((m.started_at - time.time()) - (m.t_send - time.perf_counter())) < 0.005  # the two stamps together

@@ -269,3 +269,31 @@ def test_a_report_on_a_folder_with_fifos_for_records_is_one_line(tmp_path):
     assert done.stderr.strip().splitlines() == [
         f"report: {folder / runfolder.REQUESTS}: not a regular file: a run's records are files"
     ]
+
+
+def test_a_runs_index_is_built_under_a_smaller_memory_limit_unless_large_or_the_caller_says(run, monkeypatch):
+    import duckdb
+
+    limits: dict[str, str] = {}
+    real = duckdb.connect
+
+    def connect(database=":memory:", *args, config=None, **kwargs):
+        if str(database).endswith(".partial"):  # the index being built
+            limits["build"] = (config or {}).get("memory_limit")
+        else:
+            limits.setdefault("read", (config or {}).get("memory_limit"))
+        return real(database, *args, config=config, **kwargs)
+
+    monkeypatch.setattr(duckdb, "connect", connect)
+    rows, _skips, _limits = read(run)
+    assert limits == {"read": runreader.MEMORY_LIMIT, "build": runreader.INDEX_MEMORY_LIMIT}
+    assert len(rows) == 40  # built and read back whole under the smaller limit
+    (run / runfolder.INDEX).unlink()
+    limits.clear()
+    read(run, memory_limit="64MB")
+    assert limits == {"read": "64MB", "build": "64MB"}
+    (run / runfolder.INDEX).unlink()
+    limits.clear()
+    monkeypatch.setattr(runreader, "FILE_BACKED_BYTES", 0)  # a run past it: the smaller limit would spill
+    read(run)
+    assert limits["build"] == runreader.MEMORY_LIMIT

@@ -29,8 +29,8 @@ GET /metrics (vLLM 0.32's scheduler gauges and token counters, the lines the exp
 GET /health, GET /stats (request counts and how late the server's own writes were, in ms), GET
 /stats/counters (requests, streams_completed, tokens_sent only: cheap enough to poll while a test runs),
 GET /stats/streams (per stream: prompt, t_arrival (kernel receive stamp; t0), t_request_line (when a
-thread read it), t_body (body read) and every content write (stamped as the write starts), all on
-time.monotonic()),
+thread read it), t_body (body read) and every content write (writes: stamped as the write starts; write_ends: as it
+returned), all on time.monotonic()),
 POST /control (JSON body with any of ttft, itl, tokens, usage, timings, fault, max_running,
 serial_prefill, metrics_fault, prefix_cache, prefix_block, prompt_tokens_details, prefill_per_token,
 kv_blocks, slowdown: changes them live).
@@ -631,6 +631,7 @@ class _Handler(BaseHTTPRequestHandler):
         scheduler.tokens(prompt=prompt_tokens, held=prompt_tokens)
         late: list[float] = []
         writes: list[float] = []
+        write_ends: list[float] = []  # as each write returned: a thread preempted inside one shows between the two
         generated = 0
         due = first
         try:
@@ -658,6 +659,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._chunk(b'data: {"id":"chatcmpl-synthetic","choices":[{"delta":{"content":"broken\n\n')
                 else:
                     self._chunk(event(f'{{"content":"tok{k} "}}'))
+                write_ends.append(time.monotonic())
                 scheduler.tokens(generated=1, held=1)
                 generated += 1
             final = event("{}", '"length"')
@@ -720,6 +722,7 @@ class _Handler(BaseHTTPRequestHandler):
                         "t_body": self.t_body,
                         "t0": t0,
                         "writes": writes,
+                        "write_ends": write_ends,
                     }
                 )
         with self.server.lock:
