@@ -1,0 +1,367 @@
+"""Load generator measurement: TTFT/ITL/E2E/TPOT from raw stamps, token sources, every failure kind, prompt sets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import requests_transport
+from loadgen import client as llm
+from loadgen import prompts
+from servescope.kernel_stamps import SO_TIMESTAMPNS, TIMESPEC
+from tests.doubles.ollama_simulator import OllamaSimulator
+from tests.doubles.synthetic_openai import SyntheticServer
+
+REPO = Path(__file__).resolve().parents[2]
+# The load generator's own client, and bench/'s requests transport behind the same interface: the same measurement.
+TRANSPORTS = [*llm.TRANSPORTS, requests_transport.NAME]
+
+
+@pytest.fixture(autouse=True)
+def bench_transport(monkeypatch):
+    monkeypatch.setitem(llm.TRANSPORTS, requests_transport.NAME, requests_transport.RequestsTransport)
+
+
+def chat(
+    server_url: str,
+    transport: str,
+    prompt: str = "Say OK.",
+    max_tokens: int = 8,
+    timeout: float = 5.0,
+    api: str = "openai",
+    path: str = "/v1/chat/completions",
+    model: str = "synthetic/model",
+) -> llm.Measurement:
+    t = llm.make_transport(transport, server_url, timeout=timeout)
+    try:
+        return llm.stream_chat(t, path, api, llm.chat_payload(api, model, prompt, max_tokens, 0.0, api == "openai"))
+    finally:
+        t.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SyntheticServer(ttft=0.08, itl=0.01, tokens=64, timings=True) as s:
+        yield s
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ttft_skips_empty_role_chunk_and_itl_covers_every_gap(server, transport):
+    m = chat(server.url, transport, max_tokens=12)
+    assert m.ok, m.error
+    # The role chunk goes out at t0: counting it would give a TTFT of ~0. Content can't come before
+    # its deadline; upper bounds are loose because the test machine is shared (accuracy is in bench/).
+    assert 0.08 <= m.ttft_s < 0.08 + 0.5
+    assert len(m.content_times) == 12 and len(m.itl_s) == 11
+    assert all(0.0 <= gap < 0.5 for gap in m.itl_s)
+    assert sum(m.itl_s) == pytest.approx(m.e2e_s - m.ttft_s)
+    assert 0.08 + 11 * 0.01 - 0.002 <= m.e2e_s < 0.08 + 11 * 0.01 + 0.5
+    assert m.output_tokens == 12 and m.tokens_source == "usage"
+    assert m.prompt_tokens == 2  # the synthetic server counts words
+    assert m.tpot_s == pytest.approx((m.e2e_s - m.ttft_s) / 11)
+    assert m.engine_stats["timings"]["predicted_n"] == 12  # llama.cpp's timings object kept as sent
+
+
+def test_chunk_count_is_a_flagged_fallback_without_usage():
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=5, usage=False) as s:
+        m = chat(s.url, "geventhttpclient")
+    assert m.ok and m.output_tokens == 5 and m.tokens_source == "chunks"
+
+
+def test_payload_asks_for_usage_and_honours_ignore_eos_only_where_accepted():
+    openai = llm.chat_payload("openai", "m", "hi", 48, 0.0, True)
+    assert openai["stream_options"] == {"include_usage": True} and openai["ignore_eos"] is True
+    assert openai["max_tokens"] == 48 and openai["temperature"] == 0.0
+    assert "ignore_eos" not in llm.chat_payload("openai", "m", "hi", 48, 0.0, False)
+    ollama = llm.chat_payload("ollama", "m", "hi", 48, 0.0, True)
+    assert "ignore_eos" not in ollama and ollama["options"] == {"num_predict": 48, "temperature": 0.0}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(
+    ("fault", "kind", "reason", "chunks"),
+    [
+        ("status=503", llm.ErrorKind.HTTP_5XX, "HTTP 503: synthetic fault: HTTP 503", 0),
+        ("status=500", llm.ErrorKind.HTTP_5XX, "HTTP 500: synthetic fault: HTTP 500", 0),
+        ("status=429", llm.ErrorKind.HTTP_4XX, "HTTP 429: synthetic fault: HTTP 429", 0),
+        ("cut=3", llm.ErrorKind.STREAM_CUT, "stream cut after 3 content chunks", 3),
+        ("malformed=2", llm.ErrorKind.MALFORMED_CHUNK, "malformed chunk after 2 content chunks", 2),
+        ("error=4", llm.ErrorKind.ENGINE_ERROR, "engine error mid-stream after 4 content chunks", 4),
+        ("stall=2", llm.ErrorKind.TIMEOUT, "timeout before the first content chunk", 0),
+    ],
+)
+def test_each_failure_has_a_kind_and_a_reason_and_keeps_partial_timings(server, transport, fault, kind, reason, chunks):
+    m = chat(server.url, transport, prompt=f"Say OK. [[fault:{fault}]]", timeout=0.6)
+    assert not m.ok
+    assert m.error_kind is kind and m.error.startswith(reason), (m.error_kind, m.error)
+    assert "\n" not in m.error
+    assert len(m.content_times) == chunks
+    if chunks:
+        assert m.ttft_s is not None and len(m.itl_s) == chunks - 1
+        assert m.tokens_source == "chunks"
+    # The same client goes on working after any failure.
+    after = chat(server.url, transport, max_tokens=3)
+    assert after.ok, after.error
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_connection_refused(transport):
+    from tests.conftest import free_port
+
+    m = chat(f"http://127.0.0.1:{free_port()}", transport)
+    assert m.error == "connection refused" and m.status == 0 and m.content_times == []
+    assert m.error_kind is llm.ErrorKind.CONNECTION_REFUSED
+
+
+def stream(url: str, api: str, path: str, prompt, model: str = "synthetic/model") -> llm.Measurement:
+    t = llm.make_transport("geventhttpclient", url, timeout=5.0)
+    try:
+        return llm.stream_chat(t, path, api, llm.chat_payload(api, model, prompt, 6, 0.0, False), keep_text=True)
+    finally:
+        t.close()
+
+
+def test_a_conversation_goes_out_whole_and_the_answer_text_comes_back():
+    history = [
+        {"role": "user", "content": "one two three"},
+        {"role": "assistant", "content": "tok0 tok1"},
+        {"role": "user", "content": "four"},
+    ]
+    assert llm.chat_payload("openai", "m", history, 8, 0.0, True)["messages"] == history
+    assert llm.chat_payload("ollama", "m", history, 8, 0.0, True)["messages"] == history
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=64) as s:
+        m = stream(s.url, "openai", "/v1/chat/completions", history)
+    assert m.text == "tok0 tok1 tok2 tok3 tok4 tok5 " and m.prompt_tokens == 6
+    assert m.cached_tokens is None  # vLLM says nothing about its cache unless started with the details flag
+    with OllamaSimulator(token_delay=0.001) as sim:
+        o = stream(sim.url, "ollama", "/api/chat", history, model=sim.models[0])
+    assert o.text == "The cache holds keys and values" and o.cached_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("server", "where"),
+    [
+        ({"timings": True}, "llama.cpp: timings.cache_n and usage.prompt_tokens_details"),
+        ({"prompt_tokens_details": True}, "vLLM --enable-prompt-tokens-details: usage.prompt_tokens_details"),
+    ],
+)
+def test_the_engines_own_count_of_cached_prompt_tokens(server, where):
+    prompt = [{"role": "user", "content": " ".join(f"w{k}" for k in range(40))}]
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=8, prefix_cache=True, prefix_block=16, **server) as s:
+        first = stream(s.url, "openai", "/v1/chat/completions", prompt)
+        again = stream(s.url, "openai", "/v1/chat/completions", prompt)
+    assert (first.cached_tokens, again.cached_tokens, again.prompt_tokens) == (0, 32, 40), where
+    assert again.text is not None and first.answer is not None
+
+
+def test_ollama_ndjson_keeps_engine_stats_in_nanoseconds():
+    with OllamaSimulator(token_delay=0.005) as sim:
+        m = chat(sim.url, "geventhttpclient", api="ollama", path="/api/chat", model=sim.models[0], max_tokens=6)
+        sent = sim.last_request
+    assert m.ok, m.error
+    assert m.tokens_source == "eval_count" and m.output_tokens == m.engine_stats["eval_count"]
+    for key in ("eval_duration_ns", "prompt_eval_duration_ns", "load_duration_ns", "prompt_eval_count"):
+        assert key in m.engine_stats, m.engine_stats
+    assert isinstance(m.engine_stats["eval_duration_ns"], int)
+    assert m.ttft_s is not None and len(m.itl_s) == len(m.content_times) - 1
+    assert m.output_tokens == 6 and json.loads(sent["body"])["options"]["num_predict"] == 6
+
+
+def test_prompt_sets_shipped_synthetic_and_user_files(tmp_path):
+    seed3 = prompts.load("seed3")
+    assert [p.text for p in seed3.prompts] == [
+        "Say OK.",
+        "In one sentence, what is a container?",
+        "Name two container runtimes.",
+    ]
+    assert len(prompts.load("seed4")) == 4 and len(prompts.load("mixed")) >= 4
+    assert seed3.sha256 == prompts.load("seed3").sha256 != prompts.load("seed4").sha256
+    synthetic = prompts.load("synthetic:64x3")
+    assert len(synthetic) == 3 and all(len(p.text.split()) == 64 for p in synthetic.prompts)
+    assert synthetic.sha256 == prompts.load("synthetic:64x3").sha256
+    (tmp_path / "mine.txt").write_text("first\n\nsecond\n")
+    assert [p.text for p in prompts.load(str(tmp_path / "mine.txt")).prompts] == ["first", "second"]
+    (tmp_path / "mine.jsonl").write_text('{"id": "a", "prompt": "x"}\n"plain"\n')
+    loaded = prompts.load(str(tmp_path / "mine.jsonl"))
+    assert [(p.id, p.text) for p in loaded.prompts] == [("a", "x"), ("mine-2", "plain")]
+    (tmp_path / "bad.jsonl").write_text("{nope\n")
+    with pytest.raises(prompts.PromptSetError, match="bad.jsonl:1: not JSON"):
+        prompts.load(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(prompts.PromptSetError, match="not one of"):
+        prompts.load("no-such-set")
+
+
+def test_the_installed_geventhttpclient_has_every_internal_the_client_reads():
+    llm.check_geventhttpclient()
+
+
+def test_a_geventhttpclient_without_an_internal_is_named_in_one_line(monkeypatch):
+    from geventhttpclient.connectionpool import ConnectionPool
+
+    monkeypatch.delattr(ConnectionPool, "_is_socket_alive")
+    with pytest.raises(llm.HttpClientError) as caught:
+        llm.check_geventhttpclient()
+    assert "ConnectionPool._is_socket_alive" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_cli_stops_at_start_up_with_one_line_when_an_internal_is_gone(tmp_path):
+    script = (
+        "import sys\n"
+        "from loadgen import cli\n"
+        "from geventhttpclient.response import HTTPResponse\n"
+        "HTTPResponse.__init__ = lambda self, *a, **k: None  # a version whose response keeps no _body_buffer\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "burst", "--engine", "vllm=http://127.0.0.1:9", "--results", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "HTTPResponse._body_buffer" in proc.stderr
+    assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (ConnectionRefusedError(111, "refused"), llm.ErrorKind.CONNECTION_REFUSED),
+        (TimeoutError("timed out"), llm.ErrorKind.TIMEOUT),
+        (ConnectionResetError(104, "reset"), llm.ErrorKind.STREAM_CUT),
+        (BrokenPipeError(32, "pipe"), llm.ErrorKind.STREAM_CUT),
+        (EOFError("closed"), llm.ErrorKind.STREAM_CUT),
+        # The words alone decide nothing: a message that says "refused" or "timed out" is not that kind.
+        (ValueError("connection refused, timed out, closed, reset"), llm.ErrorKind.OTHER),
+    ],
+)
+def test_failures_are_classified_by_exception_type_not_by_message(exc, kind):
+    assert llm.classify(exc) is kind
+
+
+def test_a_wrapped_exception_is_classified_by_what_it_was_raised_from():
+    class LibraryError(Exception):
+        pass
+
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as inner:
+            raise LibraryError("HTTPConnectionPool(host='x'): Max retries exceeded") from inner
+    except LibraryError as outer:
+        assert llm.classify(outer) is llm.ErrorKind.CONNECTION_REFUSED
+
+
+def test_the_outcome_label_is_the_records_kind_never_its_text():
+    from prometheus_client import CollectorRegistry
+
+    from loadgen.client_metrics import ClientMetrics
+    from servescope import series
+    from servescope.runfolder import RequestRecord
+
+    metrics = ClientMetrics(CollectorRegistry())
+    base = dict(engine="vllm", instance="vllm", scenario="burst", phase="burst-1", api="openai", model="m")
+    base |= dict(prompt_set="s", prompt_set_sha256="h", prompt_id="p", max_tokens=4, started_at=0.0, status=0)
+    metrics.observe(RequestRecord(**base, ok=True))
+    metrics.observe(RequestRecord(**base, ok=False, error="timeout after 3 content chunks", error_kind="timeout"))
+    metrics.observe(RequestRecord(**base, ok=False, error="anything at all: refused, timeout"))
+    value = metrics.registry.get_sample_value
+    name = series.CLIENT_REQUESTS
+    labels = {"engine": "vllm", "scenario": "burst"}
+    assert value(name, {**labels, "outcome": "ok"}) == 1
+    assert value(name, {**labels, "outcome": "timeout"}) == 1
+    assert value(name, {**labels, "outcome": "other_error"}) == 1
+
+
+class _Sock:
+    """A socket whose reads carry kernel receive stamps (SO_TIMESTAMPNS ancillary data), as recvmsg returns them."""
+
+    def __init__(self, reads: list[tuple[bytes, float]]):
+        self.reads = reads  # (bytes, receive time on the perf_counter clock)
+
+    def recvmsg(self, size, ancsize):
+        data, at = self.reads.pop(0)
+        wall = at + (time.time() - time.perf_counter())
+        sec = int(wall)
+        return data, [(socket.SOL_SOCKET, SO_TIMESTAMPNS, TIMESPEC.pack(sec, int((wall - sec) * 1e9)))], 0, None
+
+
+class _Response:
+    """geventhttpclient's response as the client reads it: the body bytes parsed with the headers, then the socket."""
+
+    def __init__(self, with_headers: bytes, sock: _Sock):
+        self._body_buffer = bytearray(with_headers)
+        self._sock = sock
+        self.status_code = 200
+        self.message_complete = False
+
+    def feed(self, data: bytes) -> None:
+        self._body_buffer += data
+        self.message_complete = not self._sock.reads
+
+    def release(self) -> None:
+        pass
+
+
+@pytest.mark.skipif(llm.SO_TIMESTAMPNS is None or llm.CMSG_SIZE == 0, reason="no kernel receive stamps on this OS")
+def test_stamps_never_go_back_when_the_next_reads_kernel_stamp_precedes_the_parsed_headers():
+    # A starved client: the headers (with the first event) are parsed at 'now', while the kernel had already
+    # received the next two events 30 ms and 20 ms earlier. Before the fix their gaps came out negative and the
+    # run-folder reader refused the whole record ("itl_s: a value out of range").
+    now = time.perf_counter()
+    sock = _Sock([(b"data: 2\n\n", now - 0.030), (b"data: 3\n\n", now - 0.020)])
+    blocks = list(llm._GeventResponse(_Response(b"data: 1\n\n", sock), kernel_stamps=True).blocks(time.perf_counter))
+    stamps = [t for t, _ in blocks]
+    assert [b for _, b in blocks] == [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
+    assert stamps == sorted(stamps), stamps
+
+
+@pytest.mark.skipif(llm.SO_TIMESTAMPNS is None or llm.CMSG_SIZE == 0, reason="no kernel receive stamps on this OS")
+def test_content_that_came_with_the_headers_to_a_busy_client_keeps_the_kernels_stamp():
+    # A client busy elsewhere (another greenlet holding the process 150 ms) reads the headers late, and with them the
+    # first content chunks the server had sent meanwhile: stamped when parsed, their TTFT had those 150 ms in it.
+    import gevent
+
+    with SyntheticServer(ttft=0.0, itl=0.0, tokens=3) as s:
+        transport = llm.make_transport("geventhttpclient", s.url, timeout=5.0)
+        try:
+            transport.connect()
+            busy = gevent.spawn(time.sleep, 0.15)  # unpatched: blocks the hub, the server's thread answers meanwhile
+            m = llm.stream_chat(
+                transport, "/v1/chat/completions", "openai", llm.chat_payload("openai", "m", "hi", 3, 0.0, True)
+            )
+            busy.join()
+        finally:
+            transport.close()
+    assert m.ok, m.error
+    assert m.content_times and m.t_end - m.t_send >= 0.15  # the client was late: it read after the busy spell
+    assert m.ttft_s < 0.05, m.ttft_s  # yet the first content chunk is stamped when it reached the socket
+
+
+@pytest.mark.skipif(llm.SO_TIMESTAMPNS is None or llm.CMSG_SIZE == 0, reason="no kernel receive stamps on this OS")
+def test_the_send_is_stamped_as_the_request_goes_to_the_socket_not_before_it_is_built(monkeypatch):
+    # Whatever the HTTP client does before the bytes go out (building the request, checking the pooled socket; here a
+    # 50 ms stall) is not the server's time: it must not be in the TTFT.
+    from geventhttpclient import HTTPClient
+
+    real = HTTPClient._build_request
+
+    def slow_build(self, *args, **kwargs):
+        time.sleep(0.05)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(HTTPClient, "_build_request", slow_build)
+    with SyntheticServer(ttft=0.02, itl=0.0, tokens=2) as s:
+        before = time.perf_counter()
+        m = chat(s.url, "geventhttpclient", max_tokens=2)
+    assert m.ok, m.error
+    assert m.t_send - before >= 0.05  # stamped after the stall
+    assert 0.02 <= m.ttft_s < 0.05, m.ttft_s
+    assert abs((m.started_at - time.time()) - (m.t_send - time.perf_counter())) < 0.005  # the two stamps together

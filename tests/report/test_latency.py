@@ -1,0 +1,67 @@
+"""Latency percentiles from the raw records of a crafted run, failures counted by reason and kept out of the stats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from report import latency
+from report.load import load
+
+RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+
+
+def group(groups, instance, scenario):
+    (g,) = [g for g in groups if g.instance == instance and g.scenario == scenario]
+    return g
+
+
+def test_percentiles_from_the_seed_fixture():
+    groups = latency.build(load(RUNS / "seed-vllm-ollama"))
+    burst = group(groups, "vllm", "burst")
+    ttft = burst.metrics["ttft_s"]  # 0.2, 0.4, 0.6
+    assert (ttft["n"], ttft["p50"], ttft["mean"]) == (3, pytest.approx(0.4), pytest.approx(0.4))
+    assert ttft["p90"] == pytest.approx(0.56) and ttft["p99"] == pytest.approx(0.596)
+    itl = burst.metrics["itl_s"]  # pooled gaps: 0.04 0.06 | 0.08 0.10 | 0.12
+    assert itl["n"] == 5 and itl["p50"] == pytest.approx(0.08) and itl["p90"] == pytest.approx(0.112)
+    e2e = burst.metrics["e2e_s"]  # 1.6356 3.647941 3.951341; p90 rank 1.8
+    assert e2e["p50"] == pytest.approx(3.647941)
+    assert e2e["p90"] == pytest.approx(3.647941 + 0.8 * (3.951341 - 3.647941))
+    tpot = burst.metrics["tpot_s"]  # (e2e - ttft) / (tokens - 1) per request
+    expected = sorted([(1.6356 - 0.2) / 29, (3.647941 - 0.4) / 26, (3.951341 - 0.6) / 23])
+    assert tpot["p50"] == pytest.approx(expected[1]) and tpot["max"] == pytest.approx(expected[2])
+    assert burst.output_tokens["p50"] == 27 and burst.output_tokens["mean"] == pytest.approx(27.0)
+    assert burst.failures == {}
+
+
+def test_failures_are_counted_by_reason_and_left_out_of_the_percentiles():
+    groups = latency.build(load(RUNS / "live-failures"))
+    burst = group(groups, "llamacpp", "burst")
+    assert (burst.requests, burst.ok) == (5, 3)
+    assert burst.failures == {"HTTP 503: server busy: no free slot": 1, "stream ended without [DONE]": 1}
+    ttft = burst.metrics["ttft_s"]  # successful only: 0.02, 0.30, 0.60 (the cut-off one had 0.0005)
+    assert ttft["n"] == 3 and ttft["min"] == pytest.approx(0.02) and ttft["p50"] == pytest.approx(0.30)
+    assert burst.metrics["e2e_s"]["min"] == pytest.approx(0.28)
+    assert burst.metrics["itl_s"]["n"] == 3
+
+
+def test_tpot_is_computed_when_the_record_lacks_it(tmp_path):
+    """One rule in two forms: servescope.slo.tpot on a record, latency.TPOT_SQL in the engine; they agree."""
+    from servescope.runfolder import RequestRecord, RunFolder
+    from servescope.slo import tpot
+
+    def record(output_tokens, tpot_s=None):
+        return RequestRecord(
+            "vllm", "vllm", "burst", "b", "openai", "m", "s", "h", "p", 48, 1.0, True, 200,
+            ttft_s=0.5, e2e_s=2.5, output_tokens=output_tokens, tpot_s=tpot_s,
+        )  # fmt: skip
+
+    records = [record(5), record(1), record(5, tpot_s=0.7), record(None)]
+    assert [tpot(r) for r in records] == [pytest.approx(0.5), None, 0.7, None]  # (2.5 - 0.5) / 4
+    folder = RunFolder.create(tmp_path, "tpot")
+    for r in records:
+        folder.append_request(r)
+    run = load(folder.path)
+    from_engine = run.con.execute(f"SELECT {latency.TPOT_SQL} FROM requests ORDER BY line_no").fetchall()
+    assert [v for (v,) in from_engine] == [tpot(r) for r in records]
