@@ -254,9 +254,8 @@ def count_check(
     same or one more is right; fewer would send the user to production short."""
     row, _ = plan.plan(profile, offered, spec, policy, 5, duration, counts[-1], None, sharing)
     fewest = smallest(met)
-    ok = fewest is not None and row.replicas is not None and row.replicas in (fewest, fewest + 1)
-    if fewest is None:
-        ok = row.replicas is None  # none of the counts tried met it: the plan must not claim one does
+    # When none of the counts tried met it, the plan must not claim one does.
+    ok = row.replicas is None if fewest is None else row.replicas in (fewest, fewest + 1)
     said = "met" if ok else "missed"
     print(
         f"             replicas: predicted {row.replicas or f'more than {counts[-1]}'}, measured smallest meeting "

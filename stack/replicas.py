@@ -59,14 +59,14 @@ def replica_services(
     binary, gguf = llamacpp.ensure_built(), model.ensure_gguf()
     available = sorted(os.sched_getaffinity(0))
     taskset = shutil.which("taskset") if pin else None
+    # The AMX kernels die on this project's VMs (stack/native.py says why): read /proc/cpuinfo once, not per replica.
+    no_repack = ["--no-repack"] if llamacpp.cpu_advertises_amx() else []
     if pin and taskset is None:
         raise StackError("REPLICAS_PIN=1 needs taskset (Debian: util-linux)")
     services = []
     for i in range(count):
         port = base_port + i
-        cmd = llamacpp.command(binary, gguf, knob, host, port) + ["--threads", str(threads)]
-        if llamacpp.cpu_advertises_amx():
-            cmd.append("--no-repack")  # the AMX kernels die on this project's VMs: stack/native.py says why
+        cmd = llamacpp.command(binary, gguf, knob, host, port) + ["--threads", str(threads), *no_repack]
         if taskset:
             cmd = [taskset, "-c", ",".join(map(str, cores_of(i, count, threads, available))), *cmd]
         name = f"{kinds.LLAMACPP.name}-{i + 1}"
