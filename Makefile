@@ -102,11 +102,12 @@ compare: install
 
 # `make plan`: the knee runs (ids under SERVESCOPE_RESULTS or paths) and a trace (loadgen/prompts/ or a file); other
 # traffic (--poisson, --rate, --prometheus-query) through `python -m report plan` itself.
-TRACE ?= trace-small
-SPEED ?= 1
+# Empty: the PLAN_TRACE / PLAN_SPEED knobs say the traffic.
+TRACE ?=
+SPEED ?=
 plan: install
 	@test -n "$(RUNS)" || { echo "make plan: say the knee runs: make plan RUNS='<knee-id> <knee-id>'"; exit 2; }
-	$(BIN)/python -m report plan $(RUNS) --trace $(TRACE) --speed $(SPEED)
+	$(BIN)/python -m report plan $(RUNS) $(if $(TRACE),--trace $(TRACE)) $(if $(SPEED),--speed $(SPEED))
 
 # `make replicas [N=2]`: N llama.cpp replicas pinned to their own cores behind nginx (REPLICAS_* knobs), held
 # until Ctrl-C: load the router, read each replica with the exporter config it prints.

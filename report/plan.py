@@ -320,12 +320,14 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m report plan", description=__doc__)
     p.add_argument("runs", nargs="+", metavar="KNEE_RUN", help="knee run folders (ID under --results, or a path)")
     p.add_argument("--results", type=Path, default=None, help="where run folders live (default: SERVESCOPE_RESULTS)")
-    t = p.add_argument_group("traffic (one of)")
+    t = p.add_argument_group("traffic (one of; default: the trace PLAN_TRACE names, at PLAN_SPEED)")
     t.add_argument("--trace", metavar="NAME|FILE", help="a trace as `--prompts trace:` reads it (e.g. trace-small)")
     t.add_argument("--rate", type=float, metavar="REQ/S", help="constant arrivals")
     t.add_argument("--poisson", type=float, metavar="REQ/S", help="Poisson arrivals")
     t.add_argument("--prometheus-query", metavar="PROMQL", help="a real service's request rate (req/s) in Prometheus")
-    p.add_argument("--speed", type=float, default=1.0, help="--trace: its clock this many times faster (more traffic)")
+    p.add_argument(
+        "--speed", type=float, default=None, help="--trace: its clock this many times faster (default PLAN_SPEED)"
+    )
     p.add_argument("--duration", type=float, default=600.0, help="--rate / --poisson: seconds of traffic (600)")
     p.add_argument("--prometheus", metavar="URL", default=None, help="--prometheus-query: where (PROMETHEUS_PORT)")
     p.add_argument("--since", type=float, default=3600.0, help="--prometheus-query: seconds back from now (3600)")
@@ -414,7 +416,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _settings(args) -> dict[str, Any]:
-    routing = args.routing or knobs.get("PLAN_ROUTING", replicas.LEAST_CONN)
+    return settings_of(args.routing)
+
+
+def settings_of(routing: str | None = None) -> dict[str, Any]:
+    """The model's settings: the router's policy (given, else PLAN_ROUTING), windows, repetitions, search limit."""
+    routing = routing or knobs.get("PLAN_ROUTING", replicas.LEAST_CONN)
     if routing not in replicas.POLICIES:
         raise PlanError(f"PLAN_ROUTING={routing!r}: expected {' or '.join(replicas.POLICIES)}")
     window_s = float(knobs.get("PLAN_WINDOW_S", "60"))
@@ -457,10 +464,12 @@ def _spec(args, paths: list[Path]) -> slo.SloSpec:
 
 def _traffic(args) -> traffic.Traffic:
     given = [x for x in (args.trace, args.rate, args.poisson, args.prometheus_query) if x is not None]
-    if len(given) != 1:
-        raise PlanError("say the traffic: one of --trace, --rate, --poisson, --prometheus-query")
+    if len(given) > 1:
+        raise PlanError("say the traffic once: one of --trace, --rate, --poisson, --prometheus-query")
+    if not given:
+        return default_traffic(args.speed)
     if args.trace is not None:
-        return traffic.trace(args.trace, args.speed)
+        return traffic.trace(args.trace, default_speed() if args.speed is None else args.speed)
     if args.rate is not None:
         return traffic.constant(args.rate, args.duration)
     if args.poisson is not None:
@@ -488,39 +497,120 @@ def _prices(given: list[str]) -> dict[str, float]:
     return prices
 
 
-def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, settings: dict[str, Any]) -> str:
-    head = (
-        f"{'engine / setting':<34} {'knee':>6} {'replicas':>8} {'p95 time':>8} {'attain':>7} {'at N-1':>7} "
-        f"{'util':>5} {'headroom':>8} {'$/M good tok':>12} {'J/good tok':>12}"
-    )
-    lines = [f"plan for {offered.name}, {spec.describe()}:", head]
-    too_many = f">{settings['max_replicas']}"
-    for r in rows:
-        lines.append(
-            f"{r.label[:34]:<34} {_num(r.knee, '{:g} u'):>6} {_num(r.replicas, '{:d}', too_many):>8} "
-            f"{_num(r.replicas_p95_time, '{:d}'):>8} {_num(r.attainment, '{:.0%}'):>7} "
-            f"{_num(r.attainment_one_fewer, '{:.0%}'):>7} {_num(r.utilisation, '{:.0%}'):>5} "
-            f"{_num(r.headroom, '{:.0%}'):>8} "
-            f"{_num(r.cost_per_million_good_tokens, '{:.3g}', 'not priced' if r.price_per_hour is None else '-'):>12} "
-            f"{_num(r.joules_per_good_token, '{:.3g}', 'not measured'):>12}"
-        )
-    lines.append(f"note: {METHOD}.")
-    lines.append(
-        "note: replicas: the fewest meeting the SLOs in every window; p95 time: what 95% of the windows need; attain: "
-        "predicted SLO attainment at that count and at one fewer; util: mean requests held (running or queued) per replica over the "
-        "knee's load; headroom: what the busiest window leaves of it; $/M good tok: replicas x price x hours over the "
-        "good output tokens (PLAN_PRICE_PER_HOUR or --price); J/good tok: measured, the machine's energy over the "
-        "good output tokens at the knee's load (docs/energy.md), not modelled."
-    )
+COLUMNS = (
+    "engine / setting",
+    "knee",
+    "replicas",
+    "p95 time",
+    "attain",
+    "at N-1",
+    "util",
+    "headroom",
+    "$/M good tok",
+    "J/good tok",
+)
+COLUMNS_HELP = (
+    "replicas: the fewest meeting the SLOs in every window; p95 time: what 95% of the windows need; attain: "
+    "predicted SLO attainment at that count and at one fewer; util: mean requests held (running or queued) per replica over the "
+    "knee's load; headroom: what the busiest window leaves of it; $/M good tok: replicas x price x hours over the "
+    "good output tokens (PLAN_PRICE_PER_HOUR or --price); J/good tok: measured, the machine's energy over the "
+    "good output tokens at the knee's load (docs/energy.md), not modelled"
+)
+
+
+def cells(r: PlanRow, max_replicas: int) -> list[str]:
+    """One plan row as the table shows it, in COLUMNS' order (the terminal and the report share it)."""
+    return [
+        r.label,
+        _num(r.knee, "{:g} u"),
+        _num(r.replicas, "{:d}", f">{max_replicas}"),
+        _num(r.replicas_p95_time, "{:d}"),
+        _num(r.attainment, "{:.0%}"),
+        _num(r.attainment_one_fewer, "{:.0%}"),
+        _num(r.utilisation, "{:.0%}"),
+        _num(r.headroom, "{:.0%}"),
+        _num(r.cost_per_million_good_tokens, "{:.3g}", "not priced" if r.price_per_hour is None else "-"),
+        _num(r.joules_per_good_token, "{:.3g}", "not measured"),
+    ]
+
+
+def row_notes(rows: list[PlanRow]) -> list[str]:
+    """What each row rests on and where it stops, as `label: note` lines."""
+    out: list[str] = []
     for r in rows:
         if r.beyond:
-            lines.append(
-                f"note: {r.label}: {r.beyond} request(s) met a replica above the highest load its knee measured"
-            )
-        lines.extend(f"note: {r.label}: {n}" for n in r.notes)
+            out.append(f"{r.label}: {r.beyond} request(s) met a replica above the highest load its knee measured")
+        out.extend(f"{r.label}: {n}" for n in r.notes)
         if r.joules_per_good_token is None and r.energy_reason:
-            lines.append(f"note: {r.label}: energy {r.energy_reason}")
+            out.append(f"{r.label}: energy {r.energy_reason}")
+    return out
+
+
+WIDTHS = (34, 6, 8, 8, 7, 7, 5, 8, 12, 12)
+
+
+def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, settings: dict[str, Any]) -> str:
+    def line(values: list[str]) -> str:
+        first = f"{values[0][: WIDTHS[0]]:<{WIDTHS[0]}}"
+        return " ".join([first, *(f"{v:>{w}}" for v, w in zip(values[1:], WIDTHS[1:], strict=True))])
+
+    lines = [f"plan for {offered.name}, {spec.describe()}:", line(list(COLUMNS))]
+    lines.extend(line(cells(r, settings["max_replicas"])) for r in rows)
+    lines.append(f"note: {METHOD}.")
+    lines.append(f"note: {COLUMNS_HELP}.")
+    lines.extend(f"note: {n}" for n in row_notes(rows))
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the report's section on a knee run
+
+
+def default_speed() -> float:
+    speed = float(knobs.get("PLAN_SPEED", "1"))
+    if not (speed > 0 and math.isfinite(speed)):
+        raise PlanError(f"PLAN_SPEED={speed:g}: expected a factor above 0")
+    return speed
+
+
+def default_traffic(speed: float | None = None) -> traffic.Traffic:
+    """The traffic a plan is made for when none is said: the trace PLAN_TRACE names, its clock PLAN_SPEED faster."""
+    name = knobs.get("PLAN_TRACE", "").strip()
+    if not name:
+        raise PlanError("say the traffic: one of --trace, --rate, --poisson, --prometheus-query (PLAN_TRACE is empty)")
+    return traffic.trace(name, default_speed() if speed is None else speed)
+
+
+def for_report(path: Path, spec: slo.SloSpec) -> tuple[dict[str, Any], list[PlanRow]] | None:
+    """The plan a knee run's report shows (its JSON and its row): this knee, the default traffic, the report's
+    SLOs; None on other runs. What cannot be planned (bad knobs, a knee without levels) is ({"not_planned": why}, [])."""
+    if not (path / KNEE).is_file():
+        return None
+    try:
+        settings = settings_of()
+        offered = default_traffic()
+        profile = profile_of(path)
+        price = _prices([]).get(profile.engine)
+        row, _ = plan(
+            profile,
+            offered,
+            spec,
+            settings["routing"],
+            settings["repeats"],
+            settings["window_s"],
+            settings["max_replicas"],
+            price,
+        )
+    except (PlanError, traffic.TrafficError, ValueError) as exc:
+        return {"not_planned": str(exc)}, []
+    row.source = str(path)
+    doc = {
+        "method": METHOD,
+        "traffic": {"name": offered.name, "requests": len(offered.arrivals), "duration_s": offered.duration_s},
+        "slo": {"spec": spec.text, "objective": spec.objective},
+        "settings": settings,
+        "rows": [asdict(row)],
+    }
+    return doc, [row]
 
 
 def _num(value: Any, form: str, missing: str = "-") -> str:

@@ -16,6 +16,7 @@ from report import (
     goodput,
     latency,
     noise,
+    plan,
     schedule,
     stats,
     summary,
@@ -124,6 +125,7 @@ def build(
     what = f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run"
     draw("compare", figure_data.compare, deltas, what)
     good = goodput.build(run, spec)
+    planned = plan.for_report(run.path, spec)
     groups = latency.build(run)
     fig = painter.collect(drawn) if painter is not None else {}
 
@@ -138,6 +140,7 @@ def build(
         _table(run, rows, figure("table", "Wall time per engine and mode; bold numbers are scaling factors.")),
         _verdict(run, verdicts, kv),
         goodput.section(run, spec, good, lags, "Goodput under the SLOs"),
+        *([_plan(*planned)] if planned else []),
         _latency(
             groups,
             figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario.")
@@ -213,8 +216,32 @@ def build(
         "workloads": workloads.to_json(work),
         "plots": sorted(p.name for p in fig.values() if p),
         "goodput": goodput.to_json(spec, good, lags, run),
+        "plan": planned[0] if planned else None,
     }
     return doc, numbers
+
+
+def _plan(doc: dict[str, Any], rows: list[plan.PlanRow]) -> Section:
+    """How many replicas of this knee's setting the default traffic needs: report/plan.py's model, said as such."""
+    sec = Section("Replicas for a traffic (predicted from this knee)")
+    if not rows:
+        sec.add(Paragraph(f"Not planned: {doc['not_planned']}."))
+        return sec
+    traffic_ = doc["traffic"]
+    sec.add(
+        Paragraph(
+            f"For {traffic_['name']} ({traffic_['requests']} requests over {traffic_['duration_s']:.0f} s; PLAN_TRACE, "
+            f"PLAN_SPEED), the SLOs above, routing {doc['settings']['routing']}. {_sentence(plan.METHOD)}. "
+            "`python -m report plan` plans other traffic and compares engines."
+        )
+    )
+    sec.add(Table(list(plan.COLUMNS), [plan.cells(r, doc["settings"]["max_replicas"]) for r in rows]))
+    sec.add(Bullets([_sentence(plan.COLUMNS_HELP) + ".", *plan.row_notes(rows)]))
+    return sec
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]  # str.capitalize would lower the rest (TTFT, SLOs, knob names)
 
 
 def _setup(run: Run, warn: list[str], assessment: noise.Assessment) -> Section:

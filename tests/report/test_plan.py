@@ -9,7 +9,7 @@ import pytest
 
 from report import plan, replicas, traffic
 from report.replicas import Arrival, Level, Profile
-from servescope import slo
+from servescope import binding, slo
 from servescope.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
 
 
@@ -99,7 +99,9 @@ def _knee_folder(tmp_path, slots_flag=None, joules=None):
     engine = {"instance": "vllm", "kind": "vllm", "url": "http://127.0.0.1:1"}
     if slots_flag is not None:
         engine["flags"] = {"--max-num-seqs": str(slots_flag)}
-    folder.write_manifest({"run_id": "knee", "engines": [engine]})
+    # A knee run records its SLOs among its flags (the report judges by them), as knee.json does below.
+    flags = {"slo": "ttft<=0.5", "slo_attainment": 0.9}
+    folder.write_manifest({"run_id": "knee", "engines": [engine], "flags": flags})
     probes = []
     for users, ttft in ((1, 0.1), (2, 0.12), (4, 0.9)):
         phase = f"knee-c{users}"
@@ -132,7 +134,20 @@ def _knee_folder(tmp_path, slots_flag=None, joules=None):
         probes.append({"phase": phase, "level": users, "trusted": True})
     probes.append({"phase": "knee-c8", "level": 8, "trusted": False})  # left out: a fault, never modelled
     summary = {"over": "concurrency", "engine": "vllm", "instance": "vllm", "spec": "ttft<=0.5", "objective": 0.9}
-    (folder.path / KNEE).write_text(json.dumps({**summary, "knee": 2, "probes": probes}))
+    # The rest of knee.json as loadgen/knee.py writes it: the report's other sections read it.
+    b = binding.Binding(binding.UNDECIDED, "not read in this test")
+    knee = {
+        "unit": "users",
+        "status": "found",
+        "first_failing": 4,
+        "non_monotonic": False,
+        "note": "",
+        "binding_level": 4,
+        "binding": {**b.to_json(), "advice": b.advice("vllm")},
+        "prompt_set": {"name": "synthetic:256", "repeats": False, "asked_reuse": False},
+        "knob": None,
+    }
+    (folder.path / KNEE).write_text(json.dumps({**summary, **knee, "knee": 2, "probes": probes}))
     return folder.path
 
 
@@ -190,3 +205,49 @@ def test_energy_per_good_token_is_the_knee_level_s_measured_joules_or_says_why_n
     assert plan.profile_of(_knee_folder(tmp_path / "a", joules=440.0)).joules_per_good_token == pytest.approx(2.0)
     p = plan.profile_of(_knee_folder(tmp_path / "b"))
     assert p.joules_per_good_token is None and "no RAPL here" in p.energy_reason
+
+
+def test_a_knee_runs_report_carries_the_plan_for_the_default_traffic(tmp_path, monkeypatch):
+    from report import sections
+    from report.load import load as load_run
+
+    monkeypatch.setenv("PLAN_TRACE", "trace-small")
+    monkeypatch.setenv("PLAN_SPEED", "4")
+    knee = _knee_folder(tmp_path)
+    doc, numbers = sections.build(load_run(knee), "http://127.0.0.1:9", figures=False)
+    section = next(s for s in doc.sections if s.title.startswith("Replicas for a traffic"))
+    # The same answer `python -m report plan` gives for that traffic and those SLOs, from the same model.
+    spec = slo.resolve("ttft<=0.5", 0.9)
+    s = plan.settings_of()
+    expected, _ = plan.plan(
+        plan.profile_of(knee), traffic.trace("trace-small", 4), spec, s["routing"], s["repeats"], s["window_s"],
+        s["max_replicas"], None,
+    )  # fmt: skip
+    row = numbers["plan"]["rows"][0]
+    assert row["replicas"] == expected.replicas and row["attainment"] == expected.attainment
+    assert numbers["plan"]["traffic"]["name"] == traffic.trace("trace-small", 4).name
+    table_ = next(b for b in section.blocks if hasattr(b, "headers"))
+    assert table_.headers[2] == "replicas" and table_.rows[0][2] == plan.cells(expected, s["max_replicas"])[2]
+    assert "predicted, not measured" in " ".join(getattr(b, "text", "") for b in section.blocks).lower()
+
+
+def test_the_report_says_why_it_could_not_plan_and_other_runs_have_no_plan(tmp_path, monkeypatch):
+    from report import sections
+    from report.load import load as load_run
+
+    monkeypatch.setenv("PLAN_TRACE", "")
+    doc, numbers = sections.build(load_run(_knee_folder(tmp_path / "k")), "http://127.0.0.1:9", figures=False)
+    assert "PLAN_TRACE is empty" in numbers["plan"]["not_planned"]
+    section = next(s for s in doc.sections if s.title.startswith("Replicas for a traffic"))
+    assert section.blocks[0].text.startswith("Not planned:")
+    plain = _knee_folder(tmp_path / "p")
+    (plain / KNEE).unlink()
+    doc, numbers = sections.build(load_run(plain), "http://127.0.0.1:9", figures=False)
+    assert numbers["plan"] is None and not any(s.title.startswith("Replicas") for s in doc.sections)
+
+
+def test_the_plan_command_without_traffic_plans_for_plan_trace(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PLAN_TRACE", "trace-small")
+    monkeypatch.setenv("PLAN_SPEED", "2")
+    assert plan.main([str(_knee_folder(tmp_path)), "--out", str(tmp_path / "o")]) == 0
+    assert f"plan for {traffic.trace('trace-small', 2).name}" in capsys.readouterr().out
