@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrencies.split(",")]
     clients = [c for c in args.clients.split(",") if c]
-    with_vllm = not args.no_vllm and vllm_available() and not os.environ.get("SERVESCOPE_BENCH_NO_VLLM")
+    with_vllm = not args.no_vllm and vllm_available() and not knobs.get("SERVESCOPE_BENCH_NO_VLLM", "")
 
     print(
         f"error = reported - truth, ms. vs configured: truth = TTFT {TTFT_S * 1000:.0f} ms, ITL {ITL_S * 1000:.0f} ms "

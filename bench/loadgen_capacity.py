@@ -8,6 +8,7 @@ import statistics
 import sys
 
 from bench.loadgen_accuracy import Window, loadgen_burst, vllm_available, vllm_bench
+from servescope import knobs
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="geventhttpclient,requests")
     parser.add_argument("--no-vllm", action="store_true")
     args = parser.parse_args(argv)
-    with_vllm = not args.no_vllm and vllm_available() and not os.environ.get("SERVESCOPE_BENCH_NO_VLLM")
+    with_vllm = not args.no_vllm and vllm_available() and not knobs.get("SERVESCOPE_BENCH_NO_VLLM", "")
     server_args = ("--ttft", "0", "--itl", "0", "--tokens", str(args.tokens))
     print(
         f"server: synthetic, ITL 0 (as fast as it can), {args.tokens} tokens/request, {args.concurrency} concurrent, "

@@ -28,6 +28,7 @@ from bench.loadgen_accuracy import (
     vllm_available,
     vllm_bench,
 )
+from servescope import knobs
 from servescope.runfolder import RunFolder
 from tests.doubles.synthetic_openai import SyntheticProcess
 
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's own client")
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.streams.split(",") if x]
-    with_vllm = not args.no_vllm and vllm_available() and not os.environ.get("SERVESCOPE_BENCH_NO_VLLM")
+    with_vllm = not args.no_vllm and vllm_available() and not knobs.get("SERVESCOPE_BENCH_NO_VLLM", "")
     clients: list[int | str] = [args.workers] + ([] if args.no_single else [0])
     print(
         f"accuracy: synthetic server, TTFT {TTFT_S * 1000:.0f} ms, ITL {ITL_S * 1000:.0f} ms, {TOKENS} tokens; bursts "

@@ -7,7 +7,6 @@ engine and scenario as further tags so a person can filter on them.
 from __future__ import annotations
 
 import logging
-import os
 
 from dashboards.build import PHASE_TAGS
 from servescope import knobs
@@ -20,7 +19,7 @@ TIMEOUT_S = 2.0
 
 def grafana_url() -> str:
     """GRAFANA_URL when set, else Grafana on this machine at GRAFANA_PORT."""
-    url = os.environ.get("GRAFANA_URL")
+    url = knobs.get("GRAFANA_URL", "")
     if url:
         return url.rstrip("/")
     host = knobs.get("SERVESCOPE_BIND", "127.0.0.1")
@@ -31,12 +30,12 @@ def grafana_url() -> str:
 
 def _credential() -> str | tuple[str, str] | None:
     """A service-account token (GRAFANA_TOKEN), else admin with GRAFANA_ADMIN_PASSWORD; None when neither is set."""
-    token = os.environ.get("GRAFANA_TOKEN")
+    token = knobs.get("GRAFANA_TOKEN", "")
     if token:
         return token
     password = knobs.get("GRAFANA_ADMIN_PASSWORD", "")
     if password:
-        return (os.environ.get("GRAFANA_ADMIN_USER", "admin"), password)
+        return (knobs.get("GRAFANA_ADMIN_USER", "admin") or "admin", password)
     return None
 
 

@@ -356,9 +356,8 @@ def start_engines(
 
 def start_ollama(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str) -> str | None:
     """A real Ollama serves the same GGUF; none here means "absent", which is not a failure."""
-    import os
 
-    url = ollama.host_url(os.environ.get("OLLAMA_HOST"), int(knob["OLLAMA_PORT"]))
+    url = ollama.host_url(knob.get("OLLAMA_HOST"), int(knob["OLLAMA_PORT"]))
     if ollama.binary() or ollama.answers(url):
         ports.require_free(bind, int(knob["OLLAMA_PROXY_PORT"]), "exporter's Ollama proxy", "OLLAMA_PROXY_PORT")
     if not ollama.answers(url):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from servescope import series
+from servescope import knobs, series
 from servescope.runfolder import RunFolder
 from stack import compose
 from tests.conftest import free_port, require_tool
@@ -50,7 +50,7 @@ BURST, MAX_TOKENS = 4, 96
 
 
 def with_vllm() -> bool:
-    return os.environ.get("SERVESCOPE_COMPOSE_VLLM", "1") != "0"
+    return knobs.get("SERVESCOPE_COMPOSE_VLLM", "1") != "0"
 
 
 def run(cmd: list[str], env: dict[str, str], log: Path, timeout: float) -> subprocess.CompletedProcess:

@@ -1,0 +1,84 @@
+"""Every knob the code reads is in the knob table (.env.example): environment reads and knobs.get() by literal name."""
+
+from __future__ import annotations
+
+import ast
+
+from servescope import knobs
+
+REPO = knobs.REPO_ROOT
+PACKAGES = ("servescope", "loadgen", "report", "exporter", "stack", "bench", "dashboards")
+# Environment that is not a servescope knob: other programs' own variables, passed through as they are.
+NOT_KNOBS = {
+    "CMAKE_ARGS": "llama.cpp's build reads it; the stack adds to what the user set",
+    "PIP_FIND_LINKS": "pip's own; the vLLM venv build keeps the user's wheel mirrors",
+    "PYTHONPATH": "Python's own; the painter process inherits the caller's import path",
+}
+
+
+def _literal(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ"
+    )
+
+
+def reads(tree: ast.AST) -> list[tuple[str, int]]:
+    """(name, line) of every read by literal name: os.environ.get/[...]/in, os.getenv, knobs.get/get_int/path."""
+    out = []
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Call) and node.args:
+            fn = node.func
+            if isinstance(fn, ast.Attribute) and fn.attr in ("get", "pop", "setdefault") and _is_environ(fn.value):
+                name = _literal(node.args[0])
+            elif isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id == "knobs":
+                name = _literal(node.args[0]) if fn.attr in ("get", "get_int", "path") else None
+            elif isinstance(fn, ast.Attribute) and fn.attr == "getenv":
+                name = _literal(node.args[0])
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
+            name = _literal(node.slice)
+        elif (
+            isinstance(node, ast.Compare)
+            and isinstance(node.ops[0], (ast.In, ast.NotIn))
+            and _is_environ(node.comparators[0])
+        ):
+            name = _literal(node.left)
+        if name:
+            out.append((name, node.lineno))
+    return out
+
+
+def unlisted(table: set[str]) -> list[str]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for name, line in reads(ast.parse(path.read_text())):
+                if name not in table and name not in NOT_KNOBS:
+                    found.append(f"{path.relative_to(REPO)}:{line}: {name}")
+    return found
+
+
+def table() -> set[str]:
+    return set(knobs.parse_env_file(REPO / ".env.example"))
+
+
+def test_every_knob_read_is_in_the_table():
+    assert unlisted(table()) == [], "read but not in .env.example: add it there with a comment"
+
+
+def test_a_knob_left_out_of_the_table_is_found():
+    names = unlisted(table() - {"VLLM_TORCH_INDEX", "GRAFANA_TOKEN"})
+    assert any(n.endswith(": VLLM_TORCH_INDEX") for n in names)
+    assert any(n.startswith("dashboards/annotations.py") and n.endswith(": GRAFANA_TOKEN") for n in names)
+
+
+def test_every_read_form_is_seen():
+    code = (
+        'import os\nos.environ.get("A")\nos.getenv("B")\nos.environ["C"]\n"D" in os.environ\n'
+        'knobs.get("E", "")\nknobs.get_int("F")\nos.environ["G"] = "x"\n'
+    )
+    assert [n for n, _ in reads(ast.parse(code))] == ["A", "B", "C", "D", "E", "F"]
