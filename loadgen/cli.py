@@ -26,6 +26,7 @@ from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import Recorder
+from loadgen.runplan import RunPlan
 from loadgen.scenarios import LoadRun, spawn_rate_for
 from loadgen.summary import print_summary
 from loadgen.targets import chosen_url_line, default_url, probe, route_line
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         llm.check_geventhttpclient()
-        return run_headless(args)
+        return run_headless(RunPlan.from_args(args))  # the namespace ends here
     except (*USAGE_ERRORS, llm.HttpClientError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -83,212 +84,260 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
     return 0  # not reached
 
 
-def run_headless(args: argparse.Namespace) -> int:
-    plan = prepare(args)
-    targets, prompt_set, phases = plan.targets, plan.prompt_set, plan.phases
-    spec = slo.resolve(args.slo, args.slo_attainment)  # a bad SLO is one line before anything starts
-    for target in targets:
+def run_headless(run_plan: RunPlan) -> int:
+    """A headless command: checked, its folder opened, the engines probed, the phases run, the folder finished."""
+    plan = prepare(run_plan)
+    spec = slo.resolve(run_plan.slo, run_plan.slo_attainment)  # a bad SLO is one line before anything starts
+    for target in plan.targets:
         if target.url_from:
             print(f"loadgen: {chosen_url_line(target.kind, target.url)}", flush=True)
-    folder = _create_folder(Path(args.results), args.run_id)
-    # From here on Ctrl-C / SIGTERM end the run cleanly: the folder is finished, not abandoned.
-    interrupted, handlers = _stop_on_signals()
-    out = None if args.quiet else sys.stdout
-    bind = knobs.get("SERVESCOPE_BIND")
-    metrics = _serve_client_metrics(spec, args.metrics_port, bind)
-    # A folder that stops taking writes ends the run (the run exists before the first record is written).
-    recorder = Recorder(folder=folder, metrics=metrics, out=out, on_failure=lambda reason: run.abort(reason))
-    started_at = time.time()
-    recorder.line(f"run folder: {folder.path}")
-    if metrics is not None:
-        recorder.line(f"client metrics on http://{bind}:{args.metrics_port}/metrics")
+    run = HeadlessRun(run_plan, plan, spec)
+    run.probe_engines()
+    run.prepare_trials()
+    run.start_load()
+    try:
+        run.run_phases()
+    finally:
+        run.finish()
+    return _say_outcome(run.load, run.folder, run.out or sys.stdout, run.status)
 
-    _probe_engines(plan, recorder, http_client=args.http_client, timeout_s=args.request_timeout)
 
-    sampler = Sampler.for_run(folder, [(t.kind, t.instance) for t in targets])  # engine gauges into samples.jsonl
-    recorder.line(sampler.describe())
-    used_sets = {prompt_set.name: prompt_set}
-    for phase in phases:
-        used_sets.setdefault(phase.settings.prompt_set.name, phase.settings.prompt_set)
-    fleet: distributed.Fleet | None = None  # --workers N: the worker processes and their coordinator
-    flags = {k: v for k, v in vars(args).items() if k not in ("engine", "model", "quiet")}
-    flags["ignore_eos"] = not args.no_ignore_eos
-    retries = getattr(args, "noise_retries", 0)
-    isolation = Isolation(getattr(args, "isolate", "off"), recorder.line)
-    keeper = trials.NoiseKeeper(targets)
-    recorder.annotate = keeper.annotate  # every phase record carries the host's noise while it ran
-    trial_notes: dict = {"repetitions": getattr(args, "repetitions", 1), "isolate": isolation.mode, "warmup": {}}
-    trial_notes["settle_max_s"] = getattr(args, "settle_max_s", 0)
+class HeadlessRun:
+    """One headless run's parts, from its folder to its last record, each step a method run_headless calls in turn."""
 
-    def manifest(status: str, ended_at: float | None = None) -> str | None:
+    def __init__(self, run_plan: RunPlan, plan: Plan, spec: slo.SloSpec):
+        self.run_plan, self.plan = run_plan, plan
+        self.folder = _create_folder(Path(run_plan.results), run_plan.run_id)
+        # From here on Ctrl-C / SIGTERM end the run cleanly: the folder is finished, not abandoned.
+        self.interrupted, self.handlers = _stop_on_signals()
+        self.out = None if run_plan.quiet else sys.stdout
+        bind = knobs.get("SERVESCOPE_BIND")
+        self.metrics = _serve_client_metrics(spec, run_plan.metrics_port, bind)
+        self.load: LoadRun | None = None
+        # A folder that stops taking writes ends the run (the run exists before the first record is written).
+        self.recorder = Recorder(
+            folder=self.folder, metrics=self.metrics, out=self.out, on_failure=lambda reason: self.load.abort(reason)
+        )
+        self.started_at = time.time()
+        self.recorder.line(f"run folder: {self.folder.path}")
+        if self.metrics is not None:
+            self.recorder.line(f"client metrics on http://{bind}:{run_plan.metrics_port}/metrics")
+        self.fleet: distributed.Fleet | None = None  # --workers N: the worker processes and their coordinator
+        self.status = "complete"
+
+    def probe_engines(self) -> None:
+        """Each engine probed and said; the sampler started on them."""
+        _probe_engines(
+            self.plan, self.recorder, http_client=self.run_plan.http_client, timeout_s=self.run_plan.request_timeout
+        )
+        # Engine gauges into samples.jsonl.
+        self.sampler = Sampler.for_run(self.folder, [(t.kind, t.instance) for t in self.plan.targets])
+        self.recorder.line(self.sampler.describe())
+
+    def prepare_trials(self) -> None:
+        """Isolation, the host-noise keeper, the trials' notes; the manifest written as "running"."""
+        self.isolation = Isolation(self.run_plan.isolate, self.recorder.line)
+        self.keeper = trials.NoiseKeeper(self.plan.targets)
+        self.recorder.annotate = self.keeper.annotate  # every phase record carries the host's noise while it ran
+        self.trial_notes: dict = {"repetitions": self.run_plan.repetitions, "isolate": self.isolation.mode}
+        self.trial_notes["warmup"] = {}
+        self.trial_notes["settle_max_s"] = self.run_plan.settle_max_s
+        problem = self.manifest("running")
+        if problem:
+            raise UsageError(problem)
+
+    def manifest(self, status: str, ended_at: float | None = None) -> str | None:
         """Write manifest.json; why not, in one line, when the folder refuses it."""
+        used_sets = {self.plan.prompt_set.name: self.plan.prompt_set}
+        for phase in self.plan.phases:
+            used_sets.setdefault(phase.settings.prompt_set.name, phase.settings.prompt_set)
+        fleet = self.fleet
         try:
-            write_manifest(status, ended_at)
+            self.folder.write_manifest(
+                build_manifest(
+                    command=" ".join(["python -m loadgen", *sys.argv[1:]])
+                    if sys.argv[1:]
+                    else f"python -m loadgen {self.run_plan.command}",
+                    scenario=self.run_plan.command,
+                    targets=self.plan.targets,
+                    prompt_sets=list(used_sets.values()),
+                    flags=self.run_plan.flags(),
+                    started_at=self.started_at,
+                    status=status,
+                    ended_at=ended_at,
+                    phases=[p.title for p in self.plan.phases],
+                    trials=self.trial_notes,
+                    workers=fleet.coordinator.describe() if fleet is not None else None,
+                    distributed=fleet.coordinator.summary() if fleet is not None else None,
+                )
+            )
         except OSError as exc:
-            return f"run folder {folder.path}: cannot write manifest.json ({exc.strerror or exc})"
+            return f"run folder {self.folder.path}: cannot write manifest.json ({exc.strerror or exc})"
         return None
 
-    def write_manifest(status: str, ended_at: float | None) -> None:
-        folder.write_manifest(
-            build_manifest(
-                command=" ".join(["python -m loadgen", *sys.argv[1:]])
-                if sys.argv[1:]
-                else f"python -m loadgen {args.command}",
-                scenario=args.command,
-                targets=targets,
-                prompt_sets=list(used_sets.values()),
-                flags=flags,
-                started_at=started_at,
-                status=status,
-                ended_at=ended_at,
-                phases=[p.title for p in phases],
-                trials=trial_notes,
-                workers=fleet.coordinator.describe() if fleet is not None else None,
-                distributed=fleet.coordinator.summary() if fleet is not None else None,
-            )
+    def start_load(self) -> None:
+        """Locust's environment, the run its users read, the workers (if any) and the runner."""
+        self.environment = Environment(
+            user_classes=list(USER_CLASSES.values()),
+            events=Events(),
+            # With workers, Locust's master also reads enable_rebalancing (off: loadgen/distributed.py decides).
+            parsed_options=argparse.Namespace(
+                http_client=self.run_plan.http_client, headless=True, enable_rebalancing=False
+            ),
         )
+        self.load = LoadRun(self.plan.phases, self.recorder, folder=self.folder, started_at=self.started_at)
+        self.environment.servescope_run = self.load
+        if self.run_plan.workers:
+            try:
+                self.fleet = distributed.Fleet(
+                    self.environment,
+                    self.run_plan.workers,
+                    self.folder.path / distributed.WORKERS_LOG,
+                    say=self.recorder.line,
+                    warn=lambda text: print(f"loadgen: {text}", file=sys.stderr, flush=True),
+                    engines=list(self.run_plan.engines),
+                )
+                self.fleet.send_plan(self.run_plan, self.plan.targets)
+                self.fleet.coordinator.attach(self.load)
+            except distributed.FleetError as exc:
+                self.load.abort(str(exc))
+        self.runner = self.fleet.runner if self.fleet is not None else self.environment.create_local_runner()
+        self.annotator = PhaseAnnotator(self.run_plan.grafana_url)
 
-    problem = manifest("running")
-    if problem:
-        raise UsageError(problem)
+    def stopped(self) -> bool:
+        return self.interrupted.is_set() or self.load.aborted.is_set()
 
-    environment = Environment(
-        user_classes=list(USER_CLASSES.values()),
-        events=Events(),
-        # With workers, Locust's master also reads enable_rebalancing (off: loadgen/distributed.py decides).
-        parsed_options=argparse.Namespace(http_client=args.http_client, headless=True, enable_rebalancing=False),
-    )
-    run = LoadRun(phases, recorder, folder=folder, started_at=started_at)
-    environment.servescope_run = run
-    if args.workers:
-        try:
-            fleet = distributed.Fleet(
-                environment,
-                args.workers,
-                folder.path / distributed.WORKERS_LOG,
-                say=recorder.line,
-                warn=lambda text: print(f"loadgen: {text}", file=sys.stderr, flush=True),
-                engines=args.engine,
-            )
-            fleet.send_plan(args, targets)
-            fleet.coordinator.attach(run)
-        except distributed.FleetError as exc:
-            run.abort(str(exc))
-    runner = fleet.runner if fleet is not None else environment.create_local_runner()
-    annotator = PhaseAnnotator(args.grafana_url)
-    status = "complete"
-    previous: str | None = None  # the engine of the last phase: a switch waits for it to go quiet
-    try:
-        for phase in phases:  # a retry is inserted right after the phase it repeats
-            if interrupted.is_set() or run.aborted.is_set():
+    def run_phases(self) -> None:
+        """Every phase in turn (a retry right after the phase it repeats, the knee's next load at the end), then the
+        run's status; the last phase closed."""
+        phases = self.plan.phases  # the run's own list: this loop and LoadRun see what is added to it
+        previous: str | None = None  # the engine of the last phase: a switch waits for it to go quiet
+        for phase in phases:
+            if self.stopped() or not self.get_ready(phase, previous):
                 break
-            target = phase.settings.target
-            isolation.focus(target)
-            if target.instance not in trial_notes["warmup"]:
-                warm = trials.warm_up(
-                    target,
-                    phase.settings,
-                    args.warmup,
-                    http_client=args.http_client,
-                    timeout_s=args.request_timeout,
-                    say=recorder.line,
-                    interrupted=interrupted,
-                )
-                if warm is None:
-                    break
-                trial_notes["warmup"][target.instance] = warm
-                recorder.line(keeper.locate(target))
-            keeper.settle(
-                target,
-                getattr(args, "settle_max_s", 0),
-                switched=previous not in (None, target.instance),
-                say=recorder.line,
-                interrupted=interrupted,
-            )
-            if interrupted.is_set():
+            previous = phase.settings.target.instance
+            if not self.run_phase(phase):
                 break
-            previous = target.instance
-            keeper.begin(target)
-            run.advance()
-            sampler.start(phase.title)
-            if fleet is not None:
-                fleet.coordinator.prepare(phase)
-            runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
-            if fleet is not None:
-                fleet.coordinator.start(phase)  # each worker's part of it, once every worker's users are in
-            gevent.wait([phase.done, interrupted, run.aborted], count=1)
-            if interrupted.is_set() or run.aborted.is_set():
-                # Users stop first, mid-stream (each writes its partial record): the sampler's last read can take
-                # its time without another request starting meanwhile.
-                runner.stop()
-                sampler.stop()
-                break
-            sampler.stop()
-            phase.emit()
-            runner.start(0, spawn_rate=spawn_rate_for(phase))
-            if runner.spawning_greenlet is not None:
-                runner.spawning_greenlet.join(timeout=10)
-            annotator.phase_done(phase)
-            if phase.backoff_count:
-                recorder.line(
-                    f"{target.instance} {phase.title}: the engine refused connections: users waited "
-                    f"{phase.backoff_count} times, {phase.backoff_s:.1f} s in all, before sending again"
-                )
-            noisy = keeper.flags()
-            retry = phase.again() if noisy and phase.attempt <= retries else None
-            if retry is not None:
-                phases.insert(phases.index(phase) + 1, retry)
-                recorder.line(
-                    f"{target.instance} {phase.title}: {noisy[0]}: running it again as {retry.title} "
-                    f"(LOADGEN_NOISE_RETRIES={retries})"
-                )
-            if phase.planner is not None:  # the knee: the next load depends on this one's results
-                follow_up = phase.planner.after(phase, folder)
-                if follow_up is not None:
-                    phases.append(follow_up)  # the run's own list: this loop and LoadRun see it
-        if run.aborted.is_set():
-            status = "failed"
-            runner.stop()
-        elif interrupted.is_set():
-            status = "interrupted"
-            runner.stop()  # kills users mid-stream: each writes its partial record as "interrupted"
-        if fleet is not None and status != "complete":
-            fleet.coordinator.drain()  # the workers' interrupted records
+            self.add_what_follows(phase)
+        if self.load.aborted.is_set():
+            self.status = "failed"
+            self.runner.stop()
+        elif self.interrupted.is_set():
+            self.status = "interrupted"
+            self.runner.stop()  # kills users mid-stream: each writes its partial record as "interrupted"
+        if self.fleet is not None and self.status != "complete":
+            self.fleet.coordinator.drain()  # the workers' interrupted records
         # Close the last phase (its PhaseRecords; an interrupted one keeps what finished); skip what never started.
-        run.finish()
-    finally:
-        isolation.release()
-        sampler.close()
-        keeper.close()  # after run.finish(): the last phase's records took their energy
-        runner.stop()
-        if fleet is not None:
-            fleet.close()  # after its last records, before the folder is finished
-            dropped = fleet.coordinator.dropped_line()
+        self.load.finish()
+
+    def get_ready(self, phase, previous: str | None) -> bool:
+        """The phase's engine warmed up (once) and quiet after a switch; False when the run stops meanwhile."""
+        target = phase.settings.target
+        self.isolation.focus(target)
+        if target.instance not in self.trial_notes["warmup"]:
+            warm = trials.warm_up(
+                target,
+                phase.settings,
+                self.run_plan.warmup,
+                http_client=self.run_plan.http_client,
+                timeout_s=self.run_plan.request_timeout,
+                say=self.recorder.line,
+                interrupted=self.interrupted,
+            )
+            if warm is None:
+                return False
+            self.trial_notes["warmup"][target.instance] = warm
+            self.recorder.line(self.keeper.locate(target))
+        self.keeper.settle(
+            target,
+            self.run_plan.settle_max_s,
+            switched=previous not in (None, target.instance),
+            say=self.recorder.line,
+            interrupted=self.interrupted,
+        )
+        return not self.interrupted.is_set()
+
+    def run_phase(self, phase) -> bool:
+        """One phase's users started, awaited and stopped, its records emitted; False when the run stopped in it."""
+        self.keeper.begin(phase.settings.target)
+        self.load.advance()
+        self.sampler.start(phase.title)
+        if self.fleet is not None:
+            self.fleet.coordinator.prepare(phase)
+        self.runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
+        if self.fleet is not None:
+            self.fleet.coordinator.start(phase)  # each worker's part of it, once every worker's users are in
+        gevent.wait([phase.done, self.interrupted, self.load.aborted], count=1)
+        if self.stopped():
+            # Users stop first, mid-stream (each writes its partial record): the sampler's last read can take
+            # its time without another request starting meanwhile.
+            self.runner.stop()
+            self.sampler.stop()
+            return False
+        self.sampler.stop()
+        phase.emit()
+        self.runner.start(0, spawn_rate=spawn_rate_for(phase))
+        if self.runner.spawning_greenlet is not None:
+            self.runner.spawning_greenlet.join(timeout=10)
+        self.annotator.phase_done(phase)
+        if phase.backoff_count:
+            self.recorder.line(
+                f"{phase.settings.target.instance} {phase.title}: the engine refused connections: users waited "
+                f"{phase.backoff_count} times, {phase.backoff_s:.1f} s in all, before sending again"
+            )
+        return True
+
+    def add_what_follows(self, phase) -> None:
+        """What a finished phase adds to the run: its retry when the host was noisy, the knee's next load."""
+        retries = self.run_plan.noise_retries
+        noisy = self.keeper.flags()
+        retry = phase.again() if noisy and phase.attempt <= retries else None
+        if retry is not None:
+            self.plan.phases.insert(self.plan.phases.index(phase) + 1, retry)
+            self.recorder.line(
+                f"{phase.settings.target.instance} {phase.title}: {noisy[0]}: running it again as {retry.title} "
+                f"(LOADGEN_NOISE_RETRIES={retries})"
+            )
+        if phase.planner is not None:  # the knee: the next load depends on this one's results
+            follow_up = phase.planner.after(phase, self.folder)
+            if follow_up is not None:
+                self.plan.phases.append(follow_up)  # the run's own list: this loop and LoadRun see it
+
+    def finish(self) -> None:
+        """Everything started, stopped; Locust's outputs and the final manifest written; the client metrics kept up
+        for a last scrape."""
+        self.isolation.release()
+        self.sampler.close()
+        self.keeper.close()  # after load.finish(): the last phase's records took their energy
+        self.runner.stop()
+        if self.fleet is not None:
+            self.fleet.close()  # after its last records, before the folder is finished
+            dropped = self.fleet.coordinator.dropped_line()
             if dropped:
                 print(f"loadgen: {dropped}", file=sys.stderr, flush=True)
         else:
-            runner.quit()
-        if recorder.failure is None:  # a folder that refused a record would refuse these too
+            self.runner.quit()
+        if self.recorder.failure is None:  # a folder that refused a record would refuse these too
             try:
-                write_locust_outputs(environment, folder.path)
+                write_locust_outputs(self.environment, self.folder.path)
             except Exception as exc:  # noqa: BLE001 - Locust's own report must never cost us the run folder
                 print(f"loadgen: Locust CSV/HTML not written: {exc}", file=sys.stderr)
-            problem = manifest(status, time.time())
+            problem = self.manifest(self.status, time.time())
             if problem:
-                run.abort(problem)
-        if metrics is not None and args.metrics_linger > 0 and status == "complete":
+                self.load.abort(problem)
+        linger = self.run_plan.metrics_linger
+        if self.metrics is not None and linger > 0 and self.status == "complete":
             # Prometheus scrapes every few seconds: without this the last requests' samples are never scraped.
             print(
-                f"loadgen: client metrics stay up {args.metrics_linger:g} s more so Prometheus scrapes the final "
+                f"loadgen: client metrics stay up {linger:g} s more so Prometheus scrapes the final "
                 f"samples (--metrics-linger 0 to skip; Ctrl-C ends it)",
                 flush=True,
             )
-            interrupted.wait(timeout=args.metrics_linger)
-        for handler in handlers:
+            self.interrupted.wait(timeout=linger)
+        for handler in self.handlers:
             handler.cancel()
-        if metrics is not None:
-            metrics.close()
-    return _say_outcome(run, folder, out or sys.stdout, status)
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 def _create_folder(results: Path, run_id: str | None) -> RunFolder:

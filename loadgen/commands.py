@@ -11,7 +11,7 @@ from loadgen import client as llm
 from loadgen import options, trials, workloads
 from loadgen import prompts as prompt_sets
 from loadgen.prompts import PromptSet
-from loadgen.runplan import LoadShape, build_phases
+from loadgen.runplan import RunPlan, build_phases
 from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
 from loadgen.targets import Target, TargetError, parse_engine
 from servescope import knobs
@@ -83,31 +83,30 @@ class Plan:
         return self.models.get(target.instance) or self.models.get(target.kind) or self.models.get("*")
 
 
-def prepare(args: argparse.Namespace) -> Plan:
+def prepare(plan: RunPlan) -> Plan:
     """Everything that can be wrong with the input, found before a folder, a socket or a probe exists (but one: an
     `--engine ollama` without a URL asks the stack's proxy port whether servescope's proxy answers there)."""
-    if not args.engine:
+    if not plan.engines:
         raise UsageError("give at least one --engine NAME=URL (e.g. --engine vllm=http://127.0.0.1:8009)")
-    if args.http_client not in llm.TRANSPORTS:
-        raise UsageError(f"--http-client {args.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}")
-    targets = [parse_engine(spec, ignore_eos=not args.no_ignore_eos) for spec in args.engine]
+    if plan.http_client not in llm.TRANSPORTS:
+        raise UsageError(f"--http-client {plan.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}")
+    targets = [parse_engine(spec, ignore_eos=plan.ignore_eos) for spec in plan.engines]
     instances = [t.instance for t in targets]
     if len(set(instances)) != len(instances):
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
-    if args.command == "knee" and len(targets) != 1:
+    if plan.command == "knee" and len(targets) != 1:
         raise UsageError("knee searches one engine at a time: give one --engine")
-    args.prompts = prompt_sets.for_this_run(args.prompts)  # a fresh set: this run's own prompts
-    prompt_set = prompt_sets.load(args.prompts)
-    workloads.check(args.command, prompt_set, getattr(args, "bursts", 1))
-    if getattr(args, "workers", 0):
-        _check_workers(args, prompt_set)
+    prompt_set = prompt_sets.load(plan.prompts)
+    workloads.check(plan.command, prompt_set, 1 if plan.shape.bursts is None else plan.shape.bursts)
+    if plan.workers:
+        _check_workers(plan, prompt_set)
     # The trials' rules are knobs: a bad one is one line now, not a traceback after the first phase.
     WarmupRule.current()
     NoiseRule.current()
-    return Plan(targets, prompt_set, _phases(args, targets, prompt_set), _models(args.model))
+    return Plan(targets, prompt_set, _phases(plan, targets, prompt_set), _models(plan.models))
 
 
-def _check_workers(args: argparse.Namespace, prompt_set: PromptSet) -> None:
+def _check_workers(plan: RunPlan, prompt_set: PromptSet) -> None:
     """What worker processes cannot share: each builds the master's phases once, and holds its own conversations."""
     from loadgen.workloads.conversation import ConversationSet
 
@@ -116,18 +115,18 @@ def _check_workers(args: argparse.Namespace, prompt_set: PromptSet) -> None:
             f"--workers: the conversations of {prompt_set.name} are held in one process (each turn carries its "
             f"history): run it without --workers"
         )
-    if args.command == "knee":
+    if plan.command == "knee":
         raise UsageError(
             "--workers: the knee picks each load from the last one's results, in one process: run it without --workers"
         )
-    if getattr(args, "noise_retries", 0):
+    if plan.noise_retries:
         raise UsageError(
             "--workers: a noisy phase's retry is decided by the master alone, after the workers built their phases: "
             "set LOADGEN_NOISE_RETRIES=0 (or --noise-retries 0)"
         )
 
 
-def _models(specs: list[str]) -> dict[str, str]:
+def _models(specs: tuple[str, ...]) -> dict[str, str]:
     """`--model NAME` for every engine, `--model vllm=NAME` for one instance."""
     models: dict[str, str] = {}
     for spec in specs:
@@ -136,32 +135,35 @@ def _models(specs: list[str]) -> dict[str, str]:
     return models
 
 
-def _phases(args: argparse.Namespace, targets: list[Target], prompt_set: PromptSet) -> list[Phase]:
+def _phases(plan: RunPlan, targets: list[Target], prompt_set: PromptSet) -> list[Phase]:
     """The phases of the whole run in the order they will run: the seed's experiment interleaved over repetitions."""
 
     def settings_of(target: Target) -> Settings:
         return Settings(
             target=target,
             prompt_set=prompt_set,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            timeout_s=args.request_timeout,
-            think_s=args.think_time,
+            max_tokens=plan.max_tokens,
+            temperature=plan.temperature,
+            timeout_s=plan.request_timeout,
+            think_s=plan.think_time,
         )
 
-    if args.command != "compare":
-        shape = LoadShape.from_options(args)
-        return [phase for target in targets for phase in build_phases(args.command, settings_of(target), shape)]
-    seed4_set = prompt_sets.load("seed4") if not args.no_seed4 and prompt_set.name != "seed4" else None
+    if plan.command != "compare":
+        return [phase for target in targets for phase in build_phases(plan.command, settings_of(target), plan.shape)]
+    seed4_set = prompt_sets.load("seed4") if not plan.no_seed4 and prompt_set.name != "seed4" else None
 
     def one_pass(target: Target, repetition: int) -> list[Phase]:
         # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
         # burst, so the scaling factor (sequential wall / burst wall) compares the same work.
         settings = settings_of(target)
         phases: list[Phase] = [
-            SequentialPhase(settings, name="sequential", count=args.burst_size, repetition=repetition),
+            SequentialPhase(settings, name="sequential", count=plan.shape.burst_size, repetition=repetition),
             BurstPhase(
-                settings, size=args.burst_size, rounds=args.bursts, pause_s=args.burst_pause, repetition=repetition
+                settings,
+                size=plan.shape.burst_size,
+                rounds=plan.shape.bursts,
+                pause_s=plan.shape.burst_pause,
+                repetition=repetition,
             ),
         ]
         if seed4_set is not None:
@@ -169,4 +171,4 @@ def _phases(args: argparse.Namespace, targets: list[Target], prompt_set: PromptS
             phases.append(SequentialPhase(seed4, name="sequential-seed4", repetition=repetition))
         return phases
 
-    return trials.interleave(targets, one_pass, getattr(args, "repetitions", 1))
+    return trials.interleave(targets, one_pass, plan.repetitions)

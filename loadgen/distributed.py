@@ -71,6 +71,7 @@ from loadgen.client import ErrorKind
 from loadgen.clock_sync import clock_offset
 from loadgen.master_port import checked, integer, key, mapping, number, optional, text
 from loadgen.recorder import Recorder
+from loadgen.runplan import RunPlan
 from loadgen.scenarios import (
     MAX_USERS,
     BurstPhase,
@@ -81,7 +82,7 @@ from loadgen.scenarios import (
 )
 from servescope.runfolder import MAX_EPOCH_S, REQUEST_FIELDS, RequestRecord, check_fields
 
-PLAN = "servescope_plan"  # master -> worker (`--workers N` only): the command's options and the probed engines
+PLAN = "servescope_plan"  # master -> worker (`--workers N` only): the run's plan and the probed engines
 LISTENING = "servescope_listening"  # worker -> master (`--workers N`): its handlers are in, the plan may come
 PHASE = "servescope_phase"
 READY = "servescope_ready"
@@ -925,9 +926,9 @@ class Fleet:
             gevent.sleep(0.05)
         say(f"{count} load generator workers connected (pids {', '.join(str(p.pid) for p in self.procs)})")
 
-    def send_plan(self, options: argparse.Namespace, targets) -> None:
-        """What each worker needs to build the master's phases: the command's options, the engines as probed."""
-        self.runner.send_message(PLAN, master_port.plan_message(options, targets))
+    def send_plan(self, plan: RunPlan, targets) -> None:
+        """What each worker needs to build the master's phases: the run's plan, the engines as probed."""
+        self.runner.send_message(PLAN, master_port.plan_message(plan, targets))
 
     def close(self) -> None:
         self.coordinator.close()

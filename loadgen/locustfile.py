@@ -35,7 +35,7 @@ from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
 from loadgen.recorder import Recorder
-from loadgen.runplan import LoadShape, build_phases
+from loadgen.runplan import RunPlan, build_phases
 from loadgen.scenarios import LoadRun, Settings
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
 from loadgen.workloads.conversation import ConversationSet
@@ -311,30 +311,27 @@ def _ours(environment) -> bool:
 
 
 def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
-    options = environment.parsed_options
-    if options.scenario == "knee" and isinstance(environment.runner, MasterRunner):
+    # The web UI's form as it was accepted (loadgen/webui_guard.py), read into the plan once; as before, its prompt
+    # set is the one named (no fresh seed written in).
+    plan = RunPlan.from_args(environment.parsed_options, host=environment.host, fresh_prompts=False)
+    if plan.command == "knee" and isinstance(environment.runner, MasterRunner):
         # Workers step through a phase list they build themselves; the knee's next load exists only on the master.
         raise ValueError("knee: each load is picked from the last one's results in one process: run without workers")
-    url = environment.host or options.engine_url or default_url(options.engine)
-    target = parse_engine(f"{options.engine}={url}", ignore_eos=not options.no_ignore_eos)
-    prompt_set = prompt_sets.load(options.prompts)
-    workloads.check(options.scenario, prompt_set)
+    target = parse_engine(plan.engines[0], ignore_eos=plan.ignore_eos)
+    prompt_set = prompt_sets.load(plan.prompts)
+    workloads.check(plan.command, prompt_set)
     if isinstance(environment.runner, MasterRunner) and isinstance(prompt_set, ConversationSet):
         # loadgen/distributed.py splits users, bursts and schedules; a conversation's history lives in one process.
         raise ValueError(f"the conversations of {prompt_set.name} are held in one process: run them without workers")
     settings = Settings(
-        target=probe(target, options.model or None),
+        target=probe(target, plan.models[0] if plan.models else None),
         prompt_set=prompt_set,
-        max_tokens=options.max_tokens,
-        temperature=options.temperature,
-        timeout_s=options.request_timeout,
-        think_s=float(options.think_time or 0),
+        max_tokens=plan.max_tokens,
+        temperature=plan.temperature,
+        timeout_s=plan.request_timeout,
+        think_s=float(plan.think_time or 0),
     )
-    return LoadRun(
-        build_phases(options.scenario, settings, LoadShape.from_options(options)),
-        recorder,
-        folder=folder,
-    )
+    return LoadRun(build_phases(plan.command, settings, plan.shape), recorder, folder=folder)
 
 
 def _write_manifest(environment, run: LoadRun, status: str) -> None:

@@ -1,18 +1,22 @@
-"""The phases a run is made of, built from the run's options: the factory on top of the phase kinds
+"""A run's plan, read once from its options, and the phases it is made of: the factory on top of the phase kinds
 (loadgen/scenarios.py), the knee's search (loadgen/knee.py) and the schedules (servescope/arrivals.py).
 
-The options arrive as a namespace (the command line's, Locust's parser for the web UI and the workers); they are
-read into a typed LoadShape once, here, and nothing below takes the namespace.
+The options arrive as a namespace (the command line's, Locust's parser for the web UI); RunPlan.from_args reads it
+into a frozen, typed plan once, at that boundary, and nothing below takes the namespace. The workers get the plan
+as JSON (RunPlan.to_json / from_json).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loadgen import prompts as prompt_sets
 from loadgen.knee import KneeOptions, KneeSearch
 from loadgen.options import MAX_RUN_S
 from loadgen.scenarios import (
@@ -25,6 +29,7 @@ from loadgen.scenarios import (
     Settings,
     parse_levels,
 )
+from loadgen.targets import default_url
 from loadgen.workloads.base import PromptSetError
 from servescope import arrivals, knobs
 
@@ -58,6 +63,107 @@ class LoadShape:
         """From a namespace of the options table (loadgen/options.py): the same names on every path."""
         values = {f.name: read(options, f.name, f.metadata["type"]) for f in dataclasses.fields(cls) if f.metadata}
         return cls(**values, knee=KneeOptions.from_options(options) if hasattr(options, "over") else None)
+
+
+# The manifest's flags are the options as given but for these (the targets say the engines and models).
+_NOT_FLAGS = ("engine", "model", "quiet")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run as its options asked for it, typed: the engines, the prompt set, the load's shape, the trials, the SLOs,
+    where the run folder goes. Built once, by from_args, where the options are parsed."""
+
+    command: str  # the scenario (`compare`, `burst`, ... `knee`)
+    engines: tuple[str, ...]  # NAME=URL, as --engine gave them
+    models: tuple[str, ...]  # --model NAME or NAME=MODEL
+    prompts: str  # the prompt set's spec (a fresh set with this run's seed written in)
+    max_tokens: int | None
+    temperature: float | None
+    request_timeout: float | None
+    think_time: float | None
+    ignore_eos: bool
+    http_client: str
+    shape: LoadShape
+    slo: str | None
+    slo_attainment: float | None
+    results: str | None
+    run_id: str | None
+    quiet: bool
+    metrics_port: int
+    metrics_linger: float
+    workers: int
+    warmup: int
+    repetitions: int
+    noise_retries: int
+    settle_max_s: float
+    isolate: str
+    grafana_url: str
+    no_seed4: bool
+    options: tuple[tuple[str, Any], ...]  # every option as given (prompts as above): the manifest's and the wire's
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, host: str | None = None, fresh_prompts: bool = True) -> RunPlan:
+        """The plan of a namespace of the options table: the command line's, or Locust's (`scenario` for the command,
+        one `engine` name whose URL is `host`, the web UI's form fields as text)."""
+        given = dict(vars(args))
+        engine = given.get("engine")
+        if isinstance(engine, str):  # Locust's parser: one engine, at the Host the form or --host gave
+            engine = [f"{engine}={host or given.get('engine_url') or default_url(engine)}"]
+        model = given.get("model")
+        if fresh_prompts and given.get("prompts") is not None:
+            given["prompts"] = prompt_sets.for_this_run(given["prompts"])  # a fresh set: this run's own prompts
+        return cls(
+            command=given.get("command") or given.get("scenario"),
+            engines=tuple(engine or ()),
+            models=((model,) if model else ()) if isinstance(model, str) else tuple(model or ()),
+            prompts=given.get("prompts"),
+            max_tokens=given.get("max_tokens"),
+            temperature=given.get("temperature"),
+            request_timeout=given.get("request_timeout"),
+            think_time=given.get("think_time"),
+            ignore_eos=not given.get("no_ignore_eos"),
+            http_client=given.get("http_client"),
+            shape=LoadShape.from_options(args),
+            slo=given.get("slo"),
+            slo_attainment=given.get("slo_attainment"),
+            results=given.get("results"),
+            run_id=given.get("run_id"),
+            quiet=bool(given.get("quiet")),
+            metrics_port=given.get("metrics_port", 0),
+            metrics_linger=given.get("metrics_linger", 0),
+            workers=given.get("workers", 0),
+            warmup=given.get("warmup", 0),
+            repetitions=given.get("repetitions", 1),
+            noise_retries=given.get("noise_retries", 0),
+            settle_max_s=given.get("settle_max_s", 0),
+            isolate=given.get("isolate", "off"),
+            grafana_url=given.get("grafana_url", ""),
+            no_seed4=bool(given.get("no_seed4")),
+            options=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in given.items()),
+        )
+
+    def option(self, name: str) -> Any:
+        """One option as it was given (None: not an option of this command)."""
+        return dict(self.options).get(name)
+
+    def flags(self) -> dict[str, Any]:
+        """The options as the manifest records them."""
+        flags = {k: list(v) if isinstance(v, tuple) else v for k, v in self.options if k not in _NOT_FLAGS}
+        flags["ignore_eos"] = self.ignore_eos
+        return flags
+
+    def to_json(self) -> str:
+        """The plan as the workers receive it: its options, from which from_json builds the same plan."""
+        return json.dumps({"options": {k: list(v) if isinstance(v, tuple) else v for k, v in self.options}})
+
+    @classmethod
+    def from_json(cls, text: str, *, engines: list[str] | None = None) -> RunPlan:
+        """The plan to_json wrote; `engines` (a worker's, credentials included) instead of the ones written."""
+        options = json.loads(text)["options"]
+        if engines:
+            options["engine"] = list(engines)
+        return cls.from_args(argparse.Namespace(**options), fresh_prompts=False)
 
 
 def read(options: Any, name: str, convert: Callable[[Any], Any]) -> Any:

@@ -14,6 +14,7 @@ import gevent
 from loadgen import distributed, master_port
 from loadgen.commands import prepare
 from loadgen.locustfile import USER_CLASSES
+from loadgen.runplan import RunPlan
 from loadgen.scenarios import LoadRun
 
 PARENT_CHECK_S = 1.0
@@ -36,12 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_plan(environment, msg, **_kw) -> None:
         """The master's command, its engines as probed: the same phases here, records forwarded, nothing printed.
         The engines' URLs, credentials included, are the ones the master started this process with."""
-        options = argparse.Namespace(**msg.data["options"])
-        if engines:
-            options.engine = engines
-        plan = prepare(options)
+        run_plan = RunPlan.from_json(msg.data["plan"], engines=engines)
+        plan = prepare(run_plan)
         distributed.adopt_targets(plan.targets, msg.data["targets"])
-        environment.parsed_options.http_client = options.http_client
+        environment.parsed_options.http_client = run_plan.http_client
         run = LoadRun(plan.phases, agent.recorder(out=None))
         environment.servescope_run = run
         agent.attach(run)

@@ -22,6 +22,7 @@ from loadgen import options
 from loadgen.commands import COMMANDS, USAGE_ERRORS, build_parser, prepare
 from loadgen.options import MAX_RUN_S
 from loadgen.prompts import MAX_SYNTHETIC_WORDS
+from loadgen.runplan import RunPlan
 from loadgen.scenarios import MAX_USERS, BurstPhase, ClosedLoopPhase, RatePhase, SequentialPhase
 from servescope import arrivals
 from servescope.runfolder import RUN_ID
@@ -120,7 +121,7 @@ def test_fuzzed_arguments_are_refused_in_one_line_or_planned_within_bounds(argv)
         assert len(err.strip().splitlines()) == 1 and err.startswith("python -m loadgen"), (argv, err)
         return
     try:
-        plan = prepare(args)
+        plan = prepare(RunPlan.from_args(args))
     except USAGE_ERRORS as exc:
         assert str(exc) and "\n" not in str(exc), (argv, str(exc))
         return

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from argparse import Namespace
+from pathlib import Path
 
+import loadgen
 from loadgen import options
 from loadgen.knee import KneeOptions
-from loadgen.runplan import LoadShape
+from loadgen.runplan import LoadShape, RunPlan
 
 
 def test_every_typed_option_is_a_row_of_the_options_table():
@@ -33,3 +36,56 @@ def test_the_command_lines_options_read_as_the_parser_typed_them():
     shape = LoadShape.from_options(args)
     assert shape.knee is not None and (shape.knee.over, shape.knee.max_load) == ("rate", args.max_load)
     assert shape.burst_size is None  # knee takes no --burst-size
+
+
+# Where a namespace of options may be a parameter: the parsers and what turns their namespace into a RunPlan.
+BOUNDARY = {"cli.py", "options.py", "locustfile.py", "quick.py"}  # quick.py: its own command line, its own parser
+
+
+def _takes_a_namespace(function) -> bool:
+    params = [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs]
+    return any(
+        p.arg in ("args", "namespace") or (p.annotation is not None and "Namespace" in ast.unparse(p.annotation))
+        for p in params
+    )
+
+
+def test_no_function_past_the_boundary_takes_the_namespace():
+    root = Path(loadgen.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).as_posix() in BOUNDARY:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _takes_a_namespace(node):
+                found.append(f"{path.relative_to(root)} {node.name}")
+    assert found == ["runplan.py from_args"], found  # RunPlan.from_args: where the namespace becomes the plan
+
+
+def _knee_plan(*extra: str) -> RunPlan:
+    from loadgen.commands import build_parser
+
+    argv = ["knee", "--engine", "vllm=http://127.0.0.1:9", "--model", "m1", "--prompts", "synthetic:64", *extra]
+    return RunPlan.from_args(build_parser().parse_args(argv))
+
+
+def test_a_plan_read_back_from_its_json_is_the_same_plan():
+    plan = _knee_plan("--over", "rate", "--max-load", "8", "--slo", "ttft_p95<=2")
+    again = RunPlan.from_json(plan.to_json())
+    assert again == plan
+    assert again.shape.knee.over == "rate" and again.models == ("m1",) and again.slo == "ttft_p95<=2"
+    # The fresh set's seed was written in once: the workers draw the master's prompts.
+    assert plan.prompts.startswith("synthetic:64,seed=") and again.prompts == plan.prompts
+
+
+def test_a_worker_reads_the_plan_with_its_own_engines():
+    plan = _knee_plan()
+    mine = RunPlan.from_json(plan.to_json(), engines=["vllm=http://u:p@127.0.0.1:9"])
+    assert mine.engines == ("vllm=http://u:p@127.0.0.1:9",) and mine.shape == plan.shape
+
+
+def test_the_web_ui_form_reads_into_the_same_plan_with_its_host_as_the_engine():
+    form = Namespace(scenario="burst", engine="llamacpp", engine_url="", model="", prompts="seed3", burst_size="4")
+    plan = RunPlan.from_args(form, host="http://127.0.0.1:8011", fresh_prompts=False)
+    assert plan.command == "burst" and plan.engines == ("llamacpp=http://127.0.0.1:8011",)
+    assert plan.models == () and plan.shape.burst_size == 4 and plan.prompts == "seed3"

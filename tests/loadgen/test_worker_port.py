@@ -203,13 +203,14 @@ def test_the_plan_carries_no_credentials_and_the_workers_still_send_them(tmp_pat
     environment their master started them with."""
     from loadgen import master_port  # not loadgen.distributed: Locust would patch this whole process
     from loadgen.commands import build_parser, prepare
+    from loadgen.runplan import RunPlan
 
     with SyntheticServer(ttft=0.02, itl=0.002, tokens=4) as server:
         url = server.url.replace("http://", "http://zqx-user:s3cret@")
         argv = command(server, tmp_path, "burst", "--burst-size", "2")
         argv[argv.index(f"vllm={server.url}")] = f"vllm={url}"
-        args = build_parser().parse_args(argv[3:])
-        plan = json.dumps(master_port.plan_message(args, prepare(args).targets))
+        run_plan = RunPlan.from_args(build_parser().parse_args(argv[3:]))
+        plan = json.dumps(master_port.plan_message(run_plan, prepare(run_plan).targets))
         assert "s3cret" not in plan and "zqx-user" not in plan and "***@" in plan
         proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, env=QUIET_SAMPLER)
         assert proc.returncode == 0, proc.stderr[-3000:]

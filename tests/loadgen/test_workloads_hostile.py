@@ -153,8 +153,9 @@ def test_the_limits_are_knobs_and_a_bad_one_is_one_line(tmp_path, monkeypatch):
 
 def _plan(*argv: str):
     from loadgen.commands import build_parser, prepare
+    from loadgen.runplan import RunPlan
 
-    return prepare(build_parser().parse_args(list(argv)))
+    return prepare(RunPlan.from_args(build_parser().parse_args(list(argv))))
 
 
 def test_a_replay_slower_than_a_run_can_last_is_refused_in_one_line_unless_duration_caps_it():
