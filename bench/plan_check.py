@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,10 +41,13 @@ def loadgen(*args: str, results: Path, run_id: str) -> Path:
     return results / run_id
 
 
-def measured(folder: Path, spec: slo.SloSpec, duration_s: float) -> tuple[float | None, bool, traffic.Traffic]:
-    """The measured attainment and SLO verdict (the knee's rule), and the arrivals the load generator scheduled: the
-    prediction replays the same ones (a short Poisson sample's own queueing would otherwise swamp the model's error
-    near saturation)."""
+def measured(
+    folder: Path, spec: slo.SloSpec, duration_s: float
+) -> tuple[float | None, bool, traffic.Traffic, float | None]:
+    """The measured attainment and SLO verdict (the knee's rule), the arrivals the load generator scheduled (the
+    prediction replays the same ones: a short Poisson sample's own queueing would otherwise swamp the model's error
+    near saturation) and the median time per output token: the replica's speed in this row, to set beside its
+    knee's (near saturation a few percent of speed moves attainment by many points)."""
     run = load.load(folder)
     try:
         records = [r for inst in run.engines for r in run.requests_of(inst, gaps=False)]
@@ -53,7 +57,16 @@ def measured(folder: Path, spec: slo.SloSpec, duration_s: float) -> tuple[float 
     meets = bool(records) and slo.evaluate(spec, records, duration_s).meets
     times = sorted(r.scheduled_at if r.scheduled_at is not None else r.started_at for r in records)
     arrivals = tuple(Arrival(t - times[0]) for t in times) if times else ()
-    return (good / len(records) if records else None), meets, traffic.Traffic(folder.name, arrivals, duration_s)
+    tpots = [t for t in map(slo.tpot, records) if t is not None]
+    speed = float(statistics.median(tpots)) if tpots else None
+    sample = traffic.Traffic(folder.name, arrivals, duration_s)
+    return (good / len(records) if records else None), meets, sample, speed
+
+
+def knee_speed(profile) -> float | None:
+    """The median time per output token at the knee's lowest level (one request in flight when it is 1)."""
+    values = profile.levels[0].tpot_s
+    return float(statistics.median(values)) if len(values) else None
 
 
 class Neighbours:
@@ -202,7 +215,10 @@ def check(argv: list[str] | None) -> int:
                     "--duration", str(args.knee_duration), *tokens, results=results, run_id="knee",
                 )  # fmt: skip
         profile = plan.profile_of(knee, args.slots)
-        print(f"knee of one replica: {profile.knee} users; levels {[lv.concurrency for lv in profile.levels]}")
+        print(
+            f"knee of one replica: {profile.knee} users; levels {[lv.concurrency for lv in profile.levels]}; "
+            f"{_ms(knee_speed(profile))} a token at its lowest level"
+        )
         sharing = None
         if args.start and len(urls) > 1:  # the replicas share this machine: the knee again, its neighbours busy
             with Neighbours(urls[1:], args.slots, args.tokens) as busy:
@@ -213,9 +229,10 @@ def check(argv: list[str] | None) -> int:
             sharing = Sharing(len(urls), plan.profile_of(busy_knee, args.slots))
             print(
                 f"knee of one replica, its {len(urls) - 1} neighbour(s) busy ({busy.sent} requests): "
-                f"{sharing.busy.knee} users; the {len(urls)} replicas share this machine"
+                f"{sharing.busy.knee} users, {_ms(knee_speed(sharing.busy))} a token at its lowest level; the "
+                f"{len(urls)} replicas share this machine"
             )
-        print(f"{'policy':<12} {'req/s':>6} {'N':>3} {'predicted':>9} {'measured':>8} {'diff':>6} {'requests':>8}")
+        print(f"{'policy':<12} {'req/s':>6} {'N':>3} {'predicted':>9} {'measured':>8} {'diff':>6} {'requests':>8} {'ms/token':>8}")
         for policy in args.policies.split(","):
             for rate in (float(r) for r in args.rates.split(",")):
                 met: dict[int, bool] = {}
@@ -227,7 +244,7 @@ def check(argv: list[str] | None) -> int:
                             "--duration", f"{args.duration:g}", "--slo", args.slo, *tokens,
                             results=results, run_id=f"{policy}-{rate:g}-{n}",
                         )  # fmt: skip
-                    attained, met[n], sample = measured(folder, spec, args.duration)
+                    attained, met[n], sample, speed = measured(folder, spec, args.duration)
                     offered = offered or sample
                     predicted = plan.predict(profile, sample, n, spec, policy, 5, args.duration, sharing)
                     diff = (
@@ -238,7 +255,7 @@ def check(argv: list[str] | None) -> int:
                     failures += diff is None or abs(diff) > 5
                     print(
                         f"{policy:<12} {rate:>6g} {n:>3} {_pct(predicted.attainment):>9} {_pct(attained):>8} "
-                        f"{'-' if diff is None else f'{diff:+.1f}p':>6} {len(sample.arrivals):>8}"
+                        f"{'-' if diff is None else f'{diff:+.1f}p':>6} {len(sample.arrivals):>8} {_ms(speed):>8}"
                     )
                 if len(counts) > 1 and offered is not None:
                     failures += not count_check(profile, offered, spec, policy, args.duration, met, counts, sharing)
@@ -262,6 +279,10 @@ def count_check(
         f"the SLOs {fewest or f'none of {counts}'} ({said}: the same or one more)"
     )
     return ok
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
 
 
 def _pct(x: float | None) -> str:

@@ -76,6 +76,40 @@ def test_a_knob_left_out_of_the_table_is_found():
     assert any(n.startswith("dashboards/annotations.py") and n.endswith(": GRAFANA_TOKEN") for n in names)
 
 
+def all_read_names() -> set[str]:
+    return {
+        name
+        for package in PACKAGES
+        for path in (REPO / package).rglob("*.py")
+        for name, _ in reads(ast.parse(path.read_text()))
+    }
+
+
+def test_every_engine_adapters_knob_is_in_the_table():
+    """The adapters name their knobs in attributes (url_env, port_env, ...) that targets and the exporter read by
+    variable, which the literal scan above cannot see."""
+    from servescope import engines
+
+    named = {
+        (kind.name, attr, value)
+        for kind in engines.ENGINES.values()
+        for attr in ("url_env", "port_env", "proxy_port_env", "api_key_env")
+        if isinstance(value := getattr(kind, attr, None), str) and value
+    }
+    assert {attr for _, attr, _ in named} >= {"url_env", "port_env"}  # the attributes are still there to read
+    assert [n for n in named if n[2] not in table()] == []
+
+
+def test_every_exception_is_still_read():
+    """An entry no module reads any more is a stale excuse waiting to hide a new knob of that name."""
+    assert set(NOT_KNOBS) - all_read_names() == set()
+
+
+def test_no_exception_is_also_a_knob():
+    """A name in both would be documented as a knob and excused as not one: one of them is wrong."""
+    assert set(NOT_KNOBS) & table() == set()
+
+
 def test_every_read_form_is_seen():
     code = (
         'import os\nos.environ.get("A")\nos.getenv("B")\nos.environ["C"]\n"D" in os.environ\n'
