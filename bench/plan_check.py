@@ -232,7 +232,9 @@ def check(argv: list[str] | None) -> int:
                 f"{sharing.busy.knee} users, {_ms(knee_speed(sharing.busy))} a token at its lowest level; the "
                 f"{len(urls)} replicas share this machine"
             )
-        print(f"{'policy':<12} {'req/s':>6} {'N':>3} {'predicted':>9} {'measured':>8} {'diff':>6} {'requests':>8} {'ms/token':>8}")
+        print(
+            f"{'policy':<12} {'req/s':>6} {'N':>3} {'predicted':>9} {'measured':>8} {'diff':>6} {'requests':>8} {'ms/token':>8}"
+        )
         for policy in args.policies.split(","):
             for rate in (float(r) for r in args.rates.split(",")):
                 met: dict[int, bool] = {}

@@ -260,7 +260,7 @@ def _size(path: Path) -> str:
     return f"{size / 2**30:.2f} GB" if size >= 2**30 else f"{size / 2**20:.0f} MB"
 
 
-def _row(n: int, label: str, results: list[tuple], goal: tuple[float | None, int | None] = (None, None)) -> int:
+def print_row(n: int, label: str, results: list[tuple], goal: tuple[float | None, int | None] = (None, None)) -> int:
     """Print one measured step (the median wall time of its runs, the largest peak); 1 when a run failed (its exit
     code and last line printed under it)."""
     walls = sorted(r[0] for r in results)
@@ -340,8 +340,8 @@ def _measure_folder(n: int, run: Path, repeat: int, old: Path | None) -> int:
             print("  no index made by the first report")
             return 1
         second.append(measure(REPO, run))
-    failures = _row(n, "first report (no index yet: makes it)", first, goal)
-    failures += _row(n, "second report (opens the index)", second, goal)
+    failures = print_row(n, "first report (no index yet: makes it)", first, goal)
+    failures += print_row(n, "second report (opens the index)", second, goal)
     if second[-1][3] == 0:  # read before another report writes its own report.json over it
         groups = json.loads((run / "report.json").read_text())["latency"]["groups"]
         itl = {g["instance"]: g["metrics"]["itl_s"] for g in groups}
@@ -349,10 +349,10 @@ def _measure_folder(n: int, run: Path, repeat: int, old: Path | None) -> int:
             "  ITL p50/p99 ms: "
             + ", ".join(f"{i} {m['p50'] * 1000:.3f}/{m['p99'] * 1000:.3f} (n={m['n']:,})" for i, m in itl.items())
         )
-    failures += _row(n, "report, no index kept (RUN_INDEX_MIN_MB=off)", [measure(REPO, run, index=False)])
+    failures += print_row(n, "report, no index kept (RUN_INDEX_MIN_MB=off)", [measure(REPO, run, index=False)])
     # The list-based report needs ~35 GB at 1 M requests: it runs on the small folder only.
     if old is not None and n <= KEEP_MAX:
-        failures += _row(n, f"report, lists ({OLD_REPORT})", [measure(old, run)])
+        failures += print_row(n, f"report, lists ({OLD_REPORT})", [measure(old, run)])
     return failures
 
 

@@ -163,9 +163,14 @@ class Progress:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = Settings.of(args)  # the namespace stops here: what follows takes the settings and the targets
+    except slo.SloError as exc:
+        print(f"quick: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # a SIGTERM ends it as Ctrl-C does
     try:
-        return _main(args, Progress())
+        return _main(settings, args.urls, args.ports, Progress())
     except KeyboardInterrupt:  # before or between engines: nothing was being measured
         print("quick: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
@@ -173,11 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _main(args: argparse.Namespace, say: Progress) -> int:
+def _main(settings: Settings, urls: list[str], ports: str, say: Progress) -> int:
     try:
-        settings = Settings.of(args)
-        servers = _servers(args, say)
-    except (discover.DiscoverError, slo.SloError) as exc:
+        servers = _servers(urls, ports, say)
+    except discover.DiscoverError as exc:
         print(f"quick: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if not servers:
@@ -205,11 +209,12 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _servers(args: argparse.Namespace, say: Progress) -> list[discover.Server]:
-    """The engines to measure; one line for each one that answers nothing or cannot be measured."""
-    if args.urls:
+def _servers(urls: list[str], ports: str, say: Progress) -> list[discover.Server]:
+    """The engines to measure (the URLs given, else what answers on the ports); one line for each one that answers
+    nothing or cannot be measured."""
+    if urls:
         found: list[discover.Server] = []
-        for text in args.urls:
+        for text in urls:
             kind, sep, url = text.partition("=")
             if not sep:
                 kind, url = "", text
@@ -224,9 +229,9 @@ def _servers(args: argparse.Namespace, say: Progress) -> list[discover.Server]:
                 server.identity = engine_identity.probe(kind, server.url)
             found.append(server)
     else:
-        ports = discover.parse_ports(args.ports, "--ports") if args.ports.strip() else discover.usual_ports()
-        say(f"quick: looking on 127.0.0.1 ports {', '.join(f'{u.port} ({u.source})' for u in ports)}")
-        result = discover.discover(ports)
+        usual = discover.parse_ports(ports, "--ports") if ports.strip() else discover.usual_ports()
+        say(f"quick: looking on 127.0.0.1 ports {', '.join(f'{u.port} ({u.source})' for u in usual)}")
+        result = discover.discover(usual)
         for line in result.skipped:
             say(f"quick: {line}")
         found = result.servers

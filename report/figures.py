@@ -112,34 +112,58 @@ def output_tokens(run: Run) -> dict | None:
 
 
 def gauge_traces(run: Run, report: GaugeReport) -> dict[str, dict]:
-    """What the gauge plot draws, in seconds since the run's start: phase bands and each gauge with its gaps as NaN."""
+    """What the gauge plot draws, in seconds since the run's start: phase bands and each gauge with its gaps as NaN.
+    The run's targets that make a fleet (FLEET_SUMMARY_INSTANCES of one kind) are drawn once, as their derived sum."""
     if not report.available or report.window is None:
         return {}
     t0 = report.window[0]
     traces = {}
-    for eg in report.engines.values():
-        if not eg.series:
-            continue
+
+    def trace_of(series_: dict, spacing: float | None, instance: str) -> dict[str, Any]:
         trace: dict[str, Any] = {
-            "bands": [(p.phase, p.started_at - t0, p.ended_at - t0) for p in run.phases_of(eg.instance)]
+            "bands": [(p.phase, p.started_at - t0, p.ended_at - t0) for p in run.phases_of(instance)]
         }
         for gauge in LEVER_GAUGES:
-            points = with_gaps(eg.series.get(gauge, []), eg.spacing_s)
+            points = with_gaps(series_.get(gauge, []), spacing)
             trace[gauge] = ([t - t0 for t, _ in points], [v for _, v in points])
-        traces[eg.instance] = trace
+        return trace
+
+    for eg in report.engines.values():
+        fleet = report.fleet_of(eg.instance)
+        if not eg.series or (fleet is not None and fleet.behind is None):
+            continue
+        traces[eg.instance] = trace_of(eg.series, eg.spacing_s, eg.instance)
+    for fleet in report.fleets:
+        if fleet.behind is None and fleet.total:
+            traces[fleet_key(fleet)] = trace_of(fleet.total, fleet.spacing_s, fleet.members[0].instance)
     return traces
 
 
+def fleet_key(fleet) -> str:
+    return f"fleet:{fleet.engine}"
+
+
 def gauges(run: Run, report: GaugeReport) -> dict | None:
-    """One panel per engine: its title (where the values came from) and its trace."""
+    """One panel per engine, or per fleet: its title (where the values came from) and its trace."""
     traces = gauge_traces(run, report)
     if not traces:
         return None
     panels = []
-    for instance, trace in traces.items():
-        eg = report.engines[instance]
-        how = f"samples every {eg.spacing_s * 1000:g} ms" if eg.source == "samples" else "Prometheus"
-        panels.append((f"{run.engines[instance].title}: lever gauges ({how}; shaded: load phases)", trace))
+    fleets = {fleet_key(f): f for f in report.fleets if f.behind is None}
+    for key, trace in traces.items():
+        if key in fleets:
+            f = fleets[key]
+            title = (
+                f"{len(f.members)} {f.engine} instances: lever gauges summed per read (derived; shaded: load phases)"
+            )
+        else:
+            eg = report.engines[key]
+            how = f"samples every {eg.spacing_s * 1000:g} ms" if eg.source == "samples" else "Prometheus"
+            behind = report.fleet_of(key)
+            if behind is not None:
+                how += f", summed over {len(behind.members)} instances (derived)"
+            title = f"{run.engines[key].title}: lever gauges ({how}; shaded: load phases)"
+        panels.append((title, trace))
     return {"panels": panels}
 
 

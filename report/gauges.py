@@ -14,9 +14,10 @@ from urllib.parse import urlencode
 from urllib.request import urlopen
 
 from report.load import Run
-from servescope import knobs, series
+from servescope import series, thresholds
 from servescope.runfolder import SAMPLES, RunFolder, SampleRecord, read_samples
 from servescope.sampler import combine_models, split_at_gaps
+from servescope.urls import default_prometheus_url  # noqa: F401  (the report's and the plan's default)
 
 GAUGES = series.LEVER_GAUGES  # running, waiting, KV usage
 KV_SERIES = (series.KV_BLOCK_SIZE, series.KV_BLOCKS, series.KV_CAPACITY_TOKENS, series.KV_MAX_CONCURRENCY)
@@ -25,14 +26,6 @@ REUSE_COUNTERS = (series.PROMPT_TOKENS, series.PROMPT_CACHED_TOKENS)
 MAX_POINTS = 600  # query_range resolution: a step that gives at most this many points
 PAD_S = 5.0  # look a little beyond the run so a scrape just after the last request still counts
 TIMEOUT_S = 5.0
-
-
-def default_prometheus_url() -> str:
-    """The stack's Prometheus on this machine (PROMETHEUS_PORT): where the report and the plan ask when not told."""
-    try:
-        return f"http://127.0.0.1:{knobs.get_int('PROMETHEUS_PORT', 9090)}"
-    except ValueError:
-        return "http://127.0.0.1:9090"
 
 
 class PrometheusError(Exception):
@@ -115,6 +108,36 @@ class EngineGauges:
 
 
 @dataclass
+class Member:
+    """One instance of a fleet: its peaks over the run and how much of the run it had requests waiting."""
+
+    instance: str
+    peaks: dict[str, float | None]
+    waiting_share: float | None  # share of its reads with requests waiting (None: waiting never read)
+
+
+@dataclass
+class Fleet:
+    """Many instances of one engine kind, summarised instead of shown one by one: behind one of the run's targets (a
+    router in front of replicas the exporter or Prometheus read one by one), or the run's own targets of that kind."""
+
+    engine: str
+    behind: str | None  # the run's target they answered through; None: they are the run's targets
+    members: list[Member]  # the busiest first: by peak waiting, then peak running
+    spacing_s: float | None = None
+    total: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)  # derived: combined per read
+
+    @property
+    def queued(self) -> list[Member]:
+        return [m for m in self.members if (m.peaks.get(series.REQUESTS_WAITING) or 0) > 0]
+
+    def spread(self, gauge: str) -> tuple[float, float, float] | None:
+        """(lowest, median, highest) of the members' peaks of one gauge; None when no member read it."""
+        peaks = sorted(v for m in self.members if (v := m.peaks.get(gauge)) is not None)
+        return (peaks[0], statistics.median(peaks), peaks[-1]) if peaks else None
+
+
+@dataclass
 class GaugeReport:
     available: bool
     reason: str  # why there is no data (one line), or where the data came from
@@ -124,22 +147,40 @@ class GaugeReport:
     engines: dict[str, EngineGauges] = field(default_factory=dict)
     reachable: bool = False  # Prometheus answered (even if with no data): worth asking it for more
     warnings: list[str] = field(default_factory=list)  # what could not be read from samples.jsonl
+    fleets: list[Fleet] = field(default_factory=list)
+
+    def fleet_of(self, instance: str) -> Fleet | None:
+        """The fleet a run's target stands for (behind it) or belongs to (one of many of its kind)."""
+        for f in self.fleets:
+            if f.behind == instance or (f.behind is None and any(m.instance == instance for m in f.members)):
+                return f
+        return None
 
 
 def collect(run: Run, url: str, client: Prometheus | None = None) -> GaugeReport:
     """The gauges over the run: the run's own samples where it has them, else Prometheus; never raises."""
     report = _from_prometheus(run, url, client)
     samples, report.warnings = _read_samples(run)
+    behind: dict[str, Fleet] = {f.behind: f for f in report.fleets if f.behind is not None}
     for instance, info in run.engines.items():
         mine = _mine(samples, instance, info.kind, run)
         if not mine:
             continue
+        by_instance: dict[str, list[SampleRecord]] = {}
+        for r in mine:
+            by_instance.setdefault(r.instance, []).append(r)
+        if len(by_instance) > 1:  # a router's replicas, read one by one: their sum stands for the target
+            members = {name: _from_samples(run, name, info.kind, rs) for name, rs in by_instance.items()}
+            behind[instance] = _fleet(info.kind, instance, members.values(), run)
+            mine = _combined(mine, instance)
         eg = _from_samples(run, instance, info.kind, mine)
         scraped = report.engines.get(instance)
         if scraped is not None and scraped.series:
             eg.prometheus_peaks = scraped.peaks
             eg.kv = {k: v if v is not None else scraped.kv.get(k) for k, v in eg.kv.items()}
         report.engines[instance] = eg
+    report.fleets = list(behind.values())
+    report.fleets += _fleets_of_targets(report, run)
     sampled = [eg for eg in report.engines.values() if eg.source == "samples"]
     if sampled:
         interval = max(eg.spacing_s or 0.0 for eg in sampled)
@@ -175,11 +216,21 @@ def _from_prometheus(run: Run, url: str, client: Prometheus | None) -> GaugeRepo
     report.reachable = True
     for instance, info in run.engines.items():
         eg = EngineGauges(instance, info.kind, spacing_s=step)
+        members: dict[str, EngineGauges] = {}
         for gauge, result in results.items():
-            values = _merge(_pick(result, instance, info.kind, run), gauge)
+            picked = _pick(result, instance, info.kind, run)
+            values = _merge(picked, gauge)
             if values:
                 eg.series[gauge] = values
+            for s in picked:
+                name = _label_instance(s) or ""
+                member = members.setdefault(name, EngineGauges(name, info.kind, spacing_s=step))
+                member.series[gauge] = _merge([x for x in picked if _label_instance(x) == name], gauge)
         summarise(eg, run, slack=step)
+        if len(members) > 1:  # a router's replicas, scraped one by one: their sum stands for the target
+            for member in members.values():
+                summarise(member, run, slack=step)
+            report.fleets.append(_fleet(info.kind, instance, members.values(), run))
         for name, result in kv_results.items():
             picked = _pick(result, instance, info.kind, run)
             eg.kv[name] = max((float(s["value"][1]) for s in picked), default=None)
@@ -268,17 +319,82 @@ def _pick(result: list[dict], instance: str, kind: str, run: Run) -> list[dict]:
     engine kind when the run has only one instance of that kind.
     """
 
-    def label_instance(s: dict) -> str | None:
-        m = s.get("metric", {})
-        return m.get("exported_instance") or m.get("instance")
-
-    by_name = [s for s in result if label_instance(s) == instance and s.get("metric", {}).get("engine") in (kind, None)]
+    by_name = [
+        s for s in result if _label_instance(s) == instance and s.get("metric", {}).get("engine") in (kind, None)
+    ]
     if by_name:
         return by_name
     same_kind = [i for i, e in run.engines.items() if e.kind == kind]
     if len(same_kind) == 1:
         return [s for s in result if s.get("metric", {}).get("engine") == kind]
     return []
+
+
+def _label_instance(s: dict) -> str | None:
+    m = s.get("metric", {})
+    return m.get("exported_instance") or m.get("instance")
+
+
+def _combined(records: list[SampleRecord], instance: str) -> list[SampleRecord]:
+    """Several instances' records as one target's: per read (one read gives every instance the same time), the
+    values combined the way one instance's models are (combine_models: counts add up, a usage ratio is the fullest);
+    a read with no instance answering stays missing. Derived, and the report says so."""
+    by_t: dict[float, list[SampleRecord]] = {}
+    for r in records:
+        by_t.setdefault(r.t, []).append(r)
+    out = []
+    for t, group in sorted(by_t.items()):
+        answered = [r for r in group if not r.missing]
+        values: dict[str, list[float]] = {}
+        for r in answered:
+            for name, v in r.values.items():
+                values.setdefault(name, []).append(v)
+        first = group[0]
+        out.append(
+            SampleRecord(
+                t,
+                first.read_s,
+                first.interval_s,
+                first.engine,
+                instance,
+                first.phase,
+                {name: combine_models(name, vs) for name, vs in values.items()},
+                None if answered else first.missing,
+            )  # fmt: skip
+        )
+    return out
+
+
+def _fleet(engine: str, behind: str | None, members, run: Run) -> Fleet:
+    """The fleet's members, busiest first, and its derived total (combined per read time)."""
+    summary = []
+    spacing = None
+    total: dict[str, dict[float, list[float]]] = {}
+    for eg in members:
+        spacing = max(spacing or 0.0, eg.spacing_s or 0.0) or None
+        waiting = [v for _, v in eg.series.get(series.REQUESTS_WAITING, []) if v is not None]
+        share = sum(1 for v in waiting if v > 0) / len(waiting) if waiting else None
+        summary.append(Member(eg.instance, dict(eg.peaks), share))
+        for gauge in GAUGES:
+            for t, v in eg.series.get(gauge, []):
+                if v is not None:
+                    total.setdefault(gauge, {}).setdefault(t, []).append(v)
+    summary.sort(
+        key=lambda m: (-(m.peaks.get(series.REQUESTS_WAITING) or 0), -(m.peaks.get(series.REQUESTS_RUNNING) or 0))
+    )
+    combined = {g: sorted((t, combine_models(g, vs)) for t, vs in pts.items()) for g, pts in total.items()}
+    return Fleet(engine, behind, summary, spacing, combined)
+
+
+def _fleets_of_targets(report: GaugeReport, run: Run) -> list[Fleet]:
+    """The run's own targets, when one engine kind has FLEET_SUMMARY_INSTANCES or more of them with gauges."""
+    by_kind: dict[str, list[EngineGauges]] = {}
+    for instance, eg in report.engines.items():
+        if eg.series and report.fleet_of(instance) is None:
+            by_kind.setdefault(run.engines[instance].kind, []).append(eg)
+    return [
+        _fleet(kind, None, egs, run) for kind, egs in by_kind.items() if len(egs) >= thresholds.FLEET_SUMMARY_INSTANCES
+    ]
 
 
 def _merge(picked: list[dict], name: str) -> list[tuple[float, float]]:
@@ -325,4 +441,19 @@ def to_json(report: GaugeReport) -> dict:
             }
             for i, e in report.engines.items()
         },
+        "fleets": [
+            {
+                "engine": f.engine,
+                "behind": f.behind,
+                "instances": len(f.members),
+                "queued": [m.instance for m in f.queued],
+                "spread": {g: f.spread(g) for g in GAUGES},
+                "members": [asdict(m) for m in f.members],
+                "total": {
+                    "derived": "combined per read over the members",
+                    **{g: [[t, v] for t, v in pts] for g, pts in f.total.items()},
+                },
+            }
+            for f in report.fleets
+        ],
     }

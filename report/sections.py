@@ -30,7 +30,7 @@ from report import figures as figure_data
 from report.load import Run
 from report.painter import Painter
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
-from servescope import engines, series
+from servescope import engines, series, thresholds
 from servescope.engines.base import DURATIONS
 
 
@@ -618,6 +618,9 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
     )
     rows = []
     for instance, eg in report.engines.items():
+        fleet = report.fleet_of(instance)
+        if fleet is not None and fleet.behind is None:
+            continue  # one of many of its kind: the fleet's summary below stands for it
         per_phase = "; ".join(
             f"{ph}: {_num(pk.get(series.REQUESTS_RUNNING))}/{_num(pk.get(series.REQUESTS_WAITING))}/"
             f"{_pct(pk.get(series.KV_CACHE_USAGE))}"
@@ -632,13 +635,16 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
                 per_phase or "n/a",
             ]
         )
-    sec.add(
-        Table(
-            ["Engine", "Peak running", "Peak waiting", "Peak KV usage", "Per phase (running/waiting/KV)"],
-            rows,
-            "Peaks over the run",
+    if rows:
+        sec.add(
+            Table(
+                ["Engine", "Peak running", "Peak waiting", "Peak KV usage", "Per phase (running/waiting/KV)"],
+                rows,
+                "Peaks over the run",
+            )
         )
-    )
+    for fleet in report.fleets:
+        _fleet(run, fleet, sec)
     coverage = [
         [
             run.engines[instance].title,
@@ -649,6 +655,7 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
             "; ".join(c.reasons) or "none",
         ]
         for instance, eg in report.engines.items()
+        if (fleet := report.fleet_of(instance)) is None or fleet.behind is not None
         for c in eg.coverage.values()
     ]
     if coverage:
@@ -689,6 +696,49 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
     for fig_ in figs:
         sec.add(fig_)
     return sec
+
+
+def _fleet(run: Run, fleet: gauges.Fleet, sec: Section) -> None:
+    """Many instances of one kind: the spread of their peaks, how many queued, the busiest, not a row each."""
+    where = f" behind {run.engines[fleet.behind].title}" if fleet.behind else ""
+    spread = "; ".join(
+        f"{name} {fmt(low)} / {fmt(mid)} / {fmt(high)}"
+        for name, gauge, fmt in (
+            ("running", series.REQUESTS_RUNNING, _num),
+            ("waiting", series.REQUESTS_WAITING, _num),
+            ("KV usage", series.KV_CACHE_USAGE, _pct),
+        )
+        if (s := fleet.spread(gauge)) is not None
+        for low, mid, high in (s,)
+    )
+    total = (
+        f"The row of {run.engines[fleet.behind].title} above and its plot show" if fleet.behind else "The plot shows"
+    )
+    sec.add(
+        Paragraph(
+            f"A fleet of {len(fleet.members)} {fleet.engine} instances{where}: {len(fleet.queued)} of them had "
+            f"requests waiting at some read. Their peaks over the run, lowest / median / highest: "
+            f"{spread or 'none read'}. {total} their sum per read (derived: running and waiting added up, KV usage "
+            f"the fullest instance)."
+        )
+    )
+    top = fleet.members[: thresholds.FLEET_TOP_N]
+    sec.add(
+        Table(
+            ["Instance", "Peak running", "Peak waiting", "Peak KV usage", "Reads with requests waiting"],
+            [
+                [
+                    m.instance,
+                    _num(m.peaks.get(series.REQUESTS_RUNNING)),
+                    _num(m.peaks.get(series.REQUESTS_WAITING)),
+                    _pct(m.peaks.get(series.KV_CACHE_USAGE)),
+                    _pct(m.waiting_share),
+                ]
+                for m in top
+            ],
+            f"The {len(top)} busiest of the {len(fleet.members)} (by peak waiting, then peak running)",
+        )
+    )
 
 
 def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArithmetic]) -> Section:

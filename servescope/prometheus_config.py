@@ -200,13 +200,17 @@ def _timeout_for(interval: str) -> str:
     return f"{_timeout_ms(interval)}ms"
 
 
-def _timeout_ms(interval: str) -> int:
+def interval_s(interval: str) -> float:
+    """Seconds in a Prometheus interval of one unit (5s, 500ms, 1m, 1h); ValueError for any other form."""
     units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
     for suffix in ("ms", "s", "m", "h"):
         if interval.endswith(suffix) and interval[: -len(suffix)].isdigit():
-            seconds = int(interval[: -len(suffix)]) * units[suffix]
-            return max(int(seconds * 1000 * 0.8), 100)
+            return int(interval[: -len(suffix)]) * units[suffix]
     raise ValueError(f"scrape interval {interval!r} is not like 5s, 500ms or 1m")
+
+
+def _timeout_ms(interval: str) -> int:
+    return max(int(interval_s(interval) * 1000 * 0.8), 100)
 
 
 def engine_budget_s(interval: str) -> float:

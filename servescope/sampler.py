@@ -19,13 +19,16 @@ Load generator and benchmarks use it the same way::
 from __future__ import annotations
 
 import http.client
+import json
+import math
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from urllib.parse import urlencode, urlsplit
+from urllib.request import urlopen
 
-from servescope import knobs, series
+from servescope import knobs, metrics_mode, series, urls
 from servescope.exposition import Samples, parse_exposition
 from servescope.runfolder import RunFolder, SampleRecord, append_samples
 
@@ -52,6 +55,13 @@ GAP_FACTOR = 1.5
 # engine costs its own samples, not the page's.
 READ_TIMEOUT_S = 5.0
 HEADERS = {"Accept": "text/plain", "User-Agent": "servescope-sampler"}
+# Where the samples come from: the exporter's page (fans out to every engine with a deadline each; 100 ms reads), or
+# Prometheus' query API in fleet mode (the recording rules' series, at Prometheus' own resolution).
+FROM_EXPORTER = "exporter"
+FROM_PROMETHEUS = "prometheus"
+SOURCES = (FROM_EXPORTER, FROM_PROMETHEUS)
+AUTO = "auto"
+PROMETHEUS_QUERY = '{__name__=~"' + "|".join(sorted(WANTED)) + '"}'
 # A read whose exporter answered but could not read the engine (down, frozen, its page failing): the engine's fault,
 # where an exporter that did not answer says nothing about the engine.
 ENGINE_UNREAD = f"the exporter could not read this engine ({series.ENGINE_UP} 0)"
@@ -103,6 +113,39 @@ def default_source() -> str:
     return knobs.get("SAMPLE_EXPORTER_URL", "") or f"http://127.0.0.1:{knobs.get_int('EXPORTER_PORT', 9464)}"
 
 
+def source_kind() -> str:
+    """Where the samples come from (SAMPLE_SOURCE): `auto` reads the exporter in exporter mode and Prometheus in
+    fleet mode, where the exporter no longer has the series the recording rules make."""
+    value = knobs.get("SAMPLE_SOURCE", AUTO).strip().lower() or AUTO
+    if value not in (AUTO, *SOURCES):
+        raise ValueError(f"SAMPLE_SOURCE={value!r}: expected auto, {' or '.join(SOURCES)}")
+    if value != AUTO:
+        return value
+    return FROM_PROMETHEUS if metrics_mode.is_fleet() else FROM_EXPORTER
+
+
+def prometheus_resolution_s(url: str, timeout_s: float = READ_TIMEOUT_S) -> float:
+    """How often Prometheus' values change: SAMPLE_PROMETHEUS_INTERVAL_MS, else its own configuration's longer of
+    scrape and rule evaluation interval (a read more often than that only repeats a value), else the stack's."""
+    from servescope import prometheus_config
+
+    ms = knobs.get("SAMPLE_PROMETHEUS_INTERVAL_MS", "")
+    if ms:
+        return int(ms) / 1000.0
+    try:
+        import yaml
+
+        with urlopen(f"{url.rstrip('/')}/api/v1/status/config", timeout=timeout_s) as answer:
+            config = yaml.safe_load(json.loads(answer.read())["data"]["yaml"]) or {}
+        top = config.get("global") or {}
+        # Prometheus' own defaults when its configuration says nothing: scrape 1m, evaluation 1m.
+        return max(
+            prometheus_config.interval_s(str(top.get(k, "1m"))) for k in ("scrape_interval", "evaluation_interval")
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        return prometheus_config.interval_s(prometheus_config.DEFAULT_SCRAPE_INTERVAL)
+
+
 def default_interval_s() -> float:
     return knobs.get_int("SAMPLE_INTERVAL_MS", 100) / 1000.0
 
@@ -120,6 +163,7 @@ class Sampler:
         timeout_s: float = READ_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
         notify: Callable[[str], None] | None = None,
+        kind: str = FROM_EXPORTER,
     ):
         if interval_s < 0:
             raise ValueError(f"sampling interval must be >= 0 ms, got {interval_s * 1000:g}")
@@ -131,7 +175,13 @@ class Sampler:
         self.notify = notify  # told once per new kind of failure, one line
         parts = urlsplit(self.source if "://" in self.source else f"http://{self.source}")
         self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
-        self._path = (parts.path.rstrip("/") or "") + "/metrics?" + urlencode([("name[]", n) for n in sorted(WANTED)])
+        self.kind = kind
+        if kind == FROM_PROMETHEUS:
+            self._path = (parts.path.rstrip("/") or "") + "/api/v1/query?" + urlencode({"query": PROMETHEUS_QUERY})
+        else:
+            self._path = (
+                (parts.path.rstrip("/") or "") + "/metrics?" + urlencode([("name[]", n) for n in sorted(WANTED)])
+            )
         self._conn: http.client.HTTPConnection | None = None
         # Instances to mark missing when the exporter itself does not answer: the run's until the exporter
         # has answered, then the ones on its page (its names may differ from the run's: the report matches them).
@@ -145,8 +195,14 @@ class Sampler:
 
     @classmethod
     def for_run(cls, folder: RunFolder, expected: Iterable[tuple[str, str]] = ()) -> Sampler:
-        """The knobs' sampler: SAMPLE_INTERVAL_MS (0: off) from SAMPLE_EXPORTER_URL (default the local exporter)."""
-        return cls(folder, default_source(), default_interval_s(), expected=expected, notify=_to_stderr)
+        """The knobs' sampler: SAMPLE_INTERVAL_MS (0: off) from SAMPLE_EXPORTER_URL (default the local exporter), or
+        in fleet mode (SAMPLE_SOURCE) from SAMPLE_PROMETHEUS_URL at Prometheus' resolution."""
+        interval, kind = default_interval_s(), source_kind()
+        if kind == FROM_EXPORTER:
+            return cls(folder, default_source(), interval, expected=expected, notify=_to_stderr)
+        source = knobs.get("SAMPLE_PROMETHEUS_URL", "") or urls.default_prometheus_url()
+        interval = max(interval, prometheus_resolution_s(source)) if interval > 0 else 0.0
+        return cls(folder, source, interval, expected=expected, notify=_to_stderr, kind=kind)
 
     @property
     def enabled(self) -> bool:
@@ -155,6 +211,11 @@ class Sampler:
     def describe(self) -> str:
         if not self.enabled:
             return "server samples: off (SAMPLE_INTERVAL_MS=0)"
+        if self.kind == FROM_PROMETHEUS:
+            return (
+                f"server samples: every {self.interval_s * 1000:g} ms from Prometheus at {self.source} (fleet mode: "
+                f"its latest values, up to one scrape or rule evaluation old) during load phases"
+            )
         return f"server samples: every {self.interval_s * 1000:g} ms from {self.source}/metrics during load phases"
 
     # --- phases ---
@@ -205,7 +266,10 @@ class Sampler:
         """Read the exporter's page once and append one record per engine instance; never raises."""
         sent = self.clock()
         try:
-            by_engine = engine_values(parse_exposition(self._get(), WANTED))
+            page = self._get()
+            by_engine = engine_values(
+                prometheus_samples(page) if self.kind == FROM_PROMETHEUS else parse_exposition(page, WANTED)
+            )
             error = None
         except (OSError, http.client.HTTPException, ValueError) as exc:
             by_engine, error = {}, _reason(exc)
@@ -218,12 +282,14 @@ class Sampler:
         records = []
         if error is not None:
             self.failed_reads += 1
-            if self.notify is not None and f"exporter at {self.source}: {error}" != self.last_error:
+            what = f"Prometheus at {self.source}" if self.kind == FROM_PROMETHEUS else f"exporter at {self.source}"
+            where = "SAMPLE_PROMETHEUS_URL" if self.kind == FROM_PROMETHEUS else "SAMPLE_EXPORTER_URL"
+            if self.notify is not None and f"{what}: {error}" != self.last_error:
                 self.notify(
-                    f"server samples: exporter at {self.source}: {error}; these reads are marked missing "
-                    f"(SAMPLE_EXPORTER_URL points elsewhere, SAMPLE_INTERVAL_MS=0 turns sampling off)"
+                    f"server samples: {what}: {error}; these reads are marked missing "
+                    f"({where} points elsewhere, SAMPLE_INTERVAL_MS=0 turns sampling off)"
                 )
-            self.last_error = f"exporter at {self.source}: {error}"
+            self.last_error = f"{what}: {error}"
             records = [
                 SampleRecord(t, read_s, self.interval_s, engine, instance, self.phase, missing=self.last_error)
                 for engine, instance in self.known
@@ -265,6 +331,42 @@ class Sampler:
                 raise ValueError(f"HTTP {resp.status}")
             return body.decode("utf-8", errors="replace")
         raise AssertionError("unreachable")
+
+
+def prometheus_samples(text: str) -> Samples:
+    """An instant query's answer as the exporter page's samples: the engine's `instance` is `exported_instance` where
+    Prometheus renamed it (a series scraped from the exporter), else `instance` (a recording rule over the engine's
+    own page). An instance the rules read has no engine_up of its own: its series being there stands for it."""
+    try:
+        body = json.loads(text)
+    except RecursionError:
+        raise ValueError("Prometheus answered a page too deeply nested to be its JSON") from None
+    if not isinstance(body, dict) or body.get("status") != "success" or not isinstance(body.get("data"), dict):
+        raise ValueError(f"Prometheus did not answer success: {str(body)[:120]}")
+    out: Samples = {}
+    for item in body["data"].get("result") or ():
+        try:
+            metric, (_, raw) = item["metric"], item["value"]
+            value = float(raw)
+        except (KeyError, TypeError, ValueError):
+            continue
+        name = metric.get("__name__", "")
+        labels = {
+            "engine": metric.get("engine", ""),
+            "instance": metric.get("exported_instance") or metric.get("instance", ""),
+        }
+        if "model" in metric:
+            labels["model"] = metric["model"]
+        if name in WANTED and not math.isnan(value):
+            out.setdefault(name, []).append((labels, value))
+    up = {(lb["engine"], lb["instance"]) for lb, _ in out.get(series.ENGINE_UP, ())}
+    for name in KEPT:
+        for labels, _ in out.get(name, ()):
+            key = (labels["engine"], labels["instance"])
+            if key not in up:
+                up.add(key)
+                out.setdefault(series.ENGINE_UP, []).append(({"engine": key[0], "instance": key[1]}, 1.0))
+    return out
 
 
 def _to_stderr(line: str) -> None:

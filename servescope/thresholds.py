@@ -34,6 +34,11 @@ KV_FULL = 0.9  # mean usage while waiting at or above this: the pool is the limi
 KV_ROOM = 0.8  # highest usage while waiting below this: the pool had room, the batch cap is the limit
 KV_OVERSIZED = 0.05  # peak usage below this while requests ran: the pool is far bigger than this load needs
 
+# --- a fleet in the report: at this many instances of one engine kind, the gauges section summarises them (the
+# spread of their peaks, which queued, the busiest FLEET_TOP_N) and draws their derived sum, not a plot each ---
+FLEET_SUMMARY_INSTANCES = 5
+FLEET_TOP_N = 10
+
 # --- the alert rules: a queue counts when it never drained over WINDOW, and only after it lasted FOR ---
 ALERT_WINDOW = "1m"
 ALERT_FOR = "1m"

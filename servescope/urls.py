@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from servescope import knobs
+
 REDACTED = "***"
 # scheme://userinfo@ anywhere in a text (a URL alone, a command line, an error message); greedy up to the
 # authority's last "@", since a password may hold an unescaped "@".
@@ -42,3 +44,12 @@ def credentials(url: str) -> tuple[str, str] | None:
     if parts.username is None and parts.password is None:
         return None
     return unquote(parts.username or ""), unquote(parts.password or "")
+
+
+def default_prometheus_url() -> str:
+    """The stack's Prometheus on this machine (PROMETHEUS_PORT): where the report, the plan and the fleet-mode
+    sampler ask when not told."""
+    try:
+        return f"http://127.0.0.1:{knobs.get_int('PROMETHEUS_PORT', 9090)}"
+    except ValueError:
+        return "http://127.0.0.1:9090"

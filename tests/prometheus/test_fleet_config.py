@@ -11,6 +11,8 @@ import yaml
 
 from servescope import fleet_config, metrics_mode, series
 from servescope import prometheus_config as pc
+from servescope.runfolder import RunFolder
+from servescope.sampler import FROM_PROMETHEUS, Sampler
 from stack import prometheus as stack_prometheus
 from tests.doubles.recorded_engine import vllm_engine
 
@@ -111,5 +113,13 @@ def test_real_prometheus_makes_the_neutral_series_from_discovered_engines(promet
         by_instance = {r["metric"]["instance"]: r for r in found}
         assert set(by_instance) == {"a", "b"}
         assert float(by_instance["a"]["value"][1]) == 5.0 and float(by_instance["b"]["value"][1]) == 0.0
+        # The run's own samples in fleet mode: one read of Prometheus' query API gives each instance its record.
+        folder = RunFolder.create(tmp_path / "results", "fleet-samples")
+        records = Sampler(folder, prometheus_server.url, 1.0, kind=FROM_PROMETHEUS).read_once()
+        sampled = {(r.engine, r.instance): r for r in records}
+        assert set(sampled) == {("vllm", "a"), ("vllm", "b")}
+        assert sampled[("vllm", "a")].values[series.REQUESTS_WAITING] == 5.0
+        assert sampled[("vllm", "b")].values[series.REQUESTS_WAITING] == 0.0
+        assert sampled[("vllm", "a")].missing is None and series.REQUESTS_RUNNING in sampled[("vllm", "a")].values
         assert {r["metric"]["model"] for r in found} == {MODEL}
         assert "job" not in by_instance["a"]["metric"] and "model_name" not in by_instance["a"]["metric"]

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from report import cli
+from report import cli, figures, gauges, render, sections
 from report.gauges import Prometheus, PrometheusError, collect
 from report.load import load
-from servescope import series
+from servescope import series, thresholds
+from servescope.runfolder import PhaseRecord, RunFolder, SampleRecord, append_samples
+from tests.conftest import free_port
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 CONFIG = "global:\n  scrape_interval: 15s\n"
@@ -211,3 +213,75 @@ def test_prometheus_errors_are_one_line_each(backfilled):
     for not_a_url in ("127.0.0.1:9090", "localhost"):
         with pytest.raises(PrometheusError, match=r"not a URL \(http://host:port\)$"):
             Prometheus(not_a_url).query("up", 0)
+
+
+def _fleet_folder(tmp_path: Path, targets: dict[str, str], samples: dict[tuple[str, str], list[tuple[float, float]]]):
+    """A run with one phase per target and, per (engine, instance) of the samples, (running, waiting) per read."""
+    folder = RunFolder.create(tmp_path, "fleet")
+    folder.write_manifest({"run_id": "fleet", "started_at": 100.0, "ended_at": 101.0})
+    for instance, kind in targets.items():
+        folder.append_phase(PhaseRecord(kind, instance, "burst", "burst-1", 100.0, 101.0, 3, 3, "seed3", "x", 48))
+    records = []
+    for (kind, instance), reads in samples.items():
+        for k, (running, waiting) in enumerate(reads):
+            values = {
+                series.REQUESTS_RUNNING: running,
+                series.REQUESTS_WAITING: waiting,
+                series.KV_CACHE_USAGE: 0.1 * k,
+            }
+            records.append(SampleRecord(100.0 + 0.1 * k, 0.002, 0.1, kind, instance, "burst", values))
+    append_samples(folder, records)
+    return load(folder.path)
+
+
+def test_replicas_behind_one_target_are_summed_and_summarised_not_interleaved(tmp_path):
+    """A router's replicas, read one by one: the target's series is their sum per read (derived), each its own peaks."""
+    run = _fleet_folder(
+        tmp_path,
+        {"router": "llamacpp"},
+        {
+            ("llamacpp", "r1"): [(1, 0), (1, 2), (1, 1)],
+            ("llamacpp", "r2"): [(0, 0), (1, 0), (1, 0)],
+            ("llamacpp", "r3"): [(1, 1), (1, 0), (0, 0)],
+        },
+    )
+    report = collect(run, f"http://127.0.0.1:{free_port()}")
+    eg = report.engines["router"]
+    assert eg.series[series.REQUESTS_RUNNING] == [(100.0, 2.0), (100.1, 3.0), (100.2, 2.0)]
+    assert eg.series[series.REQUESTS_WAITING] == [(100.0, 1.0), (100.1, 2.0), (100.2, 1.0)]
+    (fleet,) = report.fleets
+    assert fleet.behind == "router" and report.fleet_of("router") is fleet
+    assert [m.instance for m in fleet.members] == ["r1", "r3", "r2"]  # busiest first
+    assert [m.instance for m in fleet.queued] == ["r1", "r3"]
+    assert fleet.spread(series.REQUESTS_WAITING) == (0.0, 1.0, 2.0)
+    assert fleet.members[0].waiting_share == pytest.approx(2 / 3)
+    text = render.markdown(render.Document("r", "", [sections._gauges(run, report, [])]))
+    assert "A fleet of 3 llamacpp instances behind" in text and "2 of them had requests waiting" in text
+    assert json.loads(json.dumps(gauges.to_json(report)))["fleets"][0]["queued"] == ["r1", "r3"]
+
+
+def test_many_targets_of_one_kind_are_one_summary_and_one_derived_plot(tmp_path):
+    n = thresholds.FLEET_SUMMARY_INSTANCES + 7
+    names = [f"v{i:02d}" for i in range(n)]
+    run = _fleet_folder(
+        tmp_path,
+        dict.fromkeys(names, "vllm"),
+        {("vllm", name): [(1, 0), (2, i % 3), (1, 0)] for i, name in enumerate(names)},
+    )
+    report = collect(run, f"http://127.0.0.1:{free_port()}")
+    (fleet,) = report.fleets
+    assert fleet.behind is None and len(fleet.members) == n and len(fleet.queued) == 8
+    assert fleet.total[series.REQUESTS_RUNNING] == [(100.0, n), (100.1, 2.0 * n), (100.2, n)]
+    panels = figures.gauges(run, report)["panels"]
+    assert len(panels) == 1 and "derived" in panels[0][0]
+    text = render.markdown(render.Document("r", "", [sections._gauges(run, report, [])]))
+    assert "Peaks over the run" not in text  # no row per instance
+    top = text.split(f"A fleet of {n} vllm instances")[1]
+    assert top.count("| v") == thresholds.FLEET_TOP_N
+
+
+def test_fewer_targets_than_a_fleet_keep_their_own_rows(tmp_path):
+    names = [f"v{i}" for i in range(thresholds.FLEET_SUMMARY_INSTANCES - 1)]
+    run = _fleet_folder(tmp_path, dict.fromkeys(names, "vllm"), {("vllm", n): [(1, 0), (1, 1)] for n in names})
+    report = collect(run, f"http://127.0.0.1:{free_port()}")
+    assert report.fleets == [] and len(figures.gauges(run, report)["panels"]) == len(names)

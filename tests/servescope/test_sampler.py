@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import requests
@@ -14,8 +15,16 @@ from exporter.server import build
 from servescope import series
 from servescope.exposition import parse_exposition
 from servescope.runfolder import SAMPLES, RunFolder, read_samples
-from servescope.sampler import WANTED, Sampler, engine_values
-from tests.conftest import free_port
+from servescope.sampler import (
+    FROM_EXPORTER,
+    FROM_PROMETHEUS,
+    WANTED,
+    Sampler,
+    engine_values,
+    prometheus_samples,
+    source_kind,
+)
+from tests.conftest import free_port, serve_in_thread
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.exporter.test_proxy import ExporterThread
 
@@ -237,3 +246,90 @@ def test_the_exporters_names_replace_the_runs_once_it_answers(folder):
         (record,) = sampler.read_once()
     assert (record.engine, record.instance, record.missing) == ("vllm", "vllm", None)
     assert list(sampler.known) == [("vllm", "vllm")]
+
+
+def _answer(*series_: tuple[dict, str]) -> str:
+    return json.dumps(
+        {
+            "status": "success",
+            "data": {"resultType": "vector", "result": [{"metric": m, "value": [1.0, v]} for m, v in series_]},
+        }
+    )
+
+
+def test_prometheus_answers_become_the_exporter_pages_samples():
+    """Fleet mode: rule-made series carry the engine's own `instance`, the exporter's scraped ones `exported_instance`;
+    models add up as on the exporter's page; an instance without engine_up stands by its series; NaN is no value."""
+    page = _answer(
+        ({"__name__": series.REQUESTS_WAITING, "engine": "vllm", "instance": "a", "model": "m1"}, "2"),
+        ({"__name__": series.REQUESTS_WAITING, "engine": "vllm", "instance": "a", "model": "m2"}, "3"),
+        ({"__name__": series.KV_CACHE_USAGE, "engine": "vllm", "instance": "a", "model": "m1"}, "0.4"),
+        ({"__name__": series.KV_CACHE_USAGE, "engine": "vllm", "instance": "a", "model": "m2"}, "0.7"),
+        ({"__name__": series.REQUESTS_RUNNING, "engine": "vllm", "instance": "b"}, "NaN"),
+        (
+            {
+                "__name__": series.REQUESTS_RUNNING,
+                "engine": "llamacpp",
+                "instance": "exp:9464",
+                "exported_instance": "l1",
+            },
+            "1",
+        ),
+        ({"__name__": series.ENGINE_UP, "engine": "llamacpp", "instance": "exp:9464", "exported_instance": "l2"}, "0"),
+        ({"__name__": "up", "instance": "a"}, "1"),
+    )
+    values = engine_values(prometheus_samples(page))
+    assert values == {
+        ("vllm", "a"): {series.REQUESTS_WAITING: 5.0, series.KV_CACHE_USAGE: 0.7},
+        ("llamacpp", "l1"): {series.REQUESTS_RUNNING: 1.0},
+        ("llamacpp", "l2"): None,
+    }
+
+
+@pytest.mark.parametrize("page", ['{"status": "error", "error": "bad query"}', "[]", "not json"])
+def test_a_prometheus_answer_that_is_not_success_is_one_error(page):
+    with pytest.raises(ValueError):
+        prometheus_samples(page)
+
+
+def test_the_sample_source_follows_the_metrics_mode_unless_told(monkeypatch):
+    monkeypatch.delenv("SAMPLE_SOURCE", raising=False)
+    monkeypatch.setenv("METRICS_MODE", "exporter")
+    assert source_kind() == FROM_EXPORTER
+    monkeypatch.setenv("METRICS_MODE", "fleet")
+    assert source_kind() == FROM_PROMETHEUS
+    monkeypatch.setenv("SAMPLE_SOURCE", "exporter")
+    assert source_kind() == FROM_EXPORTER
+    monkeypatch.setenv("SAMPLE_SOURCE", "promethus")
+    with pytest.raises(ValueError, match="SAMPLE_SOURCE='promethus'"):
+        source_kind()
+
+
+def test_fleet_mode_samples_at_prometheus_resolution_not_faster(monkeypatch, folder):
+    """Reading Prometheus ten times a second would only repeat its last value: the sampler asks its configuration."""
+    config = "global:\n  scrape_interval: 2s\n  evaluation_interval: 3s\n"
+
+    class Config(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"status": "success", "data": {"yaml": config}}).encode()
+            self.send_response(200 if self.path == "/api/v1/status/config" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_):
+            pass
+
+    server = serve_in_thread(Config)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        monkeypatch.setenv("SAMPLE_SOURCE", "prometheus")
+        monkeypatch.setenv("SAMPLE_PROMETHEUS_URL", url)
+        monkeypatch.delenv("SAMPLE_PROMETHEUS_INTERVAL_MS", raising=False)
+        sampler = Sampler.for_run(folder)
+        assert (sampler.kind, sampler.interval_s, sampler.source) == (FROM_PROMETHEUS, 3.0, url)
+        assert "Prometheus" in sampler.describe()
+        monkeypatch.setenv("SAMPLE_PROMETHEUS_INTERVAL_MS", "500")
+        assert Sampler.for_run(folder).interval_s == 0.5
+    finally:
+        server.shutdown()
