@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from report import latency, query, stats
+from report import gauges, latency, query, stats
 from report.load import Run
 from servescope.runfolder import PhaseRecord
 
@@ -183,8 +183,18 @@ def between_runs(current: Run, baseline: Run) -> tuple[list[Delta], str]:
 
 
 def within_run(run: Run) -> tuple[list[Delta], str]:
-    """Every other engine against the first engine in the manifest, per scenario both ran."""
-    instances = list(run.engines)
+    """Every other engine against the first engine in the manifest, per scenario both ran. The targets of a fleet
+    (FLEET_SUMMARY_INSTANCES or more of one kind) are left out: replica k against replica 0 says nothing about an
+    engine, and at a hundred replicas its bootstraps would be most of the report's time."""
+    fleets = gauges.fleet_kinds(run)
+    instances = [i for i, info in run.engines.items() if info.kind not in fleets]
+    if fleets:
+        targets = sum(info.kind in fleets for info in run.engines.values())
+        left_out = f"; not compared one by one: the {targets} targets of the {', '.join(sorted(fleets))} fleet"
+        if len(instances) < 2:
+            return [], "no engine outside a fleet to compare (make report BASELINE=<run-id>)" + left_out
+    else:
+        left_out = ""
     if len(instances) < 2:
         return [], "one engine and no baseline run: nothing to compare (make report BASELINE=<run-id>)"
     u = units(run)
@@ -194,7 +204,7 @@ def within_run(run: Run) -> tuple[list[Delta], str]:
         for i, scenario in u:
             if i == other and (base, scenario) in u:
                 deltas += compare_groups(Side(run, i, scenario, other), Side(run, base, scenario, base))
-    return deltas, f"engines within run {run.run_id}, each against {base}"
+    return deltas, f"engines within run {run.run_id}, each against {base}{left_out}"
 
 
 def to_json(deltas: list[Delta], how: str) -> dict:

@@ -160,7 +160,8 @@ class GaugeReport:
 def collect(run: Run, url: str, client: Prometheus | None = None) -> GaugeReport:
     """The gauges over the run: the run's own samples where it has them, else Prometheus; never raises."""
     report = _from_prometheus(run, url, client)
-    samples, report.warnings = _read_samples(run)
+    records, report.warnings = _read_samples(run)
+    samples = _grouped(records)
     behind: dict[str, Fleet] = {f.behind: f for f in report.fleets if f.behind is not None}
     for instance, info in run.engines.items():
         mine = _mine(samples, instance, info.kind, run)
@@ -267,10 +268,26 @@ def _read_samples(run: Run) -> tuple[list[SampleRecord], list[str]]:
     return usable, notes
 
 
-def _mine(samples: list[SampleRecord], instance: str, kind: str, run: Run) -> list[SampleRecord]:
-    """One engine instance's records, by the exporter's labels (see _pick for the name rule)."""
-    labelled = [{"metric": {"instance": s.instance, "engine": s.engine}, "record": s} for s in samples]
-    return sorted((x["record"] for x in _pick(labelled, instance, kind, run)), key=lambda s: s.t)
+def _mine(samples: dict[tuple[str, str], list[SampleRecord]], instance: str, kind: str, run: Run) -> list[SampleRecord]:
+    """One engine instance's records, by the exporter's labels (see _pick for the name rule); `samples` grouped by
+    (engine, instance) once, so a run against a hundred instances does not walk every record a hundred times."""
+    labelled = [{"metric": {"instance": i, "engine": e}, "records": rs} for (e, i), rs in samples.items()]
+    return sorted((r for x in _pick(labelled, instance, kind, run) for r in x["records"]), key=lambda s: s.t)
+
+
+def _grouped(samples: list[SampleRecord]) -> dict[tuple[str, str], list[SampleRecord]]:
+    out: dict[tuple[str, str], list[SampleRecord]] = {}
+    for s in samples:
+        out.setdefault((s.engine, s.instance), []).append(s)
+    return out
+
+
+def fleet_kinds(run: Run) -> set[str]:
+    """Engine kinds with FLEET_SUMMARY_INSTANCES or more of the run's targets: summarised, not shown one by one."""
+    counts: dict[str, int] = {}
+    for info in run.engines.values():
+        counts[info.kind] = counts.get(info.kind, 0) + 1
+    return {kind for kind, n in counts.items() if n >= thresholds.FLEET_SUMMARY_INSTANCES}
 
 
 def _from_samples(run: Run, instance: str, kind: str, records: list[SampleRecord]) -> EngineGauges:
@@ -437,7 +454,11 @@ def to_json(report: GaugeReport) -> dict:
                 "kv_while_waiting": {"max": e.kv_while_waiting[0], "mean": e.kv_while_waiting[1]},
                 "coverage": {p: asdict(c) for p, c in e.coverage.items()},
                 "kv": e.kv,
-                "series": {g: [[t, v] for t, v in pts] for g, pts in e.series.items()},
+                **(
+                    {"series": {}, "series_left_out": "one of a fleet: its reads are in samples.jsonl"}
+                    if (f := report.fleet_of(i)) is not None and f.behind is None
+                    else {"series": {g: [[t, v] for t, v in pts] for g, pts in e.series.items()}}
+                ),
             }
             for i, e in report.engines.items()
         },

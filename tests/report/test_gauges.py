@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from report import cli, figures, gauges, render, sections
+from report import cli, compare, figures, gauges, render, sections
 from report.gauges import Prometheus, PrometheusError, collect
 from report.load import load
 from servescope import series, thresholds
@@ -285,3 +285,15 @@ def test_fewer_targets_than_a_fleet_keep_their_own_rows(tmp_path):
     run = _fleet_folder(tmp_path, dict.fromkeys(names, "vllm"), {("vllm", n): [(1, 0), (1, 1)] for n in names})
     report = collect(run, f"http://127.0.0.1:{free_port()}")
     assert report.fleets == [] and len(figures.gauges(run, report)["panels"]) == len(names)
+
+
+def test_a_fleets_targets_are_not_compared_one_by_one_nor_their_series_repeated(tmp_path):
+    """Replica k against replica 0 says nothing about an engine: left out of the within-run comparison, with why;
+    their reads stay in samples.jsonl, not copied into report.json once per member."""
+    names = [f"v{i}" for i in range(thresholds.FLEET_SUMMARY_INSTANCES)]
+    run = _fleet_folder(tmp_path, dict.fromkeys(names, "vllm"), {("vllm", n): [(1, 0), (1, 1)] for n in names})
+    assert gauges.fleet_kinds(run) == {"vllm"}
+    deltas, how = compare.within_run(run)
+    assert deltas == [] and f"the {len(names)} targets of the vllm fleet" in how
+    engines = gauges.to_json(collect(run, f"http://127.0.0.1:{free_port()}"))["engines"]
+    assert all(e["series"] == {} and "series_left_out" in e for e in engines.values())
