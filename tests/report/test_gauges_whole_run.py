@@ -1,4 +1,4 @@
-"""Issue 14 end to end on the doubles: `python -m loadgen burst` sampling the real exporter over the synthetic engine, then the report.
+"""Server-side sampling end to end on the doubles: `python -m loadgen burst` sampling the real exporter over the synthetic engine, then the report.
 
 The synthetic engine schedules like the engines it stands in for (max_running = vLLM's
 --max-num-seqs / llama.cpp's --parallel; serial_prefill = vLLM's chunked prefill), so a burst of
