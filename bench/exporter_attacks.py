@@ -1,4 +1,4 @@
-"""Benchmark: the exporter under the hardening issue's attacks: scrape time, /metrics size, resident memory after each.
+"""Benchmark: the exporter under attack by engines and clients: scrape time, /metrics size, resident memory after each.
 
 A real exporter process (`python -m exporter`) watches a vLLM and a llama.cpp that drip their
 pages (256 B every 50 ms, 16 B every 100 ms) and the Ollama simulator behind the proxy. Then, one

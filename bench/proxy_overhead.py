@@ -60,7 +60,7 @@ async def measure(targets: dict[str, str], concurrency: int, bursts: int, body: 
     """(first-chunk, total) seconds per mode; modes take turns burst by burst, in alternating order.
 
     A burst is `concurrency` requests sent at once on kept-alive connections (one per request),
-    as in the seed's burst experiment. Whatever else the machine does falls on every mode alike.
+    as in the reference experiment's burst. Whatever else the machine does falls on every mode alike.
     """
     timers: dict[str, list[StreamTimer]] = {}
     samples: dict[str, tuple[list, list]] = {mode: ([], []) for mode in targets}

@@ -26,7 +26,7 @@ from servescope import knobs
 from servescope.runfolder import INDEX, REQUESTS, PhaseRecord, RequestRecord, RunFolder
 
 REPO = Path(__file__).resolve().parent.parent
-CACHE = knobs.path("SERVESCOPE_CACHE") / "bench" / "report-scale"  # generated once, reused (~2.7 GB at 1 M)
+CACHE = knobs.path("SERVESCOPE_CACHE") / "bench" / "report-scale"  # generated once, reused (gigabytes at 1 M)
 GENERATOR_VERSION = 3  # bump when the generated records change: cached folders are rebuilt
 OLD_REPORT = "6364460"  # the last commit whose report held every record in Python lists
 T0 = 1796000000.0
@@ -150,7 +150,7 @@ def generate(path: Path, requests: int, tokens: int) -> None:
     tmp.rename(path)
 
 
-KEEP_MAX = 100_000  # folders up to this many requests are kept in CACHE and reused; larger ones (1 M: ~6 GB) are
+KEEP_MAX = 100_000  # folders up to this many requests are kept in CACHE and reused; larger ones (1 M: gigabytes) are
 #                     generated in the temporary directory and deleted once measured
 
 
@@ -350,7 +350,8 @@ def _measure_folder(n: int, run: Path, repeat: int, old: Path | None) -> int:
             + ", ".join(f"{i} {m['p50'] * 1000:.3f}/{m['p99'] * 1000:.3f} (n={m['n']:,})" for i, m in itl.items())
         )
     failures += print_row(n, "report, no index kept (RUN_INDEX_MIN_MB=off)", [measure(REPO, run, index=False)])
-    # The list-based report needs ~35 GB at 1 M requests: it runs on the small folder only.
+    # The list-based report holds every record as Python objects, more memory than a 1 M-request run leaves: it runs
+    # on the small folder only.
     if old is not None and n <= KEEP_MAX:
         failures += print_row(n, f"report, lists ({OLD_REPORT})", [measure(old, run)])
     return failures

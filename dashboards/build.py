@@ -6,7 +6,7 @@ instance, model). Metric names are the exporter's (servescope.series) and the en
 
 Why plain dicts and not Grafana's typed builders (grafana-foundation-sdk, alpha): the panel, variable
 and shell helpers below rewritten on its 11.2 builders produced dashboards that passed --check and the
-live every-query test, but saved 38 of their 227 lines (29 of the file's 906, at 9b3f78f). Against: its
+live every-query test, but saved few of their lines. Against: its
 versions carry a build-time epoch ("1769699630!11.2.0"), so the newest build is the 10.1 schema and no
 `>=` range is safe, only an exact pin; builds with the same Grafana label differ (an 11.2 build of
 2024-10 lacks Dataquery.range(), the 10.1 one AnnotationQuery.built_in(), the 11.6 one rewrites every

@@ -2,8 +2,8 @@
 
 Large bodies (a request the proxy relays, an engine's metrics page) grow the heap; freed, their pages stay
 with the process unless trimmed, since glibc raises its mmap threshold after freeing a large block and
-serves the next one from the heap: 6 proxied bodies of 60 MiB left RSS 27% above idle, fifteen 15 MB
-metrics pages took the exporter from 61 to 277 MB, where it stayed.
+serves the next one from the heap: after a few large bodies the exporter's resident memory stays near its
+peak (bench/exporter_attacks.py measures it after each attack).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Raw sockets and llhttp (httptools, the proxy's parser too) rather than http.client or requests:
 - the deadline bounds the whole fetch (name lookup, connect, TLS, request, status line, headers,
   body): every receive waits only for what is left of it. http.client's socket timeout bounds each
-  read, so an engine sending 256 bytes every 50 ms held a scrape for 12 s against a 3 s budget;
+  read, so an engine trickling a few bytes at a time held a scrape many times past its budget;
 - llhttp is strict where http.client is lenient: a body shorter than its Content-Length, a duplicate,
   negative or non-numeric Content-Length, Content-Length with chunked, control characters in a
   header are all errors here, never a page silently taken as complete;

@@ -1,6 +1,6 @@
 """Collector for vLLM: its /metrics text (either KV-usage metric generation) mapped onto servescope's series.
 
-Exposition produced for one instance (the seed's image, 0.9.1, idle)::
+Exposition produced for one instance (the reference page's image, 0.9.1, idle)::
 
     servescope_engine_up{engine="vllm",instance="vllm"} 1.0
     servescope_requests_running{engine="vllm",instance="vllm",model="HuggingFaceTB/SmolLM2-135M-Instruct"} 0.0
@@ -40,7 +40,7 @@ class VllmCollector(PageCollector):
     def pool(
         self, samples: Samples, identity: Identity, on_page: set[str], models: ModelLabels, extra: object
     ) -> Iterator[Metric]:
-        """The seed's section-3 arithmetic from vllm:cache_config_info: blocks x block size, / max-model-len."""
+        """The reference page's section-3 arithmetic from cache_config_info: blocks x block size, / max-model-len."""
         served = identity.models
         block_size: dict[str, float] = {}
         blocks: dict[str, float] = defaultdict(float)

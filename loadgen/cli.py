@@ -1,4 +1,4 @@
-"""`python -m loadgen`: the seed's comparison (`compare`), one command per scenario, and Locust's web UI; each writes a run folder."""
+"""`python -m loadgen`: the reference experiment (`compare`), one command per scenario, and Locust's web UI; each writes a run folder."""
 
 from __future__ import annotations  # noqa: I001 - Locust first (gevent monkey-patching)
 

@@ -266,8 +266,8 @@ class GeventTransport:
         )
         pool = self.client._connection_pool
         # The pool checks a kept-alive socket with gevent's select(timeout=0), which also does a gevent.sleep(0):
-        # between a request's send stamp and its send every other greenlet of a burst would run first (+17 ms
-        # median TTFT at 64 users, measured). The same check without the hub round trip:
+        # between a request's send stamp and its send every other greenlet of a burst would run first, and the
+        # request's TTFT would count their time. The same check without the hub round trip:
         pool._is_socket_alive = _idle_socket_alive
         if self.kernel_stamps:
             pool.after_connect = _ask_for_receive_stamps  # geventhttpclient's hook for socket options

@@ -136,7 +136,7 @@ def _models(specs: tuple[str, ...]) -> dict[str, str]:
 
 
 def _phases(plan: RunPlan, targets: list[Target], prompt_set: PromptSet) -> list[Phase]:
-    """The phases of the whole run in the order they will run: the seed's experiment interleaved over repetitions."""
+    """The phases of the whole run in the order they will run: the reference experiment interleaved over repetitions."""
 
     def settings_of(target: Target) -> Settings:
         return Settings(

@@ -14,7 +14,7 @@ decides):
 Then servescope/engine_identity.py reads the version and models of the kinds servescope has. The ports
 probed are the stack's port knobs and each engine's own default, or QUICK_PORTS / --ports when given; only 127.0.0.1 is probed. An Ollama reached both on its own port and through the stack's proxy
 (OLLAMA_PROXY_PORT, the same version, models and loaded models) is measured once, through the proxy: its
-gauges are what the proxy relayed (issue 23), its own port shows none.
+gauges are what the proxy relayed (Ollama reports no requests in flight itself), its own port shows none.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ one load phase per measurement, each as long as a sweep level (--duration / --re
             level's verdict pools all its measurements, so a repeat that flips it moves the boundary
             and the bisection goes on (--knee-probes bounds the whole search)
 
-A measurement the host noise rule flags (issue 15: another program took the CPU while it ran) is
+A measurement the host noise rule flags (another program took the CPU while it ran) is
 kept in knee.json but left out of every verdict, and the same load is measured again. So is one
 where the engine was not there (refused, timed out, unreadable: servescope/binding.py's engine
 fault): the search waits for the engine to answer its health check and measures the level again,
@@ -43,7 +43,7 @@ from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
 from servescope import arrivals, binding, engines, knobs, prefix_reuse, slo
 from servescope.runfolder import KNEE, KNEE_CONCURRENCY, KNEE_RATE, RequestRecord, RunFolder, SampleRecord, read_samples
 
-try:  # issue 15's host noise: a phase the host disturbed is measured again, never concluded from
+try:  # host noise: a phase the host disturbed is measured again, never concluded from
     from servescope.hostnoise import flags as noise_flags
 except ImportError:  # pragma: no cover - before servescope/hostnoise.py is merged
     noise_flags = None

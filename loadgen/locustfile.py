@@ -236,7 +236,7 @@ class LLMUser(User):
     def back_off(self, phase, record) -> None:
         """After a request the engine was not there for (refused), wait before the next: doubling from BACKOFF_MIN_S
         to BACKOFF_MAX_S, back to none after a success. A user that resent at once made thousands of refused
-        requests a second of an engine that was restarting (issue 29); the phase counts the waits."""
+        requests a second of an engine that was restarting; the phase counts the waits."""
         if record is None or record.error_kind != llm.ErrorKind.CONNECTION_REFUSED:
             self._backoff_s = 0.0
             return

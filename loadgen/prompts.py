@@ -1,9 +1,9 @@
 """Prompt sets: the shipped data files (seed4, seed3, mixed), synthetic prompts of a target length, a user's txt/JSONL file.
 
 `synthetic:TOKENS` draws a fresh prompt for every request (FreshPromptSet): a load that sends the
-same few prompts again measures the engine's prefix cache, not the engine (issue 23: a knee of 3
-users on a 16-prompt set where fresh prompts give 2). `synthetic:TOKENSxCOUNT` is COUNT prompts sent
-again and again, as the shipped sets are; such a set says that it repeats.
+same few prompts again measures the engine's prefix cache, not the engine (its prompts are served from the
+cache at every load after the first, so the knee reads higher than on fresh prompts). `synthetic:TOKENSxCOUNT`
+is COUNT prompts sent again and again, as the shipped sets are; such a set says that it repeats.
 
 The workload kinds (conversation, shared-prefix, dataset, trace) are prompt sets too: `load` hands
 their specs to loadgen/workloads/.

@@ -220,7 +220,7 @@ class Phase:
 
 
 class SequentialPhase(Phase):
-    """One user, the prompt set back to back (the seed's `while read p; do curl ...; done`)."""
+    """One user, the prompt set back to back (the reference page's `while read p; do curl ...; done`)."""
 
     scenario = "sequential"
     user_class = "SequentialUser"
@@ -263,7 +263,7 @@ class SequentialPhase(Phase):
 
 
 class BurstPhase(Phase):
-    """SIZE users released at the same instant, all awaited, ROUNDS times with PAUSE between (the seed's `&` + `wait`)."""
+    """SIZE users released at once, all awaited, ROUNDS times with PAUSE between (the reference page's `&` + `wait`)."""
 
     scenario = "burst"
     user_class = "BurstUser"

@@ -5,8 +5,8 @@ stack's exporter watches the stack's engines under instance names of its own; an
 another port would be sampled under the wrong name or not at all. So quick starts one of its own per
 engine, from a config file naming only that engine (no other URL knob leaks in, no proxy port of the
 stack's is taken), and stops it afterwards. For Ollama it also runs the proxy, on a free port: the
-load goes through it, and running / waiting are what it relayed (issue 23). The load generator never
-imports the exporter (the architecture rule): it is a separate process, talked to over HTTP.
+load goes through it, and running / waiting are what it relayed (Ollama reports neither itself). The load
+generator never imports the exporter (the architecture rule): it is a separate process, talked to over HTTP.
 """
 
 from __future__ import annotations

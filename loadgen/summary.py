@@ -1,5 +1,8 @@
-"""The table a headless run ends with, read back as the report reads it: the seed's table (medians, CIs, noise flags)
-for its sequential and burst phases, one line per phase for the others (ramp steps, sweep levels, rate phases)."""
+"""The table a headless run ends with, read back from its run folder as the report reads it.
+
+The reference page's table (medians, CIs, noise flags) for the run's sequential and burst phases, one line per
+phase for the others (ramp steps, sweep levels, rate phases).
+"""
 
 from __future__ import annotations
 

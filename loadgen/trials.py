@@ -1,15 +1,15 @@
 """Repeated, interleaved trials: warm-up until stable, the A B B A schedule of repetitions, host noise per phase, retries.
 
-One pass of the seed's experiment is one trial; a shared machine turns a transient into a headline
-(issue 15: one starved minute gave llama.cpp a 20x "batching" factor). So each engine is warmed
-until its latencies agree (thresholds.WarmupRule), the experiment runs K repetitions with engines
-and phases interleaved and their order reversed every other repetition (A1 A2 B1 B2 | B2 B1 A2 A1
-| ...) so a drift over the run hits every engine and phase alike, each phase record carries the
-host's noise while it ran (servescope/hostnoise.py) and the machine's energy (servescope/energy.py), and a
-phase flagged noisy may be run again.
+One pass of the reference experiment is one trial; a shared machine turns a transient into a headline
+(a sequential pass starved of CPU for a minute reads as a "batching" factor the engine does not have).
+So each engine is warmed until its latencies agree (thresholds.WarmupRule), the experiment runs K
+repetitions with engines and phases interleaved and their order reversed every other repetition
+(A1 A2 B1 B2 | B2 B1 A2 A1 | ...) so a drift over the run hits every engine and phase alike, each phase
+record carries the host's noise while it ran (servescope/hostnoise.py) and the machine's energy
+(servescope/energy.py), and a phase flagged noisy may be run again.
 When the schedule switches engines, the next phase waits until the engines measured before have
-gone quiet (settle): vLLM's CPU backend keeps about 0.4 of a core busy for seconds after its own
-load, which flagged the llama.cpp phase after it on every idle-machine run of issue 15.
+gone quiet (settle): vLLM's CPU backend keeps part of a core busy for seconds after its own load,
+which would flag the next engine's phase as noisy even on an otherwise idle machine.
 """
 
 from __future__ import annotations

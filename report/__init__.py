@@ -1,1 +1,1 @@
-"""The comparison report: the seed's table, latency percentiles, gauges over time and a verdict."""
+"""The comparison report: the reference page's table, latency percentiles, gauges over time and a verdict."""

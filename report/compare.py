@@ -97,8 +97,8 @@ def work(run: Run, phases: list[PhaseRecord]) -> set[tuple]:
 
 
 def matched_set(current: tuple[Run, list[PhaseRecord]], baseline: tuple[Run, list[PhaseRecord]]) -> str | None:
-    """The seed's matched-set rule between two runs' groups of phases: the same prompt sets (sha256) with the same
-    max_tokens, or fresh sets of the same prompt length; None when they match, else what differs (one line)."""
+    """The reference page's matched-set rule between two runs' groups of phases: the same prompt sets (sha256) with
+    the same max_tokens, or fresh sets of the same prompt length; None when they match, else what differs (one line)."""
     if work(*current) == work(*baseline):
         return None
 

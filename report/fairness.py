@@ -18,7 +18,7 @@ def warnings(run: Run, rows: list[TableRow]) -> list[str]:
     out: list[str] = []
     instances = list(run.engines)
 
-    # Different prompt sets across engines, per scenario: the seed's matched-set rule across engines.
+    # Different prompt sets across engines, per scenario: the reference page's matched-set rule across engines.
     for scenario in dict.fromkeys(p.scenario for p in run.phases):
         sets = {
             i: {(p.prompt_set, p.prompt_set_sha256) for p in run.phases_of(i) if p.scenario == scenario}

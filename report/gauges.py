@@ -1,4 +1,4 @@
-"""The seed's three lever gauges per engine over the run (its own samples, else Prometheus), their peaks, and the KV arithmetic."""
+"""The reference page's three lever gauges per engine over the run (own samples, else Prometheus), peaks, KV arithmetic."""
 
 from __future__ import annotations
 

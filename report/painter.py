@@ -1,9 +1,9 @@
 """The report's figures drawn in a process of their own, so matplotlib's import and drawing run beside the report's work.
 
 Drawing is pure Python that holds the interpreter: on a thread it took turns with the report's own
-work (and its import with the reading's), and at 51,200 requests it was half the report's wall
-time. A child interpreter (`python -m report.painter`) has an interpreter lock of its own: it
-starts when the report starts, imports matplotlib while the run is read, and draws each figure
+work (and its import with the reading's), so on a long run the report waited on its figures
+(docs/pieces.md has the figure). A child interpreter (`python -m report.painter`) has an interpreter lock of
+its own: it starts when the report starts, imports matplotlib while the run is read, and draws each figure
 from the plain data report/figures.py makes as soon as the report hands it over (pickled over a
 pipe: the child is ours and reads only its parent). A plain child process rather than
 multiprocessing's spawn, which re-runs the caller's main script in the child. One painter serves
@@ -74,7 +74,7 @@ class Painter:
         self._next = 0
         self._thread: ThreadPoolExecutor | None = None
         self._proc: subprocess.Popen | None = None
-        # Jobs go to the child from a thread of their own: a figure's data (a box plot's fliers: ~100 KB) fills the
+        # Jobs go to the child from a thread of their own: a figure's data (a box plot's fliers) can fill the
         # pipe while the child still draws the one before, and the report must not wait for that.
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._writer: threading.Thread | None = None

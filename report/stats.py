@@ -14,7 +14,7 @@ BOOTSTRAP_SEED = 20261130
 CONFIDENCE = 0.95
 # Pooled ITL can hold hundreds of thousands of gaps: resampling all of them 2000 times would take
 # minutes. Above this size each side is subsampled once (seeded) first, which only widens the CI (its width goes as
-# 1 / sqrt(samples)): conservative, and 2000 resamples of 10,000 cost about a tenth of a second.
+# 1 / sqrt(samples)): conservative, and quick at that size.
 BOOTSTRAP_MAX_SAMPLES = 10_000
 
 

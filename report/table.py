@@ -1,4 +1,4 @@
-"""The seed's comparison table: per engine and mode, requests, wall time, aggregate tokens/s and the scaling factor."""
+"""The reference page's comparison table: per engine and mode, requests, wall time, aggregate tokens/s and the scaling factor."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from report.load import Run
 from servescope.runfolder import PhaseRecord, base_phase
 from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
 
-# The seed reads 3.13x for a burst of 3 as "strongly sub-linear (batching overlap visible)" and 1.10x
+# The reference page reads 3.13x for a burst of 3 as "strongly sub-linear (batching overlap visible)" and 1.10x
 # as "near-linear (little/no overlap benefit)". A burst of N can at best be N times faster than the
 # same N requests one after another, so the thresholds scale with N.
 NEAR_LINEAR_MAX = 1.3
@@ -22,7 +22,8 @@ READING_RULE = (
     f"factor >= max({STRONG_FRACTION_OF_N:g} x N, {STRONG_MIN:g}) -> strongly sub-linear (batching overlap visible); "
     f"factor <= {NEAR_LINEAR_MAX:g} -> near-linear (requests handled one at a time); in between -> partial overlap."
 )
-MAX_CELLS = 64  # per-request times listed per phase: the seed's table lists 3; a burst of 1,024 would not read
+# Per-request times listed per phase: the reference page's table lists 3; a burst of 1,024 would not read.
+MAX_CELLS = 64
 
 
 @dataclass
@@ -276,7 +277,7 @@ def ci_text(ci: tuple[float | None, float | None], unit: str) -> str:
 
 
 def scaling_text(row: TableRow) -> str:
-    """The seed's arithmetic for one pair (a / b = factor); over repetitions, their median with its CI."""
+    """The reference page's arithmetic for one pair (a / b = factor); over repetitions, their median with its CI."""
     if row.scaling_factor is None:
         return ""
     pairs = _pairs(row)

@@ -1,4 +1,4 @@
-"""Which knob to move: the seed's section 4 on the gauges, weighed with what the clients and the engine's own timings saw; plus section 3.
+"""Which knob to move: the reference page's section 4 on the gauges, weighed with what clients and engine timings saw; plus section 3.
 
 The gauges (the run's own samples, else Prometheus) say whether requests waited and how full the
 KV pool was while they did (servescope/thresholds.py, the table the alert rules are generated
@@ -612,7 +612,8 @@ def refuse_flagged(verdicts: list[Verdict], run: Run, assessment: Assessment) ->
 
 
 def kv_arithmetic(run: Run, gauges: GaugeReport) -> list[KvArithmetic]:
-    """The seed's section 3: blocks x block size = tokens; tokens / max-model-len = max concurrency; does the burst fit."""
+    """The reference page's section 3: blocks x block size = tokens; tokens / max-model-len = max concurrency; does
+    the burst fit."""
     out = []
     for instance, info in run.engines.items():
         eg = gauges.engines.get(instance)

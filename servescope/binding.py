@@ -9,7 +9,7 @@ One rule, read by the knee (loadgen/knee.py), `make tune` (stack/tune.py) and th
                     for a core) nearly the whole phase, or an open loop's sends late behind their schedule.
   SLO below floor   the load was one request at a time (1 user; an open loop's lowest rate with requests that
                     never overlapped) and the SLOs still failed: no load meets them on this engine here.
-  batch slots       requests waited while the KV pool had room (the seed's section 4), or the engine queues
+  batch slots       requests waited while the KV pool had room (the reference page's section 4), or the engine queues
   KV capacity       only for slots (llama.cpp, Ollama); requests waited with the pool full, or vLLM preempted
                     running requests to free KV blocks.
   compute           nothing waited, the latency the SLOs failed on grew with the running batch from the
@@ -115,7 +115,7 @@ class Binding:
         return f"{self.resource}: {knob.advice} - {knob.flag}{where}{now}"
 
 
-# ---------------------------------------------------------------- the queue: slots or KV (the seed's section 4)
+# ------------------------------------------------------- the queue: slots or KV (the reference page's section 4)
 
 
 def queue_resource(engine: str, kv_max_while_waiting: float | None, kv_mean_while_waiting: float | None) -> str:

@@ -1,4 +1,4 @@
-"""The seed's section-3 KV cache arithmetic, once: blocks x block size = tokens; tokens / max-model-len = concurrency.
+"""The reference page's section-3 KV arithmetic, once: blocks x block size = tokens; tokens / max-model-len = concurrency.
 
 The exporter turns vLLM's vllm:cache_config_info into servescope_kv_cache_* series with it, the
 native stack prints it at start-up, the report works the burst through it.
@@ -39,12 +39,12 @@ def pool_from_cache_config(labels: Mapping[str, str]) -> KvPool | None:
 
 
 def capacity_tokens(blocks: float, block_size: float) -> float:
-    """Tokens the pool holds: the seed's 1456 blocks x 16 tokens = 23,296."""
+    """Tokens the pool holds: the reference page's 1456 blocks x 16 tokens = 23,296."""
     return blocks * block_size
 
 
 def max_concurrency(capacity: float, max_model_len: float) -> float:
-    """Sequences of the full max-model-len that fit at once: the seed's 23,296 / 1,024 = 22.75x."""
+    """Sequences of the full max-model-len that fit at once: the reference page's 23,296 / 1,024 = 22.75x."""
     return capacity / max_model_len
 
 

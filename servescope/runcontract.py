@@ -12,7 +12,7 @@ results/<run-id>/
 All durations are seconds (float); wall-clock instants are Unix epoch seconds; engine-native
 durations keep the engine's own unit and say so in their key (Ollama: *_ns).
 
-Workload fields (issue 17; absent in older runs, read as null): a conversation's turn carries
+Workload fields (absent in runs written before they existed, read as null): a conversation's turn carries
 `conversation`, `turn` and how long its history was (`history_messages`, `history_tokens`);
 `cached_tokens` is what the engine said its prompt cache supplied; an open-loop request (rate,
 replay) carries `scheduled_at` beside `started_at`, and their difference is its schedule lag.
@@ -79,7 +79,7 @@ class RequestRecord:
     worker: int | None = None  # the load generator worker process that sent it (--workers, Locust workers); None: one
 
     def to_json(self) -> str:
-        # Not asdict(): it deep-copies itl_s one float at a time (12 ms for a 4000-token record).
+        # Not asdict(): it deep-copies itl_s one float at a time, slow for a record of thousands of tokens.
         return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, separators=(",", ":"))
 
     @classmethod
@@ -92,14 +92,13 @@ class RequestRecord:
 class PhaseRecord:
     """One load phase as it ran.
 
-    Repeated trials (issue 15): the seed's experiment runs each phase several times, interleaved
-    with the other engines'. `repetition` (1, 2, ...) says which pass a record belongs to and
-    `attempt` (1, 2, ...) which run of it: a phase flagged noisy may be run again, and the later
-    attempt supersedes the earlier one, which stays in the file. The phase name stays unique per
-    engine: repetition 1, attempt 1 keeps the plain name ("sequential", "burst-1") and later ones
-    carry a suffix (trial_phase_name: "burst-1#2", "sequential#3.retry1"); a request's `phase` is
-    that full name. Records written before these fields existed read as repetition 1, attempt 1,
-    no noise.
+    Repeated trials, so that one pass a busy host disturbed cannot become the headline: the reference
+    experiment runs each phase several times, interleaved with the other engines'. `repetition` (1, 2, ...)
+    says which pass a record belongs to and `attempt` (1, 2, ...) which run of it: a phase flagged noisy may
+    be run again, and the later attempt supersedes the earlier one, which stays in the file. The phase name
+    stays unique per engine: repetition 1, attempt 1 keeps the plain name ("sequential", "burst-1") and later
+    ones carry a suffix (trial_phase_name: "burst-1#2", "sequential#3.retry1"); a request's `phase` is that
+    full name. Records written before these fields existed read as repetition 1, attempt 1, no noise.
 
     `noise` (servescope/hostnoise.py) is the host's CPU while the phase ran: the engine's own cores,
     every other program's (other engines by name, other processes by program), servescope's own
@@ -362,7 +361,8 @@ class Skips:
         return out
 
 
-# --- server-side samples (issue 14): results/<run-id>/samples.jsonl -----------------------------
+# --- server-side samples: results/<run-id>/samples.jsonl ------------------------------------------
+# A scrape interval is longer than a burst's queue lasts, so the run reads its engines itself.
 # While a load phase runs, servescope/sampler.py reads every engine's lever gauges and the counters
 # the report uses from the exporter's page (the same collectors Prometheus scrapes) every
 # SAMPLE_INTERVAL_MS, and appends one SampleRecord per engine instance and read. A read that got no

@@ -1,10 +1,10 @@
 """The one reader of a run folder's JSONL: DuckDB streams each file once and checks every line against the contract.
 
-Why DuckDB: a long run's requests.jsonl is gigabytes (1 M requests x 256 tokens: 2.7 GB), more than Python
-objects can hold. DuckDB parses JSON in C++ on every core, streams it, keeps what it read in a columnar table
-(spilling past its memory limit), and answers aggregates over it, so the report asks questions instead of loading
-records. pyarrow, measured beside it on 100,000 of those records, took 2.7x the CPU (3.6 vs 1.35 s) and 0.6-0.9 GB
-to hold the table, fails the whole file at one mistyped value, and would leave the querying to Python.
+Why DuckDB: a long run's requests.jsonl is gigabytes, more than Python objects can hold. DuckDB parses JSON in
+C++ on every core, streams it, keeps what it read in a columnar table (spilling past its memory limit), and answers
+aggregates over it, so the report asks questions instead of loading records. pyarrow, measured beside it, took more
+CPU and memory to hold the table, fails the whole file at one mistyped value, and would leave the querying to Python
+(the figures: docs/pieces.md).
 
 Each line lands in a table with its line number and either typed columns or the reason it was refused;
 `requests` and `phases` are views of the accepted rows. Lines are parsed with typed columns, which would read
@@ -14,9 +14,8 @@ the contract allows. Both checks are generated from the contract's field table (
 written once.
 
 A long run is read once: past RUN_INDEX_MIN_MB of requests the tables are kept beside the JSONL (runcontract.INDEX)
-and later readers open them (the load generator's end-of-run summary is the first). Measured by bench/report_scale.py
-on this machine: the report on 51,200 requests 3.7 s reading the JSONL, 2.7 s opening the index; on 1 M requests
-38.6 s against 12.3 s.
+and later readers open them (the load generator's end-of-run summary is the first), so a report on a long run
+does not parse its JSON again (bench/report_scale.py measures both ways; docs/pieces.md has the figures).
 """
 
 from __future__ import annotations
@@ -50,8 +49,8 @@ SPECS = {
 MEMORY_LIMIT = "1GB"
 # Building the index writes every row group to the index file as it is read, so the engine can drop the pages it
 # wrote; with the reading limit it held them, on top of the report's imports and the figure painter started beside
-# it. Up to FILE_BACKED_BYTES of JSONL a quarter of that builds as fast; past it the build spills and takes twice as
-# long, so a run that large keeps the reading limit (bench/report_scale.py, 51,200 and 1,000,000 requests).
+# it. Up to FILE_BACKED_BYTES of JSONL a quarter of that builds as fast; past it the build spills and takes longer,
+# so a run that large keeps the reading limit (bench/report_scale.py measures both sizes).
 INDEX_MEMORY_LIMIT = "256MB"
 ONE_THREAD_BYTES = 8 << 20
 FILE_BACKED_BYTES = 512 << 20  # JSONL past this is read into a compressed database file (RunData)
@@ -230,7 +229,7 @@ _NOT_IN_NUMBERS = ('"', "t", "f", "n", "[", "{")
 
 
 def _suspect_strings(spec: tuple[Field, ...]) -> list[str]:
-    """Conditions on the raw line by string search (memchr speed, where a regex walks every byte of a 2.5 KB list): an
+    """Conditions on the raw line by string search (memchr speed, where a regex walks every byte of a long list): an
     escape (it could spell a key no pattern sees), and a number list holding anything but numbers: a string ("0.2")
     or true/false (the typed parse would read them as numbers), null, a list or an object (it would leave a hole).
 
@@ -470,7 +469,7 @@ def regular(path: Path) -> bool:
 
 
 # --- the run's index: the JSONL read once, kept beside it (runcontract.INDEX) ---
-INDEX_MIN_MB = 32  # the RUN_INDEX_MIN_MB knob's default: smaller runs (~16,000 requests) are read in about a second
+INDEX_MIN_MB = 32  # the RUN_INDEX_MIN_MB knob's default: smaller runs (~16,000 requests) read fast from the JSONL
 _INDEX_FORMAT = "2"  # raise when what the index holds changes in a way the reading rules' text does not show
 _ABSENT = "absent"
 _ENDS_BYTES = 64 << 10  # the head and the tail of each JSONL that the index's stamp hashes
@@ -639,11 +638,10 @@ class RunData:
             }
         else:
             # Small runs are read into memory. A run whose records would not fit in the memory limit goes to a
-            # database file in the temporary directory instead: the engine writes it compressed as it reads (a 1 M-
-            # request run's 2.7 GB of JSONL: 660 MB), where memory would spill uncompressed pages to disk and read
-            # them back on every pass. Measured on bench/report_scale.py's 1 M-request folder, this machine: the same
-            # 27 s to read, then each pass over every gap 3-4x faster (a sum over 254 M gaps 1.1 s against 3.7 s).
-            # Below the threshold memory reads faster (51,200 requests: 1.4 s against 2.1 s).
+            # database file in the temporary directory instead: the engine writes it compressed as it reads,
+            # where memory would spill uncompressed pages to disk and read them back on every pass: reading takes as
+            # long, and every later pass over the gaps is faster. Below the threshold memory reads faster
+            # (bench/report_scale.py measures both; docs/pieces.md has the figures).
             database = str(Path(self._tmp) / "run.duckdb") if size > FILE_BACKED_BYTES else ":memory:"
             self.con = duckdb.connect(database, config=self._config)
             _settings(self.con)

@@ -1,4 +1,4 @@
-"""The seed's scaling factor, once: matched-set sequential wall / burst wall, refused unless the two ran the same work."""
+"""The reference experiment's scaling factor: matched-set sequential wall / burst wall, refused unless both ran the same work."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ PREEMPTIONS = f"{PREFIX}_preemptions_total"
 ENGINE_INFO = f"{PREFIX}_engine_info"  # version and kind as labels, value 1
 ENGINE_INVALID_SAMPLES = f"{PREFIX}_engine_invalid_samples_total"  # counter: values dropped as impossible
 
-# --- the seed's section-3 KV arithmetic (vLLM cache_config_info; llama.cpp slots) ---
+# --- the reference page's section-3 KV arithmetic (vLLM cache_config_info; llama.cpp slots) ---
 KV_BLOCK_SIZE = f"{PREFIX}_kv_cache_block_size_tokens"
 KV_BLOCKS = f"{PREFIX}_kv_cache_blocks"
 KV_CAPACITY_TOKENS = f"{PREFIX}_kv_cache_capacity_tokens"
@@ -74,5 +74,5 @@ CLIENT_GOOD_REQUESTS = f"{PREFIX}_client_good_requests_total"  # met every SLO t
 CLIENT_GOOD_OUTPUT_TOKENS = f"{PREFIX}_client_good_output_tokens_total"
 CLIENT_SLO_OBJECTIVE = f"{PREFIX}_client_slo_objective"  # gauge: the attainment the SLOs ask for
 
-# The three gauges of the seed's section 4, in the order a person reads them.
+# The three gauges of the reference page's section 4, in the order a person reads them.
 LEVER_GAUGES = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE)

@@ -1,6 +1,6 @@
 """The one table of thresholds that decide which lever to pull: the report's verdict reads it, the alert rules are generated from it.
 
-The seed's section 4 reads two gauges together: requests waiting while the KV pool has room
+The reference page's section 4 reads two gauges together: requests waiting while the KV pool has room
 means the scheduler's batch cap is the limit (vLLM: --max-num-seqs); waiting while the pool is
 near 100% means KV blocks are (VLLM_CPU_KVCACHE_SPACE / --max-model-len). Between the two
 bounds neither lever is claimed. Both readers apply the same statistics over the time requests
@@ -14,10 +14,11 @@ name the binding resource at the knee (servescope/binding.py) and flag an open-l
 behind its schedule (report/schedule.py).
 
 
-The second half says when a measurement can be trusted on a shared machine (issue 15): when a
-warm-up is over, when a phase was measured on a noisy host, when a request is an outlier. Each
+The second half says when a measurement can be trusted on a shared machine, where another program can take
+the CPU while a phase runs: when a warm-up is over, when a phase was measured on a noisy host, when a request is
+an outlier. Each
 of those is a knob (.env.example, overridable by the environment), read when the rule is applied,
-so a report can re-judge an old run. How many repetitions the seed's experiment runs (3 for
+so a report can re-judge an old run. How many repetitions the reference experiment runs (3 for
 `make up`) is the load generator's option --repetitions, whose default is the knob LOADGEN_REPETITIONS.
 """
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from servescope import knobs
 
 # --- the KV pool while requests wait (ratios 0..1 of servescope_kv_cache_usage_ratio) ---
-KV_FULL = 0.9  # mean usage while waiting at or above this: the pool is the limit ("near 100%" in the seed)
+KV_FULL = 0.9  # mean usage while waiting at or above this: the pool is the limit ("near 100%" on the reference page)
 KV_ROOM = 0.8  # highest usage while waiting below this: the pool had room, the batch cap is the limit
 KV_OVERSIZED = 0.05  # peak usage below this while requests ran: the pool is far bigger than this load needs
 
@@ -46,7 +47,7 @@ ALERT_FOR = "1m"
 # --- what the clients saw in a burst (TTFT by arrival order) ---
 # A request of a burst waited before its first token when its TTFT reached TTFT_QUEUED_RATIO x the
 # burst's fastest and at least TTFT_QUEUED_MIN_S more: requests prefilled in the same step, or a
-# step or two apart, stay below it; one served after another (the seed's 0.02 / 0.59 / 1.14 s) does not.
+# step or two apart, stay below it; one served after another (the reference page's 0.02 / 0.59 / 1.14 s) does not.
 TTFT_QUEUED_RATIO = 2.0
 TTFT_QUEUED_MIN_S = 0.05
 # ...and it waited for a slot when its first token came no earlier than this many seconds before
@@ -65,7 +66,7 @@ SLO_DEFAULT = "ttft_p95<=0.5,itl_p95<=0.1"
 # objective the Prometheus burn-rate rules divide by (1 - SLO_ATTAINMENT is the error budget).
 SLO_ATTAINMENT = 0.95
 # `python -m loadgen quick` answers "how many users at once" for a newcomer's engine, most often a CPU one: the
-# default above fails vLLM-CPU at one user on a 2-core machine (issue 24), so quick's default is what a person
+# default above fails vLLM-CPU at one user on a 2-core machine, so quick's default is what a person
 # chatting still finds usable (the first token within 2 s, then at least 5 tokens/s) for 90% of requests, the
 # objective servebench's `quick` uses. The SLO and SLO_ATTAINMENT knobs and --slo / --slo-attainment override both.
 QUICK_SLO_DEFAULT = "ttft<=2,tpot<=0.2"

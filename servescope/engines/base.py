@@ -325,8 +325,8 @@ class EngineKind:
     held_s: Callable[[Mapping[str, Any]], float | None] | None = None
     # Its KV knob is split evenly over the slots (llama.cpp's -c over --parallel): slots grow with their share kept.
     context_split_over_slots: bool = False
-    # The stack admits no more slots than its KV space holds at full length (the seed's inequality): make tune raises
-    # slots within it, and checks the plan before each restart.
+    # The stack admits no more slots than its KV space holds at full length (the reference page's inequality): make
+    # tune raises slots within it, and checks the plan before each restart.
     slots_within_kv: bool = False
     # Where prompts wait inside the running batch, in words ("" when the engine has no such limit to name).
     prefill_in_batch: str = ""

@@ -44,14 +44,14 @@ KV = Lever(
     advice="raise it, or lower --max-model-len",
     name="kv_cache_space_or_max_model_len",
     words="raise VLLM_CPU_KVCACHE_SPACE{now} or lower --max-model-len{max_model_len}",
-    # The seed's section 3: on the CPU backend --swap-space adds zero blocks.
+    # The reference page's section 3: on the CPU backend --swap-space adds zero blocks.
     caveat="not --swap-space: it adds no blocks on the CPU backend",
 )
 
 
 def raise_knob(resource: str, values: Mapping[str, str], kv: KvRoom | None) -> tuple[dict[str, str], str] | None:
-    """Slots double within the seed's inequality (kv): up to the most the KV space admits, and once they are there,
-    with the KV space that admits the doubled count; the KV space doubles."""
+    """Slots double within the reference page's inequality (kv): up to the most the KV space admits, and once they
+    are there, with the KV space that admits the doubled count; the KV space doubles."""
     slots_env, space_env = SLOTS.env, KV.env
     new = dict(values)
     if resource == BATCH_SLOTS:
@@ -135,7 +135,7 @@ EXPLAINS = {
     series.KV_MAX_CONCURRENCY: "capacity tokens / max_model_len from GET /v1/models (read once per engine start)",
 }
 
-# The seed's section 4: waiting with KV room -> --max-num-seqs; waiting on a full pool -> KV space (disjoint).
+# The reference page's section 4: waiting with KV room -> --max-num-seqs; waiting on a full pool -> KV space (disjoint).
 ALERTS = AlertRules(
     file="vllm_levers.yml",
     group="vllm-kv-cache-levers",
@@ -148,7 +148,7 @@ ALERTS = AlertRules(
         capped by {SLOTS.flag}, not by memory. Raise {SLOTS.env} in .env and restart vLLM; check the vLLM
         dashboard's max concurrency first, since every extra sequence needs its own KV blocks.""",
     ),
-    # On the CPU backend --swap-space adds zero blocks (the seed's section 3): never the lever.
+    # On the CPU backend --swap-space adds zero blocks (the reference page's section 3): never the lever.
     kv_full=Alert(
         "VllmQueueWithKvCacheFull",
         "kv-cache-space",

@@ -249,7 +249,7 @@ def test_render_cli_unreachable_prometheus_is_one_line(tmp_path, capsys):
 
 
 def test_ollamas_concurrency_is_what_the_proxy_observed_and_its_queue_comes_from_ollamas_durations():
-    """BUG at 7b2f789 (issue 23, item 4): the Ollama board drew requests in flight against OLLAMA_NUM_PARALLEL as the
+    """BUG at 7b2f789: the Ollama board drew requests in flight against OLLAMA_NUM_PARALLEL as the
     queue, and the comparison board called Ollama's running min(in flight, OLLAMA_NUM_PARALLEL): the knob's split."""
     ollama = exprs(BOARDS["ollama"])
     proxy = f'{series.SOURCE}="{series.PROXY_SOURCE}"'

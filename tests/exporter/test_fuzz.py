@@ -1,9 +1,9 @@
 """Fuzz targets at the exporter's two boundaries, over real sockets: what engines answer, and what clients send the proxy.
 
 Fixed seed (derandomize) and a bounded number of examples: the same inputs every run, a few
-seconds each. The invariants are the hardening issue's "done when": nothing raises, a fetch ends
-by its deadline, /metrics stays valid and bounded, the proxy reaches only its upstream and lets go
-of every connection and buffer.
+seconds each. The invariants are what the exporter promises whatever engines and clients send:
+nothing raises, a fetch ends by its deadline, /metrics stays valid and bounded, the proxy reaches
+only its upstream and lets go of every connection and buffer.
 """
 
 from __future__ import annotations

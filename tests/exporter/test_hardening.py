@@ -78,7 +78,7 @@ def model_labels_on(page: str) -> set[str]:
 
 
 def test_client_model_names_cannot_grow_metrics():
-    """BUG at 6364460 (issue 13, item 7): 3,000 unknown model names grew /metrics from 6.6 KB to 46 MB (3,001 model
+    """BUG at 6364460: 3,000 unknown model names grew /metrics from 6.6 KB to 46 MB (3,001 model
     labels); names that only ever fail got around the 64-name cap; 10 names of 60,000 characters made 41.5 MB."""
     with OllamaSimulator(token_delay=0.001, load_delay=0.0) as sim, ExporterThread(sim.url) as exporter:
         before = requests.get(exporter.metrics_url, timeout=10).text
@@ -211,7 +211,7 @@ def _rss_mb(pid: int) -> float:
 
 
 def test_large_metrics_pages_are_let_go_with_their_scrapes(tmp_path):
-    """Issue 29: after fifteen 15 MB pages the exporter stayed at 217 MB (each page's body sat in a reference cycle,
+    """BUG: after fifteen 15 MB pages the exporter stayed at 217 MB (each page's body sat in a reference cycle,
     the parser and its callbacks, until the cyclic collector ran; what it freed stayed in the C heap)."""
     running = 'vllm:num_requests_running{model_name="m"} 1\n'
     filler, size = [running], len(running)

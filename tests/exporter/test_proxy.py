@@ -229,7 +229,7 @@ def test_openai_usage_chunk_is_observed(simulator):
 
 @pytest.mark.parametrize(("ollama_runs", "knob_says"), [(1, 4), (2, 1)])
 def test_running_and_waiting_are_what_the_proxy_observed_whatever_the_knob_says(ollama_runs, knob_says):
-    """BUG at 7b2f789 (issue 23, item 4): running = min(in flight, OLLAMA_NUM_PARALLEL) and waiting the rest, so an
+    """BUG at 7b2f789: running = min(in flight, OLLAMA_NUM_PARALLEL) and waiting the rest, so an
     exporter told 4 where Ollama runs 1 showed 3 running, 0 waiting: the knob's split, not what happened."""
     with (
         OllamaSimulator(num_parallel=ollama_runs, token_delay=0.02, load_delay=0.0) as sim,
@@ -260,7 +260,7 @@ def test_running_and_waiting_are_what_the_proxy_observed_whatever_the_knob_says(
 
 
 def test_nothing_relayed_is_not_observed_and_every_answer_says_it_came_through_the_proxy(simulator):
-    """BUG at 7b2f789 (issue 23, item 4): with the load on Ollama's own port, the gauges read 0 for every loaded
+    """BUG at 7b2f789: with the load on Ollama's own port, the gauges read 0 for every loaded
     model as if observed; and nothing told a client it was talking to the proxy rather than to Ollama."""
     with ExporterThread(simulator.url) as exporter:
         assert requests.post(f"{simulator.url}/api/chat", json=chat_body(), timeout=10).status_code == 200  # direct
@@ -320,7 +320,7 @@ def test_queue_full_is_counted_as_rejected():
 
 
 def test_unknown_model_is_an_error_outcome_under_other(simulator):
-    """BUG at 6364460 (issue 13, item 7): names that only ever fail got a label each, around the 64-name cap."""
+    """BUG at 6364460: names that only ever fail got a label each, around the 64-name cap."""
     with ExporterThread(simulator.url) as exporter:
         assert exporter.value(series.ENGINE_UP) == 1.0  # a scrape: the proxy knows Ollama's models
         resp = requests.post(f"{exporter.proxy_url}/api/chat", json={"model": "nope", "messages": []}, timeout=10)

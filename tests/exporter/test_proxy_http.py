@@ -1084,7 +1084,7 @@ def test_stop_closes_client_and_upstream_connections_and_counts_the_request_once
             socket.create_connection(("127.0.0.1", exporter.proxy_port), 1).close()
 
 
-# --- slow clients, many clients, large bodies (issue 13, items 8 and 9) ----------------------------
+# --- slow clients, many clients, large bodies ----------------------------
 def drip(sock: socket.socket, data: bytes, every: float, stop: threading.Event) -> None:
     """Send `data` a byte at a time, one every `every` seconds (slowloris), until sent or stopped."""
     for byte in data:

@@ -50,7 +50,7 @@ def test_a_config_error_about_a_url_does_not_echo_its_password(monkeypatch):
 
 
 def test_the_exporter_never_shows_the_password_of_an_engine_url():
-    """BUG (issue 13, item 16): VLLM_URL=http://user:pass@host printed the password in 4 log lines and the landing page."""
+    """BUG: VLLM_URL=http://user:pass@host printed the password in 4 log lines and the landing page."""
     port, proxy_port = free_port(), free_port()
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))

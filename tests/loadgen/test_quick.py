@@ -318,7 +318,7 @@ def test_a_search_stopped_early_says_its_capacity_is_a_lower_bound():
 
 
 def test_measurements_the_host_disturbed_are_not_a_capacity():
-    """The trust rule (issue 15): a noisy measurement is left out; when every one was, nothing is concluded."""
+    """The trust rule: a noisy measurement is left out; when every one was, nothing is concluded."""
     noisy = {"level": 1, "noisy": ["noisy: 1.0 cores used by python other.py while measuring vllm"]}
     noisy["result"] = {"requests": 9, "attainment": 1.0, "meets": True}
     knee = {"status": "nothing measured", "knee": None, "first_failing": None, "levels": [], "probes": [noisy] * 3}

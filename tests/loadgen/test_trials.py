@@ -76,7 +76,7 @@ def warm(url: str, say, rule: WarmupRule, minimum: int = 1) -> dict:
 
 
 def test_warm_up_goes_on_until_the_latencies_agree():
-    """The issue's engine: slow first requests (a starved or cold engine), then steady ones."""
+    """The engine the warm-up rule is for: slow first requests (a starved or cold engine), then steady ones."""
     with SyntheticProcess("--ttft", "0.6", "--itl", "0.001") as engine:
         lines = []
 

@@ -351,7 +351,7 @@ def test_locust_f_as_the_readme_shows_it_binds_loopback_only(tmp_path):
         stop_process(proc, 15)
 
 
-# --- the START form under attack (issue 29, part 7): every refusal one line in the UI, nothing started ---
+# --- the START form under attack: every refusal one line in the UI, nothing started ---
 
 
 def _state(base: str) -> str:

@@ -312,7 +312,7 @@ def test_a_lost_workers_share_of_an_open_loop_schedule_is_counted(server, tmp_pa
     assert json.loads(json.dumps(folder.manifest()["workers"]))[1]["lost"]
 
 
-# --- a worker whose clock steps mid-run (issue 29, part 3) ---
+# --- a worker whose clock steps mid-run ---
 
 STEP_HOOK = '''
 """Test hook: one worker's wall clock jumps +30 s once the file STEP_CLOCK_FILE names exists, as with a real step

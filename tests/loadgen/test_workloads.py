@@ -409,7 +409,7 @@ def test_the_warm_up_shares_nothing_with_a_workload_that_measures_reuse():
 
 
 def test_plain_prompt_sets_keep_their_hash():
-    """A run before the workloads must still match a run after them (the seed's matched-set rule reads the hash)."""
+    """A run before the workloads must still match a run after them (the reference page's matched-set rule reads the hash)."""
     assert prompts.load("mixed").sha256 == "58281e3b0f2a33b361b0e3fc9135331af7182191a92d803e6e26dbb410318291"
     assert prompts.synthetic(64, 3).sha256 == "cd346e4c7e031fdc4fd855b764f26d13600827ec219f1e8f6db30060e884677f"
 

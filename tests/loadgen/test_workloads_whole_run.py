@@ -1,4 +1,4 @@
-"""Issue 17 end to end on the doubles: `python -m loadgen` with each workload kind, the exporter and the run's samples, the report.
+"""Workloads end to end on the doubles: `python -m loadgen` with each workload kind, the exporter and the run's samples, the report.
 
 The synthetic engine keeps a prefix cache as vLLM (16-token blocks, vllm:prefix_cache_* counters)
 and llama.cpp (token granularity, timings.cache_n) do, and its prefill takes `prefill_per_token` per

@@ -93,7 +93,7 @@ def test_the_levers_name_the_seeds_flags():
 
 
 def test_ollamas_alert_reads_what_was_observed_never_in_flight_against_the_knob():
-    """BUG at 7b2f789 (issue 23, item 4): Ollama's alert compared requests in flight with the configured
+    """BUG at 7b2f789: Ollama's alert compared requests in flight with the configured
     OLLAMA_NUM_PARALLEL ("the rest queue unseen") and then recommended raising it: the knob's assumption read back
     as a measurement. It reads Ollama's own durations as the proxy saw them, with the report's threshold."""
     from servescope import thresholds

@@ -31,7 +31,7 @@ def test_full_report_without_prometheus(tmp_path, capsys):
     )
 
     md = (run / "report.md").read_text()
-    # The answers first, the setup last; numbers come from the order (issue 24).
+    # The answers first, the setup last; numbers come from the order.
     for title in (
         "1. Summary",
         "2. The seed's comparison table",
@@ -165,7 +165,7 @@ def test_comparison_plot_when_an_interval_misses_its_delta(tmp_path):
 
 def test_the_readme_names_report_sections_that_exist_and_never_by_number():
     """Section numbers come from the report's order (report/render.py): the README cites sections by their titles,
-    and every title it cites is one the report writes (the seed page's own sections keep their numbers)."""
+    and every title it cites is one the report writes (the reference page's own sections keep their numbers)."""
     import inspect
 
     from report import goodput, sections, summary, workloads
@@ -181,7 +181,7 @@ def test_the_readme_names_report_sections_that_exist_and_never_by_number():
 
 
 def test_the_summary_opens_the_report_and_says_an_slo_below_the_floor(tmp_path, capsys):
-    """Issue 24: the first section answers (scaling with its reading, the verdict, SLO attainment, flags) in at most
+    """The first section answers (scaling with its reading, the verdict, SLO attainment, flags) in at most
     ten lines per engine, and an SLO term that fails at the run's lowest load is said to be below the floor, with
     the value measured there, instead of a column of zeros."""
     run = tmp_path / "seed"

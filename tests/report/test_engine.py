@@ -24,8 +24,8 @@ from tests.report.test_loadgen_shape import write_run
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 NO_PROMETHEUS = "http://127.0.0.1:9"
 # What the report computed from Python lists of records: these tests' numbers() over the same four runs, run
-# against main at 050fb97 (the last list-based report, after issues 14-17 were merged); the verdict's rule and
-# Ollama's verdicts are the ones of issue 23 item 4 (resting on Ollama's own durations, not a split of its knob).
+# against main at 050fb97 (the last list-based report); the verdict's rule and Ollama's verdicts are as updated
+# since (resting on Ollama's own durations, not a split of its knob).
 EXPECTED = json.loads((RUNS / "expected_numbers.json").read_text())
 CHANGED_ON_PURPOSE = {("comparison", "method")}  # now says where a huge pool's subsample is drawn
 

@@ -13,7 +13,7 @@ RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 
 
 def test_same_source_weights_at_two_precisions_is_said_as_such():
-    """Regression (issue 12, first contact): vLLM's float32 and llama.cpp's Q4_1 of one model read
+    """Regression (the first run against real engines): vLLM's float32 and llama.cpp's Q4_1 of one model read
     "different weights across engines", as if two models had been compared."""
     warning = fairness.weights_warning(load(RUNS / "live-failures"))
     assert warning == (

@@ -115,7 +115,7 @@ def test_gauges_peaks_verdict_kv_and_vllm_split(backfilled, capsys):
     assert ollama["peaks"][series.REQUESTS_WAITING] == 2 and ollama["peaks"][series.KV_CACHE_USAGE] is None
 
     verdicts = {v["instance"]: v for v in numbers["verdict"]["verdicts"]}
-    # The seed's vLLM burst: running 3, nothing waiting, yet TTFT 0.2 / 0.4 / 0.6 s by arrival: no slot or KV
+    # The reference page's vLLM burst: running 3, nothing waiting, yet TTFT 0.2 / 0.4 / 0.6 s by arrival: no slot or KV
     # lever, and the verdict says where the first tokens' wait went instead of "nothing waited".
     vllm_verdict = verdicts["vllm"]
     assert vllm_verdict["lever"] == "none" and "oversized" in vllm_verdict["text"]
@@ -125,8 +125,8 @@ def test_gauges_peaks_verdict_kv_and_vllm_split(backfilled, capsys):
     assert "OLLAMA_NUM_PARALLEL (now 1)" in verdicts["ollama"]["text"]
 
     (kv,) = [a for a in numbers["verdict"]["kv_arithmetic"] if a["instance"] == "vllm"]
-    assert kv["capacity_from_blocks"] == 182 * 128 == 23296  # the seed's 1456 x 16 tokens
-    assert kv["max_concurrency_computed"] == pytest.approx(22.75)  # the seed's "22.75x"
+    assert kv["capacity_from_blocks"] == 182 * 128 == 23296  # the reference page's 1456 x 16 tokens
+    assert kv["max_concurrency_computed"] == pytest.approx(22.75)  # the reference page's "22.75x"
     assert kv["blocks_per_sequence"] == 1 and kv["burst_blocks"] == 3  # (20 + 48) tokens < one 128-token block
 
     (cc,) = [c for c in numbers["crosscheck"]["engines"] if c["instance"] == "vllm"]

@@ -1,8 +1,8 @@
-"""Issue 14 end to end on the doubles: `python -m loadgen burst` sampling the real exporter over the synthetic engine, then the report.
+"""Server-side sampling end to end on the doubles: `python -m loadgen burst` sampling the real exporter over the synthetic engine, then the report.
 
 The synthetic engine schedules like the engines it stands in for (max_running = vLLM's
 --max-num-seqs / llama.cpp's --parallel; serial_prefill = vLLM's chunked prefill), so a burst of
-3 shorter than one second queues exactly as the issue saw it on llama.cpp with --parallel 1.
+3 shorter than one second queues exactly as llama.cpp with --parallel 1 was seen to.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_the_gauge_plot_lines_up_with_the_phase_bands_within_one_sample(tmp_path
 
 
 def test_under_sampled_gauges_disagree_with_the_clients_and_the_verdict_says_why(tmp_path, monkeypatch):
-    """The issue's report: a 5 s sampling (Prometheus' old scrape) over a sub-second burst saw nothing waiting."""
+    """The old report's failure: a 5 s sampling (Prometheus' old scrape) over a sub-second burst saw nothing waiting."""
     monkeypatch.setenv("VLLM_MAX_NUM_SEQS", "1")  # what the stand-in runs with, as this checkout's knob
     with (
         SyntheticServer(ttft=0.05, itl=0.01, tokens=20, max_running=1) as engine,

@@ -1,5 +1,5 @@
 """Malformed run folders: every record is checked against the contract once, bad ones are skipped and counted by
-reason, and a report is always written (issue 13 item 15), with a fuzz target over run folders."""
+reason, and a report is always written, with a fuzz target over run folders."""
 
 from __future__ import annotations
 

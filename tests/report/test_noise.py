@@ -125,7 +125,7 @@ def test_every_repetition_flagged_refuses_the_factor(tmp_path):
 
 
 def test_an_outlier_request_flags_its_phase(tmp_path):
-    """The issue's 25.9 s request among 0.5 s ones: flagged, never averaged in."""
+    """A 25.9 s request among 0.5 s ones: flagged, never averaged in."""
     slow = {("llamacpp", "sequential#2", 0): 25.9}
     run = write(tmp_path, three_reps(), request_times=slow)
     assessment = noise.assess(run)

@@ -131,7 +131,7 @@ def test_box_stats_are_matplotlibs(values):
     assert np.array_equal(ours["fliers"], theirs["fliers"])
 
 
-# --- a painter that stops answering (SIGSTOP), Ctrl-C while it draws (issue 29) ---
+# --- a painter that stops answering (SIGSTOP), Ctrl-C while it draws ---
 
 STOPPED_PAINTER = """
 import os, signal, sys

@@ -1,4 +1,4 @@
-"""The seed's table from a crafted run folder holding the seed's own published numbers, and the matched-set refusals."""
+"""The reference page's table from a crafted run folder holding its own published numbers, and the matched-set refusals."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def test_seed_table_reproduces_the_seeds_numbers(seed_rows):
 @pytest.mark.parametrize(
     ("factor", "n", "expected"),
     [
-        (3.13, 3, "strongly"),  # the seed's vLLM
-        (1.10, 3, "near-linear"),  # the seed's Ollama
+        (3.13, 3, "strongly"),  # the reference page's vLLM
+        (1.10, 3, "near-linear"),  # the reference page's Ollama
         (1.5, 3, "strongly"),  # 0.5 x 3 = 1.5: on the line
         (1.4, 3, "partially"),
         (1.3, 3, "near-linear"),
@@ -68,7 +68,7 @@ def test_refuses_scaling_factor_on_mismatched_sets():
     llama = rows[("llamacpp", "burst-1")]
     assert llama.scaling_factor is None
     assert "max_tokens differ (sequential 64, burst 48)" in llama.refusal
-    # sweep phases are not the seed's table
+    # sweep phases are not the reference page's table
     assert not any(r.scenario == "sweep" for r in rows.values())
 
 

@@ -1,4 +1,4 @@
-"""The seed's section-4 rule as a function of gauge peaks, and the section-3 KV arithmetic."""
+"""The reference page's section-4 rule as a function of gauge peaks, and the section-3 KV arithmetic."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_missing_samples_during_the_burst_are_named_as_the_reason():
 def test_between_the_thresholds_neither_lever_is_claimed():
     v = decide(VLLM, {R: 5, W: 2, K: 0.85})
     assert v.lever == "kv_undecided" and "between 80% and 90%" in v.text
-    # The same rule as the knee's and the tune's (issue 23): undecided, no knob named first.
+    # The same rule as the knee's and the tune's: undecided, no knob named first.
     assert v.text.startswith("undecided") and "neither" in v.text and "raise" not in v.text
 
 
@@ -148,7 +148,7 @@ def test_the_engines_own_queue_timings_count_as_evidence():
     assert "queue 71% of the mean TTFT" in v.evidence
 
 
-# --- Ollama: its own durations and the bursts decide; the proxy's running/waiting stand beside them (issue 23, item 4)
+# --- Ollama: its own durations and the bursts decide; the proxy's running/waiting stand beside them
 
 
 def _ollama_split(queues: list[float], load: float = 0.002, prompt: float = 0.02, ttft: float = 0.1):
@@ -164,7 +164,7 @@ def _ollama_split(queues: list[float], load: float = 0.002, prompt: float = 0.02
 
 
 def test_ollamas_waiting_alone_never_names_the_knob_it_was_split_from():
-    """BUG at 7b2f789 (issue 23, item 4): waiting was in flight beyond OLLAMA_NUM_PARALLEL, and the verdict read it
+    """BUG at 7b2f789: waiting was in flight beyond OLLAMA_NUM_PARALLEL, and the verdict read it
     back as "raise OLLAMA_NUM_PARALLEL". The proxy's waiting counts prompt evaluation too: alone, it is undetermined."""
     v = decide(OLLAMA, {R: 1, W: 2, K: None})
     assert v.computable and v.lever == "undetermined", v.text

@@ -31,7 +31,7 @@ def test_every_engine_port_knob_is_documented_in_env_example():
     for kind in engines.ENGINES.values():
         assert kind.port_env in documented, kind.name
         assert kind.default_port > 0
-    assert documented["VLLM_PORT"] == "8009"  # the seed's port
+    assert documented["VLLM_PORT"] == "8009"  # the reference page's port
     assert documented["SERVESCOPE_BIND"] == "127.0.0.1"
 
 

@@ -1,4 +1,4 @@
-"""The seed's section-3 KV arithmetic has one definition, and the exporter, the stack and the report all use it."""
+"""The reference page's section-3 KV arithmetic has one definition, and the exporter, the stack and the report all use it."""
 
 from __future__ import annotations
 

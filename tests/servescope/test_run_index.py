@@ -161,7 +161,7 @@ def test_a_folder_that_takes_no_writes_is_read_without_an_index_and_without_a_wo
         _set_writable(run, True)
 
 
-# --- a damaged, edited or foreign index (issue 29): dropped and the JSONL read, in one line ---
+# --- a damaged, edited or foreign index: dropped and the JSONL read, in one line ---
 
 
 def test_flipped_bytes_in_the_index_cost_one_line_and_no_record(run, capsys):

@@ -94,7 +94,7 @@ def _engine_idle(url: str) -> bool:
 
 
 def test_a_burst_shorter_than_a_second_is_seen_waiting(folder):
-    """llama.cpp --parallel 1 in the issue: a 0.7 s burst of 3 with one slot shows waiting 2 at 100 ms."""
+    """llama.cpp --parallel 1 as it was seen: a 0.7 s burst of 3 with one slot shows waiting 2 at 100 ms."""
     with (
         SyntheticServer(ttft=0.05, itl=0.01, tokens=20, max_running=1) as engine,
         EngineExporter({"vllm": engine.url}) as exp,

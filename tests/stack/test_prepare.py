@@ -85,7 +85,7 @@ def test_prometheus_config_for_the_services_that_are_up(monkeypatch, tmp_path):
     assert by_job["vllm"]["static_configs"][0]["targets"] == ["127.0.0.1:8009"]
     assert by_job["vllm"]["static_configs"][0]["labels"] == {"instance": "vllm"}
     assert config["rule_files"] == prometheus.rule_files()
-    # Natively every second (issue 14), and the exporter reads each engine well within the scrape timeout.
+    # Natively every second, and the exporter reads each engine well within the scrape timeout.
     assert config["global"]["scrape_interval"] == "1s" and config["global"]["scrape_timeout"] == "800ms"
     exporter_cmd = native.exporter_service(knob, "127.0.0.1", {"vllm": "http://127.0.0.1:8009"}, None).cmd
     assert exporter_cmd[exporter_cmd.index("--timeout") + 1] == "0.6"

@@ -118,7 +118,7 @@ def test_raise_knob_doubles_the_named_resource_and_keeps_llamacpp_per_slot_conte
 
 
 def test_vllm_slots_rise_within_the_kv_space_then_with_it():
-    """The live tune stopped at 16 slots: 32 x 1024 tokens broke the seed's inequality for 1 GiB of KV (23,301
+    """The live tune stopped at 16 slots: 32 x 1024 tokens broke the reference page's inequality for 1 GiB of KV (23,301
     tokens at SmolLM2's 46,080 B/token), and the native stack refused to start vLLM."""
     kv = tune.KvFit(bytes_per_token=46_080, max_model_len=1024)
     assert kv.most_slots(1) == 22
@@ -262,7 +262,7 @@ def test_a_clear_gain_is_kept_on_the_first_measurements(tmp_path):
 
 
 def test_an_underpowered_gain_is_measured_longer_never_called_no_gain(tmp_path):
-    """Issue 23: +50% from two 15 s measurements, CI [-0.11, +0.23], was called "no gain" and reverted."""
+    """BUG: +50% from two 15 s measurements, CI [-0.11, +0.23], was called "no gain" and reverted."""
     j = Judge(tmp_path, 0.14, 0.21, max_measurements=6)
     kept, step = j.judge()
     assert step.decision in ("kept", "inconclusive")
@@ -290,7 +290,7 @@ def test_a_change_that_lowers_goodput_is_reverted(tmp_path):
 
 
 def test_a_setting_the_engine_died_under_is_never_kept(tmp_path):
-    """Issue 29: 14 requests ok, 1,337 refused, and the loop kept the setting with the engine dead."""
+    """BUG: 14 requests ok, 1,337 refused, and the loop kept the setting with the engine dead."""
     j = Judge(tmp_path, 0.9, 12.0, faults=["1337 of 1351 requests found no engine (connection_refused 1337)"])
     kept, step = j.judge()
     assert not kept and step.decision == "refused" and "engine fault while measuring" in step.evidence

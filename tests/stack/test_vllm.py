@@ -1,4 +1,4 @@
-"""The seed's section-3 arithmetic for vLLM: predicted from the model config, read back from cache_config_info."""
+"""The reference page's section-3 arithmetic for vLLM: predicted from the model config, read back from cache_config_info."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def write_model(tmp_path: Path) -> Path:
 
 def test_one_gib_gives_the_seeds_token_count(tmp_path):
     kv = vllm.plan(write_model(tmp_path), KNOBS, weights=538_090_408, swap_used=False)
-    # The seed: 1456 blocks x 16 = 23,296 tokens; unrounded bytes/46,080 = 23,301 (blocks round it down).
+    # The reference page: 1456 blocks x 16 = 23,296 tokens; unrounded bytes/46,080 = 23,301 (blocks round it down).
     assert kv.kv_tokens == 23_301
     assert round(kv.max_concurrency, 2) == 22.75
     assert kv.swap_space_bytes == 0
@@ -92,7 +92,7 @@ def test_section3_from_vllm_0_32_cache_config_info():
 def test_section3_from_the_seeds_vllm_0_9_1_cache_config_info():
     info = vllm.cache_config_info((FIXTURES / "vllm-0.9.1-cpu-metrics.txt").read_text())
     text = "\n".join(vllm.section3_lines(info, KNOBS, swap_used=True))
-    # The seed: 1456 blocks of 16 tokens, 22.75x at 1024, swap space accepted and contributing no blocks.
+    # The reference page: 1456 blocks of 16 tokens, 22.75x at 1024, swap space accepted and contributing no blocks.
     assert "23,296 = 1,456 blocks × 16" in text and "22.75x" in text
     assert "num_cpu_blocks=0" in text and "swap_space=1.0" in text
 
@@ -157,7 +157,7 @@ def test_torch_comes_from_a_cpu_wheel(tmp_path, wheels, index, expected):
 
 
 def test_kv_overcommit_lets_more_sequences_in_than_fit_and_says_the_pool_runs_out_first(tmp_path):
-    """VLLM_KV_OVERCOMMIT=1: the seed's inequality is a note, not a refusal (the KV-capacity case is then reachable)."""
+    """VLLM_KV_OVERCOMMIT=1: the reference page's inequality is a note, not a refusal (the KV-capacity case is then reachable)."""
     kv = vllm.plan(write_model(tmp_path), {**KNOBS, "VLLM_MAX_NUM_SEQS": "32"}, weights=0, swap_used=False)
     assert vllm.refusal(kv, available_bytes=20 * GIB, overcommit=True) is None
     note = vllm.overcommit_note(kv)
