@@ -31,9 +31,11 @@ REPO = Path(__file__).resolve().parent.parent
 QUIET_RULE = {"NOISE_GROUP_CPU_CORES": "100", "NOISE_FOREIGN_CPU_CORES": "100", "NOISE_STEAL_SHARE": "1"}
 
 
-def loadgen(*args: str, results: Path, run_id: str) -> Path:
+def loadgen(*args: str, results: Path, run_id: str, warmup: bool = False) -> Path:
+    """One load generator run. Only the knees warm up (the load generator's own rule): the first one runs on replicas
+    just started, and a cold replica's knee is what the whole prediction is made from."""
     cmd = [sys.executable, "-m", "loadgen", *args, "--results", str(results), "--run-id", run_id]
-    cmd += ["--metrics-port", "0", "--quiet", "--warmup", "0"]
+    cmd += ["--metrics-port", "0", "--quiet"] + ([] if warmup else ["--warmup", "0"])
     done = subprocess.run(cmd, cwd=REPO, env={**os.environ, **QUIET_RULE}, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -212,7 +214,7 @@ def check(argv: list[str] | None) -> int:
                 url = urls[0] if (args.start or args.urls) else one.enter_context(SyntheticProcess(*engine_args)).url
                 knee = loadgen(
                     "knee", "--engine", f"{kind}={url}", "--slo", args.slo, "--slo-attainment", args.attainment,
-                    "--duration", str(args.knee_duration), *tokens, results=results, run_id="knee",
+                    "--duration", str(args.knee_duration), *tokens, results=results, run_id="knee", warmup=True,
                 )  # fmt: skip
         profile = plan.profile_of(knee, args.slots)
         print(
@@ -225,6 +227,7 @@ def check(argv: list[str] | None) -> int:
                 busy_knee = loadgen(
                     "knee", "--engine", f"{kind}={urls[0]}", "--slo", args.slo, "--slo-attainment", args.attainment,
                     "--duration", str(args.knee_duration), *tokens, results=results, run_id="knee-busy",
+                    warmup=True,
                 )  # fmt: skip
             sharing = Sharing(len(urls), plan.profile_of(busy_knee, args.slots))
             print(
