@@ -351,7 +351,7 @@ def start_engines(
             by_name[VLLM].ready_timeout,
             label=f"vLLM warming up at {record.ready_url} (about 100 s on 2 cores)",
         )
-        print_section3(by_name[VLLM].url, knob, swap_used)
+        print_kv_sizing(by_name[VLLM].url, knob, swap_used)
     return engines
 
 
@@ -395,18 +395,18 @@ def start_ollama(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str
     return url
 
 
-def print_section3(vllm_url: str, knob: dict[str, str], swap_used: bool) -> None:
+def print_kv_sizing(vllm_url: str, knob: dict[str, str], swap_used: bool) -> None:
     import requests
 
     try:
         info = vllm.cache_config_info(requests.get(f"{vllm_url}/metrics", timeout=10).text)
     except requests.RequestException as exc:
-        say(f"vLLM /metrics unreadable ({exc}): no section-3 arithmetic")
+        say(f"vLLM /metrics unreadable ({exc}): no KV pool arithmetic")
         return
     if not info or "block_size" not in info:
-        say("vLLM /metrics has no vllm:cache_config_info with block_size: no section-3 arithmetic")
+        say("vLLM /metrics has no vllm:cache_config_info with block_size: no KV pool arithmetic")
         return
-    for line in vllm.section3_lines(info, knob, swap_used):
+    for line in vllm.kv_sizing_lines(info, knob, swap_used):
         say(line)
 
 

@@ -217,7 +217,7 @@ def cache_config_info(metrics_text: str) -> dict[str, str] | None:
     return dict(samples[CACHE_CONFIG_INFO][0][0])
 
 
-def section3_lines(info: dict[str, str], knob: dict[str, str], swap_used: bool) -> list[str]:
+def kv_sizing_lines(info: dict[str, str], knob: dict[str, str], swap_used: bool) -> list[str]:
     """The reference page's arithmetic: KV space → blocks × block size = tokens → concurrency at max-model-len."""
     block_size = int(float(info["block_size"]))
     blocks = int(float(info.get("num_gpu_blocks") or 0))

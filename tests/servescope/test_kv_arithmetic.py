@@ -97,7 +97,7 @@ def test_each_user_reports_what_the_one_definition_computes(rigged):
         assert registry.get_sample_value(series.KV_MAX_CONCURRENCY, model) == SENTINEL_CONCURRENCY
 
     info = {"block_size": "16", "num_gpu_blocks": "1456"}
-    text = "\n".join(stack_vllm.section3_lines(info, KNOBS, swap_used=False))
+    text = "\n".join(stack_vllm.kv_sizing_lines(info, KNOBS, swap_used=False))
     assert "12,345 = 1,456 blocks" in text and "6.50x" in text, text
 
     run = SimpleNamespace(

@@ -80,7 +80,7 @@ def test_refuses_a_single_sequence_longer_than_the_cache(tmp_path):
 def test_section3_from_vllm_0_32_cache_config_info():
     info = vllm.cache_config_info((FIXTURES / "vllm-0.32.0-cpu-metrics-idle.txt").read_text())
     assert info is not None
-    text = "\n".join(vllm.section3_lines(info, KNOBS, swap_used=False))
+    text = "\n".join(vllm.kv_sizing_lines(info, KNOBS, swap_used=False))
     blocks, block_size = int(info["num_gpu_blocks"]), int(info["block_size"])
     assert (blocks, block_size) == (182, 128)
     assert "23,296 = 182 blocks × 128 (vLLM: kv_cache_size_tokens=23296)" in text
@@ -91,7 +91,7 @@ def test_section3_from_vllm_0_32_cache_config_info():
 
 def test_section3_from_the_seeds_vllm_0_9_1_cache_config_info():
     info = vllm.cache_config_info((FIXTURES / "vllm-0.9.1-cpu-metrics.txt").read_text())
-    text = "\n".join(vllm.section3_lines(info, KNOBS, swap_used=True))
+    text = "\n".join(vllm.kv_sizing_lines(info, KNOBS, swap_used=True))
     # The reference page: 1456 blocks of 16 tokens, 22.75x at 1024, swap space accepted and contributing no blocks.
     assert "23,296 = 1,456 blocks × 16" in text and "22.75x" in text
     assert "num_cpu_blocks=0" in text and "swap_space=1.0" in text
