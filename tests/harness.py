@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.conftest import stop_process
+
 REPO = Path(__file__).resolve().parent.parent
 
 # A run that hangs ends the test instead of the suite; the tests that know their run is shorter say so.
@@ -92,7 +94,7 @@ def spawn_cli(
     **popen: object,
 ) -> subprocess.Popen[str]:
     """`python -m MODULE ARGS` started and left running (text pipes by default): for a helper or fixture that stops
-    it itself (with tests.conftest.stop_process); a test body uses start_cli."""
+    it itself (with stop_cli or tests.conftest.stop_process); a test body uses start_cli."""
     return spawn_python("-m", module, *args, env=env, cwd=cwd, stdout=stdout, stderr=stderr, **popen)
 
 
@@ -143,12 +145,7 @@ def stop_cli(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
     proc.unread = None
     if proc.poll() is not None:
         return
-    proc.terminate()
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc, grace)
     proc.unread = (_drain(proc.stdout), _drain(proc.stderr))
 
 
