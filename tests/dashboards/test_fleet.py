@@ -9,8 +9,6 @@ through query_range with the variables substituted as Grafana does (dashboards/r
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,23 +16,19 @@ import pytest
 from dashboards import build, render
 from servescope import metrics_mode, series
 from servescope import prometheus_config as pc
-from servescope.knobs import REPO_ROOT
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.fleet_engine import MODEL
+from tests.harness import spawn_cli
 
 pytestmark = pytest.mark.slow
 INSTANCES = 3
 SCRAPE = "1s"
 
 
-def started(module: str, *args: object) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=REPO_ROOT)
-
-
 @pytest.fixture
 def fleet_double():
     port = free_port()
-    proc = started("tests.doubles.fleet_engine", "--port", port, "--instances", INSTANCES)
+    proc = spawn_cli("tests.doubles.fleet_engine", "--port", port, "--instances", INSTANCES, stdout=None, stderr=None)
     try:
         wait_http(f"http://127.0.0.1:{port}/i/0/version", timeout=30, proc=proc)
         yield port
@@ -78,7 +72,9 @@ def test_every_fleet_panel_has_data_and_the_series_are_the_same_in_both_modes(
                 for i, name in enumerate(names())
             )
             (tmp_path / "exporter.yml").write_text(f"port: {port}\ntimeout_seconds: 0.6\nengines:\n{engines}")
-            exporter = started("exporter", "--config", tmp_path / "exporter.yml", "--metrics-mode", mode)
+            exporter = spawn_cli(
+                *["exporter", "--config", tmp_path / "exporter.yml", "--metrics-mode", mode], stdout=None, stderr=None
+            )
             wait_http(f"http://127.0.0.1:{port}/", timeout=30, proc=exporter)
             config = pc.render(
                 [pc.Target("exporter", f"127.0.0.1:{port}")],

@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.conftest import PrometheusServer, free_port, serve_in_thread, stop_pr
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.recorded_engine import FIXTURES
 from tests.doubles.synthetic_openai import SyntheticServer
+from tests.harness import spawn_python
 
 SCRAPE = "2s"  # with a 1.6 s scrape timeout: the exporter stays scrapable on a busy 2-core machine
 SERVED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -152,9 +152,7 @@ class Processes:
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "w")
         # Own session: stop() ends the process group, children included (the engine stand-in has one).
-        proc = subprocess.Popen(
-            [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True
-        )
+        proc = spawn_python(*args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True)
         self.procs.append((proc, log))
         return proc
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import requests
@@ -13,8 +11,8 @@ import requests
 from exporter import config as exporter_config
 from exporter.cli import build_parser
 from tests.conftest import free_port, wait_http
+from tests.harness import run_cli, spawn_cli
 
-REPO = Path(__file__).resolve().parents[2]
 URL_ENVS = ("VLLM_URL", "LLAMACPP_URL", "OLLAMA_URL")
 
 
@@ -165,10 +163,7 @@ def test_bad_env_value_names_the_variable(monkeypatch):
 
 
 def run_exporter(*argv: str, timeout: float = 20) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "exporter", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return run_cli("exporter", *argv, env={"PATH": "/usr/bin:/bin"}, timeout=timeout)  # the harness adds PYTHONPATH
 
 
 def test_cli_invalid_config_exits_2_with_one_line(tmp_path):
@@ -208,15 +203,9 @@ def test_cli_proxy_port_in_use_names_its_knob():
 
 
 def start_exporter(*argv: str, **env: str) -> subprocess.Popen:
-    """`python -m exporter ARGV` with only these environment variables, its output captured as text."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "exporter", *argv],
-        cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """`python -m exporter ARGV` with only these environment variables (and the repo on PYTHONPATH), its output
+    captured as text."""
+    return spawn_cli("exporter", *argv, env={"PATH": "/usr/bin:/bin", **env})
 
 
 def test_cli_serves_landing_page_and_metrics_then_stops_on_sigterm():

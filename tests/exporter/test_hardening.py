@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -24,9 +22,9 @@ from tests.doubles.recorded_engine import RecordedEngine
 from tests.exporter.test_proxy import MODEL, ExporterThread, chat_body, wait_until
 from tests.exporter.test_proxy_http import RawUpstream
 from tests.exporter.test_upstream import PAGE
+from tests.harness import spawn_cli
 
 pytestmark = pytest.mark.timeout(120)
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_concurrent_scrapes_of_a_dripping_engine_each_stay_within_the_budget():
@@ -225,10 +223,8 @@ def test_large_metrics_pages_are_let_go_with_their_scrapes(tmp_path):
         engine.set_text("/metrics", running)
         engine.set_json("/v1/models", {"data": [{"id": "m", "max_model_len": 1024}]})
         log = open(tmp_path / "exporter.log", "w")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--port", str(port), "--vllm-url", engine.url]
-            + ["--proxy-port", str(free_port())],
-            cwd=REPO,
+        proc = spawn_cli(
+            *["exporter", "--port", str(port), "--vllm-url", engine.url, "--proxy-port", str(free_port())],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "VLLM_URL": "", "LLAMACPP_URL": "", "OLLAMA_URL": ""},

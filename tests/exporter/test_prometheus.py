@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import requests
 
@@ -13,8 +11,8 @@ from servescope import prometheus_config
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
+from tests.harness import spawn_cli
 
-REPO = Path(__file__).resolve().parents[2]
 # Captured from the real llama-server while three streams shared its two slots.
 LLAMACPP_METRICS_FIXTURE = "llamacpp-11434.0.0-metrics-busy.txt"
 LLAMACPP_SLOTS_FIXTURE = "llamacpp-11434.0.0-slots-busy.json"
@@ -55,9 +53,8 @@ def test_prometheus_reads_the_engine_neutral_series(tmp_path, prometheus_server)
         f"  - {{kind: llamacpp, name: llamacpp, url: '{llamacpp.url}'}}\n"
         f"  - {{kind: ollama, name: ollama, url: '{ollama.url}', proxy_port: {proxy_port}, num_parallel: 1}}\n"
     )
-    exporter = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--config", str(tmp_path / "exporter.yml")],
-        cwd=REPO,
+    exporter = spawn_cli(
+        *["exporter", "--config", str(tmp_path / "exporter.yml")],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "exporter.log", "w"),
     )

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +13,7 @@ from loadgen.annotations import PhaseAnnotator
 from servescope.runfolder import RunFolder
 from tests.conftest import JsonReplyHandler, free_port, serve_in_thread
 from tests.doubles.synthetic_openai import SyntheticServer
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness import run_cli
 
 
 class GrafanaAnnotationsAPI:
@@ -59,14 +56,7 @@ def engine():
 
 def loadgen(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GRAFANA_")}
-    return subprocess.run(
-        [sys.executable, "-m", "loadgen", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**clean, **env},
-    )
+    return run_cli("loadgen", *args, timeout=60, env={**clean, **env})
 
 
 def test_each_phase_is_posted_as_a_region_annotation(engine, tmp_path):

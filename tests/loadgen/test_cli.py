@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,9 +19,7 @@ from servescope.runfolder import RunFolder
 from tests.conftest import free_port, unavailable
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
-
-REPO = Path(__file__).resolve().parents[2]
-
+from tests.harness import run_cli, run_python, start_cli
 
 # For tests that read stderr line by line: the server sampler (servescope/sampler.py) says its own lines, e.g. that
 # no exporter answers; it is not what they are about.
@@ -30,9 +27,7 @@ WITHOUT_SAMPLER = {**os.environ, "SAMPLE_INTERVAL_MS": "0"}
 
 
 def loadgen(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "loadgen", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
-    )
+    return run_cli("loadgen", *args, timeout=timeout)
 
 
 def run_folder_from(stdout: str) -> RunFolder:
@@ -205,33 +200,24 @@ def test_failures_are_counted_with_reasons_and_the_run_goes_on(server, tmp_path)
 def test_sigterm_keeps_a_complete_run_folder_and_metrics_are_scraped_while_running(tmp_path):
     port = free_port()
     with SyntheticServer(ttft=0.05, itl=0.05, tokens=64) as slow:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "loadgen",
-                "sequential",
-                "--engine",
-                f"vllm={slow.url}",
-                "--repeat",
-                "10",
-                "--max-tokens",
-                "20",
-                "--warmup",
-                "0",
-                "--results",
-                str(tmp_path),
-                "--run-id",
-                "int",
-                "--metrics-port",
-                str(port),
-            ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
+        with start_cli(
+            "loadgen",
+            "sequential",
+            "--engine",
+            f"vllm={slow.url}",
+            "--repeat",
+            "10",
+            "--max-tokens",
+            "20",
+            "--warmup",
+            "0",
+            "--results",
+            str(tmp_path),
+            "--run-id",
+            "int",
+            "--metrics-port",
+            str(port),
+        ) as proc:
             requests_file = tmp_path / "int" / "requests.jsonl"
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not (
@@ -248,10 +234,6 @@ def test_sigterm_keeps_a_complete_run_folder_and_metrics_are_scraped_while_runni
                 time.sleep(0.01)
             proc.send_signal(signal.SIGTERM)
             stdout, stderr = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     assert 'servescope_client_ttft_seconds_bucket{engine="vllm",le="0.1",scenario="sequential"}' in exposition
     assert 'servescope_client_requests_total{engine="vllm",outcome="ok",scenario="sequential"}' in exposition
     assert 'servescope_client_users{engine="vllm",scenario="sequential"} 1.0' in exposition
@@ -463,12 +445,9 @@ def test_a_user_that_fails_unexpectedly_stops_the_run_with_one_line_not_a_loop(s
         "client.TRANSPORTS['broken'] = Broken\n"
         "sys.exit(cli.main(sys.argv[1:]))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script, "burst", "--engine", f"vllm={server.url}", "--http-client", "broken"]
-        + ["--warmup", "0", "--results", str(tmp_path), "--run-id", "broken", "--metrics-port", "0"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    proc = run_python(
+        *["-c", script, "burst", "--engine", f"vllm={server.url}", "--http-client", "broken"],
+        *["--warmup", "0", "--results", str(tmp_path), "--run-id", "broken", "--metrics-port", "0"],
         timeout=30,
         env=WITHOUT_SAMPLER,
     )
@@ -499,31 +478,24 @@ def _set_writable(folder: Path, writable: bool) -> None:
 def test_a_run_folder_that_becomes_unwritable_stops_the_run_fast_and_keeps_what_was_written(tmp_path):
     folder = tmp_path / "frozen"
     with SyntheticServer(ttft=0.02, itl=0.005, tokens=16) as engine:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "loadgen", "sequential", "--engine", f"vllm={engine.url}", "--repeat", "10"]
-            + ["--max-tokens", "16", "--warmup", "0", "--results", str(tmp_path), "--run-id", "frozen"]
-            + ["--metrics-port", "0", "--quiet"],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=WITHOUT_SAMPLER,
-        )
         frozen = False
         try:
-            records = folder / "requests.jsonl"
-            deadline = time.monotonic() + 30
-            while not (records.exists() and records.read_text().count("\n") >= 3):
-                assert time.monotonic() < deadline and proc.poll() is None, "no 3 records within 30 s"
-                time.sleep(0.05)
-            _set_writable(folder, False)
-            frozen = True
-            kept = records.read_text()
-            _stdout, stderr = proc.communicate(timeout=60)  # never hangs
+            with start_cli(
+                *["loadgen", "sequential", "--engine", f"vllm={engine.url}", "--repeat", "10"],
+                *["--max-tokens", "16", "--warmup", "0", "--results", str(tmp_path), "--run-id", "frozen"],
+                *["--metrics-port", "0", "--quiet"],
+                env=WITHOUT_SAMPLER,
+            ) as proc:
+                records = folder / "requests.jsonl"
+                deadline = time.monotonic() + 30
+                while not (records.exists() and records.read_text().count("\n") >= 3):
+                    assert time.monotonic() < deadline and proc.poll() is None, "no 3 records within 30 s"
+                    time.sleep(0.05)
+                _set_writable(folder, False)
+                frozen = True
+                kept = records.read_text()
+                _stdout, stderr = proc.communicate(timeout=60)  # never hangs
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
             if frozen:
                 _set_writable(folder, True)
     assert proc.returncode == 1, stderr[-2000:]
@@ -539,12 +511,9 @@ def test_a_run_folder_that_becomes_unwritable_stops_the_run_fast_and_keeps_what_
 def test_an_engine_without_a_url_says_which_url_it_chose(server, tmp_path, knob):
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_URL", "VLLM_PORT")}
     env[knob] = str(server.port) if knob == "VLLM_PORT" else server.url
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", "burst", "--engine", "vllm", "--results", str(tmp_path), "--run-id", "r"]
-        + ["--metrics-port", "0", "--warmup", "0", "--max-tokens", "4", "--quiet"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    proc = run_cli(
+        *["loadgen", "burst", "--engine", "vllm", "--results", str(tmp_path), "--run-id", "r"],
+        *["--metrics-port", "0", "--warmup", "0", "--max-tokens", "4", "--quiet"],
         timeout=60,
         env=env,
     )

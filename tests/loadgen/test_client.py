@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +14,8 @@ from loadgen import prompts
 from servescope.kernel_stamps import SO_TIMESTAMPNS, TIMESPEC
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
+from tests.harness import run_python
 
-REPO = Path(__file__).resolve().parents[2]
 # The load generator's own client, and bench/'s requests transport behind the same interface: the same measurement.
 TRANSPORTS = [*llm.TRANSPORTS, requests_transport.NAME]
 
@@ -218,12 +215,8 @@ def test_the_cli_stops_at_start_up_with_one_line_when_an_internal_is_gone(tmp_pa
         "HTTPResponse.__init__ = lambda self, *a, **k: None  # a version whose response keeps no _body_buffer\n"
         "sys.exit(cli.main(sys.argv[1:]))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script, "burst", "--engine", "vllm=http://127.0.0.1:9", "--results", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_python(
+        "-c", script, "burst", "--engine", "vllm=http://127.0.0.1:9", "--results", str(tmp_path), timeout=60
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "HTTPResponse._body_buffer" in proc.stderr

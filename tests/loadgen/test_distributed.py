@@ -7,7 +7,6 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -22,8 +21,8 @@ from loadgen.scenarios import BurstPhase, Settings, Share
 from loadgen.targets import parse_engine
 from servescope.runfolder import RequestRecord, RunFolder
 from tests.doubles.synthetic_openai import SyntheticServer
+from tests.harness import run_cli, start_cli
 
-REPO = Path(__file__).resolve().parents[2]
 QUIET_SAMPLER = {**os.environ, "SAMPLE_INTERVAL_MS": "0"}  # no exporter here: the sampler's own lines are noise
 
 
@@ -40,10 +39,8 @@ def prompt_file(tmp_path: Path, *texts: str) -> str:
 
 
 def command(server, tmp_path: Path, scenario: str, *args: str) -> list[str]:
+    """The arguments of `python -m loadgen` for a run on two workers (run_cli("loadgen", *command(...)))."""
     return [
-        sys.executable,
-        "-m",
-        "loadgen",
         scenario,
         "--engine",
         f"vllm={server.url}",
@@ -64,14 +61,7 @@ def command(server, tmp_path: Path, scenario: str, *args: str) -> list[str]:
 
 
 def run(server, tmp_path: Path, scenario: str, *args: str) -> RunFolder:
-    proc = subprocess.run(
-        command(server, tmp_path, scenario, *args),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=QUIET_SAMPLER,
-    )
+    proc = run_cli("loadgen", *command(server, tmp_path, scenario, *args), timeout=120, env=QUIET_SAMPLER)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     folder = RunFolder(tmp_path / "run")
     assert folder.manifest()["status"] == "complete"
@@ -119,12 +109,9 @@ def test_closed_loop_users_and_an_open_loop_schedule_are_split_across_the_worker
 
 
 def test_workers_refuse_in_one_line_what_one_process_must_hold(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", "burst", "--engine", "vllm=http://127.0.0.1:9", "--workers", "2"]
-        + ["--prompts", "conversation", "--results", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    proc = run_cli(
+        *["loadgen", "burst", "--engine", "vllm=http://127.0.0.1:9", "--workers", "2"],
+        *["--prompts", "conversation", "--results", str(tmp_path)],
         timeout=60,
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "held in one process" in proc.stderr
@@ -143,17 +130,14 @@ def test_the_seeds_compare_over_two_workers_sends_each_phase_once(server, tmp_pa
 
 def test_a_worker_killed_mid_run_leaves_its_requests_recorded_as_failed_and_the_run_completes(server, tmp_path):
     prompts = prompt_file(tmp_path, "q1", "q2", "q3 [[fault:stall=30]]", "q4 [[fault:stall=30]]")
-    proc = subprocess.Popen(
-        command(server, tmp_path, "burst", "--burst-size", "4", "--prompts", prompts),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
+    with start_cli(
+        "loadgen",
+        *command(server, tmp_path, "burst", "--burst-size", "4", "--prompts", prompts),
         stderr=subprocess.STDOUT,
-        text=True,
         env=QUIET_SAMPLER,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    try:
+    ) as proc:
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
         pid, deadline, seen = None, time.monotonic() + 60, []
         while pid is None and time.monotonic() < deadline:
             try:
@@ -168,10 +152,6 @@ def test_a_worker_killed_mid_run_leaves_its_requests_recorded_as_failed_and_the_
         assert server.stats.requests == 4
         os.kill(pid, signal.SIGKILL)
         assert proc.wait(timeout=60) == 0, "".join(seen)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     folder = RunFolder(tmp_path / "run")
     records = sorted(folder.requests(), key=lambda r: r.prompt_id)
     assert [(r.prompt_id, r.worker, r.ok, r.error_kind) for r in records] == [

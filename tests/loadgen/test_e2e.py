@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,8 @@ import pytest
 from servescope import knobs
 from servescope.runfolder import RunFolder
 from tests.conftest import free_port, stop_process, wait_http
+from tests.harness import run_cli
 
-REPO = Path(__file__).resolve().parents[2]
 CACHE = knobs.path("SERVESCOPE_CACHE")
 VLLM_PYTHON = CACHE / "venv-vllm" / "bin" / "python"
 VLLM_MODEL_DIR = CACHE / "models" / "smollm2-135m-instruct-f32"
@@ -68,25 +67,18 @@ def vllm_url(tmp_path_factory):
 
 
 def test_compare_against_vllm_cpu_gives_the_seeds_table_shape(vllm_url, tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadgen",
-            "compare",
-            "--engine",
-            f"vllm={vllm_url}",
-            "--results",
-            str(tmp_path),
-            "--metrics-port",
-            "0",
-            "--no-ignore-eos",
-            "--repetitions",
-            "1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    proc = run_cli(
+        "loadgen",
+        "compare",
+        "--engine",
+        f"vllm={vllm_url}",
+        "--results",
+        str(tmp_path),
+        "--metrics-port",
+        "0",
+        "--no-ignore-eos",
+        "--repetitions",
+        "1",
         timeout=1800,
     )
     print(proc.stdout[-4000:])

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from report import cli as report_cli
 from servescope import binding
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
+from tests.harness import run_cli, spawn_cli, start_cli
 from tests.servescope.test_sampler import EngineExporter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,14 +36,7 @@ def knee(tmp_path: Path, engine_url: str, exporter_url: str, *extra: str) -> tup
         f"--max-tokens 10 --prompts synthetic:16 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 --quiet "
         f"--duration 1 --max-load 16 --slo {SLO}"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", "knee", "--engine", f"vllm={engine_url}", *options.split(), *extra],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_cli("loadgen", "knee", "--engine", f"vllm={engine_url}", *options.split(), *extra, env=env, timeout=300)
     return proc, tmp_path / "knee"
 
 
@@ -207,23 +202,16 @@ def test_an_slo_that_holds_up_to_the_highest_load_says_so(tmp_path):
     ],
 )
 def test_bad_knee_input_is_one_line_and_exit_2(tmp_path, flags, says):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadgen",
-            "knee",
-            "--engine",
-            "vllm=http://127.0.0.1:9",
-            "--results",
-            str(tmp_path),
-            "--metrics-port",
-            "0",
-            *flags,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    proc = run_cli(
+        "loadgen",
+        "knee",
+        "--engine",
+        "vllm=http://127.0.0.1:9",
+        "--results",
+        str(tmp_path),
+        "--metrics-port",
+        "0",
+        *flags,
         timeout=60,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -240,23 +228,16 @@ def test_the_knee_runs_through_locusts_own_entry_point_with_samples(tmp_path):
         SyntheticServer(ttft=0.02, itl=0.01, tokens=10, max_running=2) as server,
         EngineExporter({"vllm": server.url}) as exporter,
     ):
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "locust",
-                "-f",
-                str(REPO / "loadgen" / "locustfile.py"),
-                "--headless",
-                "--host",
-                server.url,
-                *"--engine vllm --scenario knee --max-tokens 10 --duration 1 --max-load 4 --knee-repeats 1".split(),
-                *f"--slo {SLO} --metrics-port 0 --results {tmp_path}".split(),
-            ],
-            cwd=REPO,
+        proc = run_cli(
+            "locust",
+            "-f",
+            str(REPO / "loadgen" / "locustfile.py"),
+            "--headless",
+            "--host",
+            server.url,
+            *"--engine vllm --scenario knee --max-tokens 10 --duration 1 --max-load 4 --knee-repeats 1".split(),
+            *f"--slo {SLO} --metrics-port 0 --results {tmp_path}".split(),
             env={**os.environ, "SAMPLE_EXPORTER_URL": exporter.url, "SAMPLE_INTERVAL_MS": "50"},
-            capture_output=True,
-            text=True,
             timeout=180,
         )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -319,14 +300,15 @@ def test_a_measurement_the_host_noise_rule_flags_is_left_out_and_taken_again(tmp
     assert result["levels"][0]["meets"] and any("left out and repeated" in line for line in search.lines())
 
 
-def knee_process(tmp_path: Path, engine_url: str, exporter_url: str, *extra: str) -> subprocess.Popen:
+def knee_process(
+    tmp_path: Path, engine_url: str, exporter_url: str, *extra: str
+) -> AbstractContextManager[subprocess.Popen]:
     env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter_url, "SAMPLE_INTERVAL_MS": "50", "LOADGEN_FAULT_WAIT_S": "15"}
     options = (
         f"--max-tokens 10 --prompts synthetic:16 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 "
         f"--quiet --duration 2 --max-load 4 --knee-repeats 1 --slo {SLO}"
     )
-    cmd = [sys.executable, "-m", "loadgen", "knee", "--engine", f"vllm={engine_url}", *options.split(), *extra]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_cli("loadgen", "knee", "--engine", f"vllm={engine_url}", *options.split(), *extra, env=env)
 
 
 def faults_during_a_search(tmp_path: Path, fault) -> tuple[dict, str]:
@@ -335,8 +317,10 @@ def faults_during_a_search(tmp_path: Path, fault) -> tuple[dict, str]:
     args = ("--port", str(port), "--ttft", "0.02", "--itl", "0.01", "--tokens", "10", "--max-running", "2")
     engine = [SyntheticProcess(*args)]
     try:
-        with EngineExporter({"vllm": engine[0].url}) as exporter:
-            proc = knee_process(tmp_path, engine[0].url, exporter.url)
+        with (
+            EngineExporter({"vllm": engine[0].url}) as exporter,
+            knee_process(tmp_path, engine[0].url, exporter.url) as proc,
+        ):
             deadline = time.monotonic() + 60
             while not (tmp_path / "knee" / "knee.json").exists():  # the first measurement is in
                 assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
@@ -406,13 +390,9 @@ def test_a_load_generator_starved_of_its_core_is_named_the_client(tmp_path):
             f"--max-tokens 40 --prompts synthetic:16 --warmup 0 --results {tmp_path} --run-id knee --metrics-port 0 "
             f"--quiet --duration 2 --max-load 8 --knee-repeats 1 --slo ttft_p95<=0.05,itl_p95<=0.02"
         )
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "loadgen", "knee", "--engine", f"vllm={server.url}", *options.split()],
-            cwd=REPO,
+        proc = spawn_cli(
+            *["loadgen", "knee", "--engine", f"vllm={server.url}", *options.split()],
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
             preexec_fn=lambda: os.sched_setaffinity(0, client_core),
         )
         try:

@@ -3,51 +3,43 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import requests
 
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticServer
+from tests.harness import run_cli, start_cli
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-def run_with_metrics(engine_url: str, tmp_path: Path, port: int, linger: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "loadgen",
-            "sequential",
-            "--engine",
-            f"vllm={engine_url}",
-            "--results",
-            str(tmp_path),
-            "--metrics-port",
-            str(port),
-            "--metrics-linger",
-            linger,
-            "--max-tokens",
-            "4",
-            "--warmup",
-            "0",
-            "--quiet",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+def run_with_metrics(
+    engine_url: str, tmp_path: Path, port: int, linger: str
+) -> AbstractContextManager[subprocess.Popen]:
+    return start_cli(
+        "loadgen",
+        "sequential",
+        "--engine",
+        f"vllm={engine_url}",
+        "--results",
+        str(tmp_path),
+        "--metrics-port",
+        str(port),
+        "--metrics-linger",
+        linger,
+        "--max-tokens",
+        "4",
+        "--warmup",
+        "0",
+        "--quiet",
     )
 
 
 def test_metrics_stay_up_after_the_last_request_then_the_port_closes(tmp_path):
     port = free_port()
     with SyntheticServer(ttft=0.01, itl=0.002, tokens=8) as engine:
-        proc = run_with_metrics(engine.url, tmp_path, port, "3")
-        try:
+        with run_with_metrics(engine.url, tmp_path, port, "3") as proc:
             deadline = time.monotonic() + 60
             lines = []
             for line in proc.stdout:  # bounded: the process ends by itself within seconds
@@ -58,10 +50,6 @@ def test_metrics_stay_up_after_the_last_request_then_the_port_closes(tmp_path):
             # The run is over (its summary is written) yet the final counts are still scrapable.
             page = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
             rest, stderr = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     assert proc.returncode == 0, stderr
     assert 'servescope_client_requests_total{engine="vllm",outcome="ok",scenario="sequential"} 3.0' in page
     assert rest.strip().splitlines()[-1].startswith("run folder: ")  # still the last line
@@ -75,29 +63,22 @@ def test_metrics_stay_up_after_the_last_request_then_the_port_closes(tmp_path):
 def test_zero_linger_exits_at_once_and_says_nothing(tmp_path):
     port = free_port()
     with SyntheticServer(ttft=0.01, itl=0.002, tokens=8) as engine:
-        proc = run_with_metrics(engine.url, tmp_path, port, "0")
-        stdout, stderr = proc.communicate(timeout=60)
+        with run_with_metrics(engine.url, tmp_path, port, "0") as proc:
+            stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     assert "stay up" not in stdout
 
 
 def test_a_bad_linger_is_a_one_line_usage_error(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loadgen",
-            "sequential",
-            "--engine",
-            "vllm=http://127.0.0.1:9",
-            "--results",
-            str(tmp_path),
-            "--metrics-linger",
-            "-1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    proc = run_cli(
+        "loadgen",
+        "sequential",
+        "--engine",
+        "vllm=http://127.0.0.1:9",
+        "--results",
+        str(tmp_path),
+        "--metrics-linger",
+        "-1",
         timeout=60,
     )
     assert proc.returncode == 2

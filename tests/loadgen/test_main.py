@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness import run_python
 
 
 def test_the_entry_freezes_what_its_imports_built_and_leaves_collection_on():
@@ -17,7 +13,7 @@ def test_the_entry_freezes_what_its_imports_built_and_leaves_collection_on():
         "sys.argv = ['loadgen', 'burst']\n"
         "runpy.run_module('loadgen', run_name='__main__')\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = run_python("-c", probe, timeout=60)
     assert out.returncode == 0, out.stderr
     frozen, enabled = out.stdout.split()
     assert int(frozen) > 10_000  # Locust's and gevent's objects among them

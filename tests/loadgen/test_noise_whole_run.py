@@ -17,6 +17,7 @@ from report import load, sections, table
 from servescope.runfolder import RunFolder
 from tests.conftest import unavailable
 from tests.doubles.synthetic_openai import SyntheticProcess
+from tests.harness import spawn_cli
 
 REPO = Path(__file__).resolve().parents[2]
 HOG = "python -m tests.doubles.cpu_hog"
@@ -49,35 +50,27 @@ def test_a_cpu_hog_during_one_phase_is_flagged_refused_and_leaves_the_others_alo
     ):
         # llama.cpp with one slot: its bursts queue, so its verdict has the clients' evidence to rest on.
         requests.post(f"{llama.url}/control", json={"max_running": 1}, timeout=10).raise_for_status()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "loadgen",
-                "compare",
-                "--engine",
-                f"vllm={vllm.url}",
-                "--engine",
-                f"llamacpp={llama.url}",
-                "--repetitions",
-                "2",
-                "--no-seed4",
-                "--max-tokens",
-                "16",
-                "--burst-pause",
-                "0",
-                "--results",
-                str(tmp_path),
-                "--run-id",
-                "hog",
-                "--metrics-port",
-                "0",
-            ],
-            cwd=REPO,
+        proc = spawn_cli(
+            "loadgen",
+            "compare",
+            "--engine",
+            f"vllm={vllm.url}",
+            "--engine",
+            f"llamacpp={llama.url}",
+            "--repetitions",
+            "2",
+            "--no-seed4",
+            "--max-tokens",
+            "16",
+            "--burst-pause",
+            "0",
+            "--results",
+            str(tmp_path),
+            "--run-id",
+            "hog",
+            "--metrics-port",
+            "0",
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
         )
         hog, hog_cpu, out = None, None, []
         try:

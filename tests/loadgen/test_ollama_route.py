@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -17,8 +15,7 @@ from servescope.runfolder import RunFolder, read_samples
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.exporter.test_proxy import MODEL, ExporterThread, wait_until
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness import run_cli
 
 
 @pytest.fixture
@@ -134,12 +131,9 @@ def test_a_run_without_a_url_is_observed_by_the_proxy_end_to_end(stack, knobs, t
         "SAMPLE_EXPORTER_URL": f"http://127.0.0.1:{exporter.port}",
     }
     env.pop("OLLAMA_URL", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", "burst", "--engine", "ollama", "--model", MODEL, "--max-tokens", "60"]
-        + ["--results", str(tmp_path), "--run-id", "r", "--metrics-port", "0", "--warmup", "0", "--quiet"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    proc = run_cli(
+        *["loadgen", "burst", "--engine", "ollama", "--model", MODEL, "--max-tokens", "60"],
+        *["--results", str(tmp_path), "--run-id", "r", "--metrics-port", "0", "--warmup", "0", "--quiet"],
         timeout=120,
         env=env,
     )

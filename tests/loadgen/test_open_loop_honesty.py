@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +17,7 @@ from servescope import slo, thresholds
 from servescope.runfolder import RunFolder
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticServer
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness import run_cli
 
 
 def test_a_2s_stall_shows_in_the_schedule_based_p99_not_the_send_based_one_and_the_report_flags_it(tmp_path):
@@ -29,21 +25,14 @@ def test_a_2s_stall_shows_in_the_schedule_based_p99_not_the_send_based_one_and_t
     # 200 prompts; the 11th asks the engine to stall 2 s after its first (empty) chunk.
     prompts.write_text("".join(f"prompt {i}{' [[fault:stall=2]]' if i == 10 else ''}\n" for i in range(200)))
     with SyntheticServer(ttft=0.005, itl=0.002, tokens=4) as engine:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "loadgen",
-                "rate",
-                "--engine",
-                f"vllm={engine.url}",
-                *f"--rate 40 --requests 200 --max-in-flight 1 --max-tokens 4 --warmup 0 --prompts {prompts}".split(),
-                *f"--results {tmp_path} --run-id run --metrics-port 0 --quiet".split(),
-            ],
-            cwd=REPO,
+        proc = run_cli(
+            "loadgen",
+            "rate",
+            "--engine",
+            f"vllm={engine.url}",
+            *f"--rate 40 --requests 200 --max-in-flight 1 --max-tokens 4 --warmup 0 --prompts {prompts}".split(),
+            *f"--results {tmp_path} --run-id run --metrics-port 0 --quiet".split(),
             env={**os.environ, "SAMPLE_INTERVAL_MS": "0"},
-            capture_output=True,
-            text=True,
             timeout=120,
         )
     assert proc.returncode == 0, proc.stderr
@@ -71,21 +60,14 @@ def test_a_2s_stall_shows_in_the_schedule_based_p99_not_the_send_based_one_and_t
 @pytest.mark.serial  # a schedule kept within 50 ms (p99) needs a CPU of its own
 def test_a_rate_run_that_keeps_its_schedule_is_not_flagged(tmp_path):
     with SyntheticServer(ttft=0.005, itl=0.002, tokens=4) as engine:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "loadgen",
-                "rate",
-                "--engine",
-                f"vllm={engine.url}",
-                *"--rate 20 --requests 40 --max-tokens 4 --warmup 0 --metrics-port 0 --quiet".split(),
-                *f"--results {tmp_path} --run-id run".split(),
-            ],
-            cwd=REPO,
+        proc = run_cli(
+            "loadgen",
+            "rate",
+            "--engine",
+            f"vllm={engine.url}",
+            *"--rate 20 --requests 40 --max-tokens 4 --warmup 0 --metrics-port 0 --quiet".split(),
+            *f"--results {tmp_path} --run-id run".split(),
             env={**os.environ, "SAMPLE_INTERVAL_MS": "0"},
-            capture_output=True,
-            text=True,
             timeout=120,
         )
     assert proc.returncode == 0, proc.stderr

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,8 +26,8 @@ from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.serving import ServedInThread
 from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
 from tests.exporter.test_proxy import ExporterThread
+from tests.harness import run_cli, run_python, start_cli
 
-REPO = Path(__file__).resolve().parents[2]
 SLO = "ttft<=0.1,tpot<=0.05"  # the synthetic double's 2 slots: a third user waits a whole request (~0.12 s)
 
 
@@ -66,14 +65,7 @@ OPENAI_ONLY = {"/v1/models": MODELS}
 
 
 def run_quick(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "loadgen", "quick", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    return run_cli("loadgen", "quick", *args, timeout=timeout, env=env)
 
 
 def answer_block(stdout: str, title: str) -> list[str]:
@@ -431,21 +423,17 @@ def test_a_second_quick_run_is_not_served_from_the_first_ones_prompt_cache(tmp_p
 @pytest.mark.slow
 def test_ctrl_c_answers_for_what_was_measured_and_stops_its_exporter(tmp_path):
     with SyntheticServer(ttft=0.02, itl=0.01, tokens=10, max_running=2) as server:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "loadgen", "quick", server.url, "--slo", SLO, "--duration", "2"]
-            + ["--max-tokens", "10", "--results", str(tmp_path)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        seen = []
-        for line in proc.stdout:
-            seen.append(line)
-            if "quick: vllm: 1 user: " in line:  # the first measurement is in knee.json
-                proc.send_signal(signal.SIGINT)
-                break
-        out, err = proc.communicate(timeout=120)
+        with start_cli(
+            *["loadgen", "quick", server.url, "--slo", SLO, "--duration", "2"],
+            *["--max-tokens", "10", "--results", str(tmp_path)],
+        ) as proc:
+            seen = []
+            for line in proc.stdout:
+                seen.append(line)
+                if "quick: vllm: 1 user: " in line:  # the first measurement is in knee.json
+                    proc.send_signal(signal.SIGINT)
+                    break
+            out, err = proc.communicate(timeout=120)
     stdout = "".join(seen) + out
     assert proc.returncode == 130, stdout + err
     block = answer_block(stdout, "vLLM-CPU 0.0.0-synthetic at")
@@ -487,8 +475,8 @@ def test_quick_is_a_loadgen_command(tmp_path):
     code = (
         f"from loadgen import cli; raise SystemExit(cli.main(['quick', '127.0.0.1:{port}', '--results', '{tmp_path}']))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = run_python("-c", code, timeout=60)
     assert proc.returncode == quick.EXIT_NOTHING, proc.stderr
     assert proc.stderr.splitlines() == [f"quick: nothing answers at http://127.0.0.1:{port} (connection refused)"]
-    listing = subprocess.run([sys.executable, "-m", "loadgen", "--help"], cwd=REPO, capture_output=True, text=True)
+    listing = run_cli("loadgen", "--help")
     assert "quick" in listing.stdout and "measure one user and a short knee" in " ".join(listing.stdout.split())

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -23,8 +22,7 @@ from servescope.runfolder import RunFolder
 from servescope.thresholds import NoiseRule, WarmupRule
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticProcess
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness import run_cli
 
 
 def settings_for(url: str, kind: str = "vllm") -> Settings:
@@ -178,11 +176,11 @@ def test_a_noisy_phase_is_run_again_and_the_retry_supersedes_it(tmp_path):
         "NOISE_FOREIGN_CPU_CORES": "0",  # every phase is "noisy": the retry path, deterministically
     }
     with SyntheticProcess("--ttft", "0.01", "--itl", "0.001") as engine:
-        proc = subprocess.run(
-            [sys.executable, "-m", "loadgen", "compare", "--engine", f"vllm={engine.url}", "--repetitions", "1",
-             "--no-seed4", "--warmup", "0", "--noise-retries", "1", "--max-tokens", "4", "--results", str(tmp_path),
-             "--run-id", "retry", "--metrics-port", "0"],
-            cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, **env},
+        proc = run_cli(
+            "loadgen", "compare", "--engine", f"vllm={engine.url}", "--repetitions", "1",
+            "--no-seed4", "--warmup", "0", "--noise-retries", "1", "--max-tokens", "4", "--results", str(tmp_path),
+            "--run-id", "retry", "--metrics-port", "0",
+            timeout=120, env={**os.environ, **env},
         )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     phases = [(p.phase, p.repetition, p.attempt) for p in RunFolder(tmp_path / "retry").phases()]
@@ -273,9 +271,9 @@ def test_off_touches_nothing(tmp_path, native_engines):
     ],
 )
 def test_a_bad_trials_knob_is_one_line_before_anything_runs(tmp_path, knob, value, line):
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", "compare", "--engine", "vllm=http://127.0.0.1:1", "--results", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=60, env={**os.environ, knob: value},
+    proc = run_cli(
+        "loadgen", "compare", "--engine", "vllm=http://127.0.0.1:1", "--results", str(tmp_path),
+        timeout=60, env={**os.environ, knob: value},
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.strip() == line
     assert list(tmp_path.iterdir()) == []  # no run folder was started

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import requests
 from servescope.runfolder import RunFolder
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.synthetic_openai import SyntheticServer
+from tests.harness import spawn_cli, start_cli
 
 REPO = Path(__file__).resolve().parents[2]
 LOCUSTFILE = REPO / "loadgen" / "locustfile.py"
@@ -32,9 +32,8 @@ def server():
 def start_webui(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = open(tmp_path / "webui.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen", "webui", "--port", str(port), "--metrics-port", "0", *args],
-        cwd=REPO,
+    proc = spawn_cli(
+        *["loadgen", "webui", "--port", str(port), "--metrics-port", "0", *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
@@ -264,20 +263,16 @@ def test_web_ui_in_headless_chromium_opens_filled_in_and_start_runs_it_untouched
 def run_distributed(server, results: Path, *master_args: str) -> RunFolder:
     """`locust -f` headless: a master and two workers; the master alone writes the run folder."""
     master_port = free_port()
-    common = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--engine", "vllm", "--host", server.url]
+    common = ["locust", "-f", str(LOCUSTFILE), "--engine", "vllm", "--host", server.url]
     common += ["--metrics-port", "0", "--results", str(results), "--max-tokens", "4"]
-    master = subprocess.Popen(
-        [*common, "--headless", "--master", "--expect-workers", "2", "--master-bind-host", "127.0.0.1"]
-        + ["--master-bind-port", str(master_port), *master_args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
+    master = spawn_cli(
+        *[*common, "--headless", "--master", "--expect-workers", "2", "--master-bind-host", "127.0.0.1"],
+        *["--master-bind-port", str(master_port), *master_args],
         stderr=subprocess.STDOUT,
-        text=True,
     )
     workers = [
-        subprocess.Popen(
-            [*common, "--worker", "--master-host", "127.0.0.1", "--master-port", str(master_port)],
-            cwd=REPO,
+        spawn_cli(
+            *[*common, "--worker", "--master-host", "127.0.0.1", "--master-port", str(master_port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -335,20 +330,17 @@ def test_locust_f_as_the_readme_shows_it_binds_loopback_only(tmp_path):
     """`locust -f loadgen/locustfile.py --master` once bound its web UI and its workers' port on every interface."""
     web, master = free_port(), free_port()
     log = open(tmp_path / "locust.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--master", "--web-port", str(web)]
-        + ["--master-bind-port", str(master), "--metrics-port", "0", "--results", str(tmp_path / "results")],
-        cwd=REPO,
+    with start_cli(
+        *["locust", "-f", str(LOCUSTFILE), "--master", "--web-port", str(web)],
+        *["--master-bind-port", str(master), "--metrics-port", "0", "--results", str(tmp_path / "results")],
         stdout=log,
         stderr=subprocess.STDOUT,
-    )
-    log.close()
-    try:
+        grace=15,
+    ) as proc:
+        log.close()
         wait_http(f"http://127.0.0.1:{web}/", timeout=60, proc=proc)
         assert _listening(web) == {"0100007F"}, (tmp_path / "locust.log").read_text()[-2000:]
         assert _listening(master) == {"0100007F"}, (tmp_path / "locust.log").read_text()[-2000:]
-    finally:
-        stop_process(proc, 15)
 
 
 # --- the START form under attack: every refusal one line in the UI, nothing started ---

@@ -17,7 +17,6 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,7 +27,8 @@ import zmq
 
 from servescope.runfolder import RunFolder
 from tests.doubles.synthetic_openai import SyntheticServer
-from tests.loadgen.test_distributed import QUIET_SAMPLER, REPO, command, prompt_file
+from tests.harness import run_cli, start_cli
+from tests.loadgen.test_distributed import QUIET_SAMPLER, command, prompt_file
 
 
 @pytest.fixture
@@ -151,31 +151,25 @@ class Forger:
 
 def test_forged_and_malformed_messages_cost_themselves_never_the_run(server, tmp_path):
     prompts = prompt_file(tmp_path, "p1", "p2", "p3", "p4")
-    proc = subprocess.Popen(
-        command(server, tmp_path, "burst", "--burst-size", "4", "--bursts", "8", "--burst-pause", "0.3")
-        + ["--prompts", prompts],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=QUIET_SAMPLER,
-    )
     forger = None
     try:
-        deadline = time.monotonic() + 60
-        while forger is None and proc.poll() is None and time.monotonic() < deadline:
-            ports = listening_ports(proc.pid)
-            if ports:
-                forger = Forger(min(ports))  # the master's port: the only one it has (no metrics port here)
-            time.sleep(0.01)
-        assert forger is not None, "the master never listened"
-        out, err = proc.communicate(timeout=120)
+        with start_cli(
+            "loadgen",
+            *command(server, tmp_path, "burst", "--burst-size", "4", "--bursts", "8", "--burst-pause", "0.3"),
+            *["--prompts", prompts],
+            env=QUIET_SAMPLER,
+        ) as proc:
+            deadline = time.monotonic() + 60
+            while forger is None and proc.poll() is None and time.monotonic() < deadline:
+                ports = listening_ports(proc.pid)
+                if ports:
+                    forger = Forger(min(ports))  # the master's port: the only one it has (no metrics port here)
+                time.sleep(0.01)
+            assert forger is not None, "the master never listened"
+            out, err = proc.communicate(timeout=120)
     finally:
         if forger is not None:
             forger.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert forger.rounds > 3, "the forger hardly sent anything before the run ended"
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
     assert "Traceback" not in out + err and "KeyError" not in err, err[-3000:]
@@ -209,10 +203,10 @@ def test_the_plan_carries_no_credentials_and_the_workers_still_send_them(tmp_pat
         url = server.url.replace("http://", "http://zqx-user:s3cret@")
         argv = command(server, tmp_path, "burst", "--burst-size", "2")
         argv[argv.index(f"vllm={server.url}")] = f"vllm={url}"
-        run_plan = RunPlan.from_args(build_parser().parse_args(argv[3:]))
+        run_plan = RunPlan.from_args(build_parser().parse_args(argv))
         plan = json.dumps(master_port.plan_message(run_plan, prepare(run_plan).targets))
         assert "s3cret" not in plan and "zqx-user" not in plan and "***@" in plan
-        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, env=QUIET_SAMPLER)
+        proc = run_cli("loadgen", *argv, timeout=120, env=QUIET_SAMPLER)
         assert proc.returncode == 0, proc.stderr[-3000:]
         # Both workers' requests carried the credentials as basic auth.
         assert list(server.stats.authorizations.values()) == [2] and None not in server.stats.authorizations
@@ -224,19 +218,16 @@ def test_a_lost_worker_leaves_its_unsent_requests_counted_per_phase(server, tmp_
     """A rate run once recorded 37 of 60 arrivals (23 neither sent nor recorded) without a word; later burst rounds
     sent 4 requests while the report said "burst (8 concurrent)"."""
     prompts = prompt_file(tmp_path, "q1", "q2", "q3 [[fault:stall=30]]", "q4 [[fault:stall=30]]")
-    proc = subprocess.Popen(
-        command(server, tmp_path, "burst", "--burst-size", "4", "--bursts", "3", "--burst-pause", "0")
-        + ["--prompts", prompts],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=QUIET_SAMPLER,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     seen: list[str] = []
-    try:
+    with start_cli(
+        "loadgen",
+        *command(server, tmp_path, "burst", "--burst-size", "4", "--bursts", "3", "--burst-pause", "0"),
+        *["--prompts", prompts],
+        stderr=subprocess.STDOUT,
+        env=QUIET_SAMPLER,
+    ) as proc:
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
         pid, deadline = None, time.monotonic() + 60
         while pid is None and time.monotonic() < deadline:
             try:
@@ -250,10 +241,6 @@ def test_a_lost_worker_leaves_its_unsent_requests_counted_per_phase(server, tmp_
             time.sleep(0.05)
         os.kill(pid, signal.SIGKILL)
         assert proc.wait(timeout=90) == 0, "".join(seen)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     while not lines.empty():
         seen.append(lines.get())
     folder = RunFolder(tmp_path / "run")
@@ -272,18 +259,15 @@ def test_a_lost_worker_leaves_its_unsent_requests_counted_per_phase(server, tmp_
 
 def test_a_lost_workers_share_of_an_open_loop_schedule_is_counted(server, tmp_path):
     prompts = prompt_file(tmp_path, "r1", "r2 [[fault:stall=30]]")
-    proc = subprocess.Popen(
-        command(server, tmp_path, "rate", "--rate", "10", "--requests", "40", "--prompts", prompts),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=QUIET_SAMPLER,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     seen: list[str] = []
-    try:
+    with start_cli(
+        "loadgen",
+        *command(server, tmp_path, "rate", "--rate", "10", "--requests", "40", "--prompts", prompts),
+        stderr=subprocess.STDOUT,
+        env=QUIET_SAMPLER,
+    ) as proc:
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
         pid, deadline = None, time.monotonic() + 60
         while pid is None and time.monotonic() < deadline:
             try:
@@ -297,10 +281,6 @@ def test_a_lost_workers_share_of_an_open_loop_schedule_is_counted(server, tmp_pa
             time.sleep(0.05)
         os.kill(pid, signal.SIGKILL)
         assert proc.wait(timeout=90) == 0, "".join(seen)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     while not lines.empty():
         seen.append(lines.get())
     folder = RunFolder(tmp_path / "run")
@@ -378,32 +358,26 @@ def test_a_worker_whose_clock_steps_mid_run_keeps_every_record_in_its_phase(serv
         "STEP_CLOCK_FILE": str(flag),
         "STEP_MONOTONIC": "1" if clocks == "wall-and-monotonic" else "0",
     }
-    proc = subprocess.Popen(
-        command(server, tmp_path, "burst", "--burst-size", "4", "--bursts", "12", "--burst-pause", "0.2")
-        + ["--prompts", prompts],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
     output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 90
-        while server.stats.requests < 16 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        flag.touch()  # four rounds in: worker 1's clock jumps
-        proc.wait(timeout=120)  # a +30 s clock once made each later round's pause wait 30 s
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        reader.join(10)
-        raise AssertionError("".join(output)[-5000:]) from None
-    finally:
-        if proc.poll() is None:
+    with start_cli(
+        "loadgen",
+        *command(server, tmp_path, "burst", "--burst-size", "4", "--bursts", "12", "--burst-pause", "0.2"),
+        *["--prompts", prompts],
+        stderr=subprocess.STDOUT,
+        env=env,
+    ) as proc:
+        reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+        reader.start()
+        try:
+            deadline = time.monotonic() + 90
+            while server.stats.requests < 16 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            flag.touch()  # four rounds in: worker 1's clock jumps
+            proc.wait(timeout=120)  # a +30 s clock once made each later round's pause wait 30 s
+        except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            reader.join(10)
+            raise AssertionError("".join(output)[-5000:]) from None
     reader.join(10)
     text = "".join(output)
     assert proc.returncode == 0, text[-3000:]
@@ -434,12 +408,6 @@ def test_a_worker_whose_clock_steps_mid_run_keeps_every_record_in_its_phase(serv
         # +30 s, less the few milliseconds between its end and its arrival.
         assert re.search(rf"load generator worker {stepped['index']}: a record stamped \+(29\.9|30\.0)", text), text
     assert all(0.015 < r.ttft_s < 1 for r in records), sorted(r.ttft_s for r in records)[:3]  # differences: unmoved
-    report = subprocess.run(
-        [sys.executable, "-m", "report", "--run", str(folder.path), "--prometheus", "http://127.0.0.1:9"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    report = run_cli("report", "--run", str(folder.path), "--prometheus", "http://127.0.0.1:9", timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]
     assert "skipped" not in report.stderr, [line for line in report.stderr.splitlines() if "skipped" in line]

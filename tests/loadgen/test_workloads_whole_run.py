@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from servescope.runfolder import RunFolder
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
+from tests.harness import run_cli
 from tests.servescope.test_sampler import EngineExporter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,14 +32,7 @@ CHATS = [
 
 
 def loadgen(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "loadgen", *args],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cli("loadgen", *args, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -342,13 +335,10 @@ def test_bad_workload_input_is_one_line_and_exit_2(tmp_path, make, command, mess
 
 def locust_headless(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess:
     """`locust -f loadgen/locustfile.py --headless`: the path the web UI's custom parameters take."""
-    return subprocess.run(
-        [sys.executable, "-m", "locust", "-f", str(REPO / "loadgen" / "locustfile.py"), "--headless", "--host", url]
-        + ["--engine", "vllm", "--results", str(tmp_path), "--metrics-port", "0", "--max-tokens", "4", *args],
-        cwd=REPO,
+    return run_cli(
+        *["locust", "-f", str(REPO / "loadgen" / "locustfile.py"), "--headless", "--host", url],
+        *["--engine", "vllm", "--results", str(tmp_path), "--metrics-port", "0", "--max-tokens", "4", *args],
         env={**os.environ, "SAMPLE_INTERVAL_MS": "0"},
-        capture_output=True,
-        text=True,
         timeout=120,
     )
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +12,9 @@ import pytest
 from report import cli, sections
 from report.load import load
 from tests.conftest import free_port
+from tests.harness import run_cli
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_full_report_without_prometheus(tmp_path, capsys):
@@ -70,24 +68,12 @@ def test_full_report_without_prometheus(tmp_path, capsys):
 
 
 def test_bad_run_is_one_line_and_exit_2(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "report", "--run", "nope", "--results", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    proc = run_cli("report", "--run", "nope", "--results", str(tmp_path), timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"report: no run folder 'nope' (looked for the path and under {tmp_path})"
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "report", "--results", str(tmp_path / "none"), "--table-only"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    proc = run_cli("report", "--results", str(tmp_path / "none"), "--table-only", timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "run `make up`" in proc.stderr
 
 

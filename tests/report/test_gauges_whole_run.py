@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +20,9 @@ from report.load import load
 from servescope import series
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticServer
+from tests.harness import run_cli
 from tests.servescope.test_sampler import EngineExporter
 
-REPO = Path(__file__).resolve().parents[2]
 R, W, K = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE
 # A burst of 3 shorter than a second, read every 100 ms: a busy CPU stretches it past what the tests assert.
 pytestmark = pytest.mark.serial
@@ -36,14 +34,7 @@ def burst_run(
     """`python -m loadgen burst` (3 at once, no warm-up) with the run's sampler reading `exporter_url`."""
     env = {**os.environ, "SAMPLE_EXPORTER_URL": exporter_url, "SAMPLE_INTERVAL_MS": str(interval_ms)}
     options = f"--burst-size 3 --max-tokens 20 --warmup 0 --results {tmp_path} --run-id run --metrics-port 0 --quiet"
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", "burst", "--engine", f"{kind}={engine_url}", *options.split()],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("loadgen", "burst", "--engine", f"{kind}={engine_url}", *options.split(), env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return tmp_path / "run"
 

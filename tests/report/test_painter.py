@@ -18,6 +18,7 @@ import pytest
 from report import painter as painter_module
 from report import stats
 from report.painter import FigureFailed, Painter, PainterStopped
+from tests.harness import run_python, start_cli
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
@@ -32,7 +33,7 @@ def test_the_report_draws_its_figures_without_importing_matplotlib(tmp_path):
         f"rc = cli.main(['--run', {str(run)!r}, '--prometheus', 'http://127.0.0.1:9']); "
         "print(rc, 'matplotlib' in sys.modules)"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = run_python("-c", script, timeout=120)
     assert done.stdout.split()[-2:] == ["0", "False"], done.stderr
     plots = json.loads((run / "report.json").read_text())["plots"]
     assert {"latency.png", "seed_table.png", "comparison.png"} <= set(plots)
@@ -173,32 +174,25 @@ def _children(pid: int) -> list[int]:
 def test_ctrl_c_while_the_report_draws_is_one_line(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(RUNS / "seed-vllm-ollama", run)
-    report = subprocess.Popen(
-        [sys.executable, "-m", "report", "--run", str(run), "--prometheus", "http://127.0.0.1:9"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PAINTER_FIGURE_TIMEOUT_S": "600"},
-    )
     painters: list[int] = []
-    try:
-        deadline = time.monotonic() + 60
-        while not painters and report.poll() is None and time.monotonic() < deadline:
-            painters = _children(report.pid)
-            time.sleep(0.02)
-        assert painters, "the report started no painter"
-        os.kill(painters[0], signal.SIGSTOP)  # it draws nothing more: the report waits on its figures
-        time.sleep(1)
-        report.send_signal(signal.SIGINT)
-        out, err = report.communicate(timeout=60)
-    finally:
-        for pid in painters:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if report.poll() is None:
-            report.kill()
-            report.wait()
+    with start_cli(
+        *["report", "--run", str(run), "--prometheus", "http://127.0.0.1:9"],
+        env={**os.environ, "PAINTER_FIGURE_TIMEOUT_S": "600"},
+    ) as report:
+        try:
+            deadline = time.monotonic() + 60
+            while not painters and report.poll() is None and time.monotonic() < deadline:
+                painters = _children(report.pid)
+                time.sleep(0.02)
+            assert painters, "the report started no painter"
+            os.kill(painters[0], signal.SIGSTOP)  # it draws nothing more: the report waits on its figures
+            time.sleep(1)
+            report.send_signal(signal.SIGINT)
+            out, err = report.communicate(timeout=60)
+        finally:
+            for pid in painters:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
     assert report.returncode == 130, err
     assert err.strip().splitlines()[-1] == "report: interrupted (Ctrl-C): the report was not written", err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -15,6 +15,7 @@ import pytest
 from servescope import runfolder, runreader
 from servescope.runfolder import RequestRecord, RunFolder
 from servescope.runreader import RunData
+from tests.harness import run_cli
 from tests.loadgen.test_cli import _set_writable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -258,11 +259,8 @@ def test_a_report_on_a_folder_with_fifos_for_records_is_one_line(tmp_path):
     folder.mkdir()
     os.mkfifo(folder / runfolder.MANIFEST)
     os.mkfifo(folder / runfolder.REQUESTS)
-    done = subprocess.run(
-        [sys.executable, "-m", "report", "--run", str(folder), "--prometheus", "http://127.0.0.1:9"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    done = run_cli(
+        *["report", "--run", str(folder), "--prometheus", "http://127.0.0.1:9"],
         timeout=120,  # a reader that opened a FIFO would wait forever
     )
     assert done.returncode == 2, done.stderr

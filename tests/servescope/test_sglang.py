@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ from tests.conftest import free_port
 from tests.doubles.recorded_engine import RecordedEngine, fixture
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.exporter.test_proxy import ExporterThread
+from tests.harness import run_cli
 from tests.loadgen.test_knee import SLO
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,13 +190,8 @@ def test_the_knee_finds_sglangs_batch_slots_and_names_its_flag(tmp_path):
                 f"--max-tokens 10 --prompts synthetic:16 --warmup 0 --results {tmp_path} --run-id knee "
                 f"--metrics-port 0 --quiet --duration 1 --max-load 16 --slo {SLO}"
             )
-            proc = subprocess.run(
-                [sys.executable, "-m", "loadgen", "knee", "--engine", f"sglang={server.url}", *options.split()],
-                cwd=REPO,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=300,
+            proc = run_cli(
+                *["loadgen", "knee", "--engine", f"sglang={server.url}", *options.split()], env=env, timeout=300
             )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "knee" / "knee.json").read_text())

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,9 +21,9 @@ from servescope import binding
 from stack import tune
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticProcess
+from tests.harness import run_cli
 from tests.servescope.test_sampler import EngineExporter
 
-REPO = Path(__file__).resolve().parents[2]
 # The double spins to its deadlines on one core, as an engine computes: compute is named from its CPU, not assumed.
 ENGINE = ("--ttft", "0.005", "--itl", "0.01", "--tokens", "20", "--slowdown", "0.4", "--burn", "--cpus", "0")
 # A request that waits for a slot misses the TTFT limit; ITL (0.01 s x (1 + 0.4 x (running - 1))) passes its limit
@@ -138,14 +137,7 @@ def test_vllm_slots_rise_within_the_kv_space_then_with_it():
 
 
 def run_stack(*args: str, state) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "stack", *args],
-        cwd=REPO,
-        env={**os.environ, "SERVESCOPE_STATE": str(state)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli("stack", *args, env={**os.environ, "SERVESCOPE_STATE": str(state)}, timeout=60)
 
 
 def test_make_tune_without_the_native_stack_up_is_one_line(tmp_path):
