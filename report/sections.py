@@ -370,7 +370,9 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
             sec.add(Paragraph(f"Warm-up until stable ({rule}):" if rule else "Warm-up:"))
             sec.add(Bullets(lines))
     if not any(p.noise for p in run.phases):
-        sec.add(Paragraph("Host noise: not recorded in this run folder (made by a servescope that did not record it yet)."))
+        sec.add(
+            Paragraph("Host noise: not recorded in this run folder (made by a servescope that did not record it yet).")
+        )
         return
     rows = []
     for p in run.phases:
