@@ -44,6 +44,7 @@ class Preformatted:
 class Section:
     title: str
     blocks: list[Any] = field(default_factory=list)
+    number: int | None = None  # its place in the report (report/outline.py's walk); None: a page of one section
 
     def add(self, block: Any) -> Section:
         self.blocks.append(block)
@@ -57,11 +58,8 @@ class Document:
     sections: list[Section]
 
     def numbered(self) -> list[tuple[str, Section]]:
-        """Each section with its heading: numbers come from the order, never written by hand."""
-        return [
-            (f"{k}. {sec.title}" if len(self.sections) > 1 else sec.title, sec)
-            for k, sec in enumerate(self.sections, 1)
-        ]
+        """Each section with its heading: numbers come from the report's order (report/outline.py), never by hand."""
+        return [(sec.title if sec.number is None else f"{sec.number}. {sec.title}", sec) for sec in self.sections]
 
 
 def markdown(doc: Document) -> str:

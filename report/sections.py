@@ -1,12 +1,10 @@
-"""Builds the report's ten sections (and the JSON of every number in them) from one run, Prometheus and a baseline."""
+"""The report's sections in their order, each built from one run, Prometheus and a baseline, and how each renders."""
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 from report import (
     compare,
@@ -28,10 +26,11 @@ from report import (
 )
 from report import figures as figure_data
 from report.load import Run
-from report.painter import Painter
+from report.outline import Context, Plots, ReportSection, walk
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
 from servescope import engines, series, thresholds
 from servescope.engines.base import DURATIONS
+from servescope.slo import SloSpec
 
 
 def _utc(ts: float | None) -> str:
@@ -67,114 +66,10 @@ def build(
     client: gauges.Prometheus | None = None,
     slo_spec: str | None = None,
 ) -> tuple[Document, dict[str, Any]]:
+    """The report on one run (against a baseline when given): its document and report.json's numbers."""
+    ctx = Context(run, prometheus_url, baseline, figures, client, slo_spec)
     latency.start_pools(run)  # the engine's passes over every gap run while the rest is computed
-    out = run.path
-    # Each figure's data is read here as soon as what it shows is computed; the painter (a process of its own)
-    # draws it meanwhile.
-    painter = Painter.shared() if figures else None
-    drawn: dict[str, Future] = {}
-
-    def draw(key: str, what: Callable[..., Any], *args) -> None:
-        """figures.<name>(*args) read here, drawn by plots.<name> (the same name) in the painter."""
-        if painter is not None:
-            data = what(*args)
-            if data is not None:
-                drawn[key] = painter.draw(what.__name__, data, out / figure_data.FILES[key])
-
-    # What needs no pool of gaps first: the pools' passes (latency.start_pools) run meanwhile.
-    draw("tokens", figure_data.output_tokens, run)
-    assessment = noise.assess(run)
-    rows = table.build(run, assessment)
-    draw("table", figure_data.seed_table, rows)
-    spec = goodput.spec_of(run, slo_spec)
-    lags = schedule.build(run)
-    warn = fairness.warnings(run, rows)
-    gauge_report = gauges.collect(run, prometheus_url, client)
-    draw("gauges", figure_data.gauges, run, gauge_report)
-    prom = (client or gauges.Prometheus(prometheus_url)) if gauge_report.reachable else None
-    checks = crosscheck.build(run, prom)
-    draw("crosscheck", figure_data.crosscheck, run, checks)
-    splits = ttft_split.build(run, checks)
-    kv = verdict.kv_arithmetic(run, gauge_report)
-    sweeps_ = sweep.sweeps(run)
-    draw("sweeps", figure_data.sweeps, run, sweeps_)
-    drains = sweep.bursts(run, gauge_report)
-    draw("arrival", figure_data.ttft_by_arrival, run, drains)
-    # The verdict rests only on trusted phases: flagged ones (host noise, outliers) are taken out first.
-    trusted = noise.clean(run, assessment)
-    trusted_gauges = noise.clean_gauges(gauge_report, run, assessment)
-    verdicts = verdict.refuse_flagged(
-        verdict.build(
-            trusted,
-            trusted_gauges,
-            sweep.bursts(trusted, trusted_gauges),
-            ttft_split.build(trusted, checks),
-            kv,
-        ),
-        run,
-        assessment,
-    )
-    work = workloads.build(run, gauge_report)
-    draw("turns", figure_data.turns, run, work)
-    # Then what reads the pools: the comparison's plot then draws while the rest is computed.
-    draw("latency", figure_data.latency_boxes, run)
-    if baseline is not None:
-        deltas, how = compare.between_runs(run, baseline)
-    else:
-        deltas, how = compare.within_run(run)
-    what = f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run"
-    draw("compare", figure_data.compare, deltas, what)
-    good = goodput.build(run, spec)
-    planned = plan.for_report(run.path, spec)
-    groups = latency.build(run)
-    fig = painter.collect(drawn) if painter is not None else {}
-
-    def figure(key: str, caption: str) -> list[Figure]:
-        return [Figure(fig[key], caption)] if fig.get(key) else []
-
-    summaries = summary.build(run, rows, verdicts, spec, good, assessment, warn, work)
-    # The answers first (the summary, the table, the verdict, goodput and the knee), then what they rest on, the
-    # setup last; numbers come from this order (report/render.py).
-    sections = [
-        summary.section(summaries),
-        _table(run, rows, figure("table", "Wall time per engine and mode; bold numbers are scaling factors.")),
-        _verdict(run, verdicts, kv),
-        goodput.section(run, spec, good, lags, "Goodput under the SLOs"),
-        *([_plan(*planned)] if planned else []),
-        _latency(
-            groups,
-            figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario.")
-            + figure("tokens", "Output tokens per request."),
-        ),
-        _gauges(
-            run,
-            gauge_report,
-            figure(
-                "gauges",
-                "Running and waiting requests (left axis) and KV cache usage "
-                "(right axis) over the run; shaded bands are load phases; breaks are reads that got no value.",
-            ),
-        ),
-        _sweeps(
-            run,
-            sweeps_,
-            drains,
-            gauge_report.available,
-            figure("sweeps", "Throughput and E2E latency per concurrency level.")
-            + figure("arrival", "TTFT by arrival order within the bursts."),
-        ),
-        _compare(deltas, how, baseline, figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")),
-        workloads.section(run, work, figure("turns", "TTFT (median) and prefix-cache reuse by conversation turn.")),
-        _crosscheck(
-            run, checks, splits, figure("crosscheck", "Mean seconds per request by component, against client E2E.")
-        ),
-        _setup(run, warn, assessment),
-    ]
-    subtitle = (
-        f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
-        f"{run.request_count} requests over {len(run.phases)} phases on {len(run.engines)} engine(s)"
-    )
-    doc = Document("servescope report", subtitle, sections)
+    sections, said = walk(SECTIONS, ctx)
     numbers = {
         "run": {
             "run_id": run.run_id,
@@ -184,41 +79,317 @@ def build(
             "requests": run.request_count,
             "phases": len(run.phases),
         },
-        "summary": summary.to_json(summaries),
         "sections": [sec.title for sec in sections],
-        "manifest": run.manifest,
-        "engines": {i: vars(e) for i, e in run.engines.items()},
-        "phases": [{**vars(p), "wall_s": p.wall_s} for p in run.phases],
-        "loader_warnings": run.warnings,
-        "noise": noise.to_json(assessment),
-        "fairness_warnings": warn,
-        "table": {
-            "rule": table.READING_RULE,
-            "rows": table.to_json(rows),
-            "repeated_bursts": table.repeated_bursts(rows),
-        },
-        "latency": {
-            "definitions": latency.DEFINITIONS,
-            "percentile_method": stats.PERCENTILE_METHOD,
-            "failure_policy": latency.FAILURE_POLICY,
-            "groups": latency.to_json(groups),
-        },
-        "crosscheck": {
-            "components": crosscheck.COMPONENT_HELP,
-            "cold_load_threshold_s": crosscheck.COLD_LOAD_S,
-            "engines": crosscheck.to_json(checks),
-        },
-        "ttft_split": ttft_split.to_json(splits),
-        "gauges": gauges.to_json(gauge_report),
-        "verdict": verdict.to_json(verdicts, kv),
-        "sweeps": sweep.to_json(sweeps_, drains),
-        "comparison": {"baseline": baseline.run_id if baseline else None, **compare.to_json(deltas, how)},
-        "workloads": workloads.to_json(work),
-        "plots": sorted(p.name for p in fig.values() if p),
-        "goodput": goodput.to_json(spec, good, lags, run),
-        "plan": planned[0] if planned else None,
+        **said,
+        "plots": sorted(p.name for p in ctx.plots.collect().values() if p),
     }
-    return doc, numbers
+    subtitle = (
+        f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
+        f"{run.request_count} requests over {len(run.phases)} phases on {len(run.engines)} engine(s)"
+    )
+    return Document("servescope report", subtitle, sections), numbers
+
+
+class Summary(ReportSection):
+    stage = 3  # rests on the table, the verdict, goodput, the workloads and the setup
+
+    def build(self, ctx: Context) -> list[summary.EngineSummary]:
+        rows, good = ctx.of(SeedTable).rows, ctx.of(Goodput).good
+        verdicts, work, warn = ctx.of(Verdict).verdicts, ctx.of(Workloads).work, ctx.of(Setup).warn
+        return summary.build(ctx.run, rows, verdicts, ctx.spec, good, ctx.assessment, warn, work)
+
+    def to_json(self, data: list[summary.EngineSummary]) -> dict[str, Any]:
+        return {"summary": summary.to_json(data)}
+
+    def section(self, data: list[summary.EngineSummary]) -> Section:
+        return summary.section(data)
+
+
+class SeedTable(ReportSection):
+    class Data(NamedTuple):
+        run: Run
+        rows: list[table.TableRow]
+        plots: Plots
+
+    def build(self, ctx: Context) -> Data:
+        rows = table.build(ctx.run, ctx.assessment)
+        ctx.plots.draw("table", figure_data.seed_table, rows)
+        return self.Data(ctx.run, rows, ctx.plots)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        return {
+            "table": {
+                "rule": table.READING_RULE,
+                "rows": table.to_json(data.rows),
+                "repeated_bursts": table.repeated_bursts(data.rows),
+            }
+        }
+
+    def section(self, data: Data) -> Section:
+        caption = "Wall time per engine and mode; bold numbers are scaling factors."
+        return _table(data.run, data.rows, data.plots.figure("table", caption))
+
+
+class Verdict(ReportSection):
+    class Data(NamedTuple):
+        run: Run
+        verdicts: list[verdict.Verdict]
+        kv: list[verdict.KvArithmetic]
+
+    def build(self, ctx: Context) -> Data:
+        run, assessment = ctx.run, ctx.assessment
+        gauge_report, checks = ctx.of(Gauges).report, ctx.of(CrossCheck).checks
+        kv = verdict.kv_arithmetic(run, gauge_report)
+        # The verdict rests only on trusted phases: flagged ones (host noise, outliers) are taken out first.
+        trusted = noise.clean(run, assessment)
+        trusted_gauges = noise.clean_gauges(gauge_report, run, assessment)
+        verdicts = verdict.refuse_flagged(
+            verdict.build(
+                trusted,
+                trusted_gauges,
+                sweep.bursts(trusted, trusted_gauges),
+                ttft_split.build(trusted, checks),
+                kv,
+            ),
+            run,
+            assessment,
+        )
+        return self.Data(run, verdicts, kv)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        return {"verdict": verdict.to_json(data.verdicts, data.kv)}
+
+    def section(self, data: Data) -> Section:
+        return _verdict(data.run, data.verdicts, data.kv)
+
+
+class Goodput(ReportSection):
+    stage = 2
+
+    class Data(NamedTuple):
+        run: Run
+        spec: SloSpec
+        good: list[goodput.PhaseGoodput]
+        lags: list[schedule.ScheduleCheck]
+
+    def build(self, ctx: Context) -> Data:
+        lags = schedule.build(ctx.run)
+        return self.Data(ctx.run, ctx.spec, goodput.build(ctx.run, ctx.spec), lags)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        return {"goodput": goodput.to_json(data.spec, data.good, data.lags, data.run)}
+
+    def section(self, data: Data) -> Section:
+        return goodput.section(data.run, data.spec, data.good, data.lags, "Goodput under the SLOs")
+
+
+class Plan(ReportSection):
+    """Only on a knee run (its knee.json): on any other the section is left out."""
+
+    stage = 2
+
+    def build(self, ctx: Context) -> tuple[dict[str, Any], list[plan.PlanRow]] | None:
+        return plan.for_report(ctx.run.path, ctx.spec)
+
+    def to_json(self, data: tuple[dict[str, Any], list[plan.PlanRow]] | None) -> dict[str, Any]:
+        return {"plan": data[0] if data else None}
+
+    def section(self, data: tuple[dict[str, Any], list[plan.PlanRow]]) -> Section:
+        return _plan(*data)
+
+
+class Latency(ReportSection):
+    stage = 1
+
+    class Data(NamedTuple):
+        groups: list[latency.LatencyGroup]
+        plots: Plots
+
+    def build(self, ctx: Context) -> Data:
+        ctx.plots.draw("tokens", figure_data.output_tokens, ctx.run)
+        ctx.plots.draw("latency", figure_data.latency_boxes, ctx.run)
+        return self.Data(latency.build(ctx.run), ctx.plots)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        return {
+            "latency": {
+                "definitions": latency.DEFINITIONS,
+                "percentile_method": stats.PERCENTILE_METHOD,
+                "failure_policy": latency.FAILURE_POLICY,
+                "groups": latency.to_json(data.groups),
+            }
+        }
+
+    def section(self, data: Data) -> Section:
+        figs = data.plots.figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario.")
+        return _latency(data.groups, figs + data.plots.figure("tokens", "Output tokens per request."))
+
+
+class Gauges(ReportSection):
+    class Data(NamedTuple):
+        run: Run
+        report: gauges.GaugeReport
+        plots: Plots
+
+    def build(self, ctx: Context) -> Data:
+        report = gauges.collect(ctx.run, ctx.prometheus_url, ctx.client)
+        ctx.plots.draw("gauges", figure_data.gauges, ctx.run, report)
+        return self.Data(ctx.run, report, ctx.plots)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        return {"gauges": gauges.to_json(data.report)}
+
+    def section(self, data: Data) -> Section:
+        caption = (
+            "Running and waiting requests (left axis) and KV cache usage "
+            "(right axis) over the run; shaded bands are load phases; breaks are reads that got no value."
+        )
+        return _gauges(data.run, data.report, data.plots.figure("gauges", caption))
+
+
+class Sweeps(ReportSection):
+    class Data(NamedTuple):
+        run: Run
+        sweeps: list[sweep.Sweep]
+        drains: list[sweep.BurstDrain]
+        have_gauges: bool
+        plots: Plots
+
+    def build(self, ctx: Context) -> Data:
+        run, gauge_report = ctx.run, ctx.of(Gauges).report
+        sweeps_ = sweep.sweeps(run)
+        ctx.plots.draw("sweeps", figure_data.sweeps, run, sweeps_)
+        drains = sweep.bursts(run, gauge_report)
+        ctx.plots.draw("arrival", figure_data.ttft_by_arrival, run, drains)
+        return self.Data(run, sweeps_, drains, gauge_report.available, ctx.plots)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        return {"sweeps": sweep.to_json(data.sweeps, data.drains)}
+
+    def section(self, data: Data) -> Section:
+        figs = data.plots.figure("sweeps", "Throughput and E2E latency per concurrency level.")
+        figs += data.plots.figure("arrival", "TTFT by arrival order within the bursts.")
+        return _sweeps(data.run, data.sweeps, data.drains, data.have_gauges, figs)
+
+
+class Comparison(ReportSection):
+    stage = 1
+
+    class Data(NamedTuple):
+        deltas: list[compare.Delta]
+        how: str
+        baseline: Run | None
+        plots: Plots
+
+    def build(self, ctx: Context) -> Data:
+        run, baseline = ctx.run, ctx.baseline
+        deltas, how = compare.between_runs(run, baseline) if baseline is not None else compare.within_run(run)
+        what = f"{run.run_id} vs {baseline.run_id}" if baseline else "engines within the run"
+        ctx.plots.draw("compare", figure_data.compare, deltas, what)
+        return self.Data(deltas, how, baseline, ctx.plots)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        baseline = data.baseline.run_id if data.baseline else None
+        return {"comparison": {"baseline": baseline, **compare.to_json(data.deltas, data.how)}}
+
+    def section(self, data: Data) -> Section:
+        figs = data.plots.figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")
+        return _compare(data.deltas, data.how, data.baseline, figs)
+
+
+class Workloads(ReportSection):
+    class Data(NamedTuple):
+        run: Run
+        work: workloads.WorkloadReport
+        plots: Plots
+
+    def build(self, ctx: Context) -> Data:
+        work = workloads.build(ctx.run, ctx.of(Gauges).report)
+        ctx.plots.draw("turns", figure_data.turns, ctx.run, work)
+        return self.Data(ctx.run, work, ctx.plots)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        return {"workloads": workloads.to_json(data.work)}
+
+    def section(self, data: Data) -> Section:
+        figs = data.plots.figure("turns", "TTFT (median) and prefix-cache reuse by conversation turn.")
+        return workloads.section(data.run, data.work, figs)
+
+
+class CrossCheck(ReportSection):
+    class Data(NamedTuple):
+        run: Run
+        checks: list[crosscheck.CrossCheck]
+        splits: list[ttft_split.TtftSplit]
+        plots: Plots
+
+    def build(self, ctx: Context) -> Data:
+        run = ctx.run
+        checks = crosscheck.build(run, ctx.prometheus() if ctx.of(Gauges).report.reachable else None)
+        ctx.plots.draw("crosscheck", figure_data.crosscheck, run, checks)
+        return self.Data(run, checks, ttft_split.build(run, checks), ctx.plots)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        return {
+            "crosscheck": {
+                "components": crosscheck.COMPONENT_HELP,
+                "cold_load_threshold_s": crosscheck.COLD_LOAD_S,
+                "engines": crosscheck.to_json(data.checks),
+            },
+            "ttft_split": ttft_split.to_json(data.splits),
+        }
+
+    def section(self, data: Data) -> Section:
+        caption = "Mean seconds per request by component, against client E2E."
+        return _crosscheck(data.run, data.checks, data.splits, data.plots.figure("crosscheck", caption))
+
+
+class Setup(ReportSection):
+    class Data(NamedTuple):
+        run: Run
+        warn: list[str]
+        assessment: noise.Assessment
+        prompts: list[tuple[str, str, int]]  # (prompt set, its sha256, distinct prompts sent)
+
+    def build(self, ctx: Context) -> Data:
+        run = ctx.run
+        warn = fairness.warnings(run, ctx.of(SeedTable).rows)
+        prompts = run.con.execute(
+            "SELECT prompt_set, prompt_set_sha256, count(DISTINCT prompt_id) FROM requests GROUP BY ALL"
+        ).fetchall()
+        return self.Data(run, warn, ctx.assessment, prompts)
+
+    def to_json(self, data: Data) -> dict[str, Any]:
+        run = data.run
+        return {
+            "manifest": run.manifest,
+            "engines": {i: vars(e) for i, e in run.engines.items()},
+            "phases": [{**vars(p), "wall_s": p.wall_s} for p in run.phases],
+            "loader_warnings": run.warnings,
+            "noise": noise.to_json(data.assessment),
+            "fairness_warnings": data.warn,
+        }
+
+    def section(self, data: Data) -> Section:
+        return _setup(data.run, data.warn, data.assessment, data.prompts)
+
+
+# The answers first (the summary, the table, the verdict, goodput and the knee), then what they rest on, the setup
+# last: the report walks this order, and each section's number is its place in it (report/outline.py).
+SECTIONS: tuple[ReportSection, ...] = (
+    Summary(),
+    SeedTable(),
+    Verdict(),
+    Goodput(),
+    Plan(),
+    Latency(),
+    Gauges(),
+    Sweeps(),
+    Comparison(),
+    Workloads(),
+    CrossCheck(),
+    Setup(),
+)
 
 
 def _plan(doc: dict[str, Any], rows: list[plan.PlanRow]) -> Section:
@@ -244,7 +415,7 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]  # str.capitalize would lower the rest (TTFT, SLOs, knob names)
 
 
-def _setup(run: Run, warn: list[str], assessment: noise.Assessment) -> Section:
+def _setup(run: Run, warn: list[str], assessment: noise.Assessment, prompts: list[tuple[str, str, int]]) -> Section:
     sec = Section("Setup")
     m = run.manifest
     duration = (run.ended_at - run.started_at) if run.started_at and run.ended_at else None
@@ -293,9 +464,6 @@ def _setup(run: Run, warn: list[str], assessment: noise.Assessment) -> Section:
         entry = sets.setdefault((p.prompt_set, p.prompt_set_sha256), {"phases": [], "max_tokens": set(), "prompts": 0})
         entry["phases"].append(f"{p.instance}/{p.phase}")
         entry["max_tokens"].add(p.max_tokens)
-    prompts = run.con.execute(
-        "SELECT prompt_set, prompt_set_sha256, count(DISTINCT prompt_id) FROM requests GROUP BY ALL"
-    ).fetchall()
     for name, sha, count in prompts:
         if (name, sha) in sets:
             sets[(name, sha)]["prompts"] = count

@@ -1,0 +1,57 @@
+"""The report's sections (report/sections.py): numbered in SECTIONS' order, each rendered from its built data alone."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from report import sections
+from report.load import load
+from report.outline import Context
+from report.render import markdown
+from tests.report.test_plan import _knee_folder
+
+RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+NO_PROMETHEUS = "http://127.0.0.1:9"
+# report.json's keys, the same since sections became objects (issue 27): "run" and "plots" are the report's own.
+KEYS = {
+    "run", "sections", "plots", "summary", "table", "verdict", "goodput", "plan", "latency", "gauges", "sweeps",
+    "comparison", "workloads", "crosscheck", "ttft_split", "manifest", "engines", "phases", "loader_warnings", "noise",
+    "fairness_warnings",
+}  # fmt: skip
+
+
+def headings(doc) -> list[tuple[int, str]]:
+    return [(int(n), t) for n, t in re.findall(r"^## (\d+)\. (.+)$", markdown(doc), re.M)]
+
+
+def test_numbers_follow_the_order_and_a_run_without_a_knee_has_no_plan_section(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLAN_TRACE", "")  # a knee run says why it could not plan: the section is there regardless
+    knee = load(_knee_folder(tmp_path / "k"))
+    plain = load(RUNS / "seed-vllm-ollama")
+    try:
+        with_plan, numbers = sections.build(knee, NO_PROMETHEUS, figures=False)
+        without, plain_numbers = sections.build(plain, NO_PROMETHEUS, figures=False)
+    finally:
+        knee.close()
+        plain.close()
+    assert [n for n, _ in headings(with_plan)] == list(range(1, len(sections.SECTIONS) + 1))
+    assert [n for n, _ in headings(without)] == list(range(1, len(sections.SECTIONS)))
+    titles = [t for _, t in headings(with_plan)]
+    assert titles[4].startswith("Replicas for a traffic") and titles[5] == "Latency"
+    assert [t for _, t in headings(without)] == titles[:4] + titles[5:]  # the rest move up, in the same order
+    assert numbers["sections"] == titles and plain_numbers["plan"] is None
+    assert set(numbers) == set(plain_numbers) == KEYS
+
+
+def test_every_section_renders_from_its_data_with_the_run_closed(monkeypatch, tmp_path):
+    """SQL stays in build: once every section is built, the run's database can go and each still renders."""
+    monkeypatch.setenv("PLAN_TRACE", "")
+    run = load(_knee_folder(tmp_path / "k"))
+    ctx = Context(run, NO_PROMETHEUS, figures=False)
+    built = [(s, ctx.of(type(s))) for s in sections.SECTIONS]
+    ctx.plots.collect()
+    run.close()
+    rendered = [s.render(data, k) for k, (s, data) in enumerate(built, 1)]
+    assert [sec.number for sec in rendered] == list(range(1, len(sections.SECTIONS) + 1))
+    assert all(sec.blocks for sec in rendered)
