@@ -221,7 +221,7 @@ def histograms(run: Run, instance: str, client: Prometheus | None, engine: str =
             instance,
             engine,
             False,
-            f"{who}'s queue/prefill histograms come from Prometheus, which did not answer (see section 5)",
+            f"{who}'s queue/prefill histograms come from Prometheus, which did not answer (see the section Gauges over the run)",
         )
     phases = run.phases_of(instance)
     if not phases or not len(c["e2e"]):
