@@ -74,6 +74,14 @@ def get_int(key: str, default: int | None = None) -> int:
         raise ValueError(f"{key}={value!r} is not an integer") from None
 
 
+def under_root(path: Path) -> Path:
+    """A relative path knob's place: under the checkout whatever the working directory, or, for a servescope
+    installed outside a checkout, under the working directory (site-packages is no place for run folders)."""
+    if path.is_absolute():
+        return path
+    return (REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()) / path
+
+
 def path(key: str) -> Path:
     """A directory knob, with ~ expanded (kept outside git by design)."""
     return Path(os.path.expanduser(get(key)))

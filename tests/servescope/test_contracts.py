@@ -6,6 +6,7 @@ import json
 import os
 import re
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,16 @@ def test_an_env_file_named_in_the_environment_replaces_the_checkouts(tmp_path):
     assert (values["VLLM_PORT"], values["LLAMACPP_PORT"]) == ("7001", "8081")
     with pytest.raises(ValueError, match="missing.env: SERVESCOPE_ENV_FILE names no file"):
         knobs.load(tmp_path, environ={"SERVESCOPE_ENV_FILE": str(tmp_path / "missing.env")})
+
+
+def test_a_relative_path_knob_is_under_the_checkout_or_else_the_working_directory(tmp_path, monkeypatch):
+    assert knobs.under_root(Path("results")) == knobs.REPO_ROOT / "results"  # this checkout, whatever the cwd
+    assert knobs.under_root(tmp_path / "r") == tmp_path / "r"
+    site = tmp_path / "site-packages"  # an installed servescope: no pyproject.toml beside its packages
+    site.mkdir()
+    monkeypatch.setattr(knobs, "REPO_ROOT", site)
+    monkeypatch.chdir(tmp_path)
+    assert knobs.under_root(Path("results")) == tmp_path / "results"
 
 
 def test_every_engine_port_knob_is_documented_in_env_example():

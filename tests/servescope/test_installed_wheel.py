@@ -104,3 +104,14 @@ def test_a_load_run_and_its_report_from_another_folder(installed, elsewhere):
     report = run(installed, elsewhere, "-m", "report", "--run", str(folder))
     assert report.returncode == 0, report.stderr[-3000:]
     assert (folder / "report.md").is_file() and (folder / "report.html").is_file()
+
+
+def test_run_folders_default_to_the_working_directory_not_site_packages(installed, elsewhere):
+    with SyntheticServer(ttft=0.01, itl=0.001, tokens=8) as server:
+        args = ["burst", "--engine", f"vllm={server.url}", "--run-id", "d", "--metrics-port", "0", "--warmup", "0"]
+        proc = run(installed, elsewhere, "-m", "loadgen", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == f"run folder: {elsewhere / 'results' / 'd'}"
+    report = run(installed, elsewhere, "-m", "report")  # the latest run under the same default
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (elsewhere / "results" / "d" / "report.md").is_file()
