@@ -124,7 +124,9 @@ class Option:
     commands: frozenset[str] = HEADLESS  # the headless `python -m loadgen` commands that take it
     locust: bool = True  # on Locust's parser: `locust -f`, and so `python -m loadgen webui`
     web_ui: bool = True  # shown under the web UI's Custom parameters
-    repo_relative: bool = False  # a relative path knob means under the repository, not the current directory
+    repo_relative: bool = (
+        False  # a relative path knob means under the checkout, not the current directory (knobs.under_root)
+    )
 
     @property
     def dest(self) -> str:
@@ -141,7 +143,7 @@ class Option:
         if value == "":
             return None if self.type not in (None, str) else ""
         if self.repo_relative and not Path(value).expanduser().is_absolute():
-            return str(knobs.REPO_ROOT / value)
+            return str(knobs.under_root(Path(value)))
         return value  # argparse applies `type` to a string default, so a knob is checked like a flag
 
     def kwargs(self) -> dict[str, Any]:

@@ -113,13 +113,13 @@ class Run:
 
 
 def results_dir() -> Path:
-    """Where run folders live: SERVESCOPE_RESULTS, a relative one under the repository (where the load generator
-    writes them, whatever the working directory)."""
+    """Where run folders live: SERVESCOPE_RESULTS, a relative one where the load generator writes it (under the
+    checkout whatever the working directory; knobs.under_root)."""
     try:
         path = knobs.path("SERVESCOPE_RESULTS")
     except (KeyError, ValueError):
         path = Path("results")
-    return path if path.is_absolute() else knobs.REPO_ROOT / path
+    return knobs.under_root(path)
 
 
 def resolve(arg: str | None, results_dir: Path) -> Path:

@@ -1,9 +1,11 @@
-"""Ports and engine knobs: `.env.example` defaults, overridden by `.env`, overridden by the environment."""
+"""Ports and engine knobs: servescope/knob_defaults.py's defaults, overridden by `.env`, overridden by the environment."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from servescope.knob_defaults import DEFAULTS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,11 +31,23 @@ def parse_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-def load(root: Path = REPO_ROOT, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """All knobs, with the precedence a Compose user expects: environment > .env > .env.example."""
+def env_file(root: Path = REPO_ROOT, environ: dict[str, str] | None = None) -> Path:
+    """The overrides file: SERVESCOPE_ENV_FILE when the environment names one, else the checkout's .env."""
     environ = os.environ if environ is None else environ
-    knobs = parse_env_file(root / ".env.example")
-    knobs.update(parse_env_file(root / ".env"))
+    named = environ.get("SERVESCOPE_ENV_FILE", "")
+    if not named:
+        return root / ".env"
+    path = Path(os.path.expanduser(named))
+    if not path.is_file():  # a named file that is not there is a typo, not "no overrides"
+        raise ValueError(f"{path}: SERVESCOPE_ENV_FILE names no file")
+    return path
+
+
+def load(root: Path = REPO_ROOT, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """All knobs, with the precedence a Compose user expects: environment > .env > the table's defaults."""
+    environ = os.environ if environ is None else environ
+    knobs = dict(DEFAULTS)
+    knobs.update(parse_env_file(env_file(root, environ)))
     for key in list(knobs):
         if key in environ:
             knobs[key] = environ[key]
@@ -48,7 +62,7 @@ def get(key: str, default: str | None = None) -> str:
     if key in os.environ:
         return os.environ[key]
     if default is None:
-        raise KeyError(f"unknown knob {key}: add it to .env.example")
+        raise KeyError(f"unknown knob {key}: add it to servescope/knob_defaults.py")
     return default
 
 
@@ -58,6 +72,14 @@ def get_int(key: str, default: int | None = None) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"{key}={value!r} is not an integer") from None
+
+
+def under_root(path: Path) -> Path:
+    """A relative path knob's place: under the checkout whatever the working directory, or, for a servescope
+    installed outside a checkout, under the working directory (site-packages is no place for run folders)."""
+    if path.is_absolute():
+        return path
+    return (REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()) / path
 
 
 def path(key: str) -> Path:

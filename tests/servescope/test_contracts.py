@@ -6,28 +6,52 @@ import json
 import os
 import re
 import stat
+from pathlib import Path
 
 import pytest
 
-from servescope import engines, knobs, series
+from servescope import engines, knob_defaults, knobs, series
 from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, latest
 
 
-def test_knob_precedence_environment_over_env_over_example(tmp_path):
-    (tmp_path / ".env.example").write_text("VLLM_PORT=8009\nLLAMACPP_PORT=8081\n# comment\n\n")
-    (tmp_path / ".env").write_text("export LLAMACPP_PORT='9000'\n")
-    values = knobs.load(tmp_path, environ={"VLLM_PORT": "8010"})
-    assert values == {"VLLM_PORT": "8010", "LLAMACPP_PORT": "9000"}
+def test_knob_precedence_environment_over_env_over_defaults(tmp_path):
+    (tmp_path / ".env.example").write_text("VLLM_PORT=1\nLLAMACPP_PORT=2\nEXPORTER_PORT=3\n")  # not a source any more
+    (tmp_path / ".env").write_text("export LLAMACPP_PORT='9000'\nVLLM_PORT=9001\n# comment\n\nNOT_IN_TABLE=x\n")
+    values = knobs.load(tmp_path, environ={"VLLM_PORT": "8010", "ALSO_NOT_IN_TABLE": "y"})
+    assert (values["VLLM_PORT"], values["LLAMACPP_PORT"], values["EXPORTER_PORT"]) == ("8010", "9000", "9464")
+    assert values["NOT_IN_TABLE"] == "x"  # .env may carry knobs of its own, as before
+    assert "ALSO_NOT_IN_TABLE" not in values  # the environment overrides knobs, it does not add them
+    assert set(values) - {"NOT_IN_TABLE"} == set(knob_defaults.DEFAULTS)
 
 
 def test_malformed_env_line_names_file_and_line(tmp_path):
-    (tmp_path / ".env.example").write_text("VLLM_PORT=8009\nthis is not a knob\n")
-    with pytest.raises(ValueError, match=r"\.env\.example:2"):
+    (tmp_path / ".env").write_text("VLLM_PORT=8009\nthis is not a knob\n")
+    with pytest.raises(ValueError, match=r"\.env:2"):
         knobs.load(tmp_path, environ={})
 
 
+def test_an_env_file_named_in_the_environment_replaces_the_checkouts(tmp_path):
+    (tmp_path / ".env").write_text("VLLM_PORT=9001\nLLAMACPP_PORT=9002\n")
+    elsewhere = tmp_path / "elsewhere.env"
+    elsewhere.write_text("VLLM_PORT=7001\n")
+    values = knobs.load(tmp_path, environ={"SERVESCOPE_ENV_FILE": str(elsewhere)})
+    assert (values["VLLM_PORT"], values["LLAMACPP_PORT"]) == ("7001", "8081")
+    with pytest.raises(ValueError, match="missing.env: SERVESCOPE_ENV_FILE names no file"):
+        knobs.load(tmp_path, environ={"SERVESCOPE_ENV_FILE": str(tmp_path / "missing.env")})
+
+
+def test_a_relative_path_knob_is_under_the_checkout_or_else_the_working_directory(tmp_path, monkeypatch):
+    assert knobs.under_root(Path("results")) == knobs.REPO_ROOT / "results"  # this checkout, whatever the cwd
+    assert knobs.under_root(tmp_path / "r") == tmp_path / "r"
+    site = tmp_path / "site-packages"  # an installed servescope: no pyproject.toml beside its packages
+    site.mkdir()
+    monkeypatch.setattr(knobs, "REPO_ROOT", site)
+    monkeypatch.chdir(tmp_path)
+    assert knobs.under_root(Path("results")) == tmp_path / "results"
+
+
 def test_every_engine_port_knob_is_documented_in_env_example():
-    documented = knobs.parse_env_file(knobs.REPO_ROOT / ".env.example")
+    documented = knob_defaults.DEFAULTS
     for kind in engines.ENGINES.values():
         assert kind.port_env in documented, kind.name
         assert kind.default_port > 0
@@ -91,15 +115,43 @@ def test_run_folder_round_trip_and_torn_last_line(tmp_path):
     assert run.manifest()["schema_version"] == 1
 
 
-def test_the_knob_page_is_generated_from_env_example_and_fresh():
-    """docs/knobs.md is .env.example's table (servescope/knob_table.py): every knob, its default, its comment."""
-    from servescope import knob_table, knobs
+def test_the_knob_files_are_generated_from_the_table_and_fresh():
+    """.env.example and docs/knobs.md are servescope/knob_defaults.py's table: every knob, its default, its comment."""
+    from servescope import knob_table
 
-    assert knob_table.main(["--check"]) == 0, "docs/knobs.md is stale: python -m servescope.knob_table --write"
+    assert knob_table.main(["--check"]) == 0, "stale: python -m servescope.knob_table --write"
     page = knob_table.PAGE.read_text()
-    defaults = knobs.parse_env_file(knob_table.SOURCE)
-    assert all(f"| `{k}` |" in page for k in defaults)
+    assert all(f"| `{k}` |" in page for k in knob_defaults.DEFAULTS)
     assert "| `LOADGEN_CAPACITY_PROMPTS` | `synthetic:256` |" in page
+    assert knobs.parse_env_file(knob_table.ENV_EXAMPLE) == knob_defaults.DEFAULTS  # the file reads back as the table
+
+
+def test_a_stale_knob_file_is_named(tmp_path, monkeypatch, capsys):
+    from servescope import knob_table
+
+    monkeypatch.setattr(knob_table, "ENV_EXAMPLE", tmp_path / ".env.example")
+    monkeypatch.setattr(knob_table, "PAGE", tmp_path / "docs" / "knobs.md")
+    assert knob_table.main(["--write"]) == 0 and knob_table.main(["--check"]) == 0
+    text = knob_table.ENV_EXAMPLE.read_text()
+    knob_table.ENV_EXAMPLE.write_text(text.replace("VLLM_PORT=8009", "VLLM_PORT=8010"))
+    assert knob_table.main(["--check"]) == 1
+    assert (
+        capsys.readouterr().err.strip()
+        == f"{tmp_path / '.env.example'} is stale: run python -m servescope.knob_table --write"
+    )
+
+
+def test_the_knob_table_has_each_name_once_and_the_help_as_comments():
+    names = [knob.name for knob in knob_defaults.KNOBS]
+    assert len(names) == len(set(names)) and all(name.isidentifier() and name.isupper() for name in names)
+    from servescope import knob_table
+
+    text = knob_table.env_example()
+    assert (
+        "# Prompt set: seed4, seed3, mixed" in text
+        and "\n# empty model: what the engine lists.\nLOADGEN_PROMPTS=" in text
+    )
+    assert "\n\n# `python -m stack replicas" in text  # a paragraph of its group keeps its blank line
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o000])
