@@ -1,5 +1,6 @@
 # servescope: `make up` brings the stack up and runs the seed's comparison; `make test` runs the fast suite.
-# Ports and knobs live in .env.example (override in .env or the environment); Python reads them, not make.
+# Knob defaults live in servescope/knob_defaults.py; .env.example is generated from it (override in .env or
+# the environment); Python reads them, not make.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -122,8 +123,8 @@ check: install
 bench: install
 	$(BIN)/python -m bench
 
-# Regenerate the committed dashboard JSON, Compose scrape config, lever rules and the knob page (make test checks
-# they are fresh).
+# Regenerate the committed dashboard JSON, Compose scrape config, lever rules, .env.example and the knob page (make
+# test checks they are fresh).
 dashboards: install
 	$(BIN)/python -m dashboards.build
 	$(BIN)/python -m servescope.prometheus_config --write
