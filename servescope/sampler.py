@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from urllib.parse import urlencode, urlsplit
-from urllib.request import urlopen
 
 from servescope import knobs, metrics_mode, series, urls
 from servescope.exposition import Samples, parse_exposition
@@ -127,6 +126,8 @@ def source_kind() -> str:
 def prometheus_resolution_s(url: str, timeout_s: float = READ_TIMEOUT_S) -> float:
     """How often Prometheus' values change: SAMPLE_PROMETHEUS_INTERVAL_MS, else its own configuration's longer of
     scrape and rule evaluation interval (a read more often than that only repeats a value), else the stack's."""
+    from urllib.request import urlopen  # fleet mode only: kept out of the load generator's start-up
+
     from servescope import prometheus_config
 
     ms = knobs.get("SAMPLE_PROMETHEUS_INTERVAL_MS", "")
