@@ -223,10 +223,12 @@ def _from_prometheus(run: Run, url: str, client: Prometheus | None) -> GaugeRepo
             values = _merge(picked, gauge)
             if values:
                 eg.series[gauge] = values
+            by_member: dict[str, list[dict]] = {}
             for s in picked:
-                name = _label_instance(s) or ""
+                by_member.setdefault(_label_instance(s) or "", []).append(s)
+            for name, own in by_member.items():
                 member = members.setdefault(name, EngineGauges(name, info.kind, spacing_s=step))
-                member.series[gauge] = _merge([x for x in picked if _label_instance(x) == name], gauge)
+                member.series[gauge] = _merge(own, gauge)
         summarise(eg, run, slack=step)
         if len(members) > 1:  # a router's replicas, scraped one by one: their sum stands for the target
             for member in members.values():
@@ -383,7 +385,8 @@ def _combined(records: list[SampleRecord], instance: str) -> list[SampleRecord]:
 
 
 def _fleet(engine: str, behind: str | None, members, run: Run) -> Fleet:
-    """The fleet's members, busiest first, and its derived total (combined per read time)."""
+    """The fleet's members, busiest first, and its derived total (combined per read time), which a fleet behind one
+    target does not need: that target's own series is already their sum."""
     summary = []
     spacing = None
     total: dict[str, dict[float, list[float]]] = {}
@@ -392,7 +395,7 @@ def _fleet(engine: str, behind: str | None, members, run: Run) -> Fleet:
         waiting = [v for _, v in eg.series.get(series.REQUESTS_WAITING, []) if v is not None]
         share = sum(1 for v in waiting if v > 0) / len(waiting) if waiting else None
         summary.append(Member(eg.instance, dict(eg.peaks), share))
-        for gauge in GAUGES:
+        for gauge in GAUGES if behind is None else ():
             for t, v in eg.series.get(gauge, []):
                 if v is not None:
                     total.setdefault(gauge, {}).setdefault(t, []).append(v)
@@ -471,7 +474,8 @@ def to_json(report: GaugeReport) -> dict:
                 "spread": {g: f.spread(g) for g in GAUGES},
                 "members": [asdict(m) for m in f.members],
                 "total": {
-                    "derived": "combined per read over the members",
+                    "derived": "combined per read over the members"
+                    + (f": the series of engines[{f.behind!r}]" if f.behind else ""),
                     **{g: [[t, v] for t, v in pts] for g, pts in f.total.items()},
                 },
             }
