@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -69,6 +70,56 @@ def knee_speed(profile) -> float | None:
     """The median time per output token at the knee's lowest level (one request in flight when it is 1)."""
     values = profile.levels[0].tpot_s
     return float(statistics.median(values)) if len(values) else None
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One replica's medians with one request in flight: prefill (TTFT) and time per output token."""
+
+    ttft_s: float
+    tpot_s: float
+
+    @staticmethod
+    def of_level(level) -> Speed | None:
+        if not len(level.ttft_s) or not len(level.tpot_s):
+            return None
+        return Speed(float(statistics.median(level.ttft_s)), float(statistics.median(level.tpot_s)))
+
+    @staticmethod
+    def mean(speeds: list[Speed | None]) -> Speed | None:
+        known = [s for s in speeds if s is not None]
+        if not known:
+            return None
+        return Speed(statistics.fmean(s.ttft_s for s in known), statistics.fmean(s.tpot_s for s in known))
+
+
+def probe(url: str, kind: str, tokens: tuple[str, ...], duration: float, results: Path, run_id: str) -> Speed | None:
+    """One user on one replica for `duration` seconds, as the knee's lowest level measured it: the replica's speed
+    at this moment, to set the row's prediction at (this VM's speed moves by 5-25% between windows minutes apart)."""
+    folder = loadgen(
+        "sweep", "--engine", f"{kind}={url}", "--concurrencies", "1", "--duration", f"{duration:g}", *tokens,
+        results=results, run_id=run_id,
+    )  # fmt: skip
+    run = load.load(folder)
+    try:
+        records = [r for inst in run.engines for r in run.requests_of(inst, gaps=False)]
+    finally:
+        run.close()
+    ok = [r for r in records if r.ok and r.ttft_s is not None]
+    tpots = [t for t in map(slo.tpot, ok) if t is not None]
+    if not ok or not tpots:
+        return None
+    return Speed(float(statistics.median(r.ttft_s for r in ok)), float(statistics.median(tpots)))
+
+
+def at_speed(profile, sharing: Sharing | None, knee: Speed | None, now: Speed | None):
+    """The knee's profile (and its busy twin) scaled from the speed the knee measured to the speed probed now:
+    derived, the same measured shape at another pace. Unchanged when either speed is unknown."""
+    if knee is None or now is None:
+        return profile, sharing
+    ttft, tpot = now.ttft_s / knee.ttft_s, now.tpot_s / knee.tpot_s
+    scaled = profile.scaled(ttft, tpot)
+    return scaled, (Sharing(sharing.per_host, sharing.busy.scaled(ttft, tpot)) if sharing else None)
 
 
 class Neighbours:
@@ -159,6 +210,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attainment", default="0.9")
     p.add_argument("--policies", default="least_conn,round_robin")
     p.add_argument("--knee", type=Path, default=None, help="a knee run folder to plan from (default: measure one)")
+    p.add_argument(
+        "--probe-duration",
+        type=float,
+        default=0.0,
+        help="seconds of one user on the first replica just before and just after each row: the row is predicted "
+        "again with the knee's latencies scaled to that speed (derived), and the goal is judged on it; the knee's "
+        "own prediction is printed beside it (0: off)",
+    )
     p.add_argument("--urls", default="", help="replicas already running (comma-separated) instead of synthetic ones")
     p.add_argument(
         "--start",
@@ -235,35 +294,68 @@ def check(argv: list[str] | None) -> int:
                 f"{sharing.busy.knee} users, {_ms(knee_speed(sharing.busy))} a token at its lowest level; the "
                 f"{len(urls)} replicas share this machine"
             )
-        print(
-            f"{'policy':<12} {'req/s':>6} {'N':>3} {'predicted':>9} {'measured':>8} {'diff':>6} {'requests':>8} {'ms/token':>8}"
-        )
+        knee_at = Speed.of_level(profile.levels[0])
+        probing = args.probe_duration > 0
+        heads = ["policy", "req/s", "N", "predicted", *(["at speed"] if probing else []), "measured", "diff"]
+        heads += ["requests", "ms/token", *(["probed"] if probing else [])]
+        print(" ".join(f"{h:<12}" if i == 0 else f"{h:>9}" for i, h in enumerate(heads)))
         for policy in args.policies.split(","):
             for rate in (float(r) for r in args.rates.split(",")):
                 met: dict[int, bool] = {}
                 offered = None
+                speeds: list[Speed | None] = []
                 for n in counts:
+                    run_id = f"{policy}-{rate:g}-{n}"
+                    before = (
+                        probe(urls[0], kind, tokens, args.probe_duration, results, f"{run_id}-before")
+                        if probing
+                        else None
+                    )
                     with Router(urls[:n], free_port(), policy, results / f"nginx-{policy}-{n}") as router:
                         folder = loadgen(
                             "rate", "--engine", f"{kind}={router}", "--rate", f"{rate:g}", "--arrivals", "poisson",
                             "--duration", f"{args.duration:g}", "--slo", args.slo, *tokens,
-                            results=results, run_id=f"{policy}-{rate:g}-{n}",
+                            results=results, run_id=run_id,
                         )  # fmt: skip
+                    after = (
+                        probe(urls[0], kind, tokens, args.probe_duration, results, f"{run_id}-after")
+                        if probing
+                        else None
+                    )
+                    now = Speed.mean([before, after])
+                    speeds.append(now)
                     attained, met[n], sample, speed = measured(folder, spec, args.duration)
                     offered = offered or sample
                     predicted = plan.predict(profile, sample, n, spec, policy, 5, args.duration, sharing)
+                    judged = predicted
+                    if probing:
+                        row_profile, row_sharing = at_speed(profile, sharing, knee_at, now)
+                        judged = plan.predict(row_profile, sample, n, spec, policy, 5, args.duration, row_sharing)
                     diff = (
-                        (predicted.attainment - attained) * 100
-                        if predicted.attainment is not None and attained is not None
+                        (judged.attainment - attained) * 100
+                        if judged.attainment is not None and attained is not None
                         else None
                     )
                     failures += diff is None or abs(diff) > 5
-                    print(
-                        f"{policy:<12} {rate:>6g} {n:>3} {_pct(predicted.attainment):>9} {_pct(attained):>8} "
-                        f"{'-' if diff is None else f'{diff:+.1f}p':>6} {len(sample.arrivals):>8} {_ms(speed):>8}"
-                    )
+                    cells = [f"{policy:<12}", f"{rate:>9g}", f"{n:>9}", f"{_pct(predicted.attainment):>9}"]
+                    cells += [f"{_pct(judged.attainment):>9}"] if probing else []
+                    cells += [f"{_pct(attained):>9}", f"{'-' if diff is None else f'{diff:+.1f}p':>9}"]
+                    cells += [f"{len(sample.arrivals):>9}", f"{_ms(speed):>9}"]
+                    cells += [f"{_ms(now.tpot_s if now else None):>9}"] if probing else []
+                    print(" ".join(cells))
                 if len(counts) > 1 and offered is not None:
-                    failures += not count_check(profile, offered, spec, policy, args.duration, met, counts, sharing)
+                    at_profile, at_sharing = (
+                        at_speed(profile, sharing, knee_at, Speed.mean(speeds)) if probing else (profile, sharing)
+                    )
+                    failures += not count_check(
+                        at_profile, offered, spec, policy, args.duration, met, counts, at_sharing
+                    )
+    if probing:
+        print(
+            f"the goal is judged on 'at speed': the knee's latencies scaled by the speed one user measured on the first "
+            f"replica for {args.probe_duration:g} s just before and just after the row (derived: its ratio to the "
+            f"knee's lowest level, {_ms(knee_at.tpot_s if knee_at else None)} a token); 'predicted' is the knee's own"
+        )
     goal = "predicted within 5 points of measured" + (", replica count the same or one more" if len(counts) > 1 else "")
     print(f"goal: {goal}: {'met' if not failures else f'missed in {failures} row(s)'}")
     return 1 if failures else 0

@@ -32,7 +32,7 @@ import itertools
 import random
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -58,6 +58,10 @@ class Level:
     def tpot(self, u: float) -> float:
         values = self.tpot_s if len(self.tpot_s) else np.zeros(1)
         return float(values[min(int(u * len(values)), len(values) - 1)])
+
+    def scaled(self, ttft: float, tpot: float) -> Level:
+        """The same level on a replica whose prefill and decode run `ttft` and `tpot` times as long."""
+        return replace(self, ttft_s=self.ttft_s * ttft, tpot_s=self.tpot_s * tpot)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,11 @@ class Profile:
         """The lowest measured level at or above k requests in flight; None above the highest."""
         i = bisect.bisect_left([lv.concurrency for lv in self.levels], k - 1e-9)
         return self.levels[i] if i < len(self.levels) else None
+
+    def scaled(self, ttft: float, tpot: float) -> Profile:
+        """The same replica run `ttft` and `tpot` times as slow (a machine whose speed moved since the knee): every
+        level's latencies scaled, its failures and loads as measured."""
+        return replace(self, levels=tuple(lv.scaled(ttft, tpot) for lv in self.levels))
 
 
 @dataclass(frozen=True)

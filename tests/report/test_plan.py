@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -35,6 +36,17 @@ def test_a_request_admitted_later_slows_the_one_decoding():
     two = profile([level(1, tpot=0.02), level(2, tpot=0.04)])
     out = replicas.simulate([Arrival(0.0), Arrival(0.2)], two, 1)
     assert out[0].e2e_s == pytest.approx(0.4)
+
+
+def test_a_replica_at_another_speed_scales_prefill_and_decode_apart_and_keeps_its_failures():
+    measured = profile([level(1, failed=0.25), level(2, tpot=0.04)], slots=1)
+    slower = measured.scaled(ttft=2.0, tpot=1.5)  # prefill 0.2 s, decode 0.03 s a token: 0.2 + 10 x 0.03
+    assert [lv.failed_share for lv in slower.levels] == [0.25, 0.0]
+    assert slower.levels[1].tpot(0.5) == pytest.approx(0.06)
+    out = replicas.simulate([Arrival(0.0)], replace(slower, levels=(replace(slower.levels[0], failed_share=0.0),)), 1)
+    assert out[0].ttft_s == pytest.approx(0.2)
+    assert out[0].e2e_s == pytest.approx(0.5)
+    assert measured.levels[0].ttft(0.5) == pytest.approx(0.1)  # the knee's own profile is left as it was
 
 
 def test_replicas_on_one_machine_slow_each_other_only_while_both_have_work():

@@ -1,0 +1,28 @@
+"""The plan check's speed probe: a row predicted at the speed probed beside it, from the knee's measured shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.plan_check import Speed, at_speed
+from report.replicas import Level, Profile, Sharing
+
+
+def _profile(ttft: float, tpot: float) -> Profile:
+    return Profile("test", "llamacpp", (Level(1.0, np.array([ttft]), np.array([tpot]), 0.0, 10),), None, 1, 11, None)
+
+
+def test_a_row_probed_slower_than_the_knee_is_predicted_at_the_probed_pace_busy_twin_too():
+    knee, busy = _profile(0.1, 0.02), _profile(0.12, 0.025)
+    now = Speed.mean([Speed(0.1, 0.021), Speed(0.1, 0.023)])  # before and after the row
+    scaled, sharing = at_speed(knee, Sharing(2, busy), Speed.of_level(knee.levels[0]), now)
+    assert scaled.levels[0].tpot(0.5) == pytest.approx(0.022)
+    assert scaled.levels[0].ttft(0.5) == pytest.approx(0.1)
+    assert sharing.per_host == 2
+    assert sharing.busy.levels[0].tpot(0.5) == pytest.approx(0.025 * 1.1)
+
+
+def test_an_unknown_speed_leaves_the_knee_as_measured():
+    knee = _profile(0.1, 0.02)
+    assert at_speed(knee, None, Speed.of_level(knee.levels[0]), Speed.mean([None, None])) == (knee, None)
