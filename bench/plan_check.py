@@ -93,13 +93,17 @@ class Speed:
         return Speed(statistics.fmean(s.ttft_s for s in known), statistics.fmean(s.tpot_s for s in known))
 
 
-def probe(url: str, kind: str, tokens: tuple[str, ...], duration: float, results: Path, run_id: str) -> Speed | None:
-    """One user on one replica for `duration` seconds, as the knee's lowest level measured it: the replica's speed
-    at this moment, to set the row's prediction at (this VM's speed moves by 5-25% between windows minutes apart)."""
-    folder = loadgen(
-        "sweep", "--engine", f"{kind}={url}", "--concurrencies", "1", "--duration", f"{duration:g}", *tokens,
-        results=results, run_id=run_id,
-    )  # fmt: skip
+def probe(
+    url: str, kind: str, tokens: tuple[str, ...], duration: float, results: Path, run_id: str, busy: Neighbours | None
+) -> Speed | None:
+    """One user on one replica for `duration` seconds, as the knee's lowest level measured it (its neighbours kept
+    busy, as the busy knee was, when `busy` is given): the replica's speed at this moment, to set the row's
+    prediction at (this VM's speed moves by 5-25% between windows minutes apart)."""
+    with busy or contextlib.nullcontext():
+        folder = loadgen(
+            "sweep", "--engine", f"{kind}={url}", "--concurrencies", "1", "--duration", f"{duration:g}", *tokens,
+            results=results, run_id=run_id,
+        )  # fmt: skip
     run = load.load(folder)
     try:
         records = [r for inst in run.engines for r in run.requests_of(inst, gaps=False)]
@@ -112,14 +116,45 @@ def probe(url: str, kind: str, tokens: tuple[str, ...], duration: float, results
     return Speed(float(statistics.median(r.ttft_s for r in ok)), float(statistics.median(tpots)))
 
 
-def at_speed(profile, sharing: Sharing | None, knee: Speed | None, now: Speed | None):
-    """The knee's profile (and its busy twin) scaled from the speed the knee measured to the speed probed now:
-    derived, the same measured shape at another pace. Unchanged when either speed is unknown."""
+@dataclass(frozen=True)
+class Prober:
+    """Probes the first replica's speed beside a row: alone and, where the row's replicas share this machine, with
+    the others kept busy."""
+
+    kind: str
+    tokens: tuple[str, ...]
+    duration: float
+    slots: int
+    max_tokens: int
+    results: Path
+
+    def speeds(self, urls: list[str], shared: bool, run_id: str) -> tuple[Speed | None, Speed | None]:
+        if self.duration <= 0:
+            return None, None
+        alone = probe(urls[0], self.kind, self.tokens, self.duration, self.results, run_id, None)
+        if not shared or len(urls) < 2:
+            return alone, None
+        busy = Neighbours(urls[1:], self.slots, self.max_tokens)
+        return alone, probe(urls[0], self.kind, self.tokens, self.duration, self.results, f"{run_id}-busy", busy)
+
+
+def scaled_to(profile, knee: Speed | None, now: Speed | None):
+    """The knee's profile scaled from the speed the knee measured to the speed probed now: derived, the same
+    measured shape at another pace. Unchanged when either speed is unknown."""
     if knee is None or now is None:
-        return profile, sharing
-    ttft, tpot = now.ttft_s / knee.ttft_s, now.tpot_s / knee.tpot_s
-    scaled = profile.scaled(ttft, tpot)
-    return scaled, (Sharing(sharing.per_host, sharing.busy.scaled(ttft, tpot)) if sharing else None)
+        return profile
+    return profile.scaled(now.ttft_s / knee.ttft_s, now.tpot_s / knee.tpot_s)
+
+
+def at_speed(profile, sharing: Sharing | None, knee: Speed | None, now: Speed | None, now_busy: Speed | None = None):
+    """The knee and its busy twin at the speeds probed beside a row: the busy twin at the speed probed with the
+    neighbours busy where that was probed, else at the alone probe's ratio (the neighbours taken to slow it as
+    they did at the knee)."""
+    if sharing is None:
+        return scaled_to(profile, knee, now), None
+    busy_knee = Speed.of_level(sharing.busy.levels[0])
+    busy = scaled_to(sharing.busy, busy_knee, now_busy) if now_busy else scaled_to(sharing.busy, knee, now)
+    return scaled_to(profile, knee, now), Sharing(sharing.per_host, busy)
 
 
 class Neighbours:
@@ -296,40 +331,33 @@ def check(argv: list[str] | None) -> int:
             )
         knee_at = Speed.of_level(profile.levels[0])
         probing = args.probe_duration > 0
+        prober = Prober(kind, tokens, args.probe_duration, args.slots, args.tokens, results)
         heads = ["policy", "req/s", "N", "predicted", *(["at speed"] if probing else []), "measured", "diff"]
-        heads += ["requests", "ms/token", *(["probed"] if probing else [])]
+        heads += ["requests", "ms/token", *(["probed", "busy"] if probing else [])]
         print(" ".join(f"{h:<12}" if i == 0 else f"{h:>9}" for i, h in enumerate(heads)))
         for policy in args.policies.split(","):
             for rate in (float(r) for r in args.rates.split(",")):
                 met: dict[int, bool] = {}
                 offered = None
-                speeds: list[Speed | None] = []
+                speeds: list[tuple[Speed | None, Speed | None]] = []
                 for n in counts:
                     run_id = f"{policy}-{rate:g}-{n}"
-                    before = (
-                        probe(urls[0], kind, tokens, args.probe_duration, results, f"{run_id}-before")
-                        if probing
-                        else None
-                    )
+                    before = prober.speeds(urls[:n], sharing is not None, f"{run_id}-before")
                     with Router(urls[:n], free_port(), policy, results / f"nginx-{policy}-{n}") as router:
                         folder = loadgen(
                             "rate", "--engine", f"{kind}={router}", "--rate", f"{rate:g}", "--arrivals", "poisson",
                             "--duration", f"{args.duration:g}", "--slo", args.slo, *tokens,
                             results=results, run_id=run_id,
                         )  # fmt: skip
-                    after = (
-                        probe(urls[0], kind, tokens, args.probe_duration, results, f"{run_id}-after")
-                        if probing
-                        else None
-                    )
-                    now = Speed.mean([before, after])
-                    speeds.append(now)
+                    after = prober.speeds(urls[:n], sharing is not None, f"{run_id}-after")
+                    now, now_busy = Speed.mean([before[0], after[0]]), Speed.mean([before[1], after[1]])
+                    speeds.append((now, now_busy))
                     attained, met[n], sample, speed = measured(folder, spec, args.duration)
                     offered = offered or sample
                     predicted = plan.predict(profile, sample, n, spec, policy, 5, args.duration, sharing)
                     judged = predicted
                     if probing:
-                        row_profile, row_sharing = at_speed(profile, sharing, knee_at, now)
+                        row_profile, row_sharing = at_speed(profile, sharing, knee_at, now, now_busy)
                         judged = plan.predict(row_profile, sample, n, spec, policy, 5, args.duration, row_sharing)
                     diff = (
                         (judged.attainment - attained) * 100
@@ -342,10 +370,13 @@ def check(argv: list[str] | None) -> int:
                     cells += [f"{_pct(attained):>9}", f"{'-' if diff is None else f'{diff:+.1f}p':>9}"]
                     cells += [f"{len(sample.arrivals):>9}", f"{_ms(speed):>9}"]
                     cells += [f"{_ms(now.tpot_s if now else None):>9}"] if probing else []
+                    cells += [f"{_ms(now_busy.tpot_s):>9}"] if now_busy else []
                     print(" ".join(cells))
                 if len(counts) > 1 and offered is not None:
                     at_profile, at_sharing = (
-                        at_speed(profile, sharing, knee_at, Speed.mean(speeds)) if probing else (profile, sharing)
+                        at_speed(profile, sharing, knee_at, *(Speed.mean(list(s)) for s in zip(*speeds, strict=True)))
+                        if probing
+                        else (profile, sharing)
                     )
                     failures += not count_check(
                         at_profile, offered, spec, policy, args.duration, met, counts, at_sharing
@@ -354,7 +385,8 @@ def check(argv: list[str] | None) -> int:
         print(
             f"the goal is judged on 'at speed': the knee's latencies scaled by the speed one user measured on the first "
             f"replica for {args.probe_duration:g} s just before and just after the row (derived: its ratio to the "
-            f"knee's lowest level, {_ms(knee_at.tpot_s if knee_at else None)} a token); 'predicted' is the knee's own"
+            f"knee's lowest level, {_ms(knee_at.tpot_s if knee_at else None)} a token; where the replicas share this "
+            f"machine, the busy knee by the speed probed with the others busy: 'busy'); 'predicted' is the knee's own"
         )
     goal = "predicted within 5 points of measured" + (", replica count the same or one more" if len(counts) > 1 else "")
     print(f"goal: {goal}: {'met' if not failures else f'missed in {failures} row(s)'}")

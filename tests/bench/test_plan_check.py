@@ -16,7 +16,7 @@ def _profile(ttft: float, tpot: float) -> Profile:
 def test_a_row_probed_slower_than_the_knee_is_predicted_at_the_probed_pace_busy_twin_too():
     knee, busy = _profile(0.1, 0.02), _profile(0.12, 0.025)
     now = Speed.mean([Speed(0.1, 0.021), Speed(0.1, 0.023)])  # before and after the row
-    scaled, sharing = at_speed(knee, Sharing(2, busy), Speed.of_level(knee.levels[0]), now)
+    scaled, sharing = at_speed(knee, Sharing(2, busy), Speed.of_level(knee.levels[0]), now)  # no busy probe
     assert scaled.levels[0].tpot(0.5) == pytest.approx(0.022)
     assert scaled.levels[0].ttft(0.5) == pytest.approx(0.1)
     assert sharing.per_host == 2
@@ -26,3 +26,12 @@ def test_a_row_probed_slower_than_the_knee_is_predicted_at_the_probed_pace_busy_
 def test_an_unknown_speed_leaves_the_knee_as_measured():
     knee = _profile(0.1, 0.02)
     assert at_speed(knee, None, Speed.of_level(knee.levels[0]), Speed.mean([None, None])) == (knee, None)
+
+
+def test_a_busy_probe_sets_the_busy_twin_at_its_own_pace():
+    knee, busy = _profile(0.1, 0.02), _profile(0.12, 0.025)
+    alone_now, busy_now = Speed(0.1, 0.02), Speed(0.18, 0.03)
+    scaled, sharing = at_speed(knee, Sharing(2, busy), Speed.of_level(knee.levels[0]), alone_now, busy_now)
+    assert scaled.levels[0].tpot(0.5) == pytest.approx(0.02)
+    assert sharing.busy.levels[0].ttft(0.5) == pytest.approx(0.18)
+    assert sharing.busy.levels[0].tpot(0.5) == pytest.approx(0.03)
