@@ -14,8 +14,9 @@ from pathlib import Path
 import psutil
 import requests
 
-from bench.processes import REPO, python_module, stop
+from bench.processes import REPO, python_module
 from bench.proxy_overhead import free_port, percentile, wait_ready
+from servescope.children import stop
 
 GOAL_RULE_EVAL_S = 1.0  # every rule group evaluated well inside its 5 s interval
 GOAL_EXPORTER_SCRAPE_S = 5.0  # the exporter's own scrape at 1,000 engines, where it is still used

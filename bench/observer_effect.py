@@ -30,7 +30,7 @@ import psutil
 import requests
 
 from bench.proxy_overhead import free_port, wait_ready
-from servescope import engines, knobs, prometheus_config
+from servescope import children, engines, knobs, prometheus_config
 from servescope.runfolder import RunFolder, read_samples
 from tests.doubles.synthetic_openai import SyntheticProcess
 
@@ -85,12 +85,7 @@ class PrivateExporter:
         return times.user + times.system
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        children.stop(self.proc)
 
 
 def trial(kind: str, url: str, exporter: PrivateExporter, sampling: bool, args, results: Path, n: int) -> Trial:

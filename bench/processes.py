@@ -1,4 +1,4 @@
-"""The benchmarks' child processes: `python -m MODULE` from the repository, and stopping them whatever happened."""
+"""The benchmarks' child processes: `python -m MODULE` from the repository (servescope/children.py stops them)."""
 
 from __future__ import annotations
 
@@ -19,15 +19,3 @@ def python_module(module: str, *args: object) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-
-
-def stop(*procs: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Terminate them all at once, then wait for each; kill one that is still there after `timeout`."""
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

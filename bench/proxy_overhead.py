@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - Windows
     uvloop = None
 
 from bench.chunk_clock import StreamTimer
+from servescope import children
 
 REPO = Path(__file__).resolve().parent.parent
 GOAL_P50_MS = 1.0
@@ -180,14 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             report(measure_all(targets, args, body), args)
             return 0  # a missed goal is a finding, not a crash: the table says it
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            children.stop(*procs)
 
 
 def measure_all(targets: dict[str, str], args: argparse.Namespace, body: bytes) -> dict[int, dict]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-from servescope import engines, knobs, series
+from servescope import children, engines, knobs, series
 from servescope.engines.base import BATCH_SLOTS
 from servescope.exposition import parse_exposition
 
@@ -124,13 +124,8 @@ class SideExporter:
         return lines[-1].strip() if lines else ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            children.stop(self.proc)
         self.proc = None
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from urllib.error import HTTPError, URLError
 from urllib.request import urlopen
 
 from report.replicas import LEAST_CONN, ROUND_ROBIN
+from servescope import children
 from stack.errors import StackError
 
 POLICIES = {ROUND_ROBIN: "", LEAST_CONN: "least_conn;"}  # the plan's routing policies -> nginx's directive
@@ -96,9 +97,5 @@ class Router:
         raise StackError(f"nginx did not answer on {url} within 10 s")
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc is not None:
+            children.stop(self.proc)
