@@ -14,7 +14,6 @@ Where no process can be started the figures are drawn on a thread, after one lin
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import pickle
 import queue
@@ -33,14 +32,7 @@ def figure_timeout_s() -> float:
     """PAINTER_FIGURE_TIMEOUT_S (.env.example): how long one figure may take; a bad value is the report's one line."""
     from servescope import knobs
 
-    text = knobs.get("PAINTER_FIGURE_TIMEOUT_S").strip()
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"PAINTER_FIGURE_TIMEOUT_S={text!r}: expected a number of seconds > 0")
-    return value
+    return knobs.get_positive("PAINTER_FIGURE_TIMEOUT_S", "seconds")
 
 
 ROOT = Path(__file__).resolve().parent.parent  # where the report package is imported from, for the child too

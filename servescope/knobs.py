@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -72,6 +73,18 @@ def get_int(key: str, default: int | None = None) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"{key}={value!r} is not an integer") from None
+
+
+def get_positive(key: str, unit: str) -> float:
+    """A knob holding a number of `unit` above 0; ValueError with one line ("KEY='x': expected ...") otherwise."""
+    text = get(key).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{key}={text!r}: expected a number of {unit} > 0")
+    return value
 
 
 def under_root(path: Path) -> Path:

@@ -10,7 +10,6 @@ itself may be any size: it is streamed, and each kind bounds what it keeps (prom
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -25,14 +24,10 @@ def limit_mb(knob: str) -> float:
     """A workload limit's knob (.env.example) in megabytes; a bad one is one line."""
     from servescope import knobs
 
-    text = knobs.get(knob).strip()
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise PromptSetError(f"{knob}={text!r}: expected a number of megabytes > 0")
-    return value
+        return knobs.get_positive(knob, "megabytes")
+    except ValueError as exc:
+        raise PromptSetError(str(exc)) from None
 
 
 def expand(text: str, what: str) -> Path:

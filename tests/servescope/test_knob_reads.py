@@ -27,7 +27,7 @@ def _is_environ(node: ast.AST) -> bool:
 
 
 def reads(tree: ast.AST) -> list[tuple[str, int]]:
-    """(name, line) of every read by literal name: os.environ.get/[...]/in, os.getenv, knobs.get/get_int/path."""
+    """(name, line) of every read by literal name: os.environ.get/[...]/in, os.getenv, knobs.get/get_int/get_positive/path."""
     out = []
     for node in ast.walk(tree):
         name = None
@@ -36,7 +36,7 @@ def reads(tree: ast.AST) -> list[tuple[str, int]]:
             if isinstance(fn, ast.Attribute) and fn.attr in ("get", "pop", "setdefault") and _is_environ(fn.value):
                 name = _literal(node.args[0])
             elif isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id == "knobs":
-                name = _literal(node.args[0]) if fn.attr in ("get", "get_int", "path") else None
+                name = _literal(node.args[0]) if fn.attr in ("get", "get_int", "get_positive", "path") else None
             elif isinstance(fn, ast.Attribute) and fn.attr == "getenv":
                 name = _literal(node.args[0])
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
