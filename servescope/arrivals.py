@@ -30,53 +30,48 @@ class Schedule(Protocol):
 
 
 @dataclass(frozen=True)
-class Constant:
-    """RATE arrivals per second at equal gaps, the first at the start."""
+class _AtRate:
+    """An endless schedule of RATE arrivals per second: its phase's bound ends it, its name says the rate."""
 
     rate: float
     length = None
+    named = "rps"  # what its label says after the rate
 
     def __post_init__(self) -> None:
         _check_rate(self.rate)
 
     @property
     def label(self) -> str:
-        return f"{self.rate:g}rps"
-
-    def offsets(self) -> Iterator[float]:
-        # i / rate, not a running sum of 1 / rate: the n-th arrival is where it should be however long the run.
-        return (i / self.rate for i in count())
+        return f"{self.rate:g}{self.named}"
 
     def describe(self) -> str | None:
         return None
 
 
 @dataclass(frozen=True)
-class Poisson:
+class Constant(_AtRate):
+    """RATE arrivals per second at equal gaps, the first at the start."""
+
+    def offsets(self) -> Iterator[float]:
+        # i / rate, not a running sum of 1 / rate: the n-th arrival is where it should be however long the run.
+        return (i / self.rate for i in count())
+
+
+@dataclass(frozen=True)
+class Poisson(_AtRate):
     """A Poisson process at RATE per second: exponential gaps drawn from a generator seeded with `seed` (the same seed,
     the same schedule). `at_start`: the first arrival at the start, as a load phase starts with a send; else after
     the first gap, as a process observed from an arbitrary instant."""
 
-    rate: float
     seed: int | str = 0
     at_start: bool = True
-    length = None
-
-    def __post_init__(self) -> None:
-        _check_rate(self.rate)
-
-    @property
-    def label(self) -> str:
-        return f"{self.rate:g}rps-poisson"
+    named = "rps-poisson"
 
     def offsets(self) -> Iterator[float]:
         rng = random.Random(self.seed)
         if self.at_start:
             yield 0.0
         yield from poisson_span(rng, 0.0, math.inf, self.rate)
-
-    def describe(self) -> str | None:
-        return None
 
 
 def poisson_span(rng: random.Random, start: float, end: float, rate: float) -> Iterator[float]:
