@@ -370,25 +370,25 @@ def _port(key: str, value: object) -> int:
     return number
 
 
-def _positive_int(key: str, value: object) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected a positive integer, got {value!r}")
+def _number(key: str, value: object, kind: type[int] | type[float], expected: str) -> int | float:
+    """`value` (YAML's, a flag's or a knob's text) as `kind`; a bool or what does not convert is one line."""
+    if isinstance(value, bool):  # YAML's yes/no: int(True) would be 1
+        raise ConfigError(key, f"expected {expected}, got {value!r}")
     try:
-        number = int(value)
+        return kind(value)
     except (TypeError, ValueError):
-        raise ConfigError(key, f"expected a positive integer, got {value!r}") from None
+        raise ConfigError(key, f"expected {expected}, got {value!r}") from None
+
+
+def _positive_int(key: str, value: object) -> int:
+    number = _number(key, value, int, "a positive integer")
     if number < 1 or (isinstance(value, float) and value != number):
         raise ConfigError(key, f"expected a positive integer, got {value!r}")
     return number
 
 
 def _seconds(key: str, value: object) -> float:
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected seconds, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(key, f"expected seconds, got {value!r}") from None
+    number = _number(key, value, float, "seconds")
     if not 0 < number <= 120:
         raise ConfigError(key, f"expected seconds between 0 and 120, got {value!r}")
     return number
