@@ -573,6 +573,16 @@ def _json_object(data: bytes, chunks: int) -> dict:
     return event
 
 
+def _event(data: bytes, chunks: int) -> dict:
+    """One chunk's object, of either stream: an error the engine sends mid-stream ends the request as its error."""
+    event = _json_object(data, chunks)
+    if event.get("error"):
+        raise StreamError(
+            ErrorKind.ENGINE_ERROR, f"engine error mid-stream after {chunks} content chunks: {_error_message(event)}"
+        )
+    return event
+
+
 def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None:
     content_times = m.content_times
     for stamp, line in _stamped_lines(response, clock):
@@ -582,12 +592,7 @@ def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None
         if data == b"[DONE]":
             m.finished = True
             return
-        event = _json_object(data, len(content_times))
-        if event.get("error"):
-            raise StreamError(
-                ErrorKind.ENGINE_ERROR,
-                f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}",
-            )
+        event = _event(data, len(content_times))
         for choice in event.get("choices") or ():
             delta = choice.get("delta") or {}
             # Reasoning models stream thinking as reasoning_content: it is output all the same.
@@ -622,12 +627,7 @@ def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> N
         line = raw.strip()
         if not line:
             continue
-        event = _json_object(line, len(content_times))
-        if event.get("error"):
-            raise StreamError(
-                ErrorKind.ENGINE_ERROR,
-                f"engine error mid-stream after {len(content_times)} content chunks: {_error_message(event)}",
-            )
+        event = _event(line, len(content_times))
         message = event.get("message") or {}
         if message.get("content") or message.get("thinking"):
             content_times.append(stamp)
