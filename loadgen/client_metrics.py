@@ -34,49 +34,28 @@ class ClientMetrics:
         self.registry = registry or CollectorRegistry()
         self.spec = spec or slo.resolve()
         labels = series.CLIENT_LABELS
-        self.ttft = Histogram(
-            series.CLIENT_TTFT,
-            "Client-side time to first non-empty content chunk.",
-            labels,
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
-        )
-        self.itl = Histogram(
-            series.CLIENT_ITL,
-            "Client-side gap between consecutive content chunks.",
-            labels,
-            buckets=ITL_BUCKETS,
-            registry=self.registry,
-        )
-        self.e2e = Histogram(
-            series.CLIENT_E2E,
-            "Client-side send to last content chunk.",
-            labels,
-            buckets=E2E_BUCKETS,
-            registry=self.registry,
-        )
-        self.output_tokens = Counter(
-            series.CLIENT_OUTPUT_TOKENS,
-            "Output tokens received (usage / eval_count, else chunks).",
-            labels,
-            registry=self.registry,
+
+        # Every series but the objective is per (engine, scenario), on this registry.
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, documentation, labels, buckets=buckets, registry=self.registry)
+
+        def counter(name: str, documentation: str) -> Counter:
+            return Counter(name, documentation, labels, registry=self.registry)
+
+        self.ttft = histogram(series.CLIENT_TTFT, "Client-side time to first non-empty content chunk.", TTFT_BUCKETS)
+        self.itl = histogram(series.CLIENT_ITL, "Client-side gap between consecutive content chunks.", ITL_BUCKETS)
+        self.e2e = histogram(series.CLIENT_E2E, "Client-side send to last content chunk.", E2E_BUCKETS)
+        self.output_tokens = counter(
+            series.CLIENT_OUTPUT_TOKENS, "Output tokens received (usage / eval_count, else chunks)."
         )
         self.requests = Counter(
             series.CLIENT_REQUESTS, "Requests finished, by outcome.", (*labels, "outcome"), registry=self.registry
         )
         self.users = Gauge(series.CLIENT_USERS, "Locust users running.", labels, registry=self.registry)
         # Good / total = attainment: the same rule as the report's goodput (servescope/slo.py).
-        self.good = Counter(
-            series.CLIENT_GOOD_REQUESTS,
-            f"Requests that met every SLO term ({self.spec.text}).",
-            labels,
-            registry=self.registry,
-        )
-        self.good_tokens = Counter(
-            series.CLIENT_GOOD_OUTPUT_TOKENS,
-            "Output tokens of requests that met every SLO term.",
-            labels,
-            registry=self.registry,
+        self.good = counter(series.CLIENT_GOOD_REQUESTS, f"Requests that met every SLO term ({self.spec.text}).")
+        self.good_tokens = counter(
+            series.CLIENT_GOOD_OUTPUT_TOKENS, "Output tokens of requests that met every SLO term."
         )
         self.objective = Gauge(
             series.CLIENT_SLO_OBJECTIVE, "The attainment the SLOs ask for (SLO_ATTAINMENT).", registry=self.registry
