@@ -45,6 +45,10 @@ class ProxyMetrics:
 
     def __init__(self, registry: CollectorRegistry):
         labels = [*series.MODEL_LABELS]
+
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, documentation, labels, buckets=buckets, registry=registry)
+
         self.requests = Counter(
             series.PROXY_REQUESTS,
             "Generation requests through the Ollama proxy by outcome: ok, error (HTTP >= 400 or an error object), "
@@ -52,26 +56,20 @@ class ProxyMetrics:
             [*labels, "outcome"],
             registry=registry,
         )
-        self.tokens_per_second = Histogram(
+        self.tokens_per_second = histogram(
             series.PROXY_GEN_TOKENS_PER_SECOND,
             "Generation speed of one request: eval_count / eval_duration (ns) x 1e9 from Ollama's final NDJSON object.",
-            labels,
-            buckets=(1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000),
-            registry=registry,
+            (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000),
         )
-        self.prompt_eval_seconds = Histogram(
+        self.prompt_eval_seconds = histogram(
             series.PROXY_PROMPT_EVAL_SECONDS,
             "Prompt evaluation time of one request: prompt_eval_duration (ns) / 1e9 from Ollama's final NDJSON object.",
-            labels,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-            registry=registry,
+            (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
-        self.load_seconds = Histogram(
+        self.load_seconds = histogram(
             series.PROXY_LOAD_SECONDS,
             "Model load time of one request: load_duration (ns) / 1e9 from Ollama's final NDJSON object; cold loads show here.",
-            labels,
-            buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
-            registry=registry,
+            (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
         )
         # A summary (sum and count only): the mean is what the alert and the dashboard read, and 14 bucket lines
         # per model label would cost the page's bound (exporter/bounds.py) for no reader.
@@ -84,12 +82,10 @@ class ProxyMetrics:
             labels,
             registry=registry,
         )
-        self.first_chunk_seconds = Histogram(
+        self.first_chunk_seconds = histogram(
             series.PROXY_FIRST_CHUNK_SECONDS,
             "Seconds from the request reaching the proxy to the first response chunk from Ollama (includes queueing).",
-            labels,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=registry,
+            (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
 
 
