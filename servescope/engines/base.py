@@ -398,3 +398,20 @@ class EngineKind:
     def tuned(self) -> tuple[str, ...]:
         """The knobs `make tune` may move (empty: it cannot tune this engine)."""
         return tuple(lever.env for lever in self.levers if lever.env) if self.raise_knob else ()
+
+
+def openai_server(name: str, knob_prefix: str, **fields: Any) -> EngineKind:
+    """An engine that speaks the OpenAI API (vLLM, llama.cpp, SGLang): chat at /v1/chat/completions honouring
+    `ignore_eos`, Prometheus text at /metrics, and its knobs named <knob_prefix>_PORT, _URL and _API_KEY (the key of
+    one started with --api-key). `fields` are the rest of its EngineKind."""
+    return EngineKind(
+        name=name,
+        api=OPENAI_API,
+        metrics_path="/metrics",
+        chat_path="/v1/chat/completions",
+        accepts_ignore_eos=True,
+        port_env=f"{knob_prefix}_PORT",
+        url_env=f"{knob_prefix}_URL",
+        api_key_env=f"{knob_prefix}_API_KEY",
+        **fields,
+    )

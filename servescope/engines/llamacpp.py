@@ -12,14 +12,12 @@ from servescope.engines.base import (
     KV_CAPACITY,
     MAX_CONTEXT,
     MAX_SLOTS,
-    OPENAI_API,
     OPENAI_MODELS,
     POOL_SLOTS,
     TIMINGS,
     Alert,
     AlertRules,
     Endpoint,
-    EngineKind,
     Identity,
     Knob,
     KvRoom,
@@ -28,6 +26,7 @@ from servescope.engines.base import (
     RequestTimings,
     Signature,
     Source,
+    openai_server,
 )
 
 # What llama.cpp's build writes when built outside a git checkout (build number 0, commit unknown),
@@ -160,17 +159,11 @@ ALERTS = AlertRules(
     ),
 )
 
-LLAMACPP = EngineKind(
-    name="llamacpp",
+LLAMACPP = openai_server(
+    "llamacpp",
+    "LLAMACPP",
     title="llama.cpp server",
-    api=OPENAI_API,
-    health_path="/health",
-    metrics_path="/metrics",
-    port_env="LLAMACPP_PORT",
-    url_env="LLAMACPP_URL",
-    chat_path="/v1/chat/completions",
-    accepts_ignore_eos=True,
-    api_key_env="LLAMACPP_API_KEY",
+    health_path="/health",  # /metrics only with --metrics (PAGE is optional)
     short="llama.cpp",
     colour="C2",
     own_port=8080,

@@ -19,12 +19,10 @@ from servescope.engines.base import (
     BATCH_SLOTS,
     HISTOGRAMS,
     KV_CAPACITY,
-    OPENAI_API,
     OPENAI_MODELS,
     Alert,
     AlertRules,
     Endpoint,
-    EngineKind,
     Identity,
     Knob,
     Lever,
@@ -32,6 +30,7 @@ from servescope.engines.base import (
     RequestTimings,
     Signature,
     Source,
+    openai_server,
 )
 
 # Its server arguments a run records as its settings (GET /get_server_info), beside max_total_num_tokens, the
@@ -145,17 +144,11 @@ ALERTS = AlertRules(
     ),
 )
 
-SGLANG = EngineKind(
-    name="sglang",
+SGLANG = openai_server(
+    "sglang",
+    "SGLANG",
     title="SGLang",
-    api=OPENAI_API,
-    health_path="/health",
-    metrics_path="/metrics",  # only with --enable-metrics
-    port_env="SGLANG_PORT",
-    url_env="SGLANG_URL",
-    chat_path="/v1/chat/completions",
-    accepts_ignore_eos=True,
-    api_key_env="SGLANG_API_KEY",  # its --api-key
+    health_path="/health",  # /metrics only with --enable-metrics
     short="SGLang",
     colour="C3",
     own_port=30000,

@@ -11,12 +11,10 @@ from servescope.engines.base import (
     HISTOGRAMS,
     KV_CAPACITY,
     MAX_SLOTS,
-    OPENAI_API,
     OPENAI_MODELS,
     POOL_CACHE_CONFIG,
     Alert,
     AlertRules,
-    EngineKind,
     Knob,
     KvRoom,
     Lever,
@@ -24,6 +22,7 @@ from servescope.engines.base import (
     RequestTimings,
     Signature,
     Source,
+    openai_server,
     version_endpoint,
     version_object,
 )
@@ -174,17 +173,11 @@ TIMINGS = RequestTimings(
     why_aggregate="vLLM 0.32 gives no per-request timings",
 )
 
-VLLM = EngineKind(
-    name="vllm",
+VLLM = openai_server(
+    "vllm",
+    "VLLM",
     title="vLLM-CPU",
-    api=OPENAI_API,
     health_path="/v1/models",
-    metrics_path="/metrics",
-    port_env="VLLM_PORT",
-    url_env="VLLM_URL",
-    chat_path="/v1/chat/completions",
-    accepts_ignore_eos=True,
-    api_key_env="VLLM_API_KEY",
     short="vLLM",
     colour="C0",
     own_port=8000,
