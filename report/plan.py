@@ -381,17 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = []
     for path, profile, sharing in zip(args.runs, profiles, sharings, strict=True):
-        row, _ = plan(
-            profile,
-            offered,
-            spec,
-            settings["routing"],
-            settings["repeats"],
-            settings["window_s"],
-            settings["max_replicas"],
-            prices.get(profile.engine),
-            sharing,
-        )
+        row, _ = plan_with(settings, profile, offered, spec, prices.get(profile.engine), sharing)
         row.source = str(path)
         rows.append(row)
     text = render(rows, offered, spec, settings)
@@ -417,6 +407,28 @@ def main(argv: list[str] | None = None) -> int:
 
 def _settings(args) -> dict[str, Any]:
     return settings_of(args.routing)
+
+
+def plan_with(
+    settings: dict[str, Any],
+    profile: Profile,
+    load: traffic.Traffic,
+    spec: slo.SloSpec,
+    price: float | None,
+    sharing: replicas.Sharing | None = None,
+) -> tuple[PlanRow, list[Prediction]]:
+    """`plan` under the model's settings as settings_of gives them."""
+    return plan(
+        profile,
+        load,
+        spec,
+        settings["routing"],
+        settings["repeats"],
+        settings["window_s"],
+        settings["max_replicas"],
+        price,
+        sharing,
+    )
 
 
 def settings_of(routing: str | None = None) -> dict[str, Any]:
@@ -590,16 +602,7 @@ def for_report(path: Path, spec: slo.SloSpec) -> tuple[dict[str, Any], list[Plan
         offered = default_traffic()
         profile = profile_of(path)
         price = _prices([]).get(profile.engine)
-        row, _ = plan(
-            profile,
-            offered,
-            spec,
-            settings["routing"],
-            settings["repeats"],
-            settings["window_s"],
-            settings["max_replicas"],
-            price,
-        )
+        row, _ = plan_with(settings, profile, offered, spec, price)
     except (PlanError, traffic.TrafficError, ValueError) as exc:
         return {"not_planned": str(exc)}, []
     row.source = str(path)
