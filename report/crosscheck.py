@@ -119,14 +119,30 @@ def columns(run: Run, where: str, params: list, **exprs: str) -> dict[str, np.nd
     }
 
 
+def _answered(run: Run, instance: str, having: str | None = None, **exprs: str) -> dict[str, np.ndarray]:
+    """The client's e2e and ttft, and exprs, of the instance's successful requests with an E2E (and having)."""
+    where = f"ok AND instance = ? AND {having + ' AND ' if having else ''}e2e_s IS NOT NULL"
+    return columns(run, where, [instance], e2e="e2e_s", ttft="ttft_s", **exprs)
+
+
+def _client_side(instance: str, engine: str, c: dict[str, np.ndarray], source: str, missing: str = "") -> CrossCheck:
+    """The cross-check of the requests in c (_answered's): their client means beside the engine's, from source;
+    not available, missing said as its source, when there are none."""
+    n = len(c["e2e"])
+    if not n:
+        return CrossCheck(instance, engine, False, missing)
+    cc = CrossCheck(instance, engine, True, source, requests=n)
+    cc.client_e2e_mean_s = fmean(c["e2e"])
+    cc.client_ttft_mean_s = _mean(c["ttft"])
+    return cc
+
+
 def ollama(run: Run, instance: str, engine: str = engines.OLLAMA.name) -> CrossCheck:
     """An engine whose final objects carry Ollama's durations (engine: its kind, for the record)."""
-    c = columns(
+    c = _answered(
         run,
-        f"ok AND instance = ? AND {OLLAMA_TOTAL} IS NOT NULL AND e2e_s IS NOT NULL",
-        [instance],
-        e2e="e2e_s",
-        ttft="ttft_s",
+        instance,
+        f"{OLLAMA_TOTAL} IS NOT NULL",
         total=OLLAMA["total"],
         load=OLLAMA["load"],
         pe=OLLAMA["prompt"],
@@ -134,15 +150,14 @@ def ollama(run: Run, instance: str, engine: str = engines.OLLAMA.name) -> CrossC
         prompt_id="prompt_id",
         phase="phase",
     )
-    n = len(c["e2e"])
-    cc = CrossCheck(
+    cc = _client_side(
         instance,
         engine,
-        bool(n),
-        "Ollama's final object: *_duration (ns)" if n else "no Ollama durations in the records (engine_stats empty)",
-        requests=n,
+        c,
+        "Ollama's final object: *_duration (ns)",
+        "no Ollama durations in the records (engine_stats empty)",
     )
-    if not n:
+    if not cc.available:
         return cc
     cc.components_mean_s = {
         "load": fmean(c["load"]),
@@ -150,8 +165,6 @@ def ollama(run: Run, instance: str, engine: str = engines.OLLAMA.name) -> CrossC
         "compute": fmean(c["pe"] + c["ev"]),
         "transport": fmean(np.maximum(0.0, c["e2e"] - c["total"])),
     }
-    cc.client_e2e_mean_s = fmean(c["e2e"])
-    cc.client_ttft_mean_s = _mean(c["ttft"])
     cc.engine_first_token_mean_s = fmean(c["load"] + c["pe"])
     cold = np.flatnonzero(c["load"] > COLD_LOAD_S)
     cc.cold_loads = [
@@ -169,36 +182,29 @@ def ollama(run: Run, instance: str, engine: str = engines.OLLAMA.name) -> CrossC
 
 def llamacpp(run: Run, instance: str, engine: str = engines.LLAMACPP.name) -> CrossCheck:
     """An engine whose final chunks carry llama.cpp's `timings` (engine: its kind, for the record)."""
-    c = columns(
+    c = _answered(
         run,
-        f"ok AND instance = ? AND {HAS_LLAMACPP} AND e2e_s IS NOT NULL",
-        [instance],
-        e2e="e2e_s",
-        ttft="ttft_s",
+        instance,
+        HAS_LLAMACPP,
         prompt=LLAMACPP_PROMPT,
         predicted=LLAMACPP_GENERATION,
         cache_n=timing("cache_n"),
         predicted_n=timing("predicted_n", integer=True),
         tokens="output_tokens",
     )
-    n = len(c["e2e"])
-    cc = CrossCheck(
+    cc = _client_side(
         instance,
         engine,
-        bool(n),
-        "llama.cpp's `timings` (prompt_ms, predicted_ms)"
-        if n
-        else "no llama.cpp timings in the records (engine_stats empty)",
-        requests=n,
+        c,
+        "llama.cpp's `timings` (prompt_ms, predicted_ms)",
+        "no llama.cpp timings in the records (engine_stats empty)",
     )
-    if not n:
+    if not cc.available:
         return cc
     cc.components_mean_s = {
         "compute": fmean(c["prompt"] + c["predicted"]),
         "queue+transport": fmean(np.maximum(0.0, c["e2e"] - c["prompt"] - c["predicted"])),
     }
-    cc.client_e2e_mean_s = fmean(c["e2e"])
-    cc.client_ttft_mean_s = _mean(c["ttft"])
     cc.engine_first_token_mean_s = fmean(c["prompt"])
     cached = c["cache_n"][np.isfinite(c["cache_n"])]
     if len(cached):
@@ -215,7 +221,7 @@ def histograms(run: Run, instance: str, client: Prometheus | None, engine: str =
     over the run's window, from Prometheus."""
     adapter = engines.kind(engine)
     names, who = adapter.timings.histograms, adapter.said
-    c = columns(run, "ok AND instance = ? AND e2e_s IS NOT NULL", [instance], e2e="e2e_s", ttft="ttft_s")
+    c = _answered(run, instance)
     if client is None:
         return CrossCheck(
             instance,
@@ -247,15 +253,7 @@ def histograms(run: Run, instance: str, client: Prometheus | None, engine: str =
             False,
             f"no {queue} samples in the run window (is raw {who} /metrics scraped?)",
         )
-    cc = CrossCheck(
-        instance,
-        engine,
-        True,
-        f"Prometheus: {who} histograms, mean over the run window ({window})",
-        requests=len(c["e2e"]),
-    )
-    cc.client_e2e_mean_s = fmean(c["e2e"])
-    cc.client_ttft_mean_s = _mean(c["ttft"])
+    cc = _client_side(instance, engine, c, f"Prometheus: {who} histograms, mean over the run window ({window})")
     cc.histogram_means_s = means
     cc.components_mean_s["queue"] = means["queue"]
     if "prefill" in means or "decode" in means:
