@@ -246,8 +246,10 @@ class LLMUser(User):
         gevent.sleep(self._backoff_s)
 
 
-class SequentialUser(LLMUser):
-    """One user walking the prompt set back to back."""
+class PhaseUser(LLMUser):
+    """A user taking its next request from the running phase (the closed-loop scenarios)."""
+
+    abstract = True
 
     @task
     @guarded
@@ -255,24 +257,18 @@ class SequentialUser(LLMUser):
         self.next_from_phase()
 
 
-class BurstUser(LLMUser):
+class SequentialUser(PhaseUser):
+    """One user walking the prompt set back to back."""
+
+
+class BurstUser(PhaseUser):
     """One of BURST_SIZE users; the phase's barrier releases all of them at the same instant."""
 
-    @task
-    @guarded
-    def burst(self) -> None:
-        self.next_from_phase()
 
-
-class ClosedLoopUser(LLMUser):
+class ClosedLoopUser(PhaseUser):
     """A user sending back to back for a ramp step or a sweep level."""
 
     backs_off = True
-
-    @task
-    @guarded
-    def next_prompt(self) -> None:
-        self.next_from_phase()
 
 
 class RateUser(LLMUser):
