@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import requests
 
 from bench.proxy_overhead import free_port, wait_ready
-from servescope import children, engines, knobs, prometheus_config
+from servescope import children, engines, knobs, probe, prometheus_config
 from servescope.runfolder import RunFolder, read_samples
 from tests.doubles.synthetic_openai import SyntheticProcess
 
@@ -194,10 +193,7 @@ def summarise(results: list[EngineResult], args) -> None:
 def answering(kind: str) -> str | None:
     engine = engines.kind(kind)
     url = knobs.get(engine.url_env, "") or engine.default_url()
-    try:
-        return url if requests.get(url.rstrip("/") + engine.health_path, timeout=3).status_code == 200 else None
-    except requests.RequestException:
-        return None
+    return url if probe.is_up(url.rstrip("/") + engine.health_path, timeout=3) else None
 
 
 def cached() -> bool:

@@ -15,15 +15,13 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import requests
-
 try:
     import uvloop
 except ImportError:  # pragma: no cover - Windows
     uvloop = None
 
 from bench.chunk_clock import StreamTimer
-from servescope import children
+from servescope import children, probe
 
 REPO = Path(__file__).resolve().parent.parent
 GOAL_P50_MS = 1.0
@@ -43,11 +41,8 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args[2]} exited with {proc.returncode}")
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
+        if probe.is_up(url, timeout=1):
+            return
         time.sleep(0.1)
     raise TimeoutError(f"{url} not ready after {timeout}s")
 

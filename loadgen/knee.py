@@ -37,10 +37,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import gevent
-import requests
 
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
-from servescope import arrivals, binding, engines, knobs, prefix_reuse, slo
+from servescope import arrivals, binding, engines, knobs, prefix_reuse, probe, slo
 from servescope.runfolder import KNEE, KNEE_CONCURRENCY, KNEE_RATE, RequestRecord, RunFolder, SampleRecord, read_samples
 
 try:  # host noise: a phase the host disturbed is measured again, never concluded from
@@ -252,11 +251,8 @@ class KneeSearch:
         url = target.root_url + engines.kind(target.kind).health_path
         deadline = time.monotonic() + float(knobs.get("LOADGEN_FAULT_WAIT_S"))
         while time.monotonic() < deadline:
-            try:
-                if requests.get(url, timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
+            if probe.is_up(url, timeout=2):
+                return
             gevent.sleep(0.5)
 
     # ------------------------------------------------------------ the search

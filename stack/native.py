@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servescope import engines as kinds
-from servescope import knobs, prometheus_config
+from servescope import knobs, probe, prometheus_config
 from servescope.runfolder import MANIFEST, new_run_id
 from stack import llamacpp, model, ollama, paths, ports, prometheus, summary, supervisor, vllm
 from stack.errors import ServiceExited, StackError
@@ -482,10 +482,10 @@ def main_job(knob: dict[str, str], host: str, engines: dict[str, str]) -> int:
 def print_urls(knob: dict[str, str], host: str) -> None:
     say("")
     say(f"Locust web UI  http://{host}:{knob['LOCUST_PORT']}")
-    if supervisor.http_ready(f"http://{host}:{knob['PROMETHEUS_PORT']}/-/ready"):
+    if probe.is_up(f"http://{host}:{knob['PROMETHEUS_PORT']}/-/ready"):
         say(f"Prometheus     http://{host}:{knob['PROMETHEUS_PORT']}")
     say(f"exporter       http://{host}:{knob['EXPORTER_PORT']}/metrics")
-    if supervisor.http_ready(f"http://{host}:{knob['GRAFANA_PORT']}/api/health"):
+    if probe.is_up(f"http://{host}:{knob['GRAFANA_PORT']}/api/health"):
         say(f"Grafana        http://{host}:{knob['GRAFANA_PORT']}")
     say("")
     status()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import requests
 
+from servescope import probe
 from stack import paths
 from stack.errors import StackError
 from stack.progress import Step
@@ -32,10 +33,7 @@ def host_url(ollama_host: str | None, default_port: int) -> str:
 
 
 def answers(url: str, timeout: float = 2.0) -> bool:
-    try:
-        return requests.get(f"{url}/api/version", timeout=timeout).status_code == 200
-    except requests.RequestException:
-        return False
+    return probe.is_up(f"{url}/api/version", timeout)
 
 
 def binary() -> str | None:

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
-import requests
 
+from servescope import probe
 from servescope.process_memory import tree_memory
 from stack import paths
 from stack.errors import ServiceExited, StackError
@@ -145,13 +145,6 @@ def start(
     return proc, record
 
 
-def http_ready(url: str, timeout: float = 2.0) -> bool:
-    try:
-        return requests.get(url, timeout=timeout).status_code == 200
-    except requests.RequestException:
-        return False
-
-
 def last_log_line(log: str | None):
     def detail() -> str:
         lines = tail(Path(log), 3).splitlines() if log else []
@@ -186,7 +179,7 @@ def wait_ready(
     with Step(label, detail=last_log_line(record.log), **kwargs) as step:
         deadline = time.monotonic() + timeout
         while True:
-            if http_ready(record.ready_url):
+            if probe.is_up(record.ready_url):
                 if proc is not None and proc.poll() is None:
                     refresh_identity(record, directory)
                 return step.seconds
@@ -261,13 +254,13 @@ def status_rows(recs: list[Record]) -> list[tuple[str, str, str, str, str]]:
             rows.append((rec.name, "-", rec.url or "-", "absent", "-"))
             continue
         if rec.pid is None:  # not ours: an Ollama that was already running
-            rows.append((rec.name, "external", rec.url, "yes" if http_ready(rec.ready_url) else "no", "-"))
+            rows.append((rec.name, "external", rec.url, "yes" if probe.is_up(rec.ready_url) else "no", "-"))
             continue
         proc = process_of(rec)
         if proc is None:
             rows.append((rec.name, str(rec.pid or "-"), rec.url, "dead", "-"))
             continue
-        ready = "yes" if http_ready(rec.ready_url) else "no"
+        ready = "yes" if probe.is_up(rec.ready_url) else "no"
         rows.append((rec.name, str(rec.pid), rec.url, ready, f"{tree_memory(proc) / (1 << 20):.0f} MiB"))
     return rows
 

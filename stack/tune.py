@@ -596,15 +596,10 @@ def main(engine: str, loadgen_args: list[str]) -> int:
 
 def last_line(engine: str, url: str, running: dict[str, str] | None, best: dict[str, str]) -> str:
     """Which setting runs now, checked: the engine answers its health check, with the values it was last started with."""
-    import requests
-
-    from servescope import engines
+    from servescope import engines, probe
 
     health = url.rstrip("/") + engines.kind(engine).health_path
-    try:
-        up = requests.get(health, timeout=10).status_code == 200
-    except requests.RequestException:
-        up = False
+    up = probe.is_up(health, timeout=10)
     if not up:
         was = _knobs(running) if running else "an unknown setting"
         return (
