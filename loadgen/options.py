@@ -25,8 +25,9 @@ KNEE = frozenset({"knee"})
 OPEN_LOOP = frozenset({"rate", "knee"})
 CAPACITY = frozenset({"ramp", "rate", "sweep", "knee"})  # their defaults: a fresh prompt per request
 PROMPTS_HELP = (
-    "seed4, seed3, mixed, synthetic:TOKENS (a fresh prompt of about TOKENS prompt tokens per request), "
-    "synthetic:TOKENSxCOUNT (COUNT prompts, sent again), a txt/JSONL file, or a workload: conversation[:NAME|FILE], "
+    "sequential4, burst3 (formerly seed4, seed3), mixed, synthetic:TOKENS (a fresh prompt of about TOKENS prompt "
+    "tokens per request), synthetic:TOKENSxCOUNT (COUNT prompts, sent again), a txt/JSONL file, or a workload: "
+    "conversation[:NAME|FILE], "
     "shared-prefix[:P,L,S[,Q]], dataset[:NAME|FILE[,input=MIN-MAX,output=MIN-MAX,sample=N,seed=S]], "
     "trace[:NAME|FILE] (loadgen/workloads/)"
 )

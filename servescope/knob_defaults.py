@@ -172,10 +172,11 @@ GROUPS: tuple[Group, ...] = (
             Knob("LOADGEN_SCENARIO", "burst"),
             Knob(
                 "LOADGEN_PROMPTS",
-                "seed3",
+                "burst3",
                 (
-                    "Prompt set: seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], a txt/JSONL file, or a workload (loadgen/workloads/):\n"
+                    "Prompt set: sequential4, burst3, mixed, synthetic:TOKENS[xCOUNT], a txt/JSONL file, or a workload (loadgen/workloads/):\n"
                     "conversation[:NAME|FILE], shared-prefix[:P,L,S[,Q]], dataset[:NAME|FILE[,OPTIONS]], trace[:NAME|FILE];\n"
+                    "seed4 and seed3 (the sets' first names) load the same prompts;\n"
                     "empty model: what the engine lists."
                 ),
             ),
