@@ -128,6 +128,7 @@ class Option:
     repo_relative: bool = (
         False  # a relative path knob means under the checkout, not the current directory (knobs.under_root)
     )
+    aliases: tuple[str, ...] = ()  # the flag's earlier names: still accepted, not shown in --help
 
     @property
     def dest(self) -> str:
@@ -435,7 +436,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--repetitions",
-        "passes of the seed's experiment, engines and phases interleaved (A B B A ...): the table gives the median "
+        "passes of the reference experiment, engines and phases interleaved (A B B A ...): the table gives the median "
         "wall per phase and the scaling factor's 95%% CI over them",
         knob="LOADGEN_REPETITIONS",
         type=repetitions,
@@ -478,9 +479,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--quiet", "no per-request progress lines", switch=True, locust=False),
     Option(
-        "--no-seed4",
-        "skip the seed's four-prompt sequential pass",
+        "--no-sequential-four",
+        "skip the reference experiment's four-prompt sequential pass (sequential4)",
         switch=True,
+        aliases=("--no-seed4",),
         commands=frozenset({"compare"}),
         locust=False,
     ),
@@ -521,6 +523,10 @@ def add_command_options(parser: argparse.ArgumentParser, command: str) -> None:
         kwargs = option.kwargs()
         kwargs["help"] = _knob_help(option.help, option.knob)
         parser.add_argument(option.flag, **kwargs)
+        for alias in option.aliases:
+            parser.add_argument(
+                alias, **{**kwargs, "dest": option.dest, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
+            )
 
 
 def _empty_means_default(option: Option, convert: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -392,7 +392,7 @@ def test_compare_with_conversations_matches_the_bursts_first_turns(tmp_path):
             f"conversation:{chats}",
             "--burst-size",
             "2",
-            "--no-seed4",
+            "--no-sequential-four",
             "--max-tokens",
             "4",
             "--results",
