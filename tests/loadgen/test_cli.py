@@ -100,7 +100,7 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
     )  # the synthetic server batches perfectly
     # The reference page's table as the report reads it; on a busy machine the factor may be refused (host noise),
     # never silent.
-    assert "servescope: the seed's comparison table (run cmp)" in proc.stdout
+    assert "servescope: the sequential-vs-burst table (run cmp)" in proc.stdout
     assert "Scaling factor (matched-set sequential -> burst):\n  vLLM-CPU: " in proc.stdout
 
     with open(folder.path / "locust_stats.csv") as fh:

@@ -32,7 +32,7 @@ def test_full_report_without_prometheus(tmp_path, capsys):
     # The answers first, the setup last; numbers come from the order.
     for title in (
         "1. Summary",
-        "2. The seed's comparison table",
+        "2. The sequential-vs-burst table",
         "3. Verdict",
         "4. Goodput under the SLOs",
         "5. Latency",
@@ -56,7 +56,7 @@ def test_full_report_without_prometheus(tmp_path, capsys):
     assert not re.search(r"""(src|href)=["']?(https?:|//|[^"'#d][^"']*\.png)""", html)  # nothing external
     pngs = sorted(p.name for p in run.glob("*.png"))
     assert html.count("data:image/png;base64,") == len(pngs) >= 5
-    assert {"seed_table.png", "latency.png", "sweeps.png", "ttft_by_arrival.png"} <= set(pngs)
+    assert {"sequential_burst_table.png", "latency.png", "sweeps.png", "ttft_by_arrival.png"} <= set(pngs)
 
     numbers = json.loads((run / "report.json").read_text())  # strict JSON: no NaN
     assert numbers["plots"] == pngs
