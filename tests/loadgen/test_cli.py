@@ -128,7 +128,7 @@ def test_the_first_names_still_run_the_reference_experiment(server, tmp_path):
 
 
 def test_compare_matched_set_follows_a_burst_larger_than_the_prompt_set(server, tmp_path):
-    """A burst of 5 over the 3 seed prompts: the sequential pass sends the same 5 prompts, not 3."""
+    """A burst of 5 over the 3 burst3 prompts: the sequential pass sends the same 5 prompts, not 3."""
     proc = loadgen(
         "compare",
         "--engine",
