@@ -104,7 +104,7 @@ def loadgen_burst(
     bursts: int,
     max_tokens: int,
     http_client: str,
-    prompts: str = "seed3",
+    prompts: str = "burst3",
     timeout: float = 600,
     workers: int = 0,
     warmup: int = 1,

@@ -421,7 +421,7 @@ def _none_say(which: str) -> str:
 
 def engine_comparison() -> dict:
     panels = [
-        row("Which lever? running, waiting and KV usage per engine (the seed's section 4)"),
+        row("Which lever? running, waiting and KV usage per engine (the reference page's section 4)"),
         stat(
             "Engine up",
             "servescope_engine_up: 1 when the exporter read the engine in its last scrape.",
@@ -534,7 +534,7 @@ def engine_comparison() -> dict:
             _latency_targets(series.CLIENT_ITL, CLIENT, ["engine"], "{{engine}}"),
             width=12,
         ),
-        row("Resource budget (the seed's docker stats: use against limit)"),
+        row("Resource budget (the reference page's docker stats: use against limit)"),
         timeseries(
             "CPU cores in use vs limit",
             "Engine process (native) or container (Compose) CPU; "
@@ -564,7 +564,7 @@ def engine_comparison() -> dict:
     return dashboard(
         "servescope-comparison",
         "servescope · engine comparison",
-        "vLLM-CPU, llama.cpp and Ollama side by side: the seed's section-4 gauges, throughput, "
+        "vLLM-CPU, llama.cpp and Ollama side by side: the reference page's section-4 gauges, throughput, "
         "TTFT/ITL from the server and the client, resource use against limits.",
         engine_variables(),
         panels,

@@ -26,7 +26,7 @@ class UsageError(Exception):
 USAGE_ERRORS = (UsageError, TargetError, prompt_sets.PromptSetError, ValueError)
 
 COMMANDS = {
-    "compare": "the seed's experiment: per engine warm-up, matched-set sequential, burst",
+    "compare": "the reference experiment: per engine warm-up, matched-set sequential, burst",
     "sequential": "one user, the prompt set back to back",
     "burst": "N requests released at the same instant, awaited, K times",
     "ramp": "steps of closed-loop users, each held",
@@ -45,7 +45,7 @@ web_port = options.bounded(int, "a port from 1 to 65535", 1, 65535)
 def build_parser() -> argparse.ArgumentParser:
     parser = options.ArgumentParser(
         prog="python -m loadgen",
-        description="The seed's comparison (compare), one command per scenario, and Locust's web UI; "
+        description="The sequential-vs-burst experiment (compare), one command per scenario, and Locust's web UI; "
         "each writes a run folder.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,7 +150,8 @@ def _phases(plan: RunPlan, targets: list[Target], prompt_set: PromptSet) -> list
 
     if plan.command != "compare":
         return [phase for target in targets for phase in build_phases(plan.command, settings_of(target), plan.shape)]
-    seed4_set = prompt_sets.load("seed4") if not plan.no_seed4 and prompt_set.name != "seed4" else None
+    wanted = not plan.no_sequential_four and prompt_set.name != "sequential4"
+    four_set = prompt_sets.load("sequential4") if wanted else None
 
     def one_pass(target: Target, repetition: int) -> list[Phase]:
         # The matched set: the same prompts (as many as the burst sends) and max_tokens sequentially and as a
@@ -166,9 +167,9 @@ def _phases(plan: RunPlan, targets: list[Target], prompt_set: PromptSet) -> list
                 repetition=repetition,
             ),
         ]
-        if seed4_set is not None:
-            seed4 = dataclasses.replace(settings, prompt_set=seed4_set)
-            phases.append(SequentialPhase(seed4, name="sequential-seed4", repetition=repetition))
+        if four_set is not None:
+            four = dataclasses.replace(settings, prompt_set=four_set)
+            phases.append(SequentialPhase(four, name="sequential-four", repetition=repetition))
         return phases
 
     return trials.interleave(targets, one_pass, plan.repetitions)

@@ -25,8 +25,9 @@ KNEE = frozenset({"knee"})
 OPEN_LOOP = frozenset({"rate", "knee"})
 CAPACITY = frozenset({"ramp", "rate", "sweep", "knee"})  # their defaults: a fresh prompt per request
 PROMPTS_HELP = (
-    "seed4, seed3, mixed, synthetic:TOKENS (a fresh prompt of about TOKENS prompt tokens per request), "
-    "synthetic:TOKENSxCOUNT (COUNT prompts, sent again), a txt/JSONL file, or a workload: conversation[:NAME|FILE], "
+    "sequential4, burst3 (formerly seed4, seed3), mixed, synthetic:TOKENS (a fresh prompt of about TOKENS prompt "
+    "tokens per request), synthetic:TOKENSxCOUNT (COUNT prompts, sent again), a txt/JSONL file, or a workload: "
+    "conversation[:NAME|FILE], "
     "shared-prefix[:P,L,S[,Q]], dataset[:NAME|FILE[,input=MIN-MAX,output=MIN-MAX,sample=N,seed=S]], "
     "trace[:NAME|FILE] (loadgen/workloads/)"
 )
@@ -127,6 +128,7 @@ class Option:
     repo_relative: bool = (
         False  # a relative path knob means under the checkout, not the current directory (knobs.under_root)
     )
+    aliases: tuple[str, ...] = ()  # the flag's earlier names: still accepted, not shown in --help
 
     @property
     def dest(self) -> str:
@@ -434,7 +436,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--repetitions",
-        "passes of the seed's experiment, engines and phases interleaved (A B B A ...): the table gives the median "
+        "passes of the reference experiment, engines and phases interleaved (A B B A ...): the table gives the median "
         "wall per phase and the scaling factor's 95%% CI over them",
         knob="LOADGEN_REPETITIONS",
         type=repetitions,
@@ -477,9 +479,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("--quiet", "no per-request progress lines", switch=True, locust=False),
     Option(
-        "--no-seed4",
-        "skip the seed's four-prompt sequential pass",
+        "--no-sequential-four",
+        "skip the reference experiment's four-prompt sequential pass (sequential4)",
         switch=True,
+        aliases=("--no-seed4",),
         commands=frozenset({"compare"}),
         locust=False,
     ),
@@ -520,6 +523,10 @@ def add_command_options(parser: argparse.ArgumentParser, command: str) -> None:
         kwargs = option.kwargs()
         kwargs["help"] = _knob_help(option.help, option.knob)
         parser.add_argument(option.flag, **kwargs)
+        for alias in option.aliases:
+            parser.add_argument(
+                alias, **{**kwargs, "dest": option.dest, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
+            )
 
 
 def _empty_means_default(option: Option, convert: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -99,7 +99,7 @@ class RunPlan:
     settle_max_s: float
     isolate: str
     grafana_url: str
-    no_seed4: bool
+    no_sequential_four: bool
     options: tuple[tuple[str, Any], ...]  # every option as given (prompts as above): the manifest's and the wire's
 
     @classmethod
@@ -139,7 +139,7 @@ class RunPlan:
             settle_max_s=given.get("settle_max_s", 0),
             isolate=given.get("isolate", "off"),
             grafana_url=given.get("grafana_url", ""),
-            no_seed4=bool(given.get("no_seed4")),
+            no_sequential_four=bool(given.get("no_sequential_four")),
             options=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in given.items()),
         )
 

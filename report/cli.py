@@ -39,7 +39,9 @@ def parser() -> argparse.ArgumentParser:
         help="judge goodput against these SLOs instead of the run's own (servescope/slo.py: e.g. ttft_p95<=0.5)",
     )
     p.add_argument(
-        "--table-only", action="store_true", help="print the seed's comparison table to the terminal and write nothing"
+        "--table-only",
+        action="store_true",
+        help="print the sequential-vs-burst table to the terminal and write nothing",
     )
     return p
 

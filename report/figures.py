@@ -23,7 +23,7 @@ from servescope import series
 # Each figure's file in the run folder, by the key the report's sections use.
 FILES = {
     "tokens": "output_tokens.png",
-    "table": "seed_table.png",
+    "table": "sequential_burst_table.png",
     "gauges": "gauges.png",
     "crosscheck": "crosscheck.png",
     "sweeps": "sweeps.png",
@@ -36,7 +36,7 @@ MAX_FLIERS = 2000  # points drawn beyond the whiskers of a box whose values are 
 LEVER_GAUGES = (series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE)
 
 
-def seed_table(rows: list[TableRow]) -> dict | None:
+def sequential_burst_table(rows: list[TableRow]) -> dict | None:
     """Wall time per engine and mode, with each burst's scaling factor."""
     if not rows:
         return None

@@ -27,7 +27,7 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def seed_table(data: dict, path: Path) -> Path:
+def sequential_burst_table(data: dict, path: Path) -> Path:
     """Wall time per engine and mode, with the scaling factor written over each burst."""
     rows = data["bars"]  # (engine title, mode, wall s, scaling factor or None)
     titles = list(dict.fromkeys(title for title, _, _, _ in rows))
@@ -58,7 +58,7 @@ def seed_table(data: dict, path: Path) -> Path:
                 )
     ax.set_xticks(range(len(titles)), titles)
     ax.set_ylabel("wall time (s)")
-    ax.set_title("The seed's comparison: wall time per mode (bold: scaling factor vs matched-set sequential)")
+    ax.set_title("Sequential vs burst: wall time per mode (bold: scaling factor vs matched-set sequential)")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)

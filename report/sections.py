@@ -94,7 +94,7 @@ class Summary(ReportSection):
     stage = 3  # rests on the table, the verdict, goodput, the workloads and the setup
 
     def build(self, ctx: Context) -> list[summary.EngineSummary]:
-        rows, good = ctx.of(SeedTable).rows, ctx.of(Goodput).good
+        rows, good = ctx.of(SequentialBurstTable).rows, ctx.of(Goodput).good
         verdicts, work, warn = ctx.of(Verdict).verdicts, ctx.of(Workloads).work, ctx.of(Setup).warn
         return summary.build(ctx.run, rows, verdicts, ctx.spec, good, ctx.assessment, warn, work)
 
@@ -105,7 +105,7 @@ class Summary(ReportSection):
         return summary.section(data)
 
 
-class SeedTable(ReportSection):
+class SequentialBurstTable(ReportSection):
     class Data(NamedTuple):
         run: Run
         rows: list[table.TableRow]
@@ -113,7 +113,7 @@ class SeedTable(ReportSection):
 
     def build(self, ctx: Context) -> Data:
         rows = table.build(ctx.run, ctx.assessment)
-        ctx.plots.draw("table", figure_data.seed_table, rows)
+        ctx.plots.draw("table", figure_data.sequential_burst_table, rows)
         return self.Data(ctx.run, rows, ctx.plots)
 
     def to_json(self, data: Data) -> dict[str, Any]:
@@ -353,7 +353,7 @@ class Setup(ReportSection):
 
     def build(self, ctx: Context) -> Data:
         run = ctx.run
-        warn = fairness.warnings(run, ctx.of(SeedTable).rows)
+        warn = fairness.warnings(run, ctx.of(SequentialBurstTable).rows)
         prompts = run.con.execute(
             "SELECT prompt_set, prompt_set_sha256, count(DISTINCT prompt_id) FROM requests GROUP BY ALL"
         ).fetchall()
@@ -378,7 +378,7 @@ class Setup(ReportSection):
 # last: the report walks this order, and each section's number is its place in it (report/outline.py).
 SECTIONS: tuple[ReportSection, ...] = (
     Summary(),
-    SeedTable(),
+    SequentialBurstTable(),
     Verdict(),
     Goodput(),
     Plan(),
@@ -585,11 +585,11 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
 
 
 def _table(run: Run, rows: list[table.TableRow], figs: list[Figure]) -> Section:
-    sec = Section("The seed's comparison table")
+    sec = Section("The sequential-vs-burst table")
     if not rows:
         return sec.add(
             Paragraph(
-                "No sequential or burst phases in this run, so there is no seed table "
+                "No sequential or burst phases in this run, so there is no sequential-vs-burst table "
                 "(run `python -m loadgen compare`)."
             )
         )
@@ -930,7 +930,7 @@ def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArith
         )
     )
     lines = [f"{run.engines[a.instance].title}: {line}" for a in kv for line in a.lines]
-    sec.add(Paragraph("KV cache arithmetic (seed section 3, from the servescope_kv_cache_* series):"))
+    sec.add(Paragraph("KV cache arithmetic (the reference page's section 3, from the servescope_kv_cache_* series):"))
     sec.add(
         Bullets(lines)
         if lines

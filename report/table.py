@@ -18,7 +18,7 @@ STRONG_FRACTION_OF_N = 0.5
 STRONG_MIN = 1.5
 READING_RULE = (
     f"scaling factor = matched-set sequential wall / burst wall, only when both phases used the same prompt set "
-    f"(sha256) and the same max_tokens (the seed's matched-set rule). Reading for a burst of N: "
+    f"(sha256) and the same max_tokens (the reference experiment's matched-set rule). Reading for a burst of N: "
     f"factor >= max({STRONG_FRACTION_OF_N:g} x N, {STRONG_MIN:g}) -> strongly sub-linear (batching overlap visible); "
     f"factor <= {NEAR_LINEAR_MAX:g} -> near-linear (requests handled one at a time); in between -> partial overlap."
 )
@@ -381,8 +381,8 @@ def _flag_lines(rows: list[TableRow]) -> list[str]:
 def render_text(rows: list[TableRow], run_id: str) -> str:
     """The table for a terminal: one line per phase, the per-request and per-repetition times, factors, flags."""
     if not rows:
-        return f"run {run_id}: no sequential or burst phases recorded (nothing for the seed's table)\n"
-    lines = [f"servescope: the seed's comparison table (run {run_id})", *_main_table(rows), ""]
+        return f"run {run_id}: no sequential or burst phases recorded (nothing for the sequential-vs-burst table)\n"
+    lines = [f"servescope: the sequential-vs-burst table (run {run_id})", *_main_table(rows), ""]
     lines.append("Per request (status time), in arrival order:")
     for row in rows:
         lines.append(f"  {row.title} {row.mode}: {requests_text(row)} -> wall {row.wall_s:.3f}s")

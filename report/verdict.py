@@ -32,7 +32,7 @@ from servescope.kv_arithmetic import blocks_for, capacity_tokens, max_concurrenc
 
 KV_FULL, KV_ROOM = thresholds.KV_FULL, thresholds.KV_ROOM
 RULE = (
-    f"Seed section 4, read from the gauges while requests waited: KV usage that stayed below {KV_ROOM:.0%} -> the "
+    f"The reference page's section 4, read from the gauges while requests waited: KV usage that stayed below {KV_ROOM:.0%} -> the "
     f"batch slots were the limit (vLLM: raise {vllm.SLOTS.flag}); KV usage averaging {KV_FULL:.0%} or more -> the KV "
     f"pool was the limit (raise {vllm.KV.env} or lower {vllm.MAX_MODEL_LEN.flag}; never --swap-space, which adds no "
     f"blocks on the CPU backend); in between, neither is claimed; llama.cpp waiting -> raise {llamacpp.SLOTS.env}. "
@@ -247,7 +247,7 @@ def decide(
 
 def _oversized(kv_peak: float | None, running: float | None) -> str:
     if kv_peak is not None and kv_peak < thresholds.KV_OVERSIZED and running:
-        return f"; the KV pool peaked at {kv_peak:.1%}, oversized for this load (the seed: budget bigger than needed)"
+        return f"; the KV pool peaked at {kv_peak:.1%}, oversized for this load (the reference page: budget bigger than needed)"
     return ""
 
 

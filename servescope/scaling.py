@@ -10,7 +10,10 @@ SEQUENTIAL, BURST = "sequential", "burst"
 def match_sequential(burst: PhaseRecord, sequential: list[PhaseRecord]) -> tuple[PhaseRecord | None, str | None]:
     """The sequential phase that ran the burst's prompts with the burst's max_tokens, or why there is none."""
     if not sequential:
-        return None, "no sequential pass for this engine: no scaling factor (the seed's matched-set rule)"
+        return (
+            None,
+            "no sequential pass for this engine: no scaling factor (the reference experiment's matched-set rule)",
+        )
     same_set = [p for p in sequential if p.prompt_set_sha256 == burst.prompt_set_sha256]
     if not same_set:
         seen = ", ".join(
@@ -18,14 +21,14 @@ def match_sequential(burst: PhaseRecord, sequential: list[PhaseRecord]) -> tuple
         )
         return None, (
             f"refused: the burst ran prompt set {burst.prompt_set or '?'} ({burst.prompt_set_sha256[:12] or 'no hash'}) "
-            f"but the sequential pass ran {seen}; the seed's matched-set rule needs the same prompts"
+            f"but the sequential pass ran {seen}; the reference experiment's matched-set rule needs the same prompts"
         )
     same_len = [p for p in same_set if p.max_tokens == burst.max_tokens]
     if not same_len:
         seen = ", ".join(str(m) for m in sorted({p.max_tokens for p in same_set}))
         return None, (
             f"refused: max_tokens differ (sequential {seen}, burst {burst.max_tokens}); "
-            f"the seed's matched-set rule needs the same generation length"
+            f"the reference experiment's matched-set rule needs the same generation length"
         )
     # Repeated trials: the sequential pass of the burst's own repetition (interleaved next to it), else the nearest.
     return min(same_len, key=lambda p: (p.repetition != burst.repetition, abs(p.started_at - burst.started_at))), None

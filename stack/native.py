@@ -296,7 +296,7 @@ def check_vllm_plan(knob: dict[str, str], prep: Prepared) -> bool:
     if not swap_used:
         say(
             "note: vLLM 0.32 has no --swap-space flag (removed upstream); VLLM_SWAP_SPACE is not passed "
-            "(the seed showed it added no KV blocks on CPU anyway)"
+            "(the reference page showed it added no KV blocks on CPU anyway)"
         )
     kv = vllm.plan(prep.vllm_model, knob, model.weights_bytes(prep.vllm_model), swap_used)
     say(

@@ -70,13 +70,13 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
     assert manifest["engines"]["vllm"]["model"] == "synthetic/model"
     from loadgen import prompts
 
-    assert manifest["prompt_set_sha256"] == prompts.load("seed3").sha256
+    assert manifest["prompt_set_sha256"] == prompts.load("burst3").sha256
     assert manifest["machine"]["cores"] >= 1 and manifest["machine"]["memory_bytes"] > 0
 
     records = list(folder.requests())
     for instance in ("vllm", "llamacpp:second"):
         mine = [r for r in records if r.instance == instance]
-        by_phase = {p: [r for r in mine if r.phase == p] for p in ("sequential", "burst-1", "sequential-seed4")}
+        by_phase = {p: [r for r in mine if r.phase == p] for p in ("sequential", "burst-1", "sequential-four")}
         assert [len(v) for v in by_phase.values()] == [3, 3, 4]
         assert all(r.ok and r.output_tokens == 48 and r.tokens_source == "usage" for r in mine)
         # Matched set: the burst sends exactly the sequential pass's prompts.
@@ -92,7 +92,7 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
     assert server.stats.requests == len(records) + sum(w["requests"] for w in warmups.values())
     phases = {(p.instance, p.phase): p for p in folder.phases()}
     assert set(phases) == {
-        (i, p) for i in ("vllm", "llamacpp:second") for p in ("sequential", "burst-1", "sequential-seed4")
+        (i, p) for i in ("vllm", "llamacpp:second") for p in ("sequential", "burst-1", "sequential-four")
     }
     assert phases[("vllm", "burst-1")].concurrency == 3
     assert (
@@ -100,25 +100,42 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
     )  # the synthetic server batches perfectly
     # The reference page's table as the report reads it; on a busy machine the factor may be refused (host noise),
     # never silent.
-    assert "servescope: the seed's comparison table (run cmp)" in proc.stdout
+    assert "servescope: the sequential-vs-burst table (run cmp)" in proc.stdout
     assert "Scaling factor (matched-set sequential -> burst):\n  vLLM-CPU: " in proc.stdout
 
     with open(folder.path / "locust_stats.csv") as fh:
         rows = {(r["Type"], r["Name"]): r for r in csv.DictReader(fh)}
-    assert int(rows[("chat", "vllm sequential")]["Request Count"]) == 7  # the seed4 pass is sequential too
+    assert int(rows[("chat", "vllm sequential")]["Request Count"]) == 7  # the sequential4 pass is sequential too
     assert int(rows[("TTFT", "vllm burst")]["Request Count"]) == 3
     assert (folder.path / "locust.html").stat().st_size > 1000
 
 
+def test_the_first_names_still_run_the_reference_experiment(server, tmp_path):
+    """LOADGEN_PROMPTS=seed3 (an old .env) and --no-seed4 (an old script): the same run, recorded under the new names."""
+    proc = run_cli(
+        "loadgen",
+        *["compare", "--engine", f"vllm={server.url}", "--no-seed4", "--repetitions", "1", "--warmup", "0"],
+        *["--burst-pause", "0.05", "--results", str(tmp_path), "--run-id", "old", "--metrics-port", "0"],
+        env={**os.environ, "LOADGEN_PROMPTS": "seed3"},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    folder = run_folder_from(proc.stdout)
+    assert {(p.phase, p.prompt_set) for p in folder.phases()} == {("sequential", "burst3"), ("burst-1", "burst3")}
+    assert folder.manifest()["prompt_set"] == "burst3" and set(folder.manifest()["prompt_sets"]) == {"burst3"}
+    shown = loadgen("compare", "--help").stdout
+    assert "--no-sequential-four" in shown and "--no-seed4" not in shown  # accepted, no longer offered
+
+
 def test_compare_matched_set_follows_a_burst_larger_than_the_prompt_set(server, tmp_path):
-    """A burst of 5 over the 3 seed prompts: the sequential pass sends the same 5 prompts, not 3."""
+    """A burst of 5 over the 3 burst3 prompts: the sequential pass sends the same 5 prompts, not 3."""
     proc = loadgen(
         "compare",
         "--engine",
         f"vllm={server.url}",
         "--burst-size",
         "5",
-        "--no-seed4",
+        "--no-sequential-four",
         "--repetitions",
         "1",
         "--warmup",
@@ -531,7 +548,7 @@ def test_credentials_in_urls_are_sent_but_never_shown_or_stored(server, tmp_path
         "compare",
         "--engine",
         f"vllm={engine}",
-        "--no-seed4",
+        "--no-sequential-four",
         "--burst-pause",
         "0.05",
         "--grafana-url",

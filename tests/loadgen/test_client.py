@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -171,14 +172,14 @@ def test_ollama_ndjson_keeps_engine_stats_in_nanoseconds():
 
 
 def test_prompt_sets_shipped_synthetic_and_user_files(tmp_path):
-    seed3 = prompts.load("seed3")
-    assert [p.text for p in seed3.prompts] == [
+    burst3 = prompts.load("burst3")
+    assert [p.text for p in burst3.prompts] == [
         "Say OK.",
         "In one sentence, what is a container?",
         "Name two container runtimes.",
     ]
-    assert len(prompts.load("seed4")) == 4 and len(prompts.load("mixed")) >= 4
-    assert seed3.sha256 == prompts.load("seed3").sha256 != prompts.load("seed4").sha256
+    assert len(prompts.load("sequential4")) == 4 and len(prompts.load("mixed")) >= 4
+    assert burst3.sha256 == prompts.load("burst3").sha256 != prompts.load("sequential4").sha256
     synthetic = prompts.load("synthetic:64x3")
     assert len(synthetic) == 3 and all(len(p.text.split()) == 64 for p in synthetic.prompts)
     assert synthetic.sha256 == prompts.load("synthetic:64x3").sha256
@@ -192,6 +193,17 @@ def test_prompt_sets_shipped_synthetic_and_user_files(tmp_path):
         prompts.load(str(tmp_path / "bad.jsonl"))
     with pytest.raises(prompts.PromptSetError, match="not one of"):
         prompts.load("no-such-set")
+
+
+@pytest.mark.parametrize("old, new", sorted(prompts.RENAMED.items()))
+def test_a_shipped_sets_first_name_loads_it_under_its_new_name(old, new):
+    """`--prompts seed3` / LOADGEN_PROMPTS=seed3 in a user's .env: the same prompts, recorded as burst3."""
+    loaded, canonical = prompts.load(old), prompts.load(new)
+    assert new in prompts.SHIPPED and old not in prompts.SHIPPED
+    assert loaded.name == new and loaded.prompts == canonical.prompts
+    # The hash is of the prompts alone: an old run folder's seed3 and a new run's burst3 are one set to the
+    # matched-set rule.
+    assert loaded.sha256 == canonical.sha256 == dataclasses.replace(canonical, name=old).sha256
 
 
 def test_the_installed_geventhttpclient_has_every_internal_the_client_reads():

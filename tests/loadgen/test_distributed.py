@@ -121,7 +121,7 @@ def test_workers_refuse_in_one_line_what_one_process_must_hold(tmp_path):
 def test_the_seeds_compare_over_two_workers_sends_each_phase_once(server, tmp_path):
     # The sequential pass runs on one worker: the other's users of the burst after it once took its prompts from the
     # sequential phase (not over on a worker that ran none of it) before the burst started.
-    folder = run(server, tmp_path, "compare", "--burst-size", "3", "--no-seed4", "--repetitions", "1")
+    folder = run(server, tmp_path, "compare", "--burst-size", "3", "--no-sequential-four", "--repetitions", "1")
     records = list(folder.requests())
     assert Counter(r.phase for r in records) == {"sequential": 3, "burst-1": 3} and all(r.ok for r in records)
     assert len({r.worker for r in records if r.phase == "sequential"}) == 1

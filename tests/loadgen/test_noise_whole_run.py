@@ -59,7 +59,7 @@ def test_a_cpu_hog_during_one_phase_is_flagged_refused_and_leaves_the_others_alo
             f"llamacpp={llama.url}",
             "--repetitions",
             "2",
-            "--no-seed4",
+            "--no-sequential-four",
             "--max-tokens",
             "16",
             "--burst-pause",

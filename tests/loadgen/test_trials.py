@@ -178,7 +178,7 @@ def test_a_noisy_phase_is_run_again_and_the_retry_supersedes_it(tmp_path):
     with SyntheticProcess("--ttft", "0.01", "--itl", "0.001") as engine:
         proc = run_cli(
             "loadgen", "compare", "--engine", f"vllm={engine.url}", "--repetitions", "1",
-            "--no-seed4", "--warmup", "0", "--noise-retries", "1", "--max-tokens", "4", "--results", str(tmp_path),
+            "--no-sequential-four", "--warmup", "0", "--noise-retries", "1", "--max-tokens", "4", "--results", str(tmp_path),
             "--run-id", "retry", "--metrics-port", "0",
             timeout=120, env={**os.environ, **env},
         )  # fmt: skip

@@ -412,6 +412,9 @@ def test_plain_prompt_sets_keep_their_hash():
     """A run before the workloads must still match a run after them (the reference page's matched-set rule reads the hash)."""
     assert prompts.load("mixed").sha256 == "58281e3b0f2a33b361b0e3fc9135331af7182191a92d803e6e26dbb410318291"
     assert prompts.synthetic(64, 3).sha256 == "cd346e4c7e031fdc4fd855b764f26d13600827ec219f1e8f6db30060e884677f"
+    # The hashes run folders recorded for seed3 and seed4, before the sets were renamed burst3 and sequential4.
+    assert prompts.load("burst3").sha256 == "2d4322c1a76d13b985d932dc4dbe99153a8418f6f3180bc3accff4ba9946dfeb"
+    assert prompts.load("sequential4").sha256 == "df16591aa004d0bb982d3a94a5b99b1b4a2b07280c41dfe58b6a30519956aafc"
 
 
 def test_the_shipped_sets_and_their_readme_table_are_up_to_date():

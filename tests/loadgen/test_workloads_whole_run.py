@@ -392,7 +392,7 @@ def test_compare_with_conversations_matches_the_bursts_first_turns(tmp_path):
             f"conversation:{chats}",
             "--burst-size",
             "2",
-            "--no-seed4",
+            "--no-sequential-four",
             "--max-tokens",
             "4",
             "--results",
@@ -410,5 +410,5 @@ def test_compare_with_conversations_matches_the_bursts_first_turns(tmp_path):
     burst = sorted((r.conversation, r.turn) for r in records if r.phase == "burst-1")
     assert sequential == burst == [("chat0", 1), ("chat1", 1)]  # the matched set: the same requests
     # The run's table pairs each burst with its matched sequential pass: a factor, not a refusal.
-    assert "the seed's comparison" in proc.stdout and "batching overlap" in proc.stdout
+    assert "the sequential-vs-burst table" in proc.stdout and "batching overlap" in proc.stdout
     assert "refused" not in proc.stdout

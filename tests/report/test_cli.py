@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from loadgen import prompts
 from report import cli, sections
 from report.load import load
 from tests.conftest import free_port
@@ -32,7 +33,7 @@ def test_full_report_without_prometheus(tmp_path, capsys):
     # The answers first, the setup last; numbers come from the order.
     for title in (
         "1. Summary",
-        "2. The seed's comparison table",
+        "2. The sequential-vs-burst table",
         "3. Verdict",
         "4. Goodput under the SLOs",
         "5. Latency",
@@ -56,7 +57,7 @@ def test_full_report_without_prometheus(tmp_path, capsys):
     assert not re.search(r"""(src|href)=["']?(https?:|//|[^"'#d][^"']*\.png)""", html)  # nothing external
     pngs = sorted(p.name for p in run.glob("*.png"))
     assert html.count("data:image/png;base64,") == len(pngs) >= 5
-    assert {"seed_table.png", "latency.png", "sweeps.png", "ttft_by_arrival.png"} <= set(pngs)
+    assert {"sequential_burst_table.png", "latency.png", "sweeps.png", "ttft_by_arrival.png"} <= set(pngs)
 
     numbers = json.loads((run / "report.json").read_text())  # strict JSON: no NaN
     assert numbers["plots"] == pngs
@@ -128,6 +129,47 @@ def test_comparison_mode_pairs_by_prompt(tmp_path):
     untouched = deltas[("seed-vllm-ollama/ollama", "burst", "e2e_s")]
     assert untouched["delta"] == 0 and untouched["ci_low"] == 0 and untouched["ci_high"] == 0
     assert not deltas[("seed-vllm-ollama/vllm", "sequential", "itl_s")]["paired"]  # pooled gaps never pair
+
+
+def renamed_copy(src: Path, dst: Path) -> None:
+    """The run as today's loadgen records it: burst3, sequential4 and the phase sequential-four where it recorded
+    seed3, seed4 and sequential-seed4, the hashes unchanged (a set's hash is of its prompts alone: test_client.py)."""
+    shutil.copytree(src, dst)
+    names = {**prompts.RENAMED, "sequential-seed4": "sequential-four"}
+    for file in ("phases.jsonl", "requests.jsonl"):
+        records = [json.loads(line) for line in (dst / file).read_text().splitlines()]
+        for r in records:
+            r["phase"], r["prompt_set"] = names.get(r["phase"], r["phase"]), names.get(r["prompt_set"], r["prompt_set"])
+        (dst / file).write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["run_id"] = "renamed"
+    for entry in manifest["prompt_sets"]:
+        entry["name"] = names[entry["name"]]
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_run_recorded_under_the_first_names_reports_and_matches_one_under_the_new(tmp_path, capsys):
+    """seed-vllm-ollama was recorded as seed3, seed4 and sequential-seed4 (kept so): it still makes the table, and a
+    run of the same prompts under the new names is the same work to the report's comparison and `report check`."""
+    old = tmp_path / "old"
+    shutil.copytree(RUNS / "seed-vllm-ollama", old)
+    renamed_copy(old, tmp_path / "renamed")
+    url = f"http://127.0.0.1:{free_port()}"
+    assert cli.main(["--run", str(old), "--prometheus", url]) == 0
+    md = (old / "report.md").read_text()
+    table = md.split("## 2. The sequential-vs-burst table", 1)[1].split("\n## ", 1)[0]
+    assert "sequential (seed4, 4 prompts)" in table and "sequential (seed3, matched set)" in table
+    factors = [r["scaling_factor"] for r in json.loads((old / "report.json").read_text())["table"]["rows"]]
+    assert sum(f is not None for f in factors) == 2  # each engine's burst against its seed3 sequential pass
+
+    _, numbers = sections.build(load(tmp_path / "renamed"), url, load(old), figures=False)
+    deltas = {(d["current"], d["scenario"], d["metric"]): d for d in numbers["comparison"]["deltas"]}
+    assert deltas[("renamed/vllm", "burst", "e2e_s")]["paired"]  # paired by prompt: one set on both sides
+    assert deltas[("renamed/vllm", "sequential", "e2e_s")]["paired"]
+    capsys.readouterr()
+    assert cli.main(["check", "--baseline", str(old), "--run", str(tmp_path / "renamed"), "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "different prompt sets" not in err and "PASS: none of" in out
 
 
 def test_within_run_comparison_of_two_engines():

@@ -36,7 +36,7 @@ def test_the_report_draws_its_figures_without_importing_matplotlib(tmp_path):
     done = run_python("-c", script, timeout=120)
     assert done.stdout.split()[-2:] == ["0", "False"], done.stderr
     plots = json.loads((run / "report.json").read_text())["plots"]
-    assert {"latency.png", "seed_table.png", "comparison.png"} <= set(plots)
+    assert {"latency.png", "sequential_burst_table.png", "comparison.png"} <= set(plots)
     for name in plots:
         assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "painter" not in done.stderr  # no fallback, no lost figure
@@ -44,12 +44,12 @@ def test_the_report_draws_its_figures_without_importing_matplotlib(tmp_path):
 
 def test_a_painter_that_died_loses_its_figures_with_one_line_and_is_replaced(tmp_path, capsys):
     painter = Painter()
-    assert painter.collect({"table": painter.draw("seed_table", BARS, tmp_path / "a.png")}) == {
+    assert painter.collect({"table": painter.draw("sequential_burst_table", BARS, tmp_path / "a.png")}) == {
         "table": tmp_path / "a.png"
     }
     painter._proc.kill()
     painter._proc.wait()
-    drawn = {key: painter.draw("seed_table", BARS, tmp_path / f"{key}.png") for key in ("table", "latency")}
+    drawn = {key: painter.draw("sequential_burst_table", BARS, tmp_path / f"{key}.png") for key in ("table", "latency")}
     with pytest.raises(PainterStopped):
         drawn["table"].result(timeout=10)
     assert painter.collect(drawn) == {"table": None, "latency": None}
@@ -59,31 +59,39 @@ def test_a_painter_that_died_loses_its_figures_with_one_line_and_is_replaced(tmp
     Painter._shared = painter
     fresh = Painter.shared()
     assert fresh is not painter
-    assert fresh.collect({"table": fresh.draw("seed_table", BARS, tmp_path / "b.png")})["table"] == tmp_path / "b.png"
+    assert (
+        fresh.collect({"table": fresh.draw("sequential_burst_table", BARS, tmp_path / "b.png")})["table"]
+        == tmp_path / "b.png"
+    )
 
 
 def test_a_figure_whose_drawing_fails_raises_its_own_exception_with_the_painters_traceback(tmp_path):
     painter = Painter.shared()
-    future = painter.draw("seed_table", {"bars": [("vLLM", "burst")]}, tmp_path / "x.png")
+    future = painter.draw("sequential_burst_table", {"bars": [("vLLM", "burst")]}, tmp_path / "x.png")
     with pytest.raises(ValueError, match="not enough values to unpack") as failed:
         painter.collect({"table": future})
     assert "in the figure painter:" in failed.value.__notes__[0] and "plots.py" in failed.value.__notes__[0]
     # The painter goes on: the next figure is drawn.
-    assert painter.collect({"t": painter.draw("seed_table", BARS, tmp_path / "y.png")})["t"] == tmp_path / "y.png"
+    assert (
+        painter.collect({"t": painter.draw("sequential_burst_table", BARS, tmp_path / "y.png")})["t"]
+        == tmp_path / "y.png"
+    )
 
 
 def test_a_painter_that_answers_garbage_is_stopped_not_waited_on(tmp_path, capsys):
     """Bytes on its stdout that are not an answer (a startup hook that prints): its figures fail, none hangs."""
     painter = Painter([sys.executable, "-c", "print('Loading...', flush=True); import sys; sys.stdin.buffer.read()"])
-    assert painter.collect({"table": painter.draw("seed_table", BARS, tmp_path / "t.png")}) == {"table": None}
+    assert painter.collect({"table": painter.draw("sequential_burst_table", BARS, tmp_path / "t.png")}) == {
+        "table": None
+    }
     assert "figures left out: table" in capsys.readouterr().err
     assert painter.broken and painter._proc.wait(timeout=10) is not None
 
 
 def test_data_that_does_not_pickle_fails_its_figure_alone(tmp_path):
     painter = Painter()
-    bad = painter.draw("seed_table", {"bars": (bar for bar in BARS["bars"])}, tmp_path / "bad.png")
-    good = painter.draw("seed_table", BARS, tmp_path / "good.png")
+    bad = painter.draw("sequential_burst_table", {"bars": (bar for bar in BARS["bars"])}, tmp_path / "bad.png")
+    good = painter.draw("sequential_burst_table", BARS, tmp_path / "good.png")
     with pytest.raises(FigureFailed, match="does not pickle"):
         bad.result(timeout=30)
     assert good.result(timeout=30) == tmp_path / "good.png"
@@ -94,10 +102,10 @@ def test_a_figure_that_cannot_be_written_is_the_reports_one_line_and_exit_1(tmp_
 
     run = tmp_path / "run"
     shutil.copytree(RUNS / "seed-vllm-ollama", run)
-    (run / "seed_table.png").mkdir()  # the figure's name taken by a folder
+    (run / "sequential_burst_table.png").mkdir()  # the figure's name taken by a folder
     assert cli.main(["--run", str(run), "--prometheus", "http://127.0.0.1:9"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == f"report: cannot write the report: Is a directory ({run / 'seed_table.png'})"
+    assert err[-1] == f"report: cannot write the report: Is a directory ({run / 'sequential_burst_table.png'})"
 
 
 def test_no_painter_process_means_figures_drawn_here_after_one_line(tmp_path, monkeypatch, capsys):
@@ -106,7 +114,10 @@ def test_no_painter_process_means_figures_drawn_here_after_one_line(tmp_path, mo
 
     monkeypatch.setattr(painter_module.subprocess, "Popen", refuse)
     painter = Painter()
-    assert painter.collect({"t": painter.draw("seed_table", BARS, tmp_path / "t.png")})["t"] == tmp_path / "t.png"
+    assert (
+        painter.collect({"t": painter.draw("sequential_burst_table", BARS, tmp_path / "t.png")})["t"]
+        == tmp_path / "t.png"
+    )
     assert capsys.readouterr().err.strip().splitlines() == [
         "report: figures drawn in this process, no painter process (Resource temporarily unavailable)"
     ]
@@ -142,7 +153,7 @@ painter = Painter()
 os.kill(painter._proc.pid, signal.SIGSTOP)
 out = Path(sys.argv[1])
 bars = BARS_REPR
-drawn = {key: painter.draw("seed_table", bars, out / f"{key}.png") for key in ("table", "latency")}
+drawn = {key: painter.draw("sequential_burst_table", bars, out / f"{key}.png") for key in ("table", "latency")}
 print(painter.collect(drawn), painter.broken, flush=True)
 """.replace("BARS_REPR", repr(BARS))
 

@@ -18,7 +18,7 @@ def seed_rows():
     return {(r.instance, r.phase): r for r in table.build(load(RUNS / "seed-vllm-ollama"))}
 
 
-def test_seed_table_reproduces_the_seeds_numbers(seed_rows):
+def test_sequential_burst_table_reproduces_the_reference_numbers(seed_rows):
     burst = seed_rows[("vllm", "burst-1")]
     # vLLM: 12.393 s matched-set sequential / 3.965 s burst = 3.13x; 81 tokens / 3.965 s = 20.4 tok/s
     assert burst.wall_s == pytest.approx(3.965)
