@@ -1,4 +1,4 @@
-# servescope: `make up` brings the stack up and runs the seed's comparison; `make test` runs the fast suite.
+# servescope: `make up` brings the stack up and runs the sequential-vs-burst experiment; `make test` runs the fast suite.
 # Knob defaults live in servescope/knob_defaults.py; .env.example is generated from it (override in .env or
 # the environment); Python reads them, not make.
 SHELL := /bin/bash
@@ -18,7 +18,7 @@ help:
 	@echo "make test     fast test suite;  make e2e: real-engine end-to-end suite"
 	@echo "make bench    proxy, exporter, load generator and report-at-scale benchmarks"
 	@echo "make webui    Locust web UI on LOCUST_PORT (engine and scenario are chosen in the UI)"
-	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the seed's experiment on running engines"
+	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the reference experiment on running engines"
 	@echo "make tune ENGINE=vllm|llamacpp  knee, turn the knob the binding resource names, restart, keep it if goodput rises (native stack up)"
 	@echo "make plan RUNS='<knee-id> ...' [TRACE=trace-small] [SPEED=1]  replicas for a traffic from each knee, cost per good token"
 	@echo "make replicas [N=2]  N llama.cpp replicas on their own cores behind nginx (held until Ctrl-C)"
