@@ -151,11 +151,16 @@ def generate(path: Path, requests: int, tokens: int) -> None:
 
 
 KEEP_MAX = 100_000  # folders up to this many requests are kept in CACHE and reused; larger ones (1 M: gigabytes) are
-#                     generated in the temporary directory and deleted once measured
+#                     generated in the temporary directory and deleted once measured, unless one is already in CACHE
+#                     (generated there beforehand with folder_for: a measurement then does not wait minutes for it)
+
+
+def folder_name(requests: int, tokens: int) -> str:
+    return f"v{GENERATOR_VERSION}-{requests}x{tokens}"
 
 
 def folder_for(requests: int, tokens: int, where: Path) -> Path:
-    path = where / f"v{GENERATOR_VERSION}-{requests}x{tokens}"
+    path = where / folder_name(requests, tokens)
     for stale in where.glob(f"v*-{requests}x{tokens}*"):
         if stale != path:  # an older generator's folder: gigabytes nobody will read again
             shutil.rmtree(stale, ignore_errors=True)
@@ -307,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     try:
         for n in sizes:
-            scratch = None if n <= KEEP_MAX else Path(tempfile.mkdtemp(prefix="servescope-report-scale-"))
+            cached = (CACHE / folder_name(n, args.tokens) / "manifest.json").exists()
+            scratch = None if n <= KEEP_MAX or cached else Path(tempfile.mkdtemp(prefix="servescope-report-scale-"))
             try:
                 run = folder_for(n, args.tokens, scratch or CACHE)
                 with open(run / REQUESTS, encoding="utf-8") as fh:
