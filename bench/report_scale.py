@@ -151,11 +151,21 @@ def generate(path: Path, requests: int, tokens: int) -> None:
 
 
 KEEP_MAX = 100_000  # folders up to this many requests are kept in CACHE and reused; larger ones (1 M: gigabytes) are
-#                     generated in the temporary directory and deleted once measured
+#                     generated in the temporary directory and deleted once measured, unless --keep (or an earlier
+#                     --keep) put one in CACHE: a measurement then does not wait minutes for it
+
+
+def kept(requests: int, tokens: int, keep: bool = False) -> bool:
+    """Whether this size's folder lives in CACHE (made there if missing) rather than in a temporary directory."""
+    return requests <= KEEP_MAX or keep or (CACHE / folder_name(requests, tokens) / "manifest.json").exists()
+
+
+def folder_name(requests: int, tokens: int) -> str:
+    return f"v{GENERATOR_VERSION}-{requests}x{tokens}"
 
 
 def folder_for(requests: int, tokens: int, where: Path) -> Path:
-    path = where / f"v{GENERATOR_VERSION}-{requests}x{tokens}"
+    path = where / folder_name(requests, tokens)
     for stale in where.glob(f"v*-{requests}x{tokens}*"):
         if stale != path:  # an older generator's folder: gigabytes nobody will read again
             shutil.rmtree(stale, ignore_errors=True)
@@ -292,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--old", action="store_true", help=f"also the list-based report ({OLD_REPORT})")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each report (the median is judged)")
+    parser.add_argument(
+        "--keep", action="store_true", help=f"keep folders past {KEEP_MAX:,} requests in {CACHE} too (1 M: ~6 GB)"
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     print(
@@ -307,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     try:
         for n in sizes:
-            scratch = None if n <= KEEP_MAX else Path(tempfile.mkdtemp(prefix="servescope-report-scale-"))
+            scratch = (
+                None if kept(n, args.tokens, args.keep) else Path(tempfile.mkdtemp(prefix="servescope-report-scale-"))
+            )
             try:
                 run = folder_for(n, args.tokens, scratch or CACHE)
                 with open(run / REQUESTS, encoding="utf-8") as fh:

@@ -154,10 +154,7 @@ def _pooled(current: Side, baseline: Side) -> dict:
     return stats.bootstrap_median_delta(a, b, paired=False, pools=((pc.n, pc.median()), (pb.n, pb.median())))
 
 
-def units(run: Run) -> list[tuple[str, str]]:
-    """(instance, scenario) pairs in the order they first appear in the run."""
-    rows = run.con.execute(f"SELECT instance, scenario FROM requests GROUP BY ALL ORDER BY min(({query.ORDER}))")
-    return [tuple(r) for r in rows.fetchall()]
+units = latency.units  # (instance, scenario) pairs in the order they first appear in the run
 
 
 def between_runs(current: Run, baseline: Run) -> tuple[list[Delta], str]:

@@ -56,11 +56,19 @@ def failure_reason(error: str | None, status: int) -> str:
     return reason or ("no response" if not status else "failed (no reason recorded)")
 
 
+def units(run: Run) -> list[tuple[str, str]]:
+    """(instance, scenario) pairs in the order they first appear in the run (asked once per run: a pass over every
+    request)."""
+    if "units" not in run.cache:
+        rows = run.con.execute(f"SELECT instance, scenario FROM requests GROUP BY ALL ORDER BY min(({query.ORDER}))")
+        run.cache["units"] = [tuple(r) for r in rows.fetchall()]
+    return list(run.cache["units"])
+
+
 def groups(run: Run) -> list[tuple[str, str]]:
     """(instance, scenario) pairs: engines in the run's order, each one's scenarios as they first appear."""
-    rows = run.con.execute(f"SELECT instance, scenario FROM requests GROUP BY ALL ORDER BY min(({query.ORDER}))")
     by_instance: dict[str, list[str]] = {}
-    for instance, scenario in rows.fetchall():
+    for instance, scenario in units(run):
         by_instance.setdefault(instance, []).append(scenario)
     return [(i, s) for i in run.engines for s in by_instance.get(i, [])]
 

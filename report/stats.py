@@ -130,7 +130,17 @@ def bootstrap_median_delta(
     of each side when current and baseline are already uniform subsamples of pools too large to pass whole.
     """
     return _bootstrap_delta(
-        current, baseline, "median", median, _Ranked.medians, paired, resamples, seed, confidence, pools
+        current,
+        baseline,
+        "median",
+        median,
+        _Ranked.medians,
+        _Ranked.drawn_medians,
+        paired,
+        resamples,
+        seed,
+        confidence,
+        pools,
     )
 
 
@@ -159,8 +169,11 @@ def bootstrap_percentile_delta(
     def resampled(ranked: _Ranked, idx: np.ndarray) -> np.ndarray:
         return ranked.percentiles(idx, q)
 
+    def drawn(ranked: _Ranked, rng: np.random.Generator, k: int) -> np.ndarray:
+        return ranked.drawn_percentiles(rng, k, q)
+
     out = _bootstrap_delta(
-        current, baseline, "percentile", point, resampled, paired, resamples, seed, confidence, pools
+        current, baseline, "percentile", point, resampled, drawn, paired, resamples, seed, confidence, pools
     )
     out["q"] = q
     return out
@@ -172,14 +185,16 @@ def _bootstrap_delta(
     name: str,
     point: Callable[[np.ndarray], float | None],
     resampled: Callable[[_Ranked, np.ndarray], np.ndarray],
+    drawn: Callable[[_Ranked, np.random.Generator, int], np.ndarray],
     paired: bool,
     resamples: int,
     seed: int,
     confidence: float,
     pools: tuple[tuple[int, float | None], tuple[int, float | None]] | None,
 ) -> dict[str, float | int | bool | None]:
-    """point(current) - point(baseline) with a percentile bootstrap CI, point's value of each resample computed by
-    `resampled` from the resample's indices into the sample (sorted once)."""
+    """point(current) - point(baseline) with a percentile bootstrap CI. Paired: point's value of each resample computed
+    by `resampled` from the resample's indices into the sample (sorted once). Unpaired: `drawn` gives each side's
+    resampled values directly (the same distribution as resampling the side's values, fewer random numbers)."""
     cur, base = np.asarray(current, dtype=float), np.asarray(baseline, dtype=float)
     (n_cur, m_cur), (n_base, m_base) = pools or ((len(cur), point(cur)), (len(base), point(base)))
     out: dict[str, float | int | bool | None] = {
@@ -214,20 +229,21 @@ def _bootstrap_delta(
     # A subsample's statistic differs a little from the whole's: its resampled deltas are moved by that much, so the
     # interval sits around the exact delta rather than around the subsample's.
     shift = delta - (point(cur_a) - point(base_a)) if (len(cur_a), len(base_a)) != (n_cur, n_base) else 0.0
-    deltas: list[float] = []
     cur_r, base_r = _Ranked(cur_a), _Ranked(base_a)
-    # Chunks keep memory bounded when ITL pools thousands of gaps per side.
-    chunk = max(1, min(resamples, 2_000_000 // max(len(cur_a), len(base_a))))
-    while len(deltas) < resamples:
-        k = min(chunk, resamples - len(deltas))
-        if paired:
+    if paired:
+        deltas: list[float] = []
+        # Chunks keep memory bounded when many prompts pair.
+        chunk = max(1, min(resamples, 2_000_000 // len(cur_a)))
+        while len(deltas) < resamples:
+            k = min(chunk, resamples - len(deltas))
             idx = rng.integers(0, len(cur_a), size=(k, len(cur_a)))
             d = resampled(cur_r, idx) - resampled(base_r, idx)
-        else:
-            ci = rng.integers(0, len(cur_a), size=(k, len(cur_a)))
-            bi = rng.integers(0, len(base_a), size=(k, len(base_a)))
-            d = resampled(cur_r, ci) - resampled(base_r, bi)
-        deltas.extend((d + shift).tolist() if shift else d.tolist())
+            deltas.extend((d + shift).tolist() if shift else d.tolist())
+    else:
+        # Each side on its own: a resample's statistic read from the order statistics it would have, drawn directly
+        # (_Ranked.drawn), rather than from n drawn indices partitioned (10,000 per resample and side for ITL).
+        d = drawn(cur_r, rng, resamples) - drawn(base_r, rng, resamples)
+        deltas = (d + shift).tolist() if shift else d.tolist()
     alpha = (1.0 - confidence) / 2.0
     out["ci_low"] = percentile(deltas, 100.0 * alpha)
     out["ci_high"] = percentile(deltas, 100.0 * (1.0 - alpha))
@@ -259,6 +275,34 @@ class _Ranked:
         lo, hi, w = rank_of(idx.shape[1], q)
         part = np.partition(self.ranks[idx], [lo, hi] if hi != lo else [lo], axis=1)
         return interpolate(self.ordered[part[:, lo]], self.ordered[part[:, hi]], w)
+
+    def drawn_medians(self, rng: np.random.Generator, k: int) -> np.ndarray:
+        """The medians of k resamples (n values drawn with replacement), as `medians` gives them, drawn directly."""
+        n = len(self.ordered)
+        lo, hi = self._order_statistics(rng, k, (n - 1) // 2, n // 2 != (n - 1) // 2)
+        return (self.ordered[lo] + self.ordered[hi]) / 2
+
+    def drawn_percentiles(self, rng: np.random.Generator, k: int, q: float) -> np.ndarray:
+        """The q-th percentiles of k resamples, as `percentiles` gives them, drawn directly."""
+        lo, hi, w = rank_of(len(self.ordered), q)
+        lo_i, hi_i = self._order_statistics(rng, k, lo, hi != lo)
+        return interpolate(self.ordered[lo_i], self.ordered[hi_i], w)
+
+    def _order_statistics(self, rng: np.random.Generator, k: int, rank: int, next_too: bool):
+        """For k resamples of n indices drawn uniformly with replacement: each one's index at 0-based sorted rank
+        `rank` and at rank + 1 (the same index when not next_too).
+
+        An index drawn uniformly is floor(n U), U uniform on [0, 1), and floor keeps the order: a resample's sorted
+        indices are floor(n U_(r)) for the order statistics U_(r) of n uniforms. U_(r + 1) (1-based) is Beta(r + 1,
+        n - r); the next one lies above it as the least of the n - r - 1 uniforms left above it: U_(r + 1) +
+        (1 - U_(r + 1)) Beta(1, n - r - 1). Two draws per resample instead of n, the same distribution exactly."""
+        n = len(self.ordered)
+        u = rng.beta(rank + 1, n - rank, size=k)
+        first = np.minimum((u * n).astype(np.int64), n - 1)
+        if not next_too:
+            return first, first
+        u_next = u + (1 - u) * rng.beta(1, n - rank - 1, size=k)
+        return first, np.minimum((u_next * n).astype(np.int64), n - 1)
 
 
 def bootstrap_median_ci(

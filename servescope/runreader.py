@@ -49,10 +49,12 @@ SPECS = {
 MEMORY_LIMIT = "1GB"
 # Building the index writes every row group to the index file as it is read, so the engine can drop the pages it
 # wrote; with the reading limit it held them, on top of the report's imports and the figure painter started beside
-# it. Up to FILE_BACKED_BYTES of JSONL half of that builds about as fast now the index is written uncompressed (a
-# quarter held it back: 51,200 requests, bench/report_scale.py); past it the build spills and takes longer, so a run
-# that large keeps the reading limit (the bench measures both sizes).
-INDEX_MEMORY_LIMIT = "512MB"
+# it. A row group is held whole until it is written: at the engine's default size (122,880 rows) one of 256-token
+# requests is most of a gigabyte, so the index's are INDEX_ROW_GROUP_ROWS, and up to FILE_BACKED_BYTES of JSONL a
+# quarter of the reading limit builds it in the same CPU time (51,200 requests: bench/report_scale.py); past it the
+# build keeps the reading limit (the bench measures both sizes).
+INDEX_MEMORY_LIMIT = "256MB"
+INDEX_ROW_GROUP_ROWS = 16_384
 ONE_THREAD_BYTES = 8 << 20
 FILE_BACKED_BYTES = 512 << 20  # JSONL past this is read into a compressed database file (RunData)
 # Lines are read whole (a CSV scan with a delimiter no JSON line can hold: raw control characters are invalid
@@ -457,6 +459,24 @@ def _ingest(con, table: str, path: Path | None, spec: tuple[Field, ...], limits:
         return f"{table}_set_aside"
 
 
+_BUILDING = "building"  # the index being built, attached under this name as the connection's default database
+
+
+def _open_index(partial: Path, config: dict) -> object:
+    """A connection whose default database is a new index file at partial, its row groups INDEX_ROW_GROUP_ROWS."""
+    import duckdb
+
+    con = duckdb.connect(":memory:", config=config)
+    try:
+        _settings(con)
+        con.execute(f"ATTACH {_q(str(partial))} AS {_BUILDING} (ROW_GROUP_SIZE {INDEX_ROW_GROUP_ROWS})")
+        con.execute(f"USE {_BUILDING}")
+    except duckdb.Error:
+        con.close()
+        raise
+    return con
+
+
 class UnreadableRun(ValueError):
     """A run folder this reader will not open (a FIFO where a JSONL should be): one line for the terminal."""
 
@@ -684,9 +704,8 @@ class RunData:
             # A caller's own limit stands; so does the reading limit for a run past FILE_BACKED_BYTES.
             if config["memory_limit"] == MEMORY_LIMIT and self._size <= FILE_BACKED_BYTES:
                 config["memory_limit"] = INDEX_MEMORY_LIMIT
-            con = duckdb.connect(str(partial), config=config)
+            con = _open_index(partial, config)
             try:
-                _settings(con)
                 # Written once, read by every later report: compressing it cost a third of the build (51,200
                 # requests: bench/report_scale.py), for a file a quarter smaller. Its readers do not decompress either.
                 con.execute("SET force_compression = 'uncompressed'")
@@ -698,7 +717,7 @@ class RunData:
                     meta[f"set aside {name}"] = rejects or ""
                 con.execute("CREATE TABLE index_meta (name VARCHAR, value VARCHAR)")
                 con.executemany("INSERT INTO index_meta VALUES (?, ?)", list(meta.items()))
-                con.execute("CHECKPOINT")
+                con.execute(f"CHECKPOINT {_BUILDING}")
             finally:
                 con.close()
             os.utime(partial, ns=(sealed, sealed))

@@ -96,3 +96,16 @@ def test_a_clean_file_reads_the_same_by_the_fast_path_as_line_by_line(tmp_path, 
         finally:
             data.close()
     assert len(tables[True]) == 300 and tables[True] == tables[False]
+
+
+def test_a_large_folder_is_kept_in_the_cache_when_asked_or_already_there(tmp_path, monkeypatch):
+    monkeypatch.setattr(report_scale, "CACHE", tmp_path)
+    large = report_scale.KEEP_MAX + 1
+    assert report_scale.kept(report_scale.KEEP_MAX, 256)  # small ones always
+    assert not report_scale.kept(large, 256)  # generated in a temporary directory, deleted once measured
+    assert report_scale.kept(large, 256, keep=True)
+    made = tmp_path / report_scale.folder_name(large, 256)
+    made.mkdir()
+    assert not report_scale.kept(large, 256)  # a folder left half made is not one to measure
+    (made / runfolder.MANIFEST).write_text("{}")
+    assert report_scale.kept(large, 256) and not report_scale.kept(large, 64)

@@ -84,6 +84,23 @@ def test_resampled_medians_are_numpys_medians(values, rows, seed):
     assert np.array_equal(stats.resampled_medians(data, idx), np.median(data[idx], axis=1))
 
 
+@pytest.mark.parametrize("size", [1, 2, 7, 8])
+@pytest.mark.parametrize("q", [None, 10, 90])
+def test_drawn_resamples_have_the_distribution_of_resampled_values(size, q):
+    """Unpaired resamples are drawn from their order statistics: each value (median or type-7 percentile) comes up
+    as often as when n indices are drawn and partitioned."""
+    data = np.asarray([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0][:size])
+    ranked, k = stats._Ranked(data), 200_000
+    idx = np.random.default_rng(7).integers(0, size, size=(k, size))
+    if q is None:
+        direct, drawn = ranked.medians(idx), ranked.drawn_medians(np.random.default_rng(8), k)
+    else:
+        direct, drawn = ranked.percentiles(idx, q), ranked.drawn_percentiles(np.random.default_rng(8), k, q)
+    values = np.union1d(direct, drawn)
+    counts = [np.bincount(np.searchsorted(values, x), minlength=len(values)) / k for x in (direct, drawn)]
+    assert np.abs(counts[0] - counts[1]).sum() / 2 < 0.02  # total variation: sampling noise only
+
+
 def test_a_subsampled_interval_sits_around_the_exact_delta():
     """Regression: with pools too large to pass whole, the delta came from the exact medians and the interval from
     the subsample's, which need not hold it (the comparison plot then failed on a negative error bar)."""

@@ -273,18 +273,25 @@ def test_a_runs_index_is_built_under_a_smaller_memory_limit_unless_large_or_the_
     import duckdb
 
     limits: dict[str, str] = {}
-    real = duckdb.connect
+    real, real_open = duckdb.connect, runreader._open_index
+    into_file: list[bool] = []
 
     def connect(database=":memory:", *args, config=None, **kwargs):
-        if str(database).endswith(".partial"):  # the index being built
-            limits["build"] = (config or {}).get("memory_limit")
-        else:
-            limits.setdefault("read", (config or {}).get("memory_limit"))
+        limits.setdefault("read", (config or {}).get("memory_limit"))
         return real(database, *args, config=config, **kwargs)
 
+    def open_index(partial, config):
+        assert str(partial).endswith(".partial")  # the index being built
+        limits["build"] = config.get("memory_limit")
+        con = real_open(partial, config)
+        into_file.append(con.execute("SELECT current_database()").fetchone()[0] == runreader._BUILDING)
+        return con
+
     monkeypatch.setattr(duckdb, "connect", connect)
+    monkeypatch.setattr(runreader, "_open_index", open_index)
     rows, _skips, _limits = read(run)
     assert limits == {"read": runreader.MEMORY_LIMIT, "build": runreader.INDEX_MEMORY_LIMIT}
+    assert into_file == [True]  # the tables go into the index file, not the connection's memory
     assert len(rows) == 40  # built and read back whole under the smaller limit
     (run / runfolder.INDEX).unlink()
     limits.clear()
@@ -295,3 +302,26 @@ def test_a_runs_index_is_built_under_a_smaller_memory_limit_unless_large_or_the_
     monkeypatch.setattr(runreader, "FILE_BACKED_BYTES", 0)  # a run past it: the smaller limit would spill
     read(run)
     assert limits["build"] == runreader.MEMORY_LIMIT
+
+
+def test_the_index_is_written_in_row_groups_of_its_own_size_and_holds_the_jsonls_rows(tmp_path, monkeypatch):
+    """A row group is held whole until written: the index's are INDEX_ROW_GROUP_ROWS, whatever the engine's default,
+    and the rows read back from them (each group's row numbers the lines') are those read from the JSONL."""
+    import duckdb
+
+    monkeypatch.setenv("RUN_INDEX_MIN_MB", "0")
+    monkeypatch.setattr(runreader, "INDEX_ROW_GROUP_ROWS", 2048)  # the engine's smallest (its vector size)
+    folder = RunFolder.create(tmp_path, "grouped")
+    with open(folder.path / runfolder.REQUESTS, "w") as f:
+        f.writelines(record(i).to_json() + "\n" for i in range(5000))
+    indexed = read(folder.path)
+    con = duckdb.connect(str(folder.path / runfolder.INDEX), read_only=True)
+    try:
+        sizes = con.execute(
+            "SELECT count FROM pragma_storage_info('requests_lines') WHERE column_id = 0 AND segment_type <> 'VALIDITY'"
+        ).fetchall()
+    finally:
+        con.close()
+    assert len(sizes) == 3 and max(n for (n,) in sizes) <= 2048
+    monkeypatch.setenv("RUN_INDEX_MIN_MB", "off")
+    assert read(folder.path) == indexed and len(indexed[0]) == 5000
