@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.plan_check import Speed, at_speed
+from bench.plan_check import Speed, at_row_speed, at_speed
 from report.replicas import Level, Profile, Sharing
 
 
@@ -35,3 +35,13 @@ def test_a_busy_probe_sets_the_busy_twin_at_its_own_pace():
     assert scaled.levels[0].tpot(0.5) == pytest.approx(0.02)
     assert sharing.busy.levels[0].ttft(0.5) == pytest.approx(0.18)
     assert sharing.busy.levels[0].tpot(0.5) == pytest.approx(0.03)
+
+
+def test_the_row_speed_diagnostic_scales_prefill_and_tokens_by_the_rows_own_pace():
+    knee, busy = _profile(0.1, 0.02), _profile(0.12, 0.025)
+    own, sharing = at_row_speed(knee, Sharing(2, busy), Speed.of_level(knee.levels[0]), 0.03)
+    assert own.levels[0].tpot(0.5) == pytest.approx(0.03)
+    assert own.levels[0].ttft(0.5) == pytest.approx(0.15)
+    assert sharing.busy.levels[0].tpot(0.5) == pytest.approx(0.03)
+    assert sharing.busy.levels[0].ttft(0.5) == pytest.approx(0.12 * 0.03 / 0.025)
+    assert at_row_speed(knee, None, Speed.of_level(knee.levels[0]), None) == (knee, None)
