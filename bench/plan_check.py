@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from report import load, plan, traffic
+from report import load, plan, traffic, workloads
 from report.replicas import Arrival, Sharing
 from servescope import slo
 from stack.errors import StackError
@@ -44,13 +44,23 @@ def loadgen(*args: str, results: Path, run_id: str, warmup: bool = False) -> Pat
     return results / run_id
 
 
-def measured(
-    folder: Path, spec: slo.SloSpec, duration_s: float
-) -> tuple[float | None, bool, traffic.Traffic, float | None]:
-    """The measured attainment and SLO verdict (the knee's rule), the arrivals the load generator scheduled (the
-    prediction replays the same ones: a short Poisson sample's own queueing would otherwise swamp the model's error
-    near saturation) and the median time per output token: the replica's speed in this row, to set beside its
-    knee's (near saturation a few percent of speed moves attainment by many points)."""
+@dataclass(frozen=True)
+class Measured:
+    """One row as the load generator measured it."""
+
+    attained: float | None  # the share of requests meeting every per-request term
+    meets: bool  # the SLO verdict, by the knee's rule
+    # The arrivals the load generator scheduled: the prediction replays the same ones (a short Poisson sample's
+    # own queueing would otherwise swamp the model's error near saturation).
+    sample: traffic.Traffic
+    # The row's speed, to set beside its knee's (near saturation a few percent of speed moves attainment by many
+    # points): the median time per output token, and the median prefill as the engine timed it (None where it
+    # does not time each request). The row's TTFT cannot say it: it holds the row's queueing.
+    tpot_s: float | None
+    prefill_ms: float | None
+
+
+def measured(folder: Path, spec: slo.SloSpec, duration_s: float) -> Measured:
     run = load.load(folder)
     try:
         records = [r for inst in run.engines for r in run.requests_of(inst, gaps=False)]
@@ -61,9 +71,14 @@ def measured(
     times = sorted(r.scheduled_at if r.scheduled_at is not None else r.started_at for r in records)
     arrivals = tuple(Arrival(t - times[0]) for t in times) if times else ()
     tpots = [t for t in map(slo.tpot, records) if t is not None]
-    speed = float(statistics.median(tpots)) if tpots else None
-    sample = traffic.Traffic(folder.name, arrivals, duration_s)
-    return (good / len(records) if records else None), meets, sample, speed
+    prefill = [v for v in map(workloads.engine_prefill_ms, (r for r in records if r.ok)) if v is not None]
+    return Measured(
+        good / len(records) if records else None,
+        meets,
+        traffic.Traffic(folder.name, arrivals, duration_s),
+        float(statistics.median(tpots)) if tpots else None,
+        float(statistics.median(prefill)) if prefill else None,
+    )
 
 
 def knee_speed(profile) -> float | None:
@@ -157,18 +172,24 @@ def at_speed(profile, sharing: Sharing | None, knee: Speed | None, now: Speed | 
     return scaled_to(profile, knee, now), Sharing(sharing.per_host, busy)
 
 
-def at_row_speed(profile, sharing: Sharing | None, knee: Speed | None, row_tpot_s: float | None):
-    """The knee and its busy twin at the row's own median time per token (prefill scaled by the same ratio: the
-    row's TTFT holds its queueing): a diagnostic, not a prediction. It was measured in the row it predicts, and it
-    separates the queueing model's error from the error of the speed it was given."""
-    if row_tpot_s is None:
-        return profile, sharing
-    now = Speed(knee.ttft_s * row_tpot_s / knee.tpot_s, row_tpot_s) if knee else None
-    if sharing is None:
-        return scaled_to(profile, knee, now), None
-    busy_knee = Speed.of_level(sharing.busy.levels[0])
-    busy_now = Speed(busy_knee.ttft_s * row_tpot_s / busy_knee.tpot_s, row_tpot_s) if busy_knee else None
-    return scaled_to(profile, knee, now), Sharing(sharing.per_host, scaled_to(sharing.busy, busy_knee, busy_now))
+def at_row_speed(profile, sharing: Sharing | None, row: Measured):
+    """The knee and its busy twin at the row's own speed: a diagnostic, not a prediction. It was measured in the
+    row it predicts, and it separates the queueing model's error from the error of the speed it was given.
+
+    Decode by the row's median time per token against the lowest level's; prefill by the engine's own prefill
+    timing against the lowest level's where the engine times each request, else by the decode ratio (prefill and
+    decode move apart on a shared machine: on this VM the engine's prefill ran 20% slower in a row than in its knee
+    where decode ran 9% slower)."""
+
+    def at_row(p):
+        low = p.levels[0]
+        if row.tpot_s is None or not len(low.tpot_s):
+            return p
+        tpot = row.tpot_s / float(statistics.median(low.tpot_s))
+        known = row.prefill_ms is not None and low.prefill_ms
+        return p.scaled(row.prefill_ms / low.prefill_ms if known else tpot, tpot)
+
+    return at_row(profile), None if sharing is None else Sharing(sharing.per_host, at_row(sharing.busy))
 
 
 class Neighbours:
@@ -366,7 +387,8 @@ def check(argv: list[str] | None) -> int:
                     after = prober.speeds(urls[:n], sharing is not None, f"{run_id}-after")
                     now, now_busy = Speed.mean([before[0], after[0]]), Speed.mean([before[1], after[1]])
                     speeds.append((now, now_busy))
-                    attained, met[n], sample, speed = measured(folder, spec, args.duration)
+                    row = measured(folder, spec, args.duration)
+                    attained, met[n], sample, speed = row.attained, row.meets, row.sample, row.tpot_s
                     offered = offered or sample
                     predicted = plan.predict(profile, sample, n, spec, policy, 5, args.duration, sharing)
                     judged = predicted
@@ -385,7 +407,7 @@ def check(argv: list[str] | None) -> int:
                     cells += [f"{len(sample.arrivals):>9}", f"{_ms(speed):>9}"]
                     cells += [f"{_ms(now.tpot_s if now else None):>9}"] if probing else []
                     cells += [f"{_ms(now_busy.tpot_s):>9}"] if now_busy else ([f"{'':>9}"] if probing else [])
-                    own_profile, own_sharing = at_row_speed(profile, sharing, knee_at, speed)
+                    own_profile, own_sharing = at_row_speed(profile, sharing, row)
                     diagnostic = plan.predict(own_profile, sample, n, spec, policy, 5, args.duration, own_sharing)
                     cells += [f"{_pct(diagnostic.attainment):>9}"]
                     print(" ".join(cells))
@@ -406,9 +428,9 @@ def check(argv: list[str] | None) -> int:
             f"machine, the busy knee by the speed probed with the others busy: 'busy'); 'predicted' is the knee's own"
         )
     print(
-        "'row speed' is a diagnostic, not judged: the row predicted at the median time per token measured in the row "
-        "itself ('ms/token'); close to 'measured' means the queueing model is right, and the miss is in the speed "
-        "it was given"
+        "'row speed' is a diagnostic, not judged: the row predicted at the speed measured in the row itself (its median "
+        "time per token, 'ms/token', and its median prefill as the engine timed it, where it does); close to "
+        "'measured' means the queueing model is right, and the miss is in the speed it was given"
     )
     goal = "predicted within 5 points of measured" + (", replica count the same or one more" if len(counts) > 1 else "")
     print(f"goal: {goal}: {'met' if not failures else f'missed in {failures} row(s)'}")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from report import energy, load, replicas, traffic
+from report import energy, load, replicas, traffic, workloads
 from report.replicas import Level, Profile
 from servescope import engines, knobs, slo
 from servescope.engines.base import BATCH_SLOTS
@@ -169,7 +169,8 @@ def _level(concurrency: float, records: list[RequestRecord]) -> Level:
     ttft = np.sort([r.ttft_s + slo.schedule_lag(r) for r in ok])
     tpot = np.sort([t for t in (slo.tpot(r) for r in ok) if t is not None])
     failed = 1 - len(ok) / len(records) if records else 1.0
-    return Level(concurrency, ttft, tpot, failed, len(records))
+    prefill = [v for v in map(workloads.engine_prefill_ms, ok) if v is not None]
+    return Level(concurrency, ttft, tpot, failed, len(records), float(np.median(prefill)) if prefill else None)
 
 
 # ---------------------------------------------------------------- the model, judged as the knee judged

@@ -51,6 +51,7 @@ class Level:
     tpot_s: np.ndarray  # sorted, successful requests of more than one token
     failed_share: float
     requests: int
+    prefill_ms: float | None = None  # the median prefill as the engine timed it, where it times each request
 
     def ttft(self, u: float) -> float:
         return float(self.ttft_s[min(int(u * len(self.ttft_s)), len(self.ttft_s) - 1)])
@@ -61,7 +62,8 @@ class Level:
 
     def scaled(self, ttft: float, tpot: float) -> Level:
         """The same level on a replica whose prefill and decode run `ttft` and `tpot` times as long."""
-        return replace(self, ttft_s=self.ttft_s * ttft, tpot_s=self.tpot_s * tpot)
+        prefill = None if self.prefill_ms is None else self.prefill_ms * ttft
+        return replace(self, ttft_s=self.ttft_s * ttft, tpot_s=self.tpot_s * tpot, prefill_ms=prefill)
 
 
 @dataclass(frozen=True)

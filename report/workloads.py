@@ -232,7 +232,8 @@ def _ratio(part: float, whole: float) -> float | None:
 _per_request_reuse = prefix_reuse.from_records
 
 
-def _engine_prefill_ms(record: RequestRecord) -> float | None:
+def engine_prefill_ms(record: RequestRecord) -> float | None:
+    """The request's prefill as the engine timed it, where it times each request (llama.cpp, Ollama), else None."""
     stats_ = record.engine_stats or {}
     timings = stats_.get("timings")
     if isinstance(timings, dict) and isinstance(timings.get("prompt_ms"), int | float):
@@ -258,7 +259,7 @@ def _turn_rows(
         ok = [r for r in recs if r.ok]
         reuse, reporting = _per_request_reuse(recs)
         server = by_turn.get((scenario, turn), [0.0, 0.0])
-        prefill = [v for v in map(_engine_prefill_ms, ok) if v is not None]
+        prefill = [v for v in map(engine_prefill_ms, ok) if v is not None]
         rows.append(
             TurnRow(
                 instance=instance,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from bench.plan_check import Speed, at_row_speed, at_speed
+from bench.plan_check import Measured, Speed, at_row_speed, at_speed
 from report.replicas import Level, Profile, Sharing
 
 
@@ -37,11 +39,14 @@ def test_a_busy_probe_sets_the_busy_twin_at_its_own_pace():
     assert sharing.busy.levels[0].tpot(0.5) == pytest.approx(0.03)
 
 
-def test_the_row_speed_diagnostic_scales_prefill_and_tokens_by_the_rows_own_pace():
-    knee, busy = _profile(0.1, 0.02), _profile(0.12, 0.025)
-    own, sharing = at_row_speed(knee, Sharing(2, busy), Speed.of_level(knee.levels[0]), 0.03)
+def test_the_row_speed_diagnostic_scales_prefill_by_the_engines_timing_and_tokens_by_the_rows_pace():
+    knee = replace(_profile(0.1, 0.02), levels=(replace(_profile(0.1, 0.02).levels[0], prefill_ms=80.0),))
+    busy = _profile(0.12, 0.025)  # no engine timing: its prefill follows its decode
+    row = Measured(0.9, True, None, 0.03, 120.0)
+    own, sharing = at_row_speed(knee, Sharing(2, busy), row)
     assert own.levels[0].tpot(0.5) == pytest.approx(0.03)
-    assert own.levels[0].ttft(0.5) == pytest.approx(0.15)
+    assert own.levels[0].ttft(0.5) == pytest.approx(0.15)  # x 120/80
+    assert own.levels[0].prefill_ms == pytest.approx(120.0)
     assert sharing.busy.levels[0].tpot(0.5) == pytest.approx(0.03)
     assert sharing.busy.levels[0].ttft(0.5) == pytest.approx(0.12 * 0.03 / 0.025)
-    assert at_row_speed(knee, None, Speed.of_level(knee.levels[0]), None) == (knee, None)
+    assert at_row_speed(knee, None, Measured(None, False, None, None, None)) == (knee, None)
