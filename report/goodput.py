@@ -19,6 +19,7 @@ from report import energy, latency, query, schedule, stats
 from report.load import Run
 from report.render import Bullets, Paragraph, Section, Table
 from servescope import binding, runreader, slo
+from servescope.percentile import numpy_percentile_of
 from servescope.runfolder import KNEE
 
 
@@ -255,7 +256,7 @@ def _term_result(
         if pool is not None:
             lo = math.floor((pool.n - 1) * (term.percentile / 100))
             pool.select([lo, min(lo + 1, pool.n - 1)])
-        observed = stats.numpy_percentile_of(pool.n, term.percentile, pool.at) if pool is not None else None
+        observed = numpy_percentile_of(pool.n, term.percentile, pool.at) if pool is not None else None
     else:
         values = run.con.execute(
             f"SELECT v0 FROM {_values(run, [term], where)} WHERE ok AND v0 IS NOT NULL", params

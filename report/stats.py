@@ -38,16 +38,6 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return interpolate(data[lo], data[hi], w)
 
 
-def numpy_percentile_of(n: int, q: float, at: Callable[[int], float]) -> float:
-    """np.percentile(values, q) (its "linear" method, bit for bit) from n and the value at any sorted rank."""
-    v = (n - 1) * (q / 100)
-    lo = math.floor(v)
-    if v >= n - 1:
-        return at(n - 1)
-    a, b, g = at(lo), at(lo + 1), v - lo
-    return b - (b - a) * (1 - g) if g >= 0.5 else a + (b - a) * g
-
-
 def numpy_lerp_sql(a: str, b: str, g: str) -> str:
     """SQL: numpy's interpolation between neighbours a <= b at fraction g (its two formulas, for the same rounding)."""
     return f"(CASE WHEN {g} >= 0.5 THEN {b} - ({b} - {a}) * (1 - {g}) ELSE {a} + ({b} - {a}) * {g} END)"

@@ -44,11 +44,28 @@ def env_file(root: Path = REPO_ROOT, environ: dict[str, str] | None = None) -> P
     return path
 
 
+_parsed: dict[Path, tuple[tuple[int, int], dict[str, str]]] = {}
+
+
+def _file_values(path: Path) -> dict[str, str]:
+    """parse_env_file(path), parsed again only when the file changed: `get` runs hundreds of times in a short load
+    run (every option's default), and parsing the file each time was a tenth of its start-up."""
+    try:
+        st = path.stat()
+    except OSError:
+        return {}
+    stamp = (st.st_mtime_ns, st.st_size)
+    seen = _parsed.get(path)
+    if seen is None or seen[0] != stamp:
+        seen = _parsed[path] = (stamp, parse_env_file(path))
+    return seen[1]
+
+
 def load(root: Path = REPO_ROOT, environ: dict[str, str] | None = None) -> dict[str, str]:
     """All knobs, with the precedence a Compose user expects: environment > .env > the table's defaults."""
     environ = os.environ if environ is None else environ
     knobs = dict(DEFAULTS)
-    knobs.update(parse_env_file(env_file(root, environ)))
+    knobs.update(_file_values(env_file(root, environ)))
     for key in list(knobs):
         if key in environ:
             knobs[key] = environ[key]
@@ -56,12 +73,14 @@ def load(root: Path = REPO_ROOT, environ: dict[str, str] | None = None) -> dict[
 
 
 def get(key: str, default: str | None = None) -> str:
-    """One knob by name; an unknown knob without default is a programming error."""
-    knobs = load()
-    if key in knobs:
-        return knobs[key]
+    """One knob by name, with load()'s precedence; an unknown knob without default is a programming error."""
     if key in os.environ:
         return os.environ[key]
+    in_file = _file_values(env_file())
+    if key in in_file:
+        return in_file[key]
+    if key in DEFAULTS:
+        return DEFAULTS[key]
     if default is None:
         raise KeyError(f"unknown knob {key}: add it to servescope/knob_defaults.py")
     return default

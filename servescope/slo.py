@@ -28,9 +28,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from servescope import knobs, thresholds
+from servescope.percentile import numpy_percentile
 from servescope.runfolder import RequestRecord
 
 METRICS = ("ttft", "itl", "tpot", "e2e")
@@ -62,7 +61,7 @@ class Term:
             gaps = record.itl_s or []
             if not gaps:
                 return None
-            return max(gaps) if self.percentile is None else float(np.percentile(gaps, self.percentile))
+            return max(gaps) if self.percentile is None else numpy_percentile(gaps, self.percentile)
         if self.metric == "tpot":
             return tpot(record)
         value = record.ttft_s if self.metric == "ttft" else record.e2e_s
@@ -281,5 +280,5 @@ def _term_result(
         units = len(records)
         met = sum(1 for r in ok if term.request_meets(r))
     share = met / units if units else None
-    observed = float(np.percentile(values, term.percentile)) if values else None
+    observed = numpy_percentile(values, term.percentile) if values else None
     return TermResult(term.name, share, observed, share is not None and share * 100 >= term.percentile, missed)
