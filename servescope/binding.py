@@ -345,7 +345,8 @@ def _compute(b: Binding, failing: Level, below, engine, spec, open_loop, lowest)
     if b.engine_cores is None or not b.engine_available_cores:
         cpu, busy = "the engine's CPU was not measured (not on this host?)", False
     else:
-        busy = b.engine_cores >= thresholds.ENGINE_CPU_NEAR * b.engine_available_cores
+        squeezed = b.engine_available_cores < thresholds.ENGINE_CORES_LEFT_MIN
+        busy = not squeezed and b.engine_cores >= thresholds.ENGINE_CPU_NEAR * b.engine_available_cores
         others = (
             f" ({b.engine_allowed_cores:g} allowed, the rest used by other programs)"
             if b.engine_allowed_cores and b.engine_available_cores < b.engine_allowed_cores - 0.005
@@ -371,6 +372,8 @@ def _compute(b: Binding, failing: Level, below, engine, spec, open_loop, lowest)
         missing.append(
             "CPU not measured"
             if b.engine_cores is None
+            else f"other programs left the engine under {thresholds.ENGINE_CORES_LEFT_MIN:g} cores"
+            if b.engine_available_cores < thresholds.ENGINE_CORES_LEFT_MIN
             else f"the engine's CPU below {thresholds.ENGINE_CPU_NEAR:.0%} of the cores it could have"
         )
     b.evidence = f"{queued}; {grew or 'no latency compared'}; {cpu} ({', '.join(missing)}: compute not claimed)"

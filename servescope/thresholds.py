@@ -85,6 +85,10 @@ SLOT_CEILING_SHARE = 0.8
 # (its affinity or cgroup quota, less what other programs, servescope's observers and the load generator took).
 COMPUTE_GROWTH = 1.25
 ENGINE_CPU_NEAR = 0.8
+# ... and only when other programs left the engine at least this many cores: an engine squeezed to a sliver of a core
+# by foreign load "uses all it could have" whatever bounds it (seen: a sleeping double named compute while two other
+# suites filled the machine).
+ENGINE_CORES_LEFT_MIN = 0.5
 # Client: the load generator's own thread was busy (its CPU plus the time it waited, ready, for a core) this share of
 # the phase: it could not send and read on time, so the latencies are partly its own.
 CLIENT_BUSY_SHARE = 0.9

@@ -235,6 +235,15 @@ def test_the_cores_the_engine_could_have_are_its_allowed_less_what_others_took()
     assert binding.cores_left(pinned) == pytest.approx(1.0)
 
 
+def test_an_engine_other_programs_squeezed_to_a_sliver_of_a_core_is_not_called_compute():
+    """Seen in a fresh clone's suite beside two others: a sleeping double "used all it could have" of 0.1 core."""
+    squeezed = {**noise(engine=0.1), "foreign_cores": 1.85}
+    failing = level(4, [record(i, tpot=0.08) for i in range(20)], [sample(i, running=4) for i in range(30)], [squeezed])
+    b = classify(failing, BELOW)
+    assert b.resource == binding.UNDECIDED and "left the engine under 0.5 cores" in b.evidence
+    assert "compute not claimed" in b.evidence
+
+
 def test_a_client_that_waited_for_its_core_a_quarter_of_the_phase_is_the_client():
     """Seen with the load generator at nice 19 beside a hog on its core: CPU 0.06, waiting 0.62: busy only 69%, but
     every stamp it took was late by its turn."""
