@@ -177,9 +177,8 @@ def at_row_speed(profile, sharing: Sharing | None, row: Measured):
     row it predicts, and it separates the queueing model's error from the error of the speed it was given.
 
     Decode by the row's median time per token against the lowest level's; prefill by the engine's own prefill
-    timing against the lowest level's where the engine times each request, else by the decode ratio (prefill and
-    decode move apart on a shared machine: on this VM the engine's prefill ran 20% slower in a row than in its knee
-    where decode ran 9% slower)."""
+    timing against the lowest level's where the engine times each request, else by the decode ratio (on a shared
+    machine prefill and decode slow by different amounts: docs/plan.md has a measured case)."""
 
     def at_row(p):
         low = p.levels[0]
