@@ -182,9 +182,10 @@ def at_row_speed(profile, sharing: Sharing | None, row: Measured):
 
     def at_row(p):
         low = p.levels[0]
-        if row.tpot_s is None or not len(low.tpot_s):
+        at_knee = Speed.of_level(low)
+        if row.tpot_s is None or at_knee is None:
             return p
-        tpot = row.tpot_s / float(statistics.median(low.tpot_s))
+        tpot = row.tpot_s / at_knee.tpot_s
         known = row.prefill_ms is not None and low.prefill_ms
         return p.scaled(row.prefill_ms / low.prefill_ms if known else tpot, tpot)
 

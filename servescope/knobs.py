@@ -49,7 +49,7 @@ _parsed: dict[Path, tuple[tuple[int, int], dict[str, str]]] = {}
 
 def _file_values(path: Path) -> dict[str, str]:
     """parse_env_file(path), parsed again only when the file changed: `get` runs hundreds of times in a short load
-    run (every option's default), and parsing the file each time was a tenth of its start-up."""
+    run (every option's default), and parsing the file each time was a visible part of its start-up."""
     try:
         st = path.stat()
     except OSError:

@@ -1,7 +1,7 @@
 """numpy's default percentile (its "linear" method, Hyndman-Fan type 7) in plain Python, bit for bit.
 
-The load generator judges SLO terms at the end of every run; importing numpy for two percentiles cost a short run
-about 0.16 CPU-seconds of its start-up (issue 28's budget for a 4-request run is 1.0)."""
+The load generator judges SLO terms at the end of every run: importing numpy for two percentiles was a large share of
+a short run's start-up, which `quick`, the knee and the tune loop pay by the dozen."""
 
 from __future__ import annotations
 
