@@ -50,6 +50,7 @@ class PlanRow:
     replicas_p95_time: int | None  # the replicas 95% of the windows need (what an autoscaler could follow)
     attainment: float | None
     attainment_one_fewer: float | None
+    attainment_slower: float | None  # derived: at that count with the engine PLAN_SLOWER slower than its knee measured
     utilisation: float | None  # mean in flight per replica / the knee's load
     headroom: float | None  # 1 - the busiest window's in flight per replica / the knee's load
     price_per_hour: float | None
@@ -251,8 +252,10 @@ def plan(
     max_replicas: int,
     price: float | None,
     sharing: replicas.Sharing | None = None,
+    slower: float = 0.0,
 ) -> tuple[PlanRow, list[Prediction]]:
-    """The fewest replicas that meet the SLOs in every window, searched upwards from one."""
+    """The fewest replicas that meet the SLOs in every window, searched upwards from one; with `slower` above 0, the
+    attainment at that count once more with every latency the knee measured that share longer."""
     tried: list[Prediction] = []
     first_meeting: list[int | None] = []
     found: Prediction | None = None
@@ -288,6 +291,7 @@ def plan(
         replicas_p95_time=None,
         attainment=found.attainment if found else tried[-1].attainment,
         attainment_one_fewer=tried[-2].attainment if found and len(tried) > 1 else None,
+        attainment_slower=None,
         utilisation=None,
         headroom=None,
         price_per_hour=price,
@@ -305,6 +309,18 @@ def plan(
         n or found.replicas for n, m in zip(first_meeting, found.window_meets, strict=True) if m is not None
     )
     row.replicas_p95_time = needed[min(len(needed) - 1, math.ceil(0.95 * len(needed)) - 1)] if needed else None
+    if slower > 0:
+        # Near saturation the attainment moves steeply with the engine's speed, and a machine's speed moves between
+        # measurements: the same count again, every latency the knee measured this much longer.
+        factor = 1 + slower
+        busy = replicas.Sharing(sharing.per_host, sharing.busy.scaled(factor, factor)) if sharing else None
+        p = predict(profile.scaled(factor, factor), load, found.replicas, spec, policy, repeats, window_s, busy)
+        row.attainment_slower = p.attainment
+        if not p.meets:
+            row.notes.append(
+                f"{slower:.0%} slower than its knee measured (PLAN_SLOWER), {found.replicas} replica(s) miss the SLOs "
+                f"(attainment {_num(p.attainment, '{:.0%}')}): the count sits near the edge"
+            )
     if profile.knee:
         row.utilisation = found.mean_in_flight / profile.knee
         row.headroom = 1 - found.peak_in_flight / profile.knee
@@ -429,6 +445,7 @@ def plan_with(
         settings["max_replicas"],
         price,
         sharing,
+        settings["slower"],
     )
 
 
@@ -443,7 +460,20 @@ def settings_of(routing: str | None = None) -> dict[str, Any]:
     repeats, max_replicas = knobs.get_int("PLAN_REPEATS", 3), knobs.get_int("PLAN_MAX_REPLICAS", 64)
     if repeats < 1 or max_replicas < 1:
         raise PlanError("PLAN_REPEATS and PLAN_MAX_REPLICAS: at least 1")
-    return {"routing": routing, "window_s": window_s, "repeats": repeats, "max_replicas": max_replicas}
+    text = knobs.get("PLAN_SLOWER").strip()
+    try:
+        slower = float(text)
+    except ValueError:
+        slower = math.nan
+    if not 0 <= slower < 10:
+        raise PlanError(f"PLAN_SLOWER={text!r}: expected a share from 0 (off) to under 10, e.g. 0.05")
+    return {
+        "routing": routing,
+        "window_s": window_s,
+        "repeats": repeats,
+        "max_replicas": max_replicas,
+        "slower": slower,
+    }
 
 
 def _sharings(args, results: Path) -> list[replicas.Sharing | None]:
@@ -517,6 +547,7 @@ COLUMNS = (
     "p95 time",
     "attain",
     "at N-1",
+    "slower",
     "util",
     "headroom",
     "$/M good tok",
@@ -524,7 +555,8 @@ COLUMNS = (
 )
 COLUMNS_HELP = (
     "replicas: the fewest meeting the SLOs in every window; p95 time: what 95% of the windows need; attain: "
-    "predicted SLO attainment at that count and at one fewer; util: mean requests held (running or queued) per replica over the "
+    "predicted SLO attainment at that count and at one fewer; slower: at that count with the engine PLAN_SLOWER slower than "
+    "its knee measured (derived: near saturation a few percent of speed moves it many points); util: mean requests held (running or queued) per replica over the "
     "knee's load; headroom: what the busiest window leaves of it; $/M good tok: replicas x price x hours over the "
     "good output tokens (PLAN_PRICE_PER_HOUR or --price); J/good tok: measured, the machine's energy over the "
     "good output tokens at the knee's load (docs/energy.md), not modelled"
@@ -540,6 +572,7 @@ def cells(r: PlanRow, max_replicas: int) -> list[str]:
         _num(r.replicas_p95_time, "{:d}"),
         _num(r.attainment, "{:.0%}"),
         _num(r.attainment_one_fewer, "{:.0%}"),
+        _num(r.attainment_slower, "{:.0%}"),
         _num(r.utilisation, "{:.0%}"),
         _num(r.headroom, "{:.0%}"),
         _num(r.cost_per_million_good_tokens, "{:.3g}", "not priced" if r.price_per_hour is None else "-"),
@@ -559,7 +592,7 @@ def row_notes(rows: list[PlanRow]) -> list[str]:
     return out
 
 
-WIDTHS = (34, 6, 8, 8, 7, 7, 5, 8, 12, 12)
+WIDTHS = (34, 6, 8, 8, 7, 7, 7, 5, 8, 12, 12)
 
 
 def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, settings: dict[str, Any]) -> str:

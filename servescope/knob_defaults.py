@@ -590,6 +590,14 @@ GROUPS: tuple[Group, ...] = (
                 ),
             ),
             Knob("PLAN_SPEED", "1"),
+            Knob(
+                "PLAN_SLOWER",
+                "0.05",
+                (
+                    "The plan's 'slower' column: each row's attainment again with every latency its knee measured this share longer\n"
+                    "(0: off). 0.05: bench/plan_check.py measured its rows' engine speed 4% away from the knee's on this VM (docs/plan.md)."
+                ),
+            ),
         ),
     ),
     Group(

@@ -100,6 +100,20 @@ def test_the_search_finds_the_fewest_replicas_and_says_one_fewer_misses():
     assert 0.5 < row.utilisation < 1.5  # requests held per replica (running or queued) over the knee's 1 user
 
 
+def test_a_count_at_the_edge_says_a_slower_engine_misses_where_a_count_with_room_does_not():
+    # One slot, 0.3 s a request alone, deterministic arrivals every 0.31 s: one replica keeps up with 3% to spare, so
+    # at 5% slower each request waits a little longer than the last (TTFT past 0.5 s soon); at 0.6 s apart it never does.
+    spec = slo.parse("ttft<=0.5", 0.9)
+    one_slot = profile([level(1)], slots=1, knee=1)
+    edge, _ = plan.plan(one_slot, traffic.constant(1 / 0.31, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None, slower=0.05)
+    assert edge.replicas == 1 and edge.attainment == pytest.approx(1.0)
+    assert edge.attainment_slower < 0.9 and any("PLAN_SLOWER" in n for n in edge.notes)
+    room, _ = plan.plan(one_slot, traffic.constant(1 / 0.6, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None, slower=0.05)
+    assert room.attainment_slower == pytest.approx(1.0) and not any("PLAN_SLOWER" in n for n in room.notes)
+    off, _ = plan.plan(one_slot, traffic.constant(1 / 0.31, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None)
+    assert off.attainment_slower is None
+
+
 def test_a_search_that_reaches_its_limit_says_so():
     spec = slo.parse("ttft<=0.5", 0.9)
     row, _ = plan.plan(profile([level(1)], slots=1), traffic.poisson(20, 30), spec, replicas.LEAST_CONN, 1, 60, 2, None)
