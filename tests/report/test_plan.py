@@ -105,7 +105,9 @@ def test_a_count_at_the_edge_says_a_slower_engine_misses_where_a_count_with_room
     # at 5% slower each request waits a little longer than the last (TTFT past 0.5 s soon); at 0.6 s apart it never does.
     spec = slo.parse("ttft<=0.5", 0.9)
     one_slot = profile([level(1)], slots=1, knee=1)
-    edge, _ = plan.plan(one_slot, traffic.constant(1 / 0.31, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None, slower=0.05)
+    edge, _ = plan.plan(
+        one_slot, traffic.constant(1 / 0.31, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None, slower=0.05
+    )
     assert edge.replicas == 1 and edge.attainment == pytest.approx(1.0)
     assert edge.attainment_slower < 0.9 and any("PLAN_SLOWER" in n for n in edge.notes)
     room, _ = plan.plan(one_slot, traffic.constant(1 / 0.6, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None, slower=0.05)
