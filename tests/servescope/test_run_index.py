@@ -137,6 +137,25 @@ def test_a_small_run_gets_no_index_and_a_bad_threshold_says_so(run, monkeypatch)
         read(run)
 
 
+def test_the_index_builds_under_the_memory_it_is_given_and_a_bad_limit_says_so(run, monkeypatch):
+    from servescope import runreader
+
+    seen = []
+    real = runreader._open_index
+    monkeypatch.setattr(runreader, "_open_index", lambda partial, config: seen.append(config) or real(partial, config))
+    monkeypatch.setenv("RUN_INDEX_MEMORY_MB", "768")
+    read(run)
+    assert seen[-1]["memory_limit"] == "768MB" and (run / runfolder.INDEX).exists()
+    (run / runfolder.INDEX).unlink()
+    monkeypatch.setenv("RUN_INDEX_MEMORY_MB", "")
+    read(run)
+    assert seen[-1]["memory_limit"] == runreader.INDEX_MEMORY_LIMIT
+    (run / runfolder.INDEX).unlink()
+    monkeypatch.setenv("RUN_INDEX_MEMORY_MB", "32")
+    with pytest.raises(ValueError, match="RUN_INDEX_MEMORY_MB='32': expected whole megabytes, at least 64"):
+        read(run)
+
+
 def test_reading_only_the_phases_of_a_run_makes_no_index(run):
     data = RunData(run, files=(runfolder.PHASES,))
     data.close()
