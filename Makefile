@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: replicas help install constraints test e2e lint up down status report bench dashboards webui compare tune quick plan check
+.PHONY: replicas help install constraints test e2e lint up down status report bench peers dashboards webui compare tune quick plan check
 
 help:
 	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native; MODE=native|compose forces one) and run the comparison"
@@ -17,6 +17,7 @@ help:
 	@echo "make report   report on the latest run (RUN=<id> for another, BASELINE=<id> to compare two)"
 	@echo "make test     fast test suite;  make e2e: real-engine end-to-end suite"
 	@echo "make bench    proxy, exporter, load generator and report-at-scale benchmarks"
+	@echo "make peers    install servebench and AIPerf into their own venvs (the accuracy bench runs them beside servescope)"
 	@echo "make webui    Locust web UI on LOCUST_PORT (engine and scenario are chosen in the UI)"
 	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the reference experiment on running engines"
 	@echo "make tune ENGINE=vllm|llamacpp  knee, turn the knob the binding resource names, restart, keep it if goodput rises (native stack up)"
@@ -122,6 +123,10 @@ check: install
 
 bench: install
 	$(BIN)/python -m bench
+
+# The other load testers the accuracy bench runs beside servescope's, each in its own venv under SERVESCOPE_CACHE.
+peers: install
+	$(BIN)/python -m bench.peers --install
 
 # Regenerate the committed dashboard JSON, Compose scrape config, lever rules, .env.example and the knob page (make
 # test checks they are fresh).

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from bench import requests_transport
+from bench import peers, requests_transport
 from loadgen import prompts as prompt_sets
 from servescope import knobs
 from tests.doubles.synthetic_openai import SyntheticProcess
@@ -442,10 +442,14 @@ def main(argv: list[str] | None = None) -> int:
         "--short-runs", type=int, default=3, help=f"{SHORT_RUN_REQUESTS}-request runs whose CPU is read"
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's own client")
+    parser.add_argument(
+        "--no-peers", action="store_true", help="skip the other load testers (servebench, AIPerf) even where installed"
+    )
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrencies.split(",")]
     clients = [c for c in args.clients.split(",") if c]
     with_vllm = not args.no_vllm and vllm_available() and not knobs.get("SERVESCOPE_BENCH_NO_VLLM", "")
+    others = [] if args.no_peers else [p for p in peers.PEERS if p.available()]
 
     print(
         f"error = reported - truth, ms. vs configured: truth = TTFT {TTFT_S * 1000:.0f} ms, ITL {ITL_S * 1000:.0f} ms "
@@ -463,7 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     for repetition in range(1, args.repeat + 1):
         for concurrency in levels:
-            failures += _level(concurrency, max(args.rounds, -(-32 // concurrency)), clients, with_vllm, repetition)
+            bursts = max(args.rounds, -(-32 // concurrency))
+            failures += _level(concurrency, bursts, clients, with_vllm, repetition)
+            failures += _peer_level(concurrency, bursts, others, repetition)
     if with_vllm:
         print(
             "* vllm bench serve stamps its TTFT at the first chunk even when it is empty (the role chunk, sent at once) and "
@@ -473,8 +479,52 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         print("vLLM's client skipped: ~/.cache/servescope/venv-vllm or its tokenizer is missing (or --no-vllm)")
-    failures += _short_runs(args.short_runs, with_vllm)
+    for peer in others:
+        print(f"* {peer.note}")
+    missing = [p.venv for p in peers.PEERS if p not in others]
+    if missing:
+        print(f"skipped: {', '.join(missing)} (not installed under SERVESCOPE_CACHE, or --no-peers)")
+    failures += _short_runs(args.short_runs, with_vllm, others)
     return 1 if failures else 0
+
+
+def peer_run(
+    peer: peers.Peer, server: SyntheticProcess, concurrency: int, requests_n: int
+) -> tuple[peers.Stamps, Window]:
+    """One peer's burst of `requests_n` requests, `concurrency` at a time, against server: its stamps and window."""
+    with tempfile.TemporaryDirectory(prefix=f"servescope-{peer.venv}-") as out_dir:
+        out = Path(out_dir)
+        cmd = peer.command(server.url, concurrency, requests_n, TOKENS, out)
+        proc, window = run_measured(cmd, server, 900, cwd=out, env=peer.env())
+        if proc.returncode != 0:
+            raise RuntimeError(f"{peer.name} failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
+        try:
+            return peer.stamps(out), window
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RuntimeError(f"{peer.name}: its result could not be read ({exc})") from None
+
+
+def _peer_level(concurrency: int, bursts: int, others: list[peers.Peer], repetition: int) -> int:
+    """The other load testers at one level, each on a fresh server, as vLLM's client runs; 1 per failed peer."""
+    failures = 0
+    for peer in others:
+        with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
+            try:
+                got, window = peer_run(peer, server, concurrency, bursts * concurrency)
+            except RuntimeError as exc:
+                print(f"{peer.name:<18} {concurrency:>4} failed: {exc}")
+                failures += 1
+                continue
+            print(
+                accuracy_row(f"{peer.name}*"[:18], concurrency, got.completed, got.ttfts, got.itls, server.stats()),
+                flush=True,
+            )
+            print(
+                f"  client CPU in the window {window.cpu_s:.2f} s, {window.tokens_per_cpu_s:,.0f} tokens per CPU-s "
+                f"(repetition {repetition}, load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
+    return failures
 
 
 def _level(concurrency: int, bursts: int, clients: list[str], with_vllm: bool, repetition: int) -> int:
@@ -531,7 +581,14 @@ def _level(concurrency: int, bursts: int, clients: list[str], with_vllm: bool, r
     return failures
 
 
-def _short_runs(runs: int, with_vllm: bool) -> int:
+def peer_short_run_cpu(peer: peers.Peer, server: SyntheticProcess, requests_n: int = SHORT_RUN_REQUESTS):
+    """A peer's run of the same number of requests, all at once: its whole-process CPU."""
+    with tempfile.TemporaryDirectory(prefix=f"servescope-{peer.venv}-short-") as out_dir:
+        cmd = peer.command(server.url, requests_n, requests_n, TOKENS, Path(out_dir))
+        return process_cpu(cmd, timeout=300, cwd=Path(out_dir), env=peer.env())
+
+
+def _short_runs(runs: int, with_vllm: bool, others: list[peers.Peer] | None = None) -> int:
     """A short run's whole-process CPU (start-up, the requests, the summary, exit), interleaved with vLLM's client."""
     if runs <= 0:
         return 0
@@ -540,6 +597,7 @@ def _short_runs(runs: int, with_vllm: bool) -> int:
         f"{GOAL_SHORT_RUN_CPU_S:g}), {runs} interleaved runs each"
     )
     clients = [("servescope burst", short_run_cpu)] + ([("vllm bench serve", vllm_short_run_cpu)] if with_vllm else [])
+    clients += [(peer.name, lambda server, peer=peer: peer_short_run_cpu(peer, server)) for peer in others or []]
     cpu: dict[str, list[float]] = {name: [] for name, _ in clients}
     failures = 0
     with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
