@@ -13,7 +13,11 @@ if sys.argv[1:2] == ["quick"]:
 # collection while it is built, and frozen after, so no later one walks it again (a collection's pause inside a run
 # grows with the objects it walks; the imports' own collections were a tenth of a short run's CPU).
 gc.disable()
-from loadgen.cli import main  # noqa: E402, I001 - Locust first (gevent monkey-patching)
+from loadgen import startup  # noqa: E402 - imports nothing of gevent's or Locust's
+
+with startup.entry_points_scanned_once():  # gevent's plugin lookups, one scan for all
+    from loadgen.cli import main  # noqa: E402, I001 - Locust first (gevent monkey-patching)
+startup.stop_without_naming_the_caller()
 
 gc.freeze()
 gc.enable()

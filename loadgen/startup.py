@@ -1,0 +1,63 @@
+"""Work Locust and gevent do at start and at stop that a load run never uses, skipped without changing what they do.
+
+- gevent's monkey-patching asks importlib.metadata for its plugins once per module it patches: 25 scans of every
+  installed distribution's metadata while Locust imports. The installed distributions do not change meanwhile, so
+  one scan answers all of them (`entry_points_scanned_once`).
+- Locust's Runner.stop() names its caller in a debug line through inspect.stack(), which reads the source of every
+  frame and, the first time, walks the thousand modules loaded to find their files. With Locust's debug logging
+  off nobody reads that line, and Locust's own fallback (the line without the caller) is taken instead
+  (`stop_without_naming_the_caller`).
+
+Together they were a sixth of a 4-request run's CPU; bench/loadgen_accuracy.py's short run measures it whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def entry_points_scanned_once() -> Iterator[None]:
+    """importlib.metadata.entry_points answered from one scan while the block runs (Locust's import)."""
+    real = importlib.metadata.entry_points
+    scanned: list[importlib.metadata.EntryPoints] = []
+
+    def once(**selection):
+        if not scanned:
+            scanned.append(real())
+        return scanned[0].select(**selection) if selection else scanned[0]
+
+    importlib.metadata.entry_points = once
+    try:
+        yield
+    finally:
+        importlib.metadata.entry_points = real
+
+
+class _CallerUnnamed:
+    """The `inspect` locust.runners sees: stack() as the real one while Locust logs at DEBUG, else refused at once
+    (Runner.stop() catches it and says "couldn't determine where stop() was called from", at DEBUG)."""
+
+    def __init__(self, real, logger: logging.Logger):
+        self._real, self._logger = real, logger
+
+    def stack(self, *args, **kwargs):
+        if self._logger.isEnabledFor(logging.DEBUG):
+            return self._real.stack(*args, **kwargs)[1:]  # from its caller's frame on, as if called directly
+        raise LookupError("the caller is not looked up: Locust's debug logging is off")
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+
+def stop_without_naming_the_caller() -> None:
+    """Locust's runners given the `inspect` above (once; a second call changes nothing)."""
+    import inspect
+
+    import locust.runners
+
+    if not isinstance(locust.runners.inspect, _CallerUnnamed):
+        locust.runners.inspect = _CallerUnnamed(inspect, locust.runners.logger)

@@ -1,0 +1,61 @@
+"""Start-up and stop work skipped in Locust and gevent (loadgen/startup.py): the same answers, fewer scans."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from loadgen import startup
+from tests.harness import run_python
+
+
+def test_entry_points_scanned_once_give_what_every_scan_gives_and_the_real_function_back(monkeypatch):
+    real = importlib.metadata.entry_points
+    expected = sorted(ep.name for ep in real(group="console_scripts"))
+    scans = []
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: scans.append(kw) or real(**kw))
+    counting = importlib.metadata.entry_points
+    with startup.entry_points_scanned_once():
+        first = sorted(ep.name for ep in importlib.metadata.entry_points(group="console_scripts"))
+        again = sorted(ep.name for ep in importlib.metadata.entry_points(group="console_scripts"))
+        none = list(importlib.metadata.entry_points(group="servescope.no-such-group"))
+        everything = importlib.metadata.entry_points()
+    assert first == again == expected and none == []
+    assert "console_scripts" in everything.groups
+    assert scans == [{}]  # four questions, one scan of everything
+    assert importlib.metadata.entry_points is counting
+
+
+def test_gevent_patches_the_same_under_one_scan():
+    # In a fresh interpreter: Locust imported inside the block patches the socket module as it always does.
+    probe = (
+        "from loadgen import startup\n"
+        "with startup.entry_points_scanned_once():\n"
+        "    import locust\n"
+        "import socket, gevent.socket, gevent.monkey, importlib.metadata\n"
+        "print(socket.socket is gevent.socket.socket, gevent.monkey.is_module_patched('threading'),\n"
+        "      importlib.metadata.entry_points.__module__)\n"
+    )
+    out = run_python("-c", probe, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "importlib.metadata"]
+
+
+def test_a_stop_names_its_caller_only_when_locust_logs_at_debug():
+    # In a fresh interpreter: Locust must be imported first there (gevent's patching), never inside pytest's.
+    probe = (
+        "import locust, inspect, logging, locust.runners\n"
+        "from loadgen import startup\n"
+        "startup.stop_without_naming_the_caller()\n"
+        "startup.stop_without_naming_the_caller()\n"
+        "shim = locust.runners.inspect\n"
+        "print(isinstance(shim, startup._CallerUnnamed), shim._real is inspect, shim.getframeinfo is inspect.getframeinfo)\n"
+        "try:\n"
+        "    shim.stack()\n"
+        "except LookupError:\n"
+        "    print('refused')\n"
+        "locust.runners.logger.setLevel(logging.DEBUG)\n"
+        "print(shim.stack()[0].function)\n"
+    )
+    out = run_python("-c", probe, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True", "refused", "<module>"]
