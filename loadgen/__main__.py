@@ -15,6 +15,7 @@ if sys.argv[1:2] == ["quick"]:
 gc.disable()
 from loadgen import startup  # noqa: E402 - imports nothing of gevent's or Locust's
 
+startup.without_the_web_ui()
 with startup.entry_points_scanned_once():  # gevent's plugin lookups, one scan for all
     from loadgen.cli import main  # noqa: E402, I001 - Locust first (gevent monkey-patching)
 startup.stop_without_naming_the_caller()

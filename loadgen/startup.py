@@ -8,7 +8,11 @@
   off nobody reads that line, and Locust's own fallback (the line without the caller) is taken instead
   (`stop_without_naming_the_caller`).
 
-Together they were a sixth of a 4-request run's CPU; bench/loadgen_accuracy.py's short run measures it whole.
+- Locust imports its web UI (Flask, Jinja2, Werkzeug) whatever it runs. `python -m loadgen` never makes one:
+  `make webui` execs Locust's own main, which imports it as usual. So here `locust.web` is a stand-in whose WebUI
+  refuses to be made (`without_the_web_ui`).
+
+Together they were a quarter of a 4-request run's CPU; bench/loadgen_accuracy.py's short run measures it whole.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import logging
+import sys
+import types
 from collections.abc import Iterator
 
 
@@ -61,3 +67,19 @@ def stop_without_naming_the_caller() -> None:
 
     if not isinstance(locust.runners.inspect, _CallerUnnamed):
         locust.runners.inspect = _CallerUnnamed(inspect, locust.runners.logger)
+
+
+class _NoWebUI:
+    """locust.web.WebUI in a `python -m loadgen` process: never made there."""
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("python -m loadgen runs Locust headless; its web UI is `make webui` (Locust's own main)")
+
+
+def without_the_web_ui() -> None:
+    """`locust.web` stood in for, before Locust is imported (after, it is the real one and stays)."""
+    if "locust" in sys.modules:
+        return
+    stand_in = types.ModuleType("locust.web", "Locust's web UI, not loaded: loadgen/startup.py")
+    stand_in.WebUI = _NoWebUI
+    sys.modules["locust.web"] = stand_in

@@ -59,3 +59,32 @@ def test_a_stop_names_its_caller_only_when_locust_logs_at_debug():
     out = run_python("-c", probe, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "True", "refused", "<module>"]
+
+
+def test_a_headless_process_imports_no_web_framework_and_refuses_a_web_ui():
+    probe = (
+        "import sys\n"
+        "from loadgen import startup\n"
+        "startup.without_the_web_ui()\n"
+        "import loadgen.cli, locust.env\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'flask', 'werkzeug', 'flask_cors', 'flask_login'}))\n"
+        "try:\n"
+        "    locust.env.Environment().create_web_ui()\n"
+        "except RuntimeError as exc:\n"
+        "    print(str(exc).split(';')[0])\n"
+    )
+    out = run_python("-c", probe, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "python -m loadgen runs Locust headless"]
+
+
+def test_the_web_ui_stand_in_is_not_put_in_after_locust_is_imported():
+    probe = (
+        "import locust, locust.web, sys\n"
+        "from loadgen import startup\n"
+        "startup.without_the_web_ui()\n"
+        "print(sys.modules['locust.web'].__file__.endswith('web.py'))\n"
+    )
+    out = run_python("-c", probe, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"]
