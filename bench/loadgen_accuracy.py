@@ -504,6 +504,16 @@ def peer_run(
             raise RuntimeError(f"{peer.name}: its result could not be read ({exc})") from None
 
 
+def print_other(row: str, window: Window, repetition: int) -> None:
+    """Another client's table row and its CPU in the window (it keeps no send stamps: no send delay line)."""
+    print(row, flush=True)
+    print(
+        f"  client CPU in the window {window.cpu_s:.2f} s, {window.tokens_per_cpu_s:,.0f} tokens per CPU-s "
+        f"(repetition {repetition}, load {os.getloadavg()[0]:.2f})",
+        flush=True,
+    )
+
+
 def _peer_level(concurrency: int, bursts: int, others: list[peers.Peer], repetition: int) -> int:
     """The other load testers at one level, each on a fresh server, as vLLM's client runs; 1 per failed peer."""
     failures = 0
@@ -515,15 +525,8 @@ def _peer_level(concurrency: int, bursts: int, others: list[peers.Peer], repetit
                 print(f"{peer.name:<18} {concurrency:>4} failed: {exc}")
                 failures += 1
                 continue
-            print(
-                accuracy_row(f"{peer.name}*"[:18], concurrency, got.completed, got.ttfts, got.itls, server.stats()),
-                flush=True,
-            )
-            print(
-                f"  client CPU in the window {window.cpu_s:.2f} s, {window.tokens_per_cpu_s:,.0f} tokens per CPU-s "
-                f"(repetition {repetition}, load {os.getloadavg()[0]:.2f})",
-                flush=True,
-            )
+            row = accuracy_row(f"{peer.name}*"[:18], concurrency, got.completed, got.ttfts, got.itls, server.stats())
+            print_other(row, window, repetition)
     return failures
 
 
@@ -569,15 +572,10 @@ def _level(concurrency: int, bursts: int, clients: list[str], with_vllm: bool, r
                 print(f"{'vllm bench serve':<18} {concurrency:>4} failed: {exc}")
                 return failures + 1
             ttfts, itls = content_aligned(result)
-            print(
-                accuracy_row("vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()),
-                flush=True,
+            row = accuracy_row(
+                "vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()
             )
-            print(
-                f"  client CPU in the window {window.cpu_s:.2f} s, {window.tokens_per_cpu_s:,.0f} tokens per CPU-s "
-                f"(repetition {repetition}, load {os.getloadavg()[0]:.2f})",
-                flush=True,
-            )
+            print_other(row, window, repetition)
     return failures
 
 
