@@ -8,6 +8,13 @@ from loadgen import startup
 from tests.harness import run_python
 
 
+def in_a_fresh_interpreter(probe: str) -> str:
+    """The probe's output, run where Locust is imported first (gevent's patching), never inside pytest's process."""
+    out = run_python("-c", probe, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_entry_points_scanned_once_give_what_every_scan_gives_and_the_real_function_back(monkeypatch):
     real = importlib.metadata.entry_points
     expected = sorted(ep.name for ep in real(group="console_scripts"))
@@ -35,9 +42,7 @@ def test_gevent_patches_the_same_under_one_scan():
         "print(socket.socket is gevent.socket.socket, gevent.monkey.is_module_patched('threading'),\n"
         "      importlib.metadata.entry_points.__module__)\n"
     )
-    out = run_python("-c", probe, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True", "importlib.metadata"]
+    assert in_a_fresh_interpreter(probe).split() == ["True", "True", "importlib.metadata"]
 
 
 def test_a_stop_names_its_caller_only_when_locust_logs_at_debug():
@@ -56,9 +61,7 @@ def test_a_stop_names_its_caller_only_when_locust_logs_at_debug():
         "locust.runners.logger.setLevel(logging.DEBUG)\n"
         "print(shim.stack()[0].function)\n"
     )
-    out = run_python("-c", probe, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True", "True", "refused", "<module>"]
+    assert in_a_fresh_interpreter(probe).split() == ["True", "True", "True", "refused", "<module>"]
 
 
 def test_a_headless_process_imports_no_web_framework_and_refuses_a_web_ui():
@@ -73,9 +76,7 @@ def test_a_headless_process_imports_no_web_framework_and_refuses_a_web_ui():
         "except RuntimeError as exc:\n"
         "    print(str(exc).split(';')[0])\n"
     )
-    out = run_python("-c", probe, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["[]", "python -m loadgen runs Locust headless"]
+    assert in_a_fresh_interpreter(probe).splitlines() == ["[]", "python -m loadgen runs Locust headless"]
 
 
 def test_the_web_ui_stand_in_is_not_put_in_after_locust_is_imported():
@@ -85,6 +86,4 @@ def test_the_web_ui_stand_in_is_not_put_in_after_locust_is_imported():
         "startup.without_the_web_ui()\n"
         "print(sys.modules['locust.web'].__file__.endswith('web.py'))\n"
     )
-    out = run_python("-c", probe, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True"]
+    assert in_a_fresh_interpreter(probe).split() == ["True"]
