@@ -7,12 +7,11 @@
   frame and, the first time, walks the thousand modules loaded to find their files. With Locust's debug logging
   off nobody reads that line, and Locust's own fallback (the line without the caller) is taken instead
   (`stop_without_naming_the_caller`).
-
-- Locust imports its web UI (Flask, Jinja2, Werkzeug) whatever it runs. `python -m loadgen` never makes one:
+- Locust imports its web UI (Flask, Werkzeug and their extensions) whatever it runs. `python -m loadgen` never makes one:
   `make webui` execs Locust's own main, which imports it as usual. So here `locust.web` is a stand-in whose WebUI
   refuses to be made (`without_the_web_ui`).
 
-Together they were a quarter of a 4-request run's CPU; bench/loadgen_accuracy.py's short run measures it whole.
+Together they were about a fifth of a 4-request run's CPU; bench/loadgen_accuracy.py's short run measures it whole.
 """
 
 from __future__ import annotations
