@@ -342,10 +342,11 @@ def _compute(b: Binding, failing: Level, below, engine, spec, open_loop, lowest)
     b.engine_allowed_cores = max(allowed) if allowed else None
     left = [x for x in map(cores_left, measured) if x is not None]
     b.engine_available_cores = statistics.fmean(left) if left else b.engine_allowed_cores
-    if b.engine_cores is None or not b.engine_available_cores:
+    cpu_measured = b.engine_cores is not None and bool(b.engine_available_cores)
+    squeezed = cpu_measured and b.engine_available_cores < thresholds.ENGINE_CORES_LEFT_MIN
+    if not cpu_measured:
         cpu, busy = "the engine's CPU was not measured (not on this host?)", False
     else:
-        squeezed = b.engine_available_cores < thresholds.ENGINE_CORES_LEFT_MIN
         busy = not squeezed and b.engine_cores >= thresholds.ENGINE_CPU_NEAR * b.engine_available_cores
         others = (
             f" ({b.engine_allowed_cores:g} allowed, the rest used by other programs)"
@@ -371,9 +372,9 @@ def _compute(b: Binding, failing: Level, below, engine, spec, open_loop, lowest)
     if not busy:
         missing.append(
             "CPU not measured"
-            if b.engine_cores is None
+            if not cpu_measured
             else f"other programs left the engine under {thresholds.ENGINE_CORES_LEFT_MIN:g} cores"
-            if b.engine_available_cores < thresholds.ENGINE_CORES_LEFT_MIN
+            if squeezed
             else f"the engine's CPU below {thresholds.ENGINE_CPU_NEAR:.0%} of the cores it could have"
         )
     b.evidence = f"{queued}; {grew or 'no latency compared'}; {cpu} ({', '.join(missing)}: compute not claimed)"

@@ -244,6 +244,14 @@ def test_an_engine_other_programs_squeezed_to_a_sliver_of_a_core_is_not_called_c
     assert "compute not claimed" in b.evidence
 
 
+def test_an_engine_whose_cores_were_not_recorded_says_its_cpu_was_not_measured():
+    # Its CPU read, but neither its allowed cores nor the machine's: nothing to set the CPU against.
+    unknown = {**noise(), "engine_allowed_cores": None, "cores": None}
+    failing = level(4, [record(i, tpot=0.08) for i in range(20)], [sample(i, running=4) for i in range(30)], [unknown])
+    b = classify(failing, BELOW)
+    assert b.resource == binding.UNDECIDED and "CPU not measured" in b.evidence
+
+
 def test_a_client_that_waited_for_its_core_a_quarter_of_the_phase_is_the_client():
     """Seen with the load generator at nice 19 beside a hog on its core: CPU 0.06, waiting 0.62: busy only 69%, but
     every stamp it took was late by its turn."""
