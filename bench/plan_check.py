@@ -388,28 +388,24 @@ def check(argv: list[str] | None) -> int:
                     now, now_busy = Speed.mean([before[0], after[0]]), Speed.mean([before[1], after[1]])
                     speeds.append((now, now_busy))
                     row = measured(folder, spec, args.duration)
-                    attained, met[n], sample, speed = row.attained, row.meets, row.sample, row.tpot_s
+                    met[n], sample = row.meets, row.sample
                     offered = offered or sample
-                    predicted = plan.predict(profile, sample, n, spec, policy, 5, args.duration, sharing)
-                    judged = predicted
-                    if probing:
-                        row_profile, row_sharing = at_speed(profile, sharing, knee_at, now, now_busy)
-                        judged = plan.predict(row_profile, sample, n, spec, policy, 5, args.duration, row_sharing)
-                    diff = (
-                        (judged.attainment - attained) * 100
-                        if judged.attainment is not None and attained is not None
-                        else None
-                    )
+
+                    def attainment(p, s, sample=sample, n=n, policy=policy):
+                        """This row's arrivals over n replicas drawing from profile p (and its busy twin s)."""
+                        return plan.predict(p, sample, n, spec, policy, 5, args.duration, s).attainment
+
+                    predicted = attainment(profile, sharing)
+                    judged = attainment(*at_speed(profile, sharing, knee_at, now, now_busy)) if probing else predicted
+                    diff = (judged - row.attained) * 100 if judged is not None and row.attained is not None else None
                     failures += diff is None or abs(diff) > 5
-                    cells = [f"{policy:<12}", f"{rate:>9g}", f"{n:>9}", f"{_pct(predicted.attainment):>9}"]
-                    cells += [f"{_pct(judged.attainment):>9}"] if probing else []
-                    cells += [f"{_pct(attained):>9}", f"{'-' if diff is None else f'{diff:+.1f}p':>9}"]
-                    cells += [f"{len(sample.arrivals):>9}", f"{_ms(speed):>9}"]
+                    cells = [f"{policy:<12}", f"{rate:>9g}", f"{n:>9}", f"{_pct(predicted):>9}"]
+                    cells += [f"{_pct(judged):>9}"] if probing else []
+                    cells += [f"{_pct(row.attained):>9}", f"{'-' if diff is None else f'{diff:+.1f}p':>9}"]
+                    cells += [f"{len(sample.arrivals):>9}", f"{_ms(row.tpot_s):>9}"]
                     cells += [f"{_ms(now.tpot_s if now else None):>9}"] if probing else []
                     cells += [f"{_ms(now_busy.tpot_s):>9}"] if now_busy else ([f"{'':>9}"] if probing else [])
-                    own_profile, own_sharing = at_row_speed(profile, sharing, row)
-                    diagnostic = plan.predict(own_profile, sample, n, spec, policy, 5, args.duration, own_sharing)
-                    cells += [f"{_pct(diagnostic.attainment):>9}"]
+                    cells += [f"{_pct(attainment(*at_row_speed(profile, sharing, row))):>9}"]
                     print(" ".join(cells))
                 if len(counts) > 1 and offered is not None:
                     at_profile, at_sharing = (
