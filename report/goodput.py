@@ -165,7 +165,7 @@ def _good(terms) -> str:
 def request_outcomes(run: Run, spec: slo.SloSpec, where: str, params: list) -> dict[str, np.ndarray]:
     """Per request of the selection, in the report's order: good (1 or 0: evaluate's rule, request by request), ok,
     finished_at (slo.finished_at: send + E2E), e2e_s (NaN without one) and output_tokens (0 without)."""
-    carry = "started_at, arrival_index, line_no, started_at + coalesce(e2e_s, 0.0) AS finished_at, e2e_s, "
+    carry = "started_at, arrival_index, seq, started_at + coalesce(e2e_s, 0.0) AS finished_at, e2e_s, "
     rows = run.con.execute(
         f"SELECT ({_good(spec.terms)})::DOUBLE AS good, ok::DOUBLE AS ok, finished_at, e2e_s::DOUBLE AS e2e_s, "
         f"coalesce(output_tokens, 0)::DOUBLE AS output_tokens FROM {_values(run, spec.terms, where, carry)} "

@@ -83,7 +83,7 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
     # long run's million times never become Python floats.
     run.con.execute(
         f"CREATE OR REPLACE TEMP TABLE request_times AS SELECT * FROM (SELECT instance, phase, prompt_id, started_at, "
-        f"arrival_index, line_no, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok) WHERE t IS NOT NULL"
+        f"arrival_index, seq, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok) WHERE t IS NOT NULL"
     )
     try:
         counts = run.con.execute(

@@ -21,8 +21,8 @@ import numpy as np
 from report import stats
 from servescope import runreader
 
-# The report's order of requests: as sent, ties by arrival within a burst, then as written.
-ORDER = "started_at, coalesce(arrival_index, 0), line_no"
+# The report's order of requests: as sent, ties by arrival within a burst (the reader numbers them so: runreader.SEQ).
+ORDER = runreader.SEQ
 FETCH_WHOLE = 2_000_000  # a pool up to this many values (16 MB) is fetched and computed on like a list
 # The even sample that places the brackets: its size sets how much each pass fetches (about 12 / sqrt of it of the
 # pool per bracket), never the result.
@@ -139,8 +139,8 @@ class Pool:
             rows = self.n / runreader.LIST_SAMPLE_EVERY
             keep = max(1, round(rows / SAMPLE_VALUES))
             sql = (
-                f"SELECT unnest(itl_s_sample) AS v FROM requests WHERE ({self.where}) AND hash(line_no) % {keep} = 0 "
-                f"ORDER BY line_no"
+                f"SELECT unnest(itl_s_sample) AS v FROM requests WHERE ({self.where}) AND hash(seq) % {keep} = 0 "
+                f"ORDER BY seq"
             )
             self._sample = np.asarray(self.con.execute(sql, self.params).fetchnumpy()["v"], dtype=float)
         return self._sample
@@ -232,7 +232,7 @@ class Pool:
         """The pool's values, CHUNK_VALUES or so at a time (whole requests, in line order); the engine fetches the next
         chunk while the caller works on this one (both let go of the GIL)."""
         first, last, lines = self.con.execute(
-            f"SELECT min(line_no), max(line_no), count(*) FROM requests WHERE {self.where}", self.params
+            f"SELECT min(seq), max(seq), count(*) FROM requests WHERE {self.where}", self.params
         ).fetchone()
         if not lines:
             return
@@ -243,7 +243,7 @@ class Pool:
             # The lists as they are stored (one array each), joined here: faster than unnesting them in the engine
             # and converting its column.
             lists = cursor.execute(
-                f"SELECT itl_s FROM requests WHERE ({self.where}) AND line_no >= {start} AND line_no < {start + step}",
+                f"SELECT itl_s FROM requests WHERE ({self.where}) AND seq >= {start} AND seq < {start + step}",
                 self.params,
             ).fetchnumpy()["itl_s"]
             return np.concatenate([*lists, np.zeros(0)]).astype(float, copy=False)

@@ -44,6 +44,11 @@ SPECS = {
     "phases": runcontract.PHASE_FIELDS,
     "samples": runcontract.SAMPLE_FIELDS,
 }
+# Each view's column SEQ numbers its records from 1 in the order the report takes them. Requests: as sent (started_at),
+# ties by arrival within a burst, then by the record itself (_number_sql), numbered once read (any reading order
+# gives the same numbers, so the JSON reader may read on every core); the other files: as written (the line).
+SEQ = "seq"
+SEQ_ORDER = {"requests": "started_at, coalesce(arrival_index, 0)"}
 # Memory the engine may use before it spills to its temporary directory; the report process's peak stays near
 # this plus the plots, whatever the size of the run.
 MEMORY_LIMIT = "1GB"
@@ -290,9 +295,11 @@ def _raw_suspect(spec: tuple[Field, ...]) -> str:
     return " OR ".join([f"regexp_matches(line, {_q(_suspect_pattern(spec))})"] + _suspect_strings(spec))
 
 
-def _fast_columns(spec: tuple[Field, ...], limits: tuple[float, ...] = ()) -> tuple[str, str, list[str]]:
+def _fast_columns(
+    spec: tuple[Field, ...], limits: tuple[float, ...] = (), numbered: bool = False
+) -> tuple[str, str, list[str]]:
     """(suspect condition, reason for an unsuspected line, typed value columns) from the typed parse k and the
-    summaries."""
+    summaries; numbered: with an empty SEQ column beside them."""
     suspect = " OR ".join(["k IS NULL"] + [f"k.{f.name} IS NULL" for f in spec if f.required] + [_raw_suspect(spec)])
     checks = [c for f in spec for c in _range_checks(f, f"k.{f.name}", summarized=True)] + _cross_checks(spec, "k.{}")
     reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in checks) + " END" if checks else "NULL"
@@ -316,6 +323,8 @@ def _fast_columns(spec: tuple[Field, ...], limits: tuple[float, ...] = ()) -> tu
             every = LIST_SAMPLE_EVERY
             offset = f"1 + hash(k.started_at) % {every}"  # moves from line to line (lines are numbered later)
             columns.append(f"list_slice(k.{f.name}, {offset}, {f.name}_n, {every}) AS {f.name}_sample")
+    if numbered:
+        columns.append(f"NULL::BIGINT AS {SEQ}")  # numbered once every line is read (_number_sql)
     return suspect, reason, columns
 
 
@@ -336,7 +345,12 @@ def _lines(path: Path, rejects: str | None = None) -> str:
 
 
 def _ingest_sql(
-    table: str, path: Path | None, spec: tuple[Field, ...], rejects: str | None, limits: tuple[float, ...] = ()
+    table: str,
+    path: Path | None,
+    spec: tuple[Field, ...],
+    rejects: str | None,
+    limits: tuple[float, ...] = (),
+    order: str | None = None,
 ) -> list[str]:
     """Statements that read one JSONL file into table: a typed parse of every line (fast), then the full check of
     the few lines the typed parse could have read leniently (their raw text is kept for it). No file (path None):
@@ -345,9 +359,10 @@ def _ingest_sql(
     A row's rowid + 1 is its line number: the scan keeps the file's order and gives blank lines a row too (kept, with
     the reason '': no row is ever deleted, so no checkpoint can renumber the rest). Asking
     the scan for numbered lines (WITH ORDINALITY) or for rejected lines would make it single-threaded, so the
-    second (rejects) is only asked for when the first read failed on a line that is not text at all."""
+    second (rejects) is only asked for when the first read failed on a line that is not text at all.
+    order: the file's send order (SEQ_ORDER), by which its accepted rows are numbered last (_number_sql)."""
     lines = _lines(path, rejects) if path is not None else "(SELECT NULL::VARCHAR AS line LIMIT 0)"
-    suspect, reason, columns = _fast_columns(spec, limits)
+    suspect, reason, columns = _fast_columns(spec, limits, numbered=order is not None)
     return [
         f"CREATE TABLE {table} AS "
         f"WITH src AS (SELECT coalesce(line, '') AS line, TRY(from_json(line, {_struct(spec, typed=True)})) AS k "
@@ -361,17 +376,20 @@ def _ingest_sql(
         f"FROM {table} WHERE raw IS NOT NULL)",
         f"UPDATE {table} SET reason = c.reason, raw = NULL FROM {table}_checks c WHERE {table}.rowid = c.rid",
         f"DROP TABLE {table}_checks",
-    ]
+    ] + ([_number_sql(table, spec, order, in_file_order=True)] if order is not None else [])
 
 
-def _clean_sql(table: str, path: Path, spec: tuple[Field, ...], limits: tuple[float, ...] = ()) -> tuple[str, str]:
+def _clean_sql(
+    table: str, path: Path, spec: tuple[Field, ...], limits: tuple[float, ...] = (), order: str | None = None
+) -> tuple[str, str]:
     """(scan, read) for a file with no line a typed parse could read leniently, the common case: the same table as
     _ingest_sql's, its values parsed by DuckDB's JSON reader (in parallel, with no line held as a string), while the
     scan of the raw lines counts them and asks whether any is blank or suspect (the checks _ingest_sql makes, on the
     text alone). The reader refuses a line that is not one JSON object (a torn or malformed one, two objects, one
     split over lines, a key written twice, a list inside a number list) and skips a blank one; otherwise it yields
-    one row per line, in file order: when it yields as many rows as the scan counted lines, its row numbers are the
-    line numbers."""
+    one row per line: when it yields as many rows as the scan counted lines, every line is a row. In file order
+    (its row numbers the line numbers) unless the file has a send order (order): then the reader is free to interleave
+    the rows its threads read, and _number_sql numbers them after."""
     text = ", ".join(_list_text(spec))
     scan = (
         f"SELECT count(*), count(*) FILTER (WHERE {_raw_suspect(spec)}) "
@@ -382,7 +400,7 @@ def _clean_sql(table: str, path: Path, spec: tuple[Field, ...], limits: tuple[fl
         f"read_json({_q(str(path))}, format='newline_delimited', columns={{{types}}}, "
         f"maximum_object_size={_MAX_LINE_BYTES})"
     )
-    _, reason, columns = _fast_columns(spec, limits)
+    _, reason, columns = _fast_columns(spec, limits, numbered=order is not None)
     summaries = ", ".join(["k"] + _list_summaries(spec, limits))
     read = (
         f"CREATE TABLE {table} AS SELECT NULL::VARCHAR AS raw, {reason} AS reason, {', '.join(columns)} "
@@ -391,14 +409,18 @@ def _clean_sql(table: str, path: Path, spec: tuple[Field, ...], limits: tuple[fl
     return scan, read
 
 
-def _ingest_clean(con, table: str, path: Path, spec: tuple[Field, ...], limits: tuple[float, ...]) -> bool:
+def _ingest_clean(
+    con, table: str, path: Path, spec: tuple[Field, ...], limits: tuple[float, ...], order: str | None = None
+) -> bool:
     """Read a clean file (_clean_sql) into table, its scan on a second cursor meanwhile; False, and no table left,
     when the file is not clean (the caller reads it the full way: every line its own check, each refusal its reason).
     Why: the line-by-line read parses each line string on one thread; here the JSON reader parses on every core and
-    the scan of the raw text runs beside it, for about the same CPU time."""
+    the scan of the raw text runs beside it, for about the same CPU time. A file with a send order (order) is read
+    without keeping the file's order and numbered after (_number_sql): kept under the build's memory limit, the order
+    held the read to one thread (docs/pieces.md)."""
     import duckdb
 
-    scan_sql, read_sql = _clean_sql(table, path, spec, limits)
+    scan_sql, read_sql = _clean_sql(table, path, spec, limits, order)
     scanned: list = []
     cursor = con.cursor()
 
@@ -411,10 +433,15 @@ def _ingest_clean(con, table: str, path: Path, spec: tuple[Field, ...], limits: 
     thread = threading.Thread(target=scan, name="runreader-scan", daemon=True)
     thread.start()
     try:
+        if order is not None:
+            con.execute("SET preserve_insertion_order = false")
         con.execute(read_sql)
         read = True
     except duckdb.Error:
         read = False
+    finally:
+        if order is not None:
+            con.execute("RESET preserve_insertion_order")
     thread.join()
     cursor.close()
     result = scanned[0] if scanned else None
@@ -424,26 +451,45 @@ def _ingest_clean(con, table: str, path: Path, spec: tuple[Field, ...], limits: 
             f"FROM {table}"
         ).fetchone()
         if rows == result[0] and missing == 0:
+            if order is not None:
+                con.execute(_number_sql(table, spec, order, in_file_order=False))
             return True
     con.execute(f"DROP TABLE IF EXISTS {table}")
     return False
+
+
+def _number_sql(table: str, spec: tuple[Field, ...], order: str, in_file_order: bool) -> str:
+    """Number the accepted rows of table (column SEQ, from 1) in the file's send order, ties broken by a hash of each
+    record's values (its number lists by their summaries: hashing every gap cost a third of the read) and, where the
+    rows are in file order, by the line. Records alike in all of those can differ only in their gaps' order or in
+    gaps their summaries do not show; between two such records the order is the reader's."""
+    values = [f.name for f in spec if f.kind != "floats"]
+    values += [f"{f.name}_{name}" for f in spec if f.kind == "floats" for name in LIST_SUMMARY]
+    key = f"{order}, hash({', '.join(values)})" + (", rowid" if in_file_order else "")
+    return (
+        f"UPDATE {table} SET {SEQ} = numbered.n FROM (SELECT rowid AS rid, row_number() OVER (ORDER BY {key}) AS n "
+        f"FROM {table} WHERE reason IS NULL) numbered WHERE {table}.rowid = numbered.rid"
+    )
 
 
 def _settings(con) -> None:
     con.execute("SET enable_progress_bar = false")  # the report's output is its own
 
 
-def _ingest(con, table: str, path: Path | None, spec: tuple[Field, ...], limits: tuple[float, ...]) -> str | None:
+def _ingest(
+    con, table: str, path: Path | None, spec: tuple[Field, ...], limits: tuple[float, ...], order: str | None = None
+) -> str | None:
     """Read one file (None or not there: the same table, empty) into table; the name of the table of lines the scan
-    itself set aside (line, error_message), or None when it set none aside."""
+    itself set aside (line, error_message), or None when it set none aside. order: the file's send order (SEQ_ORDER),
+    its accepted rows numbered by it in column SEQ."""
     if path is None or not path.exists():
-        for statement in _ingest_sql(table, None, spec, None, limits):
+        for statement in _ingest_sql(table, None, spec, None, limits, order):
             con.execute(statement)
         return None
-    if _ingest_clean(con, table, path, spec, limits):
+    if _ingest_clean(con, table, path, spec, limits, order):
         return None
     try:
-        for statement in _ingest_sql(table, path, spec, None, limits):
+        for statement in _ingest_sql(table, path, spec, None, limits, order):
             con.execute(statement)
         return None
     except __import__("duckdb").InvalidInputException:
@@ -452,7 +498,7 @@ def _ingest(con, table: str, path: Path | None, spec: tuple[Field, ...], limits:
         con.execute(f"DROP TABLE IF EXISTS {table}")
         con.execute(f"DROP TABLE IF EXISTS {table}_checks")
         rejects = f"{table}_rejects"
-        for statement in _ingest_sql(table, path, spec, rejects, limits):
+        for statement in _ingest_sql(table, path, spec, rejects, limits, order):
             con.execute(statement)
         # The scan's own table is a temporary one: kept with the lines it describes.
         con.execute(f"CREATE TABLE {table}_set_aside AS SELECT line, error_message FROM {rejects}_errors")
@@ -491,7 +537,7 @@ def regular(path: Path) -> bool:
 
 # --- the run's index: the JSONL read once, kept beside it (runcontract.INDEX) ---
 INDEX_MIN_MB = 32  # the RUN_INDEX_MIN_MB knob's default: smaller runs (~16,000 requests) read fast from the JSONL
-_INDEX_FORMAT = "2"  # raise when what the index holds changes in a way the reading rules' text does not show
+_INDEX_FORMAT = "3"  # raise when what the index holds changes in a way the reading rules' text does not show
 _ABSENT = "absent"
 _ENDS_BYTES = 64 << 10  # the head and the tail of each JSONL that the index's stamp hashes
 
@@ -552,8 +598,8 @@ def _fingerprint() -> str:
 
     text = [_INDEX_FORMAT, duckdb.__version__]
     for view, spec in SPECS.items():
-        text += _ingest_sql(f"{view}_lines", None, spec, None, ())
-        text += _clean_sql(f"{view}_lines", Path("-"), spec, ())
+        text += _ingest_sql(f"{view}_lines", None, spec, None, (), SEQ_ORDER.get(view))
+        text += _clean_sql(f"{view}_lines", Path("-"), spec, (), SEQ_ORDER.get(view))
     return hashlib.sha256("\n".join(text).encode()).hexdigest()
 
 
@@ -621,8 +667,9 @@ def _why(exc: Exception) -> str:
 
 
 class RunData:
-    """A run folder's JSONL files read into DuckDB: per file a table <view>_lines (every line, its row number its line
-    number, the reason it was refused, '' for a blank line, or NULL) and a view of the accepted lines (VIEWS).
+    """A run folder's JSONL files read into DuckDB: per file a table <view>_lines (a row per line: the reason it was
+    refused, '' for a blank line, or NULL) and a view of the accepted lines (VIEWS), numbered in the report's order
+    (SEQ).
 
     A run whose requests.jsonl passes the index threshold (INDEX_MIN_MB) is read once into the run's index
     (runcontract.INDEX, beside the JSONL it copies) and every later reader opens that instead of parsing the JSON again,
@@ -687,7 +734,12 @@ class RunData:
             read = {name: name in files and (self.folder / name).exists() for name in VIEWS}
             set_aside = {
                 name: _ingest(
-                    self.con, tables[name], self.folder / name if read[name] else None, SPECS[view], self.limits
+                    self.con,
+                    tables[name],
+                    self.folder / name if read[name] else None,
+                    SPECS[view],
+                    self.limits,
+                    SEQ_ORDER.get(view),
                 )
                 for name, view in VIEWS.items()
             }
@@ -701,10 +753,8 @@ class RunData:
         self._closer()
 
     def _view(self, view: str, table: str) -> None:
-        self.con.execute(
-            f"CREATE VIEW {view} AS SELECT rowid + 1 AS line_no, * EXCLUDE (raw, reason) FROM {table} "
-            f"WHERE reason IS NULL"
-        )
+        seq = "" if view in SEQ_ORDER else f"rowid + 1 AS {SEQ}, "  # numbered as read (SEQ_ORDER), else by line
+        self.con.execute(f"CREATE VIEW {view} AS SELECT {seq}* EXCLUDE (raw, reason) FROM {table} WHERE reason IS NULL")
 
     def _make_index(self, index: Path, quiet: bool = False) -> bool:
         """Read every file of the run into a new index beside them (written under a temporary name, renamed when
@@ -729,7 +779,14 @@ class RunData:
                 meta = {"fingerprint": _fingerprint(), "limits": json.dumps(self.limits), "sealed": str(sealed)}
                 for name, view in VIEWS.items():
                     path = self.folder / name
-                    rejects = _ingest(con, f"{view}_lines", path if path.exists() else None, SPECS[view], self.limits)
+                    rejects = _ingest(
+                        con,
+                        f"{view}_lines",
+                        path if path.exists() else None,
+                        SPECS[view],
+                        self.limits,
+                        SEQ_ORDER.get(view),
+                    )
                     meta[f"file {name}"] = stamps[name]
                     meta[f"set aside {name}"] = rejects or ""
                 con.execute("CREATE TABLE index_meta (name VARCHAR, value VARCHAR)")
@@ -807,7 +864,7 @@ class RunData:
         cls,
         where: str = "",
         params: list | None = None,
-        order: str = "line_no",
+        order: str = SEQ,
         con=None,
         skip: tuple[str, ...] = (),
     ) -> Iterator:

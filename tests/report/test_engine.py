@@ -84,7 +84,7 @@ def test_the_same_numbers_as_the_list_based_report(tmp_path, monkeypatch, storag
 
 def test_a_database_file_keeps_every_line_number_through_blank_refused_and_torn_lines(tmp_path, monkeypatch):
     """Line numbers are row ids: no row is deleted (a blank line keeps one), so a database file and the run's index,
-    checkpointed, keep them as memory does."""
+    checkpointed, keep them as memory does; the accepted records are numbered in send order (seq) in all four."""
     lines = (RUNS / "live-failures" / "requests.jsonl").read_text().splitlines()[:-1]  # its last line is torn
     bad = json.loads(lines[3])
     bad["ttft_s"] = "0.2"
@@ -103,18 +103,55 @@ def test_a_database_file_keeps_every_line_number_through_blank_refused_and_torn_
         monkeypatch.setenv("RUN_INDEX_MIN_MB", index)
         data = RunData(folder, files=(runfolder.REQUESTS,))
         try:
-            rows = data.con.execute("SELECT line_no, started_at FROM requests ORDER BY line_no").fetchall()
+            rows = data.con.execute("SELECT seq, started_at FROM requests ORDER BY seq").fetchall()
             read[storage] = (rows, data.skips.lines())
         finally:
             data.close()
     assert read["file"] == read["memory"] == read["index"] == read["reused index"]
     rows, skipped = read["file"]
-    assert [n for n, _ in rows] == [1, 3, *range(7, len(mixed))], skipped
+    accepted = [json.loads(mixed[n - 1]) for n in [1, 3, *range(7, len(mixed))]]
+    assert [n for n, _ in rows] == list(range(1, len(accepted) + 1)), skipped
+    assert [t for _, t in rows] == sorted(r["started_at"] for r in accepted)
     assert skipped == [
         "requests.jsonl: 1 record skipped, ttft_s: expected a number, got a string (line 4)",
         "requests.jsonl: 1 record skipped, not a JSON record (line 6)",
         f"requests.jsonl: 1 record skipped, {runfolder.TORN} (line {len(mixed)})",
     ]
+
+
+def test_requests_are_numbered_in_send_order_whatever_the_lines_order_or_the_reading_path(tmp_path, monkeypatch):
+    """seq, the report's order: as sent, ties by arrival, then by the record itself. The JSON reader keeps no order
+    when it reads on every core, so the numbers must not depend on where a line lies: the same records get the same
+    numbers read in parallel or line by line, from the file as written or shuffled."""
+    rng = np.random.default_rng(7)
+    records = []
+    for i in range(300):  # few send times and arrival indexes: most records tie with others on both
+        record = dict(GOOD, started_at=1.7e9 + int(rng.integers(3)), ttft_s=0.001 * (i + 1))
+        record["arrival_index"] = [None, 0, 1][int(rng.integers(3))]
+        records.append(json.dumps(record))
+    shuffled = list(records)
+    rng.shuffle(shuffled)
+    real = runreader._ingest_clean
+    read = {}
+    for lines in ("written", "shuffled"):
+        for path in ("parallel", "line by line"):
+            folder = tmp_path / f"{lines}-{path}"
+            folder.mkdir()
+            (folder / "requests.jsonl").write_text("\n".join(records if lines == "written" else shuffled) + "\n")
+            monkeypatch.setattr(runreader, "ONE_THREAD_BYTES", 0)  # every core, however small the file
+            monkeypatch.setattr(runreader, "_ingest_clean", real if path == "parallel" else lambda *a: False)
+            data = RunData(folder, files=(runfolder.REQUESTS,))
+            try:
+                read[lines, path] = data.con.execute(
+                    "SELECT seq, started_at, coalesce(arrival_index, 0), ttft_s FROM requests ORDER BY seq"
+                ).fetchall()
+            finally:
+                data.close()
+    first = read["written", "parallel"]
+    assert all(got == first for got in read.values())
+    assert [row[0] for row in first] == list(range(1, len(records) + 1))
+    assert [row[1:3] for row in first] == sorted(row[1:3] for row in first)  # as sent, ties by arrival
+    assert sorted(row[3] for row in first) == [0.001 * (i + 1) for i in range(300)]  # every record, once
 
 
 # ---------------------------------------------------------------- exact order statistics in bounded memory
@@ -275,7 +312,9 @@ def test_the_fast_path_accepts_nothing_the_contract_refuses(tmp_path, changes, s
         for out, why in (reference(r, runfolder.REQUEST_FIELDS) for r in records)
         if why is None
     ]
-    assert got == expected
+    # In the report's order (as sent: these share a send time, so the reader's tie-break orders them).
+    assert sorted(map(repr, got)) == sorted(map(repr, expected))
+    assert [r.started_at for r in got] == sorted(r.started_at for r in expected)
     assert all(math.isfinite(r.started_at) for r in got)
 
 

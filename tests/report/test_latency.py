@@ -51,17 +51,17 @@ def test_tpot_is_computed_when_the_record_lacks_it(tmp_path):
     from servescope.runfolder import RequestRecord, RunFolder
     from servescope.slo import tpot
 
-    def record(output_tokens, tpot_s=None):
+    def record(sent, output_tokens, tpot_s=None):
         return RequestRecord(
-            "vllm", "vllm", "burst", "b", "openai", "m", "s", "h", "p", 48, 1.0, True, 200,
+            "vllm", "vllm", "burst", "b", "openai", "m", "s", "h", "p", 48, sent, True, 200,
             ttft_s=0.5, e2e_s=2.5, output_tokens=output_tokens, tpot_s=tpot_s,
         )  # fmt: skip
 
-    records = [record(5), record(1), record(5, tpot_s=0.7), record(None)]
+    records = [record(1.0, 5), record(2.0, 1), record(3.0, 5, tpot_s=0.7), record(4.0, None)]
     assert [tpot(r) for r in records] == [pytest.approx(0.5), None, 0.7, None]  # (2.5 - 0.5) / 4
     folder = RunFolder.create(tmp_path, "tpot")
     for r in records:
         folder.append_request(r)
     run = load(folder.path)
-    from_engine = run.con.execute(f"SELECT {latency.TPOT_SQL} FROM requests ORDER BY line_no").fetchall()
+    from_engine = run.con.execute(f"SELECT {latency.TPOT_SQL} FROM requests ORDER BY seq").fetchall()
     assert [v for (v,) in from_engine] == [tpot(r) for r in records]

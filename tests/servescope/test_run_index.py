@@ -43,7 +43,7 @@ def run(tmp_path, monkeypatch):
 def read(path, **kwargs):
     data = RunData(path, files=(runfolder.REQUESTS,), **kwargs)
     try:
-        rows = data.con.execute("SELECT line_no, ttft_s, itl_s, itl_s_n FROM requests ORDER BY line_no").fetchall()
+        rows = data.con.execute("SELECT seq, ttft_s, itl_s, itl_s_n FROM requests ORDER BY seq").fetchall()
         return rows, data.skips.lines(), data.limits
     finally:
         data.close()
@@ -54,10 +54,10 @@ def parses(monkeypatch) -> list[str]:
     seen: list[str] = []
     real = runreader._ingest
 
-    def counting(con, table, path, spec, limits):
+    def counting(con, table, path, spec, limits, order=None):
         if path is not None and path.exists():
             seen.append(table)
-        return real(con, table, path, spec, limits)
+        return real(con, table, path, spec, limits, order)
 
     monkeypatch.setattr(runreader, "_ingest", counting)
     return seen
