@@ -41,7 +41,15 @@ class Peer:
         return CACHE / self.venv / "bin" / self.venv.removeprefix("venv-")
 
     def available(self) -> bool:
-        return self.program.exists() and (TOKENIZER / "tokenizer.json").exists()
+        return not self.missing()
+
+    def missing(self) -> str:
+        """What this peer still needs before the bench can run it, in a few words ('' when nothing)."""
+        if not self.program.exists():
+            return "not installed"
+        if not (TOKENIZER / "tokenizer.json").exists():
+            return f"installed; the model's tokenizer is not ({TOKENIZER}: `make up` fetches it)"
+        return ""
 
     def command(self, url: str, concurrency: int, requests: int, tokens: int, out: Path) -> list[str]:
         raise NotImplementedError
@@ -153,7 +161,7 @@ def cli(argv: list[str] | None = None) -> int:
         if args.install and not peer.available():
             if install(peer):
                 return 1
-        print(f"{peer.name:<16} {'installed' if peer.available() else 'missing':<9} {peer.program}")
+        print(f"{peer.name:<16} {peer.program}: {peer.missing() or 'ready'}")
     return 0
 
 
