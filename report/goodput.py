@@ -100,9 +100,10 @@ LAG = schedule.LAG
 
 def term_value(term: slo.Term, i: int) -> str:
     """SQL: slo.Term.request_value (NULL where the term does not apply); an ITL percentile term: whether it is met
-    (from c<i>, its count of gaps at or under the limit: _values)."""
+    (from c<i>, its count of gaps at or under the limit, and u<i>, its value where that count does not decide it:
+    _values)."""
     if term.metric == "itl":
-        return "itl_s_max" if term.percentile is None else _itl_percentile_meets(term, f"c{i}")
+        return "itl_s_max" if term.percentile is None else _itl_percentile_meets(term, f"c{i}", f"u{i}")
     if term.metric == "tpot":
         return latency.TPOT_SQL
     return f"({'ttft_s' if term.metric == 'ttft' else 'e2e_s'} + {LAG})"
@@ -116,23 +117,39 @@ def _gaps_within(term: slo.Term, limits: tuple[float, ...]) -> str:
     return f"len(list_filter(itl_s, lambda g: g <= {term.limit_s!r}::DOUBLE))"
 
 
-def _itl_percentile_meets(term: slo.Term, c: str) -> str:
+def _itl_percentile_meets(term: slo.Term, c: str, undecided: str) -> str:
     """SQL: np.percentile(itl_s, Q) <= limit, bit for bit, without sorting the list (a sort per request was most of
     the report's time on a long run): with c gaps at or under the limit and the percentile between the sorted
-    list's ranks lo and lo + 1, it holds when c > lo + 1, fails when c <= lo, and when c == lo + 1 those two values
-    are the largest gap at or under the limit and the smallest above it, interpolated as numpy does (a second look at
-    the list, for those few requests only: CASE evaluates a branch on the rows that reach it)."""
-    limit = f"{term.limit_s!r}::DOUBLE"
+    list's ranks lo and lo + 1, it holds when c > lo + 1, fails when c <= lo, and when c == lo + 1 (_undecided) it
+    is `undecided`, the value _itl_percentile_looked_up finds in the list."""
     n = "itl_s_n"
-    h = f"(({n} - 1) * {term.percentile / 100!r}::DOUBLE)"
-    lo = f"floor({h})::BIGINT"
-    a = f"list_max(list_filter(itl_s, lambda g: g <= {limit}))"
-    b = f"list_min(list_filter(itl_s, lambda g: g > {limit}))"
-    value = stats.numpy_lerp_sql(a, b, f"({h} - floor({h}))")
+    h, lo = _rank(term)
     return (
         f"CASE WHEN {n} = 0 THEN NULL WHEN {h} >= {n} - 1 THEN {c} = {n} WHEN {c} >= {lo} + 2 THEN TRUE "
-        f"WHEN {c} <= {lo} THEN FALSE ELSE {value} <= {limit} END"
+        f"WHEN {c} <= {lo} THEN FALSE ELSE {undecided} END"
     )
+
+
+def _rank(term: slo.Term) -> tuple[str, str]:
+    """SQL: (where the term's percentile falls in a request's sorted gaps, h; the rank below it, lo)."""
+    h = f"((itl_s_n - 1) * {term.percentile / 100!r}::DOUBLE)"
+    return h, f"floor({h})::BIGINT"
+
+
+def _undecided(term: slo.Term, c: str) -> str:
+    """SQL: the requests whose count of gaps within the limit (c) leaves _itl_percentile_meets to their list."""
+    h, lo = _rank(term)
+    return f"(itl_s_n > 0 AND {h} < itl_s_n - 1 AND {c} = {lo} + 1)"
+
+
+def _itl_percentile_looked_up(term: slo.Term) -> str:
+    """SQL: for an undecided request, the two gaps around its percentile are the largest at or under the limit and
+    the smallest above it, interpolated as numpy does."""
+    limit = f"{term.limit_s!r}::DOUBLE"
+    h, _ = _rank(term)
+    a = f"list_max(list_filter(itl_s, lambda g: g <= {limit}))"
+    b = f"list_min(list_filter(itl_s, lambda g: g > {limit}))"
+    return f"{stats.numpy_lerp_sql(a, b, f'({h} - floor({h}))')} <= {limit}"
 
 
 def _is_flag(term: slo.Term) -> bool:
@@ -149,12 +166,25 @@ def _meets(term: slo.Term, value: str) -> str:
 
 def _values(run: Run, terms, where: str, carry: str = "") -> str:
     """A phase's requests with each term's value computed once (v0, v1, ...), beside c<i>: an ITL percentile term's
-    count of gaps within its limit; carry: more of the records' columns to keep ("a, b, ")."""
-    counts = "".join(f", {_gaps_within(t, run.db.limits)} AS c{i}" for i, t in enumerate(terms) if _is_flag(t))
+    count of gaps within its limit; carry: more of the records' columns to keep ("a, b, ").
+
+    An ITL percentile term's value needs the gap list only where the count leaves it undecided (a request or so in
+    a thousand): those requests' lists are looked up by seq (u<i>), so the lists of the others are never read (the
+    whole phase's lists were most of the goodput section's time on a long run)."""
+    flags = [i for i, t in enumerate(terms) if _is_flag(t)]
+    counts = "".join(f", {_gaps_within(terms[i], run.db.limits)} AS c{i}" for i in flags)
     inner = f"SELECT *{counts} FROM requests WHERE {where}"
     values = ", ".join(f"{term_value(t, i)} AS v{i}" for i, t in enumerate(terms))
-    kept = "".join(f", c{i}" for i, t in enumerate(terms) if _is_flag(t))
-    return f"(SELECT {carry}ok, output_tokens, itl_s_n{kept}, {values} FROM ({inner}))"
+    kept = "".join(f", c{i}" for i in flags)
+    if not flags:
+        return f"(SELECT {carry}ok, output_tokens, itl_s_n{kept}, {values} FROM ({inner}))"
+    undecided = " OR ".join(_undecided(terms[i], f"c{i}") for i in flags)
+    looked_up = ", ".join(f"{_itl_percentile_looked_up(terms[i])} AS u{i}" for i in flags)
+    return (
+        f"(WITH phase AS NOT MATERIALIZED ({inner}), "
+        f"lists AS (SELECT seq, {looked_up} FROM requests WHERE seq IN (SELECT seq FROM phase WHERE {undecided})) "
+        f"SELECT {carry}ok, output_tokens, itl_s_n{kept}, {values} FROM phase LEFT JOIN lists USING (seq))"
+    )
 
 
 def _good(terms) -> str:

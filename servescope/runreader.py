@@ -376,7 +376,7 @@ def _ingest_sql(
         f"FROM {table} WHERE raw IS NOT NULL)",
         f"UPDATE {table} SET reason = c.reason, raw = NULL FROM {table}_checks c WHERE {table}.rowid = c.rid",
         f"DROP TABLE {table}_checks",
-    ] + ([_number_sql(table, spec, order, in_file_order=True)] if order is not None else [])
+    ] + (_number_sql(table, spec, order, in_file_order=True) if order is not None else [])
 
 
 def _clean_sql(
@@ -412,64 +412,60 @@ def _clean_sql(
 def _ingest_clean(
     con, table: str, path: Path, spec: tuple[Field, ...], limits: tuple[float, ...], order: str | None = None
 ) -> bool:
-    """Read a clean file (_clean_sql) into table, its scan on a second cursor meanwhile; False, and no table left,
-    when the file is not clean (the caller reads it the full way: every line its own check, each refusal its reason).
-    Why: the line-by-line read parses each line string on one thread; here the JSON reader parses on every core and
-    the scan of the raw text runs beside it, for about the same CPU time. A file with a send order (order) is read
-    without keeping the file's order and numbered after (_number_sql): kept under the build's memory limit, the order
-    held the read to one thread (docs/pieces.md)."""
+    """Read a clean file (_clean_sql) into table, its scan first; False, and no table left, when the file is not
+    clean (the caller reads it the full way: every line its own check, each refusal its reason).
+    Why: the line-by-line read parses each line string on one thread; here the JSON reader parses on every core.
+    The scan runs before the read, not beside it: side by side, four threads on two cores took more CPU than the two
+    one after the other (docs/pieces.md), and a file the scan finds unclean is not parsed twice. A file with a send
+    order (order) is read without keeping the file's order and numbered after (_number_sql): kept under the build's
+    memory limit, the order held the read to one thread."""
     import duckdb
 
     scan_sql, read_sql = _clean_sql(table, path, spec, limits, order)
-    scanned: list = []
-    cursor = con.cursor()
-
-    def scan() -> None:
-        try:
-            scanned.append(cursor.execute(scan_sql).fetchone())
-        except duckdb.Error:
-            scanned.append(None)
-
-    thread = threading.Thread(target=scan, name="runreader-scan", daemon=True)
-    thread.start()
+    try:
+        lines, suspect = con.execute(scan_sql).fetchone()
+    except duckdb.Error:
+        return False  # not text, or a line past the line size: the full way says which
+    if suspect:
+        return False
     try:
         if order is not None:
             con.execute("SET preserve_insertion_order = false")
         con.execute(read_sql)
-        read = True
     except duckdb.Error:
-        read = False
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+        return False
     finally:
         if order is not None:
             con.execute("RESET preserve_insertion_order")
-    thread.join()
-    cursor.close()
-    result = scanned[0] if scanned else None
-    if read and result is not None and result[1] == 0:
-        rows, missing = con.execute(
-            f"SELECT count(*), count(*) FILTER (WHERE {' OR '.join(f'{f.name} IS NULL' for f in spec if f.required)}) "
-            f"FROM {table}"
-        ).fetchone()
-        if rows == result[0] and missing == 0:
-            if order is not None:
-                con.execute(_number_sql(table, spec, order, in_file_order=False))
-            return True
-    con.execute(f"DROP TABLE IF EXISTS {table}")
-    return False
+    rows, missing = con.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE {' OR '.join(f'{f.name} IS NULL' for f in spec if f.required)}) "
+        f"FROM {table}"
+    ).fetchone()
+    if rows != lines or missing:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+        return False
+    for statement in _number_sql(table, spec, order, in_file_order=False) if order is not None else ():
+        con.execute(statement)
+    return True
 
 
-def _number_sql(table: str, spec: tuple[Field, ...], order: str, in_file_order: bool) -> str:
-    """Number the accepted rows of table (column SEQ, from 1) in the file's send order, ties broken by a hash of each
-    record's values (its number lists by their summaries: hashing every gap cost a third of the read) and, where the
-    rows are in file order, by the line. Records alike in all of those can differ only in their gaps' order or in
-    gaps their summaries do not show; between two such records the order is the reader's."""
+def _number_sql(table: str, spec: tuple[Field, ...], order: str, in_file_order: bool) -> list[str]:
+    """Statements that number the accepted rows of table (column SEQ, from 1) in the file's send order, ties broken by
+    a hash of each record's values (its number lists by their summaries: hashing every gap cost a third of the read)
+    and, where the rows are in file order, by the line. Records alike in all of those can differ only in their gaps'
+    order or in gaps their summaries do not show; between two such records the order is the reader's.
+    Sorted into a table of row ids, whose own row numbers are the ranks: a window's row_number() over the same key
+    took five times as long (it carried the hashed columns through its sort)."""
     values = [f.name for f in spec if f.kind != "floats"]
     values += [f"{f.name}_{name}" for f in spec if f.kind == "floats" for name in LIST_SUMMARY]
     key = f"{order}, hash({', '.join(values)})" + (", rowid" if in_file_order else "")
-    return (
-        f"UPDATE {table} SET {SEQ} = numbered.n FROM (SELECT rowid AS rid, row_number() OVER (ORDER BY {key}) AS n "
-        f"FROM {table} WHERE reason IS NULL) numbered WHERE {table}.rowid = numbered.rid"
-    )
+    ranks = f"{table}_ranks"
+    return [
+        f"CREATE TEMP TABLE {ranks} AS SELECT rowid AS rid FROM {table} WHERE reason IS NULL ORDER BY {key}",
+        f"UPDATE {table} SET {SEQ} = r.rowid + 1 FROM {ranks} r WHERE {table}.rowid = r.rid",
+        f"DROP TABLE {ranks}",
+    ]
 
 
 def _settings(con) -> None:
