@@ -473,8 +473,8 @@ GROUPS: tuple[Group, ...] = (
                 "RUN_INDEX_MEMORY_MB",
                 "",
                 (
-                    "The memory the index's build may hold for a run under 512 MB of JSONL (empty: servescope/runreader.py's INDEX_MEMORY_LIMIT,\n"
-                    "256 MB). More builds it faster and peaks higher (docs/pieces.md has both measured)."
+                    "The memory the index's build may hold for a run under 512 MB of JSONL (empty: servescope/runreader.py's\n"
+                    "INDEX_MEMORY_LIMIT). More builds it faster and peaks higher (docs/pieces.md has both measured)."
                 ),
             ),
             Knob(
