@@ -6,8 +6,8 @@ aggregates over it, so the report asks questions instead of loading records. pya
 CPU and memory to hold the table, fails the whole file at one mistyped value, and would leave the querying to Python
 (the figures: docs/pieces.md).
 
-Each line lands in a table with its line number and either typed columns or the reason it was refused;
-`requests` and `phases` are views of the accepted rows. Lines are parsed with typed columns, which would read
+Each line lands in a table with either typed columns or the reason it was refused; `requests` and `phases` are
+views of the accepted rows, numbered in the order the report takes them (SEQ: requests as sent). Lines are parsed with typed columns, which would read
 "12" as 12 or true as 1.0; a regex and string searches over the raw line send every line where that could have
 happened to the full check (each field parsed as JSON and its type looked at), so what is accepted is exactly what
 the contract allows. Both checks are generated from the contract's field table (servescope.runcontract): the rule is
