@@ -125,8 +125,8 @@ def _itl_percentile_meets(term: slo.Term, c: str, undecided: str) -> str:
     n = "itl_s_n"
     h, lo = _rank(term)
     return (
-        f"CASE WHEN {n} = 0 THEN NULL WHEN {h} >= {n} - 1 THEN {c} = {n} WHEN {c} >= {lo} + 2 THEN TRUE "
-        f"WHEN {c} <= {lo} THEN FALSE ELSE {undecided} END"
+        f"CASE WHEN {n} = 0 THEN NULL WHEN {h} >= {n} - 1 THEN {c} = {n} WHEN {_undecided(term, c)} THEN {undecided} "
+        f"ELSE {c} >= {lo} + 2 END"
     )
 
 
@@ -195,7 +195,7 @@ def _good(terms) -> str:
 def request_outcomes(run: Run, spec: slo.SloSpec, where: str, params: list) -> dict[str, np.ndarray]:
     """Per request of the selection, in the report's order: good (1 or 0: evaluate's rule, request by request), ok,
     finished_at (slo.finished_at: send + E2E), e2e_s (NaN without one) and output_tokens (0 without)."""
-    carry = "started_at, arrival_index, seq, started_at + coalesce(e2e_s, 0.0) AS finished_at, e2e_s, "
+    carry = "seq, started_at + coalesce(e2e_s, 0.0) AS finished_at, e2e_s, "
     rows = run.con.execute(
         f"SELECT ({_good(spec.terms)})::DOUBLE AS good, ok::DOUBLE AS ok, finished_at, e2e_s::DOUBLE AS e2e_s, "
         f"coalesce(output_tokens, 0)::DOUBLE AS output_tokens FROM {_values(run, spec.terms, where, carry)} "

@@ -82,8 +82,8 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
     # phase's median is over its repetitions. Fetched as one array sorted by phase and cut by the phases' counts: a
     # long run's million times never become Python floats.
     run.con.execute(
-        f"CREATE OR REPLACE TEMP TABLE request_times AS SELECT * FROM (SELECT instance, phase, prompt_id, started_at, "
-        f"arrival_index, seq, {REQUEST_TIME} AS t FROM {PARSED} WHERE ok) WHERE t IS NOT NULL"
+        f"CREATE OR REPLACE TEMP TABLE request_times AS SELECT * FROM (SELECT instance, phase, prompt_id, seq, "
+        f"{REQUEST_TIME} AS t FROM {PARSED} WHERE ok) WHERE t IS NOT NULL"
     )
     try:
         counts = run.con.execute(

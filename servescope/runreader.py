@@ -473,12 +473,11 @@ def _settings(con) -> None:
     con.execute("SET enable_progress_bar = false")  # the report's output is its own
 
 
-def _ingest(
-    con, table: str, path: Path | None, spec: tuple[Field, ...], limits: tuple[float, ...], order: str | None = None
-) -> str | None:
-    """Read one file (None or not there: the same table, empty) into table; the name of the table of lines the scan
-    itself set aside (line, error_message), or None when it set none aside. order: the file's send order (SEQ_ORDER),
-    its accepted rows numbered by it in column SEQ."""
+def _ingest(con, view: str, path: Path | None, limits: tuple[float, ...]) -> str | None:
+    """Read one file of the view (None or not there: the same table, empty) into its table <view>_lines; the name of
+    the table of lines the scan itself set aside (line, error_message), or None when it set none aside. A view with a
+    send order (SEQ_ORDER) has its accepted rows numbered by it in column SEQ."""
+    table, spec, order = f"{view}_lines", SPECS[view], SEQ_ORDER.get(view)
     if path is None or not path.exists():
         for statement in _ingest_sql(table, None, spec, None, limits, order):
             con.execute(statement)
@@ -730,14 +729,7 @@ class RunData:
             tables = {name: f"{view}_lines" for name, view in VIEWS.items()}
             read = {name: name in files and (self.folder / name).exists() for name in VIEWS}
             set_aside = {
-                name: _ingest(
-                    self.con,
-                    tables[name],
-                    self.folder / name if read[name] else None,
-                    SPECS[view],
-                    self.limits,
-                    SEQ_ORDER.get(view),
-                )
+                name: _ingest(self.con, view, self.folder / name if read[name] else None, self.limits)
                 for name, view in VIEWS.items()
             }
         self._closer = weakref.finalize(self, _remove, self.con, self._tmp)
@@ -776,14 +768,7 @@ class RunData:
                 meta = {"fingerprint": _fingerprint(), "limits": json.dumps(self.limits), "sealed": str(sealed)}
                 for name, view in VIEWS.items():
                     path = self.folder / name
-                    rejects = _ingest(
-                        con,
-                        f"{view}_lines",
-                        path if path.exists() else None,
-                        SPECS[view],
-                        self.limits,
-                        SEQ_ORDER.get(view),
-                    )
+                    rejects = _ingest(con, view, path if path.exists() else None, self.limits)
                     meta[f"file {name}"] = stamps[name]
                     meta[f"set aside {name}"] = rejects or ""
                 con.execute("CREATE TABLE index_meta (name VARCHAR, value VARCHAR)")

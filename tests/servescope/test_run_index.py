@@ -54,10 +54,10 @@ def parses(monkeypatch) -> list[str]:
     seen: list[str] = []
     real = runreader._ingest
 
-    def counting(con, table, path, spec, limits, order=None):
+    def counting(con, view, path, limits):
         if path is not None and path.exists():
-            seen.append(table)
-        return real(con, table, path, spec, limits, order)
+            seen.append(f"{view}_lines")
+        return real(con, view, path, limits)
 
     monkeypatch.setattr(runreader, "_ingest", counting)
     return seen
