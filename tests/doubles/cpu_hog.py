@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     spin(deadline, args.duty)
     stop()
     return 0
+
+
+def realtime_allowed() -> bool:
+    """Whether this host lets a process take --realtime's SCHED_FIFO (root with CAP_SYS_NICE: not in an unprivileged
+    container), asked of a throwaway child so the caller's own policy is never changed."""
+    probe = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
 def spin(deadline: float, duty: float = 1.0) -> None:

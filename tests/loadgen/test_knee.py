@@ -21,7 +21,8 @@ import pytest
 
 from report import cli as report_cli
 from servescope import binding
-from tests.conftest import free_port
+from tests.conftest import free_port, unavailable
+from tests.doubles import cpu_hog
 from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
 from tests.harness import run_cli, spawn_cli, start_cli
 from tests.servescope.test_sampler import EngineExporter
@@ -379,6 +380,8 @@ def test_a_load_generator_starved_of_its_core_is_named_the_client(tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("one core: the client cannot be starved apart from the engine")
+    if not cpu_hog.realtime_allowed():
+        unavailable("real-time scheduling (SCHED_FIFO) is not permitted here: the hog cannot starve the client's core")
     client_core = {cores[-1]}
     hog = None
     with (
