@@ -269,6 +269,26 @@ GROUPS: tuple[Group, ...] = (
                 "Run a phase flagged noisy again right away, up to this many times (0: never); the flagged run stays recorded.",
             ),
             Knob(
+                "LOADGEN_MAX_REPETITIONS",
+                "8",
+                (
+                    "When an engine's scaling factor, widened by the host noise its phases measured, cannot yet be read as one\n"
+                    "reading (its CI straddles a bound), the reference experiment adds repetitions of that engine, up to this many\n"
+                    "in all (LOADGEN_REPETITIONS or fewer: never adds); then it says how many more this host would need."
+                ),
+            ),
+            Knob(
+                "CPU_PRIORITY",
+                "auto",
+                (
+                    "Protect the measurement on a busy host: the engines the native stack starts and the load generator run in a\n"
+                    "cgroup (v2 cpu.weight, v1 cpu.shares) weighted CPU_PRIORITY_WEIGHT times a default process group, so other\n"
+                    "programs get the CPU only when they are idle. auto: where allowed (root, a writable cpu controller), said in\n"
+                    "one line; on: the same, and a run stops with one line where it is not allowed; off: never."
+                ),
+            ),
+            Knob("CPU_PRIORITY_WEIGHT", "10"),
+            Knob(
                 "LOADGEN_SETTLE_MAX_S",
                 "30",
                 (
