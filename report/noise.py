@@ -1,12 +1,13 @@
-"""Which phases the report does not trust (host noise over thresholds.NoiseRule, outlier requests, superseded attempts) and what to rerun.
+"""How far each phase can be trusted: host noise carried as a quantity, outlier requests and superseded attempts left out.
 
-A flagged phase is never averaged in: the table's medians and scaling factors and the verdict
-use the other repetitions, and say which phase they left out and why. A phase is flagged when
-the host's noise while it ran crosses the rule (servescope/hostnoise.flags, the one the load
-generator applies live) or when it holds an outlier request: one whose time (the engine's own
-when it reports one: llama.cpp's prompt + predicted ms, Ollama's total_duration; else the
-client's E2E) is more than OUTLIER_RATIO x the median of the same phase over all repetitions.
-An attempt that a later retry of the same repetition replaced is superseded, not flagged.
+A phase measured while other programs took the CPU (servescope/hostnoise.flags, the rule the load
+generator applies live) is *noisy*: it stays in, with the most its noise could have stretched it
+(hostnoise.slowdown_bound), and the estimates built on it carry that bound (the table's scaling
+factor widens its CI by it, and leaves a pair out only when its noise could explain the reading:
+report/table.py). A phase is *flagged*, and never averaged in, when it holds an outlier request:
+one whose time (the engine's own when it reports one: llama.cpp's prompt + predicted ms, Ollama's
+total_duration; else the client's E2E) is more than OUTLIER_RATIO x the median of the same phase
+over all repetitions. An attempt that a later retry of the same repetition replaced is superseded.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ class PhaseTrust:
     attempt: int
     noise: dict | None
     host: str  # hostnoise.describe: the figures, one line
-    flags: list[str] = field(default_factory=list)  # why it is not trusted; empty: trusted
+    flags: list[str] = field(default_factory=list)  # why it is left out (outlier requests); empty: it is used
     outliers: list[str] = field(default_factory=list)
     superseded: bool = False  # a later attempt of the same repetition replaced it
+    noisy: list[str] = field(default_factory=list)  # the host noise rule's findings: used, with `slowdown` carried
+    slowdown: float | None = None  # hostnoise.slowdown_bound: the most other programs could have stretched it
 
     @property
     def flagged(self) -> bool:
@@ -63,6 +66,14 @@ class Assessment:
 
     def flagged(self, instance: str | None = None) -> list[PhaseTrust]:
         return [t for t in self.phases.values() if t.flagged and (instance is None or t.instance == instance)]
+
+    def noisy(self, instance: str | None = None) -> list[PhaseTrust]:
+        """Phases measured on a busy host (used, their noise carried), retries' superseded attempts aside."""
+        return [
+            t
+            for t in self.phases.values()
+            if t.noisy and not t.superseded and (instance is None or t.instance == instance)
+        ]
 
 
 _TRUSTED = PhaseTrust("", "", "", 1, 1, None, "")
@@ -108,7 +119,8 @@ def _judge(run: Run, rule: NoiseRule, out: Assessment, medians: dict, latest: di
     for p in run.phases:
         base = base_phase(p.phase)
         trust = PhaseTrust(p.instance, p.phase, base, p.repetition, p.attempt, p.noise, hostnoise.describe(p.noise))
-        trust.flags = hostnoise.flags(p.noise, p.instance, rule)
+        trust.noisy = hostnoise.flags(p.noise, p.instance, rule)
+        trust.slowdown = hostnoise.slowdown_bound(p.noise)
         mid = medians.get((p.instance, base))
         if mid:
             slow = run.con.execute(

@@ -550,7 +550,15 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
         top = ", ".join(f"{g.get('name')} {_cores(g.get('cores'))}" for g in groups[:3]) or "-"
         steal = n.get("steal_share")
         load = (n.get("load1_start"), n.get("load1_end"))
-        verdict_ = "; ".join(t.flags) if t and t.flags else ("superseded by a retry" if t and t.superseded else "ok")
+        verdict_ = (
+            "left out: " + "; ".join(t.flags)
+            if t and t.flags
+            else "superseded by a retry"
+            if t and t.superseded
+            else f"used, up to x{t.slowdown or 1.0:.2f} slower: " + "; ".join(t.noisy)
+            if t and t.noisy
+            else "ok"
+        )
         rows.append(
             [
                 run.engines[p.instance].title if p.instance in run.engines else p.instance,
@@ -921,7 +929,7 @@ def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArith
                 [
                     run.engines[v.instance].title,
                     v.text,
-                    v.evidence or "n/a",
+                    (v.evidence or "n/a") + (f" ({v.busy})" if v.busy else ""),
                     v.disagreement or "-",
                     "; ".join(v.left_out) or "-",
                 ]

@@ -49,9 +49,15 @@ def build(
         for row in rows:
             if row.instance == instance and row.scaling_factor is not None:
                 ci = table.ci_text(row.scaling_ci, "x")
+                more = (
+                    f"; about {row.more_repetitions} more repetition(s) on this host would settle it "
+                    f"(LOADGEN_REPETITIONS, LOADGEN_MAX_REPETITIONS)"
+                    if row.more_repetitions
+                    else ""
+                )
                 s.lines.append(
                     f"Scaling: {row.scaling_factor:.2f}x{ci} for a burst of {row.concurrency} against the same prompts "
-                    f"one after another: {row.reading}"
+                    f"one after another: {row.reading}{more}"
                 )
             elif row.instance == instance and row.refusal:
                 s.lines.append(f"Scaling: not computed ({_clip(row.refusal)})")
@@ -93,14 +99,36 @@ def _knee_line(knee: dict[str, Any]) -> str:
 
 def _flags(instance: str, assessment: Assessment, warn: list[str], work: workloads.WorkloadReport) -> list[str]:
     flags = []
-    noisy = assessment.flagged(instance)
-    if noisy:
-        flags.append(f"{len(noisy)} phase(s) left out as noisy, rerun them: {', '.join(t.phase for t in noisy[:3])}")
+    busy = assessment.noisy(instance)
+    if busy:
+        flags.append(busy_line(busy, assessment))
+    flagged = assessment.flagged(instance)
+    if flagged:
+        flags.append(
+            f"{len(flagged)} phase(s) left out for outlier requests, rerun them: "
+            f"{', '.join(t.phase for t in flagged[:3])}"
+        )
     cached = [r.phase for r in work.reuse if r.instance == instance and r.unasked]
     if cached:
         flags.append(f"prefix-cache reuse the workload did not ask for in {', '.join(cached[:3])}: latency of a cache")
     flags += [f"fairness: {_clip(w)}" for w in warn if instance in w][:2]
     return [f"Flag: {f}" for f in flags]
+
+
+def busy_line(busy: list, assessment: Assessment) -> str:
+    """The host noise the engine's figures carry: how many phases, what took the CPU, the knobs that decide."""
+    used = sorted(
+        (g for t in busy for g in (t.noise or {}).get("groups") or [] if isinstance(g, dict)),
+        key=lambda g: -(g.get("cores") or 0),
+    )
+    top = f" (largest: {used[0].get('name')} {used[0].get('cores'):.2f} cores)" if used else ""
+    worst = max((t.slowdown or 1.0 for t in busy), default=1.0)
+    rule = assessment.rule
+    return (
+        f"busy host: {len(busy)} phase(s) measured while other programs took the CPU{top}, each up to x{worst:.2f} "
+        f"slower; kept, the estimates carry it (NOISE_FOREIGN_CPU_CORES={rule.foreign_cores:g}, "
+        f"NOISE_GROUP_CPU_CORES={rule.group_cores:g} decide what is noisy)"
+    )
 
 
 def _clip(text: str) -> str:

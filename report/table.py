@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -20,7 +21,9 @@ READING_RULE = (
     f"scaling factor = matched-set sequential wall / burst wall, only when both phases used the same prompt set "
     f"(sha256) and the same max_tokens (the reference experiment's matched-set rule). Reading for a burst of N: "
     f"factor >= max({STRONG_FRACTION_OF_N:g} x N, {STRONG_MIN:g}) -> strongly sub-linear (batching overlap visible); "
-    f"factor <= {NEAR_LINEAR_MAX:g} -> near-linear (requests handled one at a time); in between -> partial overlap."
+    f"factor <= {NEAR_LINEAR_MAX:g} -> near-linear (requests handled one at a time); in between -> partial overlap. "
+    f"Over repetitions: the median of the per-repetition factors; its 95% CI widened by the host noise each pair "
+    f"measured (docs/trust.md); a reading only when the whole CI lies on one side of every bound, else undecided."
 )
 # Per-request times listed per phase: the reference page's table lists 3; a burst of 1,024 would not read.
 MAX_CELLS = 64
@@ -51,12 +54,19 @@ class Repetition:
     phase: str  # the recorded name ("burst-1#2")
     wall_s: float
     host: str  # the host's noise while it ran (hostnoise.describe)
-    flags: list[str] = field(default_factory=list)  # why its own numbers are not trusted
+    flags: list[str] = field(default_factory=list)  # why its own numbers are not trusted (outlier requests)
     superseded: bool = False  # a retry of the same repetition replaced it
     scaling_factor: float | None = None  # this repetition's matched-set sequential wall / this burst's wall
     matched_phase: str | None = None
     matched_wall_s: float | None = None
     partner_flags: list[str] = field(default_factory=list)  # why its matched sequential pass is not trusted
+    noisy: list[str] = field(
+        default_factory=list
+    )  # the host noise rule's findings while it ran (carried, not left out)
+    slowdown: float | None = None  # hostnoise.slowdown_bound of this phase
+    partner_noisy: list[str] = field(default_factory=list)
+    partner_slowdown: float | None = None
+    noise_explains: str | None = None  # why this pair's noise could explain the reading claimed: left out of the factor
 
     @property
     def wall_used(self) -> bool:
@@ -64,7 +74,21 @@ class Repetition:
 
     @property
     def factor_used(self) -> bool:
+        return self.pairable and not self.noise_explains
+
+    @property
+    def pairable(self) -> bool:
+        """A factor that may enter the estimate: neither side flagged or superseded (its noise judged after)."""
         return self.wall_used and not self.partner_flags and self.scaling_factor is not None
+
+    @property
+    def band(self) -> tuple[float, float] | None:
+        """The factor's range under the noise each side measured: alike on both sides cancels in the ratio, what one
+        side saw more shifts it by at most the ratio of the two slowdown bounds (hostnoise.slowdown_bound)."""
+        if self.scaling_factor is None:
+            return None
+        shift = (self.slowdown or 1.0) / (self.partner_slowdown or 1.0)
+        return self.scaling_factor * min(1.0, shift), self.scaling_factor * max(1.0, shift)
 
     @property
     def left_out(self) -> str | None:
@@ -75,6 +99,8 @@ class Repetition:
             return "; ".join(self.flags)
         if self.partner_flags:
             return f"its matched {self.matched_phase} was flagged: {'; '.join(self.partner_flags)}"
+        if self.noise_explains:
+            return self.noise_explains
         return None
 
 
@@ -104,6 +130,9 @@ class TableRow:
     wall_ci: tuple[float | None, float | None] = (None, None)
     reading: str | None = None
     refusal: str | None = None  # why no scaling factor was computed for this burst
+    undecided: str | None = None  # the CI straddles a reading's bound: which, and what would settle it
+    more_repetitions: int | None = None  # about how many more repetitions on this host would settle it (derived)
+    busy: str | None = None  # the host noise the factor carries, one clause; None on a quiet host
     repetitions: list[Repetition] = field(default_factory=list)
     trusted: bool = True  # at least one repetition was neither flagged nor superseded
     recorded: int = 0  # requests recorded for the phase (requests lists at most MAX_CELLS of them)
@@ -114,13 +143,97 @@ class TableRow:
         return [r for r in self.repetitions if r.left_out and not r.superseded]
 
 
+STRONG = "strongly sub-linear (batching overlap visible)"
+NEAR_LINEAR = "near-linear (little/no overlap benefit: requests handled one at a time)"
+PARTIAL = "partially sub-linear (some overlap)"
+
+
+def strong_bound(burst_size: int) -> float:
+    return max(STRONG_FRACTION_OF_N * burst_size, STRONG_MIN)
+
+
 def reading(factor: float, burst_size: int) -> str:
-    strong = max(STRONG_FRACTION_OF_N * burst_size, STRONG_MIN)
-    if factor >= strong:
-        return "strongly sub-linear (batching overlap visible)"
+    if factor >= strong_bound(burst_size):
+        return STRONG
     if factor <= NEAR_LINEAR_MAX:
-        return "near-linear (little/no overlap benefit: requests handled one at a time)"
-    return "partially sub-linear (some overlap)"
+        return NEAR_LINEAR
+    return PARTIAL
+
+
+def _short(text: str) -> str:
+    return text.split(" (")[0]
+
+
+@dataclass
+class Estimate:
+    """A burst's scaling factor over its repetitions, the host noise carried: what the table, Summary and run read."""
+
+    factor: float
+    ci: tuple[float | None, float | None]
+    reading: str | None  # None: the CI straddles a bound
+    undecided: str | None = None
+    more_repetitions: int | None = None
+
+
+def estimate(pairs: list[Repetition], burst_size: int) -> Estimate:
+    """The median of the pairs' factors, its bootstrap CI widened by each pair's noise band, and the reading the
+    whole CI supports (docs/trust.md). Every pair given is used: which to leave out is decide_pairs'."""
+    factors = [r.scaling_factor for r in pairs]
+    middle, _, _ = stats.bootstrap_median_ci(factors)
+    bands = [r.band for r in pairs]
+    if len(pairs) > 1:
+        lo = stats.bootstrap_median_ci([b[0] for b in bands])[1]
+        hi = stats.bootstrap_median_ci([b[1] for b in bands])[2]
+    else:
+        lo, hi = bands[0]
+    ci = (lo, hi) if len(pairs) > 1 or lo < hi else (None, None)
+    low_reading, high_reading = reading(lo, burst_size), reading(hi, burst_size)
+    if low_reading == high_reading:
+        return Estimate(middle, ci, low_reading)
+    bound = NEAR_LINEAR_MAX if low_reading == NEAR_LINEAR else strong_bound(burst_size)
+    text = (
+        f"undecided: the CI straddles {bound:.2f}x ({_short(low_reading)} below, {_short(reading(bound + 1e-9, burst_size))} "
+        f"above)"
+    )
+    # Derived: a CI's half-width shrinks as 1 / sqrt(repetitions); the side facing the bound must shrink to the distance.
+    half = middle - lo if middle >= bound else hi - middle
+    distance = abs(middle - bound)
+    more = None
+    if distance > 0 and half > 0:
+        more = max(1, math.ceil(len(pairs) * (half / distance) ** 2) - len(pairs))
+    return Estimate(middle, ci, None, text, more)
+
+
+def decide_pairs(pairs: list[Repetition], burst_size: int) -> None:
+    """Leave out of the factor a pair only when its noise could explain the reading claimed: the host noise rule
+    flagged one of its sides and its noise band reaches past a bound of the reading all pairs together give."""
+    claimed = reading(statistics.median(r.scaling_factor for r in pairs), burst_size)
+    for r in pairs:
+        lo, hi = r.band
+        if (r.noisy or r.partner_noisy) and {reading(lo, burst_size), reading(hi, burst_size)} != {claimed}:
+            why = "; ".join(r.noisy + r.partner_noisy)
+            r.noise_explains = (
+                f"its noise could explain the reading ({lo:.2f}x-{hi:.2f}x under the noise it measured, claimed "
+                f"{_short(claimed)}): {why}"
+            )
+    if all(r.noise_explains for r in pairs):  # nothing left: every pair's estimate is shown, undecided
+        for r in pairs:
+            r.noise_explains = None
+
+
+def busy_text(pairs: list[Repetition]) -> str | None:
+    """The host noise a factor carries: how many of its phases were measured on a busy host, and how much."""
+    noisy = [(r.slowdown, r.noisy) for r in pairs if r.noisy] + [
+        (r.partner_slowdown, r.partner_noisy) for r in pairs if r.partner_noisy
+    ]
+    if not noisy:
+        return None
+    worst = max((b for b, _ in noisy if b is not None), default=None)
+    bound = f", each up to x{worst:.2f} slower by the CPU others took" if worst else ""
+    return (
+        f"{len(noisy)} of {2 * len(pairs)} phases measured on a busy host{bound} (e.g. {noisy[0][1][0]}); "
+        f"the CI carries it (NOISE_FOREIGN_CPU_CORES / NOISE_GROUP_CPU_CORES say which phase is noisy)"
+    )
 
 
 def is_sequential(phase: PhaseRecord) -> bool:
@@ -169,10 +282,12 @@ def _aggregate(
     for p in sorted(records, key=lambda p: (p.repetition, p.attempt)):
         trust = assessment.of(p.instance, p.phase)
         rep = Repetition(p.repetition, p.attempt, p.phase, p.wall_s, trust.host, trust.flags, trust.superseded)
+        rep.noisy, rep.slowdown = trust.noisy, trust.slowdown
         factor, partner, _ = pairs.get(p.phase, (None, None, None))
         if partner is not None:
             rep.scaling_factor, rep.matched_phase, rep.matched_wall_s = factor, partner.phase, partner.wall_s
-            rep.partner_flags = assessment.of(partner.instance, partner.phase).flags
+            other = assessment.of(partner.instance, partner.phase)
+            rep.partner_flags, rep.partner_noisy, rep.partner_slowdown = other.flags, other.noisy, other.slowdown
         reps.append(rep)
     current = [r for r in reps if not r.superseded]
     used = [r for r in current if r.wall_used] or current  # none usable: show them all, untrusted
@@ -189,11 +304,15 @@ def _aggregate(
         row.notes.insert(0, f"per-request times from {shown.phase}, the repetition nearest the median wall")
     if not is_burst(by_name[shown.phase]):
         return row
-    paired = [r for r in current if r.factor_used]
-    if paired:
-        factor, ci_low, ci_high = stats.bootstrap_median_ci([r.scaling_factor for r in paired])
-        row.scaling_factor, row.reading = factor, reading(factor, row.concurrency)
-        row.scaling_ci = (ci_low, ci_high) if len(paired) > 1 else (None, None)
+    candidates = [r for r in current if r.pairable]
+    if candidates:
+        decide_pairs(candidates, row.concurrency)
+        paired = [r for r in candidates if r.factor_used]
+        est = estimate(paired, row.concurrency)
+        row.scaling_factor, row.scaling_ci = est.factor, est.ci
+        row.reading = est.reading or est.undecided
+        row.undecided, row.more_repetitions = est.undecided, est.more_repetitions
+        row.busy = busy_text(paired)
         row.matched_phase = base_phase(paired[0].matched_phase)
         row.matched_wall_s = statistics.median(r.matched_wall_s for r in paired)
         return row
@@ -203,8 +322,7 @@ def _aggregate(
         row.refusal = refusals[0]
     elif flagged:
         row.refusal = (
-            f"refused: every repetition of {base} is flagged ({', '.join(r.phase for r in flagged)}): "
-            f"rerun on a quiet host"
+            f"refused: every repetition of {base} is left out ({', '.join(r.phase for r in flagged)}): rerun them"
         )
     return row
 
@@ -311,6 +429,8 @@ def notes_text(row: TableRow) -> str:
         parts.append(f"{row.reading}; matched set: {row.matched_phase}")
     if row.refusal:
         parts.append(row.refusal)
+    if row.busy:
+        parts.append(row.busy)
     if row.left_out:
         parts.append(flags_text(row))
     return "; ".join(parts + row.notes)
@@ -373,7 +493,7 @@ def _flag_lines(rows: list[TableRow]) -> list[str]:
     flagged = [(row, r) for row in rows for r in row.left_out]
     if not flagged:
         return []
-    lines = ["Flagged (not in any median, factor or verdict; rerun them on a quiet host):"]
+    lines = ["Left out (not in the medians, factors or verdict):"]
     lines += [f"  {row.title} {r.phase}: {r.left_out}" for row, r in flagged]
     return lines
 

@@ -58,6 +58,7 @@ class Verdict:
     evidence: str = ""
     disagreement: str = ""  # when the gauges, the clients and the engine's timings tell different stories: why
     left_out: list[str] = field(default_factory=list)  # flagged phases it did not conclude from: rerun them
+    busy: str = ""  # the phases it concluded from that were measured on a busy host, said beside it
     peak_running: float | None = None
     peak_waiting: float | None = None
     peak_kv_usage: float | None = None
@@ -587,13 +588,22 @@ def build(
 
 
 def refuse_flagged(verdicts: list[Verdict], run: Run, assessment: Assessment) -> list[Verdict]:
-    """A verdict never rests on a flagged phase (report/noise.py): it names the ones it left out, to be rerun.
+    """A verdict never rests on a flagged phase (report/noise.py: an outlier request): it names the ones it left out,
+    to be rerun. Phases measured on a busy host are concluded from, and said: the verdict's evidence is which gauges
+    held requests and in which order first tokens came, which a slower host stretches but does not create.
 
     The verdicts come from the run without its flagged phases; an engine with no trusted phase
     left gets no verdict at all.
     """
     out = []
     for v in verdicts:
+        noisy = assessment.noisy(v.instance)
+        if noisy and v.computable:
+            worst = max((t.slowdown or 1.0 for t in noisy), default=1.0)
+            v.busy = (
+                f"{len(noisy)} of the phases it rests on were measured on a busy host (up to x{worst:.2f} slower by "
+                f"the CPU others took; e.g. {noisy[0].noisy[0]})"
+            )
         flagged = assessment.flagged(v.instance)
         if flagged:
             v.left_out = [f"{t.phase}: {'; '.join(t.flags)}" for t in flagged]
@@ -603,8 +613,8 @@ def refuse_flagged(verdicts: list[Verdict], run: Run, assessment: Assessment) ->
                     v.engine,
                     False,
                     None,
-                    f"no verdict: every phase of {v.instance} was flagged, and none is concluded from; rerun "
-                    f"{', '.join(t.phase for t in flagged)} on a quiet host",
+                    f"no verdict: every phase of {v.instance} held outlier requests, and none is concluded from; "
+                    f"rerun {', '.join(t.phase for t in flagged)}",
                     left_out=v.left_out,
                 )
         out.append(v)

@@ -441,6 +441,32 @@ def flags(noise: dict | None, instance: str, rule: NoiseRule | None = None) -> l
     return out
 
 
+# The most a phase is said to have been stretched by other programs: past this the engine had almost no CPU at all.
+MAX_SLOWDOWN = 10.0
+
+
+def slowdown_bound(noise: dict | None) -> float | None:
+    """How much longer a phase could have taken because of the CPU other programs (and the hypervisor) took: 1.0 for
+    none; None where the engine's own processes were not found (the foreign share then holds the engine itself).
+
+    A model, stated in docs/trust.md: a CPU-bound engine allowed A cores, of which others took F, ran on A - F of them,
+    so its phase took at most A / (A - F) times as long as on a quiet host (capped at MAX_SLOWDOWN). What both phases
+    of a pair saw alike cancels in their ratio; what one side saw more shifts it by at most the ratio of the bounds."""
+    if not isinstance(noise, dict) or not noise.get("engine_found"):
+        return None
+    cores = noise.get("cores")
+    allowed = noise.get("engine_allowed_cores") or cores
+    if not isinstance(allowed, (int, float)) or allowed <= 0:
+        return None
+    foreign = noise.get("foreign_cores")
+    taken = foreign if isinstance(foreign, (int, float)) and foreign > 0 else 0.0
+    steal = noise.get("steal_share")
+    if isinstance(steal, (int, float)) and steal > 0 and isinstance(cores, (int, float)):
+        taken += steal * cores
+    left = allowed - min(taken, allowed)
+    return min(MAX_SLOWDOWN, allowed / left) if left > allowed / MAX_SLOWDOWN else MAX_SLOWDOWN
+
+
 def describe(noise: dict | None) -> str:
     """One line: the engine's own CPU, the others' (largest first), observers, steal, load average."""
     if not isinstance(noise, dict):

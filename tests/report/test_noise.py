@@ -1,4 +1,4 @@
-"""Repeated trials in the report: medians and CIs over repetitions, flagged phases left out of the table and the verdict, outliers, retries, old run folders."""
+"""Repeated trials in the report: medians and CIs over repetitions, host noise carried by the estimates (a pair left out only when its noise could explain the reading), outliers left out, retries, old run folders."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
 
 SHA = "cd" * 32
 T = 1796010000.0
-QUIET = {"engine_found": True, "engine_cores": 1.0, "foreign_cores": 0.05, "groups": [], "steal_share": 0.0}
+QUIET = {"engine_found": True, "engine_cores": 1.0, "foreign_cores": 0.05, "groups": [], "steal_share": 0.0, "cores": 2}
 
 
 def loud(name: str, cores: float) -> dict:
@@ -91,37 +91,75 @@ def test_medians_and_cis_over_repetitions(tmp_path):
     assert "Flagged" not in text
 
 
-def test_a_noisy_phase_is_left_out_of_the_median_and_the_factor(tmp_path):
+def test_a_noisy_phase_stays_in_when_its_noise_cannot_explain_the_reading(tmp_path):
+    """Other programs slowed llama.cpp's sequential#2: that can only make its factor look larger, never "near-linear"."""
     run = write(tmp_path, three_reps(hog_in="sequential#2"))
     rows = {(r.instance, r.phase): r for r in table.build(run)}
     seq = rows[("llamacpp", "sequential")]
-    assert [r.phase for r in seq.left_out] == ["sequential#2"]
-    assert seq.wall_s == pytest.approx((0.91 + 0.93) / 2)  # repetitions 1 and 3 only
+    assert seq.left_out == [] and seq.wall_s == pytest.approx(0.91)  # all three repetitions
     burst = rows[("llamacpp", "burst-1")]
-    # The burst of repetition 2 was measured fine, but its matched sequential pass was not: no factor from that pair.
-    assert burst.wall_s == pytest.approx(0.90)
-    assert [r.phase for r in burst.repetitions if r.factor_used] == ["burst-1", "burst-1#3"]
-    assert burst.left_out[0].left_out.startswith(
-        "its matched sequential#2 was flagged: noisy: 61% of a core used by vllm"
-    )
-    assert burst.scaling_factor == pytest.approx((0.91 / 0.90 + 0.93 / 0.88) / 2)
+    assert [r.phase for r in burst.repetitions if r.factor_used] == ["burst-1", "burst-1#2", "burst-1#3"]
+    second = burst.repetitions[1]
+    assert second.partner_slowdown == pytest.approx(2 / (2 - 0.61))
+    lo, hi = second.band  # the burst side saw 0.05 cores of others, the sequential side 0.61
+    assert lo == pytest.approx(second.scaling_factor * (2 / 1.95) / (2 / 1.39)) and hi == second.scaling_factor
+    assert burst.reading == table.NEAR_LINEAR and burst.undecided is None
+    assert burst.busy.startswith("1 of 6 phases measured on a busy host, each up to x1.44 slower")
+    # The CI reaches down to what the noisy pair could be at most.
+    assert burst.scaling_ci[0] <= lo + 1e-9
     # The other engine's numbers do not move.
     clean = {(r.instance, r.phase): r for r in table.build(write(tmp_path, three_reps(), name="clean"))}
     assert rows[("vllm", "burst-1")].scaling_factor == clean[("vllm", "burst-1")].scaling_factor
-    text = table.render_text(list(rows.values()), "run")
-    assert "llama.cpp server sequential#2: noisy: 61% of a core used by vllm while measuring llamacpp" in text
+    assert rows[("vllm", "burst-1")].scaling_ci == clean[("vllm", "burst-1")].scaling_ci
 
 
-def test_every_repetition_flagged_refuses_the_factor(tmp_path):
+def test_a_pair_whose_noise_could_explain_the_reading_is_left_out_of_the_factor(tmp_path):
+    """sequential#2 ran slow under a neighbour: its 1.41x could be 1.0x on a quiet host, so it cannot claim overlap."""
     phases = [
-        ("llamacpp", "sequential", "sequential", 1, 1, 0.9, QUIET),
-        ("llamacpp", "burst-1", "burst", 1, 1, 0.1, loud("vllm", 0.9)),
+        (i, n, s, r, a, 1.30 if n == "sequential#2" and i == "llamacpp" else w, nz)
+        for i, n, s, r, a, w, nz in three_reps(hog_in="sequential#2")
+    ]
+    rows = {(r.instance, r.phase): r for r in table.build(write(tmp_path, phases))}
+    burst = rows[("llamacpp", "burst-1")]
+    assert [r.phase for r in burst.left_out] == ["burst-1#2"]
+    assert burst.left_out[0].left_out.startswith(
+        "its noise could explain the reading (1.01x-1.41x under the noise it measured, claimed near-linear): "
+        "noisy: 61% of a core used by vllm while measuring llamacpp"
+    )
+    assert burst.scaling_factor == pytest.approx((0.91 / 0.90 + 0.93 / 0.88) / 2)
+    assert burst.reading == table.NEAR_LINEAR
+    text = table.render_text(list(rows.values()), "run")
+    assert "llama.cpp server burst-1#2: its noise could explain the reading" in text
+
+
+def test_a_factor_every_pair_of_which_is_noisy_is_still_estimated_and_says_what_would_settle_it(tmp_path):
+    """One pair, its sequential side slowed by a neighbour: 1.60x measured, as little as 0.90x without the neighbour."""
+    phases = [
+        ("llamacpp", "sequential", "sequential", 1, 1, 1.44, loud("vllm", 0.9)),
+        ("llamacpp", "burst-1", "burst", 1, 1, 0.9, QUIET),
     ]
     (seq, burst) = table.build(write(tmp_path, phases))
-    assert burst.scaling_factor is None and not burst.trusted
-    assert burst.refusal == "refused: every repetition of burst-1 is flagged (burst-1): rerun on a quiet host"
-    assert "90% of a core used by vllm" in table.notes_text(burst)
-    assert seq.trusted
+    assert burst.scaling_factor == pytest.approx(1.6) and burst.refusal is None and burst.trusted
+    lo, hi = burst.scaling_ci
+    assert lo == pytest.approx(1.6 * (2 / 1.95) / (2 / 1.1)) and hi == pytest.approx(1.6)
+    assert burst.reading.startswith("undecided: the CI straddles 1.30x (near-linear below, partially sub-linear above)")
+    assert burst.more_repetitions >= 1  # derived: the band's half-width facing 1.3x shrunk as 1 / sqrt(pairs)
+    assert burst.left_out == []
+
+
+def test_the_ci_of_repetitions_that_straddle_a_bound_is_undecided_and_counts_what_would_settle_it(tmp_path):
+    walls = {1: (1.0, 0.95), 2: (1.0, 0.75), 3: (1.0, 0.80)}  # factors 1.05, 1.33, 1.25: the median near 1.3
+    phases = []
+    for rep, (seq, burst) in walls.items():
+        suffix = "" if rep == 1 else f"#{rep}"
+        phases += [
+            ("llamacpp", f"sequential{suffix}", "sequential", rep, 1, seq, QUIET),
+            ("llamacpp", f"burst-1{suffix}", "burst", rep, 1, burst, QUIET),
+        ]
+    (seq, burst) = table.build(write(tmp_path, phases))
+    assert burst.scaling_factor == pytest.approx(1.25)
+    assert burst.undecided and burst.reading == burst.undecided
+    assert burst.more_repetitions is not None and burst.more_repetitions >= 1
 
 
 def test_an_outlier_request_flags_its_phase(tmp_path):
@@ -149,23 +187,34 @@ def test_a_retry_supersedes_the_flagged_attempt(tmp_path):
     assert [p.phase for p in noise.clean(run, noise.assess(run)).phases] == ["sequential", "burst-1.retry1"]
 
 
-def test_the_verdict_concludes_only_from_trusted_phases(tmp_path):
+def test_the_verdict_concludes_from_a_busy_hosts_phases_and_says_so(tmp_path):
     phases = [
         (i, n, s, r, a, w, loud("vllm", 0.7) if i == "llamacpp" else QUIET) for i, n, s, r, a, w, _ in three_reps()
     ]
     doc, numbers = sections.build(write(tmp_path, phases), "http://127.0.0.1:9", figures=False)
     verdicts = {v["instance"]: v for v in numbers["verdict"]["verdicts"]}
     llama = verdicts["llamacpp"]
-    assert not llama["computable"] and llama["lever"] is None
-    assert llama["text"].startswith("no verdict: every phase of llamacpp was flagged")
-    assert "rerun sequential, burst-1" in llama["text"]
-    assert len(llama["left_out"]) == 6 and llama["left_out"][0].startswith("sequential: noisy: 70% of a core used")
-    assert verdicts["vllm"]["left_out"] == []
+    assert not llama["text"].startswith("no verdict: every phase") and llama["left_out"] == []
+    assert verdicts["vllm"]["left_out"] == [] and verdicts["vllm"]["busy"] == ""
     setup = next(sec for sec in doc.sections if sec.title == "Setup")
     noise_table = next(b for b in setup.blocks if getattr(b, "caption", "").startswith("Host noise per phase"))
     assert len(noise_table.rows) == 12
     assert noise_table.rows[0][:5] == ["vLLM-CPU", "sequential", "0.900s", "1.00", "0.05 (-)"]
+    llama_row = next(r for r in noise_table.rows if r[0].startswith("llama.cpp"))
+    assert llama_row[-1] == "used, up to x1.54 slower: noisy: 70% of a core used by vllm while measuring llamacpp"
     assert numbers["noise"]["thresholds"]["group_cores"] == 0.25
+    summary = {s["instance"]: s for s in numbers["summary"]}
+    flag = next(line for line in summary["llamacpp"]["lines"] if line.startswith("Flag: busy host"))
+    assert flag.startswith("Flag: busy host: 6 phase(s) measured while other programs took the CPU (largest: vllm 0.70")
+    assert "NOISE_FOREIGN_CPU_CORES=0.5" in flag
+
+
+def test_the_verdict_leaves_out_phases_with_outlier_requests(tmp_path):
+    slow = {("llamacpp", name, 0): 25.9 for name in ("sequential", "burst-1")}
+    phases = [p for p in three_reps() if p[3] == 1]
+    doc, numbers = sections.build(write(tmp_path, phases, request_times=slow), "http://127.0.0.1:9", figures=False)
+    llama = {v["instance"]: v for v in numbers["verdict"]["verdicts"]}["llamacpp"]
+    assert llama["text"].startswith("no verdict: every phase of llamacpp held outlier requests")
 
 
 def test_a_run_folder_from_before_repetitions_reads_as_one_repetition(tmp_path):
