@@ -172,4 +172,10 @@ def _phases(plan: RunPlan, targets: list[Target], prompt_set: PromptSet) -> list
             phases.append(SequentialPhase(four, name="sequential-four", repetition=repetition))
         return phases
 
-    return trials.interleave(targets, one_pass, plan.repetitions)
+    schedule = trials.interleave(targets, one_pass, plan.repetitions)
+    # Passes added while a factor is undecided are decided by the master alone: workers build their phases up front.
+    if plan.max_repetitions > plan.repetitions and not plan.workers:
+        planner = trials.MoreRepetitions(targets, one_pass, plan.repetitions, plan.max_repetitions, schedule[-1])
+        for phase in schedule:
+            phase.planner = planner
+    return schedule

@@ -444,6 +444,15 @@ OPTIONS: tuple[Option, ...] = (
         locust=False,
     ),
     Option(
+        "--max-repetitions",
+        "while an engine's scaling factor, widened by the host noise its phases measured, is undecided (its CI "
+        "straddles a reading's bound), add passes of that engine up to this many in all (<= --repetitions: never)",
+        knob="LOADGEN_MAX_REPETITIONS",
+        type=repetitions,
+        commands=frozenset({"compare"}),
+        locust=False,
+    ),
+    Option(
         "--noise-retries",
         "run a phase flagged noisy (host noise over the NOISE_* thresholds) again right away, up to this many times",
         knob="LOADGEN_NOISE_RETRIES",

@@ -95,6 +95,7 @@ class RunPlan:
     workers: int
     warmup: int
     repetitions: int
+    max_repetitions: int
     noise_retries: int
     settle_max_s: float
     isolate: str
@@ -135,6 +136,7 @@ class RunPlan:
             workers=given.get("workers", 0),
             warmup=given.get("warmup", 0),
             repetitions=given.get("repetitions", 1),
+            max_repetitions=given.get("max_repetitions", 1),
             noise_retries=given.get("noise_retries", 0),
             settle_max_s=given.get("settle_max_s", 0),
             isolate=given.get("isolate", "off"),

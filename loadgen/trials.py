@@ -28,6 +28,81 @@ from servescope.runfolder import PhaseRecord
 from servescope.thresholds import NoiseRule, WarmupRule
 
 
+class MoreRepetitions:
+    """Passes of the reference experiment added while an engine's scaling factor is undecided (report/table.estimate:
+    its noise-widened CI straddles a reading's bound), up to a cap; the run's planner (loadgen/cli.add_what_follows).
+
+    After the schedule's last phase it reads the run folder as the report does; each engine still undecided gets one
+    more pass (the undecided engines interleaved, their order reversed every other pass), then it judges again."""
+
+    def __init__(
+        self,
+        targets: list[Target],
+        one_pass: Callable[[Target, int], list[Phase]],
+        scheduled: int,
+        cap: int,
+        last: Phase,
+    ):
+        self.targets, self.one_pass, self.cap = targets, one_pass, cap
+        self.passes = {t.instance: scheduled for t in targets}
+        self.last = last  # the phase after which the factors are judged
+        self.pending: list[Phase] = []
+        self.outcome: dict[str, str] = {}  # per engine: what the judgement said last
+
+    def after(self, phase: Phase, folder) -> Phase | None:
+        if self.pending:
+            return self.pending.pop(0)
+        if phase is not self.last:
+            return None
+        undecided = self._undecided(folder)
+        more = [t for t in self.targets if t.instance in undecided and self.passes[t.instance] < self.cap]
+        for t in self.targets:
+            if t.instance in undecided and t not in more:
+                self.outcome[t.instance] = (
+                    f"{undecided[t.instance]}: still undecided after {self.passes[t.instance]} repetitions "
+                    f"(LOADGEN_MAX_REPETITIONS={self.cap})"
+                )
+        if not more:
+            return None
+        repetition = max(self.passes[t.instance] for t in more) + 1
+        order = more if repetition % 2 else list(reversed(more))
+        added: list[Phase] = []
+        for t in order:
+            self.passes[t.instance] += 1
+            phases = self.one_pass(t, self.passes[t.instance])
+            added.extend(phases if repetition % 2 else reversed(phases))
+            print(
+                f"loadgen: {t.instance}: {undecided[t.instance]}: adding repetition {self.passes[t.instance]} "
+                f"(at most {self.cap}: LOADGEN_MAX_REPETITIONS)",
+                flush=True,
+            )
+            self.outcome[t.instance] = f"{self.passes[t.instance]} repetitions in all (added while undecided)"
+        for p in added:
+            p.planner = self
+        self.last = added[-1]
+        self.pending = added[1:]
+        return added[0]
+
+    def _undecided(self, folder) -> dict[str, str]:
+        """Engine -> its burst's undecided factor in one clause, read from the run folder as the report reads it."""
+        from report import load as report_load  # the report's reader and table: one rule for the run and the report
+        from report import table as report_table
+
+        try:
+            run = report_load.load(folder.path)
+        except report_load.RunError:
+            return {}
+        out = {}
+        for row in report_table.build(run):
+            if row.undecided and row.scaling_factor is not None:
+                ci = report_table.ci_text(row.scaling_ci, "x")
+                out.setdefault(row.instance, f"scaling {row.scaling_factor:.2f}x{ci}, {row.undecided}")
+        return out
+
+    def lines(self) -> list[str]:
+        return [f"repetitions of {instance}: {text}" for instance, text in self.outcome.items()]
+
+
 def interleave(targets: list[Target], one_pass: Callable[[Target, int], list[Phase]], repetitions: int) -> list[Phase]:
     """K repetitions of every engine's phases; odd repetitions in order, even ones reversed (A B B A)."""
     schedule: list[Phase] = []

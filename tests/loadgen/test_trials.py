@@ -60,6 +60,54 @@ def test_repetitions_interleave_engines_and_phases_a_b_b_a():
     assert (again.title, again.attempt, again.size) == ("burst#2.retry1", 2, 3)
 
 
+def test_an_undecided_engine_gets_more_repetitions_up_to_the_cap(monkeypatch, capsys):
+    """After the schedule's last phase, each engine whose factor is still undecided gets one more pass, interleaved
+    with the other undecided engines, until it is decided or reaches the cap; then the run says so."""
+    targets = [parse_engine("vllm=http://127.0.0.1:1"), parse_engine("llamacpp=http://127.0.0.1:2")]
+
+    def one_pass(target, repetition):
+        settings = Settings(target, prompts.load("seed3"), 8, 0.0, 10)
+        return [
+            SequentialPhase(settings, count=3, repetition=repetition),
+            BurstPhase(settings, size=3, repetition=repetition),
+        ]
+
+    schedule = trials.interleave(targets, one_pass, 3)
+    planner = trials.MoreRepetitions(targets, one_pass, 3, 5, schedule[-1])
+    verdicts = iter(
+        [{"llamacpp": "undecided A", "vllm": "undecided B"}, {"llamacpp": "undecided C"}, {"llamacpp": "D"}]
+    )
+    monkeypatch.setattr(planner, "_undecided", lambda folder: next(verdicts))
+    assert [planner.after(p, None) for p in schedule[:-1]] == [None] * (len(schedule) - 1)
+    ran, phase = [], schedule[-1]
+    while (phase := planner.after(phase, None)) is not None:
+        ran.append(f"{phase.settings.target.instance} {phase.title}")
+    assert ran == [
+        # repetition 4 (even): the undecided engines in reverse order, each pass reversed
+        "llamacpp burst#4", "llamacpp sequential#4", "vllm burst#4", "vllm sequential#4",
+        # repetition 5: only llama.cpp is still undecided
+        "llamacpp sequential#5", "llamacpp burst#5",
+    ]  # fmt: skip
+    out = capsys.readouterr().out
+    assert "loadgen: llamacpp: undecided A: adding repetition 4 (at most 5: LOADGEN_MAX_REPETITIONS)" in out
+    assert planner.lines() == [
+        "repetitions of llamacpp: D: still undecided after 5 repetitions (LOADGEN_MAX_REPETITIONS=5)",
+        "repetitions of vllm: 4 repetitions in all (added while undecided)",
+    ]
+
+
+def test_no_repetition_is_added_when_every_factor_is_decided(monkeypatch):
+    targets = [parse_engine("vllm=http://127.0.0.1:1")]
+
+    def one_pass(target, repetition):
+        return [SequentialPhase(Settings(target, prompts.load("seed3"), 8, 0.0, 10), count=3, repetition=repetition)]
+
+    schedule = trials.interleave(targets, one_pass, 3)
+    planner = trials.MoreRepetitions(targets, one_pass, 3, 8, schedule[-1])
+    monkeypatch.setattr(planner, "_undecided", lambda folder: {})
+    assert planner.after(schedule[-1], None) is None and planner.lines() == []
+
+
 def warm(url: str, say, rule: WarmupRule, minimum: int = 1) -> dict:
     return trials.warm_up(
         settings_for(url).target,
