@@ -402,11 +402,15 @@ def test_a_worker_whose_clock_steps_mid_run_keeps_every_record_in_its_phase(serv
         assert later.started_at >= earlier.ended_at, (earlier.phase, later.phase)
     if clocks == "wall":  # the worker saw its clock step, and said so
         assert len(stepped["clock_steps_s"]) == 1 and abs(stepped["clock_steps_s"][0] - 30) < 1, stepped
-        assert f"load generator worker {stepped['index']}: its clock stepped +30." in text, text[-3000:]
+        # Its own reading of the step, to within 1 s: "+30." would refuse a "+29.999" read across a preemption.
+        said = re.search(rf"load generator worker {stepped['index']}: its clock stepped \+(\d+\.\d+) s", text)
+        assert said and abs(float(said.group(1)) - 30) < 1, text[-3000:]
     else:  # the master saw its stamps leave the phase: put them on its own clock, had its clock probed again
         assert 1 <= stepped["records_put_on_master_clock"] <= 4, stepped  # until its next probe, within a round
-        # +30 s, less the few milliseconds between its end and its arrival.
-        assert re.search(rf"load generator worker {stepped['index']}: a record stamped \+(29\.9|30\.0)", text), text
+        # +30 s, less the time between its end and its arrival: a few milliseconds on an idle host, more on a busy one,
+        # so held to the step within 1 s, as the worker's own reading is above, not to 29.9 or 30.0.
+        said = re.search(rf"load generator worker {stepped['index']}: a record stamped \+(\d+\.\d+) s", text)
+        assert said and abs(float(said.group(1)) - 30) < 1, text[-3000:]
     assert all(0.015 < r.ttft_s < 1 for r in records), sorted(r.ttft_s for r in records)[:3]  # differences: unmoved
     report = run_cli("report", "--run", str(folder.path), "--prometheus", "http://127.0.0.1:9", timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]
