@@ -54,7 +54,12 @@ def test_server_times_its_first_chunk_from_the_requests_arrival_not_from_when_it
     assert stream["t0"] == stream["t_arrival"] <= stream["t_request_line"]
     assert stream["t_body"] - stream["t_arrival"] >= 0.25
     first = stream["writes"][0] - stream["t_arrival"]
-    assert 0.3 <= first < 0.55, first
+    # A server timing from the read of the request writes no sooner than TTFT after it read the body; this one wrote
+    # before that. Held against the body's own read stamp, which a busy host delays alike, not a fixed 0.55 s.
+    assert 0.3 <= first and stream["writes"][0] < stream["t_body"] + 0.3, (
+        first,
+        stream["t_body"] - stream["t_arrival"],
+    )
 
 
 @linux_stamps
