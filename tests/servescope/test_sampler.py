@@ -86,13 +86,13 @@ def folder(tmp_path) -> RunFolder:
     return RunFolder.create(tmp_path, "run")
 
 
-@pytest.mark.serial  # the burst must stay under 1 s and no 100 ms read may be late: not with a CPU to share
 def _engine_idle(url: str) -> bool:
     busy = frozenset(("vllm:num_requests_running", "vllm:num_requests_waiting"))
     page = parse_exposition(requests.get(f"{url}/metrics", timeout=5).text, busy)
     return all(value == 0 for name in busy for _, value in page.get(name, []))
 
 
+@pytest.mark.serial  # the burst must stay under 1 s and no 100 ms read may be late: not with a CPU to share
 def test_a_burst_shorter_than_a_second_is_seen_waiting(folder):
     """llama.cpp --parallel 1 as it was seen: a 0.7 s burst of 3 with one slot shows waiting 2 at 100 ms."""
     with (
