@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import types
 from http.server import BaseHTTPRequestHandler
 
 import pytest
@@ -165,24 +166,59 @@ def test_an_unreachable_exporter_marks_the_runs_engines_missing(folder):
     assert [r.instance for r in read_samples(folder)] == ["vllm", "llamacpp"]
 
 
-def test_a_slow_first_read_does_not_stretch_the_first_interval(folder):
+class _TestClock:
+    """The sampler's clock and its stop event's waits, kept by the test: a wait moves the clock on at once.
+
+    The schedule (when each read is due) is what is tested, so it is read on a clock the host's load cannot move: on
+    the real one a busy host woke the sampler late and the gaps grew with the load, not with the schedule.
+    """
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.stopped = False
+
+    def monotonic(self) -> float:
+        return self.now
+
+    # threading.Event's interface, as the sampler's loop uses it
+    def clear(self) -> None:
+        self.stopped = False
+
+    def set(self) -> None:
+        self.stopped = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.stopped:
+            self.now += timeout or 0.0
+        return self.stopped
+
+
+def test_a_slow_first_read_does_not_stretch_the_first_interval(folder, monkeypatch):
     """The next read is due one interval after the first one began: a cold first read is no gap in the samples."""
+    from servescope import sampler as sampler_module
+
+    clock = _TestClock()
+    monkeypatch.setattr(sampler_module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
     began: list[float] = []
 
     class SlowFirstRead(Sampler):
         def read_once(self):
-            began.append(time.monotonic())
-            time.sleep(0.15 if len(began) == 1 else 0.0)
+            began.append(clock.now)
+            clock.now += 0.15 if len(began) == 1 else 0.0  # the first read takes 0.15 s, the others no time
+            if len(began) == 4:
+                clock.set()  # as close() would: the loop ends at its next wait
             return []
 
     sampler = SlowFirstRead(folder, "http://127.0.0.1:9", 0.1)
+    sampler._stop = clock  # the loop waits for its next read on the test's clock
     sampler.start("burst")
     wait_for(lambda: len(began) >= 4, what="four reads")
     sampler.close()
-    gaps = [b - a for a, b in zip(began, began[1:], strict=False)]
-    # Before: the second read came 0.15 + 0.1 s after the first began, a gap to every reader (> GAP_FACTOR intervals).
-    assert gaps[0] < 0.2, gaps
-    assert all(g < 0.15 for g in gaps[1:]), gaps
+    gaps = [round(b - a, 9) for a, b in zip(began, began[1:], strict=False)]
+    # Due at 0.1 s, the second read comes as the first one ends (0.15 s), then the reads are back on the first one's
+    # 0.1 s grid. Before: the second came 0.15 + 0.1 s after the first began, a gap to every reader (> GAP_FACTOR
+    # intervals), and the grid moved with it.
+    assert gaps == [0.15, 0.05, 0.1], gaps
 
 
 def test_zero_interval_is_off(folder):
