@@ -1,4 +1,4 @@
-"""The tools the stack and the test suite drive (Prometheus, Compose, Chromium, a Docker engine): found, or installed.
+"""The tools the stack and the test suite drive (Prometheus, Compose, Chromium, Docker, nginx): found, or installed.
 
 One table says which commands each tool brings and which Debian packages provide them. `make up` asks for
 what the native stack needs, `make test` for what the suite drives; both go through `ensure()`:
@@ -51,12 +51,13 @@ CHROMIUM = Tool(
 )
 DOCKER = Tool("docker", ("dockerd", "docker"), ("docker.io",), "the Compose end-to-end suite's Docker engine")
 DEBOOTSTRAP = Tool("debootstrap", ("debootstrap",), ("debootstrap",), "the Compose suite's locally built base image")
+NGINX = Tool("nginx", ("nginx",), ("nginx",), "the router in front of replicas (make replicas) and its tests")
 
-TOOLS: dict[str, Tool] = {tool.name: tool for tool in (PROMETHEUS, COMPOSE, CHROMIUM, DOCKER, DEBOOTSTRAP)}
+TOOLS: dict[str, Tool] = {tool.name: tool for tool in (PROMETHEUS, COMPOSE, CHROMIUM, DOCKER, DEBOOTSTRAP, NGINX)}
 # What each entry point drives.
 PURPOSES: dict[str, tuple[str, ...]] = {
     "up": ("prometheus",),
-    "test": ("prometheus", "docker-compose", "chromium", "docker", "debootstrap"),
+    "test": ("prometheus", "docker-compose", "chromium", "docker", "debootstrap", "nginx"),
 }
 
 

@@ -11,6 +11,7 @@ from urllib.request import urlopen
 
 from report.replicas import LEAST_CONN, ROUND_ROBIN
 from servescope import children
+from stack import provision
 from stack.errors import StackError
 
 POLICIES = {ROUND_ROBIN: "", LEAST_CONN: "least_conn;"}  # the plan's routing policies -> nginx's directive
@@ -68,7 +69,7 @@ class Router:
     def __enter__(self) -> str:
         binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
         if binary is None:
-            raise StackError("nginx is not installed (Debian: apt-get install nginx-light)")
+            raise StackError(f"nginx is not installed: {provision.NGINX.how_to_install}")
         self.workdir.mkdir(parents=True, exist_ok=True)
         for temp in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.workdir / temp).mkdir(exist_ok=True)
