@@ -11,9 +11,12 @@ one load phase per measurement, each as long as a sweep level (--duration / --re
             level's verdict pools all its measurements, so a repeat that flips it moves the boundary
             and the bisection goes on (--knee-probes bounds the whole search)
 
-A measurement the host noise rule flags (another program took the CPU while it ran) is
-kept in knee.json but left out of every verdict, and the same load is measured again. So is one
-where the engine was not there (refused, timed out, unreadable: servescope/binding.py's engine
+A measurement the host noise rule flags (another program took the CPU while it ran) is a
+measurement of the machine as it was: a level's verdict pools its quiet measurements where it
+has any, else its noisy ones (a transient is outweighed by a quiet repeat; a machine busy the
+whole search is measured as it is, said in one note). A failing level measured only on a busy
+host is measured once more before it moves the search: so a busy host costs at most one
+measurement per failing level, never a repeat without end. A measurement where the engine was not there (refused, timed out, unreadable: servescope/binding.py's engine
 fault): the search waits for the engine to answer its health check and measures the level again,
 and after FAULT_RETRIES such measurements in a row it stops with that line, never with a capacity.
 The same holds for one the load generator could not keep up with (its CPU plus run-queue wait, the
@@ -39,13 +42,8 @@ from typing import Any
 import gevent
 
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
-from servescope import arrivals, binding, engines, knobs, prefix_reuse, probe, slo
+from servescope import arrivals, binding, engines, hostnoise, knobs, prefix_reuse, probe, slo
 from servescope.runfolder import KNEE, KNEE_CONCURRENCY, KNEE_RATE, RequestRecord, RunFolder, SampleRecord, read_samples
-
-try:  # host noise: a phase the host disturbed is measured again, never concluded from
-    from servescope.hostnoise import flags as noise_flags
-except ImportError:  # pragma: no cover - before servescope/hostnoise.py is merged
-    noise_flags = None
 
 CONCURRENCY, RATE = KNEE_CONCURRENCY, KNEE_RATE
 OVER = (CONCURRENCY, RATE)
@@ -84,7 +82,7 @@ class Probe:
     ended_at: float | None
     result: slo.SloResult
     binding: binding.Binding
-    noisy: tuple[str, ...] = ()  # why the host noise rule does not trust it: left out of every verdict
+    noisy: tuple[str, ...] = ()  # the host noise rule's findings: concluded from only where its level has no quiet one
     reuse: prefix_reuse.Reuse | None = None
     noise: dict | None = None  # its PhaseRecord's host noise (the engine's and the load generator's CPU)
 
@@ -105,9 +103,9 @@ class Probe:
         return self.binding.resource == binding.CLIENT
 
     @property
-    def trusted(self) -> bool:
-        """What the search (and tune, from knee.json) concludes from: not flagged noisy, a measurement of the engine."""
-        return not self.noisy and not self.void
+    def measured(self) -> bool:
+        """A measurement of the engine (noisy or not): the engine there, the load offered."""
+        return not self.void
 
 
 def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[tuple[str, ...], dict | None]:
@@ -115,7 +113,7 @@ def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[tuple[str, .
     for record in folder.phases():
         if record.phase == phase and record.instance == instance:
             noise = getattr(record, "noise", None)
-            flags = tuple(noise_flags(noise, instance)) if noise_flags is not None else ()
+            flags = tuple(hostnoise.flags(noise, instance))
             return flags, noise if isinstance(noise, dict) else None
     return (), None
 
@@ -258,8 +256,11 @@ class KneeSearch:
     # ------------------------------------------------------------ the search
 
     def trusted(self, level: float | None = None) -> list[Probe]:
-        """The measurements the search concludes from (of one level): not flagged noisy, the engine there."""
-        return [p for p in self.probes if p.trusted and (level is None or p.level == level)]
+        """The measurements the search concludes from (of one level): the engine there; of a level measured both
+        quietly and on a busy host, the quiet ones only."""
+        measured = [p for p in self.probes if p.measured and (level is None or p.level == level)]
+        quiet = {p.level for p in measured if not p.noisy}
+        return [p for p in measured if not p.noisy or p.level not in quiet]
 
     def levels(self) -> list[float]:
         return sorted({p.level for p in self.trusted()})
@@ -297,8 +298,10 @@ class KneeSearch:
                 )
                 return None
             return last.level  # not a measurement of the engine: the same load again (once it answers)
-        if last.noisy:
-            return last.level  # the host disturbed it: the same load again, nothing concluded
+        if last.noisy and not last.result.meets and self._busy_only(last.level) and len(self.trusted(last.level)) < 2:
+            # A failure on a busy host may be a transient's: measured once more before it moves the search (a quiet
+            # repeat outweighs it; a host busy throughout fails it again, and the pooled verdict stands).
+            return last.level
         knee, fail = self.boundary()
         if fail is None:
             top = max(self.levels())
@@ -308,6 +311,10 @@ class KneeSearch:
         if not self._resolved(knee, fail):
             return self._middle(knee, fail)
         return self._confirm(knee, fail)
+
+    def _busy_only(self, level: float) -> bool:
+        """Every measurement the search concludes from at this level was taken on a busy host."""
+        return all(p.noisy for p in self.trusted(level))
 
     def _confirm(self, *levels: float) -> float | None:
         for level in levels:
@@ -384,6 +391,7 @@ class KneeSearch:
             status = "meets the SLOs up to the highest load"
         else:
             status = "found"
+        used = {p.phase for p in self.trusted()}
         return {
             "over": self.over,
             "unit": UNITS[self.over],
@@ -425,7 +433,7 @@ class KneeSearch:
                     "binding": p.binding.resource,
                     "fault": p.binding.evidence if p.fault else None,
                     "client": p.binding.evidence if p.client else None,  # the load was not offered
-                    "trusted": p.trusted,
+                    "trusted": p.phase in used,
                     "noisy": list(p.noisy),
                     "reuse": asdict(p.reuse) if p.reuse else None,
                 }
@@ -496,11 +504,7 @@ class KneeSearch:
             out.append(f"binding at {s['binding_level']:g} {unit}: {b['advice']} ({b['evidence']})")
         elif s["binding_level"] is not None:  # nothing failed: what the server did at the top, not what ran out
             out.append(f"at {s['binding_level']:g} {unit}, the highest load tried: {b['evidence']}")
-        noisy = [p for p in self.probes if p.noisy]
-        if noisy:
-            out.append(
-                f"note: {len(noisy)} measurement(s) left out and repeated, the host was noisy: {noisy[0].noisy[0]}"
-            )
+        out += hostnoise.busy_notes(s["probes"])
         if s["non_monotonic"]:
             out.append("note: a load above a failing one met the SLOs (feasibility not monotone: a noisy machine?)")
         if s["note"] and s["status"] not in binding.STOPPED.values():

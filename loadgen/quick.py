@@ -565,9 +565,10 @@ def probe_line(probe: dict[str, Any], spec: slo.SloSpec) -> str:
     head = f"{quick_words._users(probe['level'])}: {r['requests']} requests, {quick_words._pct(r['attainment'])} met the SLOs"
     if probe.get("fault"):
         return f"{head}: the engine was not there ({probe['fault']}): measured again once it answers"
-    if probe.get("noisy"):
-        return f"{head}: left out, the host was noisy ({probe['noisy'][0]}): measured again"
     verdict = "holds" if r["meets"] else f"fails ({quick_words.failed_words(spec, r)})"
+    if probe.get("noisy"):
+        used = "" if probe.get("trusted") else ", outweighed by a quiet measurement of the same load"
+        return f"{head}: {verdict} on a busy host ({probe['noisy'][0]}{used})"
     return f"{head}: {verdict}"
 
 

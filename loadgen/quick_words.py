@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servescope import binding, slo
+from servescope import binding, hostnoise, slo
 from servescope.runfolder import RequestRecord
 
 LABEL = 14  # the width of a line's label: the values line up
@@ -158,12 +158,7 @@ def lines(outcome: Outcome) -> list[str]:
             )
         )
     else:
-        noisy = [p for p in knee.get("probes", []) if p.get("level") == 1 and p.get("noisy")]
-        why = (
-            f"its {len(noisy)} measurement(s) were left out, the host was noisy (see Note)"
-            if noisy
-            else "no request at 1 user finished"
-        )
+        why = "no request at 1 user finished"
         out.append(_line("One user", f"not measured: {why}"))
     out += _capacity(outcome, knee, spec, unit)
     out += _tail(outcome)
@@ -180,14 +175,7 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
     elif status == binding.STOPPED[binding.CLIENT]:
         out.append(_line("Capacity", f"not measured: the load generator could not keep up ({knee.get('note')})"))
     elif status == "nothing measured" or (k is None and fail is None):
-        noisy = [p for p in knee.get("probes", []) if p.get("noisy")]
-        why = (
-            f"all {len(noisy)} measurements were left out, the host was noisy (see Note): measure again when the "
-            f"machine is quieter"
-            if noisy
-            else "no measurement finished"
-        )
-        out.append(_line("Capacity", f"not measured: {why}{early}"))
+        out.append(_line("Capacity", f"not measured: no measurement finished{early}"))
     elif k is None:
         out.append(_line("Capacity", f"none: even one user at a time misses ({words}){early}"))
     elif fail is None:
@@ -248,11 +236,7 @@ def _tail(outcome: Outcome) -> list[str]:
     out = [_line("Not measured", text) for text in outcome.not_measured]
     notes = list(outcome.notes)
     probes = knee.get("probes", [])
-    noisy = [p for p in probes if p.get("noisy")]
-    if noisy:
-        notes.append(
-            f"{len(noisy)} measurement(s) left out and taken again, the host was noisy: {noisy[0]['noisy'][0]}"
-        )
+    notes += [line.removeprefix("note: ") for line in hostnoise.busy_notes(probes)]
     if any(row.get("reuse_unasked") for row in knee.get("levels", [])):
         notes.append(
             "the engine served more of the prompts from its prefix cache than the workload asks for: "

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
@@ -493,3 +494,22 @@ def describe(noise: dict | None) -> str:
         state = "went quiet" if settle.get("settled") else "still busy"
         parts.append(f"after {settle['waited_s']:.1f}s waiting for the other engines ({state})")
     return "host: " + ", ".join(parts)
+
+
+def busy_notes(probes: list[dict[str, Any]]) -> list[str]:
+    """A knee's probes (knee.json) measured on a busy host: concluded from, or outweighed by a quiet one of the same level."""
+    noisy = [p for p in probes if p.get("noisy")]
+    if not noisy:
+        return []
+    used = [p for p in noisy if p.get("trusted")]
+    out = []
+    if used:
+        out.append(
+            f"note: {len(used)} measurement(s) taken on a busy host and concluded from (no quiet one of their level): "
+            f"{used[0]['noisy'][0]}; the capacity is this host's as it ran"
+        )
+    if len(used) < len(noisy):
+        out.append(
+            f"note: {len(noisy) - len(used)} measurement(s) on a busy host outweighed by a quiet one of the same level"
+        )
+    return out

@@ -249,8 +249,8 @@ def test_the_knee_runs_through_locusts_own_entry_point_with_samples(tmp_path):
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
 
 
-def test_a_measurement_the_host_noise_rule_flags_is_left_out_and_taken_again(tmp_path, monkeypatch):
-    """The host noise rule says whether the host disturbed a phase; the knee never concludes from one it flags."""
+def test_a_quiet_measurement_outweighs_a_noisy_one_of_the_same_level(tmp_path, monkeypatch):
+    """The host noise rule says whether the host disturbed a phase; a quiet measurement of its level outweighs it."""
     from argparse import Namespace
 
     from loadgen import knee as knee_module
@@ -291,14 +291,55 @@ def test_a_measurement_the_host_noise_rule_flags_is_left_out_and_taken_again(tmp
         return search.after(phase, folder)
 
     first = search.first()
-    again = measured(first, ttft=2.0)  # fails the SLO, but the host was noisy: not a verdict
+    again = measured(first, ttft=2.0)  # fails the SLO on a busy host: measured once more before it moves the search
     assert again.level == 1 and again.name == "knee-c1-2"
+    assert json.loads((folder.path / "knee.json").read_text())["levels"][0]["meets"] is False
     nxt = measured(again, ttft=0.1)
-    assert nxt.level == 2  # concluded from the trusted measurement only: 1 user meets the SLO
+    assert nxt.level == 2  # a quiet measurement of the same level outweighs the noisy one: 1 user meets the SLO
     result = json.loads((folder.path / "knee.json").read_text())
     assert result["probes"][0]["noisy"] == ["noisy: 1.9 cores used by hog"] and not result["probes"][1]["noisy"]
+    assert [p["trusted"] for p in result["probes"]] == [False, True]
     assert result["levels"] == [result["levels"][0]] and result["levels"][0]["measurements"] == 1
-    assert result["levels"][0]["meets"] and any("left out and repeated" in line for line in search.lines())
+    assert result["levels"][0]["meets"]
+    assert "note: 1 measurement(s) on a busy host outweighed by a quiet one of the same level" in search.lines()
+
+
+def test_a_search_on_a_host_busy_throughout_concludes_from_its_noisy_measurements(tmp_path, monkeypatch):
+    """A host busy for the whole search costs it no measurement: each level is measured once, as it was."""
+    from argparse import Namespace
+
+    from loadgen import knee as knee_module
+    from loadgen.prompts import load as load_prompts
+    from loadgen.scenarios import Settings
+    from loadgen.targets import Target
+    from servescope.runfolder import RunFolder
+    from tests.servescope.test_slo import rec
+
+    target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")
+    settings = Settings(target, load_prompts("seed3"), max_tokens=4, temperature=0.0, timeout_s=10.0)
+    options = Namespace(
+        over="concurrency", slo="ttft_p95<=0.5", slo_attainment=None, min_load=1, start_load=None, max_load=8,
+        knee_repeats=1, knee_precision=0.1, knee_probes=10, arrivals="constant", max_in_flight=8,
+    )  # fmt: skip
+    search = knee_module.KneeSearch(settings, options, 1.0, None)
+    folder = RunFolder.create(tmp_path, "run")
+    monkeypatch.setattr(
+        knee_module, "noise_of", lambda folder, phase, instance: (("noisy: 1.0 cores used by hog",), None)
+    )
+    phase, levels = search.first(), []
+    while phase is not None:
+        levels.append(phase.level)
+        for i in range(10):
+            r = rec(ttft=0.1 if phase.level <= 2 else 2.0, started=100.0 + i)
+            r.phase = phase.name
+            folder.append_request(r)
+        phase = search.after(phase, folder)
+    assert levels == [1, 2, 4, 4, 3, 3]  # each failing level once more (a transient's?), then concluded from
+    result = json.loads((folder.path / "knee.json").read_text())
+    assert (result["status"], result["knee"], result["first_failing"]) == ("found", 2, 3)
+    assert any(
+        line.startswith("note: 6 measurement(s) taken on a busy host and concluded from") for line in search.lines()
+    )
 
 
 def knee_process(

@@ -309,22 +309,21 @@ def test_a_search_stopped_early_says_its_capacity_is_a_lower_bound():
     assert labelled(block, "Ran out") == ["nothing up to 2 users: the SLOs held at every load tried"]
 
 
-def test_measurements_the_host_disturbed_are_not_a_capacity():
-    """The trust rule: a noisy measurement is left out; when every one was, nothing is concluded."""
-    noisy = {"level": 1, "noisy": ["noisy: 1.0 cores used by python other.py while measuring vllm"]}
+def test_measurements_on_a_busy_host_are_concluded_from_and_said():
+    """The trust rule: a noisy measurement is concluded from where its level has no quiet one, and the Note says so."""
+    noisy = {"level": 1, "trusted": True, "noisy": ["noisy: 1.0 cores used by python other.py while measuring vllm"]}
     noisy["result"] = {"requests": 9, "attainment": 1.0, "meets": True}
-    knee = {"status": "nothing measured", "knee": None, "first_failing": None, "levels": [], "probes": [noisy] * 3}
+    outweighed = {**noisy, "trusted": False}
+    knee = {"status": "found", "knee": 1, "first_failing": 2, "levels": [], "probes": [noisy, outweighed]}
     block = quick_words.lines(outcome(knee))
-    assert labelled(block, "One user") == [
-        "not measured: its 3 measurement(s) were left out, the host was noisy (see Note)"
+    assert labelled(block, "Note")[:2] == [
+        "1 measurement(s) taken on a busy host and concluded from (no quiet one of their level): noisy: 1.0 cores "
+        "used by python other.py while measuring vllm; the capacity is this host's as it ran",
+        "1 measurement(s) on a busy host outweighed by a quiet one of the same level",
     ]
-    assert labelled(block, "Capacity")[0].startswith(
-        "not measured: all 3 measurements were left out, the host was noisy"
+    assert quick.probe_line(noisy, slo.resolve("ttft<=2", 0.9)).endswith(
+        "holds on a busy host (noisy: 1.0 cores used by python other.py while measuring vllm)"
     )
-    assert labelled(block, "Note") == [
-        "3 measurement(s) left out and taken again, the host was noisy: noisy: 1.0 cores used by python other.py while "
-        "measuring vllm"
-    ]
 
 
 # ---------------------------------------------------------------- measuring
