@@ -43,6 +43,7 @@ def cli_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The child's environment: `env` (default: this process's, so the knobs a test set reach it) with the repo first
     on PYTHONPATH, so the worktree's packages are imported whatever the child's working directory."""
     merged = dict(os.environ if env is None else env)
+    merged.setdefault("CPU_PRIORITY", "off")  # conftest's no_cpu_priority, for an environment a test made itself
     paths = [p for p in merged.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
     merged["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
     return merged
