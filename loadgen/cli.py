@@ -30,7 +30,7 @@ from loadgen.runplan import RunPlan
 from loadgen.scenarios import LoadRun, spawn_rate_for
 from loadgen.summary import print_summary
 from loadgen.targets import chosen_url_line, default_url, probe, route_line
-from servescope import knobs, slo
+from servescope import cpu_priority, knobs, slo
 from servescope.runfolder import RunFolder
 from servescope.sampler import Sampler
 from servescope.urls import redact
@@ -107,6 +107,9 @@ class HeadlessRun:
 
     def __init__(self, run_plan: RunPlan, plan: Plan, spec: slo.SloSpec):
         self.run_plan, self.plan = run_plan, plan
+        # CPU_PRIORITY: this process and the run's engines on this host weighted above the rest (servescope/
+        # cpu_priority.py), before the folder exists: CPU_PRIORITY=on where it cannot be applied stops here.
+        self.cpu_priority = cpu_priority.protect_run([(t.instance, t.kind, t.url) for t in plan.targets])
         self.folder = _create_folder(Path(run_plan.results), run_plan.run_id)
         # From here on Ctrl-C / SIGTERM end the run cleanly: the folder is finished, not abandoned.
         self.interrupted, self.handlers = _stop_on_signals()
@@ -120,6 +123,7 @@ class HeadlessRun:
         )
         self.started_at = time.time()
         self.recorder.line(f"run folder: {self.folder.path}")
+        self.recorder.line(self.cpu_priority.describe())
         if self.metrics is not None:
             self.recorder.line(f"client metrics on http://{bind}:{run_plan.metrics_port}/metrics")
         self.fleet: distributed.Fleet | None = None  # --workers N: the worker processes and their coordinator
@@ -142,6 +146,7 @@ class HeadlessRun:
         self.trial_notes: dict = {"repetitions": self.run_plan.repetitions, "isolate": self.isolation.mode}
         self.trial_notes["warmup"] = {}
         self.trial_notes["settle_max_s"] = self.run_plan.settle_max_s
+        self.trial_notes["cpu_priority"] = self.cpu_priority.as_dict()
         problem = self.manifest("running")
         if problem:
             raise UsageError(problem)

@@ -18,7 +18,7 @@ import requests
 from servescope.runfolder import RunFolder
 from tests.conftest import free_port, unavailable
 from tests.doubles.ollama_simulator import OllamaSimulator
-from tests.doubles.synthetic_openai import SyntheticServer
+from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
 from tests.harness import run_cli, run_python, start_cli
 
 # For tests that read stderr line by line: the server sampler (servescope/sampler.py) says its own lines, e.g. that
@@ -584,3 +584,38 @@ def test_a_bad_engine_url_with_credentials_is_refused_without_showing_them(tmp_p
     proc = loadgen("burst", "--engine", "vllm=http://alice:s3cret@127.0.0.1:99999", "--results", str(tmp_path))
     assert proc.returncode == 2 and "s3cret" not in proc.stderr and "alice" not in proc.stderr
     assert "'vllm=http://***@127.0.0.1:99999'" in proc.stderr
+
+
+def test_the_cpu_priority_is_said_at_the_start_and_recorded_in_the_manifest(tmp_path):
+    with SyntheticProcess() as engine:
+        proc = run_cli(
+            "loadgen", "sequential", "--engine", f"llamacpp={engine.url}", "--max-tokens", "4",
+            "--results", str(tmp_path), "--run-id", "r", "--metrics-port", "0", "--warmup", "0",
+            env={**os.environ, "CPU_PRIORITY": "off", "SAMPLE_INTERVAL_MS": "0"},
+            timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "CPU priority: off (CPU_PRIORITY=off): other programs compete for the CPU as equals" in proc.stdout
+    trials = json.loads((tmp_path / "r" / "manifest.json").read_text())["trials"]
+    assert trials["cpu_priority"] == {
+        "mode": "off", "applied": False, "reason": "CPU_PRIORITY=off", "controller": None, "weight": None,
+        "multiple": None, "path": None, "pids": [], "gone": [], "kept": {}, "who": {},
+    }  # fmt: skip
+
+
+def test_cpu_priority_on_where_it_is_not_allowed_stops_the_run_before_its_folder(tmp_path):
+    script = (
+        "import os, sys; os.geteuid = lambda: 1000\n"  # as a user that is not root
+        "from loadgen.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    proc = run_python(
+        "-c", script, "sequential", "--engine", "llamacpp=http://127.0.0.1:9", "--results", str(tmp_path),
+        "--run-id", "r", "--metrics-port", "0",
+        env={**os.environ, "CPU_PRIORITY": "on"}, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "loadgen: CPU priority: not applied (not root); CPU_PRIORITY=on asks for it, so nothing runs "
+        "(CPU_PRIORITY=auto measures without it)"
+    ]
+    assert not (tmp_path / "r").exists()
