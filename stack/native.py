@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from servescope import cpu_priority, knobs, probe, prometheus_config
 from servescope import engines as kinds
-from servescope import knobs, probe, prometheus_config
 from servescope.runfolder import MANIFEST, new_run_id
 from stack import llamacpp, model, ollama, paths, ports, prometheus, summary, supervisor, vllm
 from stack.errors import ServiceExited, StackError
@@ -190,19 +190,41 @@ def locust_service(knob: dict[str, str], host: str, engines: dict[str, str]) -> 
 
 
 class Launch:
-    """The services one `up` started: on failure or Ctrl-C, exactly these are stopped again."""
+    """The services one `up` started: on failure or Ctrl-C, exactly these are stopped again.
 
-    def __init__(self) -> None:
+    `priority` (CPU_PRIORITY, servescope/cpu_priority.py): each engine moves into the priority group right after
+    its start, before it forks its workers (which then start in the group), when the check at `up`'s start
+    allowed it; None: never."""
+
+    def __init__(self, priority: cpu_priority.Priority | None = None) -> None:
         self.started: list[Record] = []
+        self.priority = priority
 
     def start(self, service: Service, wait: bool = True, heartbeat: float | None = None):
         ports.require_free(service.host, service.port, service.title, service.port_env)
         proc, record = supervisor.start(service)
         self.started.append(record)
         say(f"started {service.title} (pid {record.pid}, log {record.log})")
+        if service.name in kinds.ENGINES and record.pid:
+            self.protect(service.name, record.pid)
         if wait:
             supervisor.wait_ready(record, proc, service.ready_timeout, heartbeat=heartbeat)
         return proc, record
+
+    def protect(self, name: str, pid: int) -> None:
+        if self.priority is None or not self.priority.applied:
+            return
+        try:
+            moved = cpu_priority.apply([pid], mode=self.priority.mode, multiple=self.priority.multiple)
+        except cpu_priority.Refused as exc:  # CPU_PRIORITY=on, and the group refused this one
+            raise StackError(str(exc)) from None
+        if not moved.applied:  # auto: said once, with the reason, when the engines are up
+            self.priority = moved
+            return
+        self.priority.who[name] = [pid]
+        self.priority.pids += moved.pids
+        self.priority.gone += moved.gone
+        self.priority.kept.update(moved.kept)
 
     def rollback(self) -> None:
         for record in reversed(self.started):
@@ -239,6 +261,10 @@ def up(compare: bool = True) -> int:
     engines_wanted = wanted_engines()
     # Fail before a long preparation when a port is taken, and before starting anything: no half-started stack.
     check_ports(knob, bind, engines_wanted)
+    try:  # the group ready before anything starts; CPU_PRIORITY=on where it cannot be: one line, nothing started
+        priority = cpu_priority.apply([])
+    except ValueError as exc:  # Refused, or a CPU_PRIORITY / CPU_PRIORITY_WEIGHT that is not one
+        raise StackError(str(exc)) from None
     prep = prepare(engines_wanted)
     swap_used = False
     if prep.vllm_python and prep.vllm_model:
@@ -246,9 +272,10 @@ def up(compare: bool = True) -> int:
     check_ports(knob, bind, engines_wanted)
     services = engine_services(knob, prep, bind, swap_used)
 
-    launch = Launch()
+    launch = Launch(priority)
     try:
         engines = start_engines(launch, services, knob, prep, bind, host, swap_used)
+        say(launch.priority.describe())
         ollama_url = engines.pop("_ollama_backend", None)
         launch.start(exporter_service(knob, bind, {k: v for k, v in engines.items() if k != OLLAMA}, ollama_url))
         start_prometheus(launch, knob, prep, bind, host, running={r.name for r in launch.started})
@@ -517,6 +544,11 @@ def down(quiet: bool = False) -> int:
             say(f"{record.name}: {outcome}" + (f" (pid {record.pid})" if record.pid else ""))
         if record.pid and record.port and ports.listening(url_host(record.url), record.port):
             leftovers.append(f"{record.name} port {record.port}")
+    try:
+        if cpu_priority.mode_knob() != "off":
+            cpu_priority.remove()  # the group `up` made, once nothing runs in it (a run still in it keeps it)
+    except ValueError:
+        pass  # a CPU_PRIORITY that is no mode: `up` said so; `down` still stops everything
     if leftovers:
         say(f"still listening after down: {', '.join(leftovers)} (not started by `up`, or it outlived its group)")
         return 1

@@ -222,3 +222,43 @@ def test_make_ups_last_run_folder_line_is_the_path_alone(tmp_path, monkeypatch, 
     assert native.main_job(knob, "127.0.0.1", {"vllm": "http://127.0.0.1:8009"}) == 0
     last = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run folder: ")][-1]
     assert (Path(last.removeprefix("run folder: ")) / MANIFEST).is_file()
+
+
+def test_up_with_cpu_priority_on_where_it_is_not_allowed_stops_in_one_line_before_anything(monkeypatch, tmp_path):
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    monkeypatch.setenv("CPU_PRIORITY", "on")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # as a user that is not root
+    monkeypatch.setattr(native, "check_ports", lambda *a: None)
+    monkeypatch.setattr(native, "prepare", lambda engines: pytest.fail("nothing is prepared or started"))
+    with pytest.raises(StackError, match=r"^CPU priority: not applied \(not root\); CPU_PRIORITY=on") as refused:
+        native.up()
+    assert "\n" not in str(refused.value)
+
+
+def test_an_engine_moves_into_the_priority_group_as_it_starts_and_the_rest_do_not(monkeypatch, tmp_path, capsys):
+    from servescope import cpu_priority
+
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
+    moved = []
+
+    def apply(pids, **kwargs):
+        moved.append(list(pids))
+        return cpu_priority.Priority("auto", True, controller="v1 cpu.shares", weight=10240, pids=list(pids))
+
+    monkeypatch.setattr(cpu_priority, "apply", apply)
+    ready = cpu_priority.Priority("auto", True, controller="v1 cpu.shares", weight=10240, multiple=10, path="/cg/s")
+    launch = native.Launch(ready)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    try:
+        _, engine = launch.start(
+            native.Service("llamacpp", "llama.cpp server", sleeper, "127.0.0.1", 1, "P", "/"), False
+        )
+        launch.start(native.Service("exporter", "exporter", sleeper, "127.0.0.1", 2, "P", "/"), wait=False)
+    finally:
+        launch.rollback()
+    assert moved == [[engine.pid]]  # the engine only: the exporter observes, it is not measured
+    assert launch.priority.who == {"llamacpp": [engine.pid]} and launch.priority.pids == [engine.pid]
+    assert launch.priority.describe().startswith("CPU priority: the engine (llamacpp) runs in cgroup /cg/s at ")
+    not_applied = native.Launch(cpu_priority.Priority("auto", False, reason="not root"))
+    not_applied.protect("vllm", 1)
+    assert len(moved) == 1 and not_applied.priority.reason == "not root"  # refused at up's start: never tried again
