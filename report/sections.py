@@ -28,7 +28,7 @@ from report import figures as figure_data
 from report.load import Run
 from report.outline import Context, Plots, ReportSection, walk
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
-from servescope import engines, series, thresholds
+from servescope import cpu_priority, engines, series, thresholds
 from servescope.engines.base import DURATIONS
 from servescope.slo import SloSpec
 
@@ -493,6 +493,9 @@ def _setup(run: Run, warn: list[str], assessment: noise.Assessment, prompts: lis
     )
     if warn:
         sec.add(Bullets(warn))
+    priority = cpu_priority.report_line(run.manifest.get("trials"))  # CPU_PRIORITY: applied or not, and why
+    if priority:
+        sec.add(Paragraph(priority))
     _host_noise(run, assessment, sec)
     if run.warnings:
         sec.add(Paragraph("Skipped while loading the run folder:"))

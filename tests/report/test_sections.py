@@ -55,3 +55,34 @@ def test_every_section_renders_from_its_data_with_the_run_closed(monkeypatch, tm
     rendered = [s.render(data, k) for k, (s, data) in enumerate(built, 1)]
     assert [sec.number for sec in rendered] == list(range(1, len(sections.SECTIONS) + 1))
     assert all(sec.blocks for sec in rendered)
+
+
+def test_the_setup_section_says_the_cpu_priority_the_run_recorded(tmp_path):
+    """One line from the manifest's trials.cpu_priority (servescope/cpu_priority.py); a run from before it: none."""
+    import json
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(RUNS / "seed-vllm-ollama", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["trials"] = {
+        "repetitions": 1,
+        "cpu_priority": {
+            "mode": "auto", "applied": True, "controller": "v1 cpu.shares", "weight": 10240, "multiple": 10,
+            "path": "/sys/fs/cgroup/cpu/servescope", "who": {"load generator": [10], "vllm": [11]},
+        },
+    }  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    texts = []
+    for path in (folder, RUNS / "seed-vllm-ollama"):
+        run = load(path)
+        try:
+            doc, _ = sections.build(run, NO_PROMETHEUS, figures=False)
+        finally:
+            run.close()
+        texts.append(markdown(doc))
+    assert (
+        "CPU priority: the engine (vllm) and the load generator ran in cgroup /sys/fs/cgroup/cpu/servescope at "
+        "cpu.shares 10240 (10x a default group): other programs got the CPU when these were idle (CPU_PRIORITY=auto)."
+    ) in texts[0]
+    assert "CPU priority" not in texts[1]
