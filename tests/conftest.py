@@ -69,9 +69,11 @@ def quiet_host_rule(monkeypatch):
     """The suite runs on shared, busy machines: tests of other features never have their phases flagged as noisy.
 
     The host-noise rule (servescope/thresholds.NoiseRule) is judged by its own tests, which set the thresholds
-    they test; everywhere else (and in the load generators the tests start) nothing is loud enough to flag.
+    they test; everywhere else (and in the load generators the tests start) nothing is loud enough to flag, and no
+    comparison adds repetitions while a factor is undecided (its own tests ask for it: tests/loadgen/test_trials.py).
     """
     for knob, value in (
+        ("LOADGEN_MAX_REPETITIONS", "1"),
         ("NOISE_GROUP_CPU_CORES", "1000"),
         ("NOISE_FOREIGN_CPU_CORES", "1000"),
         ("NOISE_STEAL_SHARE", "1"),
