@@ -1,6 +1,6 @@
 """Answers on a busy host: the reference comparison quiet, under a steady CPU hog and under one busy 2 s of every 5, and the knee beside servebench's find-capacity under the same hog.
 
-    python -m bench.busy_host [--runs compare,knee] [--hogs none,steady,periodic] [--vllm URL] [--llamacpp URL]
+    [CPU_PRIORITY=off] python -m bench.busy_host [--runs compare,knee] [--hogs none,steady,periodic] [--vllm URL] ...
 
 Against the engines that already run (the native stack: `make up`). The hog is another program in a
 session of its own (`setsid`, its own autogroup), as a neighbour on a laptop, a shared box or a CI
@@ -8,7 +8,8 @@ runner is: `steady` spins one core for the whole run; `periodic` spins it 2 s of
 prints its engines' Summary lines (scaling factor, CI, reading, the busy-host line) and its wall time;
 the knee prints its answer and wall time beside servebench find-capacity's, run right after it under
 the same hog with the same SLO, lengths and level duration, and the ratio of the two times.
-Skips (exit 0) when the engines do not answer.
+With CPU_PRIORITY=off the load generator leaves the engines in the hog's competition (the case of a user who is not
+root); servebench never moves them. Skips (exit 0) when the engines do not answer.
 """
 
 from __future__ import annotations
@@ -83,9 +84,9 @@ def compare(urls: dict[str, str], hog: str, results: Path) -> None:
             [PYTHON, "-m", "loadgen", "compare", *engines, "--results", str(results), "--run-id", run_id],
             results / f"{run_id}.log",
         )
-    print(f"compare, hog {hog}: exit {rc}, {wall / 60:.1f} min", flush=True)
+    print(f"compare, hog {hog}, CPU_PRIORITY={os.environ.get('CPU_PRIORITY', 'auto')}: exit {rc}, {wall / 60:.1f} min")
     run(
-        [PYTHON, "-m", "report", "--run", str(results / run_id), "--prometheus", "http://127.0.0.1:9"],
+        [PYTHON, "-m", "report", "--run", str(results / run_id)],
         results / f"{run_id}.report.log",
     )
     try:
@@ -96,7 +97,7 @@ def compare(urls: dict[str, str], hog: str, results: Path) -> None:
     for engine in summary:
         print(f"  {engine['title']}:")
         for line in engine["lines"]:
-            if line.startswith(("Scaling", "Verdict", "Flag: busy")):
+            if line.startswith(("Scaling", "Verdict", "Flag: busy", "Flag: 1", "Flag: 2", "Flag: 3")):
                 print(f"    {line}")
     added = [line for line in out.splitlines() if "adding repetition" in line or line.startswith("repetitions of")]
     for line in added:
