@@ -29,6 +29,7 @@ V1_DEFAULT, V1_MAX = 1024, 262144  # cpu.shares of a default group; the kernel's
 V2_DEFAULT, V2_MAX = 100, 10000  # cpu.weight of a default group; the largest cgroup v2 takes
 MULTIPLE_MAX = 100.0  # CPU_PRIORITY_WEIGHT's bound: beyond it v2 is capped anyway, and v1 starves the rest outright
 LOADGEN = "load generator"
+OBSERVERS = "observers"  # servescope's exporter, Prometheus and web UI: they read the engines while they run
 
 
 class Refused(ValueError):
@@ -377,11 +378,19 @@ def protect_run(engines: Iterable[tuple[str, str, str]], *, mode: str | None = N
     who = {LOADGEN: [os.getpid()]}
     if mode != "off" and os.geteuid() == 0:  # otherwise not applied anyway: no need to look
         records = pidrecords.live()
+        observers: set[int] = set()
         for instance, kind, url in engines:
             if hostnoise.on_this_host(url):
-                found = hostnoise.roles_for(instance, kind, url, records=records).engine - {os.getpid()}
+                roles = hostnoise.roles_for(instance, kind, url, records=records)
+                found = roles.engine - {os.getpid()}
                 if found:
                     who[instance] = sorted(found)
+                    observers |= {p for pids in roles.observers.values() for p in pids}
+        # servescope's exporter and Prometheus read the engines while they run: left outside, an engine at full
+        # tilt in the group starves them (one sample in a 2 s burst, seen), and the gauges the verdict reads go.
+        observers -= {os.getpid(), *(p for pids in who.values() for p in pids)}
+        if observers:
+            who[OBSERVERS] = sorted(observers)
     result = apply([p for pids in who.values() for p in pids], mode=mode)
     result.who = who if result.applied else {}
     moved = [p for p in result.pids if p != os.getpid()]  # this process ends: nothing to give back
@@ -395,11 +404,12 @@ def protect_run(engines: Iterable[tuple[str, str, str]], *, mode: str | None = N
 
 def _subject(who: dict) -> tuple[str, bool]:
     """Who runs in the group, in words, and whether that is one (for the verb)."""
-    engines = [str(k) for k in who if k != LOADGEN]
+    engines = [str(k) for k in who if k not in (LOADGEN, OBSERVERS)]
     loadgen = LOADGEN in who
     named = f"the engine{'s' if len(engines) > 1 else ''} ({', '.join(engines)})" if engines else ""
     if named and loadgen:
-        return f"{named} and the load generator", False
+        watch = ", servescope's observers" if OBSERVERS in who else ""
+        return f"{named}{watch} and the load generator", False
     if loadgen:
         return "the load generator (no engine of the run found on this host)", True
     return (named, len(engines) == 1) if named else ("nothing yet", True)

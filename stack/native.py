@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from servescope import cpu_priority, knobs, probe, prometheus_config
+from servescope import cpu_priority, knobs, pidrecords, probe, prometheus_config
 from servescope import engines as kinds
 from servescope.runfolder import MANIFEST, new_run_id
 from stack import llamacpp, model, ollama, paths, ports, prometheus, summary, supervisor, vllm
@@ -205,7 +205,9 @@ class Launch:
         proc, record = supervisor.start(service)
         self.started.append(record)
         say(f"started {service.title} (pid {record.pid}, log {record.log})")
-        if service.name in kinds.ENGINES and record.pid:
+        # The engines, and the observers that read them while they run (left outside, an engine at full tilt in the
+        # group starves the exporter of its samples).
+        if (service.name in kinds.ENGINES or service.name in pidrecords.OBSERVERS) and record.pid:
             self.protect(service.name, record.pid)
         if wait:
             supervisor.wait_ready(record, proc, service.ready_timeout, heartbeat=heartbeat)
@@ -221,7 +223,8 @@ class Launch:
         if not moved.applied:  # auto: said once, with the reason, when the engines are up
             self.priority = moved
             return
-        self.priority.who[name] = [pid]
+        key = cpu_priority.OBSERVERS if name in pidrecords.OBSERVERS else name
+        self.priority.who.setdefault(key, []).append(pid)
         self.priority.pids += moved.pids
         self.priority.gone += moved.gone
         self.priority.kept.update(moved.kept)

@@ -308,6 +308,26 @@ def test_a_run_finds_its_engines_on_this_host_by_their_port(monkeypatch, tmp_pat
     assert asked[-1] == [os.getpid()]  # off: no engine looked for
 
 
+def test_a_run_moves_servescopes_observers_with_its_engines(monkeypatch, tmp_path):
+    """The exporter reads the engines while they run: outside the group it would starve beside an engine in it."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(
+        cpu_priority, "apply", lambda pids, **kw: cpu_priority.Priority(kw["mode"], True, pids=list(pids))
+    )
+    monkeypatch.setattr(cpu_priority.atexit, "register", lambda *a: None)
+    monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))  # no pid records: only the observer named below
+    with SyntheticProcess() as engine:
+        observer = SyntheticProcess()
+        with observer:
+            monkeypatch.setenv("LOADGEN_OBSERVER_PIDS", f"exporter={observer.proc.pid}")
+            result = cpu_priority.protect_run([("llamacpp", "llamacpp", engine.url)], mode="auto")
+    assert result.who["observers"] == [observer.proc.pid] and result.who["llamacpp"] == [engine.proc.pid]
+    said = cpu_priority.line({**result.as_dict(), "controller": "v1 cpu.shares", "weight": 10240, "multiple": 10})
+    assert said.startswith(
+        "CPU priority: the engine (llamacpp), servescope's observers and the load generator run in cgroup"
+    )
+
+
 # ---------------------------------------------------------------- for real
 
 

@@ -235,7 +235,7 @@ def test_up_with_cpu_priority_on_where_it_is_not_allowed_stops_in_one_line_befor
     assert "\n" not in str(refused.value)
 
 
-def test_an_engine_moves_into_the_priority_group_as_it_starts_and_the_rest_do_not(monkeypatch, tmp_path, capsys):
+def test_an_engine_and_the_observers_move_into_the_priority_group_as_they_start(monkeypatch, tmp_path, capsys):
     from servescope import cpu_priority
 
     monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
@@ -253,12 +253,16 @@ def test_an_engine_moves_into_the_priority_group_as_it_starts_and_the_rest_do_no
         _, engine = launch.start(
             native.Service("llamacpp", "llama.cpp server", sleeper, "127.0.0.1", 1, "P", "/"), False
         )
-        launch.start(native.Service("exporter", "exporter", sleeper, "127.0.0.1", 2, "P", "/"), wait=False)
+        said = launch.priority.describe()  # as `up` says it: once the engines run
+        _, exporter = launch.start(
+            native.Service("exporter", "exporter", sleeper, "127.0.0.1", 2, "P", "/"), wait=False
+        )
     finally:
         launch.rollback()
-    assert moved == [[engine.pid]]  # the engine only: the exporter observes, it is not measured
-    assert launch.priority.who == {"llamacpp": [engine.pid]} and launch.priority.pids == [engine.pid]
-    assert launch.priority.describe().startswith("CPU priority: the engine (llamacpp) runs in cgroup /cg/s at ")
+    # The exporter too: outside the group, an engine at full tilt in it starves the exporter of its samples.
+    assert moved == [[engine.pid], [exporter.pid]]
+    assert launch.priority.who == {"llamacpp": [engine.pid], "observers": [exporter.pid]}
+    assert said.startswith("CPU priority: the engine (llamacpp) runs in cgroup /cg/s at ")
     not_applied = native.Launch(cpu_priority.Priority("auto", False, reason="not root"))
     not_applied.protect("vllm", 1)
-    assert len(moved) == 1 and not_applied.priority.reason == "not root"  # refused at up's start: never tried again
+    assert len(moved) == 2 and not_applied.priority.reason == "not root"  # refused at up's start: never tried again
