@@ -512,9 +512,15 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
     trials = run.manifest.get("trials") if isinstance(run.manifest.get("trials"), dict) else {}
     if trials:
         reps, isolate = trials.get("repetitions"), trials.get("isolate")
+        ran = max((p.repetition for p in run.phases), default=0)
+        added = (
+            f" ({ran} run: passes added while a scaling factor was undecided)"
+            if isinstance(reps, int) and ran > reps
+            else ""
+        )
         sec.add(
             Paragraph(
-                f"Trials: {reps} repetition(s), engines and phases interleaved (A B B A ...); co-resident engines: "
+                f"Trials: {reps} repetition(s){added}, engines and phases interleaved (A B B A ...); co-resident engines: "
                 f"{'paused while another is measured' if isolate == 'pause' else 'left running, their CPU measured'}"
                 + (
                     f"; after an engine switch the next phase waited (at most {settle:g} s) until the engines "

@@ -30,10 +30,11 @@ def default_rule(monkeypatch):
         monkeypatch.setenv(key, value)
 
 
-def write(tmp_path, phases, *, request_times=None, name="run"):
+def write(tmp_path, phases, *, request_times=None, name="run", trials=None):
     """phases: (instance, phase, scenario, repetition, attempt, wall, noise); 3 requests each, 0.3 s unless told."""
     folder = RunFolder.create(tmp_path, name)
-    folder.write_manifest({"engines": {"llamacpp": {"kind": "llamacpp"}, "vllm": {"kind": "vllm"}}, "run_id": name})
+    manifest = {"engines": {"llamacpp": {"kind": "llamacpp"}, "vllm": {"kind": "vllm"}}, "run_id": name}
+    folder.write_manifest({**manifest, **({"trials": trials} if trials else {})})
     t = T
     for instance, phase, scenario, repetition, attempt, wall, phase_noise in phases:
         burst = scenario == "burst"
@@ -207,6 +208,15 @@ def test_the_verdict_concludes_from_a_busy_hosts_phases_and_says_so(tmp_path):
     flag = next(line for line in summary["llamacpp"]["lines"] if line.startswith("Flag: busy host"))
     assert flag.startswith("Flag: busy host: 6 phase(s) measured while other programs took the CPU (largest: vllm 0.70")
     assert "NOISE_FOREIGN_CPU_CORES=0.5" in flag
+
+
+def test_the_setup_says_the_passes_added_while_a_factor_was_undecided(tmp_path):
+    doc, _ = sections.build(
+        write(tmp_path, three_reps(), trials={"repetitions": 2}), "http://127.0.0.1:9", figures=False
+    )
+    setup = next(sec for sec in doc.sections if sec.title == "Setup")
+    trials = next(b.text for b in setup.blocks if getattr(b, "text", "").startswith("Trials:"))
+    assert trials.startswith("Trials: 2 repetition(s) (3 run: passes added while a scaling factor was undecided)")
 
 
 def test_the_verdict_leaves_out_phases_with_outlier_requests(tmp_path):
