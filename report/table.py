@@ -23,7 +23,9 @@ READING_RULE = (
     f"factor >= max({STRONG_FRACTION_OF_N:g} x N, {STRONG_MIN:g}) -> strongly sub-linear (batching overlap visible); "
     f"factor <= {NEAR_LINEAR_MAX:g} -> near-linear (requests handled one at a time); in between -> partial overlap. "
     f"Over repetitions: the median of the per-repetition factors; its 95% CI widened by the host noise each pair "
-    f"measured (docs/trust.md); a reading only when the whole CI lies on one side of every bound, else undecided."
+    f"measured (docs/trust.md); a reading only when the whole CI lies on one side of every bound, else undecided; "
+    f"on a busy host, undecided too when the walls read one end and the burst's own generation overlap (its requests "
+    f"generating at once, measured inside the burst) reads the other."
 )
 # Per-request times listed per phase: the reference page's table lists 3; a burst of 1,024 would not read.
 MAX_CELLS = 64
@@ -67,6 +69,7 @@ class Repetition:
     partner_noisy: list[str] = field(default_factory=list)
     partner_slowdown: float | None = None
     noise_explains: str | None = None  # why this pair's noise could explain the reading claimed: left out of the factor
+    overlap: float | None = None  # a burst's requests generating at once, on average (generation_overlap)
 
     @property
     def wall_used(self) -> bool:
@@ -133,6 +136,7 @@ class TableRow:
     undecided: str | None = None  # the CI straddles a reading's bound: which, and what would settle it
     more_repetitions: int | None = None  # about how many more repetitions on this host would settle it (derived)
     busy: str | None = None  # the host noise the factor carries, one clause; None on a quiet host
+    overlap: float | None = None  # median over the burst's repetitions of generation_overlap
     repetitions: list[Repetition] = field(default_factory=list)
     trusted: bool = True  # at least one repetition was neither flagged nor superseded
     recorded: int = 0  # requests recorded for the phase (requests lists at most MAX_CELLS of them)
@@ -202,6 +206,34 @@ def estimate(pairs: list[Repetition], burst_size: int) -> Estimate:
     if distance > 0 and half > 0:
         more = max(1, math.ceil(len(pairs) * (half / distance) ** 2) - len(pairs))
     return Estimate(middle, ci, None, text, more)
+
+
+def generation_overlap(run: Run, phase: PhaseRecord) -> float | None:
+    """How many of a burst's requests generated at once, on average: the sum of their generation spans (first token to
+    last) over the time from the first first token to the last last token. About 1 when the engine served them one
+    after another, about N when it decoded N together. Both terms come from the same seconds of the same phase, so a
+    host that slows the whole phase moves neither; the factor's two walls come from different phases, and do."""
+    total, first, last = run.con.execute(
+        "SELECT sum(e2e_s - ttft_s), min(started_at + ttft_s), max(started_at + e2e_s) FROM requests "
+        "WHERE instance = ? AND phase = ? AND ok AND ttft_s IS NOT NULL AND e2e_s IS NOT NULL AND e2e_s >= ttft_s",
+        [phase.instance, phase.phase],
+    ).fetchone()
+    if total is None or first is None or last is None or last <= first:
+        return None
+    return float(total) / (last - first)
+
+
+def contradicts(reading_: str, overlap: float | None, burst_size: int) -> str | None:
+    """Why the walls' reading cannot stand beside the burst's own generation overlap; None when they agree."""
+    if overlap is None:
+        return None
+    by_overlap = reading(overlap, burst_size)
+    if {reading_, by_overlap} != {STRONG, NEAR_LINEAR}:
+        return None
+    return (
+        f"undecided: the walls read {_short(reading_)}, but the burst's requests generated {overlap:.2f} at a time "
+        f"(measured inside the burst, which a host slowing the whole phase does not move): the walls were disturbed"
+    )
 
 
 def decide_pairs(pairs: list[Repetition], burst_size: int) -> None:
@@ -288,6 +320,8 @@ def _aggregate(
             rep.scaling_factor, rep.matched_phase, rep.matched_wall_s = factor, partner.phase, partner.wall_s
             other = assessment.of(partner.instance, partner.phase)
             rep.partner_flags, rep.partner_noisy, rep.partner_slowdown = other.flags, other.noisy, other.slowdown
+        if is_burst(p) and not trust.superseded:
+            rep.overlap = generation_overlap(run, p)
         reps.append(rep)
     current = [r for r in reps if not r.superseded]
     used = [r for r in current if r.wall_used] or current  # none usable: show them all, untrusted
@@ -309,10 +343,16 @@ def _aggregate(
         decide_pairs(candidates, row.concurrency)
         paired = [r for r in candidates if r.factor_used]
         est = estimate(paired, row.concurrency)
+        overlaps = [r.overlap for r in current if r.wall_used and r.overlap is not None]
+        row.overlap = statistics.median(overlaps) if overlaps else None
+        row.busy = busy_text(paired)
+        # On a busy host only: there the walls of two phases can be disturbed apart; on a quiet one they are the measure.
+        disagree = contradicts(est.reading, row.overlap, row.concurrency) if est.reading and row.busy else None
+        if disagree:
+            est.reading, est.undecided, est.more_repetitions = None, disagree, None
         row.scaling_factor, row.scaling_ci = est.factor, est.ci
         row.reading = est.reading or est.undecided
         row.undecided, row.more_repetitions = est.undecided, est.more_repetitions
-        row.busy = busy_text(paired)
         row.matched_phase = base_phase(paired[0].matched_phase)
         row.matched_wall_s = statistics.median(r.matched_wall_s for r in paired)
         return row
