@@ -349,7 +349,8 @@ def test_locust_and_the_web_ui_take_the_workloads_too(tmp_path):
         [{"offset_s": 0.1 * k, "input_tokens": 6, "output_tokens": 3, "conversation_id": "c"} for k in range(3)],
     )
     chats = write_jsonl(tmp_path / "chats.jsonl", CHATS)
-    with SyntheticServer(ttft=0.01, itl=0.001, tokens=64) as s:
+    # Requests of about 0.14 s: a reading needs the repetitions' CI on one side of 1.5x, which 15-ms walls' jitter moves.
+    with SyntheticServer(ttft=0.1, itl=0.01, tokens=64) as s:
         replay = locust_headless(
             tmp_path / "r", s.url, "--scenario", "replay", "--prompts", f"trace:{trace}", "--speed", "4"
         )
@@ -383,7 +384,8 @@ def test_locust_and_the_web_ui_take_the_workloads_too(tmp_path):
 
 def test_compare_with_conversations_matches_the_bursts_first_turns(tmp_path):
     chats = write_jsonl(tmp_path / "chats.jsonl", CHATS)
-    with SyntheticServer(ttft=0.01, itl=0.001, tokens=64) as s:
+    # Requests of about 0.14 s: a reading needs the repetitions' CI on one side of 1.5x, which 15-ms walls' jitter moves.
+    with SyntheticServer(ttft=0.1, itl=0.01, tokens=64) as s:
         proc = loadgen(
             "compare",
             "--engine",
