@@ -15,8 +15,8 @@ A measurement the host noise rule flags (another program took the CPU while it r
 measurement of the machine as it was: a level's verdict pools its quiet measurements where it
 has any, else its noisy ones (a transient is outweighed by a quiet repeat; a machine busy the
 whole search is measured as it is, said in one note). A failing level measured only on a busy
-host is measured once more before it moves the search: so a busy host costs at most one
-measurement per failing level, never a repeat without end. A measurement where the engine was not there (refused, timed out, unreadable: servescope/binding.py's engine
+host is measured at least twice when it is a boundary of the answer: so a busy host costs at most
+one more measurement of the first failing level, never a repeat without end. A measurement where the engine was not there (refused, timed out, unreadable: servescope/binding.py's engine
 fault): the search waits for the engine to answer its health check and measures the level again,
 and after FAULT_RETRIES such measurements in a row it stops with that line, never with a capacity.
 The same holds for one the load generator could not keep up with (its CPU plus run-queue wait, the
@@ -298,10 +298,6 @@ class KneeSearch:
                 )
                 return None
             return last.level  # not a measurement of the engine: the same load again (once it answers)
-        if last.noisy and not last.result.meets and self._busy_only(last.level) and len(self.trusted(last.level)) < 2:
-            # A failure on a busy host may be a transient's: measured once more before it moves the search (a quiet
-            # repeat outweighs it; a host busy throughout fails it again, and the pooled verdict stands).
-            return last.level
         knee, fail = self.boundary()
         if fail is None:
             top = max(self.levels())
@@ -318,7 +314,10 @@ class KneeSearch:
 
     def _confirm(self, *levels: float) -> float | None:
         for level in levels:
-            if len(self.trusted(level)) < self.repeats:
+            # A failure measured only on a busy host may be a transient's: a boundary level that failed so is measured
+            # at least twice before it stands (a quiet repeat outweighs it; a host busy throughout fails it again).
+            busy_failure = self._busy_only(level) and not self.verdict(level).meets
+            if len(self.trusted(level)) < (max(self.repeats, 2) if busy_failure else self.repeats):
                 return level
         return None
 
