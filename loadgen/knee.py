@@ -7,9 +7,11 @@ one load phase per measurement, each as long as a sweep level (--duration / --re
             (down to --min-load)
   bisect    between the highest load that holds and the lowest that fails, to one user (concurrency)
             or --knee-precision (rate, relative)
-  confirm   both boundary loads are measured again until each has --knee-repeats measurements; a
-            level's verdict pools all its measurements, so a repeat that flips it moves the boundary
-            and the bisection goes on (--knee-probes bounds the whole search)
+  confirm   both boundary loads are measured again until each has --knee-repeats measurements, unless
+            its verdict is settled already (per-request SLO terms, no errors, and the attainment's 95%
+            Wilson interval clear of the objective: more requests could not flip it); a level's verdict
+            pools all its measurements, so a repeat that flips it moves the boundary and the bisection
+            goes on (--knee-probes bounds the whole search)
 
 A measurement the host noise rule flags (another program took the CPU while it ran) is a
 measurement of the machine as it was: a level's verdict pools its quiet measurements where it
@@ -316,7 +318,10 @@ class KneeSearch:
         for level in levels:
             # A failure measured only on a busy host may be a transient's: a boundary level that failed so is measured
             # at least twice before it stands (a quiet repeat outweighs it; a host busy throughout fails it again).
-            busy_failure = self._busy_only(level) and not self.verdict(level).meets
+            verdict = self.verdict(level)
+            if slo.settled(self.spec, verdict):
+                continue  # more measurements could not flip it (its attainment's 95% interval is clear of the objective)
+            busy_failure = self._busy_only(level) and not verdict.meets
             if len(self.trusted(level)) < (max(self.repeats, 2) if busy_failure else self.repeats):
                 return level
         return None

@@ -222,6 +222,29 @@ class SloResult:
     terms: list[TermResult] = field(default_factory=list)
 
 
+# The confidence of "settled": a level's attainment whose 95% interval lies on one side of the objective.
+SETTLED_Z = 1.96
+
+
+def attainment_interval(good: int, n: int, z: float = SETTLED_Z) -> tuple[float, float]:
+    """The Wilson score interval of an attainment of good / n (sound at 0 and n of n, unlike good/n +- z*se)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = good / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def settled(spec: SloSpec, result: SloResult) -> bool:
+    """Whether more requests at this load could not flip its verdict: per-request terms only (a percentile term's
+    verdict has no such interval here), no errors, and the attainment's 95% interval on one side of the objective."""
+    if result.requests <= 0 or any(t.percentile is not None for t in spec.terms) or result.ok < result.requests:
+        return False
+    low, high = attainment_interval(result.good, result.requests)
+    return high < spec.objective or low >= spec.objective
+
+
 def evaluate(spec: SloSpec, records: Sequence[RequestRecord], wall_s: float) -> SloResult:
     """Attainment, goodput and whether the phase meets the spec, from the phase's own records."""
     n = len(records)

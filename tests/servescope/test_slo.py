@@ -128,3 +128,16 @@ def test_per_request_terms_need_the_objective_share_and_the_most_missed_term_is_
 def test_an_empty_phase_meets_nothing():
     result = slo.evaluate(slo.parse("ttft<=1"), [], 0.0)
     assert not result.meets and result.attainment is None and result.goodput_rps is None
+
+
+def test_a_verdict_more_requests_could_not_flip_is_settled():
+    spec = slo.parse("ttft<=2,tpot<=0.2", 0.9)
+    low, high = slo.attainment_interval(6, 6)
+    assert 0.6 < low < 0.62 and high == pytest.approx(1.0)  # 6 of 6: still compatible with 90%, not settled
+    result = slo.evaluate(spec, [rec(ttft=0.1, e2e=0.5) for _ in range(6)], 10.0)
+    assert result.meets and not slo.settled(spec, result)
+    assert slo.settled(spec, slo.evaluate(spec, [rec(ttft=0.1, e2e=0.5) for _ in range(40)], 10.0))  # 40 of 40
+    failing = [rec(ttft=0.1, e2e=0.5)] * 3 + [rec(ttft=3.0, e2e=3.5)] * 6  # 3 of 9: far below 90%
+    assert slo.settled(spec, slo.evaluate(spec, failing, 10.0))
+    # A percentile term's verdict is never "settled" here: it has no such interval.
+    assert not slo.settled(slo.parse("ttft_p95<=2", 0.9), slo.evaluate(slo.parse("ttft_p95<=2", 0.9), failing, 10.0))
