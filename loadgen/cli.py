@@ -147,6 +147,7 @@ class HeadlessRun:
         self.trial_notes["warmup"] = {}
         self.trial_notes["settle_max_s"] = self.run_plan.settle_max_s
         self.trial_notes["cpu_priority"] = self.cpu_priority.as_dict()
+        self.trial_notes["host_before"] = self.keeper.baseline()
         problem = self.manifest("running")
         if problem:
             raise UsageError(problem)

@@ -302,6 +302,23 @@ class NoiseKeeper:
             f"; other engines: {', '.join(sorted(roles.others))}" if roles.others else ""
         )
 
+    def baseline(self, seconds: float = 1.0) -> dict | None:
+        """How busy the host was before the run: the CPU programs other than the run's engines, servescope's own and
+        this load generator used over `seconds` (a second: said in the Summary, where a protected run's phases,
+        kept quiet by the CPU priority, would not show that the host was busy)."""
+        if not self.targets or not hostnoise.on_this_host(self.targets[0].url):
+            return None
+        first = self.targets[0]
+        roles = hostnoise.roles_for(first.instance, first.kind, first.url, [(t.instance, t.url) for t in self.targets])
+        watch = hostnoise.Watch(roles)
+        watch.begin()
+        time.sleep(seconds)
+        noise = watch.measure()
+        if noise is None:
+            return None
+        outside = [g for g in noise.get("groups", []) if g.get("kind") != hostnoise.OTHER_ENGINE]
+        return {"window_s": noise["window_s"], "foreign_cores": sum(g["cores"] for g in outside), "groups": outside[:3]}
+
     def begin(self, target: Target) -> None:
         self.instance = target.instance
         self.watch = hostnoise.Watch(self.roles.get(target.instance) or hostnoise.Roles())

@@ -77,7 +77,7 @@ def build(
             )
             s.floors = goodput.floors(run, instance, mine, spec)
             s.lines += s.floors
-        s.lines += _flags(instance, assessment, warn, work)
+        s.lines += _flags(instance, assessment, warn, work, run.manifest)
         s.lines = s.lines[:MAX_LINES]
         out.append(s)
     return out
@@ -97,11 +97,15 @@ def _knee_line(knee: dict[str, Any]) -> str:
     return f"Knee: {found}{ran_out}"
 
 
-def _flags(instance: str, assessment: Assessment, warn: list[str], work: workloads.WorkloadReport) -> list[str]:
+def _flags(
+    instance: str, assessment: Assessment, warn: list[str], work: workloads.WorkloadReport, manifest: dict
+) -> list[str]:
     flags = []
     busy = assessment.noisy(instance)
     if busy:
         flags.append(busy_line(busy, assessment))
+    elif (before := busy_before(manifest, assessment)) is not None:
+        flags.append(before)
     flagged = assessment.flagged(instance)
     if flagged:
         flags.append(
@@ -113,6 +117,26 @@ def _flags(instance: str, assessment: Assessment, warn: list[str], work: workloa
         flags.append(f"prefix-cache reuse the workload did not ask for in {', '.join(cached[:3])}: latency of a cache")
     flags += [f"fairness: {_clip(w)}" for w in warn if instance in w][:2]
     return [f"Flag: {f}" for f in flags]
+
+
+def busy_before(manifest: dict, assessment: Assessment) -> str | None:
+    """The host was busy before the run (loadgen/trials.NoiseKeeper.baseline) though no phase was noisy: the CPU
+    priority kept the others off the engines while they were measured. None on a quiet host."""
+    trials = manifest.get("trials") if isinstance(manifest.get("trials"), dict) else {}
+    before = trials.get("host_before") if isinstance(trials.get("host_before"), dict) else None
+    cores = before.get("foreign_cores") if before else None
+    if not isinstance(cores, (int, float)) or cores < assessment.rule.foreign_cores:
+        return None
+    groups = [g for g in before.get("groups") or [] if isinstance(g, dict) and isinstance(g.get("cores"), (int, float))]
+    named = ", ".join(f"{g.get('name')} {g['cores']:.2f}" for g in groups)
+    top = f" ({named})" if named else ""
+    priority = trials.get("cpu_priority") if isinstance(trials.get("cpu_priority"), dict) else {}
+    kept = (
+        "the CPU priority kept them off the engines while measured"
+        if priority.get("applied")
+        else "none while measured"
+    )
+    return f"busy host: other programs used {cores:.2f} cores just before the run{top}; no phase was noisy ({kept})"
 
 
 def busy_line(busy: list, assessment: Assessment) -> str:

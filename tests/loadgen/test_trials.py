@@ -108,6 +108,20 @@ def test_no_repetition_is_added_when_every_factor_is_decided(monkeypatch):
     assert planner.after(schedule[-1], None) is None and planner.lines() == []
 
 
+def test_the_host_before_the_run_counts_other_programs_and_not_the_engines():
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        before = trials.NoiseKeeper([parse_engine("vllm=http://127.0.0.1:1")], meters=[]).baseline(1.0)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert before["window_s"] >= 1.0 and before["foreign_cores"] >= 0.5  # the busy child, at least half a core
+    assert before["groups"] and all(g["kind"] != "other engine" for g in before["groups"])  # largest first, ours out
+    remote = trials.NoiseKeeper([parse_engine("vllm=http://192.0.2.1:8000")], meters=[])
+    assert remote.baseline(0.1) is None  # an engine elsewhere: this host's programs say nothing of its
+
+
 def warm(url: str, say, rule: WarmupRule, minimum: int = 1) -> dict:
     return trials.warm_up(
         settings_for(url).target,

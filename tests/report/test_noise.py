@@ -242,6 +242,23 @@ def test_the_setup_says_the_passes_added_while_a_factor_was_undecided(tmp_path):
     assert trials.startswith("Trials: 2 repetition(s) (3 run: passes added while a scaling factor was undecided)")
 
 
+def test_a_host_busy_before_the_run_is_said_when_no_phase_was_noisy(tmp_path):
+    """The CPU priority kept a neighbour off the engines while they were measured: the Summary still says it was there."""
+    before = {"window_s": 1.0, "foreign_cores": 1.01, "groups": [{"name": "bash -c", "kind": "process", "cores": 0.99}]}
+    trials = {"repetitions": 3, "host_before": before, "cpu_priority": {"applied": True}}
+    _, numbers = sections.build(write(tmp_path, three_reps(), trials=trials), "http://127.0.0.1:9", figures=False)
+    lines = {s["instance"]: s["lines"] for s in numbers["summary"]}
+    assert (
+        "Flag: busy host: other programs used 1.01 cores just before the run (bash -c 0.99); no phase was noisy "
+        "(the CPU priority kept them off the engines while measured)"
+    ) in lines["vllm"]
+    quiet = {**trials, "host_before": {**before, "foreign_cores": 0.1}}
+    _, numbers = sections.build(
+        write(tmp_path, three_reps(), trials=quiet, name="quiet"), "http://127.0.0.1:9", figures=False
+    )
+    assert not any("busy host" in line for s in numbers["summary"] for line in s["lines"])
+
+
 def test_the_verdict_leaves_out_phases_with_outlier_requests(tmp_path):
     slow = {("llamacpp", name, 0): 25.9 for name in ("sequential", "burst-1")}
     phases = [p for p in three_reps() if p[3] == 1]
