@@ -173,7 +173,7 @@ def test_native_stack_up_compare_prometheus_down(tmp_path):
         md = (run / "report.md").read_text()
         section = md[md.find("Verdict: which knob") :][:3000]
         print(section)
-        # A burst flagged noisy (another process took the cores) is left out and named for a rerun instead.
+        # A burst holding an outlier request is left out and named for a rerun instead.
         assert "raise LLAMACPP_PARALLEL" in section or "burst-1: " in section, section
         assert "nothing waited" not in section, section
 
