@@ -147,7 +147,8 @@ class HeadlessRun:
         self.trial_notes["warmup"] = {}
         self.trial_notes["settle_max_s"] = self.run_plan.settle_max_s
         self.trial_notes["cpu_priority"] = self.cpu_priority.as_dict()
-        self.trial_notes["host_before"] = self.keeper.baseline()
+        if self.run_plan.command == "compare":  # a second of the host, for the reference experiment's Summary only
+            self.trial_notes["host_before"] = self.keeper.baseline()
         problem = self.manifest("running")
         if problem:
             raise UsageError(problem)
