@@ -31,15 +31,17 @@ def settings_for(url: str, kind: str = "vllm") -> Settings:
     return Settings(target, prompts.load("seed3"), max_tokens=8, temperature=0.0, timeout_s=10)
 
 
+def one_pass(target, repetition):
+    """One pass of the reference experiment for `target`: a sequential pass and a burst of 3."""
+    settings = Settings(target, prompts.load("seed3"), 8, 0.0, 10)
+    return [
+        SequentialPhase(settings, count=3, repetition=repetition),
+        BurstPhase(settings, size=3, repetition=repetition),
+    ]
+
+
 def test_repetitions_interleave_engines_and_phases_a_b_b_a():
     targets = [parse_engine("vllm=http://127.0.0.1:1"), parse_engine("llamacpp=http://127.0.0.1:2")]
-
-    def one_pass(target, repetition):
-        settings = Settings(target, prompts.load("seed3"), 8, 0.0, 10)
-        return [
-            SequentialPhase(settings, count=3, repetition=repetition),
-            BurstPhase(settings, size=3, repetition=repetition),
-        ]
 
     order = [f"{p.settings.target.instance} {p.title}" for p in trials.interleave(targets, one_pass, 3)]
     assert order == [
@@ -64,13 +66,6 @@ def test_an_undecided_engine_gets_more_repetitions_up_to_the_cap(monkeypatch, ca
     """After the schedule's last phase, each engine whose factor is still undecided gets one more pass, interleaved
     with the other undecided engines, until it is decided or reaches the cap; then the run says so."""
     targets = [parse_engine("vllm=http://127.0.0.1:1"), parse_engine("llamacpp=http://127.0.0.1:2")]
-
-    def one_pass(target, repetition):
-        settings = Settings(target, prompts.load("seed3"), 8, 0.0, 10)
-        return [
-            SequentialPhase(settings, count=3, repetition=repetition),
-            BurstPhase(settings, size=3, repetition=repetition),
-        ]
 
     schedule = trials.interleave(targets, one_pass, 3)
     planner = trials.MoreRepetitions(targets, one_pass, 3, 5, schedule[-1])
