@@ -84,13 +84,18 @@ def build(
 
 
 def _knee_line(knee: dict[str, Any]) -> str:
-    unit, b = knee["unit"], knee.get("binding") or {}
+    b = knee.get("binding") or {}
+
+    def load(value: float) -> str:  # "1 user", "3 users", "0.5 req/s"
+        unit = knee["unit"][:-1] if knee["unit"] == "users" and value == 1 else knee["unit"]
+        return f"{value:g} {unit}"
+
     if knee["status"] == "found":
-        found = f"{knee['knee']:g} {unit} ({knee['first_failing']:g} fails)"
+        found = f"{load(knee['knee'])} ({knee['first_failing']:g} fails)"
     elif knee["status"] == "meets the SLOs up to the highest load":
-        found = f"at least {knee['knee']:g} {unit} (the highest load tried)"
+        found = f"at least {load(knee['knee'])} (the highest load tried)"
     elif knee["status"] == "fails at the lowest load":
-        found = f"none: the SLOs fail at {knee['first_failing']:g} {unit}"
+        found = f"none: the SLOs fail at {load(knee['first_failing'])}"
     else:
         found = knee["status"]
     ran_out = f"; above it: {_clip(b['advice'])}" if b.get("advice") and knee.get("first_failing") is not None else ""

@@ -297,3 +297,12 @@ def test_a_bad_noise_knob_is_one_line_in_the_report(tmp_path, monkeypatch, capsy
     monkeypatch.setenv("OUTLIER_RATIO", "0.5")
     assert cli.main(["--results", str(tmp_path), "--table-only"]) == 2
     assert capsys.readouterr().err == "report: OUTLIER_RATIO='0.5': expected a number >= 1\n"
+
+
+def test_the_knees_summary_line_says_one_user_not_one_users():
+    from report import summary
+
+    knee = {"unit": "users", "status": "found", "knee": 1, "first_failing": 2, "binding": {}}
+    assert summary._knee_line(knee) == "Knee: 1 user (2 fails)"
+    rate = {"unit": "req/s", "status": "fails at the lowest load", "knee": None, "first_failing": 1, "binding": {}}
+    assert summary._knee_line(rate) == "Knee: none: the SLOs fail at 1 req/s"
