@@ -74,6 +74,8 @@ def print_summary(folder: RunFolder, out: TextIO) -> None:
             f"its cache ('cached'; --prompts synthetic:TOKENS sends a fresh prompt per request)",
             file=out,
         )
-    print(file=out)
-    out.write(report_table.render_text(report_table.build(run), run.run_id))
+    rows = report_table.build(run)
+    if rows or not others:  # a knee or a sweep has no sequential-vs-burst table: nothing to say of it
+        print(file=out)
+        out.write(report_table.render_text(rows, run.run_id))
     print("", file=out, flush=True)

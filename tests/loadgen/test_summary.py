@@ -75,3 +75,5 @@ def test_a_rate_phase_gets_one_line_counted_from_its_records(tmp_path):
     print_summary(folder, out)
     line = next(x for x in out.getvalue().splitlines() if x.startswith("vllm") and "rate-2rps" in x)
     assert line.split()[:8] == ["vllm", "rate-2rps", "6", "5", "4.000", "36", "9.0", "0.250"], line
+    # A run with no sequential or burst phase (a rate, a sweep, a knee) says nothing of that table.
+    assert "sequential-vs-burst" not in out.getvalue()
