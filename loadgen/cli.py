@@ -9,6 +9,7 @@ from locust.event import Events
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -67,6 +68,18 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
     url = args.engine_url or default_url(args.engine)
     if not args.engine_url:
         print(f"loadgen: {chosen_url_line(args.engine, url)}", flush=True)
+    held = _held_by(args.bind, args.port)
+    if held == "locust":  # `make up` runs one: say where, rather than a traceback from a second on the same port
+        print(
+            f"loadgen: a Locust web UI already runs at http://{args.bind}:{args.port} (`make up` starts one): open it "
+            f"there, or set LOCUST_PORT for a second one",
+            flush=True,
+        )
+        return 0
+    if held:
+        free = _free_port(args.bind)
+        print(f"loadgen: port {args.port} is in use ({held}): the web UI takes port {free}", flush=True)
+        args.port = free
     locustfile = Path(__file__).resolve().parent / "locustfile.py"
     cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--web-host", args.bind, "--web-port", str(args.port)]
     cmd += ["--host", url, "--users", str(args.users), "--spawn-rate", str(args.users)]
@@ -82,6 +95,28 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
     )
     os.execv(sys.executable, [*cmd, *extra])
     return 0  # not reached
+
+
+def _held_by(host: str, port: int) -> str | None:
+    """None when nothing listens on host:port; "locust" when a Locust web UI answers there; else a few words."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            pass
+    except OSError:
+        return None
+    import requests  # only here: a headless run's start-up never pays for it
+
+    try:
+        page = requests.get(f"http://{host}:{port}/", timeout=2).text[:20000]
+    except requests.RequestException:
+        return "something that is not a web page"
+    return "locust" if "locust" in page.lower() else "another web service"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def run_headless(run_plan: RunPlan) -> int:
@@ -125,7 +160,7 @@ class HeadlessRun:
         self.recorder.line(f"run folder: {self.folder.path}")
         self.recorder.line(self.cpu_priority.describe())
         if self.metrics is not None:
-            self.recorder.line(f"client metrics on http://{bind}:{run_plan.metrics_port}/metrics")
+            self.recorder.line(f"client metrics on http://{bind}:{self.metrics.port}/metrics")
         self.fleet: distributed.Fleet | None = None  # --workers N: the worker processes and their coordinator
         self.status = "complete"
 
@@ -379,14 +414,22 @@ def _serve_client_metrics(spec: slo.SloSpec, port: int, bind: str) -> ClientMetr
         return None
     metrics = ClientMetrics(spec=spec)
     try:
-        metrics.serve(port, addr=bind)
+        metrics.port = metrics.serve(port, addr=bind)
     except OSError as exc:
+        try:  # held (`make up`'s web UI serves its own there): a free port, said, so a run never loses them
+            metrics.port = metrics.serve(0, addr=bind)
+        except OSError:
+            print(
+                f"loadgen: client metrics not exposed (port {port}: {exc.strerror or exc}); the run goes on",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
         print(
-            f"loadgen: client metrics not exposed (port {port}: {exc.strerror or exc}); the run goes on",
-            file=sys.stderr,
+            f"loadgen: client metrics port {port} is in use ({exc.strerror or exc}): serving them on port "
+            f"{metrics.port} instead (Prometheus scrapes {port}: the run folder keeps every number either way)",
             flush=True,
         )
-        return None
     return metrics
 
 

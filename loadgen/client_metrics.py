@@ -62,6 +62,7 @@ class ClientMetrics:
         )
         self.objective.set(self.spec.objective)
         self.server = None
+        self.port: int | None = None  # where it serves, once serve() has run
 
     def observe(self, record: RequestRecord) -> None:
         labels = (record.engine, record.scenario)
@@ -84,9 +85,10 @@ class ClientMetrics:
     def set_users(self, engine: str, scenario: str, users: int) -> None:
         self.users.labels(engine, scenario).set(users)
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Raises OSError when the port is taken; the caller turns that into one line and runs on."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """The port it serves on (port 0: a free one); raises OSError when the port is taken."""
         self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return self.server.server_address[1]
 
     def close(self) -> None:
         if self.server is not None:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -128,6 +129,27 @@ def test_the_first_names_still_run_the_reference_experiment(server, tmp_path):
     assert folder.manifest()["prompt_set"] == "burst3" and set(folder.manifest()["prompt_sets"]) == {"burst3"}
     shown = loadgen("compare", "--help").stdout
     assert "--no-sequential-four" in shown and "--no-seed4" not in shown  # accepted, no longer offered
+
+
+def test_a_held_client_metrics_port_takes_a_free_one_and_says_which(server, tmp_path):
+    """`make up`'s web UI holds LOADGEN_METRICS_PORT: a run beside it serves its client metrics elsewhere, said once."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        proc = run_cli(
+            "loadgen", "burst", "--engine", f"vllm={server.url}", "--burst-size", "2", "--warmup", "0",
+            "--results", str(tmp_path), "--run-id", "held", "--metrics-port", str(port), "--metrics-linger", "0",
+            timeout=60,
+        )  # fmt: skip
+    finally:
+        held.close()
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    said = next(line for line in proc.stdout.splitlines() if f"client metrics port {port} is in use" in line)
+    other = int(said.split("serving them on port ")[1].split()[0])
+    assert other != port and f"client metrics on http://127.0.0.1:{other}/metrics" in proc.stdout
+    assert "not exposed" not in proc.stderr
 
 
 def test_compare_matched_set_follows_a_burst_larger_than_the_prompt_set(server, tmp_path):

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import requests
 from servescope.runfolder import RunFolder
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.synthetic_openai import SyntheticServer
-from tests.harness import spawn_cli, start_cli
+from tests.harness import run_cli, spawn_cli, start_cli
 
 REPO = Path(__file__).resolve().parents[2]
 LOCUSTFILE = REPO / "loadgen" / "locustfile.py"
@@ -443,3 +444,36 @@ def test_prompt_files_come_from_the_folder_the_operator_named(server, tmp_path):
         assert [r.prompt_set for r in finished_run(results).requests()] == ["mine"]
     finally:
         stop_process(proc, 15)
+
+
+def test_a_second_web_ui_on_a_port_a_ui_holds_says_where_the_first_is(webui, server):
+    """`make webui` right after `make up`: one line and exit 0, never a traceback from a second bind."""
+    base, _results = webui
+    port = base.rsplit(":", 1)[1]
+    proc = run_cli("loadgen", "webui", "--port", port, "--engine-url", server.url, "--metrics-port", "0", timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"a Locust web UI already runs at http://127.0.0.1:{port}" in proc.stdout
+
+
+def test_a_web_ui_on_a_port_another_service_holds_takes_a_free_one(server, tmp_path):
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    log = open(tmp_path / "webui.log", "w")
+    proc = spawn_cli(
+        "loadgen", "webui", "--port", str(port), "--engine-url", server.url, "--metrics-port", "0",
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    log.close()
+    try:
+        deadline = time.monotonic() + 30
+        while "the web UI takes port" not in (tmp_path / "webui.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        said = (tmp_path / "webui.log").read_text()
+        free = int(said.split("the web UI takes port ")[1].split()[0])
+        assert f"port {port} is in use" in said and free != port
+        wait_http(f"http://127.0.0.1:{free}/", timeout=60, proc=proc)
+    finally:
+        stop_process(proc, 15)
+        held.close()
