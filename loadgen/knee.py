@@ -380,6 +380,20 @@ class KneeSearch:
         fails = [level for level, ok in meets.items() if not ok]
         return any(ok and fails and level > min(fails) for level, ok in meets.items())
 
+    def unsettled(self) -> int:
+        """About how many more measurements would settle the answer (0: settled): bisections left between the
+        boundary loads, and the boundary loads' confirmations still owed (derived from the search's own rules)."""
+        knee, fail = self.boundary()
+        if knee is None or fail is None:
+            return 0
+        owed = sum(1 for level in (knee, fail) if self._confirm(level) is not None)
+        if self._resolved(knee, fail):
+            return owed
+        steps, low, high = 0, knee, fail
+        while not self._resolved(low, high) and steps < 32:
+            low, steps = self._middle(low, high), steps + 1
+        return steps + owed + 1  # each bisected level measured, then the new boundary confirmed (at least once)
+
     def summary(self) -> dict[str, Any]:
         knee, fail = self.boundary()
         level, b = self.limit_binding()
@@ -407,6 +421,9 @@ class KneeSearch:
             "first_failing": fail,
             "status": status,
             "non_monotonic": self.non_monotonic(),
+            # Measurements still owed before the answer stands (0: settled); a search stopped by its budget owes some.
+            "unsettled": self.unsettled() if status == "found" else 0,
+            "measurement_s": (sum(p.result.wall_s for p in self.probes) / len(self.probes) if self.probes else None),
             "note": self.note,
             "binding_level": level,
             "binding": {**b.to_json(), "advice": b.advice(engine)},
@@ -513,6 +530,8 @@ class KneeSearch:
             out.append("note: a load above a failing one met the SLOs (feasibility not monotone: a noisy machine?)")
         if s["note"] and s["status"] not in binding.STOPPED.values():
             out.append(f"note: {s['note']}")
+        if s["unsettled"]:
+            out.append(f"note: not settled: about {s['unsettled']} more measurement(s) would settle it (--knee-probes)")
         return out
 
 

@@ -8,6 +8,7 @@ to the evidence on the line after it (inferred, and "undecided" when the evidenc
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,6 +187,20 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
             else "nothing failed up to there"
         )
         out.append(_line("Capacity", f"at least {_users(k)} at once ({words}): {why}{early}"))
+    elif knee.get("unsettled"):
+        # The search stopped (its probe budget, Ctrl-C) before the boundary was measured as its rule asks: a range.
+        low = max((row["level"] for row in knee.get("levels", []) if row["meets"] and row["level"] < k), default=None)
+        span = f"{low:g} to {_users(k)}" if low is not None else f"at most {_users(k)}"
+        more = knee["unsettled"]
+        each = knee.get("measurement_s")
+        took = f", about {math.ceil(more * each / 60)} min" if isinstance(each, (int, float)) and each > 0 else ""
+        out.append(
+            _line(
+                "Capacity",
+                f"{span} at once ({words}): not settled: {more} more measurement(s){took} would settle it "
+                f"(QUICK_KNEE_PROBES){early}",
+            )
+        )
     else:
         out.append(_line("Capacity", f"{_users(k)} at once ({words}){early}"))
     if k is not None:

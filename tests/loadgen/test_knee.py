@@ -342,6 +342,38 @@ def test_a_search_on_a_host_busy_throughout_concludes_from_its_noisy_measurement
     )
 
 
+def test_a_search_stopped_by_its_budget_says_how_many_measurements_would_settle_it(tmp_path, monkeypatch):
+    from argparse import Namespace
+
+    from loadgen import knee as knee_module
+    from loadgen.prompts import load as load_prompts
+    from loadgen.scenarios import Settings
+    from loadgen.targets import Target
+    from servescope.runfolder import RunFolder
+    from tests.servescope.test_slo import rec
+
+    target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")
+    settings = Settings(target, load_prompts("seed3"), max_tokens=4, temperature=0.0, timeout_s=10.0)
+    options = Namespace(
+        over="concurrency", slo="ttft_p95<=0.5", slo_attainment=None, min_load=1, start_load=None, max_load=16,
+        knee_repeats=2, knee_precision=0.1, knee_probes=3, arrivals="constant", max_in_flight=8,
+    )  # fmt: skip
+    search = knee_module.KneeSearch(settings, options, 1.0, None)
+    folder = RunFolder.create(tmp_path, "run")
+    monkeypatch.setattr(knee_module, "noise_of", lambda folder, phase, instance: ((), None))
+    phase = search.first()
+    while phase is not None:  # 1 and 2 hold, 4 fails; the budget of 3 ends the search there
+        for i in range(10):
+            r = rec(ttft=0.1 if phase.level <= 2 else 2.0, started=100.0 + i)
+            r.phase = phase.name
+            folder.append_request(r)
+        phase = search.after(phase, folder)
+    result = json.loads((folder.path / "knee.json").read_text())
+    assert (result["knee"], result["first_failing"]) == (2, 4)
+    assert result["unsettled"] == 4  # derived: 3 bisected, the new boundary confirmed once, 2 and 4 measured again
+    assert "note: not settled: about 4 more measurement(s) would settle it (--knee-probes)" in search.lines()
+
+
 def knee_process(
     tmp_path: Path, engine_url: str, exporter_url: str, *extra: str
 ) -> AbstractContextManager[subprocess.Popen]:
