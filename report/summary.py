@@ -92,6 +92,8 @@ def _knee_line(knee: dict[str, Any]) -> str:
 
     if knee["status"] == "found":
         found = f"{load(knee['knee'])} ({knee['first_failing']:g} fails)"
+        if knee.get("unsettled"):  # the search stopped before its rule settled it (loadgen/knee.py)
+            found = f"{found}, not settled: about {knee['unsettled']} more measurement(s) would settle it"
     elif knee["status"] == "meets the SLOs up to the highest load":
         found = f"at least {load(knee['knee'])} (the highest load tried)"
     elif knee["status"] == "fails at the lowest load":
