@@ -304,8 +304,9 @@ def test_a_quiet_measurement_outweighs_a_noisy_one_of_the_same_level(tmp_path, m
     assert "note: 1 measurement(s) on a busy host outweighed by a quiet one of the same level" in search.lines()
 
 
-def test_a_search_on_a_host_busy_throughout_concludes_from_its_noisy_measurements(tmp_path, monkeypatch):
-    """A host busy for the whole search costs it no measurement: each level is measured once, as it was."""
+def searched(tmp_path, monkeypatch, noisy: tuple[str, ...], **changes) -> tuple[list[float], dict, list[str]]:
+    """A whole knee search over a stand-in engine that meets `ttft_p95<=0.5` up to 2 users and misses it above,
+    every measurement's host noise `noisy`: the levels measured, knee.json, the search's lines."""
     from argparse import Namespace
 
     from loadgen import knee as knee_module
@@ -318,14 +319,15 @@ def test_a_search_on_a_host_busy_throughout_concludes_from_its_noisy_measurement
     target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")
     settings = Settings(target, load_prompts("seed3"), max_tokens=4, temperature=0.0, timeout_s=10.0)
     options = Namespace(
-        over="concurrency", slo="ttft_p95<=0.5", slo_attainment=None, min_load=1, start_load=None, max_load=8,
-        knee_repeats=1, knee_precision=0.1, knee_probes=10, arrivals="constant", max_in_flight=8,
+        **{
+            "over": "concurrency", "slo": "ttft_p95<=0.5", "slo_attainment": None, "min_load": 1, "start_load": None,
+            "max_load": 8, "knee_repeats": 1, "knee_precision": 0.1, "knee_probes": 10, "arrivals": "constant",
+            "max_in_flight": 8, **changes,
+        }
     )  # fmt: skip
     search = knee_module.KneeSearch(settings, options, 1.0, None)
     folder = RunFolder.create(tmp_path, "run")
-    monkeypatch.setattr(
-        knee_module, "noise_of", lambda folder, phase, instance: (("noisy: 1.0 cores used by hog",), None)
-    )
+    monkeypatch.setattr(knee_module, "noise_of", lambda folder, phase, instance: (noisy, None))
     phase, levels = search.first(), []
     while phase is not None:
         levels.append(phase.level)
@@ -334,44 +336,23 @@ def test_a_search_on_a_host_busy_throughout_concludes_from_its_noisy_measurement
             r.phase = phase.name
             folder.append_request(r)
         phase = search.after(phase, folder)
+    return levels, json.loads((folder.path / "knee.json").read_text()), search.lines()
+
+
+def test_a_search_on_a_host_busy_throughout_concludes_from_its_noisy_measurements(tmp_path, monkeypatch):
+    """A host busy for the whole search costs it no measurement: each level is measured once, as it was."""
+    levels, result, lines = searched(tmp_path, monkeypatch, ("noisy: 1.0 cores used by hog",))
     assert levels == [1, 2, 4, 3, 3]  # the first failing level once more (a transient's?), then concluded from
-    result = json.loads((folder.path / "knee.json").read_text())
     assert (result["status"], result["knee"], result["first_failing"]) == ("found", 2, 3)
-    assert any(
-        line.startswith("note: 5 measurement(s) taken on a busy host and concluded from") for line in search.lines()
-    )
+    assert any(line.startswith("note: 5 measurement(s) taken on a busy host and concluded from") for line in lines)
 
 
 def test_a_search_stopped_by_its_budget_says_how_many_measurements_would_settle_it(tmp_path, monkeypatch):
-    from argparse import Namespace
-
-    from loadgen import knee as knee_module
-    from loadgen.prompts import load as load_prompts
-    from loadgen.scenarios import Settings
-    from loadgen.targets import Target
-    from servescope.runfolder import RunFolder
-    from tests.servescope.test_slo import rec
-
-    target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")
-    settings = Settings(target, load_prompts("seed3"), max_tokens=4, temperature=0.0, timeout_s=10.0)
-    options = Namespace(
-        over="concurrency", slo="ttft_p95<=0.5", slo_attainment=None, min_load=1, start_load=None, max_load=16,
-        knee_repeats=2, knee_precision=0.1, knee_probes=3, arrivals="constant", max_in_flight=8,
-    )  # fmt: skip
-    search = knee_module.KneeSearch(settings, options, 1.0, None)
-    folder = RunFolder.create(tmp_path, "run")
-    monkeypatch.setattr(knee_module, "noise_of", lambda folder, phase, instance: ((), None))
-    phase = search.first()
-    while phase is not None:  # 1 and 2 hold, 4 fails; the budget of 3 ends the search there
-        for i in range(10):
-            r = rec(ttft=0.1 if phase.level <= 2 else 2.0, started=100.0 + i)
-            r.phase = phase.name
-            folder.append_request(r)
-        phase = search.after(phase, folder)
-    result = json.loads((folder.path / "knee.json").read_text())
+    # 1 and 2 hold, 4 fails; the budget of 3 ends the search there
+    _, result, lines = searched(tmp_path, monkeypatch, (), max_load=16, knee_repeats=2, knee_probes=3)
     assert (result["knee"], result["first_failing"]) == (2, 4)
     assert result["unsettled"] == 4  # derived: 3 bisected, the new boundary confirmed once, 2 and 4 measured again
-    assert "note: not settled: about 4 more measurement(s) would settle it (--knee-probes)" in search.lines()
+    assert "note: not settled: about 4 more measurement(s) would settle it (--knee-probes)" in lines
 
 
 def knee_process(
