@@ -49,12 +49,14 @@ def build(
         for row in rows:
             if row.instance == instance and row.scaling_factor is not None:
                 ci = table.ci_text(row.scaling_ci, "x")
-                more = (
-                    f"; about {row.more_repetitions} more repetition(s) on this host would settle it "
-                    f"(LOADGEN_REPETITIONS, LOADGEN_MAX_REPETITIONS)"
-                    if row.more_repetitions
-                    else ""
-                )
+                more = ""
+                if row.more_repetitions:  # derived: each pass costs at least its two phases' walls here
+                    per_pass = (row.wall_s or 0.0) + (row.matched_wall_s or 0.0)
+                    took = f", at least {row.more_repetitions * per_pass / 60:.1f} min of phases" if per_pass else ""
+                    more = (
+                        f"; about {row.more_repetitions} more repetition(s) on this host{took} would settle it "
+                        f"(LOADGEN_REPETITIONS, LOADGEN_MAX_REPETITIONS)"
+                    )
                 s.lines.append(
                     f"Scaling: {row.scaling_factor:.2f}x{ci} for a burst of {row.concurrency} against the same prompts "
                     f"one after another: {row.reading}{more}"

@@ -184,6 +184,14 @@ def test_the_ci_of_repetitions_that_straddle_a_bound_is_undecided_and_counts_wha
     assert burst.scaling_factor == pytest.approx(1.25)
     assert burst.undecided and burst.reading == burst.undecided
     assert burst.more_repetitions is not None and burst.more_repetitions >= 1
+    _, numbers = sections.build(write(tmp_path, phases, name="summary"), "http://127.0.0.1:9", figures=False)
+    (line,) = [x for s in numbers["summary"] for x in s["lines"] if x.startswith("Scaling")]
+    per_pass = burst.wall_s + burst.matched_wall_s
+    assert line.endswith(
+        f"about {burst.more_repetitions} more repetition(s) on this host, at least "
+        f"{burst.more_repetitions * per_pass / 60:.1f} min of phases would settle it (LOADGEN_REPETITIONS, "
+        f"LOADGEN_MAX_REPETITIONS)"
+    )
 
 
 def test_an_outlier_request_flags_its_phase(tmp_path):
