@@ -302,10 +302,10 @@ class NoiseKeeper:
             f"; other engines: {', '.join(sorted(roles.others))}" if roles.others else ""
         )
 
-    def baseline(self, seconds: float = 1.0) -> dict | None:
+    def baseline(self, seconds: float) -> dict | None:
         """How busy the host was before the run: the CPU programs other than the run's engines, servescope's own and
-        this load generator used over `seconds` (a second: said in the Summary, where a protected run's phases,
-        kept quiet by the CPU priority, would not show that the host was busy)."""
+        this load generator used over `seconds` (LOADGEN_HOST_BASELINE_S; said in the Summary, where a protected
+        run's phases, kept quiet by the CPU priority, would not show that the host was busy)."""
         if not self.targets or not hostnoise.on_this_host(self.targets[0].url):
             return None
         first = self.targets[0]

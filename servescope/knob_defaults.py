@@ -278,6 +278,14 @@ GROUPS: tuple[Group, ...] = (
                 ),
             ),
             Knob(
+                "LOADGEN_HOST_BASELINE_S",
+                "5",
+                (
+                    "Before the reference experiment's first phase, read how busy the host is over this many seconds (other\n"
+                    "programs' CPU): the Summary says so where the CPU priority kept every phase quiet. 0: not read."
+                ),
+            ),
+            Knob(
                 "CPU_PRIORITY",
                 "auto",
                 (

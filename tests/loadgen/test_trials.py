@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,13 +105,17 @@ def test_no_repetition_is_added_when_every_factor_is_decided(monkeypatch):
 
 
 def test_the_host_before_the_run_counts_other_programs_and_not_the_engines():
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    # Not a child of this process (a child of the load generator is the load generator's): bash starts it and leaves.
+    started = subprocess.run(
+        ["bash", "-c", f"setsid {sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    hog = int(started.stdout.split()[0])
     try:
         time.sleep(0.3)
         before = trials.NoiseKeeper([parse_engine("vllm=http://127.0.0.1:1")], meters=[]).baseline(1.0)
     finally:
-        hog.kill()
-        hog.wait()
+        os.kill(hog, signal.SIGKILL)
     assert before["window_s"] >= 1.0 and before["foreign_cores"] >= 0.5  # the busy child, at least half a core
     assert before["groups"] and all(g["kind"] != "other engine" for g in before["groups"])  # largest first, ours out
     remote = trials.NoiseKeeper([parse_engine("vllm=http://192.0.2.1:8000")], meters=[])
