@@ -129,12 +129,13 @@ def _flags(
 
 
 def busy_before(manifest: dict, assessment: Assessment) -> str | None:
-    """The host was busy before the run (loadgen/trials.NoiseKeeper.baseline) though no phase was noisy: the CPU
-    priority kept the others off the engines while they were measured. None on a quiet host."""
+    """The host was busy before the run (loadgen/trials.NoiseKeeper.baseline: others used NOISE_GROUP_CPU_CORES or more)
+    though no phase was noisy: the CPU priority kept the others off the engines while measured. None on a quiet host."""
     trials = manifest.get("trials") if isinstance(manifest.get("trials"), dict) else {}
     before = trials.get("host_before") if isinstance(trials.get("host_before"), dict) else None
     cores = before.get("foreign_cores") if before else None
-    if not isinstance(cores, (int, float)) or cores < assessment.rule.foreign_cores:
+    # The one-program bar, not the all-programs one: a neighbour busy 2 s of every 5 averages 0.4 of a core.
+    if not isinstance(cores, (int, float)) or cores < assessment.rule.group_cores:
         return None
     groups = [g for g in before.get("groups") or [] if isinstance(g, dict) and isinstance(g.get("cores"), (int, float))]
     named = ", ".join(f"{g.get('name')} {g['cores']:.2f}" for g in groups)
