@@ -76,6 +76,11 @@ class Assessment:
         ]
 
 
+def worst_slowdown(trusts: list[PhaseTrust]) -> float:
+    """The largest slowdown bound among phases (1.0: none was slowed, or none was measured)."""
+    return max((t.slowdown or 1.0 for t in trusts), default=1.0)
+
+
 _TRUSTED = PhaseTrust("", "", "", 1, 1, None, "")
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from report import goodput, table, verdict, workloads
 from report.load import Run
-from report.noise import Assessment
+from report.noise import Assessment, worst_slowdown
 from report.render import Bullets, Paragraph, Section
 from servescope import slo
 
@@ -156,7 +156,7 @@ def busy_line(busy: list, assessment: Assessment) -> str:
         key=lambda g: -(g.get("cores") or 0),
     )
     top = f" (largest: {used[0].get('name')} {used[0].get('cores'):.2f} cores)" if used else ""
-    worst = max((t.slowdown or 1.0 for t in busy), default=1.0)
+    worst = worst_slowdown(busy)
     rule = assessment.rule
     return (
         f"busy host: {len(busy)} phase(s) measured while other programs took the CPU{top}, each up to x{worst:.2f} "

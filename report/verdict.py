@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 from report.gauges import EngineGauges, GaugeReport
 from report.load import EngineInfo, Run
-from report.noise import Assessment
+from report.noise import Assessment, worst_slowdown
 from report.sweep import BurstDrain
 from report.ttft_split import TtftSplit
 from servescope import binding, engines, series, thresholds
@@ -599,7 +599,7 @@ def refuse_flagged(verdicts: list[Verdict], run: Run, assessment: Assessment) ->
     for v in verdicts:
         noisy = assessment.noisy(v.instance)
         if noisy and v.computable:
-            worst = max((t.slowdown or 1.0 for t in noisy), default=1.0)
+            worst = worst_slowdown(noisy)
             v.busy = (
                 f"{len(noisy)} of the phases it rests on were measured on a busy host (up to x{worst:.2f} slower by "
                 f"the CPU others took; e.g. {noisy[0].noisy[0]})"
