@@ -77,7 +77,9 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
         )
         return 0
     if held:
-        free = _free_port(args.bind)
+        from loadgen.side_exporter import free_port
+
+        free = free_port(args.bind)
         print(f"loadgen: port {args.port} is in use ({held}): the web UI takes port {free}", flush=True)
         args.port = free
     locustfile = Path(__file__).resolve().parent / "locustfile.py"
@@ -111,12 +113,6 @@ def _held_by(host: str, port: int) -> str | None:
     except requests.RequestException:
         return "something that is not a web page"
     return "locust" if "locust" in page.lower() else "another web service"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def run_headless(run_plan: RunPlan) -> int:

@@ -32,9 +32,10 @@ class ExporterError(RuntimeError):
     """The exporter could not be started or cannot read the engine: one line."""
 
 
-def free_port() -> int:
+def free_port(host: str = HOST) -> int:
+    """A port the kernel says is free on `host` right now."""
     with socket.socket() as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
