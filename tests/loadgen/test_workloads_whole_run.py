@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from report import cli as report_cli
+from report import table
 from servescope.runfolder import RunFolder
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
@@ -412,5 +413,8 @@ def test_compare_with_conversations_matches_the_bursts_first_turns(tmp_path):
     burst = sorted((r.conversation, r.turn) for r in records if r.phase == "burst-1")
     assert sequential == burst == [("chat0", 1), ("chat1", 1)]  # the matched set: the same requests
     # The run's table pairs each burst with its matched sequential pass: a factor, not a refusal.
-    assert "the sequential-vs-burst table" in proc.stdout and "batching overlap" in proc.stdout
+    # Which reading depends on how loaded the test host is (a parallel pass moves 0.14-s walls), so any
+    # of the table's readings will do; what must not happen is a refusal.
+    assert "the sequential-vs-burst table" in proc.stdout
+    assert any(reading in proc.stdout for reading in (table.STRONG, table.PARTIAL, table.NEAR_LINEAR, "undecided"))
     assert "refused" not in proc.stdout
