@@ -74,52 +74,52 @@ lint: install
 	$(BIN)/ruff format --check .
 
 up: install
-	$(BIN)/python -m stack up $(if $(MODE),--mode $(MODE))
+	$(BIN)/servescope up $(if $(MODE),--mode $(MODE))
 
 down: install
-	$(BIN)/python -m stack down $(if $(MODE),--mode $(MODE))
+	$(BIN)/servescope down $(if $(MODE),--mode $(MODE))
 
 status: install
-	$(BIN)/python -m stack status $(if $(MODE),--mode $(MODE))
+	$(BIN)/servescope status $(if $(MODE),--mode $(MODE))
 
 report: install
-	$(BIN)/python -m report $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE))
+	$(BIN)/servescope report $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE))
 
 webui: install
-	$(BIN)/python -m loadgen webui
+	$(BIN)/servescope webui
 
 # The native stack must be up (`make up`): tune restarts the engine with each knob value it tries.
-# TUNE_ARGS go to `python -m loadgen knee` (e.g. TUNE_ARGS="--duration 20 --slo ttft_p95<=1").
+# TUNE_ARGS go to `servescope knee` (e.g. TUNE_ARGS="--duration 20 --slo ttft_p95<=1").
 tune: install
-	$(BIN)/python -m stack tune --engine $(ENGINE) $(TUNE_ARGS)
+	$(BIN)/servescope tune --engine $(ENGINE) $(TUNE_ARGS)
 
 # An engine that already runs (the stack's or your own): found on its usual port, or URL=http://HOST:PORT; one user
 # and a short knee each, answered in plain words, each a run folder `make report RUN=<id>` reads.
-# QUICK_ARGS go to `python -m loadgen quick` (e.g. QUICK_ARGS="--slo ttft<=1,tpot<=0.1 --budget 120").
+# QUICK_ARGS go to `servescope quick` (e.g. QUICK_ARGS="--slo ttft<=1,tpot<=0.1 --budget 120").
 quick: install
-	$(BIN)/python -m loadgen quick $(URL) $(QUICK_ARGS)
+	$(BIN)/servescope quick $(URL) $(QUICK_ARGS)
 
 compare: install
-	$(BIN)/python -m loadgen compare $(foreach e,$(ENGINES),--engine $(e))
+	$(BIN)/servescope compare $(foreach e,$(ENGINES),--engine $(e))
 
 # `make plan`: the knee runs (ids under SERVESCOPE_RESULTS or paths) and a trace (loadgen/prompts/ or a file); other
-# traffic (--poisson, --rate, --prometheus-query) through `python -m report plan` itself.
+# traffic (--poisson, --rate, --prometheus-query) through `servescope plan` itself.
 # Empty: the PLAN_TRACE / PLAN_SPEED knobs say the traffic.
 TRACE ?=
 SPEED ?=
 plan: install
 	@test -n "$(RUNS)" || { echo "make plan: say the knee runs: make plan RUNS='<knee-id> <knee-id>'"; exit 2; }
-	$(BIN)/python -m report plan $(RUNS) $(if $(TRACE),--trace $(TRACE)) $(if $(SPEED),--speed $(SPEED))
+	$(BIN)/servescope plan $(RUNS) $(if $(TRACE),--trace $(TRACE)) $(if $(SPEED),--speed $(SPEED))
 
 # `make replicas [N=2]`: N llama.cpp replicas pinned to their own cores behind nginx (REPLICAS_* knobs), held
 # until Ctrl-C: load the router, read each replica with the exporter config it prints.
 N ?= 2
 replicas: install
-	$(BIN)/python -m stack replicas --engine llamacpp --count $(N)
+	$(BIN)/servescope replicas --engine llamacpp --count $(N)
 
 check: install
 	@test -n "$(BASELINE)" || { echo "make check: say the baseline: make check BASELINE=<id> [RUN=<id>]"; exit 2; }
-	$(BIN)/python -m report check --baseline $(BASELINE) $(if $(RUN),--run $(RUN))
+	$(BIN)/servescope check --baseline $(BASELINE) $(if $(RUN),--run $(RUN))
 
 bench: install
 	$(BIN)/python -m bench
@@ -131,7 +131,7 @@ peers: install
 # Regenerate the committed dashboard JSON, Compose scrape config, lever rules, .env.example and the knob page (make
 # test checks they are fresh).
 dashboards: install
-	$(BIN)/python -m dashboards.build
+	$(BIN)/servescope dashboards
 	$(BIN)/python -m servescope.prometheus_config --write
 	$(BIN)/python -m servescope.lever_rules --write
 	$(BIN)/python -m servescope.knob_table --write

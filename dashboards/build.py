@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from servescope import engines, series
+from servescope import command_name, engines, series
 from servescope.engines.base import EngineKind
 from servescope.prometheus_config import COMPOSE_PORTS, DEFAULT_SCRAPE_INTERVAL
 
@@ -1111,7 +1111,7 @@ def rendered_files() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.build", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=command_name.prog("python -m dashboards.build"), description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a committed file differs from the generator")
     args = parser.parse_args(argv)
     files = rendered_files()

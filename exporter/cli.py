@@ -15,12 +15,12 @@ except ImportError:  # not built for this platform
 
 from exporter import config as exporter_config
 from exporter import relay, server
-from servescope import engines, metrics_mode
+from servescope import command_name, engines, metrics_mode
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="servescope-exporter",
+        prog=command_name.prog("servescope-exporter"),
         description=f"Prometheus exporter for {', '.join(k.said for k in engines.ENGINES.values())} (with Ollama's "
         f"streaming proxy).",
         epilog=f"Env: EXPORTER_PORT, SERVESCOPE_BIND, {', '.join(k.url_env for k in engines.ENGINES.values())}, "

@@ -14,7 +14,8 @@ from loadgen.prompts import PromptSet
 from loadgen.runplan import RunPlan, build_phases
 from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
 from loadgen.targets import Target, TargetError, parse_engine
-from servescope import knobs
+from loadgen.verbs import COMMANDS, QUICK_HELP, WEBUI_HELP
+from servescope import command_name, knobs
 from servescope.thresholds import NoiseRule, WarmupRule
 
 
@@ -25,26 +26,12 @@ class UsageError(Exception):
 # What bad input raises on its way through prepare(): each is one line for the terminal, exit 2.
 USAGE_ERRORS = (UsageError, TargetError, prompt_sets.PromptSetError, ValueError)
 
-COMMANDS = {
-    "compare": "the reference experiment: per engine warm-up, matched-set sequential, burst",
-    "sequential": "one user, the prompt set back to back",
-    "burst": "N requests released at the same instant, awaited, K times",
-    "ramp": "steps of closed-loop users, each held",
-    "rate": "open-loop arrivals (constant or Poisson); requests don't wait for each other",
-    "sweep": "one closed-loop phase per concurrency level",
-    "replay": "a trace's requests at their own times (--prompts trace:FILE), open loop, --speed times faster",
-    "knee": "the highest concurrency (or rate) that meets the SLOs, and the server resource that ran out above it",
-}
-QUICK_HELP = (
-    "find the engines running here (or at URLs), measure one user and a short knee on each, answer in plain words "
-    "(`python -m loadgen quick --help`)"
-)
 web_port = options.bounded(int, "a port from 1 to 65535", 1, 65535)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = options.ArgumentParser(
-        prog="python -m loadgen",
+        prog=command_name.prog("python -m loadgen"),
         description="The sequential-vs-burst experiment (compare), one command per scenario, and Locust's web UI; "
         "each writes a run folder.",
     )
@@ -52,12 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     for command, text in COMMANDS.items():
         options.add_command_options(sub.add_parser(command, help=text), command)
     # quick has a parser of its own (loadgen/quick.py): listed here so `python -m loadgen --help` shows it.
-    sub.add_parser("quick", add_help=False, help=QUICK_HELP)
-    webui = sub.add_parser(
-        "webui",
-        help="Locust's web UI on LOCUST_PORT (127.0.0.1), opened pre-filled: Host = the engine URL, "
-        "Number of users = the burst size, scenario and engine under Custom parameters",
-    )
+    sub.add_parser("quick", add_help=False, help=f"{QUICK_HELP} (`{parser.prog} quick --help`)")
+    webui = sub.add_parser("webui", help=WEBUI_HELP)
     webui.add_argument("--port", type=web_port, default=knobs.get("LOCUST_PORT"))
     webui.add_argument("--bind", default=knobs.get("SERVESCOPE_BIND"))
     webui.add_argument(

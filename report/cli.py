@@ -11,13 +11,13 @@ from pathlib import Path
 
 from report import load, tuning
 from report.painter import Painter, figure_timeout_s
-from servescope import slo
+from servescope import command_name, slo
 from servescope.thresholds import NoiseRule
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m report",
+        prog=command_name.prog("python -m report"),
         description=__doc__,
         epilog="python -m report check --baseline RUN [--run RUN]: the regression gate (its --help: what it compares "
         "and its exit codes)",

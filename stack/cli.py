@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from servescope import command_name
 from stack import compose, native, provision, replicas, supervisor, tune
 from stack.errors import StackError
+
+COMMANDS = ("up", "down", "status", "provision", "tune", "replicas")
 
 
 def use_compose(mode: str, command: str, native_has_state: bool) -> bool:
@@ -21,8 +24,8 @@ def use_compose(mode: str, command: str, native_has_state: bool) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stack", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("up", "down", "status", "provision", "tune", "replicas"))
+    parser = argparse.ArgumentParser(prog=command_name.prog("python -m stack"), description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=COMMANDS)
     parser.add_argument(
         "--mode",
         choices=("auto", "native", "compose"),

@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 
 from loadgen import client as llm
 from loadgen import options
-from loadgen.commands import COMMANDS, USAGE_ERRORS, build_parser, prepare
+from loadgen.commands import USAGE_ERRORS, build_parser, prepare
 from loadgen.options import MAX_RUN_S
 from loadgen.prompts import MAX_SYNTHETIC_WORDS
 from loadgen.runplan import RunPlan
 from loadgen.scenarios import MAX_USERS, BurstPhase, ClosedLoopPhase, RatePhase, SequentialPhase
+from loadgen.verbs import COMMANDS
 from servescope import arrivals
 from servescope.runfolder import RUN_ID
 from servescope.urls import parse_http_url
