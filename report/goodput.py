@@ -18,7 +18,7 @@ import numpy as np
 from report import energy, latency, query, schedule, stats
 from report.load import Run
 from report.render import Bullets, Paragraph, Section, Table
-from servescope import binding, runreader, slo
+from servescope import binding, runreader, slo, words
 from servescope.percentile import numpy_percentile_of
 from servescope.runfolder import KNEE
 
@@ -325,8 +325,10 @@ def floors(run: Run, instance: str, rows: list[PhaseGoodput], spec: slo.SloSpec)
             continue  # held in some phase at that load: not a floor
         observed = [t.observed for t in failed if t.observed is not None]
         value = f": {min(observed):.3g} s" if observed else ""
-        users = "1 user" if lowest == 1 else f"{lowest} users"
-        out.append(f"{term.name} is below this engine's floor here{value} at {users} (the run's lowest load)")
+        out.append(
+            f"{term.name} is below this engine's floor here{value} at {words.load(lowest, 'users')} (the run's lowest "
+            "load)"
+        )
     return out
 
 
@@ -458,37 +460,42 @@ def _energy_notes(rows: list[PhaseGoodput]) -> list[Paragraph | Bullets]:
     if not measured:
         if len(unmeasured) == 1:
             return [Paragraph(f"{head} Energy {next(iter(unmeasured))}.")]
-        return [Paragraph(head), Bullets([f"{n} phase(s): energy {why}" for why, n in unmeasured.most_common()])]
+        return [
+            Paragraph(head),
+            Bullets([f"{words.count(n, 'phase')}: energy {why}" for why, n in unmeasured.most_common()]),
+        ]
     sources = sorted({s for g in measured for s in g.energy.sources})
-    lines = [f"{len(measured)} phase(s) measured by {', '.join(sources)}"]
+    lines = [f"{words.count(len(measured), 'phase')} measured by {', '.join(sources)}"]
     missing = sorted({m.removeprefix("not measured: ") for g in measured for m in g.energy.missing})
     lines += [f"left out of those joules (present, not read): {m}" for m in missing]
-    lines += [f"{n} phase(s): energy {why}" for why, n in unmeasured.most_common()]
+    lines += [f"{words.count(n, 'phase')}: energy {why}" for why, n in unmeasured.most_common()]
     return [Paragraph(head), Bullets(lines)]
 
 
 def _knee_text(knee: dict[str, Any]) -> str:
-    unit = knee["unit"]
+    def load(value: float) -> str:  # "1 user", "3 users", "0.5 req/s"
+        return words.load(value, knee["unit"])
+
     if knee["status"] == "found":
-        found = f"the knee is {knee['knee']:g} {unit} ({knee['first_failing']:g} {unit} fails)"
+        found = f"the knee is {load(knee['knee'])} ({load(knee['first_failing'])} fails)"
     elif knee["status"] == "fails at the lowest load":
-        found = f"no knee: the SLOs fail even at {knee['first_failing']:g} {unit}"
+        found = f"no knee: the SLOs fail even at {load(knee['first_failing'])}"
     elif knee["status"] in binding.STOPPED.values():
         found = f"no knee: {knee.get('note') or knee['status']}"
     elif knee["status"] == "nothing measured":
         found = "nothing was measured"
     else:
-        found = f"the SLOs hold up to {knee['knee']} {unit}, the highest load tried"
+        found = f"the SLOs hold up to {load(knee['knee'])}, the highest load tried"
     b = knee["binding"]
     if knee["binding_level"] is None:
         at = ""
     elif knee["first_failing"] is not None:
-        at = f"; at {knee['binding_level']:g} {unit} the binding resource is {b['advice']} ({b['evidence']})"
+        at = f"; at {load(knee['binding_level'])} the binding resource is {b['advice']} ({b['evidence']})"
     else:
-        at = f"; at {knee['binding_level']:g} {unit}, the highest load tried, {b['evidence']}"
+        at = f"; at {load(knee['binding_level'])}, the highest load tried, {b['evidence']}"
     levels = knee.get("levels") or []
     reuse = [
-        f"{row['level']:g} {unit}: {row['reuse']['share']:.0%}"
+        f"{load(row['level'])}: {row['reuse']['share']:.0%}"
         + (" (more than the workload asks)" if row["reuse_unasked"] else "")
         for row in levels
         if isinstance(row.get("reuse"), dict) and row["reuse"].get("share") is not None

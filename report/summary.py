@@ -17,11 +17,12 @@ from report import goodput, table, verdict, workloads
 from report.load import Run
 from report.noise import Assessment, worst_slowdown
 from report.render import Bullets, Paragraph, Section
-from servescope import slo
+from servescope import slo, words
 
 TITLE = "Summary"
 MAX_LINES = 10  # per engine: a screen for every engine, the details in the sections below
-CLAUSE = 220  # characters of a verdict's text kept in its one line
+FAIRNESS_SHOWN = 2  # fairness warnings said in the summary; the Setup section lists them all
+LISTED = 3  # phases named in a flag's line; the rest counted ("and 2 more")
 
 
 @dataclass
@@ -54,18 +55,18 @@ def build(
                     per_pass = (row.wall_s or 0.0) + (row.matched_wall_s or 0.0)
                     took = f", at least {row.more_repetitions * per_pass / 60:.1f} min of phases" if per_pass else ""
                     more = (
-                        f"; about {row.more_repetitions} more repetition(s) on this host{took} would settle it "
-                        f"(LOADGEN_REPETITIONS, LOADGEN_MAX_REPETITIONS)"
+                        f"; about {words.count(row.more_repetitions, 'more repetition')} on this host{took} "
+                        f"would settle it (LOADGEN_REPETITIONS, LOADGEN_MAX_REPETITIONS)"
                     )
                 s.lines.append(
                     f"Scaling: {row.scaling_factor:.2f}x{ci} for a burst of {row.concurrency} against the same prompts "
                     f"one after another: {row.reading}{more}"
                 )
             elif row.instance == instance and row.refusal:
-                s.lines.append(f"Scaling: not computed ({_clip(row.refusal)})")
+                s.lines.append(f"Scaling: not computed ({_one_line(row.refusal)})")
         v = next((v for v in verdicts if v.instance == instance), None)
         if v is not None:
-            s.lines.append(f"Verdict: {_clip(v.text)}")
+            s.lines.append(f"Verdict: {_one_line(v.text)}")
         if knee and knee.get("instance") == instance:
             s.lines.append(_knee_line(knee))
         mine = [g for g in good if g.instance == instance]
@@ -80,7 +81,10 @@ def build(
             s.floors = goodput.floors(run, instance, mine, spec)
             s.lines += s.floors
         s.lines += _flags(instance, assessment, warn, work, run.manifest)
-        s.lines = s.lines[:MAX_LINES]
+        if len(s.lines) > MAX_LINES:  # said, never dropped unsaid: the sections below hold every one
+            s.lines = s.lines[: MAX_LINES - 1] + [
+                f"{words.count(len(s.lines) - MAX_LINES + 1, 'more line')}: the sections below say them"
+            ]
         out.append(s)
     return out
 
@@ -89,20 +93,21 @@ def _knee_line(knee: dict[str, Any]) -> str:
     b = knee.get("binding") or {}
 
     def load(value: float) -> str:  # "1 user", "3 users", "0.5 req/s"
-        unit = knee["unit"][:-1] if knee["unit"] == "users" and value == 1 else knee["unit"]
-        return f"{value:g} {unit}"
+        return words.load(value, knee["unit"])
 
     if knee["status"] == "found":
         found = f"{load(knee['knee'])} ({knee['first_failing']:g} fails)"
         if knee.get("unsettled"):  # the search stopped before its rule settled it (loadgen/knee.py)
-            found = f"{found}, not settled: about {knee['unsettled']} more measurement(s) would settle it"
+            found = f"{found}, not settled: about {words.count(knee['unsettled'], 'more measurement')} would settle it"
     elif knee["status"] == "meets the SLOs up to the highest load":
         found = f"at least {load(knee['knee'])} (the highest load tried)"
     elif knee["status"] == "fails at the lowest load":
         found = f"none: the SLOs fail at {load(knee['first_failing'])}"
     else:
         found = knee["status"]
-    ran_out = f"; above it: {_clip(b['advice'])}" if b.get("advice") and knee.get("first_failing") is not None else ""
+    ran_out = (
+        f"; above it: {_one_line(b['advice'])}" if b.get("advice") and knee.get("first_failing") is not None else ""
+    )
     return f"Knee: {found}{ran_out}"
 
 
@@ -118,13 +123,16 @@ def _flags(
     flagged = assessment.flagged(instance)
     if flagged:
         flags.append(
-            f"{len(flagged)} phase(s) left out for outlier requests, rerun them: "
-            f"{', '.join(t.phase for t in flagged[:3])}"
+            f"{words.count(len(flagged), 'phase')} left out for outlier requests, rerun "
+            f"{words.noun(len(flagged), 'it', 'them')}: {_listed([t.phase for t in flagged])}"
         )
     cached = [r.phase for r in work.reuse if r.instance == instance and r.unasked]
     if cached:
-        flags.append(f"prefix-cache reuse the workload did not ask for in {', '.join(cached[:3])}: latency of a cache")
-    flags += [f"fairness: {_clip(w)}" for w in warn if instance in w][:2]
+        flags.append(f"prefix-cache reuse the workload did not ask for in {_listed(cached)}: latency of a cache")
+    fair = [w for w in warn if instance in w]
+    flags += [f"fairness: {_one_line(w)}" for w in fair[:FAIRNESS_SHOWN]]
+    if len(fair) > FAIRNESS_SHOWN:
+        flags.append(f"fairness: {words.count(len(fair) - FAIRNESS_SHOWN, 'more warning')} in the Setup section")
     return [f"Flag: {f}" for f in flags]
 
 
@@ -159,15 +167,22 @@ def busy_line(busy: list, assessment: Assessment) -> str:
     worst = worst_slowdown(busy)
     rule = assessment.rule
     return (
-        f"busy host: {len(busy)} phase(s) measured while other programs took the CPU{top}, each up to x{worst:.2f} "
-        f"slower; kept, the estimates carry it (NOISE_FOREIGN_CPU_CORES={rule.foreign_cores:g}, "
+        f"busy host: {words.count(len(busy), 'phase')} measured while other programs took the CPU{top}, each up to "
+        f"x{worst:.2f} slower; kept, the estimates carry it (NOISE_FOREIGN_CPU_CORES={rule.foreign_cores:g}, "
         f"NOISE_GROUP_CPU_CORES={rule.group_cores:g} decide what is noisy)"
     )
 
 
-def _clip(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= CLAUSE else text[: CLAUSE - 3].rsplit(" ", 1)[0] + "..."
+def _one_line(text: str) -> str:
+    """The text whole, on one line: a line of the summary is never cut (the sections below hold the details, but a
+    reader must not have to go there to finish a sentence)."""
+    return " ".join(str(text).split())
+
+
+def _listed(names: list[str]) -> str:
+    """The first LISTED names, then how many more ("a, b, c and 2 more"): a list is shortened only by saying so."""
+    shown = ", ".join(names[:LISTED])
+    return shown if len(names) <= LISTED else f"{shown} and {len(names) - LISTED} more"
 
 
 def section(summaries: list[EngineSummary]) -> Section:

@@ -57,7 +57,7 @@ def test_joules_per_good_token_is_the_phases_energy_over_its_good_output_tokens(
     md = goodput_markdown(run)
     assert "| J/good token | J/request |" in md
     assert "| 2 | 4 |" in md
-    assert "1 phase(s) measured by intel-rapl" in md
+    assert "1 phase measured by intel-rapl" in md
 
 
 def test_a_run_folder_without_energy_says_not_measured_and_never_a_number():

@@ -8,6 +8,7 @@ import pytest
 
 from report import noise, sections, table
 from report.load import load
+from servescope import words
 from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
 
 SHA = "cd" * 32
@@ -188,7 +189,7 @@ def test_the_ci_of_repetitions_that_straddle_a_bound_is_undecided_and_counts_wha
     (line,) = [x for s in numbers["summary"] for x in s["lines"] if x.startswith("Scaling")]
     per_pass = burst.wall_s + burst.matched_wall_s
     assert line.endswith(
-        f"about {burst.more_repetitions} more repetition(s) on this host, at least "
+        f"about {words.count(burst.more_repetitions, 'more repetition')} on this host, at least "
         f"{burst.more_repetitions * per_pass / 60:.1f} min of phases would settle it (LOADGEN_REPETITIONS, "
         f"LOADGEN_MAX_REPETITIONS)"
     )
@@ -237,7 +238,7 @@ def test_the_verdict_concludes_from_a_busy_hosts_phases_and_says_so(tmp_path):
     assert numbers["noise"]["thresholds"]["group_cores"] == 0.25
     summary = {s["instance"]: s for s in numbers["summary"]}
     flag = next(line for line in summary["llamacpp"]["lines"] if line.startswith("Flag: busy host"))
-    assert flag.startswith("Flag: busy host: 6 phase(s) measured while other programs took the CPU (largest: vllm 0.70")
+    assert flag.startswith("Flag: busy host: 6 phases measured while other programs took the CPU (largest: vllm 0.70")
     assert "NOISE_FOREIGN_CPU_CORES=0.5" in flag
 
 
@@ -315,7 +316,7 @@ def test_the_knees_summary_line_says_one_user_not_one_users():
     stopped = {**knee, "unsettled": 3}
     assert (
         summary._knee_line(stopped)
-        == "Knee: 1 user (2 fails), not settled: about 3 more measurement(s) would settle it"
+        == "Knee: 1 user (2 fails), not settled: about 3 more measurements would settle it"
     )
     rate = {"unit": "req/s", "status": "fails at the lowest load", "knee": None, "first_failing": 1, "binding": {}}
     assert summary._knee_line(rate) == "Knee: none: the SLOs fail at 1 req/s"
