@@ -295,9 +295,10 @@ def test_a_lost_workers_share_of_an_open_loop_schedule_is_counted(server, tmp_pa
 # --- a worker whose clock steps mid-run ---
 
 STEP_HOOK = '''
-"""Test hook: one worker's wall clock jumps +30 s once the file STEP_CLOCK_FILE names exists, as with a real step
-(settimeofday, an NTP step): time.time() and the kernel's receive stamps (CLOCK_REALTIME) move, the monotonic clock
-does not."""
+"""Test hook: one worker's wall clock jumps +30 s once the file STEP_CLOCK_FILE names exists. STEP_CLOCKS says which
+readings move: "kernel" as with a real step (settimeofday, an NTP step): time.time(), clock_gettime(CLOCK_REALTIME)
+and the kernel's receive stamps; "process" as libfaketime does: the process's readings, not the kernel's stamps;
+"time.time" as a Python hook does: time.time() alone. The monotonic clock moves too only with STEP_MONOTONIC=1."""
 import os
 import sys
 import time
@@ -314,14 +315,18 @@ def _chosen(flag):
 _flag = os.environ.get("STEP_CLOCK_FILE")
 if _flag and "loadgen.worker" in sys.orig_argv and _chosen(_flag):
     _real, _state = time.time, {"looked": -1.0, "on": False}
+    _clocks = os.environ.get("STEP_CLOCKS", "kernel")
 
-    def _stepped():
+    def _shift():
         if not _state["on"] and time.monotonic() - _state["looked"] > 0.02:
             _state["looked"] = time.monotonic()
             _state["on"] = os.path.exists(_flag)
-        return _real() + (30.0 if _state["on"] else 0.0)
+        return 30.0 if _state["on"] else 0.0
 
-    time.time = _stepped
+    time.time = lambda: _real() + _shift()
+    if _clocks in ("kernel", "process"):
+        _gettime = time.clock_gettime
+        time.clock_gettime = lambda clock: _gettime(clock) + (_shift() if clock == time.CLOCK_REALTIME else 0.0)
     if os.environ.get("STEP_MONOTONIC") == "1":  # a clock the worker cannot see move: the master's window must catch it
         _monotonic = time.monotonic
 
@@ -329,24 +334,27 @@ if _flag and "loadgen.worker" in sys.orig_argv and _chosen(_flag):
             return _monotonic() + (30.0 if _state["on"] else 0.0)
 
         time.monotonic = _stepped_monotonic
-    from servescope import kernel_stamps  # before loadgen.client takes its receive_stamp
+    if _clocks == "kernel":
+        from servescope import kernel_stamps
 
-    _receive_stamp = kernel_stamps.receive_stamp
+        _kernel_time = kernel_stamps.kernel_time
 
-    def _stepped_stamp(ancillary, clock=time.monotonic):
-        stamp = _receive_stamp(ancillary, clock)  # the kernel's stamp, moved onto `clock` with the stepped time.time()
-        return None if stamp is None else stamp + (30.0 if _state["on"] else 0.0)  # as if the kernel's moved too
+        def _stepped_kernel_time(ancillary):
+            stamp = _kernel_time(ancillary)
+            return None if stamp is None else stamp + _shift()  # the kernel's wall clock moved too
 
-    kernel_stamps.receive_stamp = _stepped_stamp
+        kernel_stamps.kernel_time = _stepped_kernel_time
 '''
 
 
-@pytest.mark.parametrize("clocks", ["wall", "wall-and-monotonic"])
+@pytest.mark.parametrize("clocks", ["wall", "wall-and-monotonic", "process-wall", "time.time"])
 def test_a_worker_whose_clock_steps_mid_run_keeps_every_record_in_its_phase(server, tmp_path, clocks):
     """A worker's clock jumped +30 s mid-run: 8 of 48 records were stamped outside the run's window and phases got
     walls of a few milliseconds. Every record must stay in its phase, each round after the one before, on the
     master's clock; the step is said and kept in the manifest. With its monotonic clock moved too (no real clock does
-    that) the worker cannot see the step: the master's window check must."""
+    that) the worker cannot see the step: the master's window check must. With its own readings moved and not the
+    kernel's receive stamps (issue 42: libfaketime, a faked time.time) 32 of 48 records lost their measurement (a TTFT
+    of -30 s, "out of range") and their phases read wall_s 0.0: durations come from the monotonic clock alone."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(STEP_HOOK)
@@ -357,6 +365,7 @@ def test_a_worker_whose_clock_steps_mid_run_keeps_every_record_in_its_phase(serv
         "PYTHONPATH": os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p),
         "STEP_CLOCK_FILE": str(flag),
         "STEP_MONOTONIC": "1" if clocks == "wall-and-monotonic" else "0",
+        "STEP_CLOCKS": {"process-wall": "process", "time.time": "time.time"}.get(clocks, "kernel"),
     }
     output: list[str] = []
     with start_cli(
@@ -400,7 +409,7 @@ def test_a_worker_whose_clock_steps_mid_run_keeps_every_record_in_its_phase(serv
         assert longest - 1e-6 <= phase.wall_s < 5, (phase.phase, phase.wall_s)  # a correct wall: not 30 s, not 0.003 s
     for earlier, later in zip(phases, phases[1:], strict=False):  # one barrier: each round after the one before
         assert later.started_at >= earlier.ended_at, (earlier.phase, later.phase)
-    if clocks == "wall":  # the worker saw its clock step, and said so
+    if clocks != "wall-and-monotonic":  # the worker saw its clock step, and said so
         assert len(stepped["clock_steps_s"]) == 1 and abs(stepped["clock_steps_s"][0] - 30) < 1, stepped
         # Its own reading of the step, to within 1 s: "+30." would refuse a "+29.999" read across a preemption.
         said = re.search(rf"load generator worker {stepped['index']}: its clock stepped \+(\d+\.\d+) s", text)
