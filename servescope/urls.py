@@ -38,6 +38,22 @@ def redact(text: str) -> str:
     return _USERINFO.sub(rf"\1{REDACTED}@", text)
 
 
+def redact_address(text: str) -> str:
+    """redact() for an address as a user typed it, with or without its scheme: `bob:pw@host:8000` and
+    `vllm=bob:pw@host:8000` become `***@host:8000` and `vllm=***@host:8000` (a bare text has no scheme for
+    redact()'s rule to find; here the whole text is known to be one address)."""
+    if "://" in text:
+        return redact(text)
+    kind, eq, address = text.partition("=")
+    if not eq or "@" in kind or ":" in kind:  # `bob:p=w@host`: a password with "=", never a kind; safe over exact
+        kind, eq, address = "", "", text
+    authority, slash, path = address.partition("/")
+    _, at, host = authority.rpartition("@")  # a password may hold "@": the host follows the last one
+    if not at:
+        return text
+    return f"{kind}{eq}{REDACTED}@{host}{slash}{path}"
+
+
 def credentials(url: str) -> tuple[str, str] | None:
     """(user, password) from a URL's userinfo, percent-decoded; None when it has none."""
     parts = urlsplit(url)
