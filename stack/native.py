@@ -379,7 +379,8 @@ def start_engines(
             record,
             proc,
             by_name[VLLM].ready_timeout,
-            label=f"vLLM warming up at {record.ready_url} (about 100 s on 2 cores)",
+            label=f"vLLM warming up at {record.ready_url}",
+            key="vLLM warm-up",
         )
         print_kv_sizing(by_name[VLLM].url, knob, swap_used)
     return engines

