@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import http.client
-import json
 import math
 import statistics
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any
-from urllib.error import HTTPError, URLError
-from urllib.parse import urlencode
-from urllib.request import urlopen
 
 from report.load import Run
 from servescope import series, thresholds
+
+# The report's Prometheus client: bounded, its answers checked against their shape (servescope/prometheus_api.py).
+from servescope.prometheus_api import TIMEOUT_S, Prometheus, PrometheusError  # noqa: F401
 from servescope.runfolder import SAMPLES, RunFolder, SampleRecord, read_samples
 from servescope.sampler import combine_models, split_at_gaps
 from servescope.urls import default_prometheus_url  # noqa: F401  (the report's and the plan's default)
@@ -25,59 +22,6 @@ KV_SERIES = (series.KV_BLOCK_SIZE, series.KV_BLOCKS, series.KV_CAPACITY_TOKENS, 
 REUSE_COUNTERS = (series.PROMPT_TOKENS, series.PROMPT_CACHED_TOKENS)
 MAX_POINTS = 600  # query_range resolution: a step that gives at most this many points
 PAD_S = 5.0  # look a little beyond the run so a scrape just after the last request still counts
-TIMEOUT_S = 5.0
-
-
-class PrometheusError(Exception):
-    """Prometheus could not answer: one line saying why."""
-
-
-class Prometheus:
-    """The two HTTP API calls the report needs (query, query_range), with one-line errors. The standard library's
-    client: the report's one HTTP client would otherwise cost it a fifth of a second of imports."""
-
-    def __init__(self, url: str, timeout: float = TIMEOUT_S):
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-
-    def _get(self, path: str, params: dict[str, Any]) -> Any:
-        unreachable = f"Prometheus at {self.url} is unreachable (connection refused or no route)"
-        slow = f"Prometheus at {self.url} did not answer within {self.timeout:g}s"
-        not_a_url = f"Prometheus at {self.url}: not a URL (http://host:port)"
-        try:
-            try:
-                resp = urlopen(f"{self.url}{path}?{urlencode(params)}", timeout=self.timeout)
-            except HTTPError as exc:  # an answer all the same: Prometheus says why in its JSON
-                resp = exc
-            with resp:
-                status, raw = resp.status, resp.read()  # the body's read fails like the request's
-        except TimeoutError:
-            raise PrometheusError(slow) from None
-        except URLError as exc:  # its reason: the socket's error, or words about the URL itself
-            if isinstance(exc.reason, str):
-                raise PrometheusError(not_a_url) from None
-            raise PrometheusError(slow if isinstance(exc.reason, TimeoutError) else unreachable) from None
-        except ValueError:  # no scheme at all
-            raise PrometheusError(not_a_url) from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise PrometheusError(f"Prometheus at {self.url}: {type(exc).__name__}") from None
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise PrometheusError(f"Prometheus at {self.url} answered HTTP {status} without JSON") from None
-        if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
-            error = body.get("error") if isinstance(body, dict) else None
-            raise PrometheusError(f"Prometheus at {self.url}: {error or f'HTTP {status}'}")
-        if not isinstance(body.get("data"), dict):
-            raise PrometheusError(f"Prometheus at {self.url} answered success without its data")
-        return body["data"]
-
-    def query(self, expr: str, at: float) -> list[dict]:
-        return self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}).get("result", [])
-
-    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        return self._get("/api/v1/query_range", params).get("result", [])
 
 
 @dataclass

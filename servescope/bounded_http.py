@@ -59,8 +59,9 @@ class ServiceError(Exception):
     """Another service could not be read: one printable line, its URL's credentials masked. `timed_out` and
     `unreachable` say which of the usual causes it was (its callers word those in their own terms)."""
 
-    def __init__(self, message: str, *, timed_out: bool = False, unreachable: bool = False):
+    def __init__(self, message: str, *, reason: str = "", timed_out: bool = False, unreachable: bool = False):
         super().__init__(printable.line(message, limit=400))
+        self.reason = printable.line(reason) if reason else str(self)  # the words after "GET URL: "
         self.timed_out = timed_out
         self.unreachable = unreachable
 
@@ -198,6 +199,9 @@ class Origin:
         except ValueError:
             self._literal = False
 
+    def _fail(self, url: str, reason: str, *, timed_out: bool = False, unreachable: bool = False) -> ServiceError:
+        return self.error(f"GET {url}: {reason}", reason=reason, timed_out=timed_out, unreachable=unreachable)
+
     @property
     def root(self) -> tuple[str, str, int]:
         return self.scheme, self.host.lower(), self.port
@@ -221,13 +225,13 @@ class Origin:
             if answer.status not in REDIRECTS or not redirects:
                 return answer
             target = self._same_origin(answer, target)
-        raise self.error(f"GET {answer.url}: more than {redirects} redirects")
+        raise self._fail(answer.url, f"more than {redirects} redirects")
 
     def _same_origin(self, answer: Answer, target: str) -> str:
         """Where a redirect leads, as a request target on this origin; an error when it leads elsewhere."""
         location = answer.headers.get("location", "").strip()
         if not location:
-            raise self.error(f"GET {answer.url}: HTTP {answer.status} without a Location")
+            raise self._fail(answer.url, f"HTTP {answer.status} without a Location")
         there = urlsplit(urljoin(f"{self.scheme}://{self.host}:{self.port}{target}", location))
         try:
             port = there.port or (443 if there.scheme == "https" else 80)
@@ -235,7 +239,7 @@ class Origin:
             port = None
         if (there.scheme, (there.hostname or "").lower(), port) != self.root:
             shown = printable.line(redact(location), limit=120)
-            raise self.error(f"GET {answer.url}: redirected to another origin ({shown}): not followed")
+            raise self._fail(answer.url, f"redirected to another origin ({shown}): not followed")
         query = f"?{quote(there.query, safe=_TARGET_SAFE)}" if there.query else ""
         return quote(there.path or "/", safe=_TARGET_SAFE) + query
 
@@ -250,7 +254,7 @@ class Origin:
                 sock.close()
                 if reused and attempt == 1:
                     continue  # the service closed an idle kept-alive connection: one fresh try
-                raise self.error(f"GET {url}: connection closed without a response") from None
+                raise self._fail(url, "connection closed without a response") from None
             except BaseException:
                 sock.close()
                 raise
@@ -281,21 +285,21 @@ class Origin:
                     if response.ends_at_close:
                         response.complete, response.keep_alive = True, False
                         break
-                    raise self.error(f"GET {url}: connection closed after {received} bytes of the response")
+                    raise self._fail(url, f"connection closed after {received} bytes of the response")
                 received += len(data)
                 parser.feed_data(data)
                 if response.error:
-                    raise self.error(f"GET {url}: {response.error}")
+                    raise self._fail(url, response.error)
         except (BrokenPipeError, ConnectionResetError):
             if received == 0:
                 raise _Closed from None
-            raise self.error(f"GET {url}: connection reset after {received} bytes of the response") from None
+            raise self._fail(url, f"connection reset after {received} bytes of the response") from None
         except httptools.HttpParserError as exc:
             if not response.complete:
-                raise self.error(f"GET {url}: malformed HTTP response ({exc})") from None
+                raise self._fail(url, f"malformed HTTP response ({exc})") from None
             response.keep_alive = False  # garbage after a whole response: the response stands, the connection goes
         except OSError as exc:
-            raise self.error(f"GET {url}: {reason(exc)}", timed_out=_is_timeout(exc)) from None
+            raise self._fail(url, reason(exc), timed_out=_is_timeout(exc)) from None
         finally:
             # The parser holds the response (its callbacks) and the response the parser: a cycle, which only the
             # cyclic collector would free, with the body in it. Broken here, the body goes when the caller is done.
@@ -306,7 +310,7 @@ class Origin:
     def _remaining(self, deadline: float, url: str) -> float:
         remaining = deadline - self.clock()
         if remaining <= 0:
-            raise self.error(f"GET {url}: timed out", timed_out=True)
+            raise self._fail(url, "timed out", timed_out=True)
         return remaining
 
     def _checkout(self, deadline: float, url: str) -> tuple[socket.socket, bool]:
@@ -342,8 +346,8 @@ class Origin:
                 sock.close()
                 raise
         if last is None:
-            raise self.error(f"GET {url}: no address to connect to", unreachable=True)
-        raise self.error(f"GET {url}: {reason(last)}", timed_out=_is_timeout(last), unreachable=not _is_timeout(last))
+            raise self._fail(url, "no address to connect to", unreachable=True)
+        raise self._fail(url, reason(last), timed_out=_is_timeout(last), unreachable=not _is_timeout(last))
 
     def _addresses(self, deadline: float, url: str) -> list:
         if self._literal:
@@ -358,9 +362,9 @@ class Origin:
         try:
             addresses = lookup.result(timeout=self._remaining(deadline, url))
         except FutureTimeout:
-            raise self.error(f"GET {url}: timed out looking up {self.host}", timed_out=True) from None
+            raise self._fail(url, f"timed out looking up {self.host}", timed_out=True) from None
         except (OSError, UnicodeError) as exc:
-            raise self.error(f"GET {url}: cannot look up {self.host}: {reason(exc)}", unreachable=True) from None
+            raise self._fail(url, f"cannot look up {self.host}: {reason(exc)}", unreachable=True) from None
         with self._lock:
             if self._lookup is lookup:
                 self._lookup = None  # the next new connection looks the name up again (a container may move)
@@ -385,7 +389,7 @@ class Origin:
                 ready = select.select([], [tls], [], self._remaining(deadline, url))[1]
             if not ready:
                 tls.close()
-                raise self.error(f"GET {url}: timed out in the TLS handshake", timed_out=True)
+                raise self._fail(url, "timed out in the TLS handshake", timed_out=True)
 
     def close(self) -> None:
         with self._lock:
@@ -423,7 +427,7 @@ def get(
 
 
 def parse_json(
-    body: bytes | str, what: str, *, max_depth: int = MAX_JSON_DEPTH, error: type[ServiceError] = ServiceError
+    body: bytes | str, what: str, *, max_depth: int = MAX_JSON_DEPTH, error: Callable[[str], Exception] = ServiceError
 ) -> Any:
     """`body` as JSON, nested at most `max_depth` deep; `error` (one line, starting with `what`) otherwise."""
     try:
