@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from itertools import islice, takewhile
 
 from report.replicas import Arrival
-from servescope import arrivals
+from servescope import arrivals, printable
 
 MAX_ARRIVALS = 2_000_000  # what one plan simulates: about a minute per replica count searched at the top
 
@@ -70,29 +70,36 @@ def trace(arg: str, speed: float = 1.0) -> Traffic:
 
 def prometheus(url: str, expr: str, since_s: float, step_s: float, seed: int = 0, now: float | None = None) -> Traffic:
     """A real service's request rate over the last `since_s` (a PromQL expression in requests per second, e.g.
-    `sum(rate(http_requests_total{job="api"}[5m]))`), as Poisson arrivals at each step's rate."""
-    from report.gauges import Prometheus, PrometheusError
+    `sum(rate(http_requests_total{job="api"}[5m]))`), as Poisson arrivals at each step's rate. Prometheus is read
+    through servescope/prometheus_api.py: bounded, redirects kept to its origin, its answer's shape checked."""
+    from servescope.prometheus_api import Prometheus, PrometheusError
 
-    if not (since_s > 0 and step_s > 0) or step_s > since_s:
+    if not (0 < step_s <= since_s and math.isfinite(since_s)):
         raise TrafficError("--since and --step: seconds above 0, the step no longer than the span")
+    client = Prometheus(url)
     end = time.time() if now is None else now
     try:
-        result = Prometheus(url).query_range(expr, end - since_s, end, step_s)
+        result = client.query_range(expr, end - since_s, end, step_s)
     except PrometheusError as exc:
         raise TrafficError(str(exc)) from None
     totals: dict[float, float] = {}
     for series in result:
-        for t, v in series.get("values") or ():
-            value = float(v)
+        for t, value in series["values"]:  # numbers: the answer's shape was checked
             if math.isfinite(value) and value >= 0:
-                totals[float(t)] = totals.get(float(t), 0.0) + value
+                totals[t] = totals.get(t, 0.0) + value
+    said = printable.line(expr, limit=120)
     if not totals:
-        raise TrafficError(f"Prometheus at {url}: {expr!r} returned no samples over the last {since_s:g} s")
+        raise TrafficError(f"Prometheus at {client.shown}: {said!r} returned no samples over the last {since_s:g} s")
     start = min(totals)
     pieces = [(t - start, t - start + step_s, rate) for t, rate in sorted(totals.items())]
+    expected = sum((b - a) * rate for a, b, rate in pieces)
+    if not expected <= MAX_ARRIVALS:  # refused before any is drawn (a rate of 1e300 is an answer too)
+        raise TrafficError(
+            f"{said}: about {expected:.3g} requests over {since_s:g} s, more than {MAX_ARRIVALS:,}: plan a part"
+        )
     span = pieces[-1][1]
     planned = _bounded(arrivals.piecewise_poisson(pieces, _seed(seed)))
-    return Traffic(f"Prometheus {expr} over {since_s:g} s (step {step_s:g} s)", planned, span)
+    return Traffic(f"Prometheus {said} over {since_s:g} s (step {step_s:g} s)", planned, span)
 
 
 def _check_rate(rate: float, duration_s: float) -> None:

@@ -461,7 +461,7 @@ def reason(exc: BaseException) -> str:
     if _is_timeout(exc):
         return "timed out"
     if isinstance(exc, ConnectionRefusedError):
-        return "Connection refused"
+        return "connection refused"
     if isinstance(exc, ssl.SSLError):
         return f"TLS error ({exc.reason or exc})"
     return printable.line(exc, limit=200) or type(exc).__name__

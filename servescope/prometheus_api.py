@@ -50,7 +50,7 @@ class Prometheus:
         try:
             with origin:
                 answer = origin.get(
-                    f"{path}?{urlencode(params)}",
+                    f"{path}?{urlencode(params)}" if params else path,
                     time.monotonic() + self.timeout,
                     max_bytes=max_bytes,
                     redirects=bounded_http.MAX_REDIRECTS,

@@ -18,16 +18,14 @@ Load generator and benchmarks use it the same way::
 
 from __future__ import annotations
 
-import http.client
-import json
 import math
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
-from servescope import knobs, metrics_mode, series, urls
+from servescope import bounded_http, knobs, metrics_mode, printable, prometheus_api, series, urls
 from servescope.exposition import Samples, parse_exposition
 from servescope.runfolder import RunFolder, SampleRecord, append_samples
 
@@ -48,6 +46,8 @@ KEPT = (
 WANTED = frozenset((series.ENGINE_UP, *KEPT))
 # Per engine instance, several models (Ollama) or pools: counts add up, these take the largest.
 LARGEST_ACROSS_MODELS = frozenset((series.KV_CACHE_USAGE, series.KV_BLOCK_SIZE))
+# The longest engine or instance name a record keeps (the exporter's own cap, exporter/bounds.py's MAX_LABEL_BYTES).
+MAX_LABEL_CHARS = 128
 # A pause longer than this many intervals between two reads is a gap (time nobody read), for every reader.
 GAP_FACTOR = 1.5
 # Longer than the exporter's own per-engine budget (3 s by default, below 1 s natively), so a slow
@@ -96,16 +96,25 @@ def engine_values(samples: Samples) -> dict[tuple[str, str], dict[str, float] | 
     """
     out: dict[tuple[str, str], dict[str, float] | None] = {}
     for labels, up in samples.get(series.ENGINE_UP, ()):
-        out[(labels.get("engine", ""), labels.get("instance", ""))] = {} if up == 1 else None
+        out[_instance_key(labels)] = {} if up == 1 else None
     per_model: dict[tuple[str, str], dict[str, list[float]]] = {}
     for name in KEPT:
         for labels, value in samples.get(name, ()):
-            key = (labels.get("engine", ""), labels.get("instance", ""))
-            if key in out and value == value:  # NaN is no value
+            key = _instance_key(labels)
+            if key in out and math.isfinite(value):  # NaN is no value; an infinity none a gauge can have
                 per_model.setdefault(key, {}).setdefault(name, []).append(value)
     for key, by_name in per_model.items():
         out[key] = {name: combine_models(name, values) for name, values in by_name.items()}
     return out
+
+
+def _instance_key(labels: dict[str, str]) -> tuple[str, str]:
+    """(engine, instance) as the run's records keep them: printable, no longer than the exporter's own labels (a
+    source's labels are another service's text: its engine and instance names go into every record)."""
+    return (
+        printable.line(labels.get("engine", ""), limit=MAX_LABEL_CHARS),
+        printable.line(labels.get("instance", ""), limit=MAX_LABEL_CHARS),
+    )
 
 
 def default_source() -> str:
@@ -123,28 +132,29 @@ def source_kind() -> str:
     return FROM_PROMETHEUS if metrics_mode.is_fleet() else FROM_EXPORTER
 
 
+# A resolution longer than this is not one a run's gauges can use (a configuration of `99999999999h`): the stack's.
+MAX_RESOLUTION_S = 600.0
+
+
 def prometheus_resolution_s(url: str, timeout_s: float = READ_TIMEOUT_S) -> float:
     """How often Prometheus' values change: SAMPLE_PROMETHEUS_INTERVAL_MS, else its own configuration's longer of
-    scrape and rule evaluation interval (a read more often than that only repeats a value), else the stack's."""
-    from urllib.request import urlopen  # fleet mode only: kept out of the load generator's start-up
-
+    scrape and rule evaluation interval (a read more often than that only repeats a value), else the stack's. Asked
+    through the bounded client, only the configuration's `global:` block read: never longer than `timeout_s`."""
     from servescope import prometheus_config
 
     ms = knobs.get("SAMPLE_PROMETHEUS_INTERVAL_MS", "")
     if ms:
-        return int(ms) / 1000.0
+        return knobs.get_int("SAMPLE_PROMETHEUS_INTERVAL_MS") / 1000.0
+    fallback = prometheus_config.interval_s(prometheus_config.DEFAULT_SCRAPE_INTERVAL)
     try:
-        import yaml
-
-        with urlopen(f"{url.rstrip('/')}/api/v1/status/config", timeout=timeout_s) as answer:
-            config = yaml.safe_load(json.loads(answer.read())["data"]["yaml"]) or {}
-        top = config.get("global") or {}
+        top = prometheus_api.Prometheus(url, timeout=timeout_s).global_config()
         # Prometheus' own defaults when its configuration says nothing: scrape 1m, evaluation 1m.
-        return max(
+        seconds = max(
             prometheus_config.interval_s(str(top.get(k, "1m"))) for k in ("scrape_interval", "evaluation_interval")
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
-        return prometheus_config.interval_s(prometheus_config.DEFAULT_SCRAPE_INTERVAL)
+    except (prometheus_api.PrometheusError, ValueError):
+        return fallback
+    return seconds if 0 < seconds <= MAX_RESOLUTION_S else fallback
 
 
 def default_interval_s() -> float:
@@ -174,16 +184,15 @@ class Sampler:
         self.timeout_s = timeout_s
         self.clock = clock
         self.notify = notify  # told once per new kind of failure, one line
-        parts = urlsplit(self.source if "://" in self.source else f"http://{self.source}")
-        self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
+        if "://" not in self.source:
+            self.source = f"http://{self.source}"
+        self.shown = printable.line(urls.redact(self.source))  # what every line and record says: no password
         self.kind = kind
         if kind == FROM_PROMETHEUS:
-            self._path = (parts.path.rstrip("/") or "") + "/api/v1/query?" + urlencode({"query": PROMETHEUS_QUERY})
+            self._path = "/api/v1/query?" + urlencode({"query": PROMETHEUS_QUERY})
         else:
-            self._path = (
-                (parts.path.rstrip("/") or "") + "/metrics?" + urlencode([("name[]", n) for n in sorted(WANTED)])
-            )
-        self._conn: http.client.HTTPConnection | None = None
+            self._path = "/metrics?" + urlencode([("name[]", n) for n in sorted(WANTED)])
+        self._origin: bounded_http.Origin | None = None  # kept-alive connections, opened at the first read
         # Instances to mark missing when the exporter itself does not answer: the run's until the exporter
         # has answered, then the ones on its page (its names may differ from the run's: the report matches them).
         self.known: dict[tuple[str, str], None] = dict.fromkeys(expected)
@@ -191,7 +200,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.reads = 0
-        self.failed_reads = 0
+        self.failed_reads = 0  # reads that got no values: gaps in the gauges, each a record marked missing
         self.last_error: str | None = None
 
     @classmethod
@@ -214,10 +223,10 @@ class Sampler:
             return "server samples: off (SAMPLE_INTERVAL_MS=0)"
         if self.kind == FROM_PROMETHEUS:
             return (
-                f"server samples: every {self.interval_s * 1000:g} ms from Prometheus at {self.source} (fleet mode: "
+                f"server samples: every {self.interval_s * 1000:g} ms from Prometheus at {self.shown} (fleet mode: "
                 f"its latest values, up to one scrape or rule evaluation old) during load phases"
             )
-        return f"server samples: every {self.interval_s * 1000:g} ms from {self.source}/metrics during load phases"
+        return f"server samples: every {self.interval_s * 1000:g} ms from {self.shown}/metrics during load phases"
 
     # --- phases ---
     def start(self, phase: str | None = None) -> None:
@@ -248,9 +257,9 @@ class Sampler:
 
     def close(self) -> None:
         self.stop(final_read=False)
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._origin is not None:
+            self._origin.close()
+            self._origin = None
 
     def _loop(self, due: float) -> None:
         while not self._stop.wait(max(0.0, due - time.monotonic())):
@@ -264,26 +273,30 @@ class Sampler:
 
     # --- one read ---
     def read_once(self) -> list[SampleRecord]:
-        """Read the exporter's page once and append one record per engine instance; never raises."""
+        """Read the source once and append one record per engine instance; never raises. A read that gets no values
+        (the source down, slow past READ_TIMEOUT_S, its answer not what it should be) is a gap: a record per known
+        instance marked missing with the reason, counted in `failed_reads`, and the run goes on."""
         sent = self.clock()
         try:
-            page = self._get()
-            by_engine = engine_values(
-                prometheus_samples(page) if self.kind == FROM_PROMETHEUS else parse_exposition(page, WANTED)
-            )
-            error = None
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+            answer = self._get()
+            if self.kind == FROM_PROMETHEUS:
+                samples = prometheus_samples(answer.body, answer.status)  # Prometheus says why in its JSON
+            elif answer.status != 200:
+                raise ValueError(f"HTTP {answer.status}")
+            else:
+                samples = parse_exposition(answer.text(), WANTED)
+            by_engine, error = engine_values(samples), None
+        except (bounded_http.ServiceError, ValueError) as exc:
             by_engine, error = {}, _reason(exc)
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        except Exception as exc:  # noqa: BLE001 - whatever the source sends, the sampler never ends a run
+            by_engine, error = {}, f"its answer could not be read ({type(exc).__name__}: {printable.line(exc, 120)})"
         received = self.clock()
         t, read_s = (sent + received) / 2, received - sent
         self.reads += 1
         records = []
         if error is not None:
             self.failed_reads += 1
-            what = f"Prometheus at {self.source}" if self.kind == FROM_PROMETHEUS else f"exporter at {self.source}"
+            what = f"Prometheus at {self.shown}" if self.kind == FROM_PROMETHEUS else f"exporter at {self.shown}"
             where = "SAMPLE_PROMETHEUS_URL" if self.kind == FROM_PROMETHEUS else "SAMPLE_EXPORTER_URL"
             if self.notify is not None and f"{what}: {error}" != self.last_error:
                 self.notify(
@@ -306,51 +319,30 @@ class Sampler:
                 records.append(SampleRecord(t, read_s, self.interval_s, engine, instance, self.phase, values, missing))
         try:
             append_samples(self.folder, records)
-        except OSError as exc:
-            self.last_error = f"cannot write {self.folder.path}: {exc.strerror or exc}"
+        except (OSError, ValueError) as exc:
+            self.last_error = f"cannot write {self.folder.path}: {getattr(exc, 'strerror', None) or exc}"
         return records
 
-    def _get(self) -> str:
-        for attempt in (1, 2):
-            fresh = self._conn is None
-            if fresh:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
-            try:
-                self._conn.request("GET", self._path, headers=HEADERS)
-                resp = self._conn.getresponse()
-                body = resp.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self._conn.close()
-                self._conn = None
-                if fresh or attempt == 2:
-                    raise
-                continue  # the exporter closed an idle kept-alive connection: one fresh try
-            if resp.will_close:
-                self._conn.close()
-                self._conn = None
-            if resp.status != 200:
-                raise ValueError(f"HTTP {resp.status}")
-            return body.decode("utf-8", errors="replace")
-        raise AssertionError("unreachable")
+    def _get(self) -> bounded_http.Answer:
+        """The source's answer to one read, whole, within READ_TIMEOUT_S (servescope/bounded_http.py: a source
+        dripping its bytes costs that and no more; redirects only within its origin; a body past the cap refused)."""
+        if self._origin is None:
+            self._origin = bounded_http.Origin(self.source, user_agent="servescope-sampler", accept="text/plain")
+        return self._origin.get(self._path, time.monotonic() + self.timeout_s, redirects=bounded_http.MAX_REDIRECTS)
 
 
-def prometheus_samples(text: str) -> Samples:
+def prometheus_samples(body: str | bytes, status: int = 200) -> Samples:
     """An instant query's answer as the exporter page's samples: the engine's `instance` is `exported_instance` where
     Prometheus renamed it (a series scraped from the exporter), else `instance` (a recording rule over the engine's
-    own page). An instance the rules read has no engine_up of its own: its series being there stands for it."""
+    own page). An instance the rules read has no engine_up of its own: its series being there stands for it.
+    ValueError (one line) for an answer that is not a success vector (servescope/prometheus_api.py checks its shape)."""
     try:
-        body = json.loads(text)
-    except RecursionError:
-        raise ValueError("Prometheus answered a page too deeply nested to be its JSON") from None
-    if not isinstance(body, dict) or body.get("status") != "success" or not isinstance(body.get("data"), dict):
-        raise ValueError(f"Prometheus did not answer success: {str(body)[:120]}")
+        result = prometheus_api.vector(prometheus_api.data_of(body, status))
+    except ValueError as exc:
+        raise ValueError(str(exc).removeprefix(":").strip()) from None
     out: Samples = {}
-    for item in body["data"].get("result") or ():
-        try:
-            metric, (_, raw) = item["metric"], item["value"]
-            value = float(raw)
-        except (KeyError, TypeError, ValueError):
-            continue
+    for item in result:
+        metric, value = item["metric"], item["value"][1]
         name = metric.get("__name__", "")
         labels = {
             "engine": metric.get("engine", ""),
@@ -375,8 +367,7 @@ def _to_stderr(line: str) -> None:
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
+    """Why a read got no values, in a few printable words (the source's URL is said before them)."""
+    if isinstance(exc, bounded_http.ServiceError):
+        return "timed out" if exc.timed_out else exc.reason
+    return printable.line(exc) or type(exc).__name__

@@ -205,4 +205,4 @@ def nothing_listening():
 def test_a_refused_connection_is_one_short_reason():
     with nothing_listening() as url:
         _, result = timed_get(url, 3)
-    assert isinstance(result, UpstreamError) and str(result).endswith("Connection refused"), result
+    assert isinstance(result, UpstreamError) and str(result).endswith("connection refused"), result
