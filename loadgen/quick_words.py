@@ -72,6 +72,11 @@ def failed_words(spec: slo.SloSpec, result: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- one engine
 
 
+def report_command(run_ref: str) -> str:
+    """What a user types for a run's report: the command works from a checkout and from `pipx install` alike."""
+    return f"servescope report --run {run_ref}"
+
+
 @dataclass
 class Outcome:
     """One engine's quick run, as the words need it."""
@@ -85,7 +90,7 @@ class Outcome:
     run_id: str = ""
     run_path: str = ""  # the run folder as shown
     folder: Path | None = None
-    run_ref: str = ""  # what `make report RUN=` takes for it: the id under SERVESCOPE_RESULTS, else the path
+    run_ref: str = ""  # what `servescope report --run` takes for it: the id under SERVESCOPE_RESULTS, else the path
     not_measured: list[str] = field(default_factory=list)  # what this run could not see, one line each
     notes: list[str] = field(default_factory=list)  # how the load went (through a proxy, ...)
     stopped: str = ""  # what ended the search early: "" (it settled), or the words for the budget / Ctrl-C
@@ -274,7 +279,7 @@ def _tail(outcome: Outcome) -> list[str]:
             )
         )
     if outcome.run_path:
-        out.append(_line("Run folder", f"{outcome.run_path}  (make report RUN={outcome.run_ref or outcome.run_id})"))
+        out.append(_line("Run folder", f"{outcome.run_path}  ({report_command(outcome.run_ref or outcome.run_id)})"))
     return out
 
 

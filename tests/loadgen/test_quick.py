@@ -86,7 +86,7 @@ def labelled(block: list[str], label: str) -> list[str]:
 
 def run_folder(block: list[str]) -> Path:
     (line,) = labelled(block, "Run folder")
-    return Path(line.split("  (make report")[0])
+    return Path(line.split("  (servescope report")[0])
 
 
 # ---------------------------------------------------------------- the SLOs
