@@ -21,25 +21,39 @@ What it assumes (the README's plan section says the same):
   of one replica measured while its neighbours were kept busy). Then a replica draws from that busy knee whenever
   another replica on its machine has a request in flight, and from its own knee otherwise: two states, not a
   measured curve of how many neighbours are busy.
+- Inter-token gaps (for the SLO's ITL terms): a request's gaps are its time per output token in the model times the
+  shape the knee measured at the level it was admitted at (each measured gap over its own request's TPOT): its
+  tokens - 1 gaps are that shape's evenly spaced quantiles. A slow decode stretches them all; a level whose engine
+  stalled a decode now and then (another request's prefill) passes its long gaps on.
 - No cache is shared across replicas, and the traffic's prompts are taken to be like the knee's.
+
+The event loop itself is report/replica_events.py (compiled with numba): `run` takes the arrivals as columns
+(`Schedule`) and gives the outcomes as columns (`Outcomes`), what a plan of 2,000,000 arrivals needs; `simulate`
+is the same for a handful of arrivals, one object each.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
-import itertools
+import math
 import random
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from report import replica_events
+
 ROUND_ROBIN = "round_robin"
 LEAST_CONN = "least_conn"
 POLICIES = (ROUND_ROBIN, LEAST_CONN)
 BEYOND = "beyond the measured load"
+FAILED = "failed as measured"
+ERRORS = {replica_events.ERR_BEYOND: BEYOND, replica_events.ERR_FAILED: FAILED}
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0)
 
 
 @dataclass(frozen=True)
@@ -47,23 +61,29 @@ class Level:
     """One measured load level of one replica: the distributions a request in flight with `concurrency` draws from."""
 
     concurrency: float
-    ttft_s: np.ndarray  # sorted, successful requests
-    tpot_s: np.ndarray  # sorted, successful requests of more than one token
+    ttft_s: np.ndarray  # sorted, successful requests (empty: every request failed; they take no time in the model)
+    tpot_s: np.ndarray  # sorted, successful requests of more than one token (empty: decode takes no time)
     failed_share: float
     requests: int
     prefill_ms: float | None = None  # the median prefill as the engine timed it, where it times each request
+    itl_shape: np.ndarray = field(default_factory=_empty)  # sorted: each measured gap over its request's TPOT
 
     def ttft(self, u: float) -> float:
-        return float(self.ttft_s[min(int(u * len(self.ttft_s)), len(self.ttft_s) - 1)])
+        return _at(self.ttft_s, u)
 
     def tpot(self, u: float) -> float:
-        values = self.tpot_s if len(self.tpot_s) else np.zeros(1)
-        return float(values[min(int(u * len(values)), len(values) - 1)])
+        return _at(self.tpot_s, u)
 
     def scaled(self, ttft: float, tpot: float) -> Level:
-        """The same level on a replica whose prefill and decode run `ttft` and `tpot` times as long."""
+        """The same level on a replica whose prefill and decode run `ttft` and `tpot` times as long (the gaps' shape,
+        relative to the decode's pace, stays)."""
         prefill = None if self.prefill_ms is None else self.prefill_ms * ttft
         return replace(self, ttft_s=self.ttft_s * ttft, tpot_s=self.tpot_s * tpot, prefill_ms=prefill)
+
+
+def _at(values: np.ndarray, u: float) -> float:
+    """The value at quantile u of a sorted array, as the event loop reads it (empty: 0)."""
+    return float(values[min(int(u * len(values)), len(values) - 1)]) if len(values) else 0.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +104,21 @@ class Profile:
     def __post_init__(self) -> None:
         if not self.levels:
             raise ValueError(f"{self.label}: no measured level to model a replica with")
+        loads = [lv.concurrency for lv in self.levels]
+        if not all(isinstance(c, (int, float)) and math.isfinite(c) and c > 0 for c in loads):
+            raise ValueError(f"{self.label}: a load level must be a number of requests in flight above 0, got {loads}")
+        if any(b <= a for a, b in zip(loads, loads[1:], strict=False)):
+            raise ValueError(f"{self.label}: load levels must rise, got {loads}")
+        for lv in self.levels:
+            for name, values in (("TTFT", lv.ttft_s), ("time per token", lv.tpot_s), ("ITL shape", lv.itl_shape)):
+                if len(values) and not (np.all(np.isfinite(values)) and values.min() >= 0):
+                    raise ValueError(f"{self.label}: level {lv.concurrency:g}: a {name} that is not seconds >= 0")
+            if not 0 <= lv.failed_share <= 1:
+                raise ValueError(f"{self.label}: level {lv.concurrency:g}: failed share {lv.failed_share} not in 0-1")
+        if self.slots is not None and (isinstance(self.slots, bool) or self.slots < 1):
+            raise ValueError(f"{self.label}: {self.slots} batch slots: a replica needs at least 1 (--slots)")
+        if self.output_tokens < 1:
+            raise ValueError(f"{self.label}: {self.output_tokens} output tokens: at least 1")
 
     @property
     def top(self) -> float:
@@ -99,6 +134,16 @@ class Profile:
         level's latencies scaled, its failures and loads as measured."""
         return replace(self, levels=tuple(lv.scaled(ttft, tpot) for lv in self.levels))
 
+    @property
+    def measured_tpot(self) -> bool:
+        """Whether any level measured a time per output token (a knee of one-token answers did not)."""
+        return any(len(lv.tpot_s) for lv in self.levels)
+
+    @property
+    def measured_itl(self) -> bool:
+        """Whether any level measured inter-token gaps (the shape the model's ITL is made of)."""
+        return any(len(lv.itl_shape) for lv in self.levels)
+
 
 @dataclass(frozen=True)
 class Sharing:
@@ -109,14 +154,56 @@ class Sharing:
     busy: Profile
 
     def __post_init__(self) -> None:
-        if self.per_host < 1:
+        if isinstance(self.per_host, bool) or self.per_host < 1:
             raise ValueError("replicas per machine must be at least 1")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a fleet's traffic is millions of these
 class Arrival:
     at: float  # seconds from the traffic's start
     output_tokens: int | None = None  # None: the profile's
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Arrivals as columns, what the event loop reads: times (ascending) and output lengths (0: the profile's)."""
+
+    at: np.ndarray
+    output_tokens: np.ndarray
+
+    @staticmethod
+    def of(arrivals: Sequence[Arrival]) -> Schedule:
+        n = len(arrivals)
+        at = np.fromiter((a.at for a in arrivals), np.float64, n)
+        tokens = np.fromiter((a.output_tokens or 0 for a in arrivals), np.int64, n)
+        return Schedule(at, tokens)
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    def check(self) -> None:
+        """ValueError (one line) on times the loop cannot run: not finite, negative or out of order."""
+        if len(self.at) and not (np.all(np.isfinite(self.at)) and self.at[0] >= 0 and np.all(np.diff(self.at) >= 0)):
+            raise ValueError("arrival times must be finite seconds from 0, in order")
+        if np.any(self.output_tokens < 0):
+            raise ValueError("an arrival's output tokens must be at least 0 (0: the knee's)")
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Every arrival's predicted fate, as columns (the order of the arrivals)."""
+
+    at: np.ndarray
+    replica: np.ndarray
+    ok: np.ndarray
+    ttft_s: np.ndarray  # NaN where it failed
+    e2e_s: np.ndarray  # NaN where it failed
+    output_tokens: np.ndarray
+    error: np.ndarray  # 0, replica_events.ERR_BEYOND or ERR_FAILED
+    level: np.ndarray  # which level it was admitted at: the own knee's from 0, the busy knee's after them
+
+    def __len__(self) -> int:
+        return len(self.at)
 
 
 @dataclass
@@ -132,51 +219,72 @@ class Outcome:
     error: str | None = None
 
 
-@dataclass
-class _Flight:
-    index: int
-    arrived: float
-    first_at: float
-    remaining: float  # decode tokens still to come after the first
-    u_tpot: float
-    beyond: bool
-    failed: bool
+def _pack(profile: Profile) -> tuple[np.ndarray, ...]:
+    """A profile's levels as the event loop reads them: loads, TTFT and TPOT values flattened with their offsets,
+    failure shares."""
+
+    def flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        offsets = np.zeros(len(arrays) + 1, np.int64)
+        offsets[1:] = np.cumsum([len(a) for a in arrays])
+        values = np.concatenate([np.asarray(a, np.float64) for a in arrays]) if arrays else np.zeros(0)
+        return offsets, np.ascontiguousarray(values, np.float64)
+
+    conc = np.array([lv.concurrency for lv in profile.levels], np.float64)
+    ttft_off, ttft_val = flat([lv.ttft_s for lv in profile.levels])
+    tpot_off, tpot_val = flat([lv.tpot_s for lv in profile.levels])
+    failed = np.array([lv.failed_share for lv in profile.levels], np.float64)
+    return conc, ttft_off, ttft_val, tpot_off, tpot_val, failed
 
 
-@dataclass
-class _Replica:
-    flights: dict[int, _Flight] = field(default_factory=dict)  # admitted: prefilling or decoding
-    waiting: deque[int] = field(default_factory=deque)  # arrivals beyond the batch slots, in order
-    last: float = 0.0
-    version: int = 0
+def draws(seed: int, n: int) -> np.ndarray:
+    """n rows of three quantiles (TTFT, time per token, failure), one row a request for its whole life: the stream
+    `random.Random(seed)` gives, read at numpy's speed."""
+    state = random.Random(seed).getstate()[1]
+    rng = np.random.RandomState()
+    rng.set_state(("MT19937", np.array(state[:624], np.uint32), state[624]))
+    return rng.random_sample(3 * n).reshape(n, 3)
 
-    def pace(self, profile: Profile, f: _Flight) -> float:
-        """Seconds per decode token of this flight at the replica's current load."""
-        k = len(self.flights)
-        level = profile.level_for(k)
-        if level is None:
-            return profile.levels[-1].tpot(f.u_tpot) * k / profile.top
-        return level.tpot(f.u_tpot)
 
-    def advance(self, profile: Profile, now: float) -> None:
-        dt = now - self.last
-        if dt > 0:
-            for f in self.flights.values():
-                if f.first_at <= self.last and f.remaining > 0:
-                    pace = self.pace(profile, f)
-                    f.remaining = max(0.0, f.remaining - dt / pace) if pace > 0 else 0.0
-        self.last = now
+def run(
+    schedule: Schedule,
+    profile: Profile,
+    replicas: int,
+    policy: str = LEAST_CONN,
+    seed: int = 0,
+    sharing: Sharing | None = None,
+) -> Outcomes:
+    """Every arrival's outcome over `replicas` replicas, as columns. A replica at another speed is the same call with
+    `profile.scaled(...)` (and the busy knee's too)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or replicas < 1:
+        raise ValueError("replicas must be at least 1")
+    if policy not in POLICIES:
+        raise ValueError(f"routing policy {policy!r}: expected {' or '.join(POLICIES)}")
+    schedule.check()
+    tokens = np.where(schedule.output_tokens > 0, schedule.output_tokens, profile.output_tokens).astype(np.int64)
+    u = draws(seed, len(schedule))
+    own = _pack(profile)
+    busy = _pack(sharing.busy) if sharing else own
+    rep, ttft, e2e, err, level = replica_events.run(
+        np.ascontiguousarray(schedule.at, np.float64),
+        tokens,
+        np.ascontiguousarray(u[:, 0]),
+        np.ascontiguousarray(u[:, 1]),
+        np.ascontiguousarray(u[:, 2]),
+        int(replicas),
+        policy == ROUND_ROBIN,
+        -1 if profile.slots is None else int(profile.slots),
+        sharing.per_host if sharing else 1,
+        sharing is not None,
+        *own,
+        *busy,
+    )
+    return Outcomes(schedule.at, rep, err == replica_events.OK, ttft, e2e, tokens, err, level)
 
-    def next_event(self, profile: Profile) -> tuple[float, int] | None:
-        best: tuple[float, int] | None = None
-        for f in self.flights.values():
-            if f.first_at > self.last:
-                t = f.first_at
-            else:
-                t = self.last + f.remaining * self.pace(profile, f)
-            if best is None or t < best[0]:
-                best = (t, f.index)
-        return best
+
+def shapes(profile: Profile, sharing: Sharing | None = None) -> list[np.ndarray]:
+    """The ITL shape of each level an outcome's `level` numbers: the own knee's, then the busy knee's."""
+    busy = sharing.busy.levels if sharing else ()
+    return [lv.itl_shape for lv in (*profile.levels, *busy)]
 
 
 def simulate(
@@ -187,91 +295,17 @@ def simulate(
     seed: int = 0,
     sharing: Sharing | None = None,
 ) -> list[Outcome]:
-    """Every arrival's outcome over `replicas` replicas."""
-    if replicas < 1:
-        raise ValueError("replicas must be at least 1")
-    if policy not in POLICIES:
-        raise ValueError(f"routing policy {policy!r}: expected {' or '.join(POLICIES)}")
-    rng = random.Random(seed)
-    state = [_Replica() for _ in range(replicas)]
-    outcomes: list[Outcome | None] = [None] * len(arrivals)
-    heap: list[tuple[float, int, int, int]] = []  # (time, replica, its version, flight): stale when versions differ
-    turn = itertools.count()
-    draws = [(rng.random(), rng.random(), rng.random()) for _ in arrivals]  # one quantile each for the whole life
-    per_host = sharing.per_host if sharing else 1
-
-    def machine(r: int) -> range:
-        """The replicas whose pace changes when r's load does: r's machine (r alone without sharing)."""
-        first = r - r % per_host
-        return range(first, min(first + per_host, replicas))
-
-    def of(r: int) -> Profile:
-        """The knee replica r draws from now: the busy one while a neighbour on its machine has work."""
-        if sharing and any(state[j].flights for j in machine(r) if j != r):
-            return sharing.busy
-        return profile
-
-    def advance(r: int, now: float) -> None:
-        """Bring r's machine to `now` at the paces of the moment, before r's load changes them."""
-        for j in machine(r):
-            state[j].advance(of(j), now)
-
-    def schedule(r: int) -> None:
-        for j in machine(r):
-            state[j].version += 1
-            nxt = state[j].next_event(of(j))
-            if nxt is not None:
-                heapq.heappush(heap, (nxt[0], j, state[j].version, nxt[1]))
-
-    def admit(r: int, index: int, now: float) -> None:
-        rep, drawn = state[r], of(r)
-        a = arrivals[index]
-        k = len(rep.flights) + 1
-        level = drawn.level_for(k)
-        u_ttft, u_tpot, u_fail = draws[index]
-        beyond = level is None
-        measured = level or drawn.levels[-1]
-        ttft = measured.ttft(u_ttft) * (k / drawn.top if beyond else 1.0)
-        tokens = a.output_tokens or profile.output_tokens
-        failed = u_fail < measured.failed_share
-        rep.flights[index] = _Flight(index, a.at, now + ttft, max(0, tokens - 1), u_tpot, beyond, failed)
-        outcomes[index] = Outcome(a.at, r, True, now - a.at + ttft, None, tokens)
-
-    def settle(until: float) -> None:
-        """Every event up to `until`: first tokens (the pace of the others may change) and completions."""
-        while heap and heap[0][0] <= until:
-            t, r, version, index = heapq.heappop(heap)
-            rep = state[r]
-            if version != rep.version:
-                continue
-            advance(r, t)
-            f = rep.flights[index]
-            if f.remaining <= 1e-9 and f.first_at <= t:
-                del rep.flights[index]
-                out = outcomes[index]
-                out.e2e_s = t - f.arrived
-                out.ok = not (f.beyond or f.failed)
-                out.error = BEYOND if f.beyond else ("failed as measured" if f.failed else None)
-                if not out.ok:
-                    out.ttft_s = out.e2e_s = None
-                if rep.waiting:
-                    admit(r, rep.waiting.popleft(), t)
-            schedule(r)
-
-    for index, a in enumerate(arrivals):
-        settle(a.at)
-        if policy == ROUND_ROBIN:
-            r = index % replicas
-        else:
-            fewest = min(len(s.flights) + len(s.waiting) for s in state)
-            tied = [i for i, s in enumerate(state) if len(s.flights) + len(s.waiting) == fewest]
-            r = tied[next(turn) % len(tied)]
-        rep = state[r]
-        advance(r, a.at)
-        if profile.slots is not None and len(rep.flights) >= profile.slots:
-            rep.waiting.append(index)
-        else:
-            admit(r, index, a.at)
-        schedule(r)
-    settle(float("inf"))
-    return [o for o in outcomes if o is not None]
+    """Every arrival's outcome over `replicas` replicas, one object each (`run` for many)."""
+    out = run(Schedule.of(arrivals), profile, replicas, policy, seed, sharing)
+    return [
+        Outcome(
+            float(out.at[i]),
+            int(out.replica[i]),
+            bool(out.ok[i]),
+            None if math.isnan(out.ttft_s[i]) else float(out.ttft_s[i]),
+            None if math.isnan(out.e2e_s[i]) else float(out.e2e_s[i]),
+            int(out.output_tokens[i]),
+            ERRORS.get(int(out.error[i])),
+        )
+        for i in range(len(out))
+    ]

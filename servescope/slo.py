@@ -260,11 +260,7 @@ def evaluate(spec: SloSpec, records: Sequence[RequestRecord], wall_s: float) -> 
             misses[term.name] = missed
         results.append(_term_result(term, records, ok, missed, spec.objective))
     per_request = [t for t in spec.terms if t.percentile is None]
-    if per_request and n:
-        meeting = sum(1 for r in ok if all(t.request_meets(r) for t in per_request))
-        per_request_holds = meeting / n >= spec.objective
-    else:
-        per_request_holds = bool(n)
+    meeting = sum(1 for r in ok if all(t.request_meets(r) for t in per_request)) if per_request else 0
     good_tokens = sum(r.output_tokens or 0 for r in good)
     rate = (lambda x: x / wall_s) if wall_s > 0 else (lambda x: None)
     return SloResult(
@@ -277,11 +273,27 @@ def evaluate(spec: SloSpec, records: Sequence[RequestRecord], wall_s: float) -> 
         attainment=len(good) / n if n else None,
         goodput_rps=rate(len(good)),
         good_tokens_per_s=rate(good_tokens),
-        meets=per_request_holds and all(r.holds for t, r in zip(spec.terms, results, strict=True) if t.percentile),
+        meets=holds(spec, n, meeting, [r.met_share for r in results]),
         failed_most=misses.most_common(1)[0][0] if misses else None,
         misses=dict(misses.most_common()),
         terms=results,
     )
+
+
+def holds(spec: SloSpec, requests: int, meeting: int, shares: Sequence[float | None]) -> bool:
+    """A phase's verdict from its counts: its `requests`, the `meeting` ones (succeeded and met every per-request
+    term) and each term's met share (in the spec's order; None: nothing to judge). evaluate() judges by it, and so
+    does the plan's model (report/plan.py), which counts millions of predicted requests without records."""
+    per_request = any(t.percentile is None for t in spec.terms)
+    per_request_holds = meeting / requests >= spec.objective if per_request and requests else bool(requests)
+    return per_request_holds and all(
+        percentile_holds(t, share) for t, share in zip(spec.terms, shares, strict=True) if t.percentile is not None
+    )
+
+
+def percentile_holds(term: Term, share: float | None) -> bool:
+    """A percentile term holds when at least its percentile of what it judges (requests, or ITL gaps) met its limit."""
+    return share is not None and share * 100 >= term.percentile
 
 
 def _term_result(
@@ -304,4 +316,4 @@ def _term_result(
         met = sum(1 for r in ok if term.request_meets(r))
     share = met / units if units else None
     observed = numpy_percentile(values, term.percentile) if values else None
-    return TermResult(term.name, share, observed, share is not None and share * 100 >= term.percentile, missed)
+    return TermResult(term.name, share, observed, percentile_holds(term, share), missed)
