@@ -115,3 +115,25 @@ def test_run_folders_default_to_the_working_directory_not_site_packages(installe
     report = run(installed, elsewhere, "-m", "report")  # the latest run under the same default
     assert report.returncode == 0, report.stderr[-3000:]
     assert (elsewhere / "results" / "d" / "report.md").is_file()
+
+
+def test_the_servescope_command_measures_an_engine_that_already_runs(installed, elsewhere):
+    """What `pipx install .` gives a user: `servescope quick URL`, then `servescope report --run ID`, from any folder."""
+    command = installed.parent / "servescope"
+    assert command.is_file()  # the console script the wheel declares
+    with SyntheticServer(ttft=0.01, itl=0.002, tokens=16) as server:
+        args = [server.url, "--slo", "ttft<=2,tpot<=0.2", "--duration", "2", "--max-tokens", "16", "--budget", "60"]
+        proc = subprocess.run(
+            [command, "quick", *args], cwd=elsewhere, env=environment(), capture_output=True, text=True, timeout=300
+        )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "  Capacity:" in proc.stdout
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("  Run folder:")]
+    run_id = line.split("servescope report --run ")[1].rstrip(")")
+    assert (elsewhere / "results" / run_id / "knee.json").is_file()  # under the caller's folder, not site-packages
+    report = subprocess.run(
+        [command, "report", "--run", run_id], cwd=elsewhere, env=environment(), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (elsewhere / "results" / run_id / "report.html").is_file()
