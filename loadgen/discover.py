@@ -19,18 +19,21 @@ gauges are what the proxy relayed (Ollama reports no requests in flight itself),
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
-
-from servescope import engine_identity, engines, knobs
-from servescope.urls import parse_http_url, redact
+from servescope import bounded_http, engine_identity, engines, knobs, printable
+from servescope.urls import parse_http_url, redact_address
 
 HOST = "127.0.0.1"
-TIMEOUT_S = 1.0  # per GET while looking: a local server answers in milliseconds, a port nobody listens on at once
+TIMEOUT_S = (
+    1.0  # per GET while looking, all of it: a local server answers in milliseconds, a port nobody listens on at once
+)
+# What a signature GET may answer: a version, a model list (Ollama's tags of a few hundred models: tens of KB).
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -147,35 +150,44 @@ def root_url(text: str) -> str:
         text = f"http://{HOST}:{text}"
     elif "://" not in text:
         text = f"http://{text}"
+    shown = printable.line(redact_address(text))
     try:
         parts = parse_http_url(text)
     except ValueError as exc:
-        raise DiscoverError(f"{redact(text)!r}: {exc}") from None
+        raise DiscoverError(f"{shown!r}: {exc}") from None
     path = parts.path.rstrip("/")
     if path not in ("", "/v1"):
-        raise DiscoverError(f"{redact(text)!r}: give the server's address (http://host:port), not a path")
+        raise DiscoverError(f"{shown!r}: give the server's address (http://host:port), not a path")
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _get(session: requests.Session, url: str) -> tuple[int, Any]:
-    """(status, JSON or None); raises requests.RequestException when nothing answers."""
-    resp = session.get(url, timeout=TIMEOUT_S)
+def _get(origin: bounded_http.Origin, path: str) -> tuple[int, Any]:
+    """(status, JSON or None), the GET bounded as a whole by TIMEOUT_S (servescope/bounded_http.py); an answer that
+    is too large, not HTTP or not JSON is no JSON (this server does not answer as that engine). ServiceError when
+    nothing answers: refused, unreachable, or no answer in time."""
     try:
-        return resp.status_code, resp.json()
-    except ValueError:
-        return resp.status_code, None
+        answer = origin.get(path, time.monotonic() + TIMEOUT_S, max_bytes=MAX_ANSWER_BYTES)
+    except bounded_http.ServiceError as exc:
+        if exc.timed_out or exc.unreachable:
+            raise
+        return 0, None
+    try:
+        return answer.status, answer.json()
+    except bounded_http.ServiceError:
+        return answer.status, None
 
 
 def identify(url: str, port: Usual | None = None) -> Server:
     """What serves at `url` (a root URL); never raises for a server that does not answer."""
-    with requests.Session() as session:
+    try:
+        origin = bounded_http.Origin(url, accept="application/json", user_agent="servescope-quick")
+    except bounded_http.ServiceError as exc:
+        return Server(url, False, error=exc.reason, port=port)
+    with origin:
         try:
-            status, version = _get(session, f"{url}/api/version")
-        except requests.RequestException as exc:
-            return Server(url, False, error=_reason(exc), port=port)
-        try:
-            server = _fingerprint(session, url, version if status == 200 else None)
-        except requests.RequestException as exc:
+            status, version = _get(origin, "/api/version")
+            server = _fingerprint(origin, url, version if status == 200 else None)
+        except bounded_http.ServiceError as exc:
             return Server(url, False, error=_reason(exc), port=port)
     server.port = port
     if server.kind is not None:
@@ -183,7 +195,7 @@ def identify(url: str, port: Usual | None = None) -> Server:
     return server
 
 
-def _fingerprint(session: requests.Session, url: str, version: Any) -> Server:
+def _fingerprint(origin: bounded_http.Origin, url: str, version: Any) -> Server:
     """The first signature, most particular first, the server answers as its engine's; `version`: what /api/version
     said (already asked, to see whether anything listens)."""
     asked: dict[str, tuple[int, Any]] = {"/api/version": (200, version) if version is not None else (404, None)}
@@ -191,26 +203,26 @@ def _fingerprint(session: requests.Session, url: str, version: Any) -> Server:
     signatures += [(k.signature, k) for k in (*unmeasured(), OPENAI_COMPATIBLE)]
     for signature, who in sorted(signatures, key=lambda pair: pair[0].rank):
         if signature.path not in asked:
-            asked[signature.path] = _get(session, f"{url}{signature.path}")
+            asked[signature.path] = _get(origin, signature.path)
         status, payload = asked[signature.path]
         if not signature.matches(status, payload):
             continue
         if isinstance(who, Known):
             return Server(url, True, who.what)
-        fingerprint = _ollama_fingerprint(session, url, payload) if who.api == engines.OLLAMA_API else {}
+        fingerprint = _ollama_fingerprint(origin, payload) if who.api == engines.OLLAMA_API else {}
         return Server(url, True, who.said, who.name, fingerprint=fingerprint)
     status = asked[OPENAI_COMPATIBLE.signature.path][0]
     return Server(url, True, "an HTTP server that is no LLM server servescope knows", error=f"GET /v1/models: {status}")
 
 
-def _ollama_fingerprint(session: requests.Session, url: str, version: dict) -> dict[str, Any]:
+def _ollama_fingerprint(origin: bounded_http.Origin, version: dict) -> dict[str, Any]:
     """What tells one Ollama from another: its version, installed models (with digests) and loaded models."""
     out: dict[str, Any] = {"version": version.get("version")}
     for path in ("/api/tags", "/api/ps"):
         try:
-            status, payload = _get(session, f"{url}{path}")
+            status, payload = _get(origin, path)
             entries = engine_identity.ollama_models(payload, path) if status == 200 else None
-        except (requests.RequestException, ValueError):
+        except (bounded_http.ServiceError, ValueError):
             entries = None
         out[path] = (
             None
@@ -247,12 +259,8 @@ def discover(ports: list[Usual] | None = None, host: str = HOST) -> Found:
     return Found(servers, skipped, ports)
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc)
-    if isinstance(exc, requests.ConnectTimeout) or isinstance(exc, requests.ReadTimeout):
+def _reason(exc: bounded_http.ServiceError) -> str:
+    """Why nothing answered, in a few words."""
+    if exc.timed_out:
         return f"no answer within {TIMEOUT_S:g} s"
-    if "refused" in text.lower():
-        return "connection refused"
-    if isinstance(exc, requests.ConnectionError):
-        return "connection failed: " + " ".join(text.split())[:160]
-    return " ".join(text.split())[:160] or type(exc).__name__
+    return exc.reason

@@ -32,17 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from loadgen import discover, options, quick_words
 from loadgen import prompts as prompt_sets
 from loadgen.side_exporter import ExporterError, SideExporter
-from servescope import engine_identity, engines, knobs, sampler, slo, thresholds
+from servescope import bounded_http, engine_identity, engines, knobs, printable, sampler, slo, thresholds
 from servescope.runfolder import KNEE, REQUESTS, SAMPLES, RunFolder
-from servescope.urls import redact
+from servescope.urls import redact, redact_address
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 STOP_GRACE_S = 60.0  # after its SIGINT the knee ends its users mid-stream and writes its folder: seconds
+METRICS_TIMEOUT_S = 5.0  # a metrics page read, all of it (the engine's own, or an exporter's)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,7 +218,10 @@ def _servers(urls: list[str], ports: str, say: Progress) -> list[discover.Server
             if not sep:
                 kind, url = "", text
             elif kind not in engines.ENGINES:
-                raise discover.DiscoverError(f"{text!r}: {kind!r} is not an engine kind ({', '.join(engines.ENGINES)})")
+                shown = printable.line(redact_address(text))
+                raise discover.DiscoverError(
+                    f"{shown!r}: {kind!r} is not an engine kind ({', '.join(engines.ENGINES)})"
+                )
             server = discover.identify(discover.root_url(url))
             if not server.answered:
                 print(f"quick: nothing answers at {redact(server.url)} ({server.error})", file=sys.stderr, flush=True)
@@ -250,7 +252,7 @@ def _servers(urls: list[str], ports: str, say: Progress) -> list[discover.Server
                 f"(it measures {', '.join(k.title for k in engines.ENGINES.values())}): not measured"
             )
             continue
-        model = server.identity.model if server.identity else ""
+        model = printable.line(server.identity.model) if server.identity else ""  # the engine's text, echoed
         say(f"quick: found {server.title()} at {server.url}{where}" + (f", model {model}" if model else ""))
         usable.append(server)
     return usable
@@ -304,15 +306,14 @@ def _start(exporter: SideExporter) -> str:
 def metrics_problem(url: str, kind: engines.EngineKind) -> str:
     """Why the engine's metrics page cannot feed the exporter ("" when it can)."""
     key = knobs.get(kind.api_key_env, "") if kind.api_key_env else ""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    try:
-        resp = requests.get(url + kind.metrics_path, headers=headers, timeout=5)
-    except requests.RequestException as exc:
-        return f"{kind.metrics_path} did not answer ({discover._reason(exc)})"
+    try:  # bounded as a whole (servescope/bounded_http.py): a page dripping a byte a second costs METRICS_TIMEOUT_S
+        answer = bounded_http.get(url + kind.metrics_path, METRICS_TIMEOUT_S, api_key=key, redirects=0)
+    except bounded_http.ServiceError as exc:
+        return f"{kind.metrics_path} could not be read ({exc.reason})"
     hint = f" ({kind.metrics.how_on})" if kind.metrics.how_on else ""
-    if resp.status_code != 200:
-        return f"{kind.title} answers {kind.metrics_path} with HTTP {resp.status_code}{hint}"
-    if kind.metrics.prefix not in resp.text:
+    if answer.status != 200:
+        return f"{kind.title} answers {kind.metrics_path} with HTTP {answer.status}{hint}"
+    if kind.metrics.prefix not in answer.text():
         return f"{kind.metrics_path} carries none of {kind.title}'s series"
     return ""
 
@@ -351,8 +352,8 @@ def _ollama_gauges(server: discover.Server, say: Progress) -> Gauges:
 def _exports(source: str, kind: str) -> bool:
     """Whether the exporter at `source` exports an engine of this kind."""
     try:
-        page = requests.get(f"{source}/metrics", timeout=3).text
-    except requests.RequestException:
+        page = bounded_http.get(f"{source}/metrics", METRICS_TIMEOUT_S, redirects=0).text()
+    except bounded_http.ServiceError:
         return False
     return f'engine="{kind}"' in page
 

@@ -18,14 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import requests
-
-from servescope import children, engines, knobs, series
+from servescope import bounded_http, children, engines, knobs, series
 from servescope.engines.base import BATCH_SLOTS
 from servescope.exposition import parse_exposition
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 20.0  # the exporter imports in about a second; a loaded 2-core machine takes longer
+PAGE_TIMEOUT_S = 5.0  # one read of its page, all of it
 
 
 class ExporterError(RuntimeError):
@@ -100,7 +99,7 @@ class SideExporter:
                 raise ExporterError(f"the exporter exited ({self.last_log_line() or f'exit {self.proc.returncode}'})")
             try:
                 up = self.engine_up()
-            except (requests.RequestException, ValueError):
+            except (bounded_http.ServiceError, ValueError):
                 time.sleep(0.2)
                 continue
             if up == 1.0:
@@ -111,7 +110,10 @@ class SideExporter:
 
     def engine_up(self) -> float | None:
         """servescope_engine_up of the engine on the exporter's page (None: not there)."""
-        page = requests.get(f"{self.url}/metrics", params={"name[]": series.ENGINE_UP}, timeout=5).text
+        answer = bounded_http.get(f"{self.url}/metrics?name[]={series.ENGINE_UP}", PAGE_TIMEOUT_S, redirects=0)
+        if answer.status != 200:
+            raise ValueError(f"HTTP {answer.status}")
+        page = answer.text()
         for labels, value in parse_exposition(page, frozenset({series.ENGINE_UP})).get(series.ENGINE_UP, ()):
             if labels.get("engine") == self.kind and labels.get("instance") == self.kind:
                 return value

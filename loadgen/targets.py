@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
-
-from servescope import engine_identity, engines, hostnoise, knobs, pidrecords
+from servescope import bounded_http, engine_identity, engines, hostnoise, knobs, pidrecords
 from servescope.urls import parse_http_url, redact
 
 
@@ -114,11 +112,11 @@ def answers_as_proxy(url: str, timeout: float = PROXY_PROBE_TIMEOUT_S) -> bool:
     """Whether servescope's Ollama proxy answers at `url`: it names itself in the Via header of every response
     (servescope.engines.PROXY_VIA, RFC 9110 7.6.3); Ollama itself, or anything else on that port, does not."""
     parts = urlsplit(url)
-    try:
-        with requests.get(f"{parts.scheme}://{parts.netloc}/api/version", timeout=timeout, stream=True) as resp:
-            via = resp.headers.get("Via", "")
-    except (requests.RequestException, ValueError):
+    try:  # its head only: the Via header is all this asks, whatever body follows
+        answer = bounded_http.get(f"{parts.scheme}://{parts.netloc}/api/version", timeout, head_only=True)
+    except (bounded_http.ServiceError, ValueError):
         return False
+    via = answer.headers.get("via", "")
     return any(hop.split()[1:2] == [engines.PROXY_VIA] for hop in via.split(","))
 
 
@@ -227,14 +225,14 @@ def launch_flags(url: str, records: dict[str, pidrecords.LiveRecord] | None = No
     return []
 
 
-def probe(target: Target, model_override: str | None = None, session: requests.Session | None = None) -> Target:
+def probe(target: Target, model_override: str | None = None) -> Target:
     """Ask the engine its version, models and serving settings (servescope.engine_identity); fill target.model and
     target.info.
 
     Never raises: an engine that doesn't answer is recorded as such and the run goes on.
     """
     adapter = engines.kind(target.kind)
-    identity = engine_identity.probe(target.kind, target.root_url, session=session)
+    identity = engine_identity.probe(target.kind, target.root_url)
     info: dict[str, Any] = {"version": identity.version, "models": list(identity.models)}
     settings = dict(identity.settings)
     max_model_len = next(iter(identity.models.values()), None)

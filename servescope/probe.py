@@ -1,12 +1,17 @@
-"""Whether a server is up: one GET answered 200 within the timeout (not answering, or any other status, is "no")."""
+"""Whether a server is up: one GET answered 200 within the timeout (not answering, or any other status, is "no").
+
+The GET goes through servescope/bounded_http.py: the timeout bounds it as a whole (a server dripping its head a
+byte a second is "no" at the timeout, not never), only its head is read, and a redirect to another origin is not
+followed (it is "no").
+"""
 
 from __future__ import annotations
 
-import requests
+from servescope import bounded_http
 
 
 def is_up(url: str, timeout: float = 2.0) -> bool:
     try:
-        return requests.get(url, timeout=timeout).status_code == 200
-    except requests.RequestException:
+        return bounded_http.get(url, timeout, head_only=True).status == 200
+    except (bounded_http.ServiceError, ValueError):
         return False
