@@ -245,7 +245,7 @@ GROUPS: tuple[Group, ...] = (
                 "LOADGEN_REPETITIONS",
                 "3",
                 (
-                    "The reference experiment (`make up`, `python -m loadgen compare`) runs this many repetitions, engines and phases\n"
+                    "The reference experiment (`make up`, `servescope compare`) runs this many repetitions, engines and phases\n"
                     "interleaved (A B B A ...): the table reports the median wall per phase and the scaling factor's 95% CI."
                 ),
             ),
@@ -556,7 +556,7 @@ GROUPS: tuple[Group, ...] = (
                 "LOADGEN_KNEE_OVER",
                 "concurrency",
                 (
-                    "`python -m loadgen knee`: over concurrency (closed loop) or rate (open loop), between these loads, each boundary\n"
+                    "`servescope knee`: over concurrency (closed loop) or rate (open loop), between these loads, each boundary\n"
                     "load measured LOADGEN_KNEE_REPEATS times, bisected to LOADGEN_KNEE_PRECISION (rate), at most LOADGEN_KNEE_PROBES\n"
                     "measurements of LOADGEN_DURATION seconds each."
                 ),
@@ -580,7 +580,7 @@ GROUPS: tuple[Group, ...] = (
                 "QUICK_PORTS",
                 "",
                 (
-                    "`make quick` / `python -m loadgen quick [URL]`: with no URL it looks on these ports of 127.0.0.1 (comma-separated;\n"
+                    "`make quick` / `servescope quick [URL]`: with no URL it looks on these ports of 127.0.0.1 (comma-separated;\n"
                     "empty: VLLM_PORT, LLAMACPP_PORT, OLLAMA_PROXY_PORT, OLLAMA_PORT and each engine's own default, 8000 8080 11434\n"
                     "30000 1234). Per engine: a knee from 1 user, QUICK_DURATION s per measurement, each boundary load\n"
                     "QUICK_KNEE_REPEATS times, at most QUICK_KNEE_PROBES measurements up to QUICK_MAX_LOAD users, a warm-up of at most\n"
@@ -606,7 +606,7 @@ GROUPS: tuple[Group, ...] = (
                 "PLAN_ROUTING",
                 "least_conn",
                 (
-                    "`make plan` / `python -m report plan KNEE_RUN... --trace NAME|--rate R|--poisson R|--prometheus-query Q`: replicas\n"
+                    "`make plan` / `servescope plan KNEE_RUN... --trace NAME|--rate R|--poisson R|--prometheus-query Q`: replicas\n"
                     "for a traffic from one replica's knee (report/replicas.py's model). The router's policy (least_conn: nginx's, the\n"
                     "replica with the fewest in flight; round_robin), the windows the SLOs must hold in (seconds), simulations pooled\n"
                     "per replica count, where the search stops, and the price of an instance-hour per engine (ENGINE=PRICE,...; empty:\n"
@@ -637,7 +637,7 @@ GROUPS: tuple[Group, ...] = (
         ),
     ),
     Group(
-        "the regression gate: `python -m report check --baseline RUN [--run RUN]` (docs/check.md)",
+        "the regression gate: `servescope check --baseline RUN [--run RUN]` (docs/check.md)",
         knobs=(
             Knob(
                 "CHECK_TOLERANCE_PCT",
@@ -652,7 +652,7 @@ GROUPS: tuple[Group, ...] = (
                 "REPLICAS_BASE_PORT",
                 "18500",
                 (
-                    "`python -m stack replicas --engine llamacpp --count N` (make replicas): N llama-server replicas on ports from\n"
+                    "`servescope replicas --engine llamacpp --count N` (make replicas): N llama-server replicas on ports from\n"
                     "REPLICAS_BASE_PORT, each with REPLICAS_THREADS threads (empty: the cores divided among them) and REPLICAS_SLOTS\n"
                     "batch slots, pinned to their own cores with taskset when REPLICAS_PIN=1, behind nginx (PLAN_ROUTING) on ROUTER_PORT."
                 ),

@@ -151,7 +151,7 @@ def test_the_knob_table_has_each_name_once_and_the_help_as_comments():
         "# Prompt set: sequential4, burst3, mixed" in text
         and "\n# empty model: what the engine lists.\nLOADGEN_PROMPTS=" in text
     )
-    assert "\n\n# `python -m stack replicas" in text  # a paragraph of its group keeps its blank line
+    assert "\n\n# `servescope replicas" in text  # a paragraph of its group keeps its blank line
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o000])
