@@ -13,7 +13,7 @@ from report import figures as figure_data
 from report import gauges, goodput, noise
 from report.load import Run
 from report.painter import Painter
-from report.render import Figure, Section
+from report.render import Bullets, Figure, Section
 
 
 class Plots:
@@ -105,21 +105,41 @@ class ReportSection:
     def section(self, data: Any) -> Section:
         raise NotImplementedError
 
+    def silent(self, data: Any) -> str | None:
+        """Why the section has nothing to say on this run, though it was built (a knee run has no sequential-vs-burst
+        table): it then takes no number and is named with this reason under NOT_IN_THIS_RUN, after the sections
+        that have something to say. None: it has something to say."""
+        return None
+
     def render(self, data: Any, number: int) -> Section:
         return replace(self.section(data), number=number)
 
 
+NOT_IN_THIS_RUN = "Not in this run"  # the closing section: what the sections with nothing to say would have shown
+
+
 def walk(sections: Sequence[ReportSection], ctx: Context) -> tuple[list[Section], dict[str, Any]]:
     """Build every section (by stage), then, in the given order, each one's report.json keys and, for those with
-    something to say, its section numbered by its place among them."""
+    something to say, its section numbered by its place among them. Those with nothing to say on this run (silent)
+    follow, one line each, in a last section: the first screen is for what the run measured."""
     for s in sorted(sections, key=lambda s: s.stage):
         ctx.of(type(s))
     ctx.plots.collect()
     rendered: list[Section] = []
     numbers: dict[str, Any] = {}
+    left_out: list[dict[str, str]] = []
     for s in sections:
         data = ctx.of(type(s))
         numbers.update(s.to_json(data) or {})
-        if data is not None:
+        if data is None:
+            continue
+        why = s.silent(data)
+        if why:
+            left_out.append({"section": s.section(data).title, "why": why})
+        else:
             rendered.append(s.render(data, len(rendered) + 1))
+    if left_out:
+        closing = Section(NOT_IN_THIS_RUN, [Bullets([f"{x['section']}: {x['why']}" for x in left_out])])
+        rendered.append(replace(closing, number=len(rendered) + 1))
+    numbers["left_out"] = left_out
     return rendered, numbers

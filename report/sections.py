@@ -129,6 +129,9 @@ class SequentialBurstTable(ReportSection):
         caption = "Wall time per engine and mode; bold numbers are scaling factors."
         return _table(data.run, data.rows, data.plots.figure("table", caption))
 
+    def silent(self, data: Data) -> str | None:
+        return None if data.rows else NO_TABLE
+
 
 class Verdict(ReportSection):
     class Data(NamedTuple):
@@ -246,6 +249,9 @@ class Gauges(ReportSection):
         )
         return _gauges(data.run, data.report, data.plots.figure("gauges", caption))
 
+    def silent(self, data: Data) -> str | None:
+        return None if data.report.available else f"no gauge data: {data.report.reason}"
+
 
 class Sweeps(ReportSection):
     class Data(NamedTuple):
@@ -271,6 +277,9 @@ class Sweeps(ReportSection):
         figs += data.plots.figure("arrival", "TTFT by arrival order within the bursts.")
         return _sweeps(data.run, data.sweeps, data.drains, data.have_gauges, figs)
 
+    def silent(self, data: Data) -> str | None:
+        return None if data.sweeps or data.drains else NO_SWEEP
+
 
 class Comparison(ReportSection):
     stage = 1
@@ -295,6 +304,9 @@ class Comparison(ReportSection):
     def section(self, data: Data) -> Section:
         figs = data.plots.figure("compare", "Median change vs baseline, with 95% bootstrap CIs.")
         return _compare(data.deltas, data.how, data.baseline, figs)
+
+    def silent(self, data: Data) -> str | None:
+        return None if data.deltas or data.baseline is not None else data.how
 
 
 class Workloads(ReportSection):
@@ -343,6 +355,12 @@ class CrossCheck(ReportSection):
         caption = "Mean seconds per request by component, against client E2E."
         return _crosscheck(data.run, data.checks, data.splits, data.plots.figure("crosscheck", caption))
 
+    def silent(self, data: Data) -> str | None:
+        if any(c.available for c in data.checks) or any(s.available for s in data.splits):
+            return None
+        why = dict.fromkeys(f"{data.run.engines[c.instance].title}: {c.source}" for c in data.checks)
+        return "no engine-side timings (" + "; ".join(why) + ")" if why else "no engine-side timings"
+
 
 class Setup(ReportSection):
     class Data(NamedTuple):
@@ -373,6 +391,12 @@ class Setup(ReportSection):
     def section(self, data: Data) -> Section:
         return _setup(data.run, data.warn, data.assessment, data.prompts)
 
+
+NO_TABLE = "no sequential or burst phases in this run (`python -m loadgen compare` runs them)"
+NO_SWEEP = (
+    "no scenario with phases at different concurrency levels and no burst in this run (`python -m loadgen sweep` runs "
+    "one)"
+)
 
 # The answers first (the summary, the table, the verdict, goodput and the knee), then what they rest on, the setup
 # last: the report walks this order, and each section's number is its place in it (report/outline.py).
@@ -604,12 +628,7 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
 def _table(run: Run, rows: list[table.TableRow], figs: list[Figure]) -> Section:
     sec = Section("The sequential-vs-burst table")
     if not rows:
-        return sec.add(
-            Paragraph(
-                "No sequential or burst phases in this run, so there is no sequential-vs-burst table "
-                "(run `python -m loadgen compare`)."
-            )
-        )
+        return sec.add(Paragraph(_sentence(NO_TABLE) + "."))
     sec.add(
         Table(
             table.HEADERS,
@@ -998,13 +1017,8 @@ def _sweeps(
                     f"{run.engines[sw.instance].title}, {sw.scenario}: {sw.knee_text}",
                 )
             )
-    else:
-        sec.add(
-            Paragraph(
-                "No sweep in this run (no scenario with phases at different concurrency levels; "
-                "run `python -m loadgen sweep`)."
-            )
-        )
+    elif not drains:
+        sec.add(Paragraph(_sentence(NO_SWEEP) + "."))
     if drains:
         sec.add(Paragraph(sweep.DRAIN_RULE + "."))
         sec.add(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -93,7 +94,8 @@ def test_a_four_turn_conversation_reuses_its_history_with_caching_on_and_nothing
     assert off_turns[4]["ttft"]["p50"] > off_turns[1]["ttft"]["p50"]
     assert (on_dir / "turns.png").stat().st_size > 10_000
     report = (on_dir / "report.md").read_text()
-    assert "## 9. Workloads" in report and "Conversations by turn" in report
+    # Numbered by its place among the sections with something to say here (report/outline.py), not a fixed number.
+    assert re.search(r"^## \d+\. Workloads", report, re.M) and "Conversations by turn" in report
 
 
 def test_llamacpp_reports_cached_tokens_per_request(tmp_path):

@@ -30,22 +30,23 @@ def test_full_report_without_prometheus(tmp_path, capsys):
     )
 
     md = (run / "report.md").read_text()
-    # The answers first, the setup last; numbers come from the order.
+    # The answers first, the setup last; numbers come from the order. Without gauge data the gauges' section has
+    # nothing to say: it is named, with why, in the closing section and the others move up.
     for title in (
         "1. Summary",
         "2. The sequential-vs-burst table",
         "3. Verdict",
         "4. Goodput under the SLOs",
         "5. Latency",
-        "6. Gauges over the run",
-        "7. Sweeps and bursts",
-        "8. Comparison",
-        "9. Workloads",
-        "10. Engine-side cross-check",
-        "11. Setup",
+        "6. Sweeps and bursts",
+        "7. Comparison",
+        "8. Workloads",
+        "9. Engine-side cross-check",
+        "10. Setup",
+        "11. Not in this run",
     ):
         assert f"## {title}" in md
-    assert f"No gauge data: Prometheus at {url} is unreachable" in md
+    assert f"- Gauges over the run: no gauge data: Prometheus at {url} is unreachable" in md
     assert "no verdict can be made: the gauges had no data" in md
     assert "1 x HTTP 503: server busy: no free slot; 1 x stream ended without [DONE]" in md
     assert "refused: max_tokens differ (sequential 64, burst 48)" in md
@@ -228,5 +229,5 @@ def test_the_summary_opens_the_report_and_says_an_slo_below_the_floor(tmp_path, 
     assert "- vllm: ttft_p95<=0.001 is below this engine's floor here" in goodput_section
     numbers = json.loads((run / "report.json").read_text())
     assert all(len(s["lines"]) <= 10 for s in numbers["summary"]) and len(numbers["summary"]) == 2
-    assert numbers["sections"][0] == "Summary" and numbers["sections"][-1] == "Setup"
+    assert numbers["sections"][0] == "Summary" and numbers["sections"][-2:] == ["Setup", "Not in this run"]
     assert "report: Summary" in err and "Scaling: 3.13x" in err  # the same lines on the terminal

@@ -48,6 +48,19 @@ class Last(ReportSection):
         return Section("Last").add(Paragraph(data))
 
 
+class Quiet(ReportSection):
+    """Built, with nothing to say on this run (a knee run's sequential-vs-burst table): named, with why, at the end."""
+
+    def build(self, ctx):
+        return []
+
+    def section(self, data):
+        return Section("Quiet").add(Paragraph("nothing"))
+
+    def silent(self, data):
+        return None if data else "nothing of its kind ran"
+
+
 class Itself(ReportSection):
     def build(self, ctx):
         return ctx.of(Itself)
@@ -64,9 +77,18 @@ def ctx():
 def test_numbers_follow_the_order_and_a_silent_section_takes_none(ctx):
     sections, numbers = walk((First(), Silent(), Last()), ctx)
     assert [(s.number, s.title) for s in sections] == [(1, "First"), (2, "Last")]
-    assert numbers == {"first": "first", "silent": None}  # Last says nothing in report.json
+    assert numbers == {"first": "first", "silent": None, "left_out": []}  # Last says nothing in report.json
     assert BUILT == ["Silent", "Last", "First"]  # stage 0 first; First built once, when Last asked for it
     assert "## 2. Last" in markdown_of(sections) and "first then last" in markdown_of(sections)
+
+
+def test_a_section_with_nothing_to_say_follows_the_others_and_the_numbers_close_up(ctx):
+    sections, numbers = walk((Quiet(), First(), Last()), ctx)
+    assert [(s.number, s.title) for s in sections] == [(1, "First"), (2, "Last"), (3, "Not in this run")]
+    assert numbers["left_out"] == [{"section": "Quiet", "why": "nothing of its kind ran"}]
+    md = markdown_of(sections)
+    assert md.index("## 1. First") < md.index("## 3. Not in this run") and "- Quiet: nothing of its kind ran" in md
+    assert "nothing\n" not in md  # its own text is not rendered: the reason stands for it
 
 
 def test_a_section_resting_on_itself_is_an_error_not_a_hang(ctx):

@@ -17,7 +17,7 @@ NO_PROMETHEUS = "http://127.0.0.1:9"
 KEYS = {
     "run", "sections", "plots", "summary", "table", "verdict", "goodput", "plan", "latency", "gauges", "sweeps",
     "comparison", "workloads", "crosscheck", "ttft_split", "manifest", "engines", "phases", "loader_warnings", "noise",
-    "fairness_warnings",
+    "fairness_warnings", "left_out",
 }  # fmt: skip
 
 
@@ -35,12 +35,16 @@ def test_numbers_follow_the_order_and_a_run_without_a_knee_has_no_plan_section(t
     finally:
         knee.close()
         plain.close()
-    assert [n for n, _ in headings(with_plan)] == list(range(1, len(sections.SECTIONS) + 1))
-    assert [n for n, _ in headings(without)] == list(range(1, len(sections.SECTIONS)))
+    for doc, said in ((with_plan, numbers), (without, plain_numbers)):
+        assert [n for n, _ in headings(doc)] == list(range(1, len(headings(doc)) + 1))  # no gap where one is left out
+        assert said["sections"] == [t for _, t in headings(doc)]
+        assert said["sections"][-1] == "Not in this run" and said["sections"][-2] == "Setup"
     titles = [t for _, t in headings(with_plan)]
-    assert titles[4].startswith("Replicas for a traffic") and titles[5] == "Latency"
-    assert [t for _, t in headings(without)] == titles[:4] + titles[5:]  # the rest move up, in the same order
-    assert numbers["sections"] == titles and plain_numbers["plan"] is None
+    # A knee run has no sequential-vs-burst table: its answers (the verdict, goodput with the knee, the replicas)
+    # follow the summary, numbered 2, 3, 4.
+    assert titles[:5] == ["Summary", "Verdict: which knob to move", "Goodput under the SLOs", titles[3], "Latency"]
+    assert titles[3].startswith("Replicas for a traffic")
+    assert not any(t.startswith("Replicas") for _, t in headings(without)) and plain_numbers["plan"] is None
     assert set(numbers) == set(plain_numbers) == KEYS
 
 
