@@ -172,7 +172,7 @@ class HeadlessRun:
     def prepare_trials(self) -> None:
         """Isolation, the host-noise keeper, the trials' notes; the manifest written as "running"."""
         self.isolation = Isolation(self.run_plan.isolate, self.recorder.line)
-        self.keeper = trials.NoiseKeeper(self.plan.targets)
+        self.keeper = trials.NoiseKeeper(self.plan.targets, say=self.recorder.line)
         self.recorder.annotate = self.keeper.annotate  # every phase record carries the host's noise while it ran
         self.trial_notes: dict = {"repetitions": self.run_plan.repetitions, "isolate": self.isolation.mode}
         self.trial_notes["warmup"] = {}

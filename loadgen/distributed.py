@@ -924,7 +924,13 @@ class Fleet:
                     f"{WORKER_START_TIMEOUT_S:g} s: see {log_path}"
                 )
             gevent.sleep(0.05)
-        say(f"{count} load generator workers connected (pids {', '.join(str(p.pid) for p in self.procs)})")
+        # Its workers are in: nothing else connects to the port from now on (the port admits no other process anyway,
+        # and a process holding connections by the thousand would take the master's file descriptors).
+        closed = self.coordinator.guard.close_door()
+        say(
+            f"{count} load generator workers connected (pids {', '.join(str(p.pid) for p in self.procs)})"
+            + ("; their port closed to new connections" if closed else "")
+        )
 
     def send_plan(self, plan: RunPlan, targets) -> None:
         """What each worker needs to build the master's phases: the run's plan, the engines as probed."""

@@ -13,7 +13,9 @@ Here the listener's receive (`server.recv_from_client`) and its dispatch (`handl
   made up, SERVESCOPE_WORKER_IDENTITY, which only they know), a message from any other identity is dropped before
   it is read; `locust -f --master` (Compose) admits any, as Locust does, on a port bound to SERVESCOPE_BIND;
 - a Locust message its handler cannot take (a heartbeat without `state`) is dropped;
-- servescope's own messages are checked by `checked()` against their fields in loadgen/distributed.py.
+- servescope's own messages are checked by `checked()` against their fields in loadgen/distributed.py;
+- with `admitted`, once every worker is in, the port takes no new connection (close_door): connections held by the
+  thousand would otherwise take the master's file descriptors.
 
 Each reason is said once, when first seen (later ones are counted: `dropped`, in the manifest), so a flood of bad
 frames cannot flood the terminal.
@@ -24,7 +26,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import secrets
+import struct
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -133,6 +138,54 @@ class PortGuard:
 
     def describe(self) -> dict[str, int]:
         return dict(self.dropped)
+
+    def close_door(self) -> bool:
+        """Every admitted worker is in: the port takes no new connection (its workers' stay). A local process that
+        opened connections to it by the thousand took the master's last file descriptor mid-run (nofile 1024): the
+        host's noise, then its run folder, could not be read or written, and the run ended. ZeroMQ's unbind would
+        close the workers' connections with the listener, so the listening socket drops every new connection's SYN
+        instead (a socket filter: Linux). False where that could not be done (the port stays open, as Locust's)."""
+        return refuse_new_connections(self.runner.server.port)
+
+
+SO_ATTACH_FILTER = 26  # Linux's setsockopt for a classic BPF program on a socket (not in Python's socket module)
+# One instruction, BPF_RET|BPF_K with k 0: keep 0 bytes of every packet, which drops it.
+DROP_ALL = struct.pack("=HBBI", 0x06, 0, 0, 0)
+
+
+def refuse_new_connections(port: int) -> bool:
+    """This process's TCP listeners on `port` drop every new connection's SYN from now on; the connections they
+    accepted before keep theirs (a socket filter is copied to a connection when it is accepted, not after). True
+    when every listener on the port took the filter."""
+    import ctypes
+    import socket
+
+    import psutil
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        listeners = [
+            c.fd
+            for c in psutil.Process().net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.fd >= 0
+        ]
+    except (psutil.Error, OSError):
+        return False
+    program = ctypes.create_string_buffer(DROP_ALL, len(DROP_ALL))
+    fprog = struct.pack("@HP", 1, ctypes.addressof(program))  # struct sock_fprog {len; filter*}, read at the call
+    for fd in listeners:
+        try:
+            listener = socket.socket(fileno=os.dup(fd))  # the same socket: its filter is the listener's
+        except OSError:
+            return False
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+        except OSError:
+            return False
+        finally:
+            listener.close()  # the duplicate only: the listener stays ZeroMQ's
+    return bool(listeners)
 
 
 # --- what servescope's messages may hold: checked() against a spec of field -> check (each returns the value or

@@ -253,7 +253,11 @@ def settle(
         watch.begin()
         if interrupted.wait(timeout=SETTLE_WINDOW_S):
             return None
-        cores = hostnoise.other_engine_cores(watch.measure())
+        noise = watch.measure()
+        if noise is None:  # the host could not be read: nothing to wait for that can be seen
+            say(f"settle: {watch.unread or 'host noise not read'}: measuring {instance} without waiting")
+            return None
+        cores = hostnoise.other_engine_cores(noise)
         waited = round(time.monotonic() - started, 2)  # the line and the record say the same
         if cores < quiet:
             if waited > SETTLE_WINDOW_S * 1.5:  # more than the one read: say what was waited for
@@ -273,8 +277,15 @@ def settle(
 class NoiseKeeper:
     """Who is who per engine (resolved once, after its warm-up) and the current phase's noise and energy windows."""
 
-    def __init__(self, targets: list[Target], meters: list[energy.Meter] | None = None):
+    def __init__(
+        self,
+        targets: list[Target],
+        meters: list[energy.Meter] | None = None,
+        say: Callable[[str], None] | None = None,
+    ):
         self.targets = targets
+        self.say = say or (lambda text: None)  # a phase whose host noise could not be read (once per reason)
+        self.unread: dict[str, int] = {}  # why a phase's noise was not read -> how many phases
         self.meters = energy.meters() if meters is None else meters  # found once: the machine does not change
         self.energy = energy.Watch(self.meters)
         self.elsewhere: str | None = None  # why this machine's energy is not the current engine's
@@ -337,14 +348,22 @@ class NoiseKeeper:
             self.last = record.noise = self.watch.measure()
             if self.last is not None and self.settled is not None:
                 self.last["settle"] = self.settled
+            why = self.watch.unread
+            if self.last is None and why is not None:
+                if why not in self.unread:
+                    self.say(f"{record.instance} {record.phase}: {why}: a gap in its noise, the run goes on")
+                self.unread[why] = self.unread.get(why, 0) + 1
         if self.elsewhere is not None:  # this machine's counters say nothing of an engine elsewhere
             record.energy = {"joules": None, "reason": self.elsewhere}
         elif (measured := self.energy.measure(go_on=True)) is not None:
             record.energy = measured  # the phase's next record (a burst's next round) starts where this one ended
 
     def close(self) -> None:
-        """The run is over: no window stays open (nor its reads between the edges)."""
+        """The run is over: no window stays open (nor its reads between the edges); the gaps counted."""
         self.energy.stop()
+        gaps = sum(self.unread.values())
+        if gaps > 1:
+            self.say(f"host noise not read for {gaps} phase records: {'; '.join(sorted(self.unread))}")
 
     def flags(self) -> list[str]:
         return hostnoise.flags(self.last, self.instance)

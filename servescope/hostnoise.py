@@ -26,6 +26,7 @@ the load generator and the report both use.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterable
@@ -72,15 +73,34 @@ class Snapshot:
     self_wait_s: float | None = None
 
 
+# A read that fails for want of a file descriptor or memory says nothing of the process read: the whole reading fails
+# (Unread), where a process that exited between the listing and the read is simply left out.
+EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+class Unread(OSError):
+    """The host could not be read (no file descriptor to spare, /proc unreadable): a gap in a phase's noise."""
+
+
+def _exhausted(exc: OSError) -> bool:
+    return exc.errno in EXHAUSTED
+
+
 def read_procs(root: Path = PROC) -> dict[tuple[int, int], Proc]:
     procs: dict[tuple[int, int], Proc] = {}
-    for name in os.listdir(root):
+    try:
+        names = os.listdir(root)
+    except OSError as exc:
+        raise Unread(exc.errno, f"cannot list {root}: {exc.strerror or exc}") from None
+    for name in names:
         if not name.isdigit():
             continue
         try:
             with open(root / name / "stat", "rb") as fh:
                 data = fh.read()
-        except OSError:
+        except OSError as exc:
+            if _exhausted(exc):
+                raise Unread(exc.errno, f"cannot read {root / name / 'stat'}: {exc.strerror or exc}") from None
             continue  # exited between the listing and the read
         close = data.rfind(b")")
         fields = data[close + 2 :].split()
@@ -122,7 +142,9 @@ def run_delay_s(pid: int, root: Path = PROC) -> float | None:
         try:
             with open(root / str(pid) / "task" / tid / "schedstat", "rb") as fh:
                 fields = fh.read().split()
-        except OSError:
+        except OSError as exc:
+            if _exhausted(exc):
+                return None  # a partial sum would be too small: not measured
             continue  # a thread that ended between the listing and the read
         if len(fields) >= 2 and fields[1].isdigit():
             total += int(fields[1])
@@ -394,19 +416,37 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 
 class Watch:
-    """One phase's window: `begin()` before its first request, `measure()` after its last."""
+    """One phase's window: `begin()` before its first request, `measure()` after its last. A reading that fails (the
+    process is out of file descriptors: a local process holding connections to its ports) is a gap, never an end:
+    measure() then gives None and `unread` says why."""
 
     def __init__(self, roles: Roles, root: Path = PROC):
         self.roles, self.root = roles, root
         self.start: Snapshot | None = None
+        self.unread: str | None = None  # why the last window has no noise (None: it was read, or never begun)
+
+    def _take(self) -> Snapshot | None:
+        try:
+            return take(self.root)
+        except OSError as exc:
+            self.unread = f"host noise not read: {exc.strerror or exc}"
+            return None
 
     def begin(self) -> None:
-        self.start = take(self.root)
+        self.unread = None
+        self.start = self._take()
 
     def measure(self) -> dict | None:
         if self.start is None:
             return None
-        return measure(self.start, take(self.root), self.roles, self.root)
+        end = self._take()
+        if end is None:
+            return None
+        try:
+            return measure(self.start, end, self.roles, self.root)
+        except OSError as exc:
+            self.unread = f"host noise not read: {exc.strerror or exc}"
+            return None
 
 
 # ---------------------------------------------------------------- the rule and how it reads
