@@ -91,11 +91,12 @@ class _Response:
     """httptools callbacks for one response; `complete` once its last byte has been read."""
 
     __slots__ = ("parser", "status", "head_bytes", "framed", "headers", "body", "complete", "keep_alive", "error")
-    __slots__ += ("max_bytes", "head_done")
+    __slots__ += ("max_bytes", "head_done", "head_only")
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, head_only: bool = False):
         self.parser: httptools.HttpResponseParser | None = None
         self.max_bytes = max_bytes
+        self.head_only = head_only  # the body is not read: what it announces is no concern
         self.status = 0
         self.head_bytes = 0
         self.framed = False  # a Content-Length or Transfer-Encoding: else the body ends with the connection
@@ -119,7 +120,7 @@ class _Response:
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
         if key in ("content-length", "transfer-encoding"):
             self.framed = True
-        if key == "content-length" and text.strip().isdigit() and int(text) > self.max_bytes:
+        if key == "content-length" and not self.head_only and text.strip().isdigit() and int(text) > self.max_bytes:
             self.error = f"body larger than {self.max_bytes} bytes (Content-Length {int(text)})"
 
     def on_headers_complete(self) -> None:
@@ -165,7 +166,10 @@ class Origin:
     ):
         self.base_url = base_url.rstrip("/")
         self.shown_url = printable.line(redact(self.base_url))  # what messages say: never the URL's password
-        parts = urlsplit(self.base_url)
+        try:
+            parts = urlsplit(self.base_url)
+        except ValueError:  # "http://[::1" and its kind
+            raise error(f"{self.shown_url}: not an http(s)://HOST:PORT URL") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise error(f"{self.shown_url}: not an http(s)://HOST:PORT URL")
         self.scheme = parts.scheme
@@ -268,7 +272,7 @@ class Origin:
     def _exchange(
         self, sock: socket.socket, request: bytes, deadline: float, url: str, max_bytes: int, head_only: bool
     ) -> _Response:
-        response = _Response(max_bytes)
+        response = _Response(max_bytes, head_only)
         parser = response.parser = httptools.HttpResponseParser(response)
         received = 0
         try:
@@ -415,7 +419,10 @@ def get(
     accept: str = "*/*",
 ) -> Answer:
     """One GET of `url` (any status), bounded by `timeout_s` as a whole; ServiceError (one line) when it cannot be had."""
-    parts = urlsplit(url.strip())
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        raise ServiceError(f"{redact(url)}: not an http(s)://HOST:PORT URL") from None
     base = f"{parts.scheme}://{parts.netloc}"
     path = quote(parts.path or "/", safe=_TARGET_SAFE) + (
         f"?{quote(parts.query, safe=_TARGET_SAFE)}" if parts.query else ""
