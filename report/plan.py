@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from report import energy, load, replicas, traffic, workloads
 from report.replicas import Level, Profile
-from servescope import engines, knobs, slo
+from servescope import engines, knee_file, knobs, slo
 from servescope.engines.base import BATCH_SLOTS
 from servescope.runfolder import KNEE, KNEE_CONCURRENCY, RequestRecord, new_run_id
 
@@ -27,6 +27,18 @@ METHOD = (
 
 class PlanError(ValueError):
     """Inputs a plan cannot be made from: one line."""
+
+
+# The work a plan may take, checked before any: a fleet's traffic (the loader's own maximum, 2,000,000 arrivals) is
+# planned in under a minute on 2 cores; more windows, repetitions or replicas than these are refused in one line.
+MAX_ARRIVALS = traffic.MAX_ARRIVALS
+MAX_WINDOWS = 100_000  # the SLO windows one traffic is cut into (PLAN_WINDOW_S)
+MAX_REPEATS = 100  # PLAN_REPEATS
+MAX_REPLICAS = 10_000  # PLAN_MAX_REPLICAS: the search doubles up to it, then halves the gap (log2 of it counts tried)
+# Simulated requests a replica count: repetitions pool the model's random draws, and a traffic this large is its own
+# repetition (PLAN_REPEATS is cut to fit, at least one).
+SIMULATED_PER_COUNT = 2_000_000
+ITL_SHAPE_POINTS = 4096  # a level's measured gap shape, kept as this many evenly spaced order statistics at most
 
 
 @dataclass
@@ -69,16 +81,16 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
     """One replica as its knee run folder measured it: the trusted measurements of each level, pooled; its batch
     slots `slots`, else the setting the run recorded, else not known."""
     path = Path(path)
+    if slots is not None and (isinstance(slots, bool) or slots < 1):
+        raise PlanError(f"--slots {slots}: a replica needs at least 1 batch slot")
     try:
-        summary = json.loads((path / KNEE).read_text())
+        summary = knee_file.read(path)
     except FileNotFoundError:
         raise PlanError(
             f"{path}: no {KNEE} (a `python -m loadgen knee` run folder is what a plan starts from)"
         ) from None
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"{path / KNEE}: unreadable ({exc})") from None
-    if not isinstance(summary, dict) or not isinstance(summary.get("probes"), list):
-        raise PlanError(f"{path / KNEE}: not a knee summary (no probes)")
+    except knee_file.KneeFileError as exc:
+        raise PlanError(str(exc)) from None
     try:
         run = load.load(path)
     except load.RunError as exc:
@@ -91,9 +103,9 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         energy_by_level: dict[float, list[energy.Energy]] = {}
         phases = {p.phase: p for p in run.phases_of(instance)}
         for probe in summary["probes"]:
-            if not isinstance(probe, dict) or not probe.get("trusted") or probe.get("phase") not in phases:
+            if not probe.get("trusted") or probe["phase"] not in phases:
                 continue
-            records = run.requests_of(instance, probe["phase"], gaps=False)
+            records = run.requests_of(instance, probe["phase"], gaps=True)
             level = float(probe["level"])
             by_level.setdefault(level, []).extend(records)
             ph = phases[probe["phase"]]
@@ -102,8 +114,10 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         levels = []
         for level, records in sorted(by_level.items()):
             busy = sum(r.e2e_s or 0.0 for r in records)
-            levels.append(_level(level if closed_loop else busy / walls[level], records))
-        levels.sort(key=lambda lv: lv.concurrency)
+            in_flight = level if closed_loop else busy / walls[level]
+            if in_flight > 0:  # an open-loop level whose requests held no time: no load to model
+                levels.append(_level(in_flight, records))
+        levels = _with_gap_shapes(sorted(levels, key=lambda lv: lv.concurrency))
         ok = [r for recs in by_level.values() for r in recs if r.ok]
         out_tokens = int(np.median([r.output_tokens for r in ok if r.output_tokens])) if ok else 0
         prompt = [r.prompt_tokens for r in ok if r.prompt_tokens]
@@ -114,6 +128,8 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         run.close()
     if not levels:
         raise PlanError(f"{path}: {KNEE} has no trusted measurement to model a replica with")
+    if not any(len(lv.ttft_s) for lv in levels):
+        raise PlanError(f"{path}: every request the knee trusted failed: no latency to model a replica with")
     engine = str(summary.get("engine") or "")
     adapter = engines.ENGINES.get(engine)
     label = adapter.title if adapter else engine or instance
@@ -133,18 +149,23 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
             slots = int(setting)
         except (TypeError, ValueError):
             slots = None
+        if slots is not None and slots < 1:  # a setting no engine runs with: not a batch size to model
+            slots = None
     knee = summary.get("knee")
-    return Profile(
-        label=label,
-        engine=engine,
-        levels=tuple(levels),
-        knee=float(knee) if isinstance(knee, (int, float)) and closed_loop else None,
-        slots=slots,
-        output_tokens=max(out_tokens, 1),
-        prompt_tokens=int(np.median(prompt)) if prompt else None,
-        joules_per_good_token=joules,
-        energy_reason=energy_reason,
-    )
+    try:
+        return Profile(
+            label=label,
+            engine=engine,
+            levels=tuple(levels),
+            knee=float(knee) if isinstance(knee, (int, float)) and closed_loop else None,
+            slots=slots,
+            output_tokens=max(out_tokens, 1),
+            prompt_tokens=int(np.median(prompt)) if prompt else None,
+            joules_per_good_token=joules,
+            energy_reason=energy_reason,
+        )
+    except ValueError as exc:
+        raise PlanError(f"{path}: {exc}") from None
 
 
 def _energy_at(
@@ -167,14 +188,95 @@ def _energy_at(
 def _level(concurrency: float, records: list[RequestRecord]) -> Level:
     ok = [r for r in records if r.ok and r.ttft_s is not None]
     # TTFT as the SLO judges it: from the schedule's instant where an open-loop knee kept one
-    ttft = np.sort([r.ttft_s + slo.schedule_lag(r) for r in ok])
-    tpot = np.sort([t for t in (slo.tpot(r) for r in ok) if t is not None])
+    ttft = np.sort(np.array([r.ttft_s + slo.schedule_lag(r) for r in ok], np.float64))
+    tpot = np.sort(np.array([t for t in (slo.tpot(r) for r in ok) if t is not None], np.float64))
     failed = 1 - len(ok) / len(records) if records else 1.0
     prefill = [v for v in map(workloads.engine_prefill_ms, ok) if v is not None]
-    return Level(concurrency, ttft, tpot, failed, len(records), float(np.median(prefill)) if prefill else None)
+    # The gaps' shape: each gap over its own request's time per token (a stall shows as a ratio well above 1)
+    ratios = [np.asarray(r.itl_s, np.float64) / t for r in ok if r.itl_s and (t := slo.tpot(r)) and t > 0]
+    shape = np.sort(np.concatenate(ratios)) if ratios else np.zeros(0)
+    if len(shape) > ITL_SHAPE_POINTS:
+        shape = shape[np.linspace(0, len(shape) - 1, ITL_SHAPE_POINTS).round().astype(np.int64)]
+    return Level(concurrency, ttft, tpot, failed, len(records), float(np.median(prefill)) if prefill else None, shape)
+
+
+def _with_gap_shapes(levels: list[Level]) -> list[Level]:
+    """A level that measured no gap (its requests failed, or answered one token) takes the nearest level's shape."""
+    measured = [i for i, lv in enumerate(levels) if len(lv.itl_shape)]
+    if not measured:
+        return levels
+    return [
+        lv if len(lv.itl_shape) else replace(lv, itl_shape=levels[min(measured, key=lambda j: abs(j - i))].itl_shape)
+        for i, lv in enumerate(levels)
+    ]
 
 
 # ---------------------------------------------------------------- the model, judged as the knee judged
+
+
+def check_work(
+    profile: Profile,
+    load: traffic.Traffic,
+    spec: slo.SloSpec,
+    repeats: int,
+    window_s: float,
+    sharing: replicas.Sharing | None = None,
+) -> None:
+    """PlanError (one line) on a plan too large to make or one the knee cannot answer, before any simulation."""
+    n = len(load.arrivals)
+    if n == 0:
+        raise PlanError(f"{load.name}: no request arrives in it: nothing to plan for")
+    if n > MAX_ARRIVALS:
+        raise PlanError(f"{load.name}: {n:,} requests, more than {MAX_ARRIVALS:,}: plan a part of it")
+    if not (math.isfinite(load.duration_s) and load.duration_s > 0):
+        raise PlanError(f"{load.name}: a span of {load.duration_s:g} s: expected seconds above 0")
+    if not (isinstance(repeats, int) and 1 <= repeats <= MAX_REPEATS):
+        raise PlanError(f"PLAN_REPEATS={repeats}: expected 1 to {MAX_REPEATS}")
+    count = load.duration_s / window_s if window_s > 0 else math.inf
+    if not count <= MAX_WINDOWS:
+        raise PlanError(
+            f"{load.duration_s:g} s of traffic in {window_s:g}-s windows (PLAN_WINDOW_S) is more than {MAX_WINDOWS:,} "
+            f"windows: windows of at least {load.duration_s / MAX_WINDOWS:.3g} s"
+        )
+    tokens = _schedule(load).output_tokens
+    asks_more = bool(np.any(tokens > 1)) or (bool(np.any(tokens == 0)) and profile.output_tokens > 1)
+    for p in (profile, *((sharing.busy,) if sharing else ())):
+        if asks_more and not p.measured_tpot:
+            raise PlanError(
+                f"{p.label}: its knee measured no time per output token (answers of one token): it cannot model a "
+                "traffic asking for more; measure the knee with longer answers (--max-tokens)"
+            )
+    itl = [t for t in spec.terms if t.metric == "itl"]
+    if itl:
+        for p in (profile, *((sharing.busy,) if sharing else ())):
+            if not p.measured_itl:
+                raise PlanError(
+                    f"{p.label}: the SLO's {itl[0].name} cannot be modelled: its knee recorded no inter-token gaps "
+                    "(answers of one token, or not streamed); plan without that term (--slo)"
+                )
+        if not asks_more and any(t.percentile is not None for t in itl):
+            raise PlanError(
+                f"{load.name}: every request asks for one token: no inter-token gap for the SLO's {itl[0].name} to "
+                "judge; plan without that term (--slo)"
+            )
+
+
+def repetitions(load: traffic.Traffic, repeats: int) -> int:
+    """The simulations pooled a replica count: `repeats`, fewer where the traffic alone is SIMULATED_PER_COUNT."""
+    return max(1, min(repeats, SIMULATED_PER_COUNT // max(1, len(load.arrivals))))
+
+
+_schedules: list[tuple[traffic.Traffic, replicas.Schedule]] = []
+
+
+def _schedule(load: traffic.Traffic) -> replicas.Schedule:
+    """The traffic's arrivals as the event loop's columns, made once per traffic (a search simulates it many times)."""
+    for known, schedule in _schedules:
+        if known is load:
+            return schedule
+    schedule = replicas.Schedule.of(load.arrivals)
+    _schedules[:] = [(load, schedule)]
+    return schedule
 
 
 def predict(
@@ -187,59 +289,189 @@ def predict(
     window_s: float,
     sharing: replicas.Sharing | None = None,
 ) -> Prediction:
+    """`repeats` simulations of `load` over `n` replicas, judged window by window by the knee's rule."""
+    check_work(profile, load, spec, repeats, window_s, sharing)
+    schedule = _schedule(load)
     windows = max(1, math.ceil(load.duration_s / window_s))
-    per_window: list[list[RequestRecord]] = [[] for _ in range(windows)]
-    beyond = 0
+    window = np.minimum((schedule.at / window_s).astype(np.int64), windows - 1)
+    tally = _Tally(spec, windows)
+    shapes = replicas.shapes(profile, sharing)
     for seed in range(repeats):
-        outcomes = replicas.simulate(load.arrivals, profile, n, policy, seed, sharing)
-        for o in outcomes:
-            beyond += o.error == replicas.BEYOND
-            per_window[min(int(o.at / window_s), windows - 1)].append(_record(profile, o))
+        tally.add(replicas.run(schedule, profile, n, policy, seed, sharing), window, shapes)
     meets: list[bool | None] = []
     peak = 0.0
-    for w, records in enumerate(per_window):
-        if not records:
+    for w in range(windows):
+        requests = int(tally.requests[w])
+        if not requests:
             meets.append(None)
             continue
+        meets.append(tally.holds(w))
         span = min(window_s, load.duration_s - w * window_s)  # the last window ends with the traffic
-        meets.append(slo.evaluate(spec, records, span * repeats).meets)
         # Little's law: requests held = arrival rate x time in the system (E2E), per replica
-        peak = max(peak, sum(r.e2e_s or 0.0 for r in records) / (span * repeats * n))
-    every = [r for records in per_window for r in records]
-    good = [r for r in every if spec.good(r)]
+        peak = max(peak, float(tally.e2e[w]) / (span * repeats * n))
+    total = int(tally.requests.sum())
     return Prediction(
         replicas=n,
-        attainment=len(good) / len(every) if every else None,
+        attainment=int(tally.good.sum()) / total if total else None,
         meets=all(m is not False for m in meets),
         window_meets=meets,
-        good_tokens=sum(r.output_tokens or 0 for r in good) / repeats,
-        mean_in_flight=sum(r.e2e_s or 0.0 for r in every) / (repeats * n * load.duration_s),
+        good_tokens=float(tally.good_tokens.sum()) / repeats,
+        mean_in_flight=float(tally.e2e.sum()) / (repeats * n * load.duration_s),
         peak_in_flight=peak,
-        beyond=beyond // repeats,
+        beyond=int(tally.beyond.sum()) // repeats,
     )
 
 
-def _record(profile: Profile, o: replicas.Outcome) -> RequestRecord:
-    """The outcome as the record slo.evaluate judges (the knee's rule, so the plan cannot judge differently)."""
-    return RequestRecord(
-        engine=profile.engine,
-        instance=f"replica-{o.replica}",
-        scenario="plan",
-        phase="plan",
-        api="openai",
-        model="",
-        prompt_set="",
-        prompt_set_sha256="",
-        prompt_id="",
-        max_tokens=o.output_tokens,
-        started_at=o.at,
-        ok=o.ok,
-        status=200 if o.ok else 0,
-        error=o.error,
-        ttft_s=o.ttft_s,
-        e2e_s=o.e2e_s,
-        output_tokens=o.output_tokens if o.ok else None,
-    )
+class _Tally:
+    """Per window, summed over the repetitions: the counts slo.holds judges by (the knee's rule, servescope/slo.py),
+    taken from the outcomes' columns with the same per-request rule as slo.Term.request_meets, and the model's ITL
+    gaps (report/replicas.py) counted without being made."""
+
+    def __init__(self, spec: slo.SloSpec, windows: int) -> None:
+        self.spec = spec
+        self.windows = windows
+        zeros = lambda: np.zeros(windows)  # noqa: E731
+        self.requests, self.meeting, self.good, self.good_tokens = zeros(), zeros(), zeros(), zeros()
+        self.e2e, self.beyond = zeros(), zeros()
+        self.met = [zeros() for _ in spec.terms]  # per term: requests (ITL: gaps) that met it
+        self.units = [zeros() for _ in spec.terms]  # per term: what its share is of
+
+    def add(self, out: replicas.Outcomes, window: np.ndarray, shapes: list[np.ndarray]) -> None:
+        def per_window(weights: np.ndarray | None = None) -> np.ndarray:
+            return np.bincount(window, weights, minlength=self.windows)
+
+        ok = out.ok
+        gaps = _Gaps(out, shapes)
+        meets = [gaps.request_meets(t) & ok for t in self.spec.terms]
+        per_request = [m for t, m in zip(self.spec.terms, meets, strict=True) if t.percentile is None]
+        meeting = np.logical_and.reduce(per_request) if per_request else np.zeros(len(out), bool)
+        good = np.logical_and.reduce(meets) if meets else ok
+        failed = ~ok
+        self.requests += per_window()
+        self.meeting += per_window(meeting.astype(np.float64))
+        self.good += per_window(good.astype(np.float64))
+        self.good_tokens += per_window(np.where(good, out.output_tokens, 0).astype(np.float64))
+        self.e2e += per_window(np.where(ok, out.e2e_s, 0.0))  # a failed request's E2E is not known: 0, as before
+        self.beyond += per_window((out.error == replicas.replica_events.ERR_BEYOND).astype(np.float64))
+        for i, term in enumerate(self.spec.terms):
+            if term.percentile is None:
+                continue
+            if term.metric == "itl":  # pooled gaps; a failed request counts as one missed gap
+                self.met[i] += per_window(gaps.met(term.limit_s))
+                self.units[i] += per_window(np.where(ok, gaps.count, 0) + failed)
+            else:
+                self.met[i] += per_window(meets[i].astype(np.float64))
+                self.units[i] += per_window()
+
+    def holds(self, w: int) -> bool:
+        shares = [int(m[w]) / int(u[w]) if u[w] else None for m, u in zip(self.met, self.units, strict=True)]
+        return slo.holds(self.spec, int(self.requests[w]), int(self.meeting[w]), shares)
+
+
+class _Gaps:
+    """The model's inter-token gaps of each outcome (report/replicas.py): its tokens - 1 gaps are its time per token
+    times the evenly spaced quantiles of its level's shape, gap j = tpot * shape[((2j + 1) * len(shape)) // (2m)]:
+    ascending in j, so a count of gaps under a limit is a bisection, and a request's percentile is two of them."""
+
+    def __init__(self, out: replicas.Outcomes, shapes: list[np.ndarray]) -> None:
+        self.out = out
+        tokens = out.output_tokens
+        many = out.ok & (tokens > 1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.tpot = np.where(many, (out.e2e_s - out.ttft_s) / np.maximum(tokens - 1, 1), np.nan)
+        size = np.array([len(s) for s in shapes] + [0], np.int64)
+        level = np.where(out.level >= 0, out.level, len(shapes))
+        self.shape_len = size[level]
+        self.offsets = np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.int64)[np.minimum(level, len(shapes) - 1)]
+        self.values = np.concatenate([*shapes, np.zeros(1)]) if shapes else np.zeros(1)
+        # Gaps a request has: tokens - 1 where it succeeded and its level has a shape (else none, as a record without)
+        self.count = np.where(many & (self.shape_len > 0), tokens - 1, 0)
+
+    def gap(self, j: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        m, ns = self.count[rows], self.shape_len[rows]
+        return self.tpot[rows] * self.values[self.offsets[rows] + ((2 * j + 1) * ns) // (2 * m)]
+
+    def met(self, limit: float) -> np.ndarray:
+        """Each request's gaps at or under `limit`."""
+        rows = np.flatnonzero(self.count > 0)
+        lo, hi = np.zeros(len(rows), np.int64), self.count[rows].copy()
+        while True:
+            open_ = lo < hi
+            if not open_.any():
+                break
+            mid = (lo + hi) // 2
+            under = np.zeros(len(rows), bool)
+            sel = np.flatnonzero(open_)
+            under[sel] = self.gap(mid[sel], rows[sel]) <= limit
+            lo = np.where(open_ & under, mid + 1, lo)
+            hi = np.where(open_ & ~under, mid, hi)
+        counts = np.zeros(len(self.count))
+        counts[rows] = lo
+        return counts
+
+    def value(self, term: slo.Term) -> np.ndarray:
+        """Each request's value for an ITL term (its longest gap, or its own percentile); NaN where it has no gap."""
+        rows = np.flatnonzero(self.count > 0)
+        m = self.count[rows]
+        out = np.full(len(self.count), np.nan)
+        if term.percentile is None:
+            out[rows] = self.gap(m - 1, rows)
+            return out
+        # numpy_percentile_of (servescope/percentile.py), element by element
+        v = (m - 1) * (term.percentile / 100)
+        lo = np.floor(v).astype(np.int64)
+        top = v >= m - 1
+        lo_c = np.where(top, m - 1, lo)
+        hi_c = np.where(top, m - 1, lo + 1)
+        a, b, g = self.gap(lo_c, rows), self.gap(hi_c, rows), v - lo
+        value = np.where(g >= 0.5, b - (b - a) * (1 - g), a + (b - a) * g)
+        out[rows] = np.where(top, self.gap(m - 1, rows), value)
+        return out
+
+    def request_meets(self, term: slo.Term) -> np.ndarray:
+        """slo.Term.request_meets over the columns (a successful request's; a failed one is judged apart)."""
+        out = self.out
+        if term.metric == "ttft":
+            return out.ttft_s <= term.limit_s
+        if term.metric == "e2e":
+            return out.e2e_s <= term.limit_s
+        if term.metric == "tpot":
+            return ~(self.tpot > term.limit_s)  # one token: no time per token, nothing to miss
+        return ~(self.value(term) > term.limit_s)  # no gap: nothing to miss
+
+
+def records(profile: Profile, out: replicas.Outcomes, shapes: list[np.ndarray]) -> list[RequestRecord]:
+    """The outcomes as the records slo.evaluate judges, each with the model's gaps made (for a handful of outcomes:
+    the plan itself counts them without making them)."""
+    gaps = _Gaps(out, shapes)
+    made = []
+    for i in range(len(out)):
+        ok = bool(out.ok[i])
+        m = int(gaps.count[i])
+        itl = [float(gaps.gap(np.array([j]), np.array([i]))[0]) for j in range(m)]
+        made.append(
+            RequestRecord(
+                engine=profile.engine,
+                instance=f"replica-{int(out.replica[i])}",
+                scenario="plan",
+                phase="plan",
+                api="openai",
+                model="",
+                prompt_set="",
+                prompt_set_sha256="",
+                prompt_id="",
+                max_tokens=int(out.output_tokens[i]),
+                started_at=float(out.at[i]),
+                ok=ok,
+                status=200 if ok else 0,
+                error=replicas.ERRORS.get(int(out.error[i])),
+                ttft_s=float(out.ttft_s[i]) if ok else None,
+                e2e_s=float(out.e2e_s[i]) if ok else None,
+                itl_s=itl,
+                output_tokens=int(out.output_tokens[i]) if ok else None,
+            )
+        )
+    return made
 
 
 def plan(
@@ -254,22 +486,39 @@ def plan(
     sharing: replicas.Sharing | None = None,
     slower: float = 0.0,
 ) -> tuple[PlanRow, list[Prediction]]:
-    """The fewest replicas that meet the SLOs in every window, searched upwards from one; with `slower` above 0, the
-    attainment at that count once more with every latency the knee measured that share longer."""
-    tried: list[Prediction] = []
-    first_meeting: list[int | None] = []
-    found: Prediction | None = None
-    for n in range(1, max_replicas + 1):
-        p = predict(profile, load, n, spec, policy, repeats, window_s, sharing)
-        tried.append(p)
-        if not first_meeting:
-            first_meeting = [None] * len(p.window_meets)
-        for w, m in enumerate(p.window_meets):
-            if m and first_meeting[w] is None:
-                first_meeting[w] = n
-        if p.meets:
-            found = p
+    """The fewest replicas that meet the SLOs in every window; with `slower` above 0, the attainment at that count once
+    more with every latency the knee measured that share longer. The search assumes more replicas never do worse: it
+    doubles from one until a count meets, then halves the gap (a fleet's count in a dozen simulations, not hundreds).
+    Returns the row and the predictions made up to the count found, by count."""
+    check_work(profile, load, spec, repeats, window_s, sharing)
+    if not (isinstance(max_replicas, int) and 1 <= max_replicas <= MAX_REPLICAS):
+        raise PlanError(f"PLAN_MAX_REPLICAS={max_replicas}: expected 1 to {MAX_REPLICAS}")
+    repeats = repetitions(load, repeats)
+    made: dict[int, Prediction] = {}
+
+    def at(n: int) -> Prediction:
+        if n not in made:
+            made[n] = predict(profile, load, n, spec, policy, repeats, window_s, sharing)
+        return made[n]
+
+    missing, meeting = 0, None  # the most replicas known to miss, the fewest known to meet
+    n = 1
+    while True:
+        if at(n).meets:
+            meeting = n
             break
+        missing = n
+        if n >= max_replicas:
+            break
+        n = min(2 * n, max_replicas)
+    while meeting is not None and meeting - missing > 1:
+        mid = (missing + meeting) // 2
+        if at(mid).meets:
+            meeting = mid
+        else:
+            missing = mid
+    found = made[meeting] if meeting is not None else None
+    tried = [made[k] for k in sorted(made) if meeting is None or k <= meeting]
     notes: list[str] = []
     notes.append(
         f"{profile.slots} batch slots a replica, the rest waiting in its queue"
@@ -283,20 +532,21 @@ def plan(
         )
     if profile.prompt_tokens:
         notes.append(f"knee measured {profile.prompt_tokens}-token prompts, {profile.output_tokens} tokens out")
+    last = made[max_replicas] if found is None else found
     row = PlanRow(
         label=profile.label,
         engine=profile.engine,
         knee=profile.knee,
         replicas=found.replicas if found else None,
         replicas_p95_time=None,
-        attainment=found.attainment if found else tried[-1].attainment,
-        attainment_one_fewer=tried[-2].attainment if found and len(tried) > 1 else None,
+        attainment=last.attainment,
+        attainment_one_fewer=made[found.replicas - 1].attainment if found and found.replicas > 1 else None,
         attainment_slower=None,
         utilisation=None,
         headroom=None,
         price_per_hour=price,
         cost_per_million_good_tokens=None,
-        beyond=(found or tried[-1]).beyond,
+        beyond=last.beyond,
         source="",
         joules_per_good_token=profile.joules_per_good_token,
         energy_reason=profile.energy_reason,
@@ -305,10 +555,7 @@ def plan(
     if found is None:
         row.notes.append(f"more than {max_replicas} replicas (PLAN_MAX_REPLICAS): the search stopped there")
         return row, tried
-    needed = sorted(
-        n or found.replicas for n, m in zip(first_meeting, found.window_meets, strict=True) if m is not None
-    )
-    row.replicas_p95_time = needed[min(len(needed) - 1, math.ceil(0.95 * len(needed)) - 1)] if needed else None
+    row.replicas_p95_time = _p95_time(found, made, at)
     if slower > 0:
         # Near saturation the attainment moves steeply with the engine's speed, and a machine's speed moves between
         # measurements: the same count again, every latency the knee measured this much longer.
@@ -328,6 +575,28 @@ def plan(
         hours = load.duration_s / 3600
         row.cost_per_million_good_tokens = found.replicas * price * hours / (found.good_tokens / 1e6)
     return row, tried
+
+
+def _p95_time(found: Prediction, made: dict[int, Prediction], at) -> int | None:
+    """The replicas 95% of the windows need on their own: the fewest at which that many windows meet the SLOs (a
+    window that meets at a count meets with more, as the search assumes), found by halving the gap below `found`."""
+    judged = sum(m is not None for m in found.window_meets)
+    if not judged:
+        return None
+    need = min(judged, math.ceil(0.95 * judged))
+
+    def enough(p: Prediction) -> bool:
+        return sum(bool(m) for m in p.window_meets) >= need
+
+    high = min(k for k, p in made.items() if k <= found.replicas and enough(p))
+    low = max((k for k, p in made.items() if k < high and not enough(p)), default=0)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if enough(at(mid)):
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 # ---------------------------------------------------------------- command line
@@ -387,20 +656,32 @@ def main(argv: list[str] | None = None) -> int:
         sharings = _sharings(args, results)
         offered = _traffic(args)
         prices = _prices(args.price)
+        for profile, sharing in zip(profiles, sharings, strict=True):  # every row's limits, before any row's work
+            check_work(profile, offered, spec, settings["repeats"], settings["window_s"], sharing)
     except (PlanError, traffic.TrafficError, slo.SloError, load.RunError, ValueError) as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return 2
+    repeats = repetitions(offered, settings["repeats"])
     print(
         f"plan: {offered.name}: {len(offered.arrivals)} requests over {offered.duration_s:.1f} s "
         f"(mean {offered.mean_rate:.3g} req/s); {spec.describe()}; routing {settings['routing']}, "
-        f"{settings['window_s']:g}-s windows, {settings['repeats']} repetition(s)",
+        f"{settings['window_s']:g}-s windows, {repeats} repetition(s)"
+        + (
+            f" (PLAN_REPEATS {settings['repeats']}: the traffic is its own repetition)"
+            if repeats < settings["repeats"]
+            else ""
+        ),
         file=sys.stderr,
     )
     rows = []
-    for path, profile, sharing in zip(args.runs, profiles, sharings, strict=True):
-        row, _ = plan_with(settings, profile, offered, spec, prices.get(profile.engine), sharing)
-        row.source = str(path)
-        rows.append(row)
+    try:
+        for path, profile, sharing in zip(args.runs, profiles, sharings, strict=True):
+            row, _ = plan_with(settings, profile, offered, spec, prices.get(profile.engine), sharing)
+            row.source = str(path)
+            rows.append(row)
+    except PlanError as exc:
+        print(f"plan: {exc}", file=sys.stderr)
+        return 2
     text = render(rows, offered, spec, settings)
     sys.stdout.write(text)
     out = args.out or results / f"plan-{new_run_id()}"
@@ -454,12 +735,15 @@ def settings_of(routing: str | None = None) -> dict[str, Any]:
     routing = routing or knobs.get("PLAN_ROUTING", replicas.LEAST_CONN)
     if routing not in replicas.POLICIES:
         raise PlanError(f"PLAN_ROUTING={routing!r}: expected {' or '.join(replicas.POLICIES)}")
-    window_s = float(knobs.get("PLAN_WINDOW_S", "60"))
-    if not window_s > 0:
-        raise PlanError(f"PLAN_WINDOW_S={window_s:g}: expected seconds above 0")
-    repeats, max_replicas = knobs.get_int("PLAN_REPEATS", 3), knobs.get_int("PLAN_MAX_REPLICAS", 64)
-    if repeats < 1 or max_replicas < 1:
-        raise PlanError("PLAN_REPEATS and PLAN_MAX_REPLICAS: at least 1")
+    try:
+        window_s = knobs.get_positive("PLAN_WINDOW_S", "seconds")
+        repeats, max_replicas = knobs.get_int("PLAN_REPEATS", 3), knobs.get_int("PLAN_MAX_REPLICAS", 64)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise PlanError(f"PLAN_REPEATS={repeats}: expected 1 to {MAX_REPEATS}")
+    if not 1 <= max_replicas <= MAX_REPLICAS:
+        raise PlanError(f"PLAN_MAX_REPLICAS={max_replicas}: expected 1 to {MAX_REPLICAS}")
     text = knobs.get("PLAN_SLOWER").strip()
     try:
         slower = float(text)
@@ -497,7 +781,7 @@ def _spec(args, paths: list[Path]) -> slo.SloSpec:
         return slo.resolve(args.slo, args.slo_attainment)
     seen = set()
     for path in paths:
-        summary = json.loads((path / KNEE).read_text())
+        summary = knee_file.read(path)  # read and checked by profile_of before
         seen.add((summary.get("spec"), summary.get("objective")))
     if len(seen) > 1:
         raise PlanError("the knees were measured under different SLOs: say which to plan for with --slo")
@@ -612,10 +896,10 @@ def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, set
 
 
 def default_speed() -> float:
-    speed = float(knobs.get("PLAN_SPEED", "1"))
-    if not (speed > 0 and math.isfinite(speed)):
-        raise PlanError(f"PLAN_SPEED={speed:g}: expected a factor above 0")
-    return speed
+    try:
+        return knobs.get_positive("PLAN_SPEED", "times faster")
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def default_traffic(speed: float | None = None) -> traffic.Traffic:

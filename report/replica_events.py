@@ -152,9 +152,7 @@ def _heap_pop(keys, idx, size):
 def _run(
     at,
     tokens,
-    u_ttft,
-    u_tpot,
-    u_fail,
+    draws,
     replicas,
     round_robin,
     slots,
@@ -174,6 +172,7 @@ def _run(
     busy_failed_share,
 ):
     """Every arrival's outcome: (replica, ttft_s, e2e_s, error code, level drawn from); NaN TTFT/E2E where it failed.
+    `draws`: a row of quantiles a request (TTFT, time per token, failure).
     `level` numbers the own knee's levels from 0 and the busy knee's after them."""
     n = at.shape[0]
     n_own = conc.shape[0]
@@ -186,14 +185,14 @@ def _run(
     decoding = np.zeros(n, np.bool_)
     beyond = np.zeros(n, np.bool_)
     failed = np.zeros(n, np.bool_)
-    fnext = np.full(n, -1, np.int64)
-    fprev = np.full(n, -1, np.int64)
-    wnext = np.full(n, -1, np.int64)
-    out_rep = np.full(n, -1, np.int64)
+    fnext = np.full(n, -1, np.int32)  # int32: a plan holds at most a few million requests, and memory is its bound
+    fprev = np.full(n, -1, np.int32)
+    wnext = np.full(n, -1, np.int32)
+    out_rep = np.full(n, -1, np.int32)
     out_ttft = np.full(n, np.nan)
     out_e2e = np.full(n, np.nan)
     out_err = np.zeros(n, np.int8)
-    out_level = np.full(n, -1, np.int64)
+    out_level = np.full(n, -1, np.int32)
     # per replica
     fhead = np.full(replicas, -1, np.int64)
     ftail = np.full(replicas, -1, np.int64)
@@ -213,7 +212,7 @@ def _run(
     hsize = np.zeros(replicas, np.int64)
     # first tokens: fixed times once admitted, never cancelled
     ft_key = np.zeros(max(n, 1))
-    ft_idx = np.zeros(max(n, 1), np.int64)
+    ft_idx = np.zeros(max(n, 1), np.int32)
     ft_size = 0
     # trees over replicas
     size = 1
@@ -288,7 +287,7 @@ def _run(
                     f = fhead[j]
                     while f >= 0:
                         if decoding[f] and remaining[f] > 0:
-                            pace = _quantile(v_, o_, lv, u_tpot[f])
+                            pace = _quantile(v_, o_, lv, draws[f, 1])
                             if pace > 0:
                                 left = remaining[f] - dt / pace
                                 remaining[f] = left if left > 0 else 0.0
@@ -312,7 +311,7 @@ def _run(
                     k2[:, : cap // 2] = hkey
                     i2[:, : cap // 2] = hidx
                     hkey, hidx = k2, i2
-                vfin[i] = vclock[r] + remaining[i] * _quantile(v_, o_, top_lv, u_tpot[i])
+                vfin[i] = vclock[r] + remaining[i] * _quantile(v_, o_, top_lv, draws[i, 1])
                 hsize[r] = _heap_push(hkey[r], hidx[r], hsize[r], vfin[i], i)
         elif kind == 1:
             # The request ends here, at the instant it was scheduled for, whatever float rounding left of it.
@@ -364,11 +363,11 @@ def _run(
             lv = _level_index(c_, k)
             over = lv < 0
             measured = c_.shape[0] - 1 if over else lv
-            ttft = _quantile(tv_, to_, measured, u_ttft[admit])
+            ttft = _quantile(tv_, to_, measured, draws[admit, 0])
             if over:
                 ttft *= k / tops[p]
             beyond[admit] = over
-            failed[admit] = u_fail[admit] < fs_[measured]
+            failed[admit] = draws[admit, 2] < fs_[measured]
             first_at[admit] = now + ttft
             remaining[admit] = max(0, tokens[admit] - 1)
             out_ttft[admit] = now - at[admit] + ttft
@@ -402,7 +401,7 @@ def _run(
                     f = fhead[j]
                     while f >= 0:
                         if decoding[f]:
-                            pace = _quantile(v_, o_, top_lv, u_tpot[f])
+                            pace = _quantile(v_, o_, top_lv, draws[f, 1])
                             left = vfin[f] - vclock[j]
                             remaining[f] = left / pace if pace > 0 and left > 0 else 0.0
                         f = fnext[f]
@@ -421,7 +420,7 @@ def _run(
                                 k2[:, : cap // 2] = hkey
                                 i2[:, : cap // 2] = hidx
                                 hkey, hidx = k2, i2
-                            vfin[f] = remaining[f] * _quantile(v_, o_, top_lv, u_tpot[f])
+                            vfin[f] = remaining[f] * _quantile(v_, o_, top_lv, draws[f, 1])
                             hsize[j] = _heap_push(hkey[j], hidx[j], hsize[j], vfin[f], f)
                         f = fnext[f]
                 prof[j] = p_new
@@ -441,7 +440,7 @@ def _run(
                     f = fhead[j]
                     while f >= 0:
                         if decoding[f]:
-                            t = last[j] + remaining[f] * _quantile(v_, o_, lv, u_tpot[f])
+                            t = last[j] + remaining[f] * _quantile(v_, o_, lv, draws[f, 1])
                             if best_i < 0 or t < best_t:
                                 best_t, best_i = t, f
                         f = fnext[f]

@@ -267,9 +267,7 @@ def run(
     rep, ttft, e2e, err, level = replica_events.run(
         np.ascontiguousarray(schedule.at, np.float64),
         tokens,
-        np.ascontiguousarray(u[:, 0]),
-        np.ascontiguousarray(u[:, 1]),
-        np.ascontiguousarray(u[:, 2]),
+        u,
         int(replicas),
         policy == ROUND_ROBIN,
         -1 if profile.slots is None else int(profile.slots),
