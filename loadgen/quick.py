@@ -9,7 +9,9 @@ Per engine, one after another (two engines measured at once would share the core
      measurement QUICK_DURATION s, the boundary loads QUICK_KNEE_REPEATS times, at most QUICK_KNEE_PROBES
      measurements up to QUICK_MAX_LOAD users, on the knee's own fair workload (a fresh prompt per request,
      seeded for this run so that none repeats an earlier run's);
-     at QUICK_BUDGET_S the search is stopped as Ctrl-C stops it and what was measured is the answer
+     at QUICK_BUDGET_S the search is stopped as Ctrl-C stops it and what was measured is the answer: a hard
+     deadline, on servescope/children.py's schedule (SIGINT then, SIGTERM and at last SIGKILL if the knee is
+     still running), so an engine costs at most QUICK_BUDGET_S plus the schedule's last step
   4. the answer: loadgen/quick_words.py, printed and kept as quick.txt in the knee's run folder, which is an
      ordinary run folder (`make report RUN=<id>`)
 
@@ -35,12 +37,11 @@ from typing import Any
 from loadgen import discover, options, quick_words
 from loadgen import prompts as prompt_sets
 from loadgen.side_exporter import ExporterError, SideExporter
-from servescope import bounded_http, engine_identity, engines, knobs, printable, sampler, slo, thresholds
+from servescope import bounded_http, children, engine_identity, engines, knobs, printable, sampler, slo, thresholds
 from servescope.runfolder import KNEE, REQUESTS, SAMPLES, RunFolder
 from servescope.urls import redact, redact_address
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-STOP_GRACE_S = 60.0  # after its SIGINT the knee ends its users mid-stream and writes its folder: seconds
 METRICS_TIMEOUT_S = 5.0  # a metrics page read, all of it (the engine's own, or an exporter's)
 
 
@@ -91,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget",
         "QUICK_BUDGET_S",
         options.positive_seconds,
-        "seconds per engine, warm-up included: then the search stops as Ctrl-C stops it",
+        f"seconds per engine, warm-up included: then the search stops as Ctrl-C stops it (SIGINT; SIGTERM "
+        f"{children.STOP_TERMINATE_AFTER_S:g} s and SIGKILL {children.STOP_KILL_AFTER_S:g} s later if it still runs)",
     )
     knob("--warmup-max-s", "QUICK_WARMUP_MAX_S", options.non_negative_seconds, "seconds of warm-up per engine, at most")
     p.add_argument(
@@ -448,6 +450,7 @@ def _run_knee(
         f"{settings.duration_s:g} s each, at most {settings.probes} measurements or {settings.budget_s:g} s"
     )
     interrupted = False
+    stopping: children.Stopping | None = None
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=knobs.REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         try:
@@ -456,18 +459,20 @@ def _run_knee(
             while proc.poll() is None:
                 time.sleep(0.5)
                 watcher.poll()
-                if time.monotonic() >= deadline and not outcome.stopped:
+                if stopping is not None:
+                    _escalate(stopping, server.kind, say)
+                elif time.monotonic() >= deadline:
                     outcome.stopped = f"the {settings.budget_s:g} s budget (QUICK_BUDGET_S) stopped the search"
                     say(f"quick: {server.kind}: {outcome.stopped}; keeping what was measured")
-                    proc.send_signal(signal.SIGINT)
+                    stopping = children.Stopping(proc)  # SIGINT now, then SIGTERM, then SIGKILL: a hard deadline
         except KeyboardInterrupt:
             interrupted = True
             outcome.stopped = "Ctrl-C stopped the search"
             say(f"quick: {server.kind}: Ctrl-C: stopping the search, keeping what was measured")
-            proc.send_signal(signal.SIGINT)
+            stopping = stopping or children.Stopping(proc)
         finally:
-            _end(proc)
-        watcher.poll()
+            _end(proc, stopping, server.kind, say)
+    watcher.poll()
     # A knee stopped on purpose may end any way (a SIGINT while it still imports is a traceback): not a failure.
     failed = proc.returncode not in (0, EXIT_INTERRUPTED) and not outcome.stopped
     if folder.is_dir():
@@ -484,17 +489,32 @@ def _run_knee(
     return interrupted
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """Wait for the knee to finish its folder; a second Ctrl-C, or one that does not end, kills it."""
+def _end(proc: subprocess.Popen, stopping: children.Stopping | None, kind: str, say: Progress) -> None:
+    """Wait for the knee to finish its folder, on children.py's schedule when it is being stopped (it never outlives
+    the SIGKILL); a knee quick did not stop (an error in quick itself) is stopped on it too. A second Ctrl-C kills
+    it at once."""
+    if proc.poll() is not None:
+        return
+    stopping = stopping or children.Stopping(proc)
     try:
-        proc.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        while proc.poll() is None:
+            _escalate(stopping, kind, say)
+            try:
+                proc.wait(0.2)
+            except subprocess.TimeoutExpired:
+                pass
     except KeyboardInterrupt:
-        proc.kill()
+        stopping.kill()
         proc.wait()
         raise
+
+
+def _escalate(stopping: children.Stopping, kind: str, say: Progress) -> None:
+    """The schedule's next signal when due, said: a knee that outlives its SIGINT is not waited on for ever."""
+    sent = stopping.due()
+    if sent is not None:
+        waited = stopping.clock() - stopping.began
+        say(f"quick: {kind}: the knee is still running {waited:.0f} s after its SIGINT: {sent.name} sent")
 
 
 class Watcher:
