@@ -44,7 +44,7 @@ from typing import Any
 import gevent
 
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
-from servescope import arrivals, binding, engines, hostnoise, knobs, prefix_reuse, probe, slo
+from servescope import arrivals, binding, engines, hostnoise, knee_answer, knobs, prefix_reuse, probe, slo, words
 from servescope.runfolder import KNEE, KNEE_CONCURRENCY, KNEE_RATE, RequestRecord, RunFolder, SampleRecord, read_samples
 
 CONCURRENCY, RATE = KNEE_CONCURRENCY, KNEE_RATE
@@ -394,6 +394,23 @@ class KneeSearch:
             low, steps = self._middle(low, high), steps + 1
         return steps + owed + 1  # each bisected level measured, then the new boundary confirmed (at least once)
 
+    def capacity_range(self) -> list[float | None] | None:
+        """[lowest, highest] capacity the measurements allow while unsettled (None: settled or no boundary).
+
+        A knee still owed its confirmation may fail on a repeat: the range starts at the highest other load that
+        held. A failing load still owed its confirmation may yet hold: the range is open above. Between two settled
+        loads not yet bisected, any load between them is possible."""
+        knee, fail = self.boundary()
+        if knee is None or fail is None or not self.unsettled():
+            return None
+        low: float | None = knee
+        if self._confirm(knee) is not None:
+            low = max((x for x in self.levels() if x < knee and self.verdict(x).meets), default=None)
+        high: float | None = None
+        if self._confirm(fail) is None:
+            high = fail - 1 if self.over == CONCURRENCY else fail
+        return [low, high]
+
     def summary(self) -> dict[str, Any]:
         knee, fail = self.boundary()
         level, b = self.limit_binding()
@@ -423,6 +440,7 @@ class KneeSearch:
             "non_monotonic": self.non_monotonic(),
             # Measurements still owed before the answer stands (0: settled); a search stopped by its budget owes some.
             "unsettled": self.unsettled() if status == "found" else 0,
+            "capacity_range": self.capacity_range() if status == "found" else None,
             "measurement_s": (sum(p.result.wall_s for p in self.probes) / len(self.probes) if self.probes else None),
             "note": self.note,
             "binding_level": level,
@@ -485,54 +503,7 @@ class KneeSearch:
 
     def lines(self) -> list[str]:
         """The search as the terminal shows it: one row per level, then the knee and the binding resource."""
-        s = self.summary()
-        unit = s["unit"]
-        out = [
-            f"knee over {self.over} for {s['instance']}, {self.spec.describe()}:",
-            f"  {'load':>8} {'runs':>4} {'meets':>5} {'attain':>7} {'good/s':>7} {'good tok/s':>10} "
-            f"{'cached':>7}  failed most",
-        ]
-        for row in s["levels"]:
-            r = row["result"]
-            flaky = " (repeats disagree)" if len(set(row["each_meets"])) > 1 else ""
-            cached = _pct(row["reuse"]["share"]) + ("!" if row["reuse_unasked"] else "")
-            out.append(
-                f"  {row['level']:>8g} {row['measurements']:>4} {'yes' if row['meets'] else 'no':>5} "
-                f"{_pct(r['attainment']):>7} {_num(r['goodput_rps']):>7} {_num(r['good_tokens_per_s']):>10} "
-                f"{cached:>7}  {r['failed_most'] or '-'}{flaky}"
-            )
-        ps = s["prompt_set"]
-        if any(row["reuse_unasked"] for row in s["levels"]):
-            out.append(
-                f"note: '!' cached: the engine took more of the prompts from its prefix cache than {ps['name']} asks "
-                f"for: those levels measured the cache (--prompts synthetic:TOKENS sends a fresh prompt per request)"
-            )
-        elif ps["repeats"] and not ps["asked_reuse"]:
-            out.append(
-                f"note: {ps['name']} is a fixed set, sent again at every level: a prefix-caching engine may serve "
-                f"repeats from its cache (--prompts synthetic:TOKENS sends a fresh prompt per request)"
-            )
-        if s["status"] == "found":
-            out.append(f"knee: {s['knee']:g} {unit}; {s['first_failing']:g} {unit} fails")
-        elif s["status"] == "fails at the lowest load":
-            out.append(f"knee: none - the SLOs fail even at {s['first_failing']:g} {unit} (--min-load)")
-        elif s["status"] == "meets the SLOs up to the highest load":
-            out.append(f"knee: at least {s['knee']:g} {unit} - the SLOs hold up to --max-load {self.max_load:g}")
-        b = s["binding"]
-        if s["status"] in binding.STOPPED.values():
-            out.append(f"knee: none - {s['note'] or s['status']}")
-        elif s["first_failing"] is not None:
-            out.append(f"binding at {s['binding_level']:g} {unit}: {b['advice']} ({b['evidence']})")
-        elif s["binding_level"] is not None:  # nothing failed: what the server did at the top, not what ran out
-            out.append(f"at {s['binding_level']:g} {unit}, the highest load tried: {b['evidence']}")
-        out += hostnoise.busy_notes(s["probes"])
-        if s["non_monotonic"]:
-            out.append("note: a load above a failing one met the SLOs (feasibility not monotone: a noisy machine?)")
-        if s["note"] and s["status"] not in binding.STOPPED.values():
-            out.append(f"note: {s['note']}")
-        if s["unsettled"]:
-            out.append(f"note: not settled: about {s['unsettled']} more measurement(s) would settle it (--knee-probes)")
-        return out
+        return summary_lines(self.summary(), self.spec.describe())
 
 
 def _samples_of(samples: list[SampleRecord], phase: str, kind: str, instance: str) -> list[SampleRecord]:
@@ -555,3 +526,59 @@ def _pct(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def summary_lines(s: dict[str, Any], slo_words: str) -> list[str]:
+    """A search's knee.json as the terminal shows it: one row per level, then the knee and the binding resource."""
+    unit = s["unit"]
+    out = [
+        f"knee over {s['over']} for {s['instance']}, {slo_words}:",
+        f"  {'load':>8} {'runs':>4} {'meets':>5} {'attain':>7} {'good/s':>7} {'good tok/s':>10} "
+        f"{'cached':>7}  failed most",
+    ]
+    for row in s["levels"]:
+        r = row["result"]
+        flaky = " (repeats disagree)" if len(set(row["each_meets"])) > 1 else ""
+        cached = _pct(row["reuse"]["share"]) + ("!" if row["reuse_unasked"] else "")
+        out.append(
+            f"  {row['level']:>8g} {row['measurements']:>4} {'yes' if row['meets'] else 'no':>5} "
+            f"{_pct(r['attainment']):>7} {_num(r['goodput_rps']):>7} {_num(r['good_tokens_per_s']):>10} "
+            f"{cached:>7}  {r['failed_most'] or '-'}{flaky}"
+        )
+    ps = s["prompt_set"]
+    if any(row["reuse_unasked"] for row in s["levels"]):
+        out.append(
+            f"note: '!' cached: the engine took more of the prompts from its prefix cache than {ps['name']} asks "
+            f"for: those levels measured the cache (--prompts synthetic:TOKENS sends a fresh prompt per request)"
+        )
+    elif ps["repeats"] and not ps["asked_reuse"]:
+        out.append(
+            f"note: {ps['name']} is a fixed set, sent again at every level: a prefix-caching engine may serve "
+            f"repeats from its cache (--prompts synthetic:TOKENS sends a fresh prompt per request)"
+        )
+    if s["status"] == "found" and s["unsettled"]:
+        out.append(
+            f"knee: {knee_answer.span(s)}; failed at {words.load(s['first_failing'], unit)} "
+            f"({knee_answer.unsettled_words(s)})"
+        )
+    elif s["status"] == "found":
+        out.append(f"knee: {words.load(s['knee'], unit)}; fails at {words.load(s['first_failing'], unit)}")
+    elif s["status"] == "fails at the lowest load":
+        out.append(f"knee: none - the SLOs fail even at {s['first_failing']:g} {unit} (--min-load)")
+    elif s["status"] == "meets the SLOs up to the highest load":
+        out.append(f"knee: at least {s['knee']:g} {unit} - the SLOs hold up to --max-load {s['search']['max_load']:g}")
+    b = s["binding"]
+    if s["status"] in binding.STOPPED.values():
+        out.append(f"knee: none - {s['note'] or s['status']}")
+    elif s["first_failing"] is not None:
+        out.append(f"binding at {s['binding_level']:g} {unit}: {b['advice']} ({b['evidence']})")
+    elif s["binding_level"] is not None:  # nothing failed: what the server did at the top, not what ran out
+        out.append(f"at {s['binding_level']:g} {unit}, the highest load tried: {b['evidence']}")
+    out += hostnoise.busy_notes(s["probes"])
+    if s["non_monotonic"]:
+        out.append("note: a load above a failing one met the SLOs (feasibility not monotone: a noisy machine?)")
+    if s["note"] and s["status"] not in binding.STOPPED.values():
+        out.append(f"note: {s['note']}")
+    if s["unsettled"]:
+        out.append(f"note: {knee_answer.unsettled_words(s)} (--knee-probes)")
+    return out

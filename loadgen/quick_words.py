@@ -8,13 +8,12 @@ to the evidence on the line after it (inferred, and "undecided" when the evidenc
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servescope import binding, hostnoise, slo
+from servescope import binding, hostnoise, knee_answer, slo
 from servescope.runfolder import RequestRecord
 
 LABEL = 14  # the width of a line's label: the values line up
@@ -194,15 +193,10 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
         out.append(_line("Capacity", f"at least {_users(k)} at once ({words}): {why}{early}"))
     elif knee.get("unsettled"):
         # The search stopped (its probe budget, Ctrl-C) before the boundary was measured as its rule asks: a range.
-        low = max((row["level"] for row in knee.get("levels", []) if row["meets"] and row["level"] < k), default=None)
-        span = f"{low:g} to {_users(k)}" if low is not None else f"at most {_users(k)}"
-        more = knee["unsettled"]
-        each = knee.get("measurement_s")
-        took = f", about {math.ceil(more * each / 60)} min" if isinstance(each, (int, float)) and each > 0 else ""
         out.append(
             _line(
                 "Capacity",
-                f"{span} at once ({words}): not settled: {more} more measurement(s){took} would settle it "
+                f"{knee_answer.span(knee)} at once ({words}): {knee_answer.unsettled_words(knee)} "
                 f"(QUICK_KNEE_PROBES){early}",
             )
         )

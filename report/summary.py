@@ -17,7 +17,7 @@ from report import goodput, table, verdict, workloads
 from report.load import Run
 from report.noise import Assessment, worst_slowdown
 from report.render import Bullets, Paragraph, Section
-from servescope import slo, words
+from servescope import knee_answer, slo, words
 
 TITLE = "Summary"
 MAX_LINES = 10  # per engine: a screen for every engine, the details in the sections below
@@ -95,10 +95,10 @@ def _knee_line(knee: dict[str, Any]) -> str:
     def load(value: float) -> str:  # "1 user", "3 users", "0.5 req/s"
         return words.load(value, knee["unit"])
 
-    if knee["status"] == "found":
-        found = f"{load(knee['knee'])} ({knee['first_failing']:g} fails)"
-        if knee.get("unsettled"):  # the search stopped before its rule settled it (loadgen/knee.py)
-            found = f"{found}, not settled: about {words.count(knee['unsettled'], 'more measurement')} would settle it"
+    if knee["status"] == "found" and knee.get("unsettled"):  # stopped before its rule settled it: a range
+        found = f"{knee_answer.span(knee)} ({load(knee['first_failing'])} failed), {knee_answer.unsettled_words(knee)}"
+    elif knee["status"] == "found":
+        found = f"{load(knee['knee'])} ({load(knee['first_failing'])} fails)"
     elif knee["status"] == "meets the SLOs up to the highest load":
         found = f"at least {load(knee['knee'])} (the highest load tried)"
     elif knee["status"] == "fails at the lowest load":

@@ -312,14 +312,14 @@ def test_a_search_stopped_early_says_its_capacity_is_a_lower_bound():
 def test_a_search_stopped_before_it_settled_gives_a_range_never_one_number():
     """The probe budget ran out with 4 users measured once and 5 failing once: "3 to 4 users", and what would settle it."""
     knee = {
-        "status": "found", "knee": 4, "first_failing": 5, "unsettled": 2, "measurement_s": 35.0,
+        "status": "found", "unit": "users", "knee": 4, "first_failing": 5, "unsettled": 2, "measurement_s": 35.0,
         "levels": [level(1, True, 1.0), level(2, True, 1.0), level(3, True, 0.95), level(4, True, 0.9),
                    level(5, False, 0.6, "ttft<=2")],
         "binding": {}, "binding_level": 5, "probes": [],
     }  # fmt: skip
     (capacity,) = labelled(quick_words.lines(outcome(knee)), "Capacity")
     assert capacity.startswith("3 to 4 users at once (")
-    assert capacity.endswith("not settled: 2 more measurement(s), about 2 min would settle it (QUICK_KNEE_PROBES)")
+    assert capacity.endswith("not settled: about 2 more measurements (about 2 min) would settle it (QUICK_KNEE_PROBES)")
     settled = {**knee, "unsettled": 0}
     assert labelled(quick_words.lines(outcome(settled)), "Capacity")[0].startswith("4 users at once (")
 
