@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from exporter.llamacpp import slot_occupancy
 from exporter.ollama import OllamaCollector
 from exporter.upstream import MISSING, Upstream, UpstreamError
-from servescope import engine_identity, engines, knobs
+from servescope import engine_identity, engines, knobs, printable
 from servescope.engines.base import BY_EXPORTER, POOL_SLOTS, EngineKind, Reading
-from servescope.urls import parse_http_url, redact
+from servescope.urls import parse_http_url, redact, redact_address
 
 # What a page says of one reading.
 CURRENT, OLD_NAME, GONE_NEEDED, MISSING_OPTIONAL, DROPPED = "current", "renamed", "gone", "optional missing", "dropped"
@@ -147,14 +147,14 @@ def parse_target(spec: str) -> tuple[EngineKind | None, str]:
         try:
             kind = engines.kind(kind_name.strip())
         except ValueError as exc:
-            raise BadInput(f"{redact(spec)}: {exc}") from None
+            raise BadInput(f"{printable.line(redact_address(spec))}: {exc}") from None
     else:
         url = spec
     url = url.strip().rstrip("/")
     try:
         parse_http_url(url)
     except ValueError as exc:
-        raise BadInput(f"{redact(spec)}: {exc}") from None
+        raise BadInput(f"{printable.line(redact_address(spec))}: {exc}") from None
     return kind, url
 
 
@@ -208,7 +208,7 @@ def check(spec: str, timeout: float = TIMEOUT_S) -> Verdict:
             raise BadInput(
                 f"{shown}{kind.metrics_path}: not a {kind.title} metrics page (no {kind.metrics.prefix} sample)"
             )
-        verdict.findings = _cross_check(judge(kind, names), _exported(kind, upstream, deadline))
+        verdict.findings = _cross_check(judge(kind, names), _page_exported(kind, upstream, deadline))
         if kind.metrics.pool == POOL_SLOTS:
             verdict.findings.append(_slots(upstream, deadline))
         return verdict
@@ -287,6 +287,18 @@ def _exported(kind: EngineKind, upstream: Upstream, deadline: float) -> set[str]
         return {sample.name for family in collector.scrape(deadline) for sample in family.samples}
     finally:
         logging.getLogger("exporter").disabled = False
+
+
+def _page_exported(kind: EngineKind, upstream: Upstream, deadline: float) -> set[str]:
+    """_exported() of an engine with a page; a page the collector cannot read gives nothing (as the exporter's own
+    collect() says "engine unreadable"): the very drift this check is for, `vllm:` series on the page but none of
+    those it reads, is then every reading gone, never a ValueError."""
+    try:
+        return _exported(kind, upstream, deadline)
+    except UpstreamError:
+        raise
+    except Exception:  # noqa: BLE001 - any surprise in a page is "nothing read from it"
+        return set()
 
 
 def _cross_check(findings: list[Finding], exported: set[str]) -> list[Finding]:
