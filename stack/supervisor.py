@@ -201,6 +201,25 @@ def wait_ready(
             time.sleep(poll)
 
 
+def start_ready(
+    service: Service,
+    label: str | None = None,
+    directory: Path | None = None,
+    log_dir: Path | None = None,
+    grace: float = 20.0,
+    poll: float = 1.0,
+) -> Record:
+    """Start a service and wait until it is ready; one that exits or hangs is stopped (stop(): never left running,
+    half up, holding its port) before the reason is raised."""
+    proc, record = start(service, directory, log_dir)
+    try:
+        wait_ready(record, proc, service.ready_timeout, label=label, poll=poll, directory=directory)
+    except BaseException:
+        stop(record, grace=grace, directory=directory)
+        raise
+    return record
+
+
 def tree(proc: psutil.Process) -> list[psutil.Process]:
     try:
         return [proc, *proc.children(recursive=True)]
@@ -208,16 +227,26 @@ def tree(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
+# How a service is stopped, the schedule every child of the tools gets: SIGINT (its own Ctrl-C: an engine finishes
+# its shutdown), SIGTERM to what is left `grace` seconds later, SIGKILL KILL_AFTER_TERM_S after that.
+KILL_AFTER_TERM_S = 5.0
+
+
 def stop(record: Record, grace: float = 20.0, directory: Path | None = None) -> str:
-    """Stop one service by its recorded pid (verified), its process group and any child that left it."""
+    """Stop one service by its recorded pid (verified), its process group and any child that left it: SIGINT,
+    SIGTERM after `grace` s, SIGKILL KILL_AFTER_TERM_S later (a hung server that ignores the first two included)."""
     proc = process_of(record)
     if proc is None:
         forget(record.name, directory)
         return "not running" if record.pid else "absent"
     members = tree(proc)
     group = record.pid if _pgid(record.pid) == record.pid else None
-    _signal(members, group, signal.SIGTERM)
-    _, alive = psutil.wait_procs(members, timeout=grace)
+    alive = members
+    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, KILL_AFTER_TERM_S)):
+        _signal(alive, group, sig)
+        _, alive = psutil.wait_procs(alive, timeout=wait_s)
+        if not alive:
+            break
     if alive:
         _signal(alive, group, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=5)
@@ -238,13 +267,17 @@ def _pgid(pid: int) -> int | None:
 
 
 def _signal(members: list[psutil.Process], group: int | None, sig: int) -> None:
+    """`sig` once to each: the group, then the members that left it. Twice would be a second Ctrl-C, which an engine
+    (uvicorn's vLLM) takes as "exit now" instead of its orderly shutdown."""
     if group is not None:
         try:
             os.killpg(group, sig)
         except (ProcessLookupError, PermissionError):
-            pass
+            group = None
     for member in members:
         try:
+            if group is not None and _pgid(member.pid) == group:
+                continue
             member.send_signal(sig)
         except psutil.NoSuchProcess:
             pass

@@ -291,8 +291,11 @@ class Tuner:
         return False
 
     def _run_with(self, values: dict[str, str]) -> None:
-        """The engine with these knob values (restarted only when it runs with others)."""
+        """The engine with these knob values (restarted only when it runs with others). While a restart is under way,
+        and after one that failed, what runs is unknown: a refused setting left the engine down, and the restore that
+        followed skipped its start because the old values were still taken for the running ones."""
         if self.running != values:
+            self.running = None
             self.restart(values)
             self.running = dict(values)
 
@@ -511,10 +514,7 @@ def native_restart(engine: str) -> Callable[[dict[str, str]], None]:
             service.cmd.append("--no-repack")  # what `up` found this CPU needs (AMX advertised, unusable)
         if record is not None:
             supervisor.stop(record)
-        proc, started = supervisor.start(service)
-        supervisor.wait_ready(
-            started, proc, service.ready_timeout, label=f"{service.title} restarting ({_knobs(values)})"
-        )
+        supervisor.start_ready(service, label=f"{service.title} restarting ({_knobs(values)})")
 
     return restart
 

@@ -179,3 +179,54 @@ def test_a_service_that_execs_another_program_stays_ours(dirs):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# A server that never answers and ignores SIGINT and SIGTERM (a hung engine): it says each signal it got.
+HUNG = (
+    "import signal, sys, time\n"
+    "def said(sig, _frame):\n"
+    "    print('GOT', signal.Signals(sig).name, flush=True)\n"
+    "signal.signal(signal.SIGINT, said)\n"
+    "signal.signal(signal.SIGTERM, said)\n"
+    "print('HUNG' + 'READY', flush=True)\n"
+    "while True:\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def _signals(log) -> list[str]:
+    return [line.split()[1] for line in log.read_text().splitlines() if line.startswith("GOT ")]  # not the header
+
+
+def test_stop_goes_sigint_then_sigterm_then_sigkill_on_its_schedule(dirs):
+    """Issue 42: every child gets SIGINT, then SIGTERM, then SIGKILL on a stated schedule (stop's grace, then
+    KILL_AFTER_TERM_S): a server that ignores the first two is gone by the last."""
+    pids, logs = dirs
+    proc, record = supervisor.start(service("engine", [sys.executable, "-c", HUNG]), pids, logs)
+    try:
+        deadline = time.monotonic() + 30
+        while "HUNGREADY" not in (logs / "engine.log").read_text():  # its handlers are in (not its command line)
+            assert time.monotonic() < deadline and proc.poll() is None, "the hung server never started"
+            time.sleep(0.05)
+        assert supervisor.stop(record, grace=1, directory=pids) == "killed"
+        proc.wait(30)  # gone (TimeoutExpired if not); psutil reaped it, so its exit status is not ours to read
+        assert _signals(logs / "engine.log") == ["SIGINT", "SIGTERM"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_service_that_hangs_at_start_is_stopped_before_the_reason_is_raised(dirs):
+    """Issue 42: `make tune` left the hung server of a setting that never became ready running (holding its port and
+    its memory) when it went back to the old setting. start_ready stops what it started before it raises."""
+    pids, logs = dirs
+    hung = Service(
+        "vllm", "vLLM-CPU", [sys.executable, "-c", HUNG], "127.0.0.1", free_port(), "VLLM_PORT", "/v1/models"
+    )
+    hung.ready_timeout = 1.0
+    with pytest.raises(StackError, match="not ready"):
+        supervisor.start_ready(hung, directory=pids, log_dir=logs, grace=1, poll=0.05)
+    assert "vllm" not in supervisor.records(pids)
+    assert not any(p.info["cmdline"] and HUNG in p.info["cmdline"] for p in psutil.process_iter(["cmdline"])), (
+        "the hung server is still running"
+    )

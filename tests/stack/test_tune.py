@@ -314,3 +314,49 @@ def test_the_expected_gain_of_more_slots_is_said_before_the_restart():
 def test_the_last_line_checks_that_the_engine_answers(tmp_path):
     line = tune.last_line("llamacpp", f"http://127.0.0.1:{free_port()}", {"LLAMACPP_PARALLEL": "2"}, NEW)
     assert "is NOT answering" in line and "LLAMACPP_PARALLEL=2" in line and "not back" in line
+
+
+# ---------------------------------------------------------------- a setting the engine refuses or hangs on
+
+OLD = {"LLAMACPP_PARALLEL": "1", "LLAMACPP_CTX": "4096"}
+
+
+class FragileEngine:
+    """What runs, as a restart leaves it: the old engine is stopped first (as the native stack's restart does), and a
+    refused setting leaves nothing running."""
+
+    def __init__(self, refused: dict[str, str]):
+        self.running: dict[str, str] | None = dict(OLD)
+        self.refused = refused
+        self.starts: list[dict[str, str]] = []
+
+    def restart(self, values: dict[str, str]) -> None:
+        from stack.errors import StackError
+
+        self.running = None  # the old one stopped
+        self.starts.append(dict(values))
+        if values == self.refused:
+            raise StackError("llama.cpp server exited (code 1) before it was ready")
+        self.running = dict(values)
+
+
+def test_a_refused_setting_restores_the_old_one_with_a_third_start(tmp_path):
+    """Issue 42: when the new setting was refused, `_run_with` skipped the restore because `self.running` still held
+    the old values: the engine was left down ("the setting is not back") with no third start."""
+    engine = FragileEngine(refused=NEW)
+    tuner = tune.Tuner("llamacpp", "http://127.0.0.1:9", dict(OLD), engine.restart, tmp_path, loadgen_args=[])
+    knee = {
+        "knee": 1,
+        "first_failing": 2,
+        "status": "found",
+        "unit": "users",
+        "binding": {"resource": binding.BATCH_SLOTS, "evidence": "every slot busy"},
+    }
+    tuner.knee = lambda run_id, *extra: knee
+    tuner.measured = lambda run_id, result, level: tune.Evidence(
+        good=[3.0], tokens=[30.0], lengths=[3.0], measurements=1, runs=[run_id]
+    )
+    steps = tuner.run()
+    assert steps[-1].decision == "refused" and "could not be applied" in tuner.stop_reason
+    assert engine.starts == [NEW, OLD]  # the refused setting, then the old one back
+    assert engine.running == OLD and tuner.running == OLD
