@@ -477,7 +477,7 @@ def _knee_text(knee: dict[str, Any]) -> str:
         return words.load(value, knee["unit"])
 
     if knee["status"] == "found":
-        found = f"the knee is {load(knee['knee'])} ({load(knee['first_failing'])} fails)"
+        found = f"the knee is {load(knee['knee'])} (fails at {load(knee['first_failing'])})"
     elif knee["status"] == "fails at the lowest load":
         found = f"no knee: the SLOs fail even at {load(knee['first_failing'])}"
     elif knee["status"] in binding.STOPPED.values():

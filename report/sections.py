@@ -160,7 +160,7 @@ class Verdict(ReportSection):
         return self.Data(run, verdicts, kv)
 
     def to_json(self, data: Data) -> dict[str, Any]:
-        return {"verdict": verdict.to_json(data.verdicts, data.kv)}
+        return {"verdict": verdict.to_json(data.verdicts, data.kv, _kinds(data.run))}
 
     def section(self, data: Data) -> Section:
         return _verdict(data.run, data.verdicts, data.kv)
@@ -725,10 +725,14 @@ def _crosscheck(
     run: Run, checks: list[crosscheck.CrossCheck], splits: list[ttft_split.TtftSplit], figs: list[Figure]
 ) -> Section:
     sec = Section("Engine-side cross-check")
+    # The components these engines gave (an engine's own words, Ollama's load or llama.cpp's missing queue, only
+    # where that engine ran).
+    shown = {k for c in checks for k in c.components_mean_s} or set(crosscheck.COMPONENT_HELP)
+    loads = any(_times_model_loads(c.engine) for c in checks)
     sec.add(
         Bullets(
-            [f"{k}: {v}" for k, v in crosscheck.COMPONENT_HELP.items()]
-            + [f"cold load: Ollama load_duration above {crosscheck.COLD_LOAD_S:g}s"]
+            [f"{k}: {v}" for k, v in crosscheck.COMPONENT_HELP.items() if k in shown]
+            + ([f"cold load: Ollama load_duration above {crosscheck.COLD_LOAD_S:g}s"] if loads else [])
         )
     )
     rows = []
@@ -774,16 +778,18 @@ def _crosscheck(
 def _ttft_split(run: Run, splits: list[ttft_split.TtftSplit], sec: Section) -> None:
     """Each request's TTFT split into the engine's parts (bursts by arrival order first), per engine."""
     sec.add(Paragraph("TTFT split, where the engine gives the parts:"))
-    sec.add(Bullets([f"{k}: {v}" for k, v in ttft_split.PART_HELP.items()]))
+    given = {k for s in splits for k in s.means_s} or set(ttft_split.PART_HELP)  # the parts these engines gave
+    sec.add(Bullets([f"{k}: {v}" for k, v in ttft_split.PART_HELP.items() if k in given]))
+    parts = [p for p in ttft_split.PARTS if p in given]
     rows = []
     for s in splits:
         title = run.engines[s.instance].title
         if not s.available:
-            rows.append([title, "mean", "n/a", *["n/a"] * len(ttft_split.PARTS), s.source])
+            rows.append([title, "mean", "n/a", *["n/a"] * len(parts), s.source])
             continue
         share = "n/a" if s.queue_share is None else f"queue {s.queue_share:.0%} of TTFT"
         label = "mean (aggregate)" if s.aggregate else f"mean of {s.count}"
-        rows.append([title, label, _ms(s.ttft_mean_s), *[_ms(s.means_s.get(p)) for p in ttft_split.PARTS], share])
+        rows.append([title, label, _ms(s.ttft_mean_s), *[_ms(s.means_s.get(p)) for p in parts], share])
         shown = sorted(
             (r for r in s.requests if r.arrival_index is not None), key=lambda r: (r.phase, r.arrival_index)
         )[:12]
@@ -793,13 +799,13 @@ def _ttft_split(run: Run, splits: list[ttft_split.TtftSplit], sec: Section) -> N
                     title,
                     f"{r.phase} #{r.arrival_index + 1}",
                     _ms(r.ttft_s),
-                    *[_ms(r.parts_s.get(p)) for p in ttft_split.PARTS],
+                    *[_ms(r.parts_s.get(p)) for p in parts],
                     "",
                 ]
             )
     sec.add(
         Table(
-            ["Engine", "Request", "TTFT ms", *[f"{p.replace('_', ' ')} ms" for p in ttft_split.PARTS], "Note"],
+            ["Engine", "Request", "TTFT ms", *[f"{p.replace('_', ' ')} ms" for p in parts], "Note"],
             rows,
             "Per engine: the mean split, then the burst requests by arrival order (all requests in report.json)",
         )
@@ -949,7 +955,7 @@ def _fleet(run: Run, fleet: gauges.Fleet, sec: Section) -> None:
 
 def _verdict(run: Run, verdicts: list[verdict.Verdict], kv: list[verdict.KvArithmetic]) -> Section:
     sec = Section("Verdict: which knob to move")
-    sec.add(Paragraph(verdict.RULE))
+    sec.add(Paragraph(verdict.rule(_kinds(run))))  # the engines that ran, not every one servescope knows
     sec.add(
         Table(
             ["Engine", "Verdict", "Evidence", "Where the evidence disagrees", "Not concluded from (rerun)"],
@@ -1108,6 +1114,11 @@ def _compare(deltas: list[compare.Delta], how: str, baseline: Run | None, figs: 
     for fig_ in figs:
         sec.add(fig_)
     return sec
+
+
+def _kinds(run: Run) -> list[str]:
+    """The engine kinds this run measured, in its order: a rule paragraph names these and no other."""
+    return list(dict.fromkeys(e.kind for e in run.engines.values()))
 
 
 def _times_model_loads(kind: str) -> bool:

@@ -96,9 +96,11 @@ def _knee_line(knee: dict[str, Any]) -> str:
         return words.load(value, knee["unit"])
 
     if knee["status"] == "found" and knee.get("unsettled"):  # stopped before its rule settled it: a range
-        found = f"{knee_answer.span(knee)} ({load(knee['first_failing'])} failed), {knee_answer.unsettled_words(knee)}"
+        found = (
+            f"{knee_answer.span(knee)} (failed at {load(knee['first_failing'])}), {knee_answer.unsettled_words(knee)}"
+        )
     elif knee["status"] == "found":
-        found = f"{load(knee['knee'])} ({load(knee['first_failing'])} fails)"
+        found = f"{load(knee['knee'])} (fails at {load(knee['first_failing'])})"
     elif knee["status"] == "meets the SLOs up to the highest load":
         found = f"at least {load(knee['knee'])} (the highest load tried)"
     elif knee["status"] == "fails at the lowest load":

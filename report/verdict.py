@@ -26,23 +26,47 @@ from report.noise import Assessment, worst_slowdown
 from report.sweep import BurstDrain
 from report.ttft_split import TtftSplit
 from servescope import binding, engines, series, thresholds
-from servescope.engines import llamacpp, ollama, vllm
 from servescope.engines.base import Lever
 from servescope.kv_arithmetic import blocks_for, capacity_tokens, max_concurrency
 
 KV_FULL, KV_ROOM = thresholds.KV_FULL, thresholds.KV_ROOM
-RULE = (
-    f"The reference page's section 4, read from the gauges while requests waited: KV usage that stayed below {KV_ROOM:.0%} -> the "
-    f"batch slots were the limit (vLLM: raise {vllm.SLOTS.flag}); KV usage averaging {KV_FULL:.0%} or more -> the KV "
-    f"pool was the limit (raise {vllm.KV.env} or lower {vllm.MAX_MODEL_LEN.flag}; never --swap-space, which adds no "
-    f"blocks on the CPU backend); in between, neither is claimed; llama.cpp waiting -> raise {llamacpp.SLOTS.env}. "
-    f"The clients' TTFT by arrival order and the engine's own queue timings are weighed with the gauges: a queue "
-    f"any of them saw is a queue (the thresholds are the alert rules' too: servescope/thresholds.py). Ollama has "
-    f"no queue gauge: the proxy's running/waiting (waiting = no first chunk yet: queued, loading or evaluating the "
-    f"prompt) never decide alone; Ollama's own durations do (a request held {thresholds.TTFT_QUEUED_MIN_S * 1000:g} "
-    f"ms or more outside load, prompt evaluation and generation waited: raise {ollama.SLOTS.env}), else the "
-    f"bursts' TTFT by arrival (a first token only after another request had finished), else undetermined."
+RULE_KV = (
+    f"KV usage that stayed below {KV_ROOM:.0%} -> the batch slots were the limit ({{slots}}); KV usage averaging "
+    f"{KV_FULL:.0%} or more -> the KV pool was the limit ({{pool}}); in between, neither is claimed"
 )
+RULE_WEIGHED = (
+    "The clients' TTFT by arrival order and the engine's own queue timings are weighed with the gauges: a queue any of "
+    "them saw is a queue (the thresholds are the alert rules' too: servescope/thresholds.py)."
+)
+RULE_DURATIONS = (
+    "{title} has no queue gauge: the proxy's running/waiting (waiting = no first chunk yet: queued, loading or "
+    "evaluating the prompt) never decide alone; its own durations do (a request held "
+    f"{thresholds.TTFT_QUEUED_MIN_S * 1000:g} ms or more outside load, prompt evaluation and generation waited: "
+    "{slots}), else the bursts' TTFT by arrival (a first token only after another request had finished), else "
+    "undetermined."
+)
+
+
+def rule(kinds: Sequence[str] | None = None) -> str:
+    """The verdict's rule in words for the engine kinds that ran (every kind servescope knows when None): the reference
+    page's section 4 on the gauges, each engine's levers, and what else is weighed."""
+    known = engines.ENGINES
+    chosen = [known[k] for k in dict.fromkeys(kinds if kinds is not None else known) if k in known]
+    said = []
+    for adapter in chosen:
+        slots, pool = adapter.lever(binding.BATCH_SLOTS), adapter.lever(binding.KV_CAPACITY)
+        if slots is None:
+            continue
+        if adapter.held_s is not None:
+            said.append(RULE_DURATIONS.format(title=adapter.title, slots=slots.say()))
+        elif adapter.queue_means_slots or pool is None:
+            said.append(f"{adapter.title}: its queue is only ever for a slot: requests waiting -> {slots.say()}.")
+        else:
+            kv = pool.say() + (f"; {pool.caveat}" if pool.caveat else "")
+            said.append(f"{adapter.title}: {RULE_KV.format(slots=slots.say(), pool=kv)}.")
+    head = "The reference page's section 4, read from the gauges while requests waited."
+    return " ".join([head, *said, RULE_WEIGHED])
+
 
 RUNNING, WAITING, KV_USAGE = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE
 
@@ -499,7 +523,7 @@ def _lever_from_queue(v: Verdict, info: EngineInfo, queue: QueueEvidence, kv: Kv
             v.lever = "undetermined"
             v.text = (
                 f"requests waited, but without the KV usage while they waited the lever cannot be told: compare "
-                f"{slots.flag}{now} with the burst size and the KV pool (section 3 below)"
+                f"{slots.flag}{now} with the burst size and the KV pool (the KV cache arithmetic under the verdicts)"
             )
 
 
@@ -691,9 +715,9 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:g}"
 
 
-def to_json(verdicts: list[Verdict], kv: list[KvArithmetic]) -> dict:
+def to_json(verdicts: list[Verdict], kv: list[KvArithmetic], kinds: Sequence[str] | None = None) -> dict:
     return {
-        "rule": RULE,
+        "rule": rule(kinds),
         "kv_full_threshold": KV_FULL,
         "kv_room_threshold": KV_ROOM,
         "verdicts": [asdict(v) for v in verdicts],

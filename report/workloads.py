@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,13 +32,25 @@ from servescope.runfolder import RequestRecord
 # little before its first token reaches the client: prefill windows are widened by this much.
 SLACK_S = 0.05
 LATE_S = 0.010  # a replayed request sent more than this after its scheduled time counts as late
+# Where each engine says, per request, how many prompt tokens came from its cache (an engine not here says nothing).
+PER_REQUEST_REUSE = {
+    "llamacpp": "llama.cpp timings.cache_n / usage.prompt_tokens_details",
+    "vllm": "vLLM only with --enable-prompt-tokens-details",
+}
 REUSE_RULE = (
     "Reuse = prompt tokens the engine took from its cache / prompt tokens. Per request: what the engine "
-    "reported for each request (llama.cpp timings.cache_n / usage.prompt_tokens_details; vLLM only with "
-    "--enable-prompt-tokens-details). Server: the engine's counters in the run's samples "
+    "reported for each request ({per_request}). Server: the engine's counters in the run's samples "
     f"({series.PROMPT_CACHED_TOKENS} / {series.PROMPT_TOKENS}), by turn only between two samples where every "
     "prompt the engine processed was of that turn."
 )
+
+
+def reuse_rule(kinds: Iterable[str] | None = None) -> str:
+    """REUSE_RULE naming the per-request sources of the engine kinds that ran (every one known when None)."""
+    chosen = PER_REQUEST_REUSE if kinds is None else {k: PER_REQUEST_REUSE[k] for k in kinds if k in PER_REQUEST_REUSE}
+    return REUSE_RULE.format(per_request="; ".join(chosen.values()) or "none of these engines reports it")
+
+
 OLLAMA_NOTE = (
     "Ollama reports no cached-token count. Its prompt_eval_count against the history it was sent (the previous "
     "turn's prompt + answer): {verdict} The engine's prefill time (prompt_eval_duration, last column) staying flat "
@@ -426,7 +439,7 @@ def section(run: Run, report: WorkloadReport, figures: list[Figure]) -> Section:
     sec = Section("Workloads: conversations, prefix-cache reuse, replay, output lengths")
     titles = {i: e.title for i, e in run.engines.items()}
     if report.turns or report.reuse:
-        sec.add(Paragraph(REUSE_RULE))
+        sec.add(Paragraph(reuse_rule(e.kind for e in run.engines.values())))
     if report.turns:
         sec.add(
             Table(
@@ -555,7 +568,7 @@ def section(run: Run, report: WorkloadReport, figures: list[Figure]) -> Section:
 
 def to_json(report: WorkloadReport) -> dict[str, Any]:
     return {
-        "reuse_rule": REUSE_RULE,
+        "reuse_rule": reuse_rule(),
         "late_threshold_s": LATE_S,
         "turns": [asdict(t) for t in report.turns],
         "reuse": [{**asdict(r), "unasked": r.unasked} for r in report.reuse],

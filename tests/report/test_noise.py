@@ -312,11 +312,12 @@ def test_the_knees_summary_line_says_one_user_not_one_users():
     from report import summary
 
     knee = {"unit": "users", "status": "found", "knee": 1, "first_failing": 2, "binding": {}}
-    assert summary._knee_line(knee) == "Knee: 1 user (2 fails)"
+    assert summary._knee_line(knee) == "Knee: 1 user (fails at 2 users)"
+    assert summary._knee_line({**knee, "knee": 2, "first_failing": 3}) == "Knee: 2 users (fails at 3 users)"
     stopped = {**knee, "unsettled": 3}
     assert (
         summary._knee_line(stopped)
-        == "Knee: 1 user (2 fails), not settled: about 3 more measurements would settle it"
+        == "Knee: at most 1 user (failed at 2 users), not settled: about 3 more measurements would settle it"
     )
     rate = {"unit": "req/s", "status": "fails at the lowest load", "knee": None, "first_failing": 1, "binding": {}}
     assert summary._knee_line(rate) == "Knee: none: the SLOs fail at 1 req/s"

