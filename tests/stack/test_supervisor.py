@@ -228,9 +228,18 @@ def test_a_service_that_hangs_at_start_is_stopped_before_the_reason_is_raised(di
         with pytest.raises(StackError, match="not ready"):
             supervisor.start_ready(hung, directory=pids, log_dir=logs, grace=1, poll=0.05)
         assert "vllm" not in supervisor.records(pids)
-        left = [p for p in psutil.Process().children() if HUNG in (p.cmdline() or [])]
-        assert not left, "the hung server is still running"
+        assert not _hung_children(), "the hung server is still running"
     finally:
-        for child in psutil.Process().children():  # a failed run of this test leaves no hung server behind
-            if HUNG in (child.cmdline() or []):
-                child.kill()
+        for child in _hung_children():  # a failed run of this test leaves no hung server behind
+            child.kill()
+
+
+def _hung_children() -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if HUNG in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.Error:
+            continue  # gone
+    return found
