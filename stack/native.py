@@ -427,11 +427,14 @@ def start_ollama(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str
 
 
 def print_kv_sizing(vllm_url: str, knob: dict[str, str], swap_used: bool) -> None:
-    import requests
+    from servescope import bounded_http
 
-    try:
-        info = vllm.cache_config_info(requests.get(f"{vllm_url}/metrics", timeout=10).text)
-    except requests.RequestException as exc:
+    try:  # bounded as a whole (servescope/bounded_http.py): a page dripping or past the cap is "unreadable"
+        answer = bounded_http.get(f"{vllm_url}/metrics", 10)
+        if answer.status != 200:
+            raise bounded_http.ServiceError(f"HTTP {answer.status}")
+        info = vllm.cache_config_info(answer.text())
+    except bounded_http.ServiceError as exc:
         say(f"vLLM /metrics unreadable ({exc}): no KV pool arithmetic")
         return
     if not info or "block_size" not in info:

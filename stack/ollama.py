@@ -10,7 +10,8 @@ from pathlib import Path
 
 import requests
 
-from servescope import probe
+from servescope import bounded_http, probe
+from servescope.engines.ollama import models_of as ollama_models
 from stack import paths
 from stack.errors import StackError
 from stack.progress import Step
@@ -66,9 +67,9 @@ def serve_environment(host: str, port: int, num_parallel: str) -> dict[str, str]
 
 
 def has_model(url: str, model: str) -> bool:
-    try:
-        tags = requests.get(f"{url}/api/tags", timeout=5).json().get("models", [])
-    except (requests.RequestException, ValueError):
+    try:  # bounded, and its shape checked: an answer that is not Ollama's is "no"
+        tags = ollama_models(bounded_http.get(f"{url}/api/tags", 5).json())
+    except (bounded_http.ServiceError, ValueError):
         return False
     names = {m.get("name", "") for m in tags} | {m.get("model", "") for m in tags}
     return model in names or f"{model}:latest" in names

@@ -12,7 +12,7 @@ from loadgen import discover, quick
 from servescope import children, engines
 from tests.conftest import free_port
 from tests.doubles.hostile_http import Hostile, drip, huge, reply
-from tests.harness import run_cli
+from tests.harness import run_cli, run_python
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -114,3 +114,17 @@ def test_the_schedule_sends_each_signal_once_in_order_and_stops_at_exit():
     child.returncode = 0  # it exited after its SIGTERM: no SIGKILL for a pid that may be another's by now
     clock[0] = children.STOP_KILL_AFTER_S + 1
     assert stopping.due() is None and sent == [signal.SIGINT, signal.SIGTERM]
+
+
+def test_whatever_holds_the_web_uis_port_costs_its_bound():
+    """The web UI asks what holds its port: a holder sending 10 GB, or dripping, is "not a web page" at once, never read
+    whole (in a process of its own: loadgen.cli brings Locust and gevent's patching, which must come first)."""
+    with (
+        Hostile({"/": huge("text/html")}) as big,
+        Hostile({"/": drip(b"HTTP/1.1 200 OK\r\n")}) as slow,
+        Hostile({"/": reply(b"<title>Locust</title>")}) as locust,
+    ):
+        ports = [big.port, slow.port, locust.port]
+        code = f"from loadgen import cli\nfor port in {ports}: print(cli._held_by('127.0.0.1', port))"
+        proc = run_python("-c", code, timeout=HANG_S)
+    assert proc.stdout.splitlines() == ["something that is not a web page"] * 2 + ["locust"], proc.stderr[-2000:]
