@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from report import plan, traffic
 from tests.doubles.hostile_http import Hostile, reply
-from tests.report.test_plan import _knee_folder
+from tests.report.plan_knees import knee_folder
 from tests.servescope.test_prometheus_api import ANSWERS, success
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,7 +87,7 @@ def test_any_answer_is_traffic_or_one_line(prometheus, answer):
 
 def test_report_plan_never_prints_the_password_nor_follows_a_redirect_elsewhere(tmp_path, capsys):
     """Issue 42 case 14: `report plan --prometheus http://bob:PW@...` printed the URL whole, and followed a 302."""
-    knee = _knee_folder(tmp_path)
+    knee = knee_folder(tmp_path)
     with Hostile({RANGE: reply(matrix((NOW, "1")))}) as elsewhere:
         moved = reply(b"", 302, {"Location": f"{elsewhere.url}{RANGE}?query=up"})
         with Hostile({RANGE: moved}) as server:
