@@ -13,7 +13,7 @@ import numpy as np
 from report import compare, goodput, latency, load, noise, stats
 from report.load import Run
 from servescope import slo, thresholds
-from servescope.runfolder import PhaseRecord
+from servescope.runfolder import PHASES, PhaseRecord
 
 MARKDOWN, JUNIT = "check.md", "check.xml"
 TOLERANCE_KNOB = "CHECK_TOLERANCE_PCT"
@@ -26,8 +26,9 @@ EXIT_CODES = f"""exit codes:
   0  no gated metric got worse beyond the tolerance (identical runs, noise, improvements)
   1  a gated metric got worse: its {stats.CONFIDENCE:.0%} bootstrap CI excludes zero on the worse side (latency up,
      goodput or SLO attainment down) and the change is more than {TOLERANCE_KNOB} percent of the baseline's value
-  2  the runs cannot be compared: a missing or unreadable run folder, different SLOs, different prompt sets or
-     max_tokens, other levels of one scenario, nothing in common; or a bad option or knob (one line on stderr)
+  2  the runs cannot be compared: a missing or unreadable run folder, no phase records, an SLO a manifest records
+     that cannot be read (give --slo), different SLOs, different prompt sets or max_tokens, other levels of one
+     scenario, nothing in common; or a bad option or knob (one line on stderr)
 
 A candidate's engine instance or scenario that the other run lacks is listed, not gated. Writes check.md and
 check.xml (JUnit: one testcase per gated metric, a <failure> for each worse one) into the candidate's run folder."""
@@ -454,7 +455,14 @@ def main(argv: list[str]) -> int:
             runs.append(run)
             if not run.request_count:
                 raise CheckError(f"{path}: no requests recorded")
-            specs.append(goodput.spec_of(run, args.slo))
+            if run.phases_reconstructed:  # levels and walls guessed: a gate compares phases as they ran
+                raise CheckError(f"{path}: no phase records ({PHASES} missing or unreadable): it cannot be gated")
+            try:
+                specs.append(goodput.spec_of(run, args.slo, strict=True))
+            except slo.SloError as exc:
+                if args.slo:
+                    raise
+                raise CheckError(f"{path}: {exc}: give --slo to judge both runs by one") from None
         baseline, candidate = runs
         (bs, cs) = specs
         if (bs.text, bs.objective) != (cs.text, cs.objective):

@@ -41,9 +41,9 @@ class PhaseGoodput:
         return self.energy.per(self.result.requests) if self.energy else None
 
 
-def spec_of(run: Run, override: str | None = None) -> slo.SloSpec:
+def spec_of(run: Run, override: str | None = None, strict: bool = False) -> slo.SloSpec:
     """spec_of_manifest of the run's manifest."""
-    return spec_of_manifest(run.manifest, override)
+    return spec_of_manifest(run.manifest, override, strict)
 
 
 def gap_limits(spec: slo.SloSpec) -> tuple[float, ...]:
@@ -60,11 +60,13 @@ def manifest_gap_limits(manifest: dict[str, Any], override: str | None = None) -
         return ()
 
 
-def spec_of_manifest(manifest: dict[str, Any], override: str | None = None) -> slo.SloSpec:
+def spec_of_manifest(manifest: dict[str, Any], override: str | None = None, strict: bool = False) -> slo.SloSpec:
     """The spec asked for, else the one the run recorded, else the knobs' (servescope/slo.resolve).
 
     A manifest is the run's word, not the user's: one whose SLO cannot be read costs the run its own
     SLO (the knobs' is used), never the report; a bad --slo given here is the user's, and said so.
+    strict (a gate: `report check`): a recorded SLO that cannot be read is an SloError naming it, never the knobs'
+    in its place (a run recorded with `banana` passed every gate judged by another SLO).
     """
     flags = manifest.get("flags")
     flags = flags if isinstance(flags, dict) else {}
@@ -75,8 +77,16 @@ def spec_of_manifest(manifest: dict[str, Any], override: str | None = None) -> s
         return slo.resolve(override, share)
     try:
         return slo.resolve(text, share)
-    except slo.SloError:
+    except slo.SloError as exc:
+        if strict:
+            raise slo.SloError(f"the SLO its manifest records ({_shown(text)}) cannot be read: {exc}") from None
         return slo.resolve()
+
+
+def _shown(text: Any) -> str:
+    """A manifest's value in one short line: its repr, cut."""
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def build(run: Run, spec: slo.SloSpec) -> list[PhaseGoodput]:

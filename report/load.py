@@ -71,6 +71,7 @@ class Run:
     started_at: float | None = None  # the manifest's, else the first send
     ended_at: float | None = None  # the manifest's, else the last phase end or request finish
     warnings: list[str] = field(default_factory=list)  # what the loader skipped or guessed
+    phases_reconstructed: bool = False  # no phase record was read: the phases are guessed from the requests
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)  # answers worth computing once (pools)
 
     view: Any = field(default=None, repr=False)  # a cursor whose `requests` leaves some phases out (Run.without)
@@ -157,7 +158,8 @@ def load(path: Path, limits_of: Callable[[dict[str, Any]], tuple[float, ...]] | 
     con = db.con
     request_count = con.execute("SELECT count(*) FROM requests").fetchone()[0]
     phases = list(db.records("phases", PhaseRecord))
-    if request_count and not phases:
+    reconstructed = bool(request_count and not phases)
+    if reconstructed:
         phases = _phases_from_requests(con)
         warnings.append(f"no {PHASES}: phases reconstructed from requests (wall = first send to last finish)")
     phases.sort(key=lambda p: (p.started_at, p.instance))
@@ -179,6 +181,7 @@ def load(path: Path, limits_of: Callable[[dict[str, Any]], tuple[float, ...]] | 
         started_at if started_at is not None else (min(starts) if starts else None),
         ended_at if ended_at is not None else (max(ends) if ends else None),
         warnings,
+        phases_reconstructed=reconstructed,
     )
 
 

@@ -296,3 +296,37 @@ def test_the_candidate_defaults_to_the_latest_run_and_never_to_the_baseline(tmp_
     write_run(tmp_path, "20260102-000000-1", n=20)
     code, out, _ = run_check("--baseline", base.name, "--results", str(tmp_path), capsys=capsys)
     assert code == 0 and "candidate 20260102-000000-1 against baseline 20260101-000000-1" in out
+
+
+def _set_manifest_slo(run: Path, text: str) -> None:
+    import json
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["flags"]["slo"] = text
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("missing", ["candidate", "both"])
+def test_a_run_without_its_phase_records_cannot_be_gated(tmp_path, capsys, missing):
+    """Issue 42: with phases.jsonl gone from both runs the gate compared phases guessed from the requests and passed
+    (exit 0); a gate compares phases as they ran: exit 2, one line naming the run."""
+    base, cand = write_run(tmp_path, "base", n=40), write_run(tmp_path, "cand", n=40)
+    for run in (cand, base) if missing == "both" else (cand,):
+        (run / "phases.jsonl").unlink()
+    code, out, err = run_check("--baseline", str(base), "--run", str(cand), capsys=capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "no phase records (phases.jsonl missing or unreadable)" in err and "Traceback" not in err
+    assert not (cand / check.JUNIT).exists()
+
+
+def test_a_manifest_slo_that_cannot_be_read_is_not_replaced_by_the_knobs(tmp_path, capsys):
+    """Issue 42: two runs recorded with the SLO `banana` were both judged by the knobs' SLO and passed (exit 0)."""
+    base, cand = write_run(tmp_path, "base", n=40), write_run(tmp_path, "cand", n=40)
+    for run in (base, cand):
+        _set_manifest_slo(run, "banana")
+    code, out, err = run_check("--baseline", str(base), "--run", str(cand), capsys=capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "records ('banana') cannot be read" in err and "give --slo" in err
+    # --slo judges both by one: the gate runs.
+    code, out, err = run_check("--baseline", str(base), "--run", str(cand), "--slo", "ttft<=0.5", capsys=capsys)
+    assert code == 0 and "PASS" in out, err
