@@ -51,6 +51,7 @@ MAX_REDIRECTS = 3
 REDIRECTS = frozenset((301, 302, 303, 307, 308))
 IDLE_CONNECTIONS = 4  # kept-alive connections per origin: a reader asks a few endpoints in turn
 RECEIVE_BYTES = 256 * 1024
+KNOWN_TARGETS = 64  # request targets an origin keeps made (a reader asks a few, again and again)
 # What a request target may hold as sent: a redirect's Location is re-quoted to it (no space, CR or LF).
 _TARGET_SAFE = "/?&=%:@!$'()*+,;~-._"
 
@@ -194,6 +195,7 @@ class Origin:
             raise error(f"{self.shown_url}: a header would carry a line break (in the URL or the API key)")
         self._headers = ("".join(f"{line}\r\n" for line in headers) + "\r\n").encode("latin-1", errors="replace")
         self.clock = clock
+        self._requests: dict[str, tuple[str, bytes]] = {}
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._lookup: Future | None = None  # one name lookup at a time, however many readers wait on it
@@ -248,8 +250,7 @@ class Origin:
         return quote(there.path or "/", safe=_TARGET_SAFE) + query
 
     def _fetch(self, target: str, deadline: float, max_bytes: int, head_only: bool) -> Answer:
-        url = printable.line(f"{self.shown_root}{target}", limit=300)
-        request = f"GET {target} HTTP/1.1\r\n".encode("latin-1", errors="replace") + self._headers
+        url, request = self._requests.get(target) or self._request(target)
         for attempt in (1, 2):
             sock, reused = self._checkout(deadline, url)
             try:
@@ -268,6 +269,17 @@ class Origin:
                 sock.close()
             return Answer(url, response.status, response.headers, bytes(response.body))
         raise AssertionError("unreachable")
+
+    def _request(self, target: str) -> tuple[str, bytes]:
+        """(the target's URL as messages show it, the request's bytes): made once per target, since a reader (the
+        exporter every scrape, the sampler ten times a second) asks the same few again and again."""
+        made = (
+            printable.line(f"{self.shown_root}{target}", limit=300),
+            f"GET {target} HTTP/1.1\r\n".encode("latin-1", errors="replace") + self._headers,
+        )
+        if len(self._requests) < KNOWN_TARGETS:
+            self._requests[target] = made
+        return made
 
     def _exchange(
         self, sock: socket.socket, request: bytes, deadline: float, url: str, max_bytes: int, head_only: bool

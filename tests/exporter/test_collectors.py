@@ -244,7 +244,7 @@ def test_vllm_down_logs_once_and_recovers(caplog):
     with caplog.at_level(logging.INFO, logger="exporter"):
         for _ in range(3):
             assert registry.get_sample_value(series.ENGINE_UP, labels("vllm")) == 0.0
-    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING][0].endswith("Connection refused")
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING][0].endswith("connection refused")
     assert len(caplog.records) == 1
 
 
