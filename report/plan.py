@@ -654,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         profiles = [profile_of(load.resolve(r, results), args.slots) for r in args.runs]
         spec = _spec(args, [load.resolve(r, results) for r in args.runs])
         sharings = _sharings(args, results)
+        replicas.warm()
         offered = _traffic(args)
         prices = _prices(args.price)
         for profile, sharing in zip(profiles, sharings, strict=True):  # every row's limits, before any row's work

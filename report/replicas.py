@@ -279,6 +279,13 @@ def run(
     return Outcomes(schedule.at, rep, err == replica_events.OK, ttft, e2e, tokens, err, level)
 
 
+def warm() -> None:
+    """Compile the event loop now (or load it from numba's cache): a plan does so before it builds a traffic of
+    millions, so the compiler's memory is not on top of the arrivals'."""
+    level = Level(1.0, np.array([0.1]), np.array([0.01]), 0.0, 1)
+    run(Schedule(np.zeros(1), np.zeros(1, np.int64)), Profile("warm", "", (level,), None, None, 2, None), 1)
+
+
 def shapes(profile: Profile, sharing: Sharing | None = None) -> list[np.ndarray]:
     """The ITL shape of each level an outcome's `level` numbers: the own knee's, then the busy knee's."""
     busy = sharing.busy.levels if sharing else ()

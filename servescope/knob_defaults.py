@@ -608,9 +608,10 @@ GROUPS: tuple[Group, ...] = (
                 (
                     "`make plan` / `servescope plan KNEE_RUN... --trace NAME|--rate R|--poisson R|--prometheus-query Q`: replicas\n"
                     "for a traffic from one replica's knee (report/replicas.py's model). The router's policy (least_conn: nginx's, the\n"
-                    "replica with the fewest in flight; round_robin), the windows the SLOs must hold in (seconds), simulations pooled\n"
-                    "per replica count, where the search stops, and the price of an instance-hour per engine (ENGINE=PRICE,...; empty:\n"
-                    "no cost column), e.g. vllm=0.35,llamacpp=0.35."
+                    "replica with the fewest in flight; round_robin), the windows the SLOs must hold in (seconds; at most 100,000 of\n"
+                    "them a traffic), simulations pooled per replica count (1-100; fewer where the traffic is large, at most 2,000,000\n"
+                    "simulated requests a count), where the search stops (1-10,000), and the price of an instance-hour per engine\n"
+                    "(ENGINE=PRICE,...; empty: no cost column), e.g. vllm=0.35,llamacpp=0.35. Checked before any work (report/plan.py)."
                 ),
             ),
             Knob("PLAN_WINDOW_S", "60"),

