@@ -1,5 +1,8 @@
 """A prometheus.yml for a fleet: engines found by file or DNS service discovery, scraped directly, fleet rules loaded.
 
+Every option is checked as Prometheus reads it (servescope/prometheus_config.py: host names, ports, file_sd paths,
+the interval's bounds), and the config by `promtool check config` where promtool is installed, before it is printed.
+
 python -m servescope.fleet_config --file-sd vllm=/etc/servescope/vllm.json --dns llamacpp=llama.fleet.internal:8080 \\
     --exporter 127.0.0.1:9464 > prometheus.yml
 """
@@ -54,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         text = render(fleet, exporter=args.exporter, scrape_interval=args.interval)
     except ValueError as exc:
         print(f"fleet_config: {exc}", file=sys.stderr)
+        return 2
+    # What Prometheus itself would say of it, where promtool is installed: a config it refuses is never printed.
+    refused = prometheus_config.promtool_verdict_of(text)
+    if refused is not None:
+        print(f"fleet_config: promtool check config refuses it: {refused}", file=sys.stderr)
         return 2
     sys.stdout.write(text)
     return 0

@@ -7,9 +7,14 @@ python -m servescope.prometheus_config --check   # exit 1 when the committed fil
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 
@@ -68,6 +73,95 @@ COMPOSE_PORTS: Mapping[str, int] = {
 }
 
 
+# ---------------------------------------------------------------- what Prometheus takes (checked before rendering)
+
+# The scrape timeout's floor (_timeout_ms): an interval below it would have a timeout longer than itself, which
+# Prometheus refuses ("scrape timeout greater than scrape interval").
+MIN_TIMEOUT_MS = 100
+# Past 2m a series goes stale (Prometheus' 5-minute lookback) between two scrapes of a missed one: Prometheus' own
+# advice is at most 2m. An interval of 99999999999h is out of its duration's range altogether.
+MAX_SCRAPE_INTERVAL_S = 120.0
+# A DNS name (RFC 1123): dot-separated labels of letters, digits and inner hyphens, 253 characters at most.
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
+IPV6 = re.compile(r"\[[0-9A-Fa-f:.]+\]")
+# Prometheus' own rule for a file_sd path (discovery/file: patFileSDName): a JSON or YAML file, a `*` glob in the
+# file's name at most (`/**/*.json` is refused).
+FILE_SD_NAME = re.compile(r"^[^*]*(\*[^/]*)?\.(json|yml|yaml|JSON|YML|YAML)$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+PROMTOOL_TIMEOUT_S = 60.0
+
+
+def checked_interval(interval: str) -> str:
+    """A scrape interval Prometheus takes and a scrape can keep: one unit (5s, 500ms, 1m) within
+    [MIN_TIMEOUT_MS, MAX_SCRAPE_INTERVAL_S]; ValueError naming the bounds otherwise."""
+    seconds = interval_s(interval)
+    if not MIN_TIMEOUT_MS / 1000 <= seconds <= MAX_SCRAPE_INTERVAL_S:
+        raise ValueError(
+            f"scrape interval {interval!r}: expected {MIN_TIMEOUT_MS}ms to {MAX_SCRAPE_INTERVAL_S:g}s (below, the "
+            f"scrape timeout would exceed it; above, series go stale between scrapes)"
+        )
+    return interval
+
+
+def checked_port(port: str, what: str) -> int:
+    if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{what}: port {port!r} is not 1 to 65535")
+    return int(port)
+
+
+def checked_address(address: str, what: str, *, dns: bool = False) -> tuple[str, int]:
+    """host:port with a host Prometheus can resolve (a DNS name or IPv4; [IPv6] unless `dns`: an A record's name)
+    and a port 1 to 65535; ValueError saying which part is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{what}: {address!r} is not host:port")
+    if not (HOST_NAME.fullmatch(host) or (not dns and IPV6.fullmatch(host))):
+        raise ValueError(f"{what}: {host!r} is not a host name")
+    try:
+        return host, checked_port(port, what)
+    except ValueError:
+        raise ValueError(f"{what}: {address!r} is not host:port (a port 1 to 65535)") from None
+
+
+def checked_file_sd(path: str, what: str) -> str:
+    """A file_sd path Prometheus takes: no control character, a .json/.yml/.yaml file, a glob in its name only."""
+    if CONTROL.search(path):
+        raise ValueError(f"{what}: the path {path!r} holds a control character")
+    if not FILE_SD_NAME.match(path):
+        raise ValueError(
+            f"{what}: {path!r} is not a file_sd path Prometheus takes (a .json, .yml or .yaml file; a `*` in its "
+            f"name only, as targets-*.json)"
+        )
+    return path
+
+
+def promtool_verdict(config: Path) -> str | None:
+    """promtool's refusal of a Prometheus config file, in one line; None when it passes or promtool is absent."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=PROMTOOL_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return f"promtool check config did not finish within {PROMTOOL_TIMEOUT_S:g} s"
+    if proc.returncode == 0:
+        return None
+    lines = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    return lines[-1] if lines else f"promtool check config: exit {proc.returncode}"
+
+
+def promtool_verdict_of(text: str) -> str | None:
+    """promtool_verdict of a rendered config, from a file of its own (its path left out of the line)."""
+    with tempfile.TemporaryDirectory(prefix="servescope-promtool-") as tmp:
+        config = Path(tmp) / "prometheus.yml"
+        config.write_text(text)
+        verdict = promtool_verdict(config)
+    return None if verdict is None else verdict.replace(str(config), "the generated config")
+
+
 @dataclass(frozen=True)
 class Target:
     """One thing to scrape. `labels` are added to every series (an `instance` label renames the target)."""
@@ -80,10 +174,8 @@ class Target:
     discovery: str = "static"
 
     def __post_init__(self) -> None:
-        host, sep, port = self.address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"target {self.job}: address {self.address!r} is not host:port")
-        if not self.metrics_path.startswith("/"):
+        checked_address(self.address, f"target {self.job}", dns=self.discovery == "dns")
+        if not self.metrics_path.startswith("/") or CONTROL.search(self.metrics_path):
             raise ValueError(f"target {self.job}: metrics_path {self.metrics_path!r} must start with /")
         if self.discovery not in ("static", "dns"):
             raise ValueError(f"target {self.job}: discovery must be static or dns, not {self.discovery!r}")
@@ -111,9 +203,10 @@ class Discovered:
         if not self.files and not self.dns:
             raise ValueError(f"{self.kind}: give a target file or a DNS name")
         for name in self.dns:
-            host, sep, port = name.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"{self.kind}: DNS name {name!r} is not host:port")
+            checked_address(name, f"{self.kind}: DNS name", dns=True)
+        for path in self.files:
+            checked_file_sd(path, f"{self.kind}: target file")
+        interval_s(self.refresh)  # one unit, as Prometheus reads it
 
     @property
     def job(self) -> str:
@@ -175,6 +268,7 @@ def render(
                 scrape["relabel_configs"] = relabels
         scrape_configs.append(scrape)
     scrape_configs += [fleet.scrape_config() for fleet in discovered]
+    checked_interval(scrape_interval)
     config = {
         "global": {
             "scrape_interval": scrape_interval,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 from servescope import knobs, metrics_mode
@@ -47,12 +46,10 @@ def write_config(
 
 
 def check_config(config: Path) -> str | None:
-    """promtool's verdict on the generated config (None = fine or promtool absent)."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        return None
-    proc = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True)
-    return None if proc.returncode == 0 else (proc.stdout + proc.stderr).strip()
+    """promtool's verdict on the generated config (None = fine or promtool absent): prometheus_config's one check."""
+    from servescope import prometheus_config
+
+    return prometheus_config.promtool_verdict(config)
 
 
 def command(binary: str, config: Path, host: str, port: int) -> list[str]:

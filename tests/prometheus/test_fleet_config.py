@@ -123,3 +123,84 @@ def test_real_prometheus_makes_the_neutral_series_from_discovered_engines(promet
         assert sampled[("vllm", "a")].missing is None and series.REQUESTS_RUNNING in sampled[("vllm", "a")].values
         assert {r["metric"]["model"] for r in found} == {MODEL}
         assert "job" not in by_instance["a"]["metric"] and "model_name" not in by_instance["a"]["metric"]
+
+
+# ---------------------------------------------------------------- options Prometheus refuses (issue 42)
+
+ATTACK = [
+    (["--dns", "vllm=h:8000", "--interval", "1ms"], "scrape interval '1ms': expected 100ms to 120s"),
+    (["--dns", "vllm=h:8000", "--interval", "99999999999h"], "scrape interval '99999999999h'"),
+    (["--dns", "vllm=h:8000", "--interval", "0s"], "scrape interval '0s'"),
+    (["--dns", "llamacpp=h:0"], "'h:0' is not host:port (a port 1 to 65535)"),
+    (["--dns", "vllm=h:99999"], "'h:99999' is not host:port"),
+    (["--dns", "vllm=a b:80"], "'a b' is not a host name"),
+    (["--file-sd", "vllm=/**/*.json"], "'/**/*.json' is not a file_sd path Prometheus takes"),
+    (["--file-sd", "vllm=/tmp/targets.txt"], "is not a file_sd path Prometheus takes"),
+    (["--file-sd", "vllm=/tmp/a\nb.json"], "holds a control character"),
+    (["--dns", "vllm=h:8000", "--exporter", "h:0"], "target exporter: 'h:0' is not host:port"),
+]
+
+
+@pytest.mark.parametrize("argv, said", ATTACK)
+def test_options_prometheus_refuses_are_one_line_and_exit_2(capsys, argv, said):
+    """fleet_config printed (exit 0) configs a real Prometheus refuses: an interval of 1ms or 99999999999h, a DNS port
+    of 0, a file_sd glob over directories, a path with a newline. Each is now one line naming what is wrong."""
+    assert fleet_config.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.tool("prometheus")
+def test_a_config_promtool_refuses_is_never_printed(capsys, monkeypatch):
+    """What passes the checks here still goes through the real `promtool check config` before it is printed."""
+    assert pc.promtool_verdict_of("global:\n  scrape_interval: 1ms\n  scrape_timeout: 100ms\n") == (
+        "FAILED: parsing YAML file the generated config: global scrape timeout greater than scrape interval"
+    )
+    assert fleet_config.main(["--dns", "vllm=vllm.fleet.internal:8000", "--interval", "100ms"]) == 0
+    assert "job_name: vllm-fleet" in capsys.readouterr().out
+    # A refusal the checks here do not know of: promtool's line, exit 2, nothing printed.
+    monkeypatch.setattr(pc, "checked_interval", lambda interval: interval)
+    assert fleet_config.main(["--dns", "vllm=vllm.fleet.internal:8000", "--interval", "1ms"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "promtool check config refuses it: " in err and "scrape timeout greater than scrape interval" in err
+
+
+def _option_text():
+    from hypothesis import strategies as st
+
+    pieces = st.sampled_from(
+        ["h", "vllm", ":", "8000", "0", "99999", "/", "/", "*", "**", ".json", ".yml", ".txt", "\n", " ", "-", "ms"]
+    )
+    return st.lists(pieces, min_size=0, max_size=6).map("".join) | st.text(max_size=12)
+
+
+@pytest.mark.tool("prometheus")
+def test_any_options_give_one_line_or_a_config_promtool_accepts(capsys):
+    """Property (fixed seed): whatever --dns, --file-sd, --exporter and --interval say, fleet_config exits 2 with one
+    line, or prints a config the real `promtool check config` accepts; never a traceback."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(
+        derandomize=True, max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(  # mostly good values beside the one being varied, so a bad one is not hidden behind another
+        kind=st.sampled_from(["vllm", "vllm", "llamacpp", "tgi"]),
+        where=_option_text(),
+        file_sd=st.booleans(),
+        exporter=st.one_of(st.none(), st.none(), st.just("127.0.0.1:9464"), _option_text()),
+        interval=st.one_of(st.just("5s"), st.just("100ms"), st.just("2m"), _option_text()),
+    )
+    def check(kind, where, file_sd, exporter, interval):
+        argv = ["--file-sd" if file_sd else "--dns", f"{kind}={where}", "--interval", interval]
+        argv += ["--exporter", exporter] if exporter is not None else []
+        code = fleet_config.main(argv)
+        out, err = capsys.readouterr()
+        if code == 2:
+            assert out == "" and err.count("\n") == 1 and err.startswith("fleet_config: "), err
+            return
+        assert code == 0 and err == "", err
+        assert pc.promtool_verdict_of(out) is None, (argv, out)
+
+    check()
