@@ -260,7 +260,10 @@ def decide(
         return v
     v.lever = "none"
     v.text = "no lever needed: nothing waited during the run"
-    if phases_ran and not running:
+    gap = _gauges_gap(gauges) if waiting is None else ""
+    if gap:
+        v.text += f" (by the clients' times alone: {gap})"
+    elif phases_ran and not running:
         v.text += (
             " (but the gauges never saw a request running either: the phases may be shorter than the "
             "sampling interval, so a queue could have come and gone between reads)"
@@ -268,6 +271,18 @@ def decide(
     else:
         v.text += _oversized(kv_peak, running)
     return v
+
+
+def _gauges_gap(gauges: EngineGauges | None) -> str:
+    """Why the gauges have no value at all when every read inside the load phases was missing (the sampler's gaps,
+    counted per phase: its source down, too slow, or answering what it should not); "" otherwise."""
+    if gauges is None or any(c.samples for c in gauges.coverage.values()):
+        return ""
+    missing = sum(c.missing for c in gauges.coverage.values())
+    reasons = list(dict.fromkeys(r for c in gauges.coverage.values() for r in c.reasons))
+    if not missing:
+        return ""
+    return f"all {missing} reads of the gauges during the load phases got no value ({'; '.join(reasons[:2])})"
 
 
 def _oversized(kv_peak: float | None, running: float | None) -> str:
@@ -602,7 +617,8 @@ def build(
             decide(
                 info,
                 peaks,
-                gauges=eg if eg is not None and eg.series else None,
+                # Reads with no value still count: their gaps (coverage) are what the verdict says it lacked.
+                gauges=eg if eg is not None and (eg.series or eg.coverage) else None,
                 queue=queue,
                 kv=kv_by.get(instance),
                 phases_ran=bool(run.phases_of(instance)),

@@ -191,6 +191,33 @@ def test_a_load_run_sampling_a_hostile_prometheus_finishes_with_every_record(tmp
     assert proc.stderr.count("server samples: Prometheus at") == 1
 
 
+def test_the_report_says_the_gap_where_the_gauges_and_the_verdict_are(tmp_path):
+    """The gap is said, not read as "nothing waited": the gauges section counts the missing reads with their reason,
+    and the verdict says it rests on the clients' times alone."""
+    bad = {"status": "success", "data": {"result": 5}}
+    with (
+        SyntheticServer(ttft=0.02, itl=0.01, tokens=100) as engine,
+        Hostile({QUERY: reply(bad), "/api/v1/query_range": reply(bad)}) as prometheus,
+    ):
+        env = {**os.environ, "SAMPLE_SOURCE": "prometheus", "SAMPLE_PROMETHEUS_URL": prometheus.url}
+        env["SAMPLE_PROMETHEUS_INTERVAL_MS"] = "100"
+        proc = run_cli(
+            "loadgen", "burst", "--engine", f"vllm={engine.url}", "--burst-size", "3", "--warmup", "0",
+            "--results", str(tmp_path), "--run-id", "gap", "--metrics-port", "0", "--metrics-linger", "0",
+            env=env, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        made = run_cli("report", "--run", str(tmp_path / "gap"), "--prometheus", prometheus.url, timeout=300)
+    assert made.returncode == 0 and "Traceback" not in made.stderr, made.stderr[-3000:]
+    md = (tmp_path / "gap" / "report.md").read_text()
+    why = "answered a result of int where a vector was asked"
+    row = next(line for line in md.splitlines() if line.startswith("| vLLM-CPU | burst-1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "0" and int(cells[4]) >= 1 and why in cells[5], row
+    verdict = next(line for line in md.splitlines() if line.startswith("- Verdict: "))
+    assert "by the clients' times alone: all" in verdict and why in verdict, verdict
+
+
 def test_engine_up_alone_is_no_value_but_the_instance_is_known(folder):
     page = f'{series.ENGINE_UP}{{engine="vllm",instance="vllm"}} 1\n'
     with Hostile({"/metrics": reply(page)}) as exporter:
