@@ -584,7 +584,8 @@ GROUPS: tuple[Group, ...] = (
                     "empty: VLLM_PORT, LLAMACPP_PORT, OLLAMA_PROXY_PORT, OLLAMA_PORT and each engine's own default, 8000 8080 11434\n"
                     "30000 1234). Per engine: a knee from 1 user, QUICK_DURATION s per measurement, each boundary load\n"
                     "QUICK_KNEE_REPEATS times, at most QUICK_KNEE_PROBES measurements up to QUICK_MAX_LOAD users, a warm-up of at most\n"
-                    "QUICK_WARMUP_MAX_S; at QUICK_BUDGET_S (warm-up included) the search stops and what was measured is the answer.\n"
+                    "QUICK_WARMUP_MAX_S; at QUICK_BUDGET_S (warm-up included) the search stops and what was measured is the answer:\n"
+                    "a hard deadline (the knee gets SIGINT, then SIGTERM and SIGKILL on servescope/children.py's schedule).\n"
                     "Its SLOs: SLO / SLO_ATTAINMENT above when set, else servescope/thresholds.py's QUICK_SLO_DEFAULT."
                 ),
             ),
