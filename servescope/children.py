@@ -7,19 +7,32 @@ import subprocess
 import time
 from collections.abc import Callable
 
+# The last word of every stop: SIGKILL this long after the SIGTERM that came after a SIGINT (stop() below; the native
+# stack's services, stack/supervisor.py).
+KILL_AFTER_TERM_S = 5.0
 
-def stop(*procs: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Terminate them all at once, then wait for each; kill one that is still there after `timeout`.
+
+def stop(*procs: subprocess.Popen, timeout: float = 10.0, kill_after: float = KILL_AFTER_TERM_S) -> None:
+    """Stop them all on the schedule every child gets: SIGINT to each at once (its own Ctrl-C: it ends in order),
+    SIGTERM to what is left `timeout` seconds later, SIGKILL `kill_after` seconds after that; each one waited for.
     One that has already exited is only reaped."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    left = list(procs)
+    for sig, wait_s in ((signal.SIGINT, timeout), (signal.SIGTERM, kill_after), (signal.SIGKILL, None)):
+        for proc in left:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(sig)
+                except ProcessLookupError:  # gone between the poll and the signal
+                    pass
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        for proc in left:
+            try:
+                proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        left = [proc for proc in left if proc.poll() is None]
+        if not left:
+            return
 
 
 # The stated schedule on which a child doing work of its own is stopped (a knee quick started, at its budget or on

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from servescope import probe
+from servescope import children, probe
 from servescope.process_memory import tree_memory
 from stack import paths
 from stack.errors import ServiceExited, StackError
@@ -227,14 +227,10 @@ def tree(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-# How a service is stopped, the schedule every child of the tools gets: SIGINT (its own Ctrl-C: an engine finishes
-# its shutdown), SIGTERM to what is left `grace` seconds later, SIGKILL KILL_AFTER_TERM_S after that.
-KILL_AFTER_TERM_S = 5.0
-
-
 def stop(record: Record, grace: float = 20.0, directory: Path | None = None) -> str:
-    """Stop one service by its recorded pid (verified), its process group and any child that left it: SIGINT,
-    SIGTERM after `grace` s, SIGKILL KILL_AFTER_TERM_S later (a hung server that ignores the first two included)."""
+    """Stop one service by its recorded pid (verified), its process group and any child that left it, on the schedule
+    every child of the tools gets (servescope/children.py): SIGINT (its own Ctrl-C: an engine finishes its shutdown),
+    SIGTERM after `grace` s, SIGKILL children.KILL_AFTER_TERM_S later (a hung server that ignores both included)."""
     proc = process_of(record)
     if proc is None:
         forget(record.name, directory)
@@ -242,7 +238,7 @@ def stop(record: Record, grace: float = 20.0, directory: Path | None = None) -> 
     members = tree(proc)
     group = record.pid if _pgid(record.pid) == record.pid else None
     alive = members
-    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, KILL_AFTER_TERM_S)):
+    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, children.KILL_AFTER_TERM_S)):
         _signal(alive, group, sig)
         _, alive = psutil.wait_procs(alive, timeout=wait_s)
         if not alive:

@@ -1,4 +1,5 @@
-"""servescope/children.py: every child is gone after stop, whether it obeys SIGTERM, ignores it or has exited."""
+"""servescope/children.py: every child is gone after stop, on the stated schedule (SIGINT, SIGTERM, SIGKILL), whether
+it obeys the first signal, ignores it, ignores the second too, or has exited."""
 
 from __future__ import annotations
 
@@ -8,31 +9,51 @@ import sys
 
 from servescope import children
 
+# A child that says each signal it gets, ignoring those named in IGNORE, and prints "up" once its handlers are in.
+CHILD = """
+import signal, sys, time
+for name in {ignored!r}:
+    signal.signal(getattr(signal, name), lambda sig, _f: print("got", signal.Signals(sig).name, flush=True))
+print("up", flush=True)
+time.sleep(60)
+"""
 
-def _child(code: str) -> subprocess.Popen:
-    """A Python child that prints "up" once it is ready (its SIGTERM handler set), then sleeps."""
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+def _child(*ignored: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(ignored=list(ignored))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "up"
+    return proc
 
 
-def test_a_child_that_obeys_sigterm_is_terminated():
-    proc = _child("import sys, time; print('up', flush=True); time.sleep(60)")
-    proc.stdout.readline()
+def test_a_child_ends_on_sigint_its_own_ctrl_c():
+    """Issue 42: the first word of every stop is SIGINT, as Ctrl-C: a child that ends on it gets nothing more."""
+    proc = _child()
     children.stop(proc)
-    assert proc.returncode == -signal.SIGTERM
+    assert proc.returncode != 0 and proc.returncode != -signal.SIGTERM  # Python's KeyboardInterrupt: exit 1
 
 
-def test_a_child_that_ignores_sigterm_is_killed_after_the_timeout():
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
-    proc = _child(code)
-    proc.stdout.readline()  # SIGTERM is ignored from here on
+def test_a_child_that_ignores_sigint_gets_sigterm_after_the_timeout():
+    proc = _child("SIGINT")
     children.stop(proc, timeout=0.2)
+    assert proc.returncode == -signal.SIGTERM
+    assert proc.stdout.read().split() == ["got", "SIGINT"]
+
+
+def test_a_child_that_ignores_sigint_and_sigterm_is_killed_on_the_schedule():
+    proc = _child("SIGINT", "SIGTERM")
+    children.stop(proc, timeout=0.2, kill_after=0.2)
     assert proc.returncode == -signal.SIGKILL
+    assert proc.stdout.read().split() == ["got", "SIGINT", "got", "SIGTERM"]
 
 
 def test_children_that_have_exited_are_only_reaped():
-    done = _child("pass")
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
-    running = _child("import time; print('up', flush=True); time.sleep(60)")
-    running.stdout.readline()
-    children.stop(done, running)
+    running = _child("SIGINT")
+    children.stop(done, running, timeout=0.2)
     assert (done.returncode, running.returncode) == (0, -signal.SIGTERM)
