@@ -80,6 +80,7 @@ from loadgen.scenarios import (
     Share,
     Work,
 )
+from servescope import children
 from servescope.runfolder import MAX_EPOCH_S, REQUEST_FIELDS, RequestRecord, check_fields
 
 PLAN = "servescope_plan"  # master -> worker (`--workers N` only): the run's plan and the probed engines
@@ -107,6 +108,7 @@ WINDOW_SLACK_S = 0.5
 WATCH_S = 0.25  # how often the master looks for workers Locust no longer hears
 WORKER_START_TIMEOUT_S = 120.0  # `--workers N`: for all N processes to start and connect (Locust's import is slow)
 DRAIN_S = 10.0  # after a stop, for the workers' interrupted records to arrive
+QUIT_S = 10.0  # for the workers to quit when told, before they are stopped (servescope/children.py's schedule)
 WORKERS_LOG = "workers.log"  # `--workers N`: in the run folder, what the worker processes printed
 
 Key = tuple[int, int, int]  # (phase index, burst round or 0, arrival index in a burst or the worker's own count)
@@ -939,12 +941,13 @@ class Fleet:
     def close(self) -> None:
         self.coordinator.close()
         self.runner.quit()  # each worker is told to quit
+        deadline = time.monotonic() + QUIT_S
         for proc in self.procs:
             try:
-                proc.wait(10)
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                pass
+        children.stop(*self.procs)  # one that did not quit: the schedule every child gets (only reaped if gone)
         self.log.close()
 
 

@@ -139,7 +139,7 @@ class Painter:
 
     def close(self) -> None:
         """End the child: it exits at once when its input ends (no teardown), and is waited for, so its CPU time
-        counts in this process's children's, like the threads' it replaced. One stuck is killed after CLOSE_S."""
+        counts in this process's children's, like the threads' it replaced. One stuck is stopped after CLOSE_S."""
         if self._writer is not None and self._writer.is_alive():
             self._jobs.put(None)  # the writer sends what is queued, then ends the child's input
             self._writer.join(timeout=CLOSE_S)
@@ -147,7 +147,9 @@ class Painter:
             try:
                 self._proc.wait(timeout=CLOSE_S)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
+                from servescope import children
+
+                children.stop(self._proc, timeout=CLOSE_S)  # the schedule every child gets: SIGINT, SIGTERM, SIGKILL
 
     def _write(self) -> None:
         """Jobs to the child in the order they were asked for; None ends its input. A job that does not pickle fails
