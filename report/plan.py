@@ -38,6 +38,7 @@ MAX_REPLICAS = 10_000  # PLAN_MAX_REPLICAS: the search doubles up to it, then ha
 # Simulated requests a replica count: repetitions pool the model's random draws, and a traffic this large is its own
 # repetition (PLAN_REPEATS is cut to fit, at least one).
 SIMULATED_PER_COUNT = 2_000_000
+MAX_PER_HOST = 64  # --per-host: replicas a machine (every event on one touches them all)
 ITL_SHAPE_POINTS = 4096  # a level's measured gap shape, kept as this many evenly spaced order statistics at most
 
 
@@ -763,8 +764,8 @@ def settings_of(routing: str | None = None) -> dict[str, Any]:
 
 def _sharings(args, results: Path) -> list[replicas.Sharing | None]:
     """One busy knee per knee run when replicas share machines (--per-host above 1), none otherwise."""
-    if args.per_host < 1:
-        raise PlanError(f"--per-host {args.per_host}: expected at least 1")
+    if not 1 <= args.per_host <= MAX_PER_HOST:
+        raise PlanError(f"--per-host {args.per_host}: expected 1 to {MAX_PER_HOST}")
     if args.per_host == 1:
         if args.busy_knee:
             raise PlanError("--busy-knee: only with --per-host above 1 (replicas sharing a machine)")

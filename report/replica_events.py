@@ -384,14 +384,18 @@ def _run(
         if kind != 0:
             _load_set(lmin, lcnt, size, r, count[r] + wcount[r])
 
-        # The touched replicas' regime (their knee, their level or above it) and next completion.
+        # The touched replicas' regime (their knee, their level or above it) and next completion. They are on r's
+        # machine: a neighbour is busy when the machine has more busy replicas than this one.
+        busy_here = 0
+        if shared:
+            first = r - r % per_host
+            for m in range(first, min(first + per_host, replicas)):
+                if count[m] > 0:
+                    busy_here += 1
         for j in range(touched_lo, touched_hi):
             p_new = 0
-            if shared:
-                first = j - j % per_host
-                for m in range(first, min(first + per_host, replicas)):
-                    if m != j and count[m] > 0:
-                        p_new = 1
+            if shared and busy_here - (1 if count[j] > 0 else 0) > 0:
+                p_new = 1
             mode_new = BEYOND if count[j] - 1e-9 > tops[p_new] else LEVEL
             if p_new != prof[j] or mode_new != mode[j]:
                 p = prof[j]

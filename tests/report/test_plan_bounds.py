@@ -94,6 +94,7 @@ def test_the_compiled_loop_gives_what_its_python_source_gives():
         (["--rate", "1", "--duration", "60"], {"PLAN_WINDOW_S": "abc"}, "PLAN_WINDOW_S='abc'"),
         (["--trace", "trace-small"], {"PLAN_SPEED": "nan"}, "PLAN_SPEED"),
         (["--rate", "3000", "--duration", "1000"], {}, "2,000,000"),
+        (["--rate", "1", "--per-host", "100000", "--busy-knee", "x"], {}, "--per-host 100000: expected 1 to 64"),
     ],
 )
 def test_a_plan_too_large_is_refused_in_one_line_before_any_work(tmp_path, capsys, monkeypatch, argv, env, said):
@@ -142,6 +143,13 @@ def test_itl_terms_are_modelled_from_the_knees_gaps_and_never_make_every_count_m
     assert replicas_for("ttft_p95<=0.5,itl_p95<=10") == alone  # a loose ITL term changes nothing
     assert replicas_for("ttft_p95<=0.5,itl_p95<=0.1") == alone  # the knee's 0.02-s gaps meet it
     assert replicas_for("ttft_p95<=0.5,itl_p95<=0.01") is None  # every gap is 0.02 s: no count meets it
+
+
+def test_the_knee_reports_plan_under_the_default_shaped_slo_names_a_count(tmp_path, monkeypatch):
+    # Regression: the knee report's "Replicas for a traffic" said ">64" for every run with ttft_p95<=0.5,itl_p95<=0.1.
+    monkeypatch.setenv("PLAN_TRACE", "trace-small")
+    doc, rows = plan.for_report(knee_folder(tmp_path, gap=0.02), slo.parse("ttft_p95<=0.5,itl_p95<=0.1"))
+    assert rows and rows[0].replicas is not None and "not_planned" not in doc
 
 
 def test_itl_terms_on_a_knee_without_gaps_are_refused_in_one_line(tmp_path, capsys, monkeypatch):
