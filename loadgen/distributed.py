@@ -81,7 +81,7 @@ from loadgen.scenarios import (
     Work,
 )
 from servescope import children
-from servescope.runfolder import MAX_EPOCH_S, REQUEST_FIELDS, RequestRecord, check_fields
+from servescope.runfolder import MAX_EPOCH_S, REQUEST_FIELDS, RequestRecord, check_fields, open_append
 
 PLAN = "servescope_plan"  # master -> worker (`--workers N` only): the run's plan and the probed engines
 LISTENING = "servescope_listening"  # worker -> master (`--workers N`): its handlers are in, the plan may come
@@ -894,7 +894,7 @@ class Fleet:
         identities = [master_port.new_identity(k) for k in range(count)]
         self.coordinator = Coordinator(self.runner, say, warn, admitted=set(identities))
         self.log_path = log_path
-        self.log = open(log_path, "ab")
+        self.log = open_append(log_path, binary=True)  # in the run folder: never through a link at the name
         port = str(self.runner.server.port)
         secrets_env = {master_port.ENGINES_ENV: json.dumps(list(engines or []))}
         self.procs = [

@@ -45,7 +45,16 @@ import gevent
 
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
 from servescope import arrivals, binding, engines, hostnoise, knee_answer, knobs, prefix_reuse, probe, slo, words
-from servescope.runfolder import KNEE, KNEE_CONCURRENCY, KNEE_RATE, RequestRecord, RunFolder, SampleRecord, read_samples
+from servescope.runfolder import (
+    KNEE,
+    KNEE_CONCURRENCY,
+    KNEE_RATE,
+    RequestRecord,
+    RunFolder,
+    SampleRecord,
+    read_samples,
+    write_file,
+)
 
 CONCURRENCY, RATE = KNEE_CONCURRENCY, KNEE_RATE
 OVER = (CONCURRENCY, RATE)
@@ -497,9 +506,7 @@ class KneeSearch:
 
     def write(self, folder: RunFolder) -> None:
         """knee.json after every measurement: an interrupted search keeps what it had found."""
-        tmp = folder.path / (KNEE + ".tmp")
-        tmp.write_text(json.dumps(self.summary(), indent=2) + "\n")
-        tmp.replace(folder.path / KNEE)
+        write_file(folder.path / KNEE, json.dumps(self.summary(), indent=2) + "\n")  # never through a link
 
     def lines(self) -> list[str]:
         """The search as the terminal shows it: one row per level, then the knee and the binding resource."""

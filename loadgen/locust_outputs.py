@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from locust.html import get_html_report
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
+from servescope.runfolder import write_file
 from servescope.urls import redact
 
 
@@ -21,16 +23,14 @@ def write_locust_outputs(environment, folder: Path) -> list[Path]:
         ("locust_failures.csv", stats_csv.failures_csv),
         ("locust_exceptions.csv", stats_csv.exceptions_csv),
     ):
-        path = folder / name
-        with open(path, "w", newline="", encoding="utf-8") as fh:
-            write(csv.writer(fh))
-        written.append(path)
-    html = folder / "locust.html"
+        text = io.StringIO(newline="")
+        write(csv.writer(text))
+        written.append(write_file(folder / name, text.getvalue()))  # never through a link at the name
     host = environment.host
     environment.host = redact(host) if host else host  # the report prints the host: never credentials
     try:
-        html.write_text(get_html_report(environment, show_download_link=False), encoding="utf-8")
+        page = get_html_report(environment, show_download_link=False)
     finally:
         environment.host = host
-    written.append(html)
+    written.append(write_file(folder / "locust.html", page))
     return written

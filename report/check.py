@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ import numpy as np
 from report import compare, goodput, latency, load, noise, stats
 from report.load import Run
 from servescope import slo, thresholds
-from servescope.runfolder import PHASES, PhaseRecord
+from servescope.runfolder import PHASES, PhaseRecord, write_file
 
 MARKDOWN, JUNIT = "check.md", "check.xml"
 TOLERANCE_KNOB = "CHECK_TOLERANCE_PCT"
@@ -379,8 +380,26 @@ def markdown(check: Check) -> str:
     return "\n".join(out)
 
 
+# What XML 1.0 admits (its Char production): tab, newline, carriage return and U+0020 on, less the surrogates and
+# U+FFFE/U+FFFF. ElementTree escapes markup but writes any other character as it is: a control character in an
+# instance or run name made check.xml not well-formed.
+XML_FORBIDDEN = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_safe(tree: ET.Element) -> ET.Element:
+    """Every text and attribute value in the tree without the characters XML 1.0 forbids (dropped)."""
+    for element in tree.iter():
+        if element.text:
+            element.text = XML_FORBIDDEN.sub("", element.text)
+        if element.tail:
+            element.tail = XML_FORBIDDEN.sub("", element.tail)
+        for key, value in element.attrib.items():
+            element.attrib[key] = XML_FORBIDDEN.sub("", value)
+    return tree
+
+
 def junit(check: Check) -> bytes:
-    """JUnit XML: one testcase per gated metric, a <failure> for each worse one."""
+    """JUnit XML: one testcase per gated metric, a <failure> for each worse one; written through xml_safe."""
     gated, worse = check.gated, check.worse
     counts = {"tests": str(len(gated)), "failures": str(len(worse)), "errors": "0", "skipped": "0"}
     suites = ET.Element("testsuites", name="servescope check", **counts)
@@ -400,7 +419,7 @@ def junit(check: Check) -> bytes:
             ET.SubElement(case, "failure", message=detail, type="regression").text = detail
         else:
             ET.SubElement(case, "system-out").text = detail
-    ET.indent(suites)
+    ET.indent(xml_safe(suites))
     return ET.tostring(suites, encoding="utf-8", xml_declaration=True) + b"\n"
 
 
@@ -478,7 +497,7 @@ def main(argv: list[str]) -> int:
             (args.junit or out / JUNIT, junit(check)),
         ):
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
+            write_file(path, content)  # never through a link at the name (`ln -s /tmp/victim RUN/check.md`)
             written.append(str(path))
     except (load.RunError, slo.SloError, CheckError) as exc:
         print(f"report check: {exc}", file=sys.stderr)

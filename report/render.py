@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servescope.runfolder import write_file
+
 
 @dataclass
 class Paragraph:
@@ -171,15 +173,12 @@ def json_text(numbers: dict[str, Any]) -> str:
 
 
 def write(folder: Path, doc: Document, numbers: dict[str, Any]) -> list[Path]:
-    """Write the three files next to the run's raw records (each via a temp file, so a crash leaves no half report)."""
+    """Write the three files next to the run's raw records (each whole: a crash leaves no half report)."""
     written = []
     for name, text in (
         ("report.md", markdown(doc)),
         ("report.html", html_page(doc)),
         ("report.json", json_text(numbers)),
     ):
-        tmp = folder / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(folder / name)
-        written.append(folder / name)
+        written.append(write_file(folder / name, text))  # whole or not at all, never through a link at the name
     return written

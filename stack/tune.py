@@ -45,7 +45,7 @@ from typing import Any
 from report import stats
 from servescope import binding, engines, knobs, slo
 from servescope.engines import base
-from servescope.runfolder import FOLDER_MODE, KNEE, MANIFEST, RunFolder, new_run_id
+from servescope.runfolder import FOLDER_MODE, KNEE, MANIFEST, RunFolder, new_run_id, write_file
 from stack.errors import StackError
 from stack.progress import elapsed, say
 from stack.vllm import GIB
@@ -343,7 +343,7 @@ class Tuner:
             "ended_at": None if status == "running" else time.time(),
             "loadgen_args": self.loadgen_args,
         }
-        (self.folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        write_file(self.folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
     def write(self) -> None:
         data = {
@@ -356,9 +356,7 @@ class Tuner:
             "stop_reason": self.stop_reason or "interrupted",
             "steps": [asdict(s) for s in self.steps],
         }
-        tmp = self.folder / (TUNE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
-        tmp.replace(self.folder / TUNE)
+        write_file(self.folder / TUNE, json.dumps(data, indent=2, default=_json_default) + "\n")
         self.write_manifest("complete" if self.stop_reason else "interrupted")
 
 

@@ -330,3 +330,50 @@ def test_a_manifest_slo_that_cannot_be_read_is_not_replaced_by_the_knobs(tmp_pat
     # --slo judges both by one: the gate runs.
     code, out, err = run_check("--baseline", str(base), "--run", str(cand), "--slo", "ttft<=0.5", capsys=capsys)
     assert code == 0 and "PASS" in out, err
+
+
+def test_the_check_files_replace_a_link_at_their_name_and_never_write_through_it(tmp_path, capsys):
+    """Issue 42: `ln -s /tmp/victim RUN/check.md` had `report check` overwrite the link's target."""
+    base, cand = write_run(tmp_path, "base", n=40), write_run(tmp_path, "cand", n=40)
+    victims = {}
+    for name in (check.MARKDOWN, check.JUNIT):
+        victim = tmp_path / f"victim-{name}"
+        victim.write_text("the victim's own words\n")
+        (cand / name).symlink_to(victim)
+        victims[name] = victim
+    code, _, err = run_check("--baseline", str(base), "--run", str(cand), capsys=capsys)
+    assert code == 0, err
+    for name, victim in victims.items():
+        assert victim.read_text() == "the victim's own words\n"  # untouched
+        assert not (cand / name).is_symlink() and (cand / name).stat().st_size > 100  # the check's own file
+    assert ET.parse(cand / check.JUNIT).getroot().tag == "testsuites"
+
+
+def test_names_with_control_characters_give_a_well_formed_junit(tmp_path):
+    """Issue 42: an instance or run name with a control character made check.xml not well-formed (500 of 500 fuzzed);
+    the JUnit goes through a writer that drops what XML 1.0 forbids."""
+    gate = check.Gate("vl\x00l\x1bm\x07 sweep c1", "TTFT median", True, "s", 0.1, 0.2, 0.1, 0.05, 0.15, 10, 10)
+    gate.judge(5)
+    result = check.Check("base\x01\ufffe", "cand\x0b\ud800", "ttft<=0.5 (objective 0.95)", 5, [gate])
+    root = ET.fromstring(check.junit(result))
+    assert root.find("testsuite/testcase").get("classname") == "servescope.check.vllm sweep c1"
+    assert root.find("testsuite").get("name") == "check cand vs base"
+
+
+def test_any_names_give_a_well_formed_junit():
+    """Property (fixed seed): whatever the run and instance names and the SLO text hold, check.xml parses."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    names = st.text(st.characters(codec=None, exclude_categories=()), max_size=30)
+
+    @settings(derandomize=True, max_examples=200, deadline=None)
+    @given(unit=names, metric=names, baseline=names, candidate=names, slo_text=names, worse=st.booleans())
+    def check_names(unit, metric, baseline, candidate, slo_text, worse):
+        gate = check.Gate(unit, metric, True, "s", 0.1, 0.2 if worse else 0.1, 0.1, 0.05, 0.15, 10, 10)
+        gate.judge(5)
+        root = ET.fromstring(check.junit(check.Check(baseline, candidate, slo_text, 5, [gate])))
+        kept = check.XML_FORBIDDEN.sub("", candidate)
+        assert root.find("testsuite/properties/property[@name='candidate']").get("value") == kept
+
+    check_names()
