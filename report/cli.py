@@ -11,8 +11,9 @@ from pathlib import Path
 
 from report import load, tuning
 from report.painter import Painter, figure_timeout_s
-from servescope import command_name, slo
+from servescope import command_name, printable, slo
 from servescope.thresholds import NoiseRule
+from servescope.urls import redact
 
 
 def parser() -> argparse.ArgumentParser:
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         url = args.prometheus or default_prometheus_url()
         print(
             f"report: run {run.run_id}: {run.request_count} requests, {len(run.phases)} phases; "
-            f"querying {url} and drawing plots",
+            f"querying {printable.line(redact(url))} and drawing plots",
             file=sys.stderr,
         )
         doc, numbers = sections.build(run, url, baseline, slo_spec=args.slo)

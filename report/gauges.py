@@ -8,13 +8,16 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 from report.load import Run
-from servescope import series, thresholds
+from servescope import printable, series, thresholds
 
 # The report's Prometheus client: bounded, its answers checked against their shape (servescope/prometheus_api.py).
 from servescope.prometheus_api import TIMEOUT_S, Prometheus, PrometheusError  # noqa: F401
 from servescope.runfolder import SAMPLES, RunFolder, SampleRecord, read_samples
 from servescope.sampler import combine_models, split_at_gaps
-from servescope.urls import default_prometheus_url  # noqa: F401  (the report's and the plan's default)
+from servescope.urls import (
+    default_prometheus_url,  # noqa: F401  (the report's and the plan's default)
+    redact,
+)
 
 GAUGES = series.LEVER_GAUGES  # running, waiting, KV usage
 KV_SERIES = (series.KV_BLOCK_SIZE, series.KV_BLOCKS, series.KV_CAPACITY_TOKENS, series.KV_MAX_CONCURRENCY)
@@ -143,10 +146,11 @@ def collect(run: Run, url: str, client: Prometheus | None = None) -> GaugeReport
 
 def _from_prometheus(run: Run, url: str, client: Prometheus | None) -> GaugeReport:
     """Query the gauges over [run start, run end] from Prometheus."""
+    client = client or Prometheus(url)
+    url = printable.line(redact(url))  # what the report says and keeps: never the URL's password
     start, end = run.started_at, run.ended_at
     if start is None or end is None:
         return GaugeReport(False, "the run folder has no timed records, so there is no window to query", url)
-    client = client or Prometheus(url)
     window = (start - PAD_S, end + PAD_S)
     step = max(1.0, math.ceil((window[1] - window[0]) / MAX_POINTS))
     report = GaugeReport(False, "", url, window=(start, end), step_s=step)
