@@ -27,15 +27,6 @@ LEVEL, BEYOND = 0, 1  # a replica's regime: within its measured levels, or above
 OK, ERR_BEYOND, ERR_FAILED = 0, 1, 2  # an outcome's error code
 
 
-def _jit(fn):
-    """numba's compiled version of `fn` where numba is installed, `fn` itself otherwise."""
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba is a dependency; the fallback keeps the model usable without it
-        return fn
-    return numba.njit(cache=True, nogil=True)(fn)
-
-
 def _level_index(conc, k):
     """The lowest measured level at or above k requests in flight; -1 above the highest."""
     lo, hi = 0, conc.shape[0]
@@ -457,11 +448,25 @@ def _run(
     return out_rep, out_ttft, out_e2e, out_err, out_level
 
 
-_level_index = _jit(_level_index)
-_quantile = _jit(_quantile)
-_tree_set = _jit(_tree_set)
-_load_set = _jit(_load_set)
-_least_conn = _jit(_least_conn)
-_heap_push = _jit(_heap_push)
-_heap_pop = _jit(_heap_pop)
-run = _jit(_run)
+_compiled = None
+_HELPERS = ("_level_index", "_quantile", "_tree_set", "_load_set", "_least_conn", "_heap_push", "_heap_pop")
+
+
+def run(*args):
+    """_run compiled (numba's cache keeps it across processes), on first use: numba is imported only by what runs the
+    model, not by everything that imports the plan (the report, the stack's router)."""
+    global _compiled
+    if _compiled is None:
+        _compiled = _compile()
+    return _compiled(*args)
+
+
+def _compile():
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is a dependency; without it the same source runs as Python
+        return _run
+    here = globals()
+    for name in _HELPERS:  # compiled before _run, which calls them: numba reads the module's globals as it compiles
+        here[name] = numba.njit(cache=True, nogil=True)(here[name])
+    return numba.njit(cache=True, nogil=True)(_run)
