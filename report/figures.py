@@ -44,30 +44,31 @@ def sequential_burst_table(rows: list[TableRow]) -> dict | None:
 
 
 def latency_boxes(run: Run) -> dict | None:
-    """One panel per latency metric, one box per engine and scenario (ms), as matplotlib's bxp takes them."""
-    groups = [(i, s) for i, s in latency.groups(run) if _any_ok(run, i, s)]
-    if not groups:
+    """One panel per latency metric, one box per row of the latency tables (an engine's scenario, or one load level of
+    it) in ms, as matplotlib's bxp takes them."""
+    units = [u for u in latency.latency_units(run) if _any_ok(run, u)]
+    if not units:
         return None
     panels = [
-        (latency.DEFINITIONS[metric].split(":")[0], [_box(run, i, s, metric) for i, s in groups])
-        for metric in latency.METRICS
+        (latency.DEFINITIONS[metric].split(":")[0], [_box(run, u, metric) for u in units]) for metric in latency.METRICS
     ]
-    return {"labels": [f"{run.engines[i].title}\n{s}" for i, s in groups], "panels": panels}
+    labels = [f"{run.engines[u.instance].title}\n{u.scenario}" + (f", {u.level}" if u.level else "") for u in units]
+    return {"labels": labels, "panels": panels}
 
 
-def _any_ok(run: Run, instance: str, scenario: str) -> bool:
-    sql = f"SELECT count(*) FROM requests WHERE ok AND {latency.GROUP}"
-    return bool(run.con.execute(sql, [instance, scenario]).fetchone()[0])
+def _any_ok(run: Run, unit: latency.Unit) -> bool:
+    where, params = unit.where("ok")
+    return bool(run.con.execute(f"SELECT count(*) FROM requests WHERE {where}", params).fetchone()[0])
 
 
-def _box(run: Run, instance: str, scenario: str, metric: str) -> dict | None:
+def _box(run: Run, unit: latency.Unit, metric: str) -> dict | None:
     """One box's statistics in ms, as matplotlib's boxplot(whis=(p5, p95)) computes them (a pool too large to fetch:
     from exact order statistics); every box draws at most MAX_FLIERS fliers, evenly spread."""
     whis = (latency.BOX_QUANTILES[0], latency.BOX_QUANTILES[-1])
     if metric != "itl_s":
-        data = latency.samples(run, instance, scenario, metric) * 1000
+        data = latency.samples(run, unit.instance, unit.scenario, metric, phases=unit.phases) * 1000
         return _thin(stats.box_stats(data, whis)) if len(data) else None
-    pool = latency.pool(run, instance, scenario)
+    pool = latency.pool(run, unit.instance, unit.scenario, unit.phases)
     if not pool.n:
         return None
     if pool.whole:

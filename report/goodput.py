@@ -7,7 +7,6 @@ asked for others (`python -m report --slo ...`); the rule is servescope/slo.py's
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -16,11 +15,10 @@ from typing import Any
 import numpy as np
 
 from report import energy, latency, query, schedule, stats
-from report.load import Run
+from report.load import Run, knee_of
 from report.render import Bullets, Paragraph, Section, Table
 from servescope import binding, runreader, slo, words
 from servescope.percentile import numpy_percentile_of
-from servescope.runfolder import KNEE
 
 
 @dataclass
@@ -340,14 +338,6 @@ def floors(run: Run, instance: str, rows: list[PhaseGoodput], spec: slo.SloSpec)
             "load)"
         )
     return out
-
-
-def knee_of(run: Run) -> dict[str, Any] | None:
-    path = run.path / KNEE
-    try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        return None
 
 
 def _pct(v: float | None) -> str:

@@ -11,7 +11,17 @@ from typing import Any
 
 from report import query
 from servescope import engines, knobs
-from servescope.runfolder import MANIFEST, MAX_EPOCH_S, PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder, latest
+from servescope.runfolder import (
+    KNEE,
+    MANIFEST,
+    MAX_EPOCH_S,
+    PHASES,
+    REQUESTS,
+    PhaseRecord,
+    RequestRecord,
+    RunFolder,
+    latest,
+)
 from servescope.runreader import RunData, UnreadableRun
 
 
@@ -111,6 +121,15 @@ class Run:
 
     def close(self) -> None:
         self.db.close()
+
+
+def knee_of(run: Run) -> dict[str, Any] | None:
+    """The run's knee.json (a knee or quick run), None for any other run or one that cannot be read."""
+    path = run.path / KNEE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def results_dir() -> Path:

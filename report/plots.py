@@ -83,7 +83,7 @@ def latency_boxes(data: dict, path: Path) -> Path:
     fig.legend(
         handles, [lb.replace("\n", " / ") for lb in labels], loc="lower center", ncol=min(4, len(labels)), fontsize=8
     )
-    fig.suptitle("Client-side latency per engine and scenario (successful requests)")
+    fig.suptitle("Client-side latency per engine and scenario, and per load level (successful requests)")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

@@ -224,7 +224,7 @@ class Latency(ReportSection):
         }
 
     def section(self, data: Data) -> Section:
-        figs = data.plots.figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario.")
+        figs = data.plots.figure("latency", "TTFT, ITL, TPOT, E2E per engine and scenario, and per load level.")
         return _latency(data.groups, figs + data.plots.figure("tokens", "Output tokens per request."))
 
 
@@ -654,14 +654,22 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
             list(latency.DEFINITIONS.values()) + [f"Percentiles: {stats.PERCENTILE_METHOD}.", latency.FAILURE_POLICY]
         )
     )
+    # A scenario run at several loads (a knee, a sweep) has a row per load: pooled, its percentiles are no load's.
+    leveled = any(g.level for g in groups)
+
+    def who(g: latency.LatencyGroup) -> list[str]:
+        return [g.instance, g.scenario, *([g.level or "-"] if leveled else [])]
+
+    heads = ["Engine", "Scenario", *(["Load"] if leveled else [])]
+    if leveled:
+        sec.add(Paragraph("One row per load level where a scenario ran at several: a knee's measurements, a sweep's."))
     rows = []
     for g in groups:
         for metric in latency.METRICS:
             s = g.metrics[metric]
             rows.append(
                 [
-                    g.instance,
-                    g.scenario,
+                    *who(g),
                     latency.METRIC_TITLES[metric],
                     str(s["n"]),
                     _ms(s["p50"]),
@@ -673,18 +681,17 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
             )
     sec.add(
         Table(
-            ["Engine", "Scenario", "Metric", "n", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "mean ms"],
+            [*heads, "Metric", "n", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "mean ms"],
             rows,
             "Client-side latency from the raw records (milliseconds)",
         )
     )
     sec.add(
         Table(
-            ["Engine", "Scenario", "Requests", "OK", "Failed", "Failures by reason"],
+            [*heads, "Requests", "OK", "Failed", "Failures by reason"],
             [
                 [
-                    g.instance,
-                    g.scenario,
+                    *who(g),
                     str(g.requests),
                     str(g.ok),
                     str(g.requests - g.ok),
@@ -697,11 +704,10 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
     )
     sec.add(
         Table(
-            ["Engine", "Scenario", "n", "p50", "mean", "min", "max"],
+            [*heads, "n", "p50", "mean", "min", "max"],
             [
                 [
-                    g.instance,
-                    g.scenario,
+                    *who(g),
                     str(g.output_tokens["n"]),
                     _num(g.output_tokens["p50"]),
                     _num(None if g.output_tokens["mean"] is None else round(g.output_tokens["mean"], 1)),
@@ -713,7 +719,9 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
             "Output length (tokens per successful request)",
         )
     )
-    notes = [f"{g.instance}/{g.scenario}: {n}" for g in groups for n in g.notes]
+    notes = [
+        f"{g.instance}/{g.scenario}" + (f" at {g.level}" if g.level else "") + f": {n}" for g in groups for n in g.notes
+    ]
     if notes:
         sec.add(Bullets(notes))
     for fig_ in figs:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from report import goodput, table, verdict, workloads
-from report.load import Run
+from report.load import Run, knee_of
 from report.noise import Assessment, worst_slowdown
 from report.render import Bullets, Paragraph, Section
 from servescope import knee_answer, slo, words
@@ -43,7 +43,7 @@ def build(
     warn: list[str],
     work: workloads.WorkloadReport,
 ) -> list[EngineSummary]:
-    knee = goodput.knee_of(run)
+    knee = knee_of(run)
     out = []
     for instance, info in run.engines.items():
         s = EngineSummary(instance, info.title or instance)

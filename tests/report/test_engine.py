@@ -27,6 +27,8 @@ NO_PROMETHEUS = "http://127.0.0.1:9"
 # against main at 050fb97 (the last list-based report); the verdict's rule and Ollama's verdicts are as updated
 # since (resting on Ollama's own durations, not a split of its knob).
 EXPECTED = json.loads((RUNS / "expected_numbers.json").read_text())
+# live-failures' sweep has a latency group per concurrency level since issue 40 (its groups in the file are the
+# report's; tests/report/test_latency.py checks per-level rows against numpy on the raw records).
 # ("comparison", "method") now says where a huge pool's subsample is drawn; ("table", "rule") how host noise widens
 # the scaling factor's CI and when a reading is undecided; ("verdict", "rule") names the engines that ran, each with
 # its own levers.

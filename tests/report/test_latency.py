@@ -65,3 +65,56 @@ def test_tpot_is_computed_when_the_record_lacks_it(tmp_path):
     run = load(folder.path)
     from_engine = run.con.execute(f"SELECT {latency.TPOT_SQL} FROM requests ORDER BY seq").fetchall()
     assert [v for (v,) in from_engine] == [tpot(r) for r in records]
+
+
+def _ok_ttfts(folder: Path, phases: set[str]) -> list[float]:
+    """TTFT of the successful requests of those phases, read from requests.jsonl without the report's engine."""
+    import json
+
+    records = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines() if line.strip()]
+    return [r["ttft_s"] for r in records if r["phase"] in phases and r["ok"]]
+
+
+@pytest.mark.parametrize(
+    ("folder", "levels"),
+    [
+        # quick on llama.cpp: 1 user, 2 users, 1 user again (issue 40: pooled, TTFT p50 was neither level's)
+        ("quick-llamacpp", {"1 user": {"knee-c1-1", "knee-c1-2"}, "2 users": {"knee-c2-1"}}),
+        ("knee-vllm", {"1 user": {"knee-c1-1"}, "2 users": {"knee-c2-1", "knee-c2-2"}, "3 users": {"knee-c3-1"},
+                       "4 users": {"knee-c4-1"}}),
+        ("sweep-llamacpp", {"1 user": {"sweep-c1"}, "2 users": {"sweep-c2"}, "4 users": {"sweep-c4"}}),
+    ],
+)  # fmt: skip
+def test_a_knee_or_sweep_has_a_latency_row_per_load_level(folder, levels):
+    """Recorded runs: one row per load, lowest first, each with its own requests' percentiles (numpy on the raw
+    records), never one row pooling the levels."""
+    import numpy as np
+
+    from report import figures
+
+    run = load(RUNS / folder)
+    try:
+        groups = latency.build(run)
+        boxes = figures.latency_boxes(run)
+    finally:
+        run.close()
+    assert [g.level for g in groups] == list(levels)
+    for g in groups:
+        assert set(g.phases) == levels[g.level]
+        ttfts = _ok_ttfts(RUNS / folder, levels[g.level])
+        assert g.metrics["ttft_s"]["n"] == g.ok == len(ttfts) > 0
+        assert g.metrics["ttft_s"]["p50"] == pytest.approx(float(np.median(ttfts)))
+        assert g.metrics["ttft_s"]["p95"] == pytest.approx(float(np.percentile(ttfts, 95)))
+    assert [label.split(", ")[-1] for label in boxes["labels"]] == list(levels)  # the plot's boxes: the same rows
+
+
+def test_a_comparison_run_keeps_a_row_per_mode():
+    """Sequential and burst are one load each, whatever their repetitions: no load column, no split."""
+    run = load(RUNS / "compare-vllm-llamacpp")
+    try:
+        groups = latency.build(run)
+    finally:
+        run.close()
+    assert [(g.instance, g.scenario, g.level) for g in groups] == [
+        ("vllm", "sequential", ""), ("vllm", "burst", ""), ("llamacpp", "sequential", ""), ("llamacpp", "burst", ""),
+    ]  # fmt: skip
