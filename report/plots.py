@@ -90,20 +90,55 @@ def latency_boxes(data: dict, path: Path) -> Path:
     return path
 
 
+DISCRETE_LENGTHS = 12  # up to this many distinct output lengths: a bar at each length, not a histogram's bins
+
+
 def output_tokens(data: dict, path: Path) -> Path:
     """Requests per output length: {engine title: (lengths, counts)}."""
+    return _save(output_tokens_figure(data), path)
+
+
+def output_tokens_figure(data: dict):
+    """A token count is a whole number: a few distinct lengths are bars at those lengths (one length, one bar, its
+    tick that length: every request gave 128 tokens reads "128", not a bin from 128.0 to 129.0); many are a histogram
+    of whole-token bins. Ticks are whole numbers either way."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    lo, hi = min(v[0][0] for v in data.values()), max(v[0][-1] for v in data.values())
-    bins = range(lo, hi + 2) if hi - lo <= 60 else 30
-    ax.hist(
-        [v for v, _ in data.values()], bins=bins, weights=[n for _, n in data.values()], label=list(data), alpha=0.8
-    )
+    lengths = sorted({v for values, _ in data.values() for v in values})
+    if len(lengths) <= DISCRETE_LENGTHS:
+        width = 0.8 / len(data)
+        places = {v: k for k, v in enumerate(lengths)}  # evenly spaced, labelled with the lengths themselves
+        for e, (title, (values, counts)) in enumerate(data.items()):
+            xs = [places[v] + (e - (len(data) - 1) / 2) * width for v in values]
+            bars = ax.bar(xs, counts, width=width * 0.95, label=title, alpha=0.8, color=COLORS[e % len(COLORS)])
+            ax.bar_label(bars, fontsize=8)
+        ax.set_xticks(range(len(lengths)), [str(v) for v in lengths])
+        ax.set_xlim(-1, len(lengths))  # a lone length is a bar with room around it, not the whole plot
+        if len(lengths) == 1:
+            total = sum(n for _, counts in data.values() for n in counts)
+            ax.set_title(f"Output length: every successful request ({total}) gave {lengths[0]} tokens")
+        else:
+            ax.set_title("Output length per engine (successful requests)")
+    else:
+        lo, hi = lengths[0], lengths[-1]
+        step = max(1, math.ceil((hi - lo + 1) / 60))  # whole-token bins, at most about 60 of them
+        edges = [lo - 0.5 + step * k for k in range((hi - lo) // step + 2)]
+        ax.hist(
+            [v for v, _ in data.values()],
+            bins=edges,
+            weights=[n for _, n in data.values()],
+            label=list(data),
+            alpha=0.8,
+        )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title("Output length per engine (successful requests)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # requests are counted whole too
     ax.set_xlabel("output tokens per request")
     ax.set_ylabel("requests")
-    ax.set_title("Output length per engine (successful requests)")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return fig
 
 
 def gauges(data: dict, path: Path) -> Path:
