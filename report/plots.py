@@ -143,6 +143,10 @@ def output_tokens_figure(data: dict):
 
 def gauges(data: dict, path: Path) -> Path:
     """One panel per engine (title, trace): running and waiting as steps, KV cache usage on a right axis, phases shaded."""
+    return _save(gauges_figure(data), path)
+
+
+def gauges_figure(data: dict):
     panels = data["panels"]
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), squeeze=False, sharex=True)
     for ax, (title, trace) in zip(axes[:, 0], panels, strict=True):
@@ -168,6 +172,7 @@ def gauges(data: dict, path: Path) -> Path:
                 # Each read stands until the next one; NaN (a read with no value, or nobody reading) is a gap.
                 lines += ax.step(xs, ys, where="post", color=color, label=label)
         ax.set_ylabel("requests")
+        ax.yaxis.get_major_locator().set_params(integer=True)  # running and waiting are counts
         counts = [v for g in (series.REQUESTS_RUNNING, series.REQUESTS_WAITING) for v in trace[g][1] if v == v]
         ax.set_ylim(0, max(1.0, max(counts, default=1.0)) * 1.15)
         xs, ys = trace[series.KV_CACHE_USAGE]
@@ -181,7 +186,7 @@ def gauges(data: dict, path: Path) -> Path:
         ax.legend(lines, [ln.get_label() for ln in lines], loc="upper right", fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since run start")
-    return _save(fig, path)
+    return fig
 
 
 def ttft_by_arrival(data: dict, path: Path) -> Path:
@@ -200,6 +205,10 @@ def ttft_by_arrival(data: dict, path: Path) -> Path:
 
 def sweeps(data: dict, path: Path) -> Path:
     """Throughput and E2E latency against concurrency, one colour per sweep, its knee marked."""
+    return _save(sweeps_figure(data), path)
+
+
+def sweeps_figure(data: dict):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for k, sw in enumerate(data["lines"]):
         color, label, cs = COLORS[k % len(COLORS)], sw["label"], sw["concurrency"]
@@ -207,7 +216,7 @@ def sweeps(data: dict, path: Path) -> Path:
         ax2.plot(cs, sw["e2e_p50"], marker="o", color=color, label=f"{label} E2E p50")
         ax2.plot(cs, sw["e2e_p95"], marker="^", linestyle=":", color=color, label=f"{label} E2E p95")
         if sw["knee"] is not None:
-            ax1.axvline(sw["knee"], color=color, linestyle="--", alpha=0.6, label=f"knee ({label})")
+            ax1.axvline(sw["knee"], color=color, linestyle="--", alpha=0.6, label=f"saturation knee ({label})")
     ax1.set_xlabel("concurrency (requests in flight)")
     ax1.set_ylabel("output tokens/s (aggregate)")
     ax1.set_title("Throughput vs concurrency")
@@ -217,7 +226,9 @@ def sweeps(data: dict, path: Path) -> Path:
     for ax in (ax1, ax2):
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+        ax.xaxis.get_major_locator().set_params(integer=True)  # users: whole numbers
+        ax.set_ylim(bottom=0)  # from zero: a 3% change must not look like a fall
+    return fig
 
 
 def crosscheck(data: dict, path: Path) -> Path:

@@ -11,9 +11,12 @@ from report import plots
 
 
 def _ticks(ax, axis: str) -> list[str]:
+    """The tick labels a reader sees: drawn, inside the axis' limits."""
     ax.figure.canvas.draw()
     labels = ax.get_xticklabels() if axis == "x" else ax.get_yticklabels()
-    return [t.get_text().replace("\u2212", "-") for t in labels if t.get_text()]
+    low, high = sorted(ax.get_xlim() if axis == "x" else ax.get_ylim())
+    seen = [t for t in labels if t.get_text() and low <= (t.get_position()[0 if axis == "x" else 1]) <= high]
+    return [t.get_text().replace("\u2212", "-") for t in seen]
 
 
 def test_one_output_length_is_one_bar_at_that_length():
@@ -58,3 +61,24 @@ def test_output_length_ticks_are_whole_tokens(lengths, count):
 def test_the_figure_is_written(tmp_path, lengths):
     path = plots.output_tokens({"e": (lengths, [1] * len(lengths))}, tmp_path / "output_tokens.png")
     assert path.stat().st_size > 1000
+
+
+def test_a_knees_levels_are_whole_users_and_throughput_starts_at_zero():
+    """quick on llama.cpp measured 1 and 2 users: ticks 1 and 2 (not 1.2, 1.4 ...), and 50.7 -> 49.1 tokens/s drawn
+    from 0 (a 3% change, not a fall down the whole plot)."""
+    line = {"label": "llama.cpp server (knee)", "concurrency": [1, 2], "tokens_per_s": [50.7, 49.1]}
+    line |= {"e2e_p50": [2.4, 5.0], "e2e_p95": [2.9, 5.7], "knee": 1}
+    fig = plots.sweeps_figure({"lines": [line]})
+    for ax in fig.axes:
+        assert _ticks(ax, "x") == ["1", "2"] and ax.get_ylim()[0] == 0
+    assert any("saturation knee" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    plots.plt.close(fig)
+
+
+def test_running_and_waiting_are_counted_in_whole_requests():
+    trace = {"bands": [("knee-c1-1", 0.0, 10.0)]}
+    trace |= {g: ([0.0, 5.0, 10.0], [0.0, 1.0, 0.0]) for g in plots.series.LEVER_GAUGES}
+    fig = plots.gauges_figure({"panels": [("llama.cpp server", trace)]})
+    requests_axis = fig.axes[0]
+    assert all(float(t).is_integer() for t in _ticks(requests_axis, "y")), _ticks(requests_axis, "y")
+    plots.plt.close(fig)
