@@ -8,6 +8,7 @@ results/<run-id>/
   locust_*.csv, locust.html   Locust's own stats (rounded by Locust: never the source of a reported number)
   workers.log       `python -m loadgen ... --workers N`: what its worker processes printed
   report.md / report.html / report.json / *.png   written by `make report`
+  records.duckdb, records.duckdb.seal   a long run's records read once (servescope/runreader.py): a cache
 
 All durations are seconds (float); wall-clock instants are Unix epoch seconds; engine-native
 durations keep the engine's own unit and say so in their key (Ollama: *_ns).
@@ -37,6 +38,8 @@ REQUESTS = "requests.jsonl"
 PHASES = "phases.jsonl"
 # The JSONL read once into a columnar database beside it (servescope.runreader): a cache, never the record.
 INDEX = "records.duckdb"
+# Beside the index: its size, modification time and checksum when made, so a damaged one is known before it is read.
+INDEX_SEAL = INDEX + ".seal"
 SCHEMA_VERSION = 1
 FOLDER_MODE = 0o700  # a run folder: only its owner lists or reads it (README, Security defaults)
 

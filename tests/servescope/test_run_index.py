@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from servescope import runfolder, runreader
+from servescope.runcontract import INDEX_SEAL
 from servescope.runfolder import RequestRecord, RunFolder
 from servescope.runreader import RunData
 from tests.harness import run_cli
@@ -67,7 +68,7 @@ def test_the_first_reader_makes_the_index_and_the_next_reads_it_instead_of_the_j
     first = read(run, limits=(0.05,))
     index = run / runfolder.INDEX
     assert index.is_file()
-    assert sorted(p.name for p in run.iterdir()) == sorted([runfolder.INDEX, runfolder.REQUESTS])
+    assert sorted(p.name for p in run.iterdir()) == sorted([runfolder.INDEX, INDEX_SEAL, runfolder.REQUESTS])
     made = index.stat()
     seen = parses(monkeypatch)
     again = read(run)  # asks for no limits: gets the ones the index was made with
@@ -344,3 +345,99 @@ def test_the_index_is_written_in_row_groups_of_its_own_size_and_holds_the_jsonls
     assert len(sizes) == 3 and max(n for (n,) in sizes) <= 2048
     monkeypatch.setenv("RUN_INDEX_MIN_MB", "off")
     assert read(folder.path) == indexed and len(indexed[0]) == 5000
+
+
+def test_flipped_bytes_that_keep_the_files_size_and_times_cost_one_line_and_no_record(run, capsys):
+    """Issue 42: a flip that left the index's modification time as it was sealed (a disk's, a copy that keeps times)
+    skipped the whole-read check and crashed the report halfway (`_duckdb.Error: Corrupt database file`; 31 of 96
+    flips here). The seal's checksum beside the index catches it: made again, one line. (24 places here: each costs
+    a rebuild; the property test below flips at random.)"""
+    first = read(run)
+    index = run / runfolder.INDEX
+    pristine, made = index.read_bytes(), index.stat()
+    capsys.readouterr()
+    rebuilt = 0
+    for k in range(24):
+        damaged = bytearray(pristine)
+        damaged[len(pristine) * k // 24] ^= 0xFF
+        index.write_bytes(bytes(damaged))
+        os.utime(index, ns=(made.st_atime_ns, made.st_mtime_ns))  # the damage keeps the times it was sealed with
+        assert read(run) == first, k
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].endswith("): rebuilt"), (k, err)
+        rebuilt += 1
+        assert read(run) == first and capsys.readouterr().err == ""  # rebuilt: read quietly
+        pristine, made = index.read_bytes(), index.stat()
+    assert rebuilt == 24
+
+
+def test_a_crafted_index_description_is_never_trusted(run, capsys):
+    """The index's own description (limits, set-aside tables) is read as a schema: a crafted one with the right
+    fingerprint and stamps is made again in one line, never a ValueError or a KeyError halfway through."""
+    import duckdb
+
+    first = read(run)
+    index = run / runfolder.INDEX
+    capsys.readouterr()
+    for name, value in (("limits", "banana"), ("limits", '["x"]'), ("set aside requests.jsonl", "secrets")):
+        con = duckdb.connect(str(index))
+        con.execute("UPDATE index_meta SET value = ? WHERE name = ?", [value, name])
+        con.close()
+        assert read(run) == first, (name, value)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "index unreadable (" in err[0] and err[0].endswith("): rebuilt"), err
+
+
+def test_any_damage_to_the_index_reads_the_records_as_the_jsonl_holds_them(tmp_path_factory):
+    """Property (fixed seed): whatever is done to the index and its seal (bytes flipped, cut or added, times kept or
+    not, the seal garbled or gone), a read gives the JSONL's records, says at most one line, never raises."""
+    import contextlib
+    import io
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    folder = tmp_path_factory.mktemp("prop") / "indexed"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RUN_INDEX_MIN_MB", "0")
+    try:
+        made = RunFolder.create(folder.parent, folder.name)
+        for i in range(40):
+            made.append_request(record(i))
+        first = read(folder)
+        index, seal = folder / runfolder.INDEX, folder / INDEX_SEAL
+        pristine, pristine_seal, stamp = index.read_bytes(), seal.read_bytes(), index.stat()
+
+        @settings(derandomize=True, max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(
+            flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4),
+            cut=st.none() | st.floats(0, 1),
+            extra=st.binary(max_size=64),
+            keep_times=st.booleans(),
+            seal_change=st.sampled_from(["kept", "gone", "garbled", "another's"]),
+        )
+        def damage(flips, cut, extra, keep_times, seal_change):
+            body = bytearray(pristine)
+            for where, mask in flips:
+                body[int(where * len(body))] ^= mask
+            if cut is not None:
+                body = body[: int(cut * len(body))]
+            index.write_bytes(bytes(body) + extra)
+            if keep_times:
+                os.utime(index, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+            if seal_change == "gone":
+                seal.unlink(missing_ok=True)
+            elif seal_change == "garbled":
+                seal.write_bytes(b'{"size": [1], "crc32": 7')
+            elif seal_change == "another's":
+                seal.write_text(json.dumps({"size": len(body) + len(extra), "mtime_ns": 1, "crc32": "0"}))
+            else:
+                seal.write_bytes(pristine_seal)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                assert read(folder) == first
+            assert len(err.getvalue().strip().splitlines()) <= 1, err.getvalue()
+
+        damage()
+    finally:
+        mp.undo()
