@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servescope import bounded_http, printable
+from servescope import bounded_http, printable, urls
 from servescope.bounded_http import MAX_JSON_DEPTH, Origin, ServiceError, parse_json
 from tests.doubles.hostile_http import Hostile, drip, huge, reply
 
@@ -209,3 +209,18 @@ def test_an_origin_keeps_its_connections_alive():
             for _ in range(3):
                 assert origin.get("/metrics", time.monotonic() + 5).body == b"ok"
         assert server.accepted == 1 and len(server.requests) == 3
+
+
+@pytest.mark.parametrize(
+    "typed, shown",
+    [
+        ("bob:PW@127.0.0.1:8000", "***@127.0.0.1:8000"),
+        ("vllm=bob:P@W@h:1/v1", "vllm=***@h:1/v1"),
+        ("bob:p=w@h:1", "***@h:1"),  # a password with "=": never taken for a kind
+        ("http://bob:PW@h:1", "http://***@h:1"),
+        ("h:1", "h:1"),
+    ],
+)
+def test_an_address_as_typed_is_shown_without_its_password(typed, shown):
+    """Issue 42 case 14: `exporter check bob:PW@HOST:PORT` printed it whole (no scheme: redact() found no URL)."""
+    assert urls.redact_address(typed) == shown
