@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from report import energy, load, replicas, traffic, workloads
+from report import energy, load, replicas, speed, traffic, workloads
 from report.replicas import Level, Profile
 from servescope import engines, knee_file, knobs, slo
 from servescope.engines.base import BATCH_SLOTS
@@ -52,6 +52,9 @@ class Prediction:
     mean_in_flight: float  # requests held per replica over the traffic's span (Little's law: sum of E2E / span)
     peak_in_flight: float  # the same in the busiest window
     beyond: int  # requests that met a replica above the highest measured load (counted as failed)
+    # TTFT and E2E percentiles (LATENCY_PERCENTILES) of the successful requests, repetitions pooled: {"ttft_s":
+    # {"p50": s, ...}, "e2e_s": {...}}; empty where none succeeded
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,7 +66,8 @@ class PlanRow:
     replicas_p95_time: int | None  # the replicas 95% of the windows need (what an autoscaler could follow)
     attainment: float | None
     attainment_one_fewer: float | None
-    attainment_slower: float | None  # derived: at that count with the engine PLAN_SLOWER slower than its knee measured
+    # At that count over the speed spread (report/speed.py): [slow edge, fast edge]; None: no spread
+    attainment_band: list[float | None] | None
     utilisation: float | None  # mean in flight per replica / the knee's load
     headroom: float | None  # 1 - the busiest window's in flight per replica / the knee's load
     price_per_hour: float | None
@@ -73,6 +77,10 @@ class PlanRow:
     joules_per_good_token: float | None = None  # measured at the knee's load, one replica
     energy_reason: str = ""
     notes: list[str] = field(default_factory=list)
+    replicas_at_knee_speed: int | None = None  # the fewest meeting the SLOs at the knee's own speed
+    speed: dict[str, Any] = field(default_factory=dict)  # the spread the band is over (speed.Spread.to_json)
+    # Predicted TTFT / E2E percentiles at that count: "knee" (its speed), "slow" and "fast" (the band's edges)
+    latency: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- the knee's replica
@@ -102,6 +110,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         by_level: dict[float, list[RequestRecord]] = {}
         walls: dict[float, float] = {}
         energy_by_level: dict[float, list[energy.Energy]] = {}
+        measured: dict[float, list[tuple[str, list[RequestRecord], dict | None]]] = {}
         phases = {p.phase: p for p in run.phases_of(instance)}
         for probe in summary["probes"]:
             if not probe.get("trusted") or probe["phase"] not in phases:
@@ -110,6 +119,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
             level = float(probe["level"])
             by_level.setdefault(level, []).extend(records)
             ph = phases[probe["phase"]]
+            measured.setdefault(level, []).append((ph.phase, records, ph.noise))
             walls[level] = walls.get(level, 0.0) + max(ph.ended_at - ph.started_at, 1e-9)
             energy_by_level.setdefault(level, []).append(energy.of_record(ph))
         levels = []
@@ -125,6 +135,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         info = run.engines.get(instance)
         knee_level = summary.get("knee") if summary.get("knee") in by_level else None
         joules, energy_reason = _energy_at(energy_by_level.get(knee_level), by_level.get(knee_level), summary)
+        spread = speed.of([m for level, found in sorted(measured.items()) for m in speed.measurements(level, found)])
     finally:
         run.close()
     if not levels:
@@ -164,6 +175,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
             prompt_tokens=int(np.median(prompt)) if prompt else None,
             joules_per_good_token=joules,
             energy_reason=energy_reason,
+            speed=spread,
         )
     except ValueError as exc:
         raise PlanError(f"{path}: {exc}") from None
@@ -297,8 +309,14 @@ def predict(
     window = np.minimum((schedule.at / window_s).astype(np.int64), windows - 1)
     tally = _Tally(spec, windows)
     shapes = replicas.shapes(profile, sharing)
+    ttft: list[np.ndarray] = []
+    e2e: list[np.ndarray] = []
     for seed in range(repeats):
-        tally.add(replicas.run(schedule, profile, n, policy, seed, sharing), window, shapes)
+        out = replicas.run(schedule, profile, n, policy, seed, sharing)
+        tally.add(out, window, shapes)
+        ttft.append(out.ttft_s[out.ok])
+        e2e.append(out.e2e_s[out.ok])
+        del out  # a fleet's outcomes: one repetition's at a time
     meets: list[bool | None] = []
     peak = 0.0
     for w in range(windows):
@@ -320,7 +338,20 @@ def predict(
         mean_in_flight=float(tally.e2e.sum()) / (repeats * n * load.duration_s),
         peak_in_flight=peak,
         beyond=int(tally.beyond.sum()) // repeats,
+        latency={"ttft_s": percentiles(np.concatenate(ttft)), "e2e_s": percentiles(np.concatenate(e2e))},
     )
+
+
+LATENCY_PERCENTILES = (50, 90, 99)
+
+
+def percentiles(values: np.ndarray) -> dict[str, float]:
+    """{"p50": ..., "p90": ..., "p99": ...} of `values` by numpy's default rule (the report's, servescope/percentile.py);
+    empty for none."""
+    if not len(values):
+        return {}
+    found = np.percentile(values, LATENCY_PERCENTILES)
+    return {f"p{q}": float(v) for q, v in zip(LATENCY_PERCENTILES, found, strict=True)}
 
 
 class _Tally:
@@ -485,41 +516,40 @@ def plan(
     max_replicas: int,
     price: float | None,
     sharing: replicas.Sharing | None = None,
-    slower: float = 0.0,
+    spread: speed.Spread | None = None,
 ) -> tuple[PlanRow, list[Prediction]]:
-    """The fewest replicas that meet the SLOs in every window; with `slower` above 0, the attainment at that count once
-    more with every latency the knee measured that share longer. The search assumes more replicas never do worse: it
-    doubles from one until a count meets, then halves the gap (a fleet's count in a dozen simulations, not hundreds).
-    Returns the row and the predictions made up to the count found, by count."""
+    """The fewest replicas that meet the SLOs in every window at the slow edge of `spread` (default: the speed spread
+    the knee measured, profile.speed), with the attainment at that count as a band from the slow edge to the fast one.
+
+    The search assumes more replicas never do worse, and a slower engine never better: it doubles from one at the
+    knee's speed until a count meets, then halves the gap; at the slow edge it starts from that count (a dozen
+    simulations for a fleet, not hundreds; the spread costs a few more, run only near the answer). Returns the row and
+    the knee-speed predictions made up to the knee-speed count, by count."""
     check_work(profile, load, spec, repeats, window_s, sharing)
     if not (isinstance(max_replicas, int) and 1 <= max_replicas <= MAX_REPLICAS):
         raise PlanError(f"PLAN_MAX_REPLICAS={max_replicas}: expected 1 to {MAX_REPLICAS}")
+    spread = spread or profile.speed or speed.none("not read from a knee")
     repeats = repetitions(load, repeats)
     made: dict[int, Prediction] = {}
+    edges: dict[tuple[speed.Edge, int], Prediction] = {}
 
     def at(n: int) -> Prediction:
         if n not in made:
             made[n] = predict(profile, load, n, spec, policy, repeats, window_s, sharing)
         return made[n]
 
-    missing, meeting = 0, None  # the most replicas known to miss, the fewest known to meet
-    n = 1
-    while True:
-        if at(n).meets:
-            meeting = n
-            break
-        missing = n
-        if n >= max_replicas:
-            break
-        n = min(2 * n, max_replicas)
-    while meeting is not None and meeting - missing > 1:
-        mid = (missing + meeting) // 2
-        if at(mid).meets:
-            meeting = mid
-        else:
-            missing = mid
-    found = made[meeting] if meeting is not None else None
-    tried = [made[k] for k in sorted(made) if meeting is None or k <= meeting]
+    def at_edge(edge: speed.Edge, n: int) -> Prediction:
+        if edge == speed.KNEE_SPEED:
+            return at(n)
+        if (edge, n) not in edges:
+            own, busy = at_speed(profile, sharing, spread, edge)
+            edges[edge, n] = predict(own, load, n, spec, policy, repeats, window_s, busy)
+        return edges[edge, n]
+
+    at_knee = _fewest(lambda n: at(n).meets, 0, max_replicas)
+    tried = [made[k] for k in sorted(made) if at_knee is None or k <= at_knee]
+    # Only a count that meets at the knee's speed can meet slower: the slow edge's search starts there.
+    count = at_knee if at_knee is None else _fewest(lambda n: at_edge(spread.slow, n).meets, at_knee - 1, max_replicas)
     notes: list[str] = []
     notes.append(
         f"{profile.slots} batch slots a replica, the rest waiting in its queue"
@@ -533,16 +563,18 @@ def plan(
         )
     if profile.prompt_tokens:
         notes.append(f"knee measured {profile.prompt_tokens}-token prompts, {profile.output_tokens} tokens out")
-    last = made[max_replicas] if found is None else found
+    notes.append(spread.describe())
+    shown = count or at_knee  # the count the row's figures are at: the recommended one, else the knee speed's
+    last = at(max_replicas if shown is None else shown)
     row = PlanRow(
         label=profile.label,
         engine=profile.engine,
         knee=profile.knee,
-        replicas=found.replicas if found else None,
+        replicas=count,
         replicas_p95_time=None,
         attainment=last.attainment,
-        attainment_one_fewer=made[found.replicas - 1].attainment if found and found.replicas > 1 else None,
-        attainment_slower=None,
+        attainment_one_fewer=None,
+        attainment_band=None,
         utilisation=None,
         headroom=None,
         price_per_hour=price,
@@ -552,30 +584,95 @@ def plan(
         joules_per_good_token=profile.joules_per_good_token,
         energy_reason=profile.energy_reason,
         notes=notes,
+        replicas_at_knee_speed=at_knee,
+        speed=spread.to_json(),
+        latency={"knee": last.latency},
     )
-    if found is None:
+    if at_knee is None:
         row.notes.append(f"more than {max_replicas} replicas (PLAN_MAX_REPLICAS): the search stopped there")
         return row, tried
+    if not spread.point:
+        slow, fast = at_edge(spread.slow, shown), at_edge(spread.fast, shown)
+        row.attainment_band = [slow.attainment, fast.attainment]
+        row.latency.update(slow=slow.latency, fast=fast.latency)
+    if count is None:
+        row.notes.append(
+            f"{at_knee} replica(s) meet the SLOs if the engine keeps its knee speed; at the slow edge of the speed it "
+            f"showed more than {max_replicas} (PLAN_MAX_REPLICAS) would be needed: the figures are at {at_knee}"
+        )
+    elif count > at_knee:
+        row.notes.append(
+            f"{at_knee} replica(s) meet the SLOs if the engine keeps its knee speed; {count} hold across the speed it "
+            f"showed (at its slow edge {at_knee} reach {_num(at_edge(spread.slow, at_knee).attainment, '{:.0%}')})"
+        )
+    row.notes.append(_latency_note(shown, row.latency))
+    found = at(shown)
+    row.attainment_one_fewer = at(shown - 1).attainment if shown > 1 else None
     row.replicas_p95_time = _p95_time(found, made, at)
-    if slower > 0:
-        # Near saturation the attainment moves steeply with the engine's speed, and a machine's speed moves between
-        # measurements: the same count again, every latency the knee measured this much longer.
-        factor = 1 + slower
-        busy = replicas.Sharing(sharing.per_host, sharing.busy.scaled(factor, factor)) if sharing else None
-        p = predict(profile.scaled(factor, factor), load, found.replicas, spec, policy, repeats, window_s, busy)
-        row.attainment_slower = p.attainment
-        if not p.meets:
-            row.notes.append(
-                f"{slower:.0%} slower than its knee measured (PLAN_SLOWER), {found.replicas} replica(s) miss the SLOs "
-                f"(attainment {_num(p.attainment, '{:.0%}')}): the count sits near the edge"
-            )
     if profile.knee:
         row.utilisation = found.mean_in_flight / profile.knee
         row.headroom = 1 - found.peak_in_flight / profile.knee
     if price is not None and found.good_tokens > 0:
         hours = load.duration_s / 3600
-        row.cost_per_million_good_tokens = found.replicas * price * hours / (found.good_tokens / 1e6)
+        row.cost_per_million_good_tokens = shown * price * hours / (found.good_tokens / 1e6)
     return row, tried
+
+
+def _fewest(meets, missing: int, limit: int) -> int | None:
+    """The fewest replicas above `missing` (a count known to miss; 0: none) that meet, up to `limit`, more never doing
+    worse: the gap above `missing` doubles until a count meets, then halves. None: not even `limit` meets."""
+    base, step, meeting = missing, 1, None
+    while True:
+        n = min(base + step, limit)
+        if meets(n):
+            meeting = n
+            break
+        missing = n
+        if n >= limit:
+            break
+        step *= 2
+    while meeting is not None and meeting - missing > 1:
+        mid = (missing + meeting) // 2
+        if meets(mid):
+            meeting = mid
+        else:
+            missing = mid
+    return meeting
+
+
+def at_speed(
+    profile: Profile, sharing: replicas.Sharing | None, spread: speed.Spread, edge: speed.Edge
+) -> tuple[Profile, replicas.Sharing | None]:
+    """The knee (and its busy twin) at one edge of the spread: every TTFT and time per token scaled by the edge's
+    factors. A busy knee with a measured spread of its own goes to the same edge of its own."""
+    own = profile.scaled(edge.ttft, edge.tpot)
+    if sharing is None:
+        return own, None
+    busy = sharing.busy.speed
+    if spread.source == speed.MEASURED and busy is not None and busy.source == speed.MEASURED:
+        edge = busy.slow if edge == spread.slow else busy.fast
+    return own, replicas.Sharing(sharing.per_host, sharing.busy.scaled(edge.ttft, edge.tpot))
+
+
+def _latency_note(n: int, latency: dict[str, dict[str, dict[str, float]]]) -> str:
+    """One line: the predicted TTFT and E2E percentiles at `n` replicas, at the knee's speed and across the band."""
+    edged = "slow" in latency
+
+    def cell(metric: str, q: str) -> str:
+        value = latency["knee"].get(metric, {}).get(q)
+        if value is None:
+            return "-"
+        if not edged:
+            return f"{value:.3g}"
+        slow, fast = latency["slow"].get(metric, {}).get(q), latency["fast"].get(metric, {}).get(q)
+        return f"{value:.3g} ({_num(fast, '{:.3g}')}-{_num(slow, '{:.3g}')})"
+
+    parts = [
+        f"{name} " + ", ".join(f"{q} {cell(metric, q)}" for q in (f"p{p}" for p in LATENCY_PERCENTILES)) + " s"
+        for name, metric in (("TTFT", "ttft_s"), ("E2E", "e2e_s"))
+    ]
+    band = " (fast-slow edge in brackets)" if edged else ""
+    return f"predicted latency at {n} replica(s), the knee's speed{band}: {'; '.join(parts)}"
 
 
 def _p95_time(found: Prediction, made: dict[int, Prediction], at) -> int | None:
@@ -728,8 +825,15 @@ def plan_with(
         settings["max_replicas"],
         price,
         sharing,
-        settings["slower"],
+        spread_of(settings, profile),
     )
+
+
+def spread_of(settings: dict[str, Any], profile: Profile) -> speed.Spread:
+    """The speeds a row is predicted over: PLAN_SLOWER's where it is set, else the spread the knee measured."""
+    if settings.get("slower") is not None:
+        return speed.override(settings["slower"])
+    return profile.speed or speed.none("not read from a knee")
 
 
 def settings_of(routing: str | None = None) -> dict[str, Any]:
@@ -746,13 +850,18 @@ def settings_of(routing: str | None = None) -> dict[str, Any]:
         raise PlanError(f"PLAN_REPEATS={repeats}: expected 1 to {MAX_REPEATS}")
     if not 1 <= max_replicas <= MAX_REPLICAS:
         raise PlanError(f"PLAN_MAX_REPLICAS={max_replicas}: expected 1 to {MAX_REPLICAS}")
-    text = knobs.get("PLAN_SLOWER").strip()
-    try:
-        slower = float(text)
-    except ValueError:
-        slower = math.nan
-    if not 0 <= slower < 10:
-        raise PlanError(f"PLAN_SLOWER={text!r}: expected a share from 0 (off) to under 10, e.g. 0.05")
+    text = knobs.get("PLAN_SLOWER", "").strip()
+    slower: float | None = None
+    if text:  # empty: the spread each knee measured
+        try:
+            slower = float(text)
+        except ValueError:
+            slower = math.nan
+        if not 0 <= slower < 10:
+            raise PlanError(
+                f"PLAN_SLOWER={text!r}: expected empty (the knee's measured speed spread) or a share from 0 (the "
+                "knee's speed alone) to under 10, e.g. 0.05"
+            )
     return {
         "routing": routing,
         "window_s": window_s,
@@ -832,20 +941,23 @@ COLUMNS = (
     "replicas",
     "p95 time",
     "attain",
+    "band",
     "at N-1",
-    "slower",
     "util",
     "headroom",
     "$/M good tok",
     "J/good tok",
 )
 COLUMNS_HELP = (
-    "replicas: the fewest meeting the SLOs in every window; p95 time: what 95% of the windows need; attain: "
-    "predicted SLO attainment at that count and at one fewer; slower: at that count with the engine PLAN_SLOWER slower than "
-    "its knee measured (derived: near saturation a few percent of speed moves it many points); util: mean requests held (running or queued) per replica over the "
-    "knee's load; headroom: what the busiest window leaves of it; $/M good tok: replicas x price x hours over the "
-    "good output tokens (PLAN_PRICE_PER_HOUR or --price); J/good tok: measured, the machine's energy over the "
-    "good output tokens at the knee's load (docs/energy.md), not modelled"
+    "replicas: the fewest meeting the SLOs in every window at the slow edge of the speed its knee showed (the band's; "
+    "a note says when fewer meet only at the knee's own speed); p95 time: what 95% of the windows need at the knee's "
+    "speed; attain: predicted SLO attainment at that count at the knee's speed; band: the same from the slow edge to "
+    "the fast one of the engine's speed as its knee measured it move (the 10th-90th percentile of its repeated "
+    "measurements, or PLAN_SLOWER; near saturation a few percent of speed is many points); at N-1: at one fewer, the "
+    "knee's speed; util: mean requests held (running or queued) per replica over the knee's load; headroom: what the "
+    "busiest window leaves of it; $/M good tok: replicas x price x hours over the good output tokens "
+    "(PLAN_PRICE_PER_HOUR or --price); J/good tok: measured, the machine's energy over the good output tokens at the "
+    "knee's load (docs/energy.md), not modelled"
 )
 
 
@@ -857,13 +969,21 @@ def cells(r: PlanRow, max_replicas: int) -> list[str]:
         _num(r.replicas, "{:d}", f">{max_replicas}"),
         _num(r.replicas_p95_time, "{:d}"),
         _num(r.attainment, "{:.0%}"),
+        band(r.attainment_band),
         _num(r.attainment_one_fewer, "{:.0%}"),
-        _num(r.attainment_slower, "{:.0%}"),
         _num(r.utilisation, "{:.0%}"),
         _num(r.headroom, "{:.0%}"),
         _num(r.cost_per_million_good_tokens, "{:.3g}", "not priced" if r.price_per_hour is None else "-"),
         _num(r.joules_per_good_token, "{:.3g}", "not measured"),
     ]
+
+
+def band(edges: list[float | None] | None) -> str:
+    """[slow, fast] attainment as the table shows it: "88-97%"; "-" without a spread."""
+    if not edges or any(e is None for e in edges):
+        return "-"
+    slow, fast = edges
+    return f"{slow * 100:.0f}-{fast:.0%}"
 
 
 def row_notes(rows: list[PlanRow]) -> list[str]:
@@ -878,7 +998,7 @@ def row_notes(rows: list[PlanRow]) -> list[str]:
     return out
 
 
-WIDTHS = (34, 6, 8, 8, 7, 7, 7, 5, 8, 12, 12)
+WIDTHS = (34, 6, 8, 8, 7, 9, 7, 5, 8, 12, 12)
 
 
 def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, settings: dict[str, Any]) -> str:

@@ -39,10 +39,14 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from report import replica_events
+
+if TYPE_CHECKING:  # the router imports this module: the knee's reader stays out of its start-up
+    from report.speed import Spread
 
 ROUND_ROBIN = "round_robin"
 LEAST_CONN = "least_conn"
@@ -100,6 +104,8 @@ class Profile:
     # Measured at the knee's load, not modelled: joules per good output token, or None and why not
     joules_per_good_token: float | None = None
     energy_reason: str = "not measured"
+    # How its knee saw its speed move (report/speed.py), for the plan's band; None: not read from a knee
+    speed: Spread | None = None
 
     def __post_init__(self) -> None:
         if not self.levels:

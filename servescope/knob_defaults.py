@@ -630,10 +630,12 @@ GROUPS: tuple[Group, ...] = (
             Knob("PLAN_SPEED", "1"),
             Knob(
                 "PLAN_SLOWER",
-                "0.05",
+                "",
                 (
-                    "The plan's 'slower' column: each row's attainment again with every latency its knee measured this share longer\n"
-                    "(0: off). 0.05: bench/plan_check.py measured its rows' engine speed 4% away from the knee's on this VM (docs/plan.md)."
+                    "Empty: each plan row is predicted over the speed spread its knee measured (the 10th-90th percentile of its\n"
+                    "repeated measurements' time per token and prefill: report/speed.py), the count the smallest whose slow edge meets\n"
+                    "the SLOs. A share overrides it: the band from every latency 1/(1+share) to (1+share) times the knee's, e.g. 0.05;\n"
+                    "0: the knee's speed alone (no band)."
                 ),
             ),
         ),

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from report import plan, replicas, traffic
+from report import plan, replicas, speed, traffic
 from report.replicas import Arrival, Level, Profile
 from servescope import binding, slo
 from servescope.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
@@ -100,20 +100,35 @@ def test_the_search_finds_the_fewest_replicas_and_says_one_fewer_misses():
     assert 0.5 < row.utilisation < 1.5  # requests held per replica (running or queued) over the knee's 1 user
 
 
-def test_a_count_at_the_edge_says_a_slower_engine_misses_where_a_count_with_room_does_not():
+def test_a_count_at_the_edge_of_the_speed_spread_takes_one_more_replica_and_says_the_knee_speed_count():
     # One slot, 0.3 s a request alone, deterministic arrivals every 0.31 s: one replica keeps up with 3% to spare, so
     # at 5% slower each request waits a little longer than the last (TTFT past 0.5 s soon); at 0.6 s apart it never does.
     spec = slo.parse("ttft<=0.5", 0.9)
     one_slot = profile([level(1)], slots=1, knee=1)
+    five = speed.override(0.05)
     edge, _ = plan.plan(
-        one_slot, traffic.constant(1 / 0.31, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None, slower=0.05
+        one_slot, traffic.constant(1 / 0.31, 60), spec, replicas.LEAST_CONN, 1, 60, 4, None, spread=five
     )
-    assert edge.replicas == 1 and edge.attainment == pytest.approx(1.0)
-    assert edge.attainment_slower < 0.9 and any("PLAN_SLOWER" in n for n in edge.notes)
-    room, _ = plan.plan(one_slot, traffic.constant(1 / 0.6, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None, slower=0.05)
-    assert room.attainment_slower == pytest.approx(1.0) and not any("PLAN_SLOWER" in n for n in room.notes)
-    off, _ = plan.plan(one_slot, traffic.constant(1 / 0.31, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None)
-    assert off.attainment_slower is None
+    assert edge.replicas_at_knee_speed == 1 and edge.replicas == 2
+    assert edge.attainment == pytest.approx(1.0)  # at 2 replicas, the knee's speed
+    assert any("1 replica(s) meet the SLOs if the engine keeps its knee speed; 2 hold across" in n for n in edge.notes)
+    room, _ = plan.plan(one_slot, traffic.constant(1 / 0.6, 60), spec, replicas.LEAST_CONN, 1, 60, 4, None, spread=five)
+    assert room.replicas == room.replicas_at_knee_speed == 1 and room.attainment_band == pytest.approx([1.0, 1.0])
+    assert not any("knee speed;" in n for n in room.notes)
+    off, _ = plan.plan(
+        one_slot, traffic.constant(1 / 0.31, 60), spec, replicas.LEAST_CONN, 1, 60, 4, None, spread=speed.override(0)
+    )
+    assert off.replicas == 1 and off.attainment_band is None and plan.band(off.attainment_band) == "-"
+
+
+def test_a_count_that_holds_only_at_the_knee_speed_within_the_limit_is_not_recommended():
+    spec = slo.parse("ttft<=0.5", 0.9)
+    one_slot = profile([level(1)], slots=1, knee=1)
+    row, _ = plan.plan(
+        one_slot, traffic.constant(1 / 0.31, 60), spec, replicas.LEAST_CONN, 1, 60, 1, None, spread=speed.override(0.05)
+    )
+    assert row.replicas is None and row.replicas_at_knee_speed == 1
+    assert any("more than 1 (PLAN_MAX_REPLICAS) would be needed" in n for n in row.notes)
 
 
 def test_a_search_that_reaches_its_limit_says_so():
