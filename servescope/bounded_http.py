@@ -182,7 +182,7 @@ class Origin:
         self.prefix = quote(parts.path, safe=_TARGET_SAFE)  # a service behind a path prefix
         self.tls = ssl.create_default_context() if parts.scheme == "https" else None
         self.error = error
-        netloc = parts.netloc.rpartition("@")[2]
+        netloc = self._netloc = parts.netloc.rpartition("@")[2]
         self.shown_root = printable.line(redact(f"{parts.scheme}://{parts.netloc}"))
         headers = [f"Host: {netloc}", f"Accept: {accept}", f"User-Agent: {user_agent}"]
         login = credentials(self.base_url)
@@ -238,12 +238,16 @@ class Origin:
         location = answer.headers.get("location", "").strip()
         if not location:
             raise self._fail(answer.url, f"HTTP {answer.status} without a Location")
-        there = urlsplit(urljoin(f"{self.scheme}://{self.host}:{self.port}{target}", location))
         try:
-            port = there.port or (443 if there.scheme == "https" else 80)
-        except ValueError:
-            port = None
-        if (there.scheme, (there.hostname or "").lower(), port) != self.root:
+            there = urlsplit(urljoin(f"{self.scheme}://{self._netloc}{target}", location))
+            root = (
+                there.scheme,
+                (there.hostname or "").lower(),
+                there.port or (443 if there.scheme == "https" else 80),
+            )
+        except ValueError:  # a Location that is no URL ("http://[x", a port of letters) leads nowhere here
+            root = None
+        if root != self.root:
             shown = printable.line(redact(location), limit=120)
             raise self._fail(answer.url, f"redirected to another origin ({shown}): not followed")
         query = f"?{quote(there.query, safe=_TARGET_SAFE)}" if there.query else ""

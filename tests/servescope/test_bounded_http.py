@@ -224,3 +224,19 @@ def test_an_origin_keeps_its_connections_alive():
 def test_an_address_as_typed_is_shown_without_its_password(typed, shown):
     """Issue 42 case 14: `exporter check bob:PW@HOST:PORT` printed it whole (no scheme: redact() found no URL)."""
     assert urls.redact_address(typed) == shown
+
+
+def test_a_redirect_on_an_ipv6_origin_stays_on_it():
+    """The origin compared as [::1]:PORT, not taken apart at its colons."""
+    try:
+        listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = listener.getsockname()[1]
+    listener.settimeout(0.05)
+    server = Hostile({"/old": reply(b"", 302, {"Location": f"http://[::1]:{port}/new"}), "/new": reply(b"ok")})
+    server.listener.close()
+    server.listener = listener  # the same server, on IPv6
+    with server:
+        assert bounded_http.get(f"http://[::1]:{port}/old", 5).body == b"ok"
+    assert server.paths() == ["/old", "/new"]
