@@ -1,4 +1,5 @@
-"""The plan check's speed probe: a row predicted at the speed probed beside it, from the knee's measured shape."""
+"""The plan check: a row predicted at the speed probed beside it, from the knee's measured shape; the band, the latency
+MAPE over rows and the goal judged from them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bench.plan_check import Measured, Speed, at_row_speed, at_speed
+from bench import plan_check
+from bench.plan_check import Measured, Speed, at_row_speed, at_speed, inside, latency_pairs, mape
 from report.replicas import Level, Profile, Sharing
 
 
@@ -50,3 +52,39 @@ def test_the_row_speed_diagnostic_scales_prefill_by_the_engines_timing_and_token
     assert sharing.busy.levels[0].tpot(0.5) == pytest.approx(0.03)
     assert sharing.busy.levels[0].ttft(0.5) == pytest.approx(0.12 * 0.03 / 0.025)
     assert at_row_speed(knee, None, Measured(None, False, None, None, None)) == (knee, None)
+
+
+def test_mape_is_the_mean_absolute_percentage_error_over_the_rows_that_have_both_sides():
+    # |1.1 - 1| / 1 = 10%, |1.5 - 2| / 2 = 25%: 17.5%; a row missing a side, or measured at 0, is left out.
+    assert mape([(1.1, 1.0), (1.5, 2.0), (None, 3.0), (2.0, None), (1.0, 0.0)]) == pytest.approx(17.5)
+    assert mape([]) is None and mape([(None, 1.0)]) is None
+    assert mape([(0.9, 1.0), (1.1, 1.0)]) == pytest.approx(10.0)  # over and under count alike
+
+
+def test_latency_pairs_take_one_percentile_of_each_row_predicted_against_measured():
+    rows = [
+        ({"e2e_s": {"p50": 2.2, "p90": 3.0}}, {"e2e_s": {"p50": 2.0, "p90": 3.3}}),
+        ({}, {"e2e_s": {"p50": 1.0}}),  # nothing succeeded in the prediction
+    ]
+    assert latency_pairs(rows, "e2e_s", "p50") == [(2.2, 2.0), (None, 1.0)]
+    assert mape(latency_pairs(rows, "e2e_s", "p50")) == pytest.approx(10.0)
+
+
+def test_a_measured_attainment_is_inside_the_band_from_slow_edge_to_fast_edge():
+    assert inside([0.8, 0.95], 0.9) and inside([0.8, 0.95], 0.8) and inside([1.0, 1.0], 1.0)
+    assert inside([0.8, 0.95], 0.96) is False and inside([0.8, 0.95], 0.79) is False
+    assert inside(None, 0.9) is None and inside([None, 0.9], 0.9) is None and inside([0.8, 0.9], None) is None
+
+
+def test_the_goal_needs_five_rows_of_six_in_the_band_and_the_e2e_p50_mapes_and_the_counts(capsys):
+    def rows(error: float) -> list[tuple[dict, dict]]:
+        return [({"e2e_s": {"p50": 1.0 + error}}, {"e2e_s": {"p50": 1.0}})] * 6
+
+    five = [True] * 5 + [False]
+    assert plan_check.judge(five, [True, True], rows(0.09), rows(0.04)) == 0
+    assert plan_check.judge([True] * 4 + [False] * 2, [True], rows(0.0), rows(0.0)) == 1
+    assert plan_check.judge(five, [True], rows(0.11), rows(0.0)) == 1  # 11% at the knee's speed
+    assert plan_check.judge(five, [True], rows(0.0), rows(0.06)) == 1  # 6% at the row's
+    assert plan_check.judge(five, [True, False], rows(0.0), rows(0.0)) == 1  # a count fewer than measured
+    out = capsys.readouterr().out
+    assert "inside the band in 4 of 6 rows (goal: 5): MISSED" in out and "E2E p50 MAPE 11.0%" in out
