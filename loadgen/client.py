@@ -37,12 +37,14 @@ from urllib.parse import unquote, urlsplit
 import gevent
 from gevent import monkey as gevent_monkey
 from gevent import socket as gevent_socket
+from gevent._waiter import Waiter
 from geventhttpclient import HTTPClient
 from geventhttpclient.connectionpool import ConnectionPool
 from geventhttpclient.response import (
     HTTPConnectionClosed,
     HTTPParseError,
     HTTPResponse,
+    HTTPResponseParser,
     HTTPSocketPoolResponse,
     HTTPSocketResponse,
 )
@@ -213,6 +215,8 @@ READ_SIZE = 16 * 1024
 _REAL_SELECT = gevent_monkey.get_original("select", "select")
 STAMP_MAX_AGE_S = 60.0  # a kernel stamp older than this when read is taken for a clock step, not a slow reader
 DRAIN_S = 1.0  # after [DONE] / done:true, how long the end of the HTTP body may take before the connection is dropped
+# llhttp's feed, without HTTPResponse's wrapper around it (which only mends a HEAD response's body: never a POST's).
+_PARSER_FEED = HTTPResponseParser.feed
 
 
 class StreamResponse(Protocol):
@@ -353,6 +357,74 @@ def _kernel_stamp(ancillary, now: float) -> float:
     return stamp if stamp is not None and now - STAMP_MAX_AGE_S < stamp <= now else now
 
 
+class _Readable:
+    """A stream's reads straight off its cooperative socket's own C socket, the wait for more with the network timeout
+    counted from the last read on one timer per stream. gevent's recvmsg() made, started and closed a Timeout for
+    every wait, and took an exception per read to learn there was nothing yet: a third of the client's CPU per token
+    at 64 streams (bench/loadgen_accuracy.py). Where gevent's socket lacks the internals, reads go through it as
+    before (`of` answers None)."""
+
+    __slots__ = ("_recvmsg", "hub", "watcher", "limit", "deadline", "waiter", "timer")
+
+    def __init__(self, sock) -> None:
+        self._recvmsg = sock._sock.recvmsg
+        self.hub = sock.hub
+        self.watcher = sock._read_event
+        self.limit: float | None = sock.timeout  # gevent's network timeout (None: none)
+        self.deadline = 0.0
+        self.waiter: Waiter | None = None
+        self.timer = None
+
+    @classmethod
+    def of(cls, sock) -> _Readable | None:
+        try:
+            return cls(sock)
+        except AttributeError:
+            return None
+
+    def recvmsg(self, bufsize: int, ancbufsize: int):
+        while True:
+            try:
+                return self._recvmsg(bufsize, ancbufsize)
+            except BlockingIOError:
+                self.wait()
+
+    def wait(self) -> None:
+        """Until the socket is readable; TimeoutError once the network timeout passed with nothing read."""
+        if self.limit is not None:
+            self.deadline = time.perf_counter() + self.limit
+            if self.timer is None:
+                self._arm(self.limit)
+        waiter = Waiter(self.hub)
+        self.waiter = waiter
+        self.watcher.start(waiter.switch, waiter)
+        try:
+            waiter.get()
+        finally:
+            self.waiter = None
+            self.watcher.stop()
+
+    def _arm(self, after: float) -> None:
+        self.timer = self.hub.loop.timer(after, ref=False)
+        self.timer.start(self._expired)
+
+    def _expired(self) -> None:
+        """The timer, once per network timeout at most: the stream is timed out only while it waits past its deadline."""
+        self.timer.close()
+        left = self.deadline - time.perf_counter()
+        waiter = self.waiter
+        if left <= 0 and waiter is not None:
+            self.timer = None
+            waiter.throw(TimeoutError("timed out"))
+        else:
+            self._arm(max(left, 1e-3) if waiter is not None else self.limit)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.close()
+            self.timer = None
+
+
 class _GeventResponse:
     def __init__(
         self,
@@ -374,34 +446,48 @@ class _GeventResponse:
         if response._body_buffer:  # body bytes that came with the headers: the header read's stamp
             last = self.header_stamp if kernel and self.header_stamp is not None else clock()
             yield last, _take(response._body_buffer)
-        while not response.message_complete:
-            sock = response._sock
-            if sock is None:
-                raise EOFError("connection closed mid-stream")
-            try:
-                if kernel:
-                    data, ancillary, _flags, _addr = sock.recvmsg(READ_SIZE, CMSG_SIZE)
-                    stamp = _kernel_stamp(ancillary, clock())
-                else:
-                    data = sock.recv(READ_SIZE)
-                    stamp = clock()
-                response.feed(data)  # llhttp takes the chunked framing off into _body_buffer
-            except HTTPParseError:
-                response.release()
-                if not data:  # the server closed before the body's end: llhttp calls that incomplete
-                    raise EOFError("connection closed mid-stream") from None
-                raise
-            except BaseException:
-                response.release()
-                raise
-            if response._body_buffer:
-                # A read's kernel stamp is its last segment's: a later read's may be earlier than the stamp of
-                # bytes that came with the headers where the kernel gave none (the clock's, taken when parsed).
-                # Stamps never go back: a negative gap is no measurement (the run-folder reader refuses the record).
-                last = max(stamp, last)
-                yield last, _take(response._body_buffer)
-            if not data and not response.message_complete:
-                raise EOFError("connection closed mid-stream")
+        readable = _Readable.of(response._sock) if kernel else None
+        # The body's pieces as llhttp hands them over, without a Python call per piece: the parser calls the
+        # instance's _on_body, which here is a list's append (its own appends them to _body_buffer in Python).
+        pieces: list[bytearray] = []
+        response._on_body = pieces.append
+        try:
+            while not response.message_complete:
+                sock = response._sock
+                if sock is None:
+                    raise EOFError("connection closed mid-stream")
+                try:
+                    if readable is not None:
+                        data, ancillary, _flags, _addr = readable.recvmsg(READ_SIZE, CMSG_SIZE)
+                        stamp = _kernel_stamp(ancillary, clock())
+                    elif kernel:
+                        data, ancillary, _flags, _addr = sock.recvmsg(READ_SIZE, CMSG_SIZE)
+                        stamp = _kernel_stamp(ancillary, clock())
+                    else:
+                        data = sock.recv(READ_SIZE)
+                        stamp = clock()
+                    _PARSER_FEED(response, data)  # llhttp takes the chunked framing off into `pieces`
+                except HTTPParseError:
+                    response.release()
+                    if not data:  # the server closed before the body's end: llhttp calls that incomplete
+                        raise EOFError("connection closed mid-stream") from None
+                    raise
+                except BaseException:
+                    response.release()
+                    raise
+                if pieces:
+                    # A read's kernel stamp is its last segment's: a later read's may be earlier than the stamp of
+                    # bytes that came with the headers where the kernel gave none (the clock's, taken when parsed).
+                    # Stamps never go back: a negative gap is no measurement (the run-folder reader refuses the record).
+                    last = max(stamp, last)
+                    yield last, bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+                    pieces.clear()
+                if not data and not response.message_complete:
+                    raise EOFError("connection closed mid-stream")
+        finally:
+            del response._on_body  # the class's again: what close() drains goes to _body_buffer
+            if readable is not None:
+                readable.close()
 
     def body_text(self) -> str:
         return self.response.read().decode("utf-8", "replace")
@@ -461,9 +547,19 @@ _GEVENTHTTPCLIENT_INTERNALS: tuple[tuple[str, Callable[[], bool]], ...] = (
     ),
     ("HTTPResponse._body_buffer", lambda: isinstance(getattr(HTTPResponse(), "_body_buffer", None), bytearray)),
     ("HTTPResponse.feed/message_complete", lambda: callable(getattr(HTTPResponse, "feed", None))),
+    ("HTTPResponseParser.feed calling the instance's _on_body", lambda: _body_reaches_a_list()),
     ("HTTPSocketResponse._sock", lambda: "_sock" in HTTPSocketResponse.__init__.__code__.co_names),
     ("HTTPSocketPoolResponse._pool", lambda: "_pool" in HTTPSocketPoolResponse.__init__.__code__.co_names),
 )
+
+
+def _body_reaches_a_list() -> bool:
+    """llhttp's feed hands the body to the instance's _on_body, so _GeventResponse.blocks can make it a list's append."""
+    pieces: list[bytearray] = []
+    response = HTTPResponse()
+    response._on_body = pieces.append
+    _PARSER_FEED(response, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    return pieces == [b"ok"] and response.message_complete and not response._body_buffer
 
 
 def check_geventhttpclient() -> None:
@@ -543,18 +639,19 @@ def stream_chat(
     return m
 
 
-def _stamped_lines(response: StreamResponse, clock) -> Iterator[tuple[float, bytes]]:
-    """Each line of the body with the stamp of the read that completed it; a last line without a newline too."""
+def _stamped_lines(response: StreamResponse, clock) -> Iterator[tuple[float, list[bytes]]]:
+    """The lines each read completed, with its stamp; a last line without a newline too (one resumption per read,
+    not per line: an SSE event is two lines)."""
     pending = b""
     for stamp, block in response.blocks(clock):
         if pending:
             block = pending + block
         lines = block.split(b"\n")
         pending = lines.pop()
-        for line in lines:
-            yield stamp, line
+        if lines:
+            yield stamp, lines
     if pending:
-        yield clock(), pending
+        yield clock(), [pending]
 
 
 # json.loads' own C scanner, called straight: loads() also sniffs the encoding of bytes and wraps the scanner in
@@ -585,69 +682,71 @@ def _event(data: bytes, chunks: int) -> dict:
 
 def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None:
     content_times = m.content_times
-    for stamp, line in _stamped_lines(response, clock):
-        if not line.startswith(b"data:"):
-            continue  # blank separators, comments (":"), event:/id: fields
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            m.finished = True
-            return
-        event = _event(data, len(content_times))
-        for choice in event.get("choices") or ():
-            delta = choice.get("delta") or {}
-            # Reasoning models stream thinking as reasoning_content: it is output all the same.
-            if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-                content_times.append(stamp)
-                if len(content_times) == 1 and on_first is not None:
-                    on_first(m)
-                if m.answer is not None and isinstance(delta.get("content"), str):
-                    m.answer.append(delta["content"])
-                break
-        usage = event.get("usage")
-        if usage:
-            if usage.get("completion_tokens") is not None:
-                m.usage_tokens = int(usage["completion_tokens"])
-                m.tokens_source = "usage"
-            if usage.get("prompt_tokens") is not None:
-                m.prompt_tokens = int(usage["prompt_tokens"])
-            # llama.cpp always, vLLM with --enable-prompt-tokens-details: the prompt tokens its cache supplied.
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and _is_count(details.get("cached_tokens")):
-                m.cached_tokens = details["cached_tokens"]
-        timings = event.get("timings")
-        if timings:
-            m.engine_stats["timings"] = timings  # llama.cpp's own prompt/predicted ms
-            if m.cached_tokens is None and isinstance(timings, dict) and _is_count(timings.get("cache_n")):
-                m.cached_tokens = timings["cache_n"]  # llama.cpp: prompt tokens reused from the slot's cache
+    for stamp, lines in _stamped_lines(response, clock):
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments (":"), event:/id: fields
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                m.finished = True
+                return
+            event = _event(data, len(content_times))
+            for choice in event.get("choices") or ():
+                delta = choice.get("delta") or {}
+                # Reasoning models stream thinking as reasoning_content: it is output all the same.
+                if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                    content_times.append(stamp)
+                    if len(content_times) == 1 and on_first is not None:
+                        on_first(m)
+                    if m.answer is not None and isinstance(delta.get("content"), str):
+                        m.answer.append(delta["content"])
+                    break
+            usage = event.get("usage")
+            if usage:
+                if usage.get("completion_tokens") is not None:
+                    m.usage_tokens = int(usage["completion_tokens"])
+                    m.tokens_source = "usage"
+                if usage.get("prompt_tokens") is not None:
+                    m.prompt_tokens = int(usage["prompt_tokens"])
+                # llama.cpp always, vLLM with --enable-prompt-tokens-details: the prompt tokens its cache supplied.
+                details = usage.get("prompt_tokens_details")
+                if isinstance(details, dict) and _is_count(details.get("cached_tokens")):
+                    m.cached_tokens = details["cached_tokens"]
+            timings = event.get("timings")
+            if timings:
+                m.engine_stats["timings"] = timings  # llama.cpp's own prompt/predicted ms
+                if m.cached_tokens is None and isinstance(timings, dict) and _is_count(timings.get("cache_n")):
+                    m.cached_tokens = timings["cache_n"]  # llama.cpp: prompt tokens reused from the slot's cache
 
 
 def _read_ndjson(response: StreamResponse, m: Measurement, on_first, clock) -> None:
     content_times = m.content_times
-    for stamp, raw in _stamped_lines(response, clock):
-        line = raw.strip()
-        if not line:
-            continue
-        event = _event(line, len(content_times))
-        message = event.get("message") or {}
-        if message.get("content") or message.get("thinking"):
-            content_times.append(stamp)
-            if len(content_times) == 1 and on_first is not None:
-                on_first(m)
-            if m.answer is not None and isinstance(message.get("content"), str):
-                m.answer.append(message["content"])
-        if event.get("done"):
-            m.finished = True
-            for key in OLLAMA_STATS:
-                if key in event:
-                    m.engine_stats[key if key == "done_reason" or not key.endswith("duration") else f"{key}_ns"] = (
-                        event[key]
-                    )
-            if event.get("eval_count") is not None:
-                m.usage_tokens = int(event["eval_count"])
-                m.tokens_source = "eval_count"
-            if event.get("prompt_eval_count") is not None:
-                m.prompt_tokens = int(event["prompt_eval_count"])
-            return
+    for stamp, lines in _stamped_lines(response, clock):
+        for raw in lines:
+            line = raw.strip()
+            if not line:
+                continue
+            event = _event(line, len(content_times))
+            message = event.get("message") or {}
+            if message.get("content") or message.get("thinking"):
+                content_times.append(stamp)
+                if len(content_times) == 1 and on_first is not None:
+                    on_first(m)
+                if m.answer is not None and isinstance(message.get("content"), str):
+                    m.answer.append(message["content"])
+            if event.get("done"):
+                m.finished = True
+                for key in OLLAMA_STATS:
+                    if key in event:
+                        m.engine_stats[key if key == "done_reason" or not key.endswith("duration") else f"{key}_ns"] = (
+                            event[key]
+                        )
+                if event.get("eval_count") is not None:
+                    m.usage_tokens = int(event["eval_count"])
+                    m.tokens_source = "eval_count"
+                if event.get("prompt_eval_count") is not None:
+                    m.prompt_tokens = int(event["prompt_eval_count"])
+                return
 
 
 def _is_count(value: Any) -> bool:

@@ -8,6 +8,7 @@ import socket
 import time
 
 import pytest
+from geventhttpclient.response import HTTPResponse
 
 from bench import requests_transport
 from loadgen import client as llm
@@ -106,6 +107,38 @@ def test_each_failure_has_a_kind_and_a_reason_and_keeps_partial_timings(server, 
     # The same client goes on working after any failure.
     after = chat(server.url, transport, max_tokens=3)
     assert after.ok, after.error
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stream_longer_than_the_timeout_is_not_cut_while_its_gaps_are_shorter(transport):
+    # The network timeout bounds the wait for the next bytes, not the whole answer: 5 tokens 0.3 s apart take longer
+    # than a 1 s timeout, each gap well inside it (the client's reader keeps one timer per stream, not one per read).
+    with SyntheticServer(ttft=0.05, itl=0.3, tokens=5) as s:
+        m = chat(s.url, transport, max_tokens=5, timeout=1.0)
+    assert m.ok, m.error
+    assert len(m.content_times) == 5 and m.e2e_s > 1.0
+
+
+def _stalls_after_two_chunks(server, conn, request, index) -> bool:
+    """An SSE answer whose server sends its role chunk and two content chunks, then nothing for a minute."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for delta in ('{"role": "assistant", "content": ""}', '{"content": "a"}', '{"content": "b"}'):
+        event = f'data: {{"choices": [{{"index": 0, "delta": {delta}}}]}}\n\n'.encode()
+        conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+        time.sleep(0.05)
+    server._stop.wait(60)
+    return False
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stream_that_stalls_mid_answer_times_out_with_the_chunks_it_had(transport):
+    # The server stays connected and silent: only the client's network timeout can end it, after 2 content chunks.
+    from tests.doubles.hostile_http import Hostile
+
+    with Hostile({"/v1/chat/completions": _stalls_after_two_chunks}) as s:
+        m = chat(s.url, transport, timeout=0.5)
+    assert m.error_kind is llm.ErrorKind.TIMEOUT and m.error == "timeout after 2 content chunks", m.error
+    assert len(m.content_times) == 2 and m.elapsed_s < 30
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -210,6 +243,20 @@ def test_the_installed_geventhttpclient_has_every_internal_the_client_reads():
     llm.check_geventhttpclient()
 
 
+def test_a_stream_is_read_off_the_socket_below_gevents_wrapper_where_gevent_has_the_internals():
+    # Without them the client still works (through gevent's recvmsg) but pays a Timeout per read: say so here.
+    from gevent import socket as gevent_socket
+
+    a, b = gevent_socket.socketpair()
+    with a, b:
+        a.settimeout(2.0)
+        readable = llm._Readable.of(a)
+        assert readable is not None and readable.limit == 2.0
+        b.sendall(b"x")
+        assert readable.recvmsg(16, 0)[0] == b"x"
+        readable.close()
+
+
 def test_a_geventhttpclient_without_an_internal_is_named_in_one_line(monkeypatch):
     from geventhttpclient.connectionpool import ConnectionPool
 
@@ -298,18 +345,14 @@ class _Sock:
         return data, [(socket.SOL_SOCKET, SO_TIMESTAMPNS, TIMESPEC.pack(sec, int((wall - sec) * 1e9)))], 0, None
 
 
-class _Response:
-    """geventhttpclient's response as the client reads it: the body bytes parsed with the headers, then the socket."""
+class _Response(HTTPResponse):
+    """geventhttpclient's response as the client reads it: its headers parsed with the body bytes that came with them,
+    the rest from the socket (`length`: the whole body's)."""
 
-    def __init__(self, with_headers: bytes, sock: _Sock):
-        self._body_buffer = bytearray(with_headers)
+    def __init__(self, with_headers: bytes, sock: _Sock, length: int):
+        super().__init__()
+        self.feed(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % length + with_headers)
         self._sock = sock
-        self.status_code = 200
-        self.message_complete = False
-
-    def feed(self, data: bytes) -> None:
-        self._body_buffer += data
-        self.message_complete = not self._sock.reads
 
     def release(self) -> None:
         pass
@@ -322,7 +365,8 @@ def test_stamps_never_go_back_when_the_next_reads_kernel_stamp_precedes_the_pars
     # run-folder reader refused the whole record ("itl_s: a value out of range").
     now = time.perf_counter()
     sock = _Sock([(b"data: 2\n\n", now - 0.030), (b"data: 3\n\n", now - 0.020)])
-    blocks = list(llm._GeventResponse(_Response(b"data: 1\n\n", sock), kernel_stamps=True).blocks(time.perf_counter))
+    response = _Response(b"data: 1\n\n", sock, length=27)
+    blocks = list(llm._GeventResponse(response, kernel_stamps=True).blocks(time.perf_counter))
     stamps = [t for t, _ in blocks]
     assert [b for _, b in blocks] == [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"]
     assert stamps == sorted(stamps), stamps
