@@ -17,7 +17,7 @@ import numpy as np
 from report import energy, latency, query, schedule, stats
 from report.load import Run, knee_of
 from report.render import Bullets, Paragraph, Section, Table
-from servescope import binding, runreader, slo, words
+from servescope import binding, knee_answer, runreader, slo, words
 from servescope.percentile import numpy_percentile_of
 
 
@@ -476,7 +476,12 @@ def _knee_text(knee: dict[str, Any]) -> str:
     def load(value: float) -> str:  # "1 user", "3 users", "0.5 req/s"
         return words.load(value, knee["unit"])
 
-    if knee["status"] == "found":
+    if knee["status"] == "found" and knee.get("unsettled"):  # the same range as quick, the knee and the Summary
+        found = (
+            f"the knee is {knee_answer.span(knee)} (failed at {load(knee['first_failing'])}), "
+            f"{knee_answer.unsettled_words(knee)}"
+        )
+    elif knee["status"] == "found":
         found = f"the knee is {load(knee['knee'])} (fails at {load(knee['first_failing'])})"
     elif knee["status"] == "fails at the lowest load":
         found = f"no knee: the SLOs fail even at {load(knee['first_failing'])}"
