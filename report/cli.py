@@ -11,7 +11,7 @@ from pathlib import Path
 
 from report import load, tuning
 from report.painter import Painter, figure_timeout_s
-from servescope import command_name, printable, slo
+from servescope import command_name, printable, slo, words
 from servescope.thresholds import NoiseRule
 from servescope.urls import redact
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"report: {summary.TITLE}\n{summary.text(summary_of(numbers))}", end="", file=sys.stderr)
     print(
-        f"report: wrote {', '.join(p.name for p in written)} and {len(numbers['plots'])} plot(s) "
+        f"report: wrote {', '.join(p.name for p in written)} and {words.count(len(numbers['plots']), 'plot')} "
         f"in {time.monotonic() - started:.1f}s",
         file=sys.stderr,
     )

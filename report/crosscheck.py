@@ -13,7 +13,7 @@ import numpy as np
 from report import query
 from report.gauges import PAD_S, Prometheus, PrometheusError
 from report.load import Run
-from servescope import engines
+from servescope import engines, words
 from servescope.engines.base import DURATIONS, HISTOGRAMS, TIMINGS, RequestTimings
 
 T = TypeVar("T")
@@ -212,7 +212,9 @@ def llamacpp(run: Run, instance: str, engine: str = engines.LLAMACPP.name) -> Cr
     counted = np.isfinite(c["predicted_n"]) & np.isfinite(c["tokens"])
     mismatched = int(np.count_nonzero(c["predicted_n"][counted] != c["tokens"][counted]))
     if mismatched:
-        cc.notes.append(f"{mismatched} request(s) where predicted_n differs from the client's output token count")
+        cc.notes.append(
+            f"{words.count(mismatched, 'request')} where predicted_n differs from the client's output token count"
+        )
     return cc
 
 

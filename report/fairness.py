@@ -6,7 +6,7 @@ import re
 
 from report.load import EngineInfo, Run
 from report.table import TableRow
-from servescope import engines
+from servescope import engines, words
 from servescope.engines.base import BATCH_SLOTS
 
 
@@ -68,7 +68,7 @@ def warnings(run: Run, rows: list[TableRow]) -> list[str]:
         elif size > slots:
             where = "" if source == "run" else " (per this checkout's knobs; the run did not record it)"
             out.append(
-                f"{info.title}: burst of {size} > {knob}={slots}{where}: {size - slots} request(s) wait in the "
+                f"{info.title}: burst of {size} > {knob}={slots}{where}: {words.count(size - slots, 'request')} wait in the "
                 f"engine's own queue, so its burst shape reflects that setting as much as the engine"
             )
 
@@ -93,11 +93,11 @@ def warnings(run: Run, rows: list[TableRow]) -> list[str]:
     ).fetchone()
     if chunked:
         out.append(
-            f"{chunked} request(s) counted output tokens from chunks (no usage/eval_count): tokens/s is approximate"
+            f"{words.count(chunked, 'request')} counted output tokens from chunks (no usage/eval_count): tokens/s is approximate"
         )
     if failed:
         out.append(
-            f"{failed} of {run.request_count} request(s) failed: counted in the table and the latency section, "
+            f"{failed} of {words.count(run.request_count, 'request')} failed: counted in the table and the latency section, "
             f"left out of latency percentiles"
         )
     return out

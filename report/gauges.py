@@ -8,7 +8,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 from report.load import Run
-from servescope import printable, series, thresholds
+from servescope import printable, series, thresholds, words
 
 # The report's Prometheus client: bounded, its answers checked against their shape (servescope/prometheus_api.py).
 from servescope.prometheus_api import TIMEOUT_S, Prometheus, PrometheusError  # noqa: F401
@@ -214,7 +214,9 @@ def _read_samples(run: Run) -> tuple[list[SampleRecord], list[str]]:
         if isinstance(r.t, int | float) and isinstance(r.values, dict) and isinstance(r.interval_s, int | float)
     ]
     if len(usable) < len(records):
-        notes.append(f"{SAMPLES}: {len(records) - len(usable)} record(s) without a time, interval or values, skipped")
+        notes.append(
+            f"{SAMPLES}: {words.count(len(records) - len(usable), 'record')} without a time, interval or values, skipped"
+        )
     return usable, notes
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from report import query
-from servescope import engines, knobs
+from servescope import engines, knobs, words
 from servescope.runfolder import (
     KNEE,
     MANIFEST,
@@ -237,7 +237,8 @@ def _distributed_warnings(manifest: dict[str, Any]) -> list[str]:
     total = sum(n for n in dropped.values() if isinstance(n, int)) if isinstance(dropped, dict) else 0
     if total:
         out.append(
-            f"load generator workers' port: {total} message(s) dropped (not from this run's workers, or malformed)"
+            f"load generator workers' port: {words.count(total, 'message')} dropped (not from this run's workers, or "
+            "malformed)"
         )
     workers = manifest.get("workers")
     for worker in workers if isinstance(workers, list) else ():
@@ -248,7 +249,7 @@ def _distributed_warnings(manifest: dict[str, Any]) -> list[str]:
         moved = moved if isinstance(moved, int) else 0
         if steps or moved:
             said = [f"its clock stepped {', '.join(f'{s:+.3f}' for s in steps)} s"] if steps else []
-            said += [f"{moved} record(s) put on the master's clock as they arrived"] if moved else []
+            said += [f"{words.count(moved, 'record')} put on the master's clock as they arrived"] if moved else []
             out.append(f"load generator worker {worker.get('index')}: {'; '.join(said)}")
     return out
 

@@ -20,7 +20,7 @@ import numpy as np
 from report import gauges, query
 from report.crosscheck import PARSED, REQUEST_TIME
 from report.load import Run
-from servescope import hostnoise
+from servescope import hostnoise, words
 from servescope.runfolder import PhaseRecord, base_phase
 from servescope.thresholds import NoiseRule
 
@@ -138,7 +138,8 @@ def _judge(run: Run, rule: NoiseRule, out: Assessment, medians: dict, latest: di
                 trust.outliers.append(f"and {len(slow) - MAX_OUTLIERS} more")
         if trust.outliers:
             trust.flags.append(
-                f"outlier request(s): {', '.join(trust.outliers)} against the phase's median {mid:.3f}s "
+                f"outlier {words.noun(len(trust.outliers), 'request')}: {', '.join(trust.outliers)} against the "
+                f"phase's median {mid:.3f}s "
                 f"(more than {rule.outlier_ratio:g}x)"
             )
         trust.superseded = p.attempt < latest[(p.instance, base, p.repetition)]

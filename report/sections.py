@@ -28,7 +28,7 @@ from report import figures as figure_data
 from report.load import Run
 from report.outline import Context, Plots, ReportSection, walk
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
-from servescope import cpu_priority, engines, series, thresholds
+from servescope import cpu_priority, engines, series, thresholds, words
 from servescope.engines.base import DURATIONS
 from servescope.slo import SloSpec
 
@@ -85,7 +85,8 @@ def build(
     }
     subtitle = (
         f"Run {run.run_id} ({run.path}) - {_utc(run.started_at)} to {_utc(run.ended_at)}; "
-        f"{run.request_count} requests over {len(run.phases)} phases on {len(run.engines)} engine(s)"
+        f"{words.count(run.request_count, 'request')} over {words.count(len(run.phases), 'phase')} on "
+        f"{words.count(len(run.engines), 'engine')}"
     )
     return Document("servescope report", subtitle, sections), numbers
 
@@ -538,13 +539,14 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
         reps, isolate = trials.get("repetitions"), trials.get("isolate")
         ran = max((p.repetition for p in run.phases), default=0)
         added = (
-            f" ({ran} run: passes added while a scaling factor was undecided)"
+            f" ({ran} ran: passes added while a scaling factor was undecided)"
             if isinstance(reps, int) and ran > reps
             else ""
         )
         sec.add(
             Paragraph(
-                f"Trials: {reps} repetition(s){added}, engines and phases interleaved (A B B A ...); co-resident engines: "
+                f"Trials: {_count(reps, 'repetition')}{added}, engines and phases interleaved (A B B A ...); "
+                "co-resident engines: "
                 f"{'paused while another is measured' if isolate == 'pause' else 'left running, their CPU measured'}"
                 + (
                     f"; after an engine switch the next phase waited (at most {settle:g} s) until the engines "
@@ -565,7 +567,7 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
             state = {True: "stable", False: "NOT stable", None: "off"}.get(w.get("stable"), "?")
             seconds = w.get("seconds")
             took = f" in {seconds:.0f}s" if isinstance(seconds, (int, float)) else ""
-            lines.append(f"{instance}: {state} after {w.get('requests')} request(s){took} ({latencies} s)")
+            lines.append(f"{instance}: {state} after {_count(w.get('requests'), 'request')}{took} ({latencies} s)")
         if lines:
             rule = next((w.get("rule") for w in warm.values() if isinstance(w, dict) and w.get("rule")), "")
             sec.add(Paragraph(f"Warm-up until stable ({rule}):" if rule else "Warm-up:"))
@@ -1139,3 +1141,10 @@ def _proxied(kind: str) -> bool:
     """Whether the engine's running and waiting are what servescope's proxy observed (Ollama reports neither)."""
     adapter = engines.ENGINES.get(kind)
     return adapter is not None and adapter.proxy_port_env is not None
+
+
+def _count(n: object, noun: str) -> str:
+    """A count from the manifest (a number, or missing: "? requests") and its noun, agreeing."""
+    return (
+        words.count(n, noun) if isinstance(n, (int, float)) else f"{n if n is not None else '?'} {words.plural(noun)}"
+    )

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from report import noise, query, stats
 from report.load import Run
+from servescope import words
 from servescope.runfolder import PhaseRecord, base_phase
 from servescope.scaling import BURST, SEQUENTIAL, scaling_factor
 
@@ -386,9 +387,9 @@ def _row(run: Run, title: str, phase: PhaseRecord) -> TableRow:
     if n > len(cells):
         notes.append(f"per-request times of the first {len(cells)} of {n} requests shown")
     if missing:
-        notes.append(f"{missing} successful request(s) without a token count (not in tokens/s)")
+        notes.append(f"{words.count(missing, 'successful request')} without a token count (not in tokens/s)")
     if chunked:
-        notes.append(f"{chunked} token count(s) from counting chunks (fallback)")
+        notes.append(f"{words.count(chunked, 'token count')} from counting chunks (fallback)")
     failed = n - n_ok
     if failed:
         notes.append(f"{failed} of {n} failed")
@@ -506,7 +507,7 @@ def _main_table(rows: list[TableRow]) -> list[str]:
             read = f"{read}{'; ' if read else ''}{row.n_failed} failed"
         flagged = len(row.left_out)
         if flagged and not row.refusal:
-            read = f"{read}{'; ' if read else ''}FLAGGED: {flagged} repetition(s) left out (see below)"
+            read = f"{read}{'; ' if read else ''}FLAGGED: {words.count(flagged, 'repetition')} left out (see below)"
         body.append([row.title, row.mode, wall_text(row), tps, scaling, read])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(heads[:-1])]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"

@@ -85,9 +85,9 @@ def test_a_run_whose_workers_were_lost_or_stepped_says_so_in_its_warnings(tmp_pa
     path.write_text(json.dumps(manifest))
     warnings = load(tmp_path / "r").warnings
     assert "rate-10rps: 23 requests were never sent (a load generator worker was lost in it)" in warnings
-    assert "load generator workers' port: 6 message(s) dropped (not from this run's workers, or malformed)" in warnings
+    assert "load generator workers' port: 6 messages dropped (not from this run's workers, or malformed)" in warnings
     assert (
-        "load generator worker 1: its clock stepped +30.000 s; 2 record(s) put on the master's clock as they arrived"
+        "load generator worker 1: its clock stepped +30.000 s; 2 records put on the master's clock as they arrived"
         in warnings
     )
 

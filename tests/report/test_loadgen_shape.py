@@ -132,7 +132,7 @@ def test_loadgen_shaped_run(tmp_path):
     assert table.repeated_bursts(rows)["llama.cpp server"].startswith("median over 3 bursts 1.20x (range 1.00x-1.50x)")
 
     warnings = fairness.warnings(run, rows)
-    assert any("burst of 3 > LLAMACPP_PARALLEL=1: 2 request(s)" in w for w in warnings)
+    assert any("burst of 3 > LLAMACPP_PARALLEL=1: 2 requests" in w for w in warnings)
     assert any("ignore_eos is not applied alike (llamacpp=on, ollama=off)" in w for w in warnings)
     # One model name on both, a Q4_1 GGUF on one side and no precision recorded on the other.
     assert any(

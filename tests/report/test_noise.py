@@ -202,7 +202,7 @@ def test_an_outlier_request_flags_its_phase(tmp_path):
     assessment = noise.assess(run)
     trust = assessment.of("llamacpp", "sequential#2")
     assert trust.outliers == ["p0 25.900s"]
-    assert "outlier request(s): p0 25.900s against the phase's median 0.300s (more than 3x)" in trust.flags
+    assert "outlier request: p0 25.900s against the phase's median 0.300s (more than 3x)" in trust.flags
     assert [t.phase for t in assessment.flagged()] == ["sequential#2"]
 
 
@@ -248,7 +248,7 @@ def test_the_setup_says_the_passes_added_while_a_factor_was_undecided(tmp_path):
     )
     setup = next(sec for sec in doc.sections if sec.title == "Setup")
     trials = next(b.text for b in setup.blocks if getattr(b, "text", "").startswith("Trials:"))
-    assert trials.startswith("Trials: 2 repetition(s) (3 run: passes added while a scaling factor was undecided)")
+    assert trials.startswith("Trials: 2 repetitions (3 ran: passes added while a scaling factor was undecided)")
 
 
 def test_a_host_busy_before_the_run_is_said_when_no_phase_was_noisy(tmp_path):
