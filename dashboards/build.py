@@ -1111,7 +1111,9 @@ def rendered_files() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=command_name.prog("python -m dashboards.build"), description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=command_name.prog("python -m dashboards.build"), description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a committed file differs from the generator")
     args = parser.parse_args(argv)
     files = rendered_files()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from exporter.llamacpp import slot_occupancy
 from exporter.ollama import OllamaCollector
 from exporter.upstream import MISSING, Upstream, UpstreamError
-from servescope import engine_identity, engines, knobs, printable
+from servescope import command_name, engine_identity, engines, knobs, printable
 from servescope.engines.base import BY_EXPORTER, POOL_SLOTS, EngineKind, Reading
 from servescope.urls import parse_http_url, redact, redact_address
 
@@ -342,7 +342,7 @@ def one_line(urls: list[str], timeout: float = TIMEOUT_S) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m exporter check",
+        prog=command_name.prog("python -m exporter check"),
         description="Whether each engine's live pages still carry what the exporter, the rules and the dashboards "
         "read: current, renamed (read under an old name) or gone. Exit 0: nothing needed is gone; 1: something "
         "needed is gone; 2: bad input.",

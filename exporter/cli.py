@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["check"]:  # `python -m exporter check URL...`: the metric-drift gate (exporter/check.py)
         from exporter import check
 
+        command_name.subcommand("check")
         return check.main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="servescope-exporter: %(message)s", stream=sys.stderr)

@@ -13,7 +13,7 @@ Per engine, one after another (two engines measured at once would share the core
      deadline, on servescope/children.py's schedule (SIGINT then, SIGTERM and at last SIGKILL if the knee is
      still running), so an engine costs at most QUICK_BUDGET_S plus the schedule's last step
   4. the answer: loadgen/quick_words.py, printed and kept as quick.txt in the knee's run folder, which is an
-     ordinary run folder (`make report RUN=<id>`)
+     ordinary run folder (`servescope report --run <id>`)
 
 The SLOs are --slo, else the SLO knob, else servescope/thresholds.py's QUICK_SLO_DEFAULT (and so for the
 attainment). Progress lines come from the run folder as the knee writes it (knee.json after each
@@ -37,7 +37,18 @@ from typing import Any
 from loadgen import discover, options, quick_words
 from loadgen import prompts as prompt_sets
 from loadgen.side_exporter import ExporterError, SideExporter
-from servescope import bounded_http, children, engine_identity, engines, knobs, printable, sampler, slo, thresholds
+from servescope import (
+    bounded_http,
+    children,
+    command_name,
+    engine_identity,
+    engines,
+    knobs,
+    printable,
+    sampler,
+    slo,
+    thresholds,
+)
 from servescope.runfolder import KNEE, REQUESTS, SAMPLES, RunFolder
 from servescope.urls import redact, redact_address
 
@@ -47,7 +58,7 @@ METRICS_TIMEOUT_S = 5.0  # a metrics page read, all of it (the engine's own, or 
 
 def build_parser() -> argparse.ArgumentParser:
     p = options.ArgumentParser(
-        prog="python -m loadgen quick",
+        prog=command_name.prog("python -m loadgen quick"),
         description="Find the LLM engines running on this machine (or at the URLs given), measure one user and a "
         "short knee on each, and say in plain words how many users each serves under the SLOs and what runs out.",
     )
@@ -200,7 +211,10 @@ def _main(settings: Settings, urls: list[str], ports: str, say: Progress) -> int
                 say(f"quick: interrupted: {left} engine(s) not measured")
             break
     if len(outcomes) > 1:
-        print("\n" + "\n".join(f"{o.title}: make report RUN={o.run_ref}" for o in outcomes if o.run_ref), flush=True)
+        print(
+            "\n" + "\n".join(f"{o.title}: {quick_words.report_command(o.run_ref)}" for o in outcomes if o.run_ref),
+            flush=True,
+        )
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_OK if any(o.knee and o.knee.get("levels") for o in outcomes) else EXIT_NOTHING
@@ -411,7 +425,7 @@ def measure(server: discover.Server, settings: Settings, say: Progress) -> tuple
     if folder is not None and folder.is_dir():
         outcome.folder = folder
         outcome.run_path = _shown(folder)
-        # `make report RUN=` takes an id under SERVESCOPE_RESULTS, else a path
+        # `servescope report --run` takes an id under SERVESCOPE_RESULTS, else a path
         outcome.run_ref = outcome.run_id if folder.parent.resolve() == _default_results() else str(folder.resolve())
         if (folder / KNEE).exists():
             outcome.knee = json.loads((folder / KNEE).read_text())

@@ -15,3 +15,10 @@ def invoked_as(prog: str) -> None:
 def prog(module_form: str) -> str:
     """The program name a parser shows: what the dispatcher said, else the `python -m` form it was started by."""
     return _invoked_as or module_form
+
+
+def subcommand(word: str) -> None:
+    """A command that hands on to a subcommand of its own (`servescope exporter check`): its word follows."""
+    global _invoked_as
+    if _invoked_as:
+        _invoked_as = f"{_invoked_as} {word}"

@@ -33,7 +33,9 @@ def test_no_verb_prints_the_list_and_fails():
 def test_an_unknown_verb_is_one_line_with_the_nearest():
     proc = servescope("kne")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["servescope: no verb 'kne' (did you mean knee?); `servescope --help` lists them"]
+    assert proc.stderr.strip().splitlines() == [
+        "servescope: no verb 'kne' (did you mean knee?); `servescope --help` lists them"
+    ]
 
 
 def test_every_command_of_the_stack_and_the_load_generator_has_a_verb():
@@ -52,6 +54,7 @@ def test_every_command_of_the_stack_and_the_load_generator_has_a_verb():
         ("up", "usage: servescope "),
         ("exporter", "usage: servescope exporter "),
         ("dashboards", "usage: servescope dashboards "),
+        ("quick", "usage: servescope quick "),
     ],
 )
 def test_a_verbs_help_is_its_packages_own_under_the_name_typed(verb, usage):
@@ -73,3 +76,9 @@ def test_a_verb_passes_its_flags_through_unchanged():
 def test_version():
     proc = servescope("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("servescope ")
+
+
+def test_a_subcommand_of_a_verb_says_both_words():
+    proc = servescope("exporter", "check", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: servescope exporter check "), proc.stdout[:200]
