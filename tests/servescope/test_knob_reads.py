@@ -16,6 +16,10 @@ NOT_KNOBS = {
 }
 
 
+# servescope/knobs.py's readers, each taking the knob's name first.
+READERS = ("get", "get_int", "get_int_in", "get_port", "get_choice", "get_positive", "path")
+
+
 def _literal(node: ast.AST) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
@@ -36,7 +40,7 @@ def reads(tree: ast.AST) -> list[tuple[str, int]]:
             if isinstance(fn, ast.Attribute) and fn.attr in ("get", "pop", "setdefault") and _is_environ(fn.value):
                 name = _literal(node.args[0])
             elif isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id == "knobs":
-                name = _literal(node.args[0]) if fn.attr in ("get", "get_int", "get_positive", "path") else None
+                name = _literal(node.args[0]) if fn.attr in READERS else None
             elif isinstance(fn, ast.Attribute) and fn.attr == "getenv":
                 name = _literal(node.args[0])
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
@@ -113,9 +117,42 @@ def test_no_exception_is_also_a_knob():
 def test_every_read_form_is_seen():
     code = (
         'import os\nos.environ.get("A")\nos.getenv("B")\nos.environ["C"]\n"D" in os.environ\n'
-        'knobs.get("E", "")\nknobs.get_int("F")\nos.environ["G"] = "x"\n'
+        'knobs.get("E", "")\nknobs.get_int("F")\nos.environ["G"] = "x"\nknobs.get_port("H")\n'
     )
-    assert [n for n, _ in reads(ast.parse(code))] == ["A", "B", "C", "D", "E", "F"]
+    assert [n for n, _ in reads(ast.parse(code))] == ["A", "B", "C", "D", "E", "F", "H"]
+
+
+def test_any_text_in_a_typed_knob_is_its_value_within_bounds_or_one_line_naming_it(monkeypatch):
+    """Property (fixed seed): the typed readers (knobs.get_int_in, get_port, get_choice, path) give a value within
+    the knob's bounds, or a KnobError of one line that starts with the knob's name; never another exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    texts = st.sampled_from(["8000", "0", "65536", "-1", " 80 ", "1e3", "0x50", "٣", "", "on", "/tmp/x"]) | st.text(
+        st.characters(exclude_characters="\x00"), max_size=12
+    )
+
+    @settings(
+        derandomize=True, max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(text=texts)
+    def read(text):
+        monkeypatch.setenv("ROUTER_PORT", text)
+        monkeypatch.setenv("REPLICAS_PIN", text)
+        monkeypatch.setenv("SERVESCOPE_STATE", text)
+        for key, reader, check in (
+            ("ROUTER_PORT", knobs.get_port, lambda v: 1 <= v <= 65535),
+            ("REPLICAS_PIN", lambda k: knobs.get_choice(k, ("0", "1")), lambda v: v in ("0", "1")),
+            ("SERVESCOPE_STATE", knobs.path, lambda v: "\n" not in str(v) and str(v).strip()),
+        ):
+            try:
+                value = reader(key)
+            except knobs.KnobError as exc:
+                assert str(exc).startswith(f"{key}=") and "\n" not in str(exc), exc
+                continue
+            assert check(value), (key, text, value)
+
+    read()
 
 
 def test_every_load_generator_options_knob_is_in_the_table():
