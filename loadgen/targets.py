@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from servescope import bounded_http, engine_identity, engines, hostnoise, knobs, pidrecords
+from servescope import bounded_http, engine_identity, engines, hostnoise, knobs, pidrecords, printable
 from servescope.urls import parse_http_url, redact
 
 
@@ -45,6 +45,12 @@ class Target:
         }
 
 
+def _shown(spec: str) -> str:
+    """An --engine value in a line: credentials masked, control characters gone, cut to a line's worth (a form's
+    1 MB host is not echoed whole)."""
+    return repr(printable.line(spec, 120))
+
+
 def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     """`vllm=http://127.0.0.1:8009`, `llamacpp:small=URL`, `ollama=http://host:11434/v1` (OpenAI API), or just `vllm`."""
     name, sep, url = spec.partition("=")
@@ -52,7 +58,7 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     try:
         kind = engines.kind(kind_name)
     except ValueError as exc:
-        raise TargetError(f"--engine {redact(spec)!r}: {exc}") from None
+        raise TargetError(f"--engine {_shown(spec)}: {exc}") from None
     url_from = None
     if not sep:
         url, url_from = _default(kind.name)  # Ollama: asks the stack's proxy port whether it is the proxy
@@ -60,13 +66,13 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     try:
         parts = parse_http_url(url)
     except ValueError as exc:
-        raise TargetError(f"--engine {redact(spec)!r}: {exc}") from None
+        raise TargetError(f"--engine {_shown(spec)}: {exc}") from None
     api, chat_path = kind.api, kind.chat_path
     if parts.path.endswith("/v1"):
         # Ollama's (or any engine's) OpenAI-compatible API under /v1.
         api, chat_path = engines.OPENAI_API, "/chat/completions"
     elif parts.path:
-        raise TargetError(f"--engine {redact(spec)!r}: the URL takes no path other than /v1")
+        raise TargetError(f"--engine {_shown(spec)}: the URL takes no path other than /v1")
     return Target(
         kind=kind.name,
         instance=f"{kind.name}:{label}" if label else kind.name,

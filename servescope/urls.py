@@ -29,7 +29,37 @@ def parse_http_url(url: str) -> SplitResult:
         raise ValueError("expected http://HOST:PORT (no host)")
     if port == 0:
         raise ValueError("the port must be a number from 1 to 65535, got 0")
+    problem = host_problem(parts.hostname)
+    if problem is not None:
+        raise ValueError(problem)
     return parts
+
+
+MAX_HOST_NAME = 253  # DNS: a name's whole length; each dot-separated label 1 to 63 (what IDNA encoding refuses past)
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")  # `_`: Compose's service names have them
+
+
+def host_problem(hostname: str) -> str | None:
+    """Why a URL's host cannot be connected to (one short line, the name not echoed whole), or None: an IP address,
+    or a DNS name (IDNA-encodable, 253 characters at most, labels of 1 to 63). A 1 MB host once passed here and every
+    request of a run failed in the HTTP client with an idna traceback."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(hostname)
+        return None
+    except ValueError:
+        pass
+    if len(hostname) > MAX_HOST_NAME:
+        return f"the host name is {len(hostname):,} characters: a DNS name has at most {MAX_HOST_NAME}"
+    try:
+        ascii_name = hostname.encode("idna").decode("ascii")
+    except UnicodeError:
+        ascii_name = ""
+    labels = ascii_name.removesuffix(".").split(".")
+    if not ascii_name or not all(_LABEL.fullmatch(label) for label in labels):
+        return "the host is not a DNS name or an IP address (letters, digits and '-', dot-separated parts of 1 to 63)"
+    return None
 
 
 def redact(text: str) -> str:

@@ -395,6 +395,26 @@ def test_every_field_of_the_start_form_is_checked_by_the_option_table(webui, ser
     assert {r.max_tokens for r in folder.requests()} == {8}  # --max-tokens 8, as started: not the refused 0
 
 
+def test_a_host_no_client_can_connect_to_is_refused_at_the_form_in_one_short_line(webui, server, tmp_path):
+    """Issue 42: a 1 MB host in the form was taken, and every user then failed with an idna traceback in the log. The
+    form refuses a host that is not a DNS name or an IP address, in one line that does not echo it whole."""
+    base, results = webui
+    good = {"user_count": "2", "spawn_rate": "2", "scenario": "burst"}
+    for host, said in (
+        ("http://" + "a" * 1_000_000 + ":8000", "the host name is 1,000,000 characters: a DNS name has at most 253"),
+        ("http://" + "b" * 64 + ".example:8000", "the host is not a DNS name or an IP address"),
+        ("http://a..b:8000", "the host is not a DNS name or an IP address"),
+    ):
+        body = start(base, {**good, "host": host}).json()
+        assert body["success"] is False and said in body["message"], body["message"][:300]
+        assert len(body["message"]) < 400 and "\n" not in body["message"]
+    assert server.stats.requests == 0 and not (results.exists() and any(results.iterdir()))
+    log = (tmp_path / "webui.log").read_text()
+    assert "Traceback" not in log and "idna" not in log and len(log) < 100_000
+    assert start(base, {**good, "host": server.url}).json()["success"]  # a good host runs
+    wait_for_chat_requests(base, 2)
+
+
 def test_a_start_from_another_origin_or_without_one_is_refused(webui, server):
     base, results = webui
     form = {"user_count": "2", "spawn_rate": "2", "host": server.url, "scenario": "burst"}
