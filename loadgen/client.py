@@ -37,7 +37,6 @@ from urllib.parse import unquote, urlsplit
 import gevent
 from gevent import monkey as gevent_monkey
 from gevent import socket as gevent_socket
-from gevent._waiter import Waiter
 from geventhttpclient import HTTPClient
 from geventhttpclient.connectionpool import ConnectionPool
 from geventhttpclient.response import (
@@ -48,6 +47,7 @@ from geventhttpclient.response import (
     HTTPSocketPoolResponse,
     HTTPSocketResponse,
 )
+from greenlet import greenlet
 
 from servescope.engines.base import OLLAMA_API
 from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
@@ -364,7 +364,7 @@ class _Readable:
     at 64 streams (bench/loadgen_accuracy.py). Where gevent's socket lacks the internals, reads go through it as
     before (`of` answers None)."""
 
-    __slots__ = ("_recvmsg", "hub", "watcher", "limit", "deadline", "waiter", "timer")
+    __slots__ = ("_recvmsg", "hub", "watcher", "limit", "deadline", "waiting", "timer")
 
     def __init__(self, sock) -> None:
         self._recvmsg = sock._sock.recvmsg
@@ -372,7 +372,7 @@ class _Readable:
         self.watcher = sock._read_event
         self.limit: float | None = sock.timeout  # gevent's network timeout (None: none)
         self.deadline = 0.0
-        self.waiter: Waiter | None = None
+        self.waiting: greenlet | None = None  # the reader, while it waits
         self.timer = None
 
     @classmethod
@@ -395,14 +395,11 @@ class _Readable:
             self.deadline = time.perf_counter() + self.limit
             if self.timer is None:
                 self._arm(self.limit)
-        waiter = Waiter(self.hub)
-        self.waiter = waiter
-        self.watcher.start(waiter.switch, waiter)
+        self.waiting = gevent.getcurrent()
         try:
-            waiter.get()
+            self.hub.wait(self.watcher)
         finally:
-            self.waiter = None
-            self.watcher.stop()
+            self.waiting = None
 
     def _arm(self, after: float) -> None:
         self.timer = self.hub.loop.timer(after, ref=False)
@@ -412,12 +409,12 @@ class _Readable:
         """The timer, once per network timeout at most: the stream is timed out only while it waits past its deadline."""
         self.timer.close()
         left = self.deadline - time.perf_counter()
-        waiter = self.waiter
-        if left <= 0 and waiter is not None:
+        reader = self.waiting
+        if left <= 0 and reader is not None:
             self.timer = None
-            waiter.throw(TimeoutError("timed out"))
+            reader.throw(TimeoutError("timed out"))  # as gevent's Timeout does: raised in the reader's hub.wait
         else:
-            self._arm(max(left, 1e-3) if waiter is not None else self.limit)
+            self._arm(max(left, 1e-3) if reader is not None else self.limit)
 
     def close(self) -> None:
         if self.timer is not None:
