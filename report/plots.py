@@ -4,6 +4,7 @@ computing side, so its import and its drawing cost the report's reading nothing.
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -14,17 +15,21 @@ matplotlib.use("Agg")  # no display here, and a report must render the same ever
 import matplotlib.pyplot as plt  # noqa: E402
 
 from servescope import series  # noqa: E402
+from servescope.runfolder import write_file  # noqa: E402
 
 DPI = 110
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 PHASE_SHADES = ("#dbe9f6", "#fde5cc", "#dff0d8", "#eadcf0", "#f9dede", "#e8e8e8")
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+def _save(fig, path: Path, tight: bool = True) -> Path:
+    """The figure as a PNG at `path`, written whole and never through a link at the name (runfolder.write_file)."""
+    if tight:
+        fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, dpi=DPI, format="png")
     plt.close(fig)
-    return path
+    return write_file(path, png.getvalue())
 
 
 def sequential_burst_table(data: dict, path: Path) -> Path:
@@ -85,9 +90,7 @@ def latency_boxes(data: dict, path: Path) -> Path:
     )
     fig.suptitle("Client-side latency per engine and scenario, and per load level (successful requests)")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(fig, path, tight=False)
 
 
 DISCRETE_LENGTHS = 12  # up to this many distinct output lengths: a bar at each length, not a histogram's bins

@@ -120,6 +120,10 @@ def write_file(path: Path | str, data: bytes | str) -> Path:
             except OSError:
                 pass
             raise
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None  # the name written, not the temp file's
     finally:
         os.close(parent)
     return path
