@@ -408,6 +408,7 @@ def check(argv: list[str] | None) -> int:
         at_knee_latency: list[tuple[dict, dict]] = []  # (predicted, measured) latency, one a row
         at_row_latency: list[tuple[dict, dict]] = []
         in_band: list[bool | None] = []
+        bands: list[list[float | None] | None] = []
         counts_ok: list[bool] = []
         for policy in args.policies.split(","):
             for rate in (float(r) for r in args.rates.split(",")):
@@ -443,6 +444,7 @@ def check(argv: list[str] | None) -> int:
                     at_knee_latency.append((knee_p.latency, row.latency))
                     at_row_latency.append((row_p.latency, row.latency))
                     in_band.append(inside(band, row.attained))
+                    bands.append(band)
                     judged = (
                         predicted(*at_speed(profile, sharing, knee_at, now, now_busy)).attainment
                         if probing
@@ -483,6 +485,7 @@ def check(argv: list[str] | None) -> int:
         "the row itself (its median time per token, 'ms/token', and its median prefill as the engine timed it, where "
         "it does); close to 'measured' means the queueing model is right, and the miss is in the speed it was given"
     )
+    print(band_widths(bands, spread))
     print("\n".join(mape_table(at_knee_latency, at_row_latency)))
     return judge(in_band, counts_ok, at_knee_latency, at_row_latency)
 
@@ -525,6 +528,19 @@ def judge(
     for ok, text in verdicts:
         print(f"goal: {text}: {'met' if ok else 'MISSED'}")
     return 0 if all(ok for ok, _ in verdicts) else 1
+
+
+def band_widths(bands: list[list[float | None] | None], spread: speed.Spread) -> str:
+    """How wide the bands came out against the speed spread they were predicted over: what a user may expect."""
+    widths = sorted(100 * (b[1] - b[0]) for b in bands if b and None not in b)
+    span = 100 * max(spread.slow.tpot - spread.fast.tpot, spread.slow.ttft - spread.fast.ttft)
+    if not widths:
+        return f"band: none (the knee's {spread.describe()})"
+    return (
+        f"band: {min(widths):.1f}-{max(widths):.1f} points wide over {len(widths)} rows (median "
+        f"{statistics.median(widths):.1f}), for a speed spread of {span:.1f}% (time per token "
+        f"{100 * (spread.slow.tpot - spread.fast.tpot):.1f}%, prefill {100 * (spread.slow.ttft - spread.fast.ttft):.1f}%)"
+    )
 
 
 def mape_table(at_knee_latency: list[tuple[dict, dict]], at_row_latency: list[tuple[dict, dict]]) -> list[str]:

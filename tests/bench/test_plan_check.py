@@ -88,3 +88,12 @@ def test_the_goal_needs_five_rows_of_six_in_the_band_and_the_e2e_p50_mapes_and_t
     assert plan_check.judge(five, [True, False], rows(0.0), rows(0.0)) == 1  # a count fewer than measured
     out = capsys.readouterr().out
     assert "inside the band in 4 of 6 rows (goal: 5): MISSED" in out and "E2E p50 MAPE 11.0%" in out
+
+
+def test_the_band_widths_are_said_against_the_speed_spread_they_were_predicted_over():
+    from report import speed
+
+    spread = speed.Spread(speed.Edge(0.95, 0.97), speed.Edge(1.05, 1.03), speed.MEASURED)
+    line = plan_check.band_widths([[0.8, 0.9], [1.0, 1.0], None], spread)
+    assert line.startswith("band: 0.0-10.0 points wide over 2 rows (median 5.0), for a speed spread of 10.0%")
+    assert "none" in plan_check.band_widths([None], speed.none("no level of the knee measured twice"))
