@@ -352,6 +352,9 @@ def section(
     run: Run, spec: slo.SloSpec, rows: list[PhaseGoodput], checks: list[schedule.ScheduleCheck], title: str
 ) -> Section:
     sec = Section(title)
+    knee = knee_of(run)
+    if knee:  # a knee run's answer first, then what it rests on
+        sec.add(Paragraph(_knee_text(knee)))
     sec.add(
         Paragraph(
             f"{spec.describe()}. A request is good when it succeeded and met every term on its own; attainment is the "
@@ -437,9 +440,6 @@ def section(
         behind = [c.text() for c in checks if c.behind]
         if behind:
             sec.add(Bullets(behind))
-    knee = knee_of(run)
-    if knee:
-        sec.add(Paragraph(_knee_text(knee)))
     return sec
 
 

@@ -108,7 +108,8 @@ figure{margin:12px 0 20px}figure img{max-width:100%;border:1px solid #e3e6ec}
 figcaption{color:#5b6475;font-size:13px}
 pre{background:#f5f7fa;border:1px solid #dfe3ea;padding:10px;overflow-x:auto;font-size:12px}
 li{margin:2px 0}code{background:#f0f3f8;padding:0 3px;border-radius:3px;font-size:90%}
-.toc ul{list-style:none;padding:0;margin:4px 0 0;font-size:13px}.toc li{display:inline;margin-right:14px}
+.toc ul{list-style:none;padding:0;margin:4px 0 0;font-size:13px}
+.toc li{display:inline-block;white-space:nowrap;margin-right:14px}
 """
 
 

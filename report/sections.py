@@ -25,7 +25,7 @@ from report import (
     workloads,
 )
 from report import figures as figure_data
-from report.load import Run
+from report.load import Run, knee_of
 from report.outline import Context, Plots, ReportSection, walk
 from report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
 from servescope import cpu_priority, engines, series, thresholds, words
@@ -69,7 +69,7 @@ def build(
     """The report on one run (against a baseline when given): its document and report.json's numbers."""
     ctx = Context(run, prometheus_url, baseline, figures, client, slo_spec)
     latency.start_pools(run)  # the engine's passes over every gap run while the rest is computed
-    sections, said = walk(SECTIONS, ctx)
+    sections, said = walk(order(run), ctx)
     numbers = {
         "run": {
             "run_id": run.run_id,
@@ -415,6 +415,18 @@ SECTIONS: tuple[ReportSection, ...] = (
     CrossCheck(),
     Setup(),
 )
+
+
+KNEE_FIRST = (Goodput, Plan)  # a knee or quick run's answer: the knee with its levels, and what it plans
+
+
+def order(run: Run) -> tuple[ReportSection, ...]:
+    """SECTIONS' order, except on a knee or quick run (its knee.json), whose answer is the knee: goodput (the knee and
+    each level's attainment) and the replicas it plans come right after the summary, before the verdict."""
+    if knee_of(run) is None:
+        return SECTIONS
+    first = [s for s in SECTIONS if isinstance(s, KNEE_FIRST)]
+    return (SECTIONS[0], *first, *[s for s in SECTIONS[1:] if s not in first])
 
 
 def _plan(doc: dict[str, Any], rows: list[plan.PlanRow]) -> Section:

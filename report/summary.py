@@ -64,11 +64,11 @@ def build(
                 )
             elif row.instance == instance and row.refusal:
                 s.lines.append(f"Scaling: not computed ({_one_line(row.refusal)})")
+        if knee and knee.get("instance") == instance:  # a knee run's answer, before the knob to move
+            s.lines.append(_knee_line(knee))
         v = next((v for v in verdicts if v.instance == instance), None)
         if v is not None:
             s.lines.append(f"Verdict: {_one_line(v.text)}")
-        if knee and knee.get("instance") == instance:
-            s.lines.append(_knee_line(knee))
         mine = [g for g in good if g.instance == instance]
         if mine:
             met = sum(1 for g in mine if g.result.meets)

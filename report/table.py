@@ -394,7 +394,7 @@ def _row(run: Run, title: str, phase: PhaseRecord) -> TableRow:
     if failed:
         notes.append(f"{failed} of {n} failed")
     if phase.requests and phase.requests != n:
-        notes.append(f"phase says {phase.requests} requests, {n} recorded")
+        notes.append(f"phase says {words.count(phase.requests, 'request')}, {n} recorded")
     return TableRow(
         instance=phase.instance,
         engine=phase.engine,

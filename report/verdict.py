@@ -25,7 +25,7 @@ from report.load import EngineInfo, Run
 from report.noise import Assessment, worst_slowdown
 from report.sweep import BurstDrain
 from report.ttft_split import TtftSplit
-from servescope import binding, engines, series, thresholds
+from servescope import binding, engines, series, thresholds, words
 from servescope.engines.base import Lever
 from servescope.kv_arithmetic import blocks_for, capacity_tokens, max_concurrency
 
@@ -409,7 +409,7 @@ def decide_ollama(
         means = split.means_s
         share = f", queue {split.queue_share:.0%} of the mean TTFT" if split.queue_share is not None else ""
         durations = (
-            f"Ollama's own durations ({split.count} requests): {split.queued} held {least} or more outside load, "
+            f"Ollama's own durations ({words.count(split.count, 'request')}): {split.queued} held {least} or more outside load, "
             f"prompt evaluation and generation{share}; mean queue {means.get('queue', 0.0):.3f} s, load "
             f"{means.get('load', 0.0):.3f} s, prompt {means.get('prompt', 0.0):.3f} s of a mean TTFT "
             f"{_num3(split.ttft_mean_s)} s"
@@ -458,7 +458,7 @@ def decide_ollama(
             )
             return v
         v.text = (
-            f"no lever needed: Ollama's own durations show no request waiting inside it ({split.count} requests, "
+            f"no lever needed: Ollama's own durations show no request waiting inside it ({words.count(split.count, 'request')}, "
             f"each under {least} outside load, prompt evaluation and generation)"
         )
         return v
@@ -558,18 +558,25 @@ def _why_gauges_missed(gauges: EngineGauges | None, waiting: float | None, queue
             and burst.started_at <= t <= burst.started_at + burst.wall_s
         )
         return (
-            f"gauges under-sampled: {points} Prometheus points during a {burst.wall_s:.1f} s burst "
+            f"gauges under-sampled: {words.count(points, 'Prometheus point')} during a {burst.wall_s:.1f} s burst "
             f"(query step {gauges.spacing_s:g} s over scrapes seconds apart): a queue shorter than a scrape "
             f"interval is invisible to it"
         )
     cov = gauges.coverage.get(burst.phase)
     taken = cov.samples if cov else 0
     if cov is not None and cov.missing:
-        return f"{cov.missing} of {taken + cov.missing} samples during {burst.phase} are missing ({'; '.join(cov.reasons)})"
+        missing = words.noun(cov.missing, "is", "are")
+        return (
+            f"{cov.missing} of {words.count(taken + cov.missing, 'sample')} during {burst.phase} {missing} missing "
+            f"({'; '.join(cov.reasons)})"
+        )
     if taken < thresholds.MIN_SAMPLES_PER_BURST:
-        return f"gauges under-sampled: {taken} samples during a {burst.wall_s:.1f} s burst ({_source(gauges)})"
+        return (
+            f"gauges under-sampled: {words.count(taken, 'sample')} during a {burst.wall_s:.1f} s burst "
+            f"({_source(gauges)})"
+        )
     return (
-        f"the waiting gauge stayed 0 across {taken} samples during {burst.phase}: the queue is not where the engine "
+        f"the waiting gauge stayed 0 across {words.count(taken, 'sample')} during {burst.phase}: the queue is not where the engine "
         f"counts it"
     )
 

@@ -73,8 +73,8 @@ def test_two_batch_slots_are_the_binding_resource(tmp_path):
     assert numbers["goodput"]["spec"] == SLO and numbers["goodput"]["knee"]["knee"] == 2
     assert {row["phase"] for row in numbers["goodput"]["phases"]} == {p["phase"] for p in result["probes"]}
     text = (result["run"] / "report.md").read_text()
-    # A knee run has no sequential-vs-burst table: goodput follows the summary and the verdict (report/outline.py).
-    assert "## 3. Goodput under the SLOs" in text and "the knee is 2 users (fails at 3 users)" in text
+    # A knee run's answer, goodput with the knee, follows the summary (report/sections.py's order).
+    assert "## 2. Goodput under the SLOs" in text and "the knee is 2 users (fails at 3 users)" in text
     assert "Knee: 2 users (fails at 3 users); above it: batch slots" in text  # the summary's line
 
 

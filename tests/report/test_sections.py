@@ -40,10 +40,10 @@ def test_numbers_follow_the_order_and_a_run_without_a_knee_has_no_plan_section(t
         assert said["sections"] == [t for _, t in headings(doc)]
         assert said["sections"][-1] == "Not in this run" and said["sections"][-2] == "Setup"
     titles = [t for _, t in headings(with_plan)]
-    # A knee run has no sequential-vs-burst table: its answers (the verdict, goodput with the knee, the replicas)
-    # follow the summary, numbered 2, 3, 4.
-    assert titles[:5] == ["Summary", "Verdict: which knob to move", "Goodput under the SLOs", titles[3], "Latency"]
-    assert titles[3].startswith("Replicas for a traffic")
+    # A knee run has no sequential-vs-burst table, and its answer is the knee: goodput with the knee and the replicas
+    # it plans follow the summary, numbered 2 and 3, then the verdict.
+    assert titles[:5] == ["Summary", "Goodput under the SLOs", titles[2], "Verdict: which knob to move", "Latency"]
+    assert titles[2].startswith("Replicas for a traffic")
     assert not any(t.startswith("Replicas") for _, t in headings(without)) and plain_numbers["plan"] is None
     assert set(numbers) == set(plain_numbers) == KEYS
 
