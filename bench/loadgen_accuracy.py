@@ -1,4 +1,4 @@
-"""Load generator accuracy: reported TTFT and ITL against the synthetic server's exact timing, per HTTP client, beside vLLM's own client; the send delay per run and a short run's whole-process CPU."""
+"""Load generator accuracy and cost: reported TTFT and ITL against the synthetic server's exact timing, per HTTP client, beside vLLM's own client and the other load testers; the send delay per run, tokens per client CPU-second, a short run's whole-process CPU, and a closing table of issue 44's bar (servescope at least as light as every peer, as accurate as before)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -108,6 +108,7 @@ def loadgen_burst(
     timeout: float = 600,
     workers: int = 0,
     warmup: int = 1,
+    tree: Path = REPO,
 ) -> tuple[list[dict], dict, Window]:
     """`python -m loadgen burst` against the server (with `workers` worker processes); returns raw records, phases
     and the traffic window."""
@@ -146,7 +147,7 @@ def loadgen_burst(
             "--workers",
             str(workers),
         ]
-        proc, window = run_measured(cmd, server, timeout)
+        proc, window = run_measured(cmd, server, timeout, cwd=tree)
         if proc.returncode != 0:
             raise RuntimeError(f"loadgen failed: {proc.stdout.strip()[-500:]}")
         folder = Path(results) / "bench"
@@ -240,6 +241,34 @@ GOAL_LEVELS = (1, 16, 64)
 GOAL_TTFT_MEDIAN_MS, GOAL_TTFT_P99_MS, GOAL_SEND_P99_MS_ONE_STREAM = 2.0, 5.0, 1.0
 SHORT_RUN_REQUESTS, GOAL_SHORT_RUN_CPU_S = 4, 1.0
 PROMPTS = "synthetic:16x64"  # 64 distinct prompts: each request of a burst can be paired with the server's stream
+# Issue 44's bar, read in the same sitting with the peers interleaved: at these stream counts servescope's output tokens
+# per client CPU-second at least every peer's, and its short run's whole-process CPU (median) at most every peer's.
+LIGHT_LEVELS = (64, 256)
+SERVESCOPE = "servescope/geventhttpclient"  # the load generator's own client, as the closing table names it
+
+
+@dataclass
+class Tally:
+    """Each client's numbers for the closing table, one entry per repetition: output tokens per client CPU-second
+    and TTFT error against the configured truth (median, p99 ms) by stream count, and short runs' whole-process CPU."""
+
+    rates: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    ttft: dict[str, dict[int, list[tuple[float, float]]]] = field(default_factory=dict)
+    short_cpu: dict[str, list[float]] = field(default_factory=dict)
+
+    def run(self, client: str, concurrency: int, window: Window, ttfts: list[float]) -> None:
+        if window.tokens:
+            self.rates.setdefault(client, {}).setdefault(concurrency, []).append(window.tokens_per_cpu_s)
+        if ttfts:
+            self.ttft.setdefault(client, {}).setdefault(concurrency, []).append(_errors_ms(ttfts, TTFT_S))
+
+    def rate(self, client: str, concurrency: int) -> float | None:
+        values = self.rates.get(client, {}).get(concurrency)
+        return statistics.median(values) if values else None
+
+    def cpu(self, client: str) -> float | None:
+        values = self.short_cpu.get(client)
+        return statistics.median(values) if values else None
 
 
 def paired_streams(records: list[dict], server_url: str, prompts: str = PROMPTS) -> list[tuple[dict, dict]]:
@@ -375,7 +404,9 @@ def process_cpu(cmd: list[str], timeout: float, cwd: Path = REPO, env: dict | No
         return proc.returncode, usage.ru_utime + usage.ru_stime, out.read()
 
 
-def short_run_cpu(server: SyntheticProcess, requests_n: int = SHORT_RUN_REQUESTS) -> tuple[int, float, str]:
+def short_run_cpu(
+    server: SyntheticProcess, requests_n: int = SHORT_RUN_REQUESTS, tree: Path = REPO
+) -> tuple[int, float, str]:
     """`python -m loadgen burst` of `requests_n` requests (no warm-up), as `quick`, the knee and the tune loop make them
     by the dozen: its whole-process CPU, the end-of-run summary included."""
     with tempfile.TemporaryDirectory(prefix="servescope-bench-short-") as results:
@@ -384,7 +415,7 @@ def short_run_cpu(server: SyntheticProcess, requests_n: int = SHORT_RUN_REQUESTS
             "--bursts", "1", "--max-tokens", str(TOKENS), "--warmup", "0", "--prompts", PROMPTS, "--results", results,
             "--run-id", "short", "--metrics-port", "0", "--quiet", "--no-ignore-eos",
         ]  # fmt: skip
-        return process_cpu(cmd, timeout=120)
+        return process_cpu(cmd, timeout=120, cwd=tree)
 
 
 def vllm_short_run_cpu(server: SyntheticProcess, requests_n: int = SHORT_RUN_REQUESTS) -> tuple[int, float, str]:
@@ -439,17 +470,38 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat", type=int, default=2, help="interleaved repetitions: every client at every level, then again"
     )
     parser.add_argument(
-        "--short-runs", type=int, default=3, help=f"{SHORT_RUN_REQUESTS}-request runs whose CPU is read"
+        "--short-runs",
+        type=int,
+        default=5,
+        help=f"{SHORT_RUN_REQUESTS}-request runs whose CPU is read, per client (the closing table's median)",
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's own client")
     parser.add_argument(
         "--no-peers", action="store_true", help="skip the other load testers (servebench, AIPerf) even where installed"
     )
+    parser.add_argument(
+        "--also-tree",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another checkout (`git worktree add /tmp/before COMMIT`) whose load generator runs beside this one, "
+        "interleaved, as servescope@DIRNAME: a change's before and after in one sitting",
+    )
+    parser.add_argument(
+        "--peers",
+        default=",".join(p.name.split()[0] for p in peers.PEERS),
+        help="which other load testers run where installed (comma-separated first words of their names)",
+    )
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.concurrencies.split(",")]
     clients = [c for c in args.clients.split(",") if c]
     with_vllm = not args.no_vllm and vllm_available() and not knobs.get("SERVESCOPE_BENCH_NO_VLLM", "")
-    others = [] if args.no_peers else [p for p in peers.PEERS if p.available()]
+    chosen = {name.strip() for name in args.peers.split(",") if name.strip()}
+    others = [] if args.no_peers else [p for p in peers.PEERS if p.name.split()[0] in chosen and p.available()]
+    trees = [(f"servescope@{tree.resolve().name}", tree.resolve()) for tree in args.also_tree]
+    tally = Tally()
+    load_before = os.getloadavg()
 
     print(
         f"error = reported - truth, ms. vs configured: truth = TTFT {TTFT_S * 1000:.0f} ms, ITL {ITL_S * 1000:.0f} ms "
@@ -468,8 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     for repetition in range(1, args.repeat + 1):
         for concurrency in levels:
             bursts = max(args.rounds, -(-32 // concurrency))
-            failures += _level(concurrency, bursts, clients, with_vllm, repetition)
-            failures += _peer_level(concurrency, bursts, others, repetition)
+            failures += _level(concurrency, bursts, clients, with_vllm, repetition, tally, trees)
+            failures += _peer_level(concurrency, bursts, others, repetition, tally)
     if with_vllm:
         print(
             "* vllm bench serve stamps its TTFT at the first chunk even when it is empty (the role chunk, sent at once) and "
@@ -484,8 +536,79 @@ def main(argv: list[str] | None = None) -> int:
     missing = [p.venv for p in peers.PEERS if p not in others]
     if missing:
         print(f"skipped: {', '.join(missing)} (not installed under SERVESCOPE_CACHE, or --no-peers)")
-    failures += _short_runs(args.short_runs, with_vllm, others)
+    failures += _short_runs(args.short_runs, with_vllm, others, tally, trees)
+    print("\n".join(closing_table(tally, (load_before, os.getloadavg()))), flush=True)
     return 1 if failures else 0
+
+
+def closing_table(tally: Tally, loads: tuple[tuple[float, ...], tuple[float, ...]]) -> list[str]:
+    """Issue 44's bar from this sitting: each client's tokens per client CPU-second at LIGHT_LEVELS, its short run's
+    whole-process CPU and its TTFT error at GOAL_LEVELS (every repetition), then servescope against each peer."""
+    clients = list(dict.fromkeys([*tally.rates, *tally.short_cpu, *tally.ttft]))
+    before, after = (" ".join(f"{x:.2f}" for x in load) for load in loads)
+    lines = [
+        "",
+        f"closing table (issue 44): medians, each repetition's value in brackets; load average (1/5/15 min) "
+        f"{before} at the start, {after} at the end",
+        f"{'client':<28} "
+        + " ".join(f"{f'tok/CPU-s @{level}':>24}" for level in LIGHT_LEVELS)
+        + f" {f'{SHORT_RUN_REQUESTS}-request run CPU s':>30}",
+    ]
+    for client in clients:
+        cells = []
+        for level in LIGHT_LEVELS:
+            values = tally.rates.get(client, {}).get(level, [])
+            cells.append(
+                f"{statistics.median(values):,.0f} [{' '.join(f'{v:,.0f}' for v in values)}]" if values else "-"
+            )
+        runs = tally.short_cpu.get(client, [])
+        cpu = f"{statistics.median(runs):.2f} [{' '.join(f'{v:.2f}' for v in runs)}]" if runs else "-"
+        lines.append(f"{client:<28} " + " ".join(f"{c:>24}" for c in cells) + f" {cpu:>30}")
+    lines.append(
+        f"{'TTFT error vs configured, ms':<28} "
+        + " ".join(f"{f'median/p99 @{level}':>26}" for level in GOAL_LEVELS)
+        + "  (one per repetition)"
+    )
+    for client in clients:
+        cells = [
+            " ".join(f"{med:+.2f}/{p99:+.2f}" for med, p99 in tally.ttft.get(client, {}).get(level, [])) or "-"
+            for level in GOAL_LEVELS
+        ]
+        lines.append(f"{client:<28} " + " ".join(f"{c:>26}" for c in cells))
+    for other in (c for c in clients if c.startswith("servescope@")):
+        ratios = [
+            f"x{ours / theirs:.2f} tokens per client CPU-second at {level}"
+            for level in LIGHT_LEVELS
+            if (ours := tally.rate(SERVESCOPE, level)) and (theirs := tally.rate(other, level))
+        ]
+        if (ours := tally.cpu(SERVESCOPE)) and (theirs := tally.cpu(other)):
+            ratios.append(f"x{ours / theirs:.2f} {SHORT_RUN_REQUESTS}-request run CPU")
+        lines.append(f"  this tree against {other}: {', '.join(ratios) or 'nothing measured on both'}")
+    verdicts = []
+    for peer in (c for c in clients if not c.startswith("servescope")):
+        for level in LIGHT_LEVELS:
+            ours, theirs = tally.rate(SERVESCOPE, level), tally.rate(peer, level)
+            if ours is not None and theirs is not None:
+                verdicts.append(
+                    (
+                        ours >= theirs,
+                        f"tokens per client CPU-second at {level} streams: servescope {ours:,.0f}, {peer} {theirs:,.0f} "
+                        f"(x{ours / theirs:.2f})",
+                    )
+                )
+        ours, theirs = tally.cpu(SERVESCOPE), tally.cpu(peer)
+        if ours is not None and theirs is not None:
+            verdicts.append(
+                (
+                    ours <= theirs,
+                    f"{SHORT_RUN_REQUESTS}-request run CPU: servescope {ours:.2f} s, {peer} {theirs:.2f} s "
+                    f"(x{ours / theirs:.2f})",
+                )
+            )
+    lines += [f"  {'met' if ok else 'NOT met'}: {text}" for ok, text in verdicts]
+    if not verdicts:
+        lines.append("  no peer measured beside servescope: nothing to hold it against")
+    return lines
 
 
 def peer_run(
@@ -514,7 +637,7 @@ def print_other(row: str, window: Window, repetition: int) -> None:
     )
 
 
-def _peer_level(concurrency: int, bursts: int, others: list[peers.Peer], repetition: int) -> int:
+def _peer_level(concurrency: int, bursts: int, others: list[peers.Peer], repetition: int, tally: Tally) -> int:
     """The other load testers at one level, each on a fresh server, as vLLM's client runs; 1 per failed peer."""
     failures = 0
     for peer in others:
@@ -527,28 +650,47 @@ def _peer_level(concurrency: int, bursts: int, others: list[peers.Peer], repetit
                 continue
             row = accuracy_row(f"{peer.name}*"[:18], concurrency, got.completed, got.ttfts, got.itls, server.stats())
             print_other(row, window, repetition)
+            tally.run(peer.name, concurrency, window, got.ttfts)
     return failures
 
 
-def _level(concurrency: int, bursts: int, clients: list[str], with_vllm: bool, repetition: int) -> int:
-    """One repetition at one level: each servescope client, then vLLM's, each on a fresh server; 1 per failed client."""
+def _level(
+    concurrency: int,
+    bursts: int,
+    clients: list[str],
+    with_vllm: bool,
+    repetition: int,
+    tally: Tally,
+    trees: list[tuple[str, Path]] = (),
+) -> int:
+    """One repetition at one level: each servescope client (and the other trees' geventhttpclient), then vLLM's, each
+    on a fresh server; 1 per failed client."""
     failures = 0
-    for client in clients:
+    runs = [(f"servescope/{client}", client, REPO) for client in clients]
+    runs += [(label, "geventhttpclient", tree) for label, tree in trees]
+    for label, client, tree in runs:
         with SyntheticProcess("--ttft", str(TTFT_S), "--itl", str(ITL_S), "--tokens", str(TOKENS)) as server:
             try:
                 records, _phases, window = loadgen_burst(
-                    server, size=concurrency, bursts=bursts, max_tokens=TOKENS, http_client=client, prompts=PROMPTS
+                    server,
+                    size=concurrency,
+                    bursts=bursts,
+                    max_tokens=TOKENS,
+                    http_client=client,
+                    prompts=PROMPTS,
+                    tree=tree,
                 )
             except RuntimeError as exc:
-                print(f"{'servescope/' + client:<18} {concurrency:>4} failed: {exc}")
+                print(f"{label:<18} {concurrency:>4} failed: {exc}")
                 failures += 1
                 continue
             ok = [r for r in records if r["ok"]]
+            tally.run(label, concurrency, window, [r["ttft_s"] for r in ok])
             vs_server = errors_vs_server(ok, server.url)
             delays = send_delays(ok, server.url)
             print(
                 accuracy_row(
-                    f"servescope/{client}"[:18],
+                    label[:18],
                     concurrency,
                     len(ok),
                     [r["ttft_s"] for r in ok],
@@ -576,6 +718,7 @@ def _level(concurrency: int, bursts: int, clients: list[str], with_vllm: bool, r
                 "vllm bench serve*", concurrency, result.get("completed", 0), ttfts, itls, server.stats()
             )
             print_other(row, window, repetition)
+            tally.run("vllm bench serve", concurrency, window, ttfts)
     return failures
 
 
@@ -586,7 +729,13 @@ def peer_short_run_cpu(peer: peers.Peer, server: SyntheticProcess, requests_n: i
         return process_cpu(cmd, timeout=300, cwd=Path(out_dir), env=peer.env())
 
 
-def _short_runs(runs: int, with_vllm: bool, others: list[peers.Peer] | None = None) -> int:
+def _short_runs(
+    runs: int,
+    with_vllm: bool,
+    others: list[peers.Peer] | None = None,
+    tally: Tally | None = None,
+    trees: list[tuple[str, Path]] = (),
+) -> int:
     """A short run's whole-process CPU (start-up, the requests, the summary, exit), interleaved with vLLM's client."""
     if runs <= 0:
         return 0
@@ -594,7 +743,9 @@ def _short_runs(runs: int, with_vllm: bool, others: list[peers.Peer] | None = No
         f"\nwhole-process CPU s of a {SHORT_RUN_REQUESTS}-request run (user + system, wait4; goal for servescope <= "
         f"{GOAL_SHORT_RUN_CPU_S:g}), {runs} interleaved runs each"
     )
-    clients = [("servescope burst", short_run_cpu)] + ([("vllm bench serve", vllm_short_run_cpu)] if with_vllm else [])
+    clients = [(SERVESCOPE, short_run_cpu)]
+    clients += [(label, lambda server, tree=tree: short_run_cpu(server, tree=tree)) for label, tree in trees]
+    clients += [("vllm bench serve", vllm_short_run_cpu)] if with_vllm else []
     clients += [(peer.name, lambda server, peer=peer: peer_short_run_cpu(peer, server)) for peer in others or []]
     cpu: dict[str, list[float]] = {name: [] for name, _ in clients}
     failures = 0
@@ -607,11 +758,13 @@ def _short_runs(runs: int, with_vllm: bool, others: list[peers.Peer] | None = No
                     failures += 1
                     continue
                 cpu[name].append(cpu_s)
+    if tally is not None:
+        tally.short_cpu.update({name: values for name, values in cpu.items() if values})
     for name, values in cpu.items():
         if not values:
             continue
         verdict = ""
-        if name == "servescope burst":
+        if name == SERVESCOPE:
             worst = max(values)
             verdict = f"  goal {'met' if worst <= GOAL_SHORT_RUN_CPU_S else 'NOT met'} (largest {worst:.2f})"
         print(f"{name:<18} " + " ".join(f"{v:.2f}" for v in values) + f"  (load {os.getloadavg()[0]:.2f}){verdict}")
