@@ -617,7 +617,7 @@ def _checksum(index: Path) -> str:
 def _seal(index: Path) -> None:
     """Beside the index, what it was when made or last read whole: size, modification time, checksum. Best effort:
     a reader without it reads the index whole first (a folder that takes no writes keeps none)."""
-    from servescope.runfolder import write_file
+    from servescope.folder_writes import write_file
 
     try:
         st = os.stat(index)
