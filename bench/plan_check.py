@@ -115,6 +115,12 @@ def inside(band: list[float | None] | None, measured_share: float | None) -> boo
     return band[0] - 1e-9 <= measured_share <= band[1] + 1e-9
 
 
+def outside(band: list[float], measured_share: float) -> float:
+    """Points the measured attainment lies outside the band: negative under its slow edge, positive over its fast."""
+    low, high = band
+    return 100 * (measured_share - low if measured_share < low else max(0.0, measured_share - high))
+
+
 def knee_speed(profile) -> float | None:
     """The median time per output token at the knee's lowest level (one request in flight when it is 1)."""
     values = profile.levels[0].tpot_s
@@ -451,7 +457,7 @@ def check(argv: list[str] | None) -> int:
                         else knee_p.attainment
                     )
                     diff = (judged - row.attained) * 100 if judged is not None and row.attained is not None else None
-                    said = {True: "yes", False: "no", None: "-"}[in_band[-1]]
+                    said = {True: "yes", None: "-"}.get(in_band[-1]) or f"{outside(band, row.attained):+.1f}p"
                     cells = [f"{policy:<12}", f"{rate:>9g}", f"{n:>9}", f"{_pct(knee_p.attainment):>9}"]
                     cells += [f"{plan.band(band):>9}"]
                     cells += [f"{_pct(judged):>9}"] if probing else []
@@ -481,9 +487,10 @@ def check(argv: list[str] | None) -> int:
         )
     print(
         "'band': the row predicted from the slow edge to the fast one of the speed spread the knee measured ('in band': "
-        "the measured attainment inside it); 'row speed' is a diagnostic: the row predicted at the speed measured in "
-        "the row itself (its median time per token, 'ms/token', and its median prefill as the engine timed it, where "
-        "it does); close to 'measured' means the queueing model is right, and the miss is in the speed it was given"
+        "the measured attainment inside it, else how many points outside); 'row speed' is a diagnostic: the row "
+        "predicted at the speed measured in the row itself (its median time per token, 'ms/token', and its median "
+        "prefill as the engine timed it, where it does); close to 'measured' means the queueing model is right, and the "
+        "miss is in the speed it was given"
     )
     print(band_widths(bands, spread))
     print("\n".join(mape_table(at_knee_latency, at_row_latency)))

@@ -97,3 +97,9 @@ def test_the_band_widths_are_said_against_the_speed_spread_they_were_predicted_o
     line = plan_check.band_widths([[0.8, 0.9], [1.0, 1.0], None], spread)
     assert line.startswith("band: 0.0-10.0 points wide over 2 rows (median 5.0), for a speed spread of 10.0%")
     assert "none" in plan_check.band_widths([None], speed.none("no level of the knee measured twice"))
+
+
+def test_a_row_outside_the_band_says_by_how_many_points_and_which_side():
+    assert plan_check.outside([0.8, 0.9], 0.75) == pytest.approx(-5.0)
+    assert plan_check.outside([0.8, 0.9], 0.93) == pytest.approx(3.0)
+    assert plan_check.outside([0.8, 0.9], 0.85) == 0.0
