@@ -102,6 +102,7 @@ h1{margin-bottom:4px}h2{border-bottom:2px solid #dfe3ea;padding-bottom:4px;margi
 .subtitle{color:#5b6475;margin-top:0}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:13px;width:100%}
 th,td{border:1px solid #d5dae3;padding:4px 8px;text-align:left;vertical-align:top}
+p,li,figcaption{overflow-wrap:break-word}
 th{background:#f0f3f8}tr:nth-child(even) td{background:#fafbfd}
 caption{caption-side:top;text-align:left;font-style:italic;color:#5b6475;padding-bottom:4px}
 figure{margin:12px 0 20px}figure img{max-width:100%;border:1px solid #e3e6ec}

@@ -557,8 +557,9 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
         )
         sec.add(
             Paragraph(
-                f"Trials: {_count(reps, 'repetition')}{added}, engines and phases interleaved (A B B A ...); "
-                "co-resident engines: "
+                f"Trials: {_count(reps, 'repetition')}{added}"
+                + (", engines and phases interleaved (A B B A ...)" if len(run.engines) > 1 else "")
+                + "; co-resident engines: "
                 f"{'paused while another is measured' if isolate == 'pause' else 'left running, their CPU measured'}"
                 + (
                     f"; after an engine switch the next phase waited (at most {settle:g} s) until the engines "
@@ -1097,7 +1098,7 @@ def _compare(deltas: list[compare.Delta], how: str, baseline: Run | None, figs: 
     def val(metric: str, v: float | None) -> str:
         if v is None:
             return "n/a"
-        return f"{v:.1f}" if metric == "output_tokens" else f"{v * 1000:.1f} ms"
+        return f"{round(v, 1):g}" if metric == "output_tokens" else f"{v * 1000:.1f} ms"  # tokens: 48, not 48.0
 
     sec.add(
         Table(

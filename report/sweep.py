@@ -114,7 +114,7 @@ def knee_of(levels: list[SweepLevel]) -> tuple[int | None, str]:
     if knee is rated[-1]:
         return None, f"not saturated within the sweep: throughput still rising at concurrency {knee.concurrency}"
     return knee.concurrency, (
-        f"knee at concurrency {knee.concurrency}: {knee.tokens_per_s:.1f} tok/s, "
+        f"saturation knee at concurrency {knee.concurrency}: {knee.tokens_per_s:.1f} tok/s, "
         f"{knee.tokens_per_s / best:.0%} of the best {best:.1f} tok/s"
     )
 
