@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: replicas help install constraints test e2e lint up down status report bench peers dashboards webui compare tune quick plan check
+.PHONY: replicas help install constraints test e2e lint up down status report bench peers dashboards webui compare tune quick plan check screenshots
 
 help:
 	@echo "make up       bring the stack up (Compose if a Docker engine answers, else native; MODE=native|compose forces one) and run the comparison"
@@ -18,6 +18,7 @@ help:
 	@echo "make test     fast test suite;  make e2e: real-engine end-to-end suite"
 	@echo "make bench    proxy, exporter, load generator and report-at-scale benchmarks"
 	@echo "make peers    install servebench and AIPerf into their own venvs (the accuracy bench runs them beside servescope)"
+	@echo "make screenshots  the README's report images (docs/images/report-*.png) from the recorded runs, in headless Chromium"
 	@echo "make webui    Locust web UI on LOCUST_PORT (engine and scenario are chosen in the UI)"
 	@echo "make compare ENGINES='vllm=http://127.0.0.1:8009 llamacpp=http://127.0.0.1:8081'  the reference experiment on running engines"
 	@echo "make tune ENGINE=vllm|llamacpp  knee, turn the knob the binding resource names, restart, keep it if goodput rises (native stack up)"
@@ -123,6 +124,11 @@ check: install
 
 bench: install
 	$(BIN)/python -m bench
+
+# The README's report images: the first screen of a comparison, a quick and a knee report in headless Chromium, from
+# the run folders recorded under tests/fixtures/runs (FULL=DIR also writes each whole page there, to read it through).
+screenshots: install
+	$(BIN)/python -m bench.screenshots $(if $(FULL),--full $(FULL))
 
 # The other load testers the accuracy bench runs beside servescope's, each in its own venv under SERVESCOPE_CACHE.
 peers: install
