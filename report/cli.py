@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline = load.load(load.resolve(args.baseline, args.results or load.results_dir())) if args.baseline else None
         url = args.prometheus or default_prometheus_url()
         print(
-            f"report: run {run.run_id}: {run.request_count} requests, {len(run.phases)} phases; "
+            f"report: run {run.run_id}: {words.count(run.request_count, 'request')}, "
+            f"{words.count(len(run.phases), 'phase')}; "
             f"querying {printable.line(redact(url))} and drawing plots",
             file=sys.stderr,
         )

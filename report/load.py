@@ -232,7 +232,10 @@ def _distributed_warnings(manifest: dict[str, Any]) -> list[str]:
     unsent = distributed.get("unsent")
     for phase, count in unsent.items() if isinstance(unsent, dict) else ():
         if isinstance(count, int) and count > 0:
-            out.append(f"{phase}: {count} requests were never sent (a load generator worker was lost in it)")
+            sent = words.noun(count, "was", "were")
+            out.append(
+                f"{phase}: {words.count(count, 'request')} {sent} never sent (a load generator worker was lost in it)"
+            )
     dropped = distributed.get("dropped_messages")
     total = sum(n for n in dropped.values() if isinstance(n, int)) if isinstance(dropped, dict) else 0
     if total:
