@@ -3,6 +3,7 @@ bottom the workload kinds and loadgen/prompts.py's dispatcher both stand on."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -46,9 +47,11 @@ class PromptSet:
     name: str
     prompts: tuple[Prompt, ...]
 
-    @property
+    @functools.cached_property
     def sha256(self) -> str:
-        """Content hash: two runs used the same set exactly when this matches (ids don't count)."""
+        """Content hash: two runs used the same set exactly when this matches (ids don't count). Once per set: every
+        record carries it, and a set is frozen (hashing a dataset's or conversations' million words per request was
+        most of a request's own CPU)."""
         canonical = json.dumps(self.canonical(), ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -437,3 +437,13 @@ def test_a_fresh_set_without_a_seed_gets_one_of_its_run_and_every_other_set_is_l
         prompts.load("synthetic:64,seed=5").prompt(3, "x").text
         == prompts.load("synthetic:64,seed=5").prompt(3, "x").text
     )
+
+
+@pytest.mark.parametrize("spec", ["synthetic:16x64", "synthetic:32", "shared-prefix:3,20,2,5"])
+def test_a_sets_hash_is_taken_once_not_for_every_request_that_carries_it(monkeypatch, spec):
+    # Every record carries its set's hash: taken per request, a dataset's or conversations' million words were
+    # serialised and hashed again for each one (per-run work on the per-request path).
+    s = prompts.load(spec)
+    first = s.sha256
+    monkeypatch.setattr(type(s), "canonical", lambda self: pytest.fail("the set was hashed again"))
+    assert s.sha256 == first
