@@ -563,7 +563,7 @@ def summary_lines(s: dict[str, Any], slo_words: str) -> list[str]:
             f"note: {ps['name']} is a fixed set, sent again at every level: a prefix-caching engine may serve "
             f"repeats from its cache (--prompts synthetic:TOKENS sends a fresh prompt per request)"
         )
-    if s["status"] == "found" and s["unsettled"]:
+    if s["status"] == "found" and s.get("unsettled"):
         out.append(
             f"knee: {knee_answer.span(s)}; failed at {words.load(s['first_failing'], unit)} "
             f"({knee_answer.unsettled_words(s)})"
@@ -586,6 +586,6 @@ def summary_lines(s: dict[str, Any], slo_words: str) -> list[str]:
         out.append("note: a load above a failing one met the SLOs (feasibility not monotone: a noisy machine?)")
     if s["note"] and s["status"] not in binding.STOPPED.values():
         out.append(f"note: {s['note']}")
-    if s["unsettled"]:
+    if s.get("unsettled"):
         out.append(f"note: {knee_answer.unsettled_words(s)} (--knee-probes)")
     return out

@@ -1,4 +1,4 @@
-"""quick, the knee command and the report give one answer for one run folder (recorded quick runs on real vLLM-CPU).
+"""quick, the knee command and the report give one answer for one run folder (quick and knee runs recorded on real engines).
 
 `quick-vllm-unsettled` is the shape that once printed an unsettled boundary as a capacity: its probe budget ran out
 with 2 users held once (owed a repeat) and 4 users failing, so the answer is a range, the same in all three.
@@ -19,7 +19,13 @@ from servescope import knee_answer, slo
 from servescope.runfolder import RunFolder
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
-RECORDED = {"quick-vllm-settled": "3 users", "quick-vllm-unsettled": "1 to 3 users"}
+RECORDED = {
+    "quick-vllm-settled": "3 users",
+    "quick-vllm-unsettled": "1 to 3 users",
+    "quick-llamacpp": "1 user",
+    "knee-vllm": "2 users",  # a knee run on a busy host
+    "knee-vllm-cpu": "2 users",
+}
 
 
 def answers(folder: Path) -> dict[str, str]:
