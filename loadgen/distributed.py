@@ -80,7 +80,7 @@ from loadgen.scenarios import (
     Share,
     Work,
 )
-from servescope import children
+from servescope import children, words
 from servescope.runfolder import MAX_EPOCH_S, REQUEST_FIELDS, RequestRecord, check_fields, open_append
 
 PLAN = "servescope_plan"  # master -> worker (`--workers N` only): the run's plan and the probed engines
@@ -271,7 +271,7 @@ class Coordinator:
         dropped = self.guard.describe()
         if not dropped:
             return None
-        return f"load generator workers' port: {sum(dropped.values())} message(s) dropped (by reason in the manifest)"
+        return f"load generator workers' port: {words.count(sum(dropped.values()), 'message')} dropped (by reason in the manifest)"
 
     # -- phases --
     def prepare(self, phase: Phase) -> None:
@@ -591,8 +591,8 @@ class Coordinator:
             self.step.lost.append(worker.index)
         live = self.live()
         self.warn(
-            f"load generator worker {worker.index} lost ({why}): {lost} request(s) in flight recorded as failed "
-            f"(worker_lost); the run goes on with {len(live)} worker(s)"
+            f"load generator worker {worker.index} lost ({why}): {words.count(lost, 'request')} in flight recorded as failed "
+            f"(worker_lost); the run goes on with {words.count(len(live), 'worker')}"
         )
         if not live:
             self.run.abort("every load generator worker was lost")

@@ -48,6 +48,7 @@ from servescope import (
     sampler,
     slo,
     thresholds,
+    words,
 )
 from servescope.runfolder import KNEE, REQUESTS, SAMPLES, RunFolder
 from servescope.urls import redact, redact_address
@@ -208,7 +209,7 @@ def _main(settings: Settings, urls: list[str], ports: str, say: Progress) -> int
         if interrupted:
             left = len(servers) - n
             if left:
-                say(f"quick: interrupted: {left} engine(s) not measured")
+                say(f"quick: interrupted: {words.count(left, 'engine')} not measured")
             break
     if len(outcomes) > 1:
         print(

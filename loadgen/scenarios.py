@@ -19,6 +19,7 @@ from gevent.event import Event
 
 from loadgen.targets import Target
 from loadgen.workloads.base import Prompt, PromptSet
+from servescope import words
 from servescope.arrivals import Schedule
 from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
 
@@ -216,7 +217,7 @@ class Phase:
         ]
 
     def describe(self) -> str:
-        return f"{self.settings.target.instance} {self.title}: {self.users} user(s)"
+        return f"{self.settings.target.instance} {self.title}: {words.count(self.users, 'user')}"
 
 
 class SequentialPhase(Phase):

@@ -23,7 +23,7 @@ from gevent.event import Event
 from loadgen import client as llm
 from loadgen.scenarios import Phase, Settings
 from loadgen.targets import Target
-from servescope import energy, hostnoise
+from servescope import energy, hostnoise, words
 from servescope.runfolder import PhaseRecord
 from servescope.thresholds import NoiseRule, WarmupRule
 
@@ -202,7 +202,7 @@ def warm_up(
             if n >= minimum and rule.stable(latencies):
                 result["stable"] = True
                 say(
-                    f"warm-up {target.instance}: stable after {n} request(s), {result['seconds']:.1f}s (last "
+                    f"warm-up {target.instance}: stable after {words.count(n, 'request')}, {result['seconds']:.1f}s (last "
                     f"{rule.count}: {last} s, spread {spread:.0%} <= {rule.tolerance:.0%})"
                 )
                 return result

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from servescope import knobs, pidrecords
+from servescope import knobs, pidrecords, words
 from servescope.thresholds import NoiseRule
 
 PROC = Path("/proc")
@@ -545,11 +545,11 @@ def busy_notes(probes: list[dict[str, Any]]) -> list[str]:
     out = []
     if used:
         out.append(
-            f"note: {len(used)} measurement(s) taken on a busy host and concluded from (no quiet one of their level): "
+            f"note: {words.count(len(used), 'measurement')} taken on a busy host and concluded from (no quiet one of their level): "
             f"{used[0]['noisy'][0]}; the capacity is this host's as it ran"
         )
     if len(used) < len(noisy):
         out.append(
-            f"note: {len(noisy) - len(used)} measurement(s) on a busy host outweighed by a quiet one of the same level"
+            f"note: {words.count(len(noisy) - len(used), 'measurement')} on a busy host outweighed by a quiet one of the same level"
         )
     return out

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servescope import engines as kinds
-from servescope import knobs
+from servescope import knobs, words
 from servescope.engines import llamacpp as adapter
 from stack import llamacpp, model, paths, ports, supervisor
 from stack.errors import ServiceExited, StackError
@@ -141,7 +141,7 @@ class Replicas:
         self.router = Router(list(urls), self.router_port, self.policy, self.workdir / "nginx")
         router_url = self.router.__enter__()
         say(
-            f"{self.count} {kinds.LLAMACPP.title} replicas ({self.threads} thread(s), {self.slots} slot(s) each"
+            f"{self.count} {kinds.LLAMACPP.title} replicas ({words.count(self.threads, 'thread')}, {words.count(self.slots, 'slot')} each"
             f"{', pinned' if self.pin else ''}) at {', '.join(urls)}; nginx {self.policy} at {router_url}"
         )
         return Fleet(urls, router_url, exporter_config(self.kind, urls, self.workdir / "exporter.yml"))

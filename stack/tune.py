@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from report import stats
-from servescope import binding, engines, knobs, slo
+from servescope import binding, engines, knobs, slo, words
 from servescope.engines import base
 from servescope.runfolder import FOLDER_MODE, KNEE, MANIFEST, RunFolder, new_run_id, write_file
 from stack.errors import StackError
@@ -427,7 +427,7 @@ def settle_hint(delta: dict[str, Any], before: Evidence, after: Evidence, durati
     per_side = max(before.measurements, after.measurements)
     more = max(1, math.ceil(per_side * factor) - per_side)
     length = f" of {duration_s:g} s" if duration_s else ""
-    return f"about {more} more measurement(s){length} of each setting would settle a difference of {d:+.2f} good req/s"
+    return f"about {words.count(more, 'more measurement')}{length} of each setting would settle a difference of {d:+.2f} good req/s"
 
 
 def expectation(

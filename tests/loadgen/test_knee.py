@@ -302,7 +302,7 @@ def test_a_quiet_measurement_outweighs_a_noisy_one_of_the_same_level(tmp_path, m
     assert [p["trusted"] for p in result["probes"]] == [False, True]
     assert result["levels"] == [result["levels"][0]] and result["levels"][0]["measurements"] == 1
     assert result["levels"][0]["meets"]
-    assert "note: 1 measurement(s) on a busy host outweighed by a quiet one of the same level" in search.lines()
+    assert "note: 1 measurement on a busy host outweighed by a quiet one of the same level" in search.lines()
 
 
 def searched(tmp_path, monkeypatch, noisy: tuple[str, ...], **changes) -> tuple[list[float], dict, list[str]]:
@@ -345,7 +345,7 @@ def test_a_search_on_a_host_busy_throughout_concludes_from_its_noisy_measurement
     levels, result, lines = searched(tmp_path, monkeypatch, ("noisy: 1.0 cores used by hog",))
     assert levels == [1, 2, 4, 3, 3]  # the first failing level once more (a transient's?), then concluded from
     assert (result["status"], result["knee"], result["first_failing"]) == ("found", 2, 3)
-    assert any(line.startswith("note: 5 measurement(s) taken on a busy host and concluded from") for line in lines)
+    assert any(line.startswith("note: 5 measurements taken on a busy host and concluded from") for line in lines)
 
 
 def test_a_search_stopped_by_its_budget_says_how_many_measurements_would_settle_it(tmp_path, monkeypatch):

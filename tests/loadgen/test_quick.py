@@ -332,9 +332,9 @@ def test_measurements_on_a_busy_host_are_concluded_from_and_said():
     knee = {"status": "found", "knee": 1, "first_failing": 2, "levels": [], "probes": [noisy, outweighed]}
     block = quick_words.lines(outcome(knee))
     assert labelled(block, "Note")[:2] == [
-        "1 measurement(s) taken on a busy host and concluded from (no quiet one of their level): noisy: 1.0 cores "
+        "1 measurement taken on a busy host and concluded from (no quiet one of their level): noisy: 1.0 cores "
         "used by python other.py while measuring vllm; the capacity is this host's as it ran",
-        "1 measurement(s) on a busy host outweighed by a quiet one of the same level",
+        "1 measurement on a busy host outweighed by a quiet one of the same level",
     ]
     assert quick.probe_line(noisy, slo.resolve("ttft<=2", 0.9)).endswith(
         "holds on a busy host (noisy: 1.0 cores used by python other.py while measuring vllm)"

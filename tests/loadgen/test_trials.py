@@ -18,7 +18,7 @@ from loadgen import prompts, trials
 from loadgen.isolate import Isolation
 from loadgen.scenarios import BurstPhase, SequentialPhase, Settings
 from loadgen.targets import parse_engine
-from servescope import pidrecords
+from servescope import pidrecords, words
 from servescope.runfolder import RunFolder
 from servescope.thresholds import NoiseRule, WarmupRule
 from tests.conftest import free_port
@@ -150,7 +150,7 @@ def test_warm_up_goes_on_until_the_latencies_agree():
     assert all(x > 0.55 for x in result["latencies_s"][:2])
     last = result["latencies_s"][-3:]
     assert (max(last) - min(last)) / sorted(last)[1] <= 0.25
-    assert lines[-1].startswith(f"warm-up vllm: stable after {result['requests']} request(s)")
+    assert lines[-1].startswith(f"warm-up vllm: stable after {words.count(result['requests'], 'request')}")
 
 
 def test_warm_up_that_never_settles_is_bounded_and_says_so():
