@@ -65,7 +65,8 @@ def receive_stamp(
     stamp = kernel_time(ancillary)
     if stamp is None:
         return None
-    wall_less_clock = wall_time() - clock()
+    # Stamps come only where clock_gettime is (Linux): read here, not through wall_time(), on every socket read.
+    wall_less_clock = time.clock_gettime(time.CLOCK_REALTIME) - clock()
     relation = _relations.get(clock)
     if relation is None:
         relation = _relations[clock] = _Relation()
