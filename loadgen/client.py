@@ -214,6 +214,7 @@ READ_SIZE = 16 * 1024
 # The blocking select.select, also where Locust has monkey-patched it (looked up once, at import).
 _REAL_SELECT = gevent_monkey.get_original("select", "select")
 STAMP_MAX_AGE_S = 60.0  # a kernel stamp older than this when read is taken for a clock step, not a slow reader
+CAUGHT_UP_S = 1e-3  # a read this soon after its bytes arrived keeps up with its stream: the next one waits first
 DRAIN_S = 1.0  # after [DONE] / done:true, how long the end of the HTTP body may take before the connection is dropped
 # llhttp's feed, without HTTPResponse's wrapper around it (which only mends a HEAD response's body: never a POST's).
 _PARSER_FEED = HTTPResponseParser.feed
@@ -364,7 +365,7 @@ class _Readable:
     at 64 streams (bench/loadgen_accuracy.py). Where gevent's socket lacks the internals, reads go through it as
     before (`of` answers None)."""
 
-    __slots__ = ("_recvmsg", "hub", "watcher", "limit", "deadline", "waiting", "timer")
+    __slots__ = ("_recvmsg", "hub", "watcher", "limit", "deadline", "waiting", "timer", "ahead")
 
     def __init__(self, sock) -> None:
         self._recvmsg = sock._sock.recvmsg
@@ -374,6 +375,7 @@ class _Readable:
         self.deadline = 0.0
         self.waiting: greenlet | None = None  # the reader, while it waits
         self.timer = None
+        self.ahead = False  # the last read took all there was, and soon after it came: wait before the next one
 
     @classmethod
     def of(cls, sock) -> _Readable | None:
@@ -383,11 +385,25 @@ class _Readable:
             return None
 
     def recvmsg(self, bufsize: int, ancbufsize: int):
+        if self.ahead:
+            self.ahead = False
+            self.wait()
         while True:
             try:
                 return self._recvmsg(bufsize, ancbufsize)
             except BlockingIOError:
                 self.wait()
+
+    def read(self, clock: Callable[[], float]) -> tuple[bytes, float]:
+        """One read and its kernel stamp on `clock` (perf_counter)."""
+        data, ancillary, _flags, _addr = self.recvmsg(READ_SIZE, CMSG_SIZE)
+        now = clock()
+        stamp = _kernel_stamp(ancillary, now)
+        # A stream read as its bytes come (a token every few ms, read within CAUGHT_UP_S of its arrival): the next
+        # read would find nothing and pay an exception to learn it. Waiting first costs the stamps nothing (the
+        # kernel's); a reader behind its stream (more waiting, or arrived a while ago) reads at once, as before.
+        self.ahead = len(data) < READ_SIZE and now - stamp < CAUGHT_UP_S
+        return data, stamp
 
     def wait(self) -> None:
         """Until the socket is readable; TimeoutError once the network timeout passed with nothing read."""
@@ -455,8 +471,7 @@ class _GeventResponse:
                     raise EOFError("connection closed mid-stream")
                 try:
                     if readable is not None:
-                        data, ancillary, _flags, _addr = readable.recvmsg(READ_SIZE, CMSG_SIZE)
-                        stamp = _kernel_stamp(ancillary, clock())
+                        data, stamp = readable.read(clock)
                     elif kernel:
                         data, ancillary, _flags, _addr = sock.recvmsg(READ_SIZE, CMSG_SIZE)
                         stamp = _kernel_stamp(ancillary, clock())

@@ -257,6 +257,46 @@ def test_a_stream_is_read_off_the_socket_below_gevents_wrapper_where_gevent_has_
         readable.close()
 
 
+# Five chunks 200 ms apart: the first read tries at once and finds nothing (one failed try, then the chunk); a reader
+# keeping up then waits before each read (one try per chunk), one behind its stream tries first each time (two).
+@pytest.mark.parametrize(("caught_up_s", "tries"), [(60.0, 1 + 5), (0.0, 2 * 5)])
+def test_a_reader_keeping_up_with_its_stream_waits_before_reading_instead_of_failing_a_read(
+    monkeypatch, caught_up_s, tries
+):
+    # Read as its bytes come, the next read would find nothing: it waits for them first (one try per chunk). A
+    # reader behind its stream (here: every reader, with CAUGHT_UP_S 0) reads at once, and finds nothing yet.
+    import gevent
+    from gevent import socket as gevent_socket
+
+    monkeypatch.setattr(llm, "CAUGHT_UP_S", caught_up_s)
+    chunks = [b"data: %d\n\n" % i for i in range(5)]
+    with gevent_socket.create_server(("127.0.0.1", 0)) as listener:
+        reader = gevent_socket.create_connection(listener.getsockname())
+        writer, _ = listener.accept()
+        with reader, writer:
+
+            def send() -> None:
+                for chunk in chunks:
+                    gevent.sleep(0.2)
+                    writer.sendall(chunk)
+
+            sender = gevent.spawn(send)
+            readable = llm._Readable(reader)
+            made = []
+            real = readable._recvmsg
+
+            def counted(*args):
+                made.append(1)
+                return real(*args)
+
+            readable._recvmsg = counted
+            got = [readable.read(time.perf_counter)[0] for _ in chunks]
+            sender.join()
+            readable.close()
+    assert got == chunks
+    assert len(made) == tries
+
+
 def test_a_geventhttpclient_without_an_internal_is_named_in_one_line(monkeypatch):
     from geventhttpclient.connectionpool import ConnectionPool
 
