@@ -47,6 +47,7 @@ class Measurement:
     prefill: float | None  # the same for prefill: the engine's own timing where it times each request, else TTFT
     slowdown: float | None = None  # hostnoise.slowdown_bound: the most other programs' CPU could have stretched it
     load1: float | None = None  # the load average as it ended
+    busy: bool = False  # the knee's noise rule (hostnoise.flags) found other programs taking the CPU meanwhile
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,16 @@ class Spread:
             host.append(f"others' CPU could have stretched them up to x{max(slow):.2f}")
         if loads:
             host.append(f"load average {min(loads):.1f}-{max(loads):.1f}")
-        return text + (f"; host beside them: {', '.join(host)}" if host else "; host noise not recorded")
+        text += f"; host beside them: {', '.join(host)}" if host else "; host noise not recorded"
+        busy = sum(m.busy for m in self.measurements)
+        if busy:
+            # A spread measured while other work came and went is that work's: it bounds neither a quieter host nor a
+            # busier one, so the band is no promise there.
+            text += (
+                f"; {busy} of {len(self.measurements)} measured on a busy host (the knee's noise rule): the band holds "
+                "only while the host stays as busy"
+            )
+        return text
 
     def to_json(self) -> dict:
         return {
@@ -151,6 +161,7 @@ def measurements(level: float, phases: Sequence[tuple[str, list[RequestRecord], 
                 prefill / prefill_all if prefill is not None and prefill_all else None,
                 hostnoise.slowdown_bound(noise),
                 float(load1) if isinstance(load1, (int, float)) and math.isfinite(load1) else None,
+                bool(hostnoise.flags(noise, "the engine")),
             )
         )
     return out if len(out) >= 2 else []

@@ -103,6 +103,14 @@ def test_the_spread_is_each_repeated_measurements_speed_against_its_level_pooled
     assert spread.slow.ttft == pytest.approx(np.percentile([0.12 / 0.132, 0.144 / 0.132, 1, 1], 90))
     text = spread.describe()
     assert "4 measurements of 2 level(s)" in text and "load average 1.2-3.5" in text and "up to x1.33" in text
+    # 0.5 cores taken by others is under the noise rule's threshold: the spread is not said to be a busy host's
+    assert "busy host" not in text
+
+
+def test_a_spread_measured_on_a_busy_host_says_the_band_holds_only_while_it_stays_busy(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOISE_FOREIGN_CPU_CORES", "0.4")  # the knee's rule: 0.5 cores taken by others is busy
+    text = plan.profile_of(varying_knee(tmp_path)).speed.describe()
+    assert "4 of 4 measured on a busy host (the knee's noise rule): the band holds only while the host stays" in text
 
 
 def test_the_engines_own_prefill_timing_sets_the_prefill_spread_where_it_times_each_request(tmp_path):
