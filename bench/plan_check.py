@@ -25,7 +25,7 @@ import requests
 
 from report import load, plan, speed, traffic, workloads
 from report.replicas import Arrival, Sharing
-from servescope import slo
+from servescope import cpu_priority, slo
 from stack.errors import StackError
 from stack.replicas import Replicas
 from stack.router import Router
@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return check(argv)
-    except (StackError, RuntimeError, plan.PlanError) as exc:  # no nginx, a replica or a run that failed: one line
+    # no nginx, a replica or a run that failed, CPU_PRIORITY=on where it cannot be applied: one line
+    except (StackError, RuntimeError, plan.PlanError, cpu_priority.Refused) as exc:
         print(f"plan_check: {exc}")
         return 1
 
@@ -365,6 +366,10 @@ def check(argv: list[str] | None) -> int:
         f"{{{args.policies}}}; {spec.describe()}; Poisson traffic, {args.duration:g} s per level; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
+    # The busy-host protection (CPU_PRIORITY, servescope/cpu_priority.py): this process in the weighted group before
+    # anything starts, so the replicas, nginx and every load generator run it starts inherit it. On a host other work
+    # keeps busy, a replica's speed otherwise follows that work, and no knee measured before a row can predict it.
+    print(cpu_priority.apply([os.getpid()]).describe())
     with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp, contextlib.ExitStack() as fleet:
         results = args.keep or Path(tmp)
         if args.start:
