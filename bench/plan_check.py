@@ -369,7 +369,13 @@ def check(argv: list[str] | None) -> int:
     # The busy-host protection (CPU_PRIORITY, servescope/cpu_priority.py): this process in the weighted group before
     # anything starts, so the replicas, nginx and every load generator run it starts inherit it. On a host other work
     # keeps busy, a replica's speed otherwise follows that work, and no knee measured before a row can predict it.
-    print(cpu_priority.apply([os.getpid()]).describe())
+    priority = cpu_priority.apply([os.getpid()])
+    print(
+        f"CPU priority: this check and all it starts (replicas, nginx, load generator runs) in {priority.path} at "
+        f"{priority.controller} {priority.weight} ({priority.multiple:g}x a default group)"
+        if priority.applied
+        else priority.describe()
+    )
     with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp, contextlib.ExitStack() as fleet:
         results = args.keep or Path(tmp)
         if args.start:
