@@ -43,6 +43,7 @@ from servescope import (
     command_name,
     engine_identity,
     engines,
+    folder_writes,
     knobs,
     printable,
     sampler,
@@ -466,7 +467,7 @@ def _run_knee(
     )
     interrupted = False
     stopping: children.Stopping | None = None
-    with open(log, "w") as out:
+    with folder_writes.open_append(log) as out:  # never through a link put at its name
         proc = subprocess.Popen(cmd, cwd=knobs.REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         try:
             watcher = Watcher(folder, server.kind, settings.spec, say)
@@ -625,6 +626,6 @@ def _answer(outcome: quick_words.Outcome) -> None:
     print("\n" + text + "\n", flush=True)
     if outcome.folder is not None:
         try:
-            (outcome.folder / "quick.txt").write_text(text + "\n")
+            folder_writes.write_file(outcome.folder / "quick.txt", text + "\n")
         except OSError:
             pass  # the answer is on the terminal; a folder that refuses it keeps the knee's own files
