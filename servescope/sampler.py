@@ -18,6 +18,7 @@ Load generator and benchmarks use it the same way::
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -111,10 +112,14 @@ def engine_values(samples: Samples) -> dict[tuple[str, str], dict[str, float] | 
 def _instance_key(labels: dict[str, str]) -> tuple[str, str]:
     """(engine, instance) as the run's records keep them: printable, no longer than the exporter's own labels (a
     source's labels are another service's text: its engine and instance names go into every record)."""
-    return (
-        printable.line(labels.get("engine", ""), limit=MAX_LABEL_CHARS),
-        printable.line(labels.get("instance", ""), limit=MAX_LABEL_CHARS),
-    )
+    return _shown_instance(labels.get("engine", ""), labels.get("instance", ""))
+
+
+@functools.lru_cache(maxsize=1024)
+def _shown_instance(engine: str, instance: str) -> tuple[str, str]:
+    """Made printable once per name: every read sees the same few instances on every series (a read's cost stays
+    the parse of its lines, not two rounds of printable.line per sample); bounded against a source inventing names."""
+    return printable.line(engine, limit=MAX_LABEL_CHARS), printable.line(instance, limit=MAX_LABEL_CHARS)
 
 
 def default_source() -> str:
