@@ -1,6 +1,7 @@
 """`python -m loadgen`: see loadgen/cli.py (and loadgen/quick.py for `quick`, which starts no Locust of its own)."""
 
 import gc
+import os
 import sys
 
 if sys.argv[1:2] == ["quick"]:
@@ -13,6 +14,10 @@ if sys.argv[1:2] == ["quick"]:
 # collection while it is built, and frozen after, so no later one walks it again (a collection's pause inside a run
 # grows with the objects it walks; the imports' own collections were a tenth of a short run's CPU).
 gc.disable()
+# numpy (the end-of-run summary reads the folder with it) starts OpenBLAS's thread pool, one thread per core that
+# spins after each call: a tenth of a short run's CPU, taken from the engine beside it. The load generator does no
+# linear algebra worth a second thread; a value the user set stands.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from loadgen import startup  # noqa: E402 - imports nothing of gevent's or Locust's
 
 startup.without_the_web_ui()

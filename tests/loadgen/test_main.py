@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from tests.harness import run_python
 
 
@@ -18,3 +20,21 @@ def test_the_entry_freezes_what_its_imports_built_and_leaves_collection_on():
     frozen, enabled = out.stdout.split()
     assert int(frozen) > 10_000  # Locust's and gevent's objects among them
     assert enabled == "True"
+
+
+def test_the_entry_keeps_numpys_blas_to_one_thread_unless_the_user_chose():
+    # OpenBLAS starts a spinning thread per core when numpy loads (the summary's reader needs numpy): on a 2-core host
+    # beside an engine that was a tenth of a short run's CPU, for no linear algebra.
+    probe = (
+        "import os, runpy, sys\n"
+        "import loadgen.cli\n"
+        "loadgen.cli.main = lambda: print(os.environ.get('OPENBLAS_NUM_THREADS')) or 0\n"
+        "sys.argv = ['loadgen', 'burst']\n"
+        "runpy.run_module('loadgen', run_name='__main__')\n"
+    )
+    env_without = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = run_python("-c", probe, timeout=60, env=env_without)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1"]
+    chosen = run_python("-c", probe, timeout=60, env={**env_without, "OPENBLAS_NUM_THREADS": "4"})
+    assert chosen.stdout.split() == ["4"]

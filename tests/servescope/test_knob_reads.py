@@ -11,6 +11,7 @@ PACKAGES = ("servescope", "loadgen", "report", "exporter", "stack", "bench", "da
 # Environment that is not a servescope knob: other programs' own variables, passed through as they are.
 NOT_KNOBS = {
     "CMAKE_ARGS": "llama.cpp's build reads it; the stack adds to what the user set",
+    "OPENBLAS_NUM_THREADS": "OpenBLAS's own; the load generator sets 1 where the user set nothing (loadgen/__main__.py)",
     "PIP_FIND_LINKS": "pip's own; the vLLM venv build keeps the user's wheel mirrors",
     "PYTHONPATH": "Python's own; the painter process inherits the caller's import path",
 }
