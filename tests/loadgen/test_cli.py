@@ -275,7 +275,7 @@ def test_sigterm_keeps_a_complete_run_folder_and_metrics_are_scraped_while_runni
                 assert time.monotonic() < deadline, "the third request did not start streaming within 30 s"
                 time.sleep(0.01)
             proc.send_signal(signal.SIGTERM)
-            stdout, stderr = proc.communicate(timeout=30)
+            stdout, stderr = proc.communicate(timeout=120)
     assert 'servescope_client_ttft_seconds_bucket{engine="vllm",le="0.1",scenario="sequential"}' in exposition
     assert 'servescope_client_requests_total{engine="vllm",outcome="ok",scenario="sequential"}' in exposition
     assert 'servescope_client_users{engine="vllm",scenario="sequential"} 1.0' in exposition
@@ -387,7 +387,7 @@ def test_sweep_ramp_and_rate_phases(server, tmp_path):
     ],
 )
 def test_bad_input_is_one_line_without_traceback(tmp_path, args, message):
-    proc = loadgen(*args, "--results", str(tmp_path), "--metrics-port", "0", timeout=30)
+    proc = loadgen(*args, "--results", str(tmp_path), "--metrics-port", "0", timeout=120)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -435,7 +435,7 @@ def test_a_run_id_never_writes_outside_the_results_folder(tmp_path, run_id):
     if run_id.startswith("/abs"):
         run_id = str(tmp_path / "absolute")  # an absolute path this test may look at
     proc = loadgen(
-        "burst", "--engine", "vllm=http://127.0.0.1:9", "--results", str(results), f"--run-id={run_id}", timeout=30
+        "burst", "--engine", "vllm=http://127.0.0.1:9", "--results", str(results), f"--run-id={run_id}", timeout=120
     )
     assert proc.returncode == 2 and "argument --run-id:" in proc.stderr and "not a path" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -489,7 +489,7 @@ def test_a_user_that_fails_unexpectedly_stops_the_run_with_one_line_not_a_loop(s
     proc = run_python(
         *["-c", script, "burst", "--engine", f"vllm={server.url}", "--http-client", "broken"],
         *["--warmup", "0", "--results", str(tmp_path), "--run-id", "broken", "--metrics-port", "0"],
-        timeout=30,
+        timeout=120,
         env=WITHOUT_SAMPLER,
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
