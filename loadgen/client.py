@@ -29,7 +29,7 @@ import json
 import socket
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -651,13 +651,16 @@ def stream_chat(
     return m
 
 
-def _stamped_lines(response: StreamResponse, clock) -> Iterator[tuple[float, list[bytes]]]:
+def _stamped_lines(response: StreamResponse, clock) -> Iterator[tuple[float, Sequence[bytes]]]:
     """The lines each read completed, with its stamp; a last line without a newline too (one resumption per read,
     not per line: an SSE event is two lines)."""
     pending = b""
     for stamp, block in response.blocks(clock):
         if pending:
             block = pending + block
+        elif block.find(b"\n") == len(block) - 2 and block.endswith(b"\n\n"):
+            yield stamp, (block[:-2],)  # one SSE event and its blank line, as a stream's read mostly is
+            continue
         lines = block.split(b"\n")
         pending = lines.pop()
         if lines:

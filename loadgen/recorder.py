@@ -59,6 +59,8 @@ class Recorder:
             self.metrics.observe(record)
         if record.ok and record.output_tokens:
             self.tokens[(record.instance, record.phase)] += record.output_tokens
+        if self.out is None:
+            return  # --quiet: no line, none made
         ttft = f"{record.ttft_s:.3f}s" if record.ttft_s is not None else "-"
         e2e = f"{record.e2e_s:.3f}s" if record.e2e_s is not None else "-"
         status = "ok" if record.ok else f"FAILED ({record.error})"

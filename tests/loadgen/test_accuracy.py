@@ -207,3 +207,65 @@ def test_chunk_parser_rejects_what_json_loads_rejects_as_a_malformed_chunk(data)
     else:
         with pytest.raises(llm.StreamError, match="^malformed chunk after 3 content chunks"):
             llm._json_object(data, 3)
+
+
+def _sse_event(delta: dict | None = None, **extra) -> bytes:
+    body = {"choices": [{"index": 0, "delta": delta}] if delta is not None else [], **extra}
+    return b"data: " + json.dumps(body).encode()
+
+
+SSE_EVENTS = st.lists(
+    st.one_of(
+        st.sampled_from([{"role": "assistant", "content": ""}, {"content": "a"}, {"content": "b c"}, {}]).map(
+            _sse_event
+        ),
+        st.just(_sse_event(usage={"completion_tokens": 3, "prompt_tokens": 2})),
+        st.sampled_from([b": keep-alive", b"event: message", b"data:" + json.dumps({"choices": []}).encode()]),
+    ),
+    max_size=8,
+)
+
+
+class _Blocks:
+    """A response whose body arrives in the given reads, the i-th stamped i."""
+
+    def __init__(self, reads: list[bytes]):
+        self.reads = reads
+
+    def blocks(self, clock):
+        yield from enumerate(self.reads)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(SSE_EVENTS, st.sampled_from([b"\n\n", b"\r\n\r\n", b"\n"]), st.data())
+def test_a_stream_cut_into_any_reads_is_measured_as_its_events_say(events, separator, data):
+    # One event per read (a stream read as it comes: the readers' shortcut), several per read, events cut mid-line:
+    # the same chunks counted, each stamped by the read that completed its line, the same end.
+    body = b"".join(event + separator for event in [*events, b"data: [DONE]"])
+    if data.draw(st.booleans()):  # a read per event, as a stream read as it comes arrives
+        reads = [event + separator for event in [*events, b"data: [DONE]"]]
+    else:
+        cuts = sorted(data.draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=6, unique=True)))
+        reads = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True) if body[a:b]]
+    whole, parts = llm.Measurement(0.0, 0.0), llm.Measurement(0.0, 0.0)
+    llm._read_sse(_Blocks([body]), whole, None, lambda: -1.0)
+    llm._read_sse(_Blocks(reads), parts, None, lambda: -1.0)
+    assert whole.finished and parts.finished
+    assert (
+        len(parts.content_times)
+        == len(whole.content_times)
+        == sum(b'"content": "' in e and b'""' not in e for e in events)
+    )
+    assert parts.usage_tokens == whole.usage_tokens
+    # Each chunk's stamp: the read in which its line ended.
+    ends, offset = [], 0
+    for index, read in enumerate(reads):
+        offset += len(read)
+        ends.append((offset, index))
+    expected, position = [], 0
+    for event in events:
+        position += len(event) + len(separator)
+        if b'"content": "' in event and b'""' not in event:
+            line_end = position - len(separator) + separator.index(b"\n") + 1  # its line ends at the first newline
+            expected.append(next(index for end, index in ends if end >= line_end))
+    assert parts.content_times == expected
