@@ -331,6 +331,15 @@ def send_delays(
     return send, receive, receive_end
 
 
+def first_token_lateness(records: list[dict], server_url: str, prompts: str = PROMPTS) -> list[float]:
+    """How late the server wrote each request's first content chunk, by its own stamps (ms past arrival + TTFT_S):
+    the part of a TTFT error against the configured truth that no client can help."""
+    return [
+        (stream["writes"][0] - stream["t_arrival"] - TTFT_S) * 1000
+        for _record, stream in paired_streams(records, server_url, prompts)
+    ]
+
+
 def send_delay_line(delays: tuple[list[float], list[float], list[float]], window: Window) -> str:
     """The send delay distribution of one run, its halves' medians (a step inside the run shows as two medians), the
     receive side's p99 (against the server's write start and end), and the client's CPU inside the traffic window."""
@@ -700,7 +709,12 @@ def _level(
                 ),
                 flush=True,
             )
-            print(f"{send_delay_line(delays, window)} (repetition {repetition}, load {os.getloadavg()[0]:.2f})")
+            late = first_token_lateness(ok, server.url)
+            print(
+                f"{send_delay_line(delays, window)}; the server's own first-token lateness "
+                f"p50 {percentile(late, 0.5):.3f} p99 {percentile(late, 0.99):.3f} ms "
+                f"(repetition {repetition}, load {os.getloadavg()[0]:.2f})"
+            )
             goals = goal_line(concurrency, vs_server, delays)
             if goals:
                 print(goals, flush=True)
