@@ -156,6 +156,9 @@ def test_make_tune_with_an_engine_it_cannot_tune_is_a_usage_error(tmp_path):
     assert proc.returncode == 2 and "unrecognized arguments: --duration 3" in proc.stderr
 
 
+# Serial: in the parallel pass on a loaded host it read False three times in one day (passing alone every time, with a
+# real stack up too); the read of a just-started process's command line and environment is what a busy CPU delays.
+@pytest.mark.serial
 def test_tune_knows_whether_the_running_engine_has_the_knobs_values(tmp_path, monkeypatch):
     """The native stack's engine is restarted at the start only when its command line (vLLM: its KV space in its
     environment) differs from the knobs: a real supervised process stands in for vLLM here."""
