@@ -1,5 +1,5 @@
 # servescope: `make up` brings the stack up and runs the sequential-vs-burst experiment; `make test` runs the fast suite.
-# Knob defaults live in servescope/knob_defaults.py; .env.example is generated from it (override in .env or
+# Knob defaults live in servescope/contracts/knob_defaults.py; .env.example is generated from it (override in .env or
 # the environment); Python reads them, not make.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -35,7 +35,7 @@ help:
 # install leaves that to the first import, which never writes it where PYTHONDONTWRITEBYTECODE is set, so every
 # report, test and load run would compile them again.
 install: $(STAMP)
-	@$(BIN)/python -m compileall -q bench exporter loadgen report servescope stack
+	@$(BIN)/python -m compileall -q bench dashboards exporter loadgen servescope
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -54,7 +54,7 @@ constraints: install
 # fails the target. pytest exits 5 when it collects nothing: that is a failure of the suite, not a pass.
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m stack provision --for test
+	$(BIN)/python -m servescope.stack provision --for test
 	status=0; \
 	$(BIN)/python -m pytest -q -m "not e2e and not long and not serial" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 		|| status=$$?; \
@@ -64,7 +64,7 @@ test: install
 # The real-engine suites: the native stack (vLLM-CPU, llama.cpp) and the Compose stack under a Docker engine; and
 # the long loops on doubles (`long`: the tune loop, a hog through a compare), alone, as the serial tests are.
 e2e: install
-	$(BIN)/python -m stack provision --for test
+	$(BIN)/python -m servescope.stack provision --for test
 	status=0; \
 	$(BIN)/python -m pytest -q -m "long and not e2e" -p no:cacheprovider || status=$$?; \
 	$(BIN)/python -m pytest -q -m e2e -p no:cacheprovider --timeout 5400 || status=$$?; \
@@ -103,7 +103,7 @@ quick: install
 compare: install
 	$(BIN)/servescope compare $(foreach e,$(ENGINES),--engine $(e))
 
-# `make plan`: the knee runs (ids under SERVESCOPE_RESULTS or paths) and a trace (loadgen/prompts/ or a file); other
+# `make plan`: the knee runs (ids under SERVESCOPE_RESULTS or paths) and a trace (servescope/workloads/prompts/ or a file); other
 # traffic (--poisson, --rate, --prometheus-query) through `servescope plan` itself.
 # Empty: the PLAN_TRACE / PLAN_SPEED knobs say the traffic.
 TRACE ?=
@@ -138,6 +138,6 @@ peers: install
 # test checks they are fresh).
 dashboards: install
 	$(BIN)/servescope dashboards
-	$(BIN)/python -m servescope.prometheus_config --write
-	$(BIN)/python -m servescope.lever_rules --write
-	$(BIN)/python -m servescope.knob_table --write
+	$(BIN)/python -m servescope.prometheus.prometheus_config --write
+	$(BIN)/python -m servescope.prometheus.lever_rules --write
+	$(BIN)/python -m servescope.contracts.knob_table --write

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from servescope import probe
+from servescope.host import probe
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -86,7 +86,7 @@ def compare(urls: dict[str, str], hog: str, results: Path) -> None:
         )
     print(f"compare, hog {hog}, CPU_PRIORITY={os.environ.get('CPU_PRIORITY', 'auto')}: exit {rc}, {wall / 60:.1f} min")
     run(
-        [PYTHON, "-m", "report", "--run", str(results / run_id)],
+        [PYTHON, "-m", "servescope.report", "--run", str(results / run_id)],
         results / f"{run_id}.report.log",
     )
     try:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from servescope import cpu_priority
+from servescope.host import cpu_priority
 
 REPO = Path(__file__).resolve().parent.parent
 GROUP = "servescope-bench"

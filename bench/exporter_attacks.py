@@ -22,7 +22,7 @@ import requests
 
 from bench.processes import python_module
 from bench.proxy_overhead import free_port, wait_ready
-from servescope.children import stop
+from servescope.host.children import stop
 
 BUDGET_S = 3.0  # the exporter's default per-engine timeout
 GOAL_SCRAPE_S = BUDGET_S + 0.5

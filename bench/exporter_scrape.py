@@ -14,7 +14,7 @@ import requests
 
 from bench.processes import REPO, python_module
 from bench.proxy_overhead import free_port, percentile, wait_ready
-from servescope.children import stop
+from servescope.host.children import stop
 
 GOAL_P99_MS = 50.0
 GOAL_RSS_MB = 80.0

@@ -1,4 +1,4 @@
-"""The report on a run against a fleet: wall time and peak memory of `python -m report` on a generated run whose load
+"""The report on a run against a fleet: wall time and peak memory of `python -m servescope.report` on a generated run whose load
 went to N instances, read by the run's own sampler every 100 ms, in both shapes a fleet takes in a run (N instances
 behind one router target; N targets of one kind). The goal, GOAL_S, is at 100 instances."""
 
@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 from bench import report_scale
-from servescope import series
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, SampleRecord, append_samples
+from servescope.contracts import series
+from servescope.contracts.runfolder import PhaseRecord, RequestRecord, RunFolder, SampleRecord, append_samples
 
 GOAL_S = 10.0  # at GOAL_INSTANCES, either shape
 GOAL_INSTANCES = 100

@@ -16,7 +16,7 @@ import requests
 
 from bench.processes import REPO, python_module
 from bench.proxy_overhead import free_port, percentile, wait_ready
-from servescope.children import stop
+from servescope.host.children import stop
 
 GOAL_RULE_EVAL_S = 1.0  # every rule group evaluated well inside its 5 s interval
 GOAL_EXPORTER_SCRAPE_S = 5.0  # the exporter's own scrape at 1,000 engines, where it is still used
@@ -40,8 +40,9 @@ def shown(value: float | None, digits: int = 4) -> str:
 
 def start_prometheus(workdir: Path, fleet_port: int, targets: int, rules: str) -> tuple[subprocess.Popen, str]:
     """Debian's Prometheus on an ephemeral port, its data in workdir, the fleet found through a target file."""
-    from servescope import fleet_rules, metrics_mode
-    from servescope import prometheus_config as pc
+    from servescope.contracts import metrics_mode
+    from servescope.prometheus import fleet_rules
+    from servescope.prometheus import prometheus_config as pc
 
     listen = f"127.0.0.1:{free_port()}"
     files = workdir / "vllm-fleet.json"

@@ -18,8 +18,8 @@ import psutil
 import requests
 
 from bench import peers, requests_transport
-from loadgen import prompts as prompt_sets
-from servescope import knobs
+from servescope.contracts import knobs
+from servescope.workloads import prompts as prompt_sets
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import statistics
 import sys
 
 from bench.loadgen_accuracy import Window, loadgen_burst, vllm_available, vllm_bench
-from servescope import knobs
+from servescope.contracts import knobs
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 

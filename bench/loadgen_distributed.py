@@ -28,8 +28,8 @@ from bench.loadgen_accuracy import (
     vllm_available,
     vllm_bench,
 )
-from servescope import knobs
-from servescope.runfolder import RunFolder
+from servescope.contracts import knobs
+from servescope.contracts.runfolder import RunFolder
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 # The accuracy server's timing. The truth is its own stamps (a write's, as it starts): a token every 50 ms to 1,024

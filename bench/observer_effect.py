@@ -9,8 +9,8 @@ noise (the spread of the differences within pairs). Goal: the difference within 
 below 1%.
 
 Engines: those answering at VLLM_URL / LLAMACPP_URL (or their ports); when none answers but the
-native stack's cache (~/.cache/servescope) holds them, `python -m stack up --mode native
---no-compare` brings them up and `python -m stack down` stops them after. `--synthetic` runs the
+native stack's cache (~/.cache/servescope) holds them, `python -m servescope.stack up --mode native
+--no-compare` brings them up and `python -m servescope.stack down` stops them after. `--synthetic` runs the
 same harness against tests/doubles/synthetic_openai.py instead (proves the harness, says nothing
 about real engines).
 """
@@ -29,8 +29,11 @@ from pathlib import Path
 import psutil
 
 from bench.proxy_overhead import free_port, wait_ready
-from servescope import children, engines, knobs, probe, prometheus_config
-from servescope.runfolder import RunFolder, read_samples
+from servescope import engines
+from servescope.contracts import knobs
+from servescope.contracts.runfolder import RunFolder, read_samples
+from servescope.host import children, probe
+from servescope.prometheus import prometheus_config
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -220,10 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     started_stack = False
     if not any(found.values()) and cached():
         print(
-            "no engine answering; starting them from ~/.cache/servescope: python -m stack up --mode native --no-compare",
+            "no engine answering; starting them from ~/.cache/servescope: python -m servescope.stack up --mode native --no-compare",
             flush=True,
         )
-        up = subprocess.run([sys.executable, "-m", "stack", "up", "--mode", "native", "--no-compare"], cwd=REPO)
+        up = subprocess.run(
+            [sys.executable, "-m", "servescope.stack", "up", "--mode", "native", "--no-compare"], cwd=REPO
+        )
         started_stack = True
         found = {kind: answering(kind) for kind in ("vllm", "llamacpp")} if up.returncode == 0 else found
     try:
@@ -244,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         summarise(results, args)
     finally:
         if started_stack:
-            subprocess.run([sys.executable, "-m", "stack", "down", "--mode", "native"], cwd=REPO)
+            subprocess.run([sys.executable, "-m", "servescope.stack", "down", "--mode", "native"], cwd=REPO)
     return 0
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from servescope import knobs
+from servescope.contracts import knobs
 
 CACHE = knobs.path("SERVESCOPE_CACHE")
 TOKENIZER = CACHE / "models" / "smollm2-135m-instruct-f32"  # the bench's model's tokenizer, local (no hub here)

@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from report import load, plan, speed, traffic, workloads
-from report.replicas import Arrival, Sharing
-from servescope import cpu_priority, slo
-from stack.errors import StackError
-from stack.replicas import Replicas
-from stack.router import Router
+from servescope.host import cpu_priority
+from servescope.judgements import slo
+from servescope.report import load, plan, speed, traffic, workloads
+from servescope.report.replicas import Arrival, Sharing
+from servescope.stack.errors import StackError
+from servescope.stack.replicas import Replicas
+from servescope.stack.router import Router
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -333,7 +334,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--start",
         default="",
-        help="start --replicas real replicas of this engine (stack/replicas.py: llamacpp), each pinned to its cores",
+        help="start --replicas real replicas of this engine (servescope/stack/replicas.py: llamacpp), each pinned to its cores",
     )
     p.add_argument("--threads", type=int, default=1, help="--start: threads per replica")
     p.add_argument("--kind", default="vllm", help="the replicas' engine kind (the load generator's --engine)")
@@ -363,7 +364,7 @@ def check(argv: list[str] | None) -> int:
         f"{{{args.policies}}}; {spec.describe()}; Poisson traffic, {args.duration:g} s per level; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
-    # The busy-host protection (CPU_PRIORITY, servescope/cpu_priority.py): this process in the weighted group before
+    # The busy-host protection (CPU_PRIORITY, servescope/host/cpu_priority.py): this process in the weighted group before
     # anything starts, so the replicas, nginx and every load generator run it starts inherit it. On a host other work
     # keeps busy, a replica's speed otherwise follows that work, and no knee measured before a row can predict it.
     priority = cpu_priority.apply([os.getpid()])

@@ -1,4 +1,4 @@
-"""`report plan` at a fleet's traffic: wall time and peak memory of `python -m report plan KNEE --rate 2000 --duration
+"""`report plan` at a fleet's traffic: wall time and peak memory of `python -m servescope.report plan KNEE --rate 2000 --duration
 1000` (2,000,000 arrivals, the loader's own maximum) on a real knee folder, against the goal of issue 42: at most 60 s
 and 1 GB on this 2-core machine.
 
@@ -7,7 +7,7 @@ VM), copied to a scratch folder. One replica of it serves about 0.2 requests a s
 PLAN_MAX_REPLICAS (64) and answers "more than 64": the most counts a default plan simulates. The first run compiles
 the model's event loop into an empty numba cache (what a fresh checkout pays once); the runs after it load it.
 
-A plan that finds its count also runs the knee's speed spread (report/speed.py) near it: the slow edge from that count
+A plan that finds its count also runs the knee's speed spread (servescope/report/speed.py) near it: the slow edge from that count
 up, the fast edge at the answer. The same knee made FASTER times faster (its records' latencies and the SLOs scaled
 alike: the same queueing at 2000 req/s as the real knee at 2000 / FASTER) answers within the search, so it times that
 too, and once with PLAN_SLOWER=0 (the knee's speed alone) to say what the spread costs."""
@@ -54,7 +54,7 @@ def one(
     started = time.monotonic()
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         child = subprocess.Popen(
-            [sys.executable, "-m", "report", "plan", str(knee), *args, "--out", str(out)],
+            [sys.executable, "-m", "servescope.report", "plan", str(knee), *args, "--out", str(out)],
             cwd=REPO,
             env={**os.environ, "NUMBA_CACHE_DIR": str(cache), **(env or {})},
             stdout=stdout,
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     traffic = ["--rate", f"{args.rate:g}", "--duration", f"{args.duration:g}"]
     print(
-        f"python -m report plan {KNEE.relative_to(REPO)} {' '.join(traffic)} "
+        f"python -m servescope.report plan {KNEE.relative_to(REPO)} {' '.join(traffic)} "
         f"({int(args.rate * args.duration):,} arrivals); {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.2f} (wall time stretches with it). Goal: {GOAL_WALL_S:g} s, {GOAL_PEAK_MIB} MiB."
     )

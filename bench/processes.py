@@ -1,4 +1,4 @@
-"""The benchmarks' child processes: `python -m MODULE` from the repository (servescope/children.py stops them)."""
+"""The benchmarks' child processes: `python -m MODULE` from the repository (servescope/host/children.py stops them)."""
 
 from __future__ import annotations
 

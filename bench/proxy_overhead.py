@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - Windows
     uvloop = None
 
 from bench.chunk_clock import StreamTimer
-from servescope import children, probe
+from servescope.host import children, probe
 
 REPO = Path(__file__).resolve().parent.parent
 GOAL_P50_MS = 1.0

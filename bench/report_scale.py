@@ -1,4 +1,4 @@
-"""`make report` at scale: wall time and peak memory of `python -m report` on generated run folders of 51,200 (and,
+"""`make report` at scale: wall time and peak memory of `python -m servescope.report` on generated run folders of 51,200 (and,
 with --sizes 51200,1000000, 1,000,000) requests x 256 tokens, written as the load generator writes them.
 
 Each folder is reported on first without its index (the report makes it: a folder from merged workers, an import,
@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
 
-from servescope import knobs
-from servescope.runfolder import INDEX, REQUESTS, PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts import knobs
+from servescope.contracts.runfolder import INDEX, REQUESTS, PhaseRecord, RequestRecord, RunFolder
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = knobs.path("SERVESCOPE_CACHE") / "bench" / "report-scale"  # generated once, reused (gigabytes at 1 M)
@@ -247,11 +247,11 @@ print(json.dumps({"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "peak_ki
 
 
 def measure(code_dir: Path, run: Path, index: bool = True) -> tuple[float, float, float, int, str]:
-    """(wall s, CPU s, peak RSS MiB, exit code, last stderr line) of `python -m report` on run, from code_dir."""
+    """(wall s, CPU s, peak RSS MiB, exit code, last stderr line) of `python -m servescope.report` on run, from code_dir."""
     with socket.socket() as sock:  # a port nothing listens on: the report notes "no gauge data" and goes on
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    return _timed(code_dir, ["-m", "report", "--run", str(run), "--prometheus", closed], index)
+    return _timed(code_dir, ["-m", "servescope.report", "--run", str(run), "--prometheus", closed], index)
 
 
 def _timed(code_dir: Path, args: list[str], index: bool) -> tuple[float, float, float, int, str]:
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     print(
-        f"python -m report on generated run folders ({args.tokens} tokens per request, records written as the load "
+        f"python -m servescope.report on generated run folders ({args.tokens} tokens per request, records written as the load "
         f"generator writes them, two engines, 0.5% failed); no Prometheus. {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.2f} (wall time stretches with it; CPU s: user + system of the report process, its "
         f"threads and its figure painter process). Peak RSS: the report and its painter together (sampled every "

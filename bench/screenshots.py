@@ -37,7 +37,7 @@ def browser() -> str | None:
 def report(folder: Path, cwd: Path) -> Path:
     """The report of one run folder (its path relative to cwd, as the report's subtitle shows it)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "report", "--run", str(folder), "--prometheus", NO_PROMETHEUS],
+        [sys.executable, "-m", "servescope.report", "--run", str(folder), "--prometheus", NO_PROMETHEUS],
         cwd=cwd,
         capture_output=True,
         text=True,

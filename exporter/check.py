@@ -25,9 +25,12 @@ from dataclasses import dataclass, field
 from exporter.llamacpp import slot_occupancy
 from exporter.ollama import OllamaCollector
 from exporter.upstream import MISSING, Upstream, UpstreamError
-from servescope import command_name, engine_identity, engines, knobs, printable
+from servescope import engines
+from servescope.contracts import knobs
+from servescope.contracts.urls import parse_http_url, redact, redact_address
 from servescope.engines.base import BY_EXPORTER, POOL_SLOTS, EngineKind, Reading
-from servescope.urls import parse_http_url, redact, redact_address
+from servescope.host import engine_identity
+from servescope.text import command_name, printable
 
 # What a page says of one reading.
 CURRENT, OLD_NAME, GONE_NEEDED, MISSING_OPTIONAL, DROPPED = "current", "renamed", "gone", "optional missing", "dropped"

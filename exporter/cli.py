@@ -15,7 +15,9 @@ except ImportError:  # not built for this platform
 
 from exporter import config as exporter_config
 from exporter import relay, server
-from servescope import command_name, engines, metrics_mode
+from servescope import engines
+from servescope.contracts import metrics_mode
+from servescope.text import command_name
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from exporter.bounds import MAX_MODELS, OVERFLOW_MODEL, ModelLabels
 from exporter.heap import give_back_memory
 from exporter.upstream import MISSING, Unauthorized, Upstream, UpstreamError
-from servescope import engine_identity, engines, series
+from servescope import engines
+from servescope.contracts import series
+from servescope.host import engine_identity
 
 log = logging.getLogger("exporter")
 
@@ -168,7 +170,7 @@ class EngineCollector:
         return labels
 
     def identity(self, deadline: float) -> engine_identity.Identity:
-        """What the engine says about itself (servescope.engine_identity), read once per engine start.
+        """What the engine says about itself (servescope.host.engine_identity), read once per engine start.
 
         An endpoint that is off (404/501) or wants an API key costs what it would have said, not the
         engine: that is noted once and read again after IDENTITY_RETRY_S. An engine that does not

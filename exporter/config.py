@@ -54,9 +54,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from exporter.resources import WatchedContainer, WatchedProcess
-from servescope import engines, knobs, metrics_mode
+from servescope import engines
+from servescope.contracts import knobs, metrics_mode
+from servescope.contracts.urls import redact
 from servescope.engines.base import BATCH_SLOTS
-from servescope.urls import redact
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 TOP_KEYS = {"listen_address", "port", "timeout_seconds", "engines", "processes", "containers"}

@@ -21,9 +21,10 @@ from exporter.bounds import ModelLabels, bounded
 from exporter.collector import HELP
 from exporter.page import PageCollector
 from exporter.upstream import MISSING
-from servescope import engines, series
+from servescope import engines
+from servescope.contracts import series
 from servescope.engines.base import Identity
-from servescope.exposition import Samples
+from servescope.prometheus.exposition import Samples
 
 
 class LlamacppCollector(PageCollector):

@@ -24,8 +24,9 @@ from exporter.bounds import MAX_MODELS, OVERFLOW_MODEL, bounded, count, finite
 from exporter.collector import HELP, EngineCollector
 from exporter.observations import ProxyObservations, normalise_model
 from exporter.upstream import Upstream
-from servescope import engines, series
-from servescope.engine_identity import ollama_models, version_of
+from servescope import engines
+from servescope.contracts import series
+from servescope.host.engine_identity import ollama_models, version_of
 
 OVERFLOW_NOTE = f' Loaded models past the first {MAX_MODELS} by name add up under model="other".'
 

@@ -7,7 +7,7 @@ A subclass adds what the page's gauges cannot say (vLLM's KV pool from cache_con
 llama.cpp's from GET /slots).
 
 In fleet mode (METRICS_MODE=fleet) Prometheus scrapes the page itself and the recording rules make the page's
-series (servescope/fleet_rules.py): the collector leaves those out, and reads the page only for its pool's samples.
+series (servescope/prometheus/fleet_rules.py): the collector leaves those out, and reads the page only for its pool's samples.
 
 Values: per model where the page labels them, each impossible value dropped and counted; on an
 unlabelled page one value per series, left out whole when any of its lines is impossible.
@@ -24,9 +24,10 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from exporter.bounds import ModelLabels, bounded, count, ratio
 from exporter.collector import ENGINE_FAMILIES, HELP, EngineCollector
 from exporter.upstream import MISSING, Upstream
-from servescope import engines, series
+from servescope import engines
+from servescope.contracts import series
 from servescope.engines.base import Identity, Source
-from servescope.exposition import Samples, parse_exposition
+from servescope.prometheus.exposition import Samples, parse_exposition
 
 
 class PageCollector(EngineCollector):

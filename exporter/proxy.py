@@ -31,7 +31,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Summary
 
 from exporter.observations import ProxyObservations, normalise_model
 from exporter.relay import Exchange, Relay, ResponseTail
-from servescope import engines, ollama_durations, series
+from servescope import engines
+from servescope.contracts import series
+from servescope.engines import ollama_durations
 
 log = logging.getLogger("exporter")
 

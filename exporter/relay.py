@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from exporter.heap import LARGE_BODY_BYTES, give_back_memory
-from servescope.urls import redact
+from servescope.contracts.urls import redact
 
 log = logging.getLogger("exporter")
 

@@ -9,7 +9,7 @@ Exposition produced for a native vLLM (no cgroup limit: the machine's cores and 
     servescope_engine_cpu_seconds_total{engine="ollama",instance="ollama",source="container"} 95.1
     servescope_engine_memory_limit_bytes{engine="ollama",instance="ollama",source="container"} 5.0e+09
 
-A native engine's memory is the PSS of its process tree (servescope.process_memory: shared pages
+A native engine's memory is the PSS of its process tree (servescope.host.process_memory: shared pages
 counted once). Read on every scrape (never from a timer). A process that is not running (no pid file, a pid
 that is gone or was reused) or a container Docker cannot show has NO series for that scrape,
 and one log line when that starts, never an error for the other engines.
@@ -26,8 +26,8 @@ from pathlib import Path
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from servescope import series
-from servescope.process_memory import process_memory
+from servescope.contracts import series
+from servescope.host.process_memory import process_memory
 
 log = logging.getLogger("exporter")
 
@@ -45,7 +45,7 @@ HELP = {
     ),
     series.ENGINE_RESIDENT_BYTES: (
         "Memory in use by the engine. Native: proportional set size (PSS) summed over the process and its "
-        "children, so pages they share count once (servescope.process_memory; RSS for a process whose PSS "
+        "children, so pages they share count once (servescope.host.process_memory; RSS for a process whose PSS "
         "cannot be read); container: docker stats memory usage minus inactive page cache, as `docker stats` "
         "shows it."
     ),

@@ -26,8 +26,8 @@ from exporter.resources import ResourceCollector
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
 from servescope import engines
+from servescope.contracts.urls import redact
 from servescope.engines.base import OLLAMA_API, POOL_CACHE_CONFIG, POOL_SLOTS
-from servescope.urls import redact
 
 # The collector that reads an engine's KV pool beyond its page's gauges (its adapter's metrics.pool), by how.
 POOL_READERS: dict[str | None, type[PageCollector]] = {

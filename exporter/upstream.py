@@ -1,6 +1,6 @@
 """HTTP GETs against one engine instance over kept-alive connections, each bounded as a whole by the scrape's deadline.
 
-The transport is servescope/bounded_http.py's, the one every reader of another service uses (why raw sockets and
+The transport is servescope/host/bounded_http.py's, the one every reader of another service uses (why raw sockets and
 llhttp rather than http.client or requests: see there; a call also costs less CPU than with requests, see
 bench/exporter_scrape.py). What is the exporter's own here: an engine's 404/501 is MISSING (a feature switched off),
 401/403 is Unauthorized (an API key wanted), any other status but 200 an error, and a large body read is noted so
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exporter.heap import LARGE_BODY_BYTES
-from servescope.bounded_http import Origin, ServiceError, parse_json
+from servescope.host.bounded_http import Origin, ServiceError, parse_json
 
 
 class _Missing:

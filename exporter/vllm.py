@@ -20,10 +20,12 @@ from prometheus_client.core import Metric
 from exporter.bounds import OVERFLOW_MODEL, ModelLabels, count
 from exporter.collector import HELP
 from exporter.page import PageCollector
-from servescope import engines, kv_arithmetic, series
+from servescope import engines
+from servescope.contracts import series
 from servescope.engines.base import Identity
 from servescope.engines.vllm import CACHE_INFO
-from servescope.exposition import Samples
+from servescope.judgements import kv_arithmetic
+from servescope.prometheus.exposition import Samples
 
 
 class VllmCollector(PageCollector):

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from servescope.urls import redact
+from servescope.contracts.urls import redact
 
 if TYPE_CHECKING:
     from loadgen.scenarios import Phase

@@ -31,10 +31,12 @@ from loadgen.runplan import RunPlan
 from loadgen.scenarios import LoadRun, spawn_rate_for
 from loadgen.summary import print_summary
 from loadgen.targets import chosen_url_line, default_url, probe, route_line
-from servescope import cpu_priority, knobs, slo, thresholds
-from servescope.runfolder import RunFolder
-from servescope.sampler import Sampler
-from servescope.urls import redact
+from servescope.host import cpu_priority
+from servescope.contracts import knobs, thresholds
+from servescope.judgements import slo
+from servescope.contracts.runfolder import RunFolder
+from servescope.prometheus.sampler import Sampler
+from servescope.contracts.urls import redact
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -106,7 +108,7 @@ def _held_by(host: str, port: int) -> str | None:
             pass
     except OSError:
         return None
-    from servescope import bounded_http  # only here: a headless run's start-up never pays for it
+    from servescope.host import bounded_http
 
     try:  # bounded as a whole: whatever holds the port, a page dripping or of 10 GB costs 2 s and 1 MB at most
         page = bounded_http.get(f"http://{host}:{port}/", 2, max_bytes=1 << 20).text()[:20000]

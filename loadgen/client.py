@@ -49,9 +49,9 @@ from geventhttpclient.response import (
 )
 from greenlet import greenlet
 
+from servescope.contracts.urls import redact
 from servescope.engines.base import OLLAMA_API
-from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
-from servescope.urls import redact
+from servescope.host.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
 
 # Ollama's final NDJSON object: the engine-side numbers the report cross-checks (nanoseconds).
 OLLAMA_STATS = (
@@ -209,7 +209,7 @@ def chat_payload(
 # --- transports: POST a body, hand back status and the body's bytes as they arrive, each with its arrival stamp ---
 
 READ_SIZE = 16 * 1024
-# Kernel receive stamps (servescope.kernel_stamps): a chunk's stamp does not wait for this process to be
+# Kernel receive stamps (servescope.host.kernel_stamps): a chunk's stamp does not wait for this process to be
 # scheduled (at 64 streams the event loop serves them one after another) nor for anything parsed before it.
 # The blocking select.select, also where Locust has monkey-patched it (looked up once, at import).
 _REAL_SELECT = gevent_monkey.get_original("select", "select")

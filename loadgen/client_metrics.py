@@ -3,7 +3,7 @@
 servescope_client_ttft_seconds_bucket{engine="vllm",scenario="burst",le="0.5"} 3.0
 servescope_client_requests_total{engine="vllm",outcome="ok",scenario="burst"} 3.0
 servescope_client_users{engine="vllm",scenario="burst"} 3.0
-servescope_client_good_requests_total{engine="vllm",scenario="burst"} 2.0   (met every SLO term: servescope/slo.py)
+servescope_client_good_requests_total{engine="vllm",scenario="burst"} 2.0   (met every SLO term: servescope/judgements/slo.py)
 servescope_client_slo_objective 0.95   (the attainment the burn-rate rules in prometheus/rules/slo.yml measure against)
 """
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from loadgen.client import ErrorKind
-from servescope import series, slo
-from servescope.runfolder import RequestRecord
+from servescope.contracts import series
+from servescope.contracts.runfolder import RequestRecord
+from servescope.judgements import slo
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
@@ -52,7 +53,7 @@ class ClientMetrics:
             series.CLIENT_REQUESTS, "Requests finished, by outcome.", (*labels, "outcome"), registry=self.registry
         )
         self.users = Gauge(series.CLIENT_USERS, "Locust users running.", labels, registry=self.registry)
-        # Good / total = attainment: the same rule as the report's goodput (servescope/slo.py).
+        # Good / total = attainment: the same rule as the report's goodput (servescope/judgements/slo.py).
         self.good = counter(series.CLIENT_GOOD_REQUESTS, f"Requests that met every SLO term ({self.spec.text}).")
         self.good_tokens = counter(
             series.CLIENT_GOOD_OUTPUT_TOKENS, "Output tokens of requests that met every SLO term."

@@ -8,15 +8,17 @@ import dataclasses
 from dataclasses import dataclass
 
 from loadgen import client as llm
-from loadgen import options, trials, workloads
-from loadgen import prompts as prompt_sets
-from loadgen.prompts import PromptSet
+from loadgen import options, trials
 from loadgen.runplan import RunPlan, build_phases
 from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
 from loadgen.targets import Target, TargetError, parse_engine
 from loadgen.verbs import COMMANDS, QUICK_HELP, WEBUI_HELP
-from servescope import command_name, knobs
-from servescope.thresholds import NoiseRule, WarmupRule
+from servescope import workloads
+from servescope.contracts import knobs
+from servescope.contracts.thresholds import NoiseRule, WarmupRule
+from servescope.text import command_name
+from servescope.workloads import prompts as prompt_sets
+from servescope.workloads.prompts import PromptSet
 
 
 class UsageError(Exception):
@@ -91,7 +93,7 @@ def prepare(plan: RunPlan) -> Plan:
 
 def _check_workers(plan: RunPlan, prompt_set: PromptSet) -> None:
     """What worker processes cannot share: each builds the master's phases once, and holds its own conversations."""
-    from loadgen.workloads.conversation import ConversationSet
+    from servescope.workloads.conversation import ConversationSet
 
     if isinstance(prompt_set, ConversationSet):
         raise UsageError(

@@ -11,7 +11,7 @@ decides):
   vLLM       GET /version      {"version"}
   other      GET /v1/models    an OpenAI model list and none of the above: "an OpenAI-compatible server"
 
-Then servescope/engine_identity.py reads the version and models of the kinds servescope has. The ports
+Then servescope/host/engine_identity.py reads the version and models of the kinds servescope has. The ports
 probed are the stack's port knobs and each engine's own default, or QUICK_PORTS / --ports when given; only 127.0.0.1 is probed. An Ollama reached both on its own port and through the stack's proxy
 (OLLAMA_PROXY_PORT, the same version, models and loaded models) is measured once, through the proxy: its
 gauges are what the proxy relayed (Ollama reports no requests in flight itself), its own port shows none.
@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from servescope import bounded_http, engine_identity, engines, knobs, printable
-from servescope.urls import parse_http_url, redact_address
+from servescope import engines
+from servescope.contracts import knobs
+from servescope.contracts.urls import parse_http_url, redact_address
+from servescope.host import bounded_http, engine_identity
+from servescope.text import printable
 
 HOST = "127.0.0.1"
 TIMEOUT_S = (
@@ -162,7 +165,7 @@ def root_url(text: str) -> str:
 
 
 def _get(origin: bounded_http.Origin, path: str) -> tuple[int, Any]:
-    """(status, JSON or None), the GET bounded as a whole by TIMEOUT_S (servescope/bounded_http.py); an answer that
+    """(status, JSON or None), the GET bounded as a whole by TIMEOUT_S (servescope/host/bounded_http.py); an answer that
     is too large, not HTTP or not JSON is no JSON (this server does not answer as that engine). ServiceError when
     nothing answers: refused, unreachable, or no answer in time."""
     try:

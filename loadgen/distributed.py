@@ -80,8 +80,9 @@ from loadgen.scenarios import (
     Share,
     Work,
 )
-from servescope import children, words
-from servescope.runfolder import MAX_EPOCH_S, REQUEST_FIELDS, RequestRecord, check_fields, open_append
+from servescope.contracts.runfolder import MAX_EPOCH_S, REQUEST_FIELDS, RequestRecord, check_fields, open_append
+from servescope.host import children
+from servescope.text import words
 
 PLAN = "servescope_plan"  # master -> worker (`--workers N` only): the run's plan and the probed engines
 LISTENING = "servescope_listening"  # worker -> master (`--workers N`): its handlers are in, the plan may come
@@ -108,7 +109,7 @@ WINDOW_SLACK_S = 0.5
 WATCH_S = 0.25  # how often the master looks for workers Locust no longer hears
 WORKER_START_TIMEOUT_S = 120.0  # `--workers N`: for all N processes to start and connect (Locust's import is slow)
 DRAIN_S = 10.0  # after a stop, for the workers' interrupted records to arrive
-QUIT_S = 10.0  # for the workers to quit when told, before they are stopped (servescope/children.py's schedule)
+QUIT_S = 10.0  # for the workers to quit when told, before they are stopped (servescope/host/children.py's schedule)
 WORKERS_LOG = "workers.log"  # `--workers N`: in the run folder, what the worker processes printed
 
 Key = tuple[int, int, int]  # (phase index, burst round or 0, arrival index in a burst or the worker's own count)

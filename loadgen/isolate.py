@@ -2,7 +2,7 @@
 
 On a small machine an idle engine is not idle: vLLM's CPU backend keeps a core busy for a while
 after its own load, llama.cpp's threads spin between requests. With `pause` every other engine of
-the native stack's pid records (servescope/pidrecords.py) gets SIGSTOP on its whole process group
+the native stack's pid records (servescope/host/pidrecords.py) gets SIGSTOP on its whole process group
 (the stack starts each in its own session, so vLLM's engine core stops with it) while one engine
 is measured, and SIGCONT as soon as another engine's turn comes or the run ends, however it ends.
 Only records whose pid and start time still match are touched, and never this process's own group.
@@ -21,7 +21,7 @@ import signal
 from collections.abc import Callable
 
 from loadgen.targets import Target
-from servescope import hostnoise, pidrecords
+from servescope.host import hostnoise, pidrecords
 
 MODES = ("off", "pause")
 

@@ -18,19 +18,19 @@ measurement of the machine as it was: a level's verdict pools its quiet measurem
 has any, else its noisy ones (a transient is outweighed by a quiet repeat; a machine busy the
 whole search is measured as it is, said in one note). A failing level measured only on a busy
 host is measured at least twice when it is a boundary of the answer: so a busy host costs at most
-one more measurement of the first failing level, never a repeat without end. A measurement where the engine was not there (refused, timed out, unreadable: servescope/binding.py's engine
+one more measurement of the first failing level, never a repeat without end. A measurement where the engine was not there (refused, timed out, unreadable: servescope/judgements/binding.py's engine
 fault): the search waits for the engine to answer its health check and measures the level again,
 and after FAULT_RETRIES such measurements in a row it stops with that line, never with a capacity.
 The same holds for one the load generator could not keep up with (its CPU plus run-queue wait, the
 binding rule's client): the load it asked for was not offered, so its verdict says nothing of the
 engine (with kernel stamps its latencies can look fine while it sent a tenth of its requests).
 
-Whether a load meets the SLOs is servescope/slo.py's rule over that phase's records. At the lowest
-failing load, what ran out is named by servescope/binding.py's rule from evidence of its own (the
+Whether a load meets the SLOs is servescope/judgements/slo.py's rule over that phase's records. At the lowest
+failing load, what ran out is named by servescope/judgements/binding.py's rule from evidence of its own (the
 phase's server samples, the latency against the level below, the engine's and the load generator's
 CPU, the schedule): batch slots, KV capacity, compute, client, SLO below the floor, or undecided.
 Beside each level goes the share of its prompt tokens the engine took from its prefix cache
-(servescope/prefix_reuse.py), flagged when the workload did not ask for it. The search, level by
+(servescope/judgements/prefix_reuse.py), flagged when the workload did not ask for it. The search, level by
 level, goes to knee.json in the run folder (what `make tune` reads) and to the terminal.
 """
 
@@ -44,8 +44,9 @@ from typing import Any
 import gevent
 
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
-from servescope import arrivals, binding, engines, hostnoise, knee_answer, knobs, prefix_reuse, probe, slo, words
-from servescope.runfolder import (
+from servescope import engines
+from servescope.contracts import knobs
+from servescope.contracts.runfolder import (
     KNEE,
     KNEE_CONCURRENCY,
     KNEE_RATE,
@@ -55,6 +56,9 @@ from servescope.runfolder import (
     read_samples,
     write_file,
 )
+from servescope.host import hostnoise, probe
+from servescope.judgements import arrivals, binding, knee_answer, prefix_reuse, slo
+from servescope.text import words
 
 CONCURRENCY, RATE = KNEE_CONCURRENCY, KNEE_RATE
 OVER = (CONCURRENCY, RATE)

@@ -9,8 +9,8 @@ from pathlib import Path
 from locust.html import get_html_report
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-from servescope.runfolder import write_file
-from servescope.urls import redact
+from servescope.contracts.runfolder import write_file
+from servescope.contracts.urls import redact
 
 
 def write_locust_outputs(environment, folder: Path) -> list[Path]:

@@ -29,8 +29,9 @@ from greenlet import GreenletExit
 from loadgen import client as llm
 from loadgen import distributed
 from loadgen import options as option_table
-from loadgen import prompts as prompt_sets
-from loadgen import webui_guard, workloads
+from servescope.workloads import prompts as prompt_sets
+from loadgen import webui_guard
+from servescope import workloads
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
@@ -38,11 +39,12 @@ from loadgen.recorder import Recorder
 from loadgen.runplan import RunPlan, build_phases
 from loadgen.scenarios import LoadRun, Settings
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
-from loadgen.workloads.conversation import ConversationSet
-from servescope import knobs, slo
-from servescope.runfolder import RequestRecord, RunFolder
-from servescope.sampler import Sampler
-from servescope.urls import redact
+from servescope.workloads.conversation import ConversationSet
+from servescope.contracts import knobs
+from servescope.judgements import slo
+from servescope.contracts.runfolder import RequestRecord, RunFolder
+from servescope.prometheus.sampler import Sampler
+from servescope.contracts.urls import redact
 
 DISPATCH_CHECK_S = 0.05  # how often the master looks whether the load shape has sent a phase's users
 # A closed-loop user's wait after a refused request, doubling up to the most: an absent engine costs a user at most

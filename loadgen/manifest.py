@@ -11,9 +11,9 @@ from typing import Any
 
 import psutil
 
-from loadgen.prompts import PromptSet
 from loadgen.targets import Target
-from servescope.urls import redact
+from servescope.contracts.urls import redact
+from servescope.workloads.prompts import PromptSet
 
 
 def machine() -> dict[str, Any]:

@@ -67,7 +67,7 @@ def worker_identity(identity: str | None) -> Iterator[None]:
 def plan_message(plan, targets) -> dict[str, Any]:
     """The plan as sent to the workers: every text in it redacted (an engine URL's user:password@ reads ***@). A
     worker takes the engines, credentials included, from the environment its master started it with (ENGINES_ENV)."""
-    from servescope.urls import redact
+    from servescope.contracts.urls import redact
 
     described = [{"instance": t.instance, "model": t.model, "info": t.info} for t in targets]
     return json.loads(redact(json.dumps({"plan": plan.to_json(), "targets": described})))

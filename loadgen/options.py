@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.scenarios import MAX_USERS, SCENARIOS, parse_levels
-from servescope import engines, knobs, slo
-from servescope.runfolder import check_run_id
+from servescope import engines
+from servescope.contracts import knobs
+from servescope.contracts.runcontract import MAX_RUN_S
+from servescope.contracts.runfolder import check_run_id
+from servescope.judgements import slo
 
 HEADLESS = frozenset({"compare", *SCENARIOS})
 BURSTS = frozenset({"compare", "burst"})
@@ -29,7 +32,7 @@ PROMPTS_HELP = (
     "tokens per request), synthetic:TOKENSxCOUNT (COUNT prompts, sent again), a txt/JSONL file, or a workload: "
     "conversation[:NAME|FILE], "
     "shared-prefix[:P,L,S[,Q]], dataset[:NAME|FILE[,input=MIN-MAX,output=MIN-MAX,sample=N,seed=S]], "
-    "trace[:NAME|FILE] (loadgen/workloads/)"
+    "trace[:NAME|FILE] (servescope/workloads/)"
 )
 
 
@@ -57,9 +60,6 @@ def bounded(convert: Callable[[str], float], what: str, low: float, high: float 
     return check
 
 
-# What a run can take: no wait, pause, timeout or replay in it may be longer (a trace spans at most this, too).
-MAX_RUN_S = 7 * 24 * 3600.0
-
 positive_int = bounded(int, "a whole number >= 1", 1)
 non_negative_int = bounded(int, "a whole number >= 0", 0)
 users = bounded(int, f"a whole number of users from 1 to {MAX_USERS}", 1, MAX_USERS)
@@ -80,7 +80,7 @@ positive_number = bounded(float, "a number > 0", 0, above=True)
 
 
 def slo_spec(text: str) -> str:
-    """An SLO spec (servescope/slo.py), kept as text: empty means the SLO knob, else the threshold table's."""
+    """An SLO spec (servescope/judgements/slo.py), kept as text: empty means the SLO knob, else the threshold table's."""
     if str(text).strip():
         try:
             slo.parse(text)
@@ -320,7 +320,7 @@ OPTIONS: tuple[Option, ...] = (
     # -- service level objectives: goodput in every run, the knee's pass/fail --
     Option(
         "--slo",
-        f"service level objectives, {slo.SPEC_HELP} (empty: servescope/thresholds.py's SLO_DEFAULT)",
+        f"service level objectives, {slo.SPEC_HELP} (empty: servescope/contracts/thresholds.py's SLO_DEFAULT)",
         knob="SLO",
         type=slo_spec,
         metavar="SPEC",
@@ -328,7 +328,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--slo-attainment",
         "share of requests that must meet every per-request SLO term; also the burn-rate rules' objective "
-        "(empty: servescope/thresholds.py's SLO_ATTAINMENT)",
+        "(empty: servescope/contracts/thresholds.py's SLO_ATTAINMENT)",
         knob="SLO_ATTAINMENT",
         type=slo_share,
         metavar="SHARE",

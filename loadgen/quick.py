@@ -10,12 +10,12 @@ Per engine, one after another (two engines measured at once would share the core
      measurements up to QUICK_MAX_LOAD users, on the knee's own fair workload (a fresh prompt per request,
      seeded for this run so that none repeats an earlier run's);
      at QUICK_BUDGET_S the search is stopped as Ctrl-C stops it and what was measured is the answer: a hard
-     deadline, on servescope/children.py's schedule (SIGINT then, SIGTERM and at last SIGKILL if the knee is
+     deadline, on servescope/host/children.py's schedule (SIGINT then, SIGTERM and at last SIGKILL if the knee is
      still running), so an engine costs at most QUICK_BUDGET_S plus the schedule's last step
   4. the answer: loadgen/quick_words.py, printed and kept as quick.txt in the knee's run folder, which is an
      ordinary run folder (`servescope report --run <id>`)
 
-The SLOs are --slo, else the SLO knob, else servescope/thresholds.py's QUICK_SLO_DEFAULT (and so for the
+The SLOs are --slo, else the SLO knob, else servescope/contracts/thresholds.py's QUICK_SLO_DEFAULT (and so for the
 attainment). Progress lines come from the run folder as the knee writes it (knee.json after each
 measurement, a new phase's first sample or request). Ctrl-C stops the search in progress (the knee keeps
 every finished request and measurement), answers for what was measured, and measures no further engine.
@@ -35,24 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import discover, options, quick_words
-from loadgen import prompts as prompt_sets
 from loadgen.side_exporter import ExporterError, SideExporter
-from servescope import (
-    bounded_http,
-    children,
-    command_name,
-    engine_identity,
-    engines,
-    folder_writes,
-    knobs,
-    printable,
-    sampler,
-    slo,
-    thresholds,
-    words,
-)
-from servescope.runfolder import KNEE, REQUESTS, SAMPLES, RunFolder
-from servescope.urls import redact, redact_address
+from servescope import engines
+from servescope.contracts import folder_writes, knobs, thresholds
+from servescope.contracts.runfolder import KNEE, REQUESTS, SAMPLES, RunFolder
+from servescope.contracts.urls import redact, redact_address
+from servescope.host import bounded_http, children, engine_identity
+from servescope.judgements import slo
+from servescope.prometheus import sampler
+from servescope.text import command_name, printable, words
+from servescope.workloads import prompts as prompt_sets
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 METRICS_TIMEOUT_S = 5.0  # a metrics page read, all of it (the engine's own, or an exporter's)
@@ -87,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=knobs.get("SLO", ""),
         metavar="SPEC",
         help=f"service level objectives, {slo.SPEC_HELP} (default the SLO knob; empty: "
-        f"servescope/thresholds.py's QUICK_SLO_DEFAULT, {thresholds.QUICK_SLO_DEFAULT})",
+        f"servescope/contracts/thresholds.py's QUICK_SLO_DEFAULT, {thresholds.QUICK_SLO_DEFAULT})",
     )
     p.add_argument(
         "--slo-attainment",
@@ -324,7 +316,7 @@ def _start(exporter: SideExporter) -> str:
 def metrics_problem(url: str, kind: engines.EngineKind) -> str:
     """Why the engine's metrics page cannot feed the exporter ("" when it can)."""
     key = knobs.get(kind.api_key_env, "") if kind.api_key_env else ""
-    try:  # bounded as a whole (servescope/bounded_http.py): a page dripping a byte a second costs METRICS_TIMEOUT_S
+    try:  # bounded as a whole (servescope/host/bounded_http.py): a page dripping a byte a second costs METRICS_TIMEOUT_S
         answer = bounded_http.get(url + kind.metrics_path, METRICS_TIMEOUT_S, api_key=key, redirects=0)
     except bounded_http.ServiceError as exc:
         return f"{kind.metrics_path} could not be read ({exc.reason})"

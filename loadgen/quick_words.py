@@ -1,7 +1,7 @@
 """What `python -m loadgen quick` says about one engine, in plain words, from its knee run (knee.json and the requests).
 
 Every line says where it comes from: "One user", "Capacity", "At N users" and "Tried" are measured
-(the requests of the knee's trusted measurements); "Ran out" is servescope/binding.py's rule applied
+(the requests of the knee's trusted measurements); "Ran out" is servescope/judgements/binding.py's rule applied
 to the evidence on the line after it (inferred, and "undecided" when the evidence is not there);
 "Not measured" names what this run could not see, so a missing gauge is never read as a zero.
 """
@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servescope import binding, hostnoise, knee_answer, slo
-from servescope.runfolder import RequestRecord
+from servescope.contracts.runfolder import RequestRecord
+from servescope.host import hostnoise
+from servescope.judgements import binding, knee_answer, slo
 
 LABEL = 14  # the width of a line's label: the values line up
 
@@ -288,5 +289,5 @@ def _minutes(seconds: float) -> str:
 
 LEGEND = (
     "measured: the first-token times, tokens/s and each load's share of requests meeting the SLOs; inferred: "
-    "what ran out, by servescope/binding.py's rule from the evidence shown (undecided when it is not there)"
+    "what ran out, by servescope/judgements/binding.py's rule from the evidence shown (undecided when it is not there)"
 )

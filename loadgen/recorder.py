@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import TextIO
 
 from loadgen.client_metrics import ClientMetrics
-from servescope import energy, hostnoise
-from servescope.runfolder import PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.runfolder import PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder
+from servescope.host import energy, hostnoise
 
 
 class Recorder:

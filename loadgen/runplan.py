@@ -1,5 +1,5 @@
 """A run's plan, read once from its options, and the phases it is made of: the factory on top of the phase kinds
-(loadgen/scenarios.py), the knee's search (loadgen/knee.py) and the schedules (servescope/arrivals.py).
+(loadgen/scenarios.py), the knee's search (loadgen/knee.py) and the schedules (servescope/judgements/arrivals.py).
 
 The options arrive as a namespace (the command line's, Locust's parser for the web UI); RunPlan.from_args reads it
 into a frozen, typed plan once, at that boundary, and nothing below takes the namespace. The workers get the plan
@@ -16,9 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen import prompts as prompt_sets
 from loadgen.knee import KneeOptions, KneeSearch
-from loadgen.options import MAX_RUN_S
 from loadgen.scenarios import (
     SCENARIOS,
     BurstPhase,
@@ -30,8 +28,11 @@ from loadgen.scenarios import (
     parse_levels,
 )
 from loadgen.targets import default_url
-from loadgen.workloads.base import PromptSetError
-from servescope import arrivals, knobs
+from servescope.contracts import knobs
+from servescope.contracts.runcontract import MAX_RUN_S
+from servescope.judgements import arrivals
+from servescope.workloads import prompts as prompt_sets
+from servescope.workloads.base import PromptSetError
 
 
 def _typed(convert: Callable[[Any], Any]) -> Any:

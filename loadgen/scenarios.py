@@ -18,10 +18,10 @@ import gevent
 from gevent.event import Event
 
 from loadgen.targets import Target
-from loadgen.workloads.base import Prompt, PromptSet
-from servescope import words
-from servescope.arrivals import Schedule
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
+from servescope.contracts.runfolder import PhaseRecord, RequestRecord, RunFolder, trial_phase_name
+from servescope.judgements.arrivals import Schedule
+from servescope.text import words
+from servescope.workloads.base import Prompt, PromptSet
 
 SCENARIOS = ("sequential", "burst", "ramp", "rate", "sweep", "replay", "knee")
 MAX_USERS = 10_000  # users of one phase (burst size, a ramp step, a sweep level): each holds a greenlet and a socket
@@ -427,7 +427,7 @@ class ClosedLoopPhase(Phase):
 
 
 class RatePhase(Phase):
-    """Open loop: arrivals at the times of a schedule (servescope/arrivals.py: constant gaps, Poisson, a trace's own
+    """Open loop: arrivals at the times of a schedule (servescope/judgements/arrivals.py: constant gaps, Poisson, a trace's own
     times), each sent without waiting for the others."""
 
     scenario = "rate"

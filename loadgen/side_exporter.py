@@ -1,6 +1,6 @@
 """A private exporter for one quick measurement: `python -m exporter` as a child process on a free 127.0.0.1 port, watching exactly one engine.
 
-The knee reads its server samples from an exporter (servescope/sampler.py, SAMPLE_EXPORTER_URL). The
+The knee reads its server samples from an exporter (servescope/prometheus/sampler.py, SAMPLE_EXPORTER_URL). The
 stack's exporter watches the stack's engines under instance names of its own; an engine found on
 another port would be sampled under the wrong name or not at all. So quick starts one of its own per
 engine, from a config file naming only that engine (no other URL knob leaks in, no proxy port of the
@@ -18,9 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from servescope import bounded_http, children, engines, knobs, series
+from servescope import engines
+from servescope.contracts import knobs, series
 from servescope.engines.base import BATCH_SLOTS
-from servescope.exposition import parse_exposition
+from servescope.host import bounded_http, children
+from servescope.prometheus.exposition import parse_exposition
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 20.0  # the exporter imports in about a second; a loaded 2-core machine takes longer

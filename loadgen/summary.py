@@ -9,15 +9,16 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TextIO
 
-from report import load as report_load
-from report import table as report_table
-from servescope import hostnoise, prefix_reuse
-from servescope.runfolder import RunFolder, read_samples
+from servescope.contracts.runfolder import RunFolder, read_samples
+from servescope.host import hostnoise
+from servescope.judgements import prefix_reuse
+from servescope.report import load as report_load
+from servescope.report import table as report_table
 
 
 def print_summary(folder: RunFolder, out: TextIO) -> None:
     """One source with `report --table-only`: the same reader, the same table, the same refusals."""
-    from report import goodput  # the report's SLO limits: the run's index, made by this first reading, counts them
+    from servescope.report import goodput
 
     try:
         run = report_load.load(folder.path, goodput.manifest_gap_limits)

@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from servescope import bounded_http, engine_identity, engines, hostnoise, knobs, pidrecords, printable
-from servescope.urls import parse_http_url, redact
+from servescope import engines
+from servescope.contracts import knobs
+from servescope.contracts.urls import parse_http_url, redact
+from servescope.host import bounded_http, engine_identity, hostnoise, pidrecords
+from servescope.text import printable
 
 
 class TargetError(ValueError):
@@ -232,7 +235,7 @@ def launch_flags(url: str, records: dict[str, pidrecords.LiveRecord] | None = No
 
 
 def probe(target: Target, model_override: str | None = None) -> Target:
-    """Ask the engine its version, models and serving settings (servescope.engine_identity); fill target.model and
+    """Ask the engine its version, models and serving settings (servescope.host.engine_identity); fill target.model and
     target.info.
 
     Never raises: an engine that doesn't answer is recorded as such and the run goes on.

@@ -5,8 +5,8 @@ One pass of the reference experiment is one trial; a shared machine turns a tran
 So each engine is warmed until its latencies agree (thresholds.WarmupRule), the experiment runs K
 repetitions with engines and phases interleaved and their order reversed every other repetition
 (A1 A2 B1 B2 | B2 B1 A2 A1 | ...) so a drift over the run hits every engine and phase alike, each phase
-record carries the host's noise while it ran (servescope/hostnoise.py) and the machine's energy
-(servescope/energy.py), and a phase flagged noisy may be run again.
+record carries the host's noise while it ran (servescope/host/hostnoise.py) and the machine's energy
+(servescope/host/energy.py), and a phase flagged noisy may be run again.
 When the schedule switches engines, the next phase waits until the engines measured before have
 gone quiet (settle): vLLM's CPU backend keeps part of a core busy for seconds after its own load,
 which would flag the next engine's phase as noisy even on an otherwise idle machine.
@@ -23,13 +23,14 @@ from gevent.event import Event
 from loadgen import client as llm
 from loadgen.scenarios import Phase, Settings
 from loadgen.targets import Target
-from servescope import energy, hostnoise, words
-from servescope.runfolder import PhaseRecord
-from servescope.thresholds import NoiseRule, WarmupRule
+from servescope.contracts.runfolder import PhaseRecord
+from servescope.contracts.thresholds import NoiseRule, WarmupRule
+from servescope.host import energy, hostnoise
+from servescope.text import words
 
 
 class MoreRepetitions:
-    """Passes of the reference experiment added while an engine's scaling factor is undecided (report/table.estimate:
+    """Passes of the reference experiment added while an engine's scaling factor is undecided (servescope/report/table.estimate:
     its noise-widened CI straddles a reading's bound), up to a cap; the run's planner (loadgen/cli.add_what_follows).
 
     After the schedule's last phase it reads the run folder as the report does; each engine still undecided gets one
@@ -85,8 +86,8 @@ class MoreRepetitions:
 
     def _undecided(self, folder) -> dict[str, str]:
         """Engine -> its burst's undecided factor in one clause, read from the run folder as the report reads it."""
-        from report import load as report_load  # the report's reader and table: one rule for the run and the report
-        from report import table as report_table
+        from servescope.report import load as report_load
+        from servescope.report import table as report_table
 
         try:
             run = report_load.load(folder.path)

@@ -29,9 +29,9 @@ import sys
 from pathlib import Path
 
 from loadgen import options as option_table
-from loadgen import prompts as prompt_sets
-from loadgen import workloads
 from loadgen.targets import TargetError, default_url, parse_engine
+from servescope import workloads
+from servescope.workloads import prompts as prompt_sets
 
 # Locust's own START fields (its form), and what each may be.
 LOCUST_FIELDS = {

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from loadgen.verbs import COMMANDS as LOAD_COMMANDS
 from loadgen.verbs import QUICK_HELP, WEBUI_HELP
-from servescope import command_name
+from servescope.text import command_name
 
 PROG = "servescope"
 EXIT_USAGE = 2
@@ -19,7 +19,7 @@ EXIT_USAGE = 2
 # sockets for gevent (only a load run wants that), and a report should not pay for Locust's import.
 def _stack(verb: str) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
-        from stack import cli
+        from servescope.stack import cli
 
         return cli.main([verb, *argv])
 
@@ -37,7 +37,7 @@ def _loadgen(verb: str) -> Callable[[list[str]], int]:
 
 def _report(sub: str | None) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
-        from report import cli
+        from servescope.report import cli
 
         return cli.main([sub, *argv] if sub else argv)
 
@@ -51,7 +51,7 @@ def _exporter(argv: list[str]) -> int:
 
 
 def _fleet_config(argv: list[str]) -> int:
-    from servescope import fleet_config
+    from servescope.prometheus import fleet_config
 
     return fleet_config.main(argv)
 

@@ -1,7 +1,5 @@
-"""Entry point: `python -m stack up|down|status`."""
+"""`python -m stack` from a checkout keeps working: stack now lives in servescope.stack (`servescope stack ...` once installed)."""
 
-import sys
+import runpy
 
-from stack.cli import main
-
-sys.exit(main())
+runpy.run_module("servescope.stack", run_name="__main__", alter_sys=True)

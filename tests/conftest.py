@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from stack import provision
+from servescope.stack import provision
 
 # A suite started in the background by a non-interactive shell (`make test &`) inherits SIGINT ignored, and so would
 # every program it starts: the Ctrl-C tests would then fail on the shell, not the code. Python's own handler puts
@@ -37,7 +37,7 @@ def unavailable(reason: str) -> None:
 
 
 def require_tool(name: str) -> None:
-    """Skip (locally) or fail (CI) unless every command of stack.provision's tool `name` is on PATH."""
+    """Skip (locally) or fail (CI) unless every command of servescope.stack.provision's tool `name` is on PATH."""
     tool = provision.TOOLS[name]
     missing = tool.missing_commands()
     if missing:
@@ -48,7 +48,9 @@ def require_tool(name: str) -> None:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "tool(name): needs stack.provision's tool `name` (skip locally, fail in CI)")
+    config.addinivalue_line(
+        "markers", "tool(name): needs servescope.stack.provision's tool `name` (skip locally, fail in CI)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -68,7 +70,7 @@ def pytest_runtest_setup(item):
 def quiet_host_rule(monkeypatch):
     """The suite runs on shared, busy machines: tests of other features never have their phases flagged as noisy.
 
-    The host-noise rule (servescope/thresholds.NoiseRule) is judged by its own tests, which set the thresholds
+    The host-noise rule (servescope/contracts/thresholds.NoiseRule) is judged by its own tests, which set the thresholds
     they test; everywhere else (and in the load generators the tests start) nothing is loud enough to flag, and no
     comparison adds repetitions while a factor is undecided (its own tests ask for it: tests/loadgen/test_trials.py).
     """

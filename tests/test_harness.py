@@ -18,10 +18,10 @@ def test_a_failing_command_gives_back_its_exit_status_and_stderr(tmp_path):
 
 def test_the_child_imports_this_repo_and_sees_the_knobs_the_test_set(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_PROBE", "set by the test")
-    code = "import os, report; print(report.__file__); print(os.environ['HARNESS_PROBE'])"
+    code = "import os, servescope.report as report; print(report.__file__); print(os.environ['HARNESS_PROBE'])"
     proc = run_python("-c", code, cwd=tmp_path, timeout=60)  # not the repo: PYTHONPATH finds it
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [str(REPO / "report" / "__init__.py"), "set by the test"]
+    assert proc.stdout.splitlines() == [str(REPO / "servescope" / "report" / "__init__.py"), "set by the test"]
     assert cli_env({"PYTHONPATH": f"{REPO}{os.pathsep}/elsewhere"})["PYTHONPATH"] == f"{REPO}{os.pathsep}/elsewhere"
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from servescope import knobs, thresholds
+from servescope.contracts import knobs, thresholds
 
 # The request APIs the load generator speaks: OpenAI's SSE chat completions, Ollama's native NDJSON /api/chat.
 OPENAI_API = "openai"
@@ -88,7 +88,7 @@ def version_object(status: int, payload: Any) -> bool:
     return status == 200 and isinstance(payload, dict) and isinstance(payload.get("version"), str)
 
 
-# The resources a serving knob adds (servescope/binding.py names the others, which no knob adds).
+# The resources a serving knob adds (servescope/judgements/binding.py names the others, which no knob adds).
 BATCH_SLOTS = "batch slots"
 KV_CAPACITY = "KV capacity"
 # Past these, more is not a serving setting a CPU can use: where `make tune` stops raising a knob.
@@ -154,7 +154,7 @@ class Alert:
 
 @dataclass(frozen=True)
 class AlertRules:
-    """The engine's "which lever" rule file, prometheus/rules/<file>: servescope/lever_rules.py writes the expressions
+    """The engine's "which lever" rule file, prometheus/rules/<file>: servescope/prometheus/lever_rules.py writes the expressions
     from the engine's queue rule and the threshold table, the words from here."""
 
     file: str
@@ -170,7 +170,7 @@ POOL_SLOTS = "slots"  # llama-server's GET /slots: tokens the busy slots hold ov
 
 @dataclass(frozen=True)
 class Source:
-    """One engine-neutral series (servescope/series.py) as the engine's metrics page gives it."""
+    """One engine-neutral series (servescope/contracts/series.py) as the engine's metrics page gives it."""
 
     series: str
     names: tuple[str, ...]  # the engine's sample names: the first one on the page is read (a rename: newest first)
@@ -265,7 +265,7 @@ class RequestTimings:
 
 
 class KvRoom(Protocol):
-    """How many slots the KV space admits at the served max-model-len (the native stack's plan: stack/tune.KvFit)."""
+    """How many slots the KV space admits at the served max-model-len (the native stack's plan: servescope/stack/tune.KvFit)."""
 
     max_model_len: int
 
@@ -309,7 +309,7 @@ class EngineKind:
     explains: Mapping[str, str] = field(default_factory=dict)
     own_port: int | None = None  # where it listens when started without servescope (its own default)
     signature: Signature | None = None  # how discovery recognises it; None: only ever named by the user
-    # What it says about itself, read in this order (servescope/engine_identity.py asks each on its own).
+    # What it says about itself, read in this order (servescope/host/engine_identity.py asks each on its own).
     identity: tuple[Endpoint, ...] = ()
 
     # --- its knobs: what adds batch slots and KV capacity, and what else a report reads of its settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servescope import series
+from servescope.contracts import series
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servescope import ollama_durations, series, thresholds
+from servescope.contracts import series, thresholds
+from servescope.engines import ollama_durations
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servescope import series, thresholds
+from servescope.contracts import series, thresholds
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from servescope import series, thresholds
+from servescope.contracts import series, thresholds
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from bench import cpu_priority as bench
-from servescope import cpu_priority
+from servescope.host import cpu_priority
 from tests.conftest import unavailable
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from bench import plan_check
 from bench.plan_check import Measured, Speed, at_row_speed, at_speed, inside, latency_pairs, mape
-from report.replicas import Level, Profile, Sharing
+from servescope.report.replicas import Level, Profile, Sharing
 
 
 def _profile(ttft: float, tpot: float) -> Profile:
@@ -91,7 +91,7 @@ def test_the_goal_needs_five_rows_of_six_in_the_band_and_the_e2e_p50_mapes_and_t
 
 
 def test_the_band_widths_are_said_against_the_speed_spread_they_were_predicted_over():
-    from report import speed
+    from servescope.report import speed
 
     spread = speed.Spread(speed.Edge(0.95, 0.97), speed.Edge(1.05, 1.03), speed.MEASURED)
     line = plan_check.band_widths([[0.8, 0.9], [1.0, 1.0], None], spread)

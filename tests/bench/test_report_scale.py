@@ -9,10 +9,10 @@ import pytest
 
 from bench import report_scale
 from loadgen import client as llm
-from report import render, sections
-from report.load import load
-from servescope import runfolder, runreader
-from servescope.runfolder import RequestRecord, RunFolder
+from servescope.contracts import runfolder, runreader
+from servescope.contracts.runfolder import RequestRecord, RunFolder
+from servescope.report import render, sections
+from servescope.report.load import load
 from tests.doubles.synthetic_openai import SyntheticServer
 
 

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from dashboards import build, render
-from servescope import prometheus_config, series
+from servescope.contracts import series
+from servescope.prometheus import prometheus_config
 
 PROMTOOL = shutil.which("promtool")
 BOARDS = build.build_all()

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from dashboards import build, render
-from servescope import metrics_mode, series
-from servescope import prometheus_config as pc
+from servescope.contracts import metrics_mode, series
+from servescope.prometheus import prometheus_config as pc
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.fleet_engine import MODEL
 from tests.harness import spawn_cli

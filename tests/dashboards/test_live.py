@@ -24,8 +24,8 @@ import pytest
 import requests
 
 from dashboards import build, render
-from servescope import prometheus_config
-from servescope.knobs import REPO_ROOT
+from servescope.contracts.knobs import REPO_ROOT
+from servescope.prometheus import prometheus_config
 from tests.conftest import PrometheusServer, free_port, serve_in_thread, stop_process, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.recorded_engine import FIXTURES

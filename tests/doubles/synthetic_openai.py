@@ -96,7 +96,7 @@ from pathlib import Path
 
 import requests
 
-from servescope.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
+from servescope.host.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
 from tests.doubles.serving import ServedInThread
 
 REPO = Path(__file__).resolve().parents[2]

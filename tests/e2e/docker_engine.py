@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 import docker
-from stack import paths
+from servescope.stack import paths
 
 START_TIMEOUT_S = 60.0
 

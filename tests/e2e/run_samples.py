@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from servescope import series
-from servescope.runfolder import RunFolder, read_samples
+from servescope.contracts import series
+from servescope.contracts.runfolder import RunFolder, read_samples
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import docker
-from stack.progress import Step
+from servescope.stack.progress import Step
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBOOTSTRAP_INCLUDE = "python3,python3-venv,python3-dev,ca-certificates,passwd"

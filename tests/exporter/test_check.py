@@ -12,7 +12,8 @@ from exporter import check
 from exporter.cli import main as exporter_main
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
-from servescope import engines, series
+from servescope import engines
+from servescope.contracts import series
 from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
 
 REPO = Path(__file__).resolve().parents[2]

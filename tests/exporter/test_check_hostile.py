@@ -18,7 +18,7 @@ def drifted(version: str = "0.99.0") -> dict[str, bytes]:
 
 
 def test_a_page_with_engine_series_but_none_it_reads_is_every_reading_gone(capsys):
-    """Was a ValueError out of servescope/exposition.py: the exporter's collector found none of its series."""
+    """Was a ValueError out of servescope/prometheus/exposition.py: the exporter's collector found none of its series."""
     with Hostile(drifted()) as engine:
         code = check.main([engine.url])
     out, err = capsys.readouterr()

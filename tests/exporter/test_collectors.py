@@ -24,7 +24,7 @@ from exporter.ollama import OllamaCollector
 from exporter.server import Collected
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
-from servescope import series
+from servescope.contracts import series
 from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -26,7 +26,7 @@ from exporter.ollama import OllamaCollector
 from exporter.server import Collected
 from exporter.upstream import Upstream, UpstreamError
 from exporter.vllm import VllmCollector
-from servescope import series
+from servescope.contracts import series
 from tests.doubles.recorded_engine import RecordedEngine, fixture
 from tests.exporter.test_proxy import ExporterThread, wait_until
 from tests.exporter.test_proxy_http import RawUpstream, read_response

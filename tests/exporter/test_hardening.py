@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.bounds import MAX_MODELS
 from exporter.config import Config, Instance
 from exporter.server import build
-from servescope import series
+from servescope.contracts import series
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.recorded_engine import RecordedEngine

@@ -12,7 +12,7 @@ import requests
 
 from exporter.llamacpp import LlamacppCollector
 from exporter.upstream import Upstream
-from servescope import knobs, series
+from servescope.contracts import knobs, series
 from tests.conftest import free_port, stop_process, unavailable, wait_http
 
 pytestmark = pytest.mark.e2e

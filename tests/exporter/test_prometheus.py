@@ -7,7 +7,7 @@ import time
 
 import requests
 
-from servescope import prometheus_config
+from servescope.prometheus import prometheus_config
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine

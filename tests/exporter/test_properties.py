@@ -17,7 +17,7 @@ from exporter.ollama import OllamaCollector
 from exporter.proxy import OllamaTail
 from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
-from servescope import series
+from servescope.contracts import series
 from tests.doubles.recorded_engine import RecordedEngine, fixture
 
 # A fixed seed (derandomize): the same examples every run.

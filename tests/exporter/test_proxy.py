@@ -14,7 +14,7 @@ import requests
 from exporter.config import Config, Instance
 from exporter.proxy import OllamaTail
 from exporter.server import build, run
-from servescope import series
+from servescope.contracts import series
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.recorded_engine import fixture

@@ -10,7 +10,7 @@ import requests
 
 from exporter import config as exporter_config
 from exporter.cli import build_parser
-from servescope.urls import credentials, redact
+from servescope.contracts.urls import credentials, redact
 from tests.conftest import free_port, wait_http
 from tests.exporter.test_config import start_exporter
 

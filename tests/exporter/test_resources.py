@@ -29,8 +29,8 @@ from exporter.resources import (
     cgroup_limits,
     container_budget,
 )
-from servescope import series
-from servescope.process_memory import process_memory, tree_memory
+from servescope.contracts import series
+from servescope.host.process_memory import process_memory, tree_memory
 from tests.conftest import JsonReplyHandler, free_port, serve_in_thread
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "docker-engine-api-1.47-container-stats.json"
@@ -118,7 +118,7 @@ def test_a_process_and_its_children_are_summed(tree):
     cores, memory = psutil.cpu_count(), psutil.virtual_memory().total
     assert value(registry, CPU_LIMIT) == cores  # no cgroup limit here: the machine's
     assert value(registry, MEM_LIMIT) == memory
-    # the series is the tree's PSS (servescope.process_memory), the one measure `make status` is to show too
+    # the series is the tree's PSS (servescope.host.process_memory), the one measure `make status` is to show too
     assert tree_memory(psutil.Process(tree.proc.pid)) >= 64 * MIB
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from dashboards.build import PHASE_TAGS
 from loadgen.annotations import PhaseAnnotator
-from servescope.runfolder import RunFolder
+from servescope.contracts.runfolder import RunFolder
 from tests.conftest import JsonReplyHandler, free_port, serve_in_thread
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from servescope.runfolder import RunFolder
+from servescope.contracts.runfolder import RunFolder
 from tests.conftest import free_port, unavailable
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
 from tests.harness import run_cli, run_python, start_cli
 
-# For tests that read stderr line by line: the server sampler (servescope/sampler.py) says its own lines, e.g. that
+# For tests that read stderr line by line: the server sampler (servescope/prometheus/sampler.py) says its own lines, e.g. that
 # no exporter answers; it is not what they are about.
 WITHOUT_SAMPLER = {**os.environ, "SAMPLE_INTERVAL_MS": "0"}
 
@@ -69,7 +69,7 @@ def test_compare_writes_the_seeds_experiment_for_every_engine(server, tmp_path):
     assert set(manifest["engines"]) == {"vllm", "llamacpp:second"}
     assert manifest["engines"]["vllm"]["version"] == "0.32.0-synthetic"  # read from the engine's /version
     assert manifest["engines"]["vllm"]["model"] == "synthetic/model"
-    from loadgen import prompts
+    from servescope.workloads import prompts
 
     assert manifest["prompt_set_sha256"] == prompts.load("burst3").sha256
     assert manifest["machine"]["cores"] >= 1 and manifest["machine"]["memory_bytes"] > 0

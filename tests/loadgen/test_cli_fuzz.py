@@ -21,13 +21,13 @@ from loadgen import client as llm
 from loadgen import options
 from loadgen.commands import USAGE_ERRORS, build_parser, prepare
 from loadgen.options import MAX_RUN_S
-from loadgen.prompts import MAX_SYNTHETIC_WORDS
 from loadgen.runplan import RunPlan
 from loadgen.scenarios import MAX_USERS, BurstPhase, ClosedLoopPhase, RatePhase, SequentialPhase
 from loadgen.verbs import COMMANDS
-from servescope import arrivals
-from servescope.runfolder import RUN_ID
-from servescope.urls import parse_http_url
+from servescope.contracts.runfolder import RUN_ID
+from servescope.contracts.urls import parse_http_url
+from servescope.judgements import arrivals
+from servescope.workloads.prompts import MAX_SYNTHETIC_WORDS
 
 
 def good_or_bad(good: list[str], bad: list[str]) -> st.SearchStrategy[str]:

@@ -12,8 +12,8 @@ from geventhttpclient.response import HTTPResponse
 
 from bench import requests_transport
 from loadgen import client as llm
-from loadgen import prompts
-from servescope.kernel_stamps import SO_TIMESTAMPNS, TIMESPEC
+from servescope.host.kernel_stamps import SO_TIMESTAMPNS, TIMESPEC
+from servescope.workloads import prompts
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_python
@@ -355,8 +355,8 @@ def test_the_outcome_label_is_the_records_kind_never_its_text():
     from prometheus_client import CollectorRegistry
 
     from loadgen.client_metrics import ClientMetrics
-    from servescope import series
-    from servescope.runfolder import RequestRecord
+    from servescope.contracts import series
+    from servescope.contracts.runfolder import RequestRecord
 
     metrics = ClientMetrics(CollectorRegistry())
     base = dict(engine="vllm", instance="vllm", scenario="burst", phase="burst-1", api="openai", model="m")

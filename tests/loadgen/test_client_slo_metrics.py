@@ -1,9 +1,10 @@
-"""The load generator's client /metrics count good requests by the report's rule (servescope/slo.py) and show the objective."""
+"""The load generator's client /metrics count good requests by the report's rule (servescope/judgements/slo.py) and show the objective."""
 
 from __future__ import annotations
 
 from loadgen.client_metrics import ClientMetrics
-from servescope import series, slo
+from servescope.contracts import series
+from servescope.judgements import slo
 from tests.servescope.test_slo import rec
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import gevent
 import pytest
 
-from loadgen import prompts
 from loadgen.clock_sync import clock_offset
 from loadgen.scenarios import BurstPhase, Settings, Share
 from loadgen.targets import parse_engine
-from servescope.runfolder import RequestRecord, RunFolder
+from servescope.contracts.runfolder import RequestRecord, RunFolder
+from servescope.workloads import prompts
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli, start_cli
 

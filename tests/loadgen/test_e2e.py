@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from servescope import knobs
-from servescope.runfolder import RunFolder
+from servescope.contracts import knobs
+from servescope.contracts.runfolder import RunFolder
 from tests.conftest import free_port, stop_process, wait_http
 from tests.harness import run_cli
 

@@ -13,12 +13,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from dashboards import render  # noqa: E402
 from dashboards.build import DASHBOARDS  # noqa: E402
-from report import figures, plots  # noqa: E402
-from report.gauges import collect  # noqa: E402
-from report.load import load  # noqa: E402
-from servescope import series  # noqa: E402
-from servescope.runfolder import PhaseRecord, RunFolder, SampleRecord, append_samples  # noqa: E402
-from servescope.sampler import split_at_gaps  # noqa: E402
+from servescope.contracts import series
+from servescope.contracts.runfolder import PhaseRecord, RunFolder, SampleRecord, append_samples
+from servescope.prometheus.sampler import split_at_gaps
+from servescope.report import figures, plots
+from servescope.report.gauges import collect
+from servescope.report.load import load
 from tests.conftest import free_port  # noqa: E402
 
 R, W = series.REQUESTS_RUNNING, series.REQUESTS_WAITING
@@ -116,5 +116,5 @@ def test_a_torn_or_odd_samples_file_costs_only_its_bad_records(tmp_path):
     report = collect(load(folder.path), f"http://127.0.0.1:{free_port()}")
     assert report.engines["vllm"].source == "samples" and len(report.engines["vllm"].series[W]) == 5
     assert any("torn last record" in w for w in report.warnings)
-    # One reader for every run-folder file (servescope/runreader.py): the bad record is named by field and line.
+    # One reader for every run-folder file (servescope/contracts/runreader.py): the bad record is named by field and line.
     assert any("1 record skipped, t: expected a number, got a string (line 6)" in w for w in report.warnings)

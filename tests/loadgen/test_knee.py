@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from report import cli as report_cli
-from servescope import binding
+from servescope.judgements import binding
+from servescope.report import cli as report_cli
 from tests.conftest import free_port, unavailable
 from tests.doubles import cpu_hog
 from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
@@ -73,7 +73,7 @@ def test_two_batch_slots_are_the_binding_resource(tmp_path):
     assert numbers["goodput"]["spec"] == SLO and numbers["goodput"]["knee"]["knee"] == 2
     assert {row["phase"] for row in numbers["goodput"]["phases"]} == {p["phase"] for p in result["probes"]}
     text = (result["run"] / "report.md").read_text()
-    # A knee run's answer, goodput with the knee, follows the summary (report/sections.py's order).
+    # A knee run's answer, goodput with the knee, follows the summary (servescope/report/sections.py's order).
     assert "## 2. Goodput under the SLOs" in text and "the knee is 2 users (fails at 3 users)" in text
     assert "Knee: 2 users (fails at 3 users); above it: batch slots" in text  # the summary's line
 
@@ -255,10 +255,10 @@ def test_a_quiet_measurement_outweighs_a_noisy_one_of_the_same_level(tmp_path, m
     from argparse import Namespace
 
     from loadgen import knee as knee_module
-    from loadgen.prompts import load as load_prompts
     from loadgen.scenarios import Settings
     from loadgen.targets import Target
-    from servescope.runfolder import RunFolder
+    from servescope.contracts.runfolder import RunFolder
+    from servescope.workloads.prompts import load as load_prompts
     from tests.servescope.test_slo import rec
 
     target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")
@@ -311,10 +311,10 @@ def searched(tmp_path, monkeypatch, noisy: tuple[str, ...], **changes) -> tuple[
     from argparse import Namespace
 
     from loadgen import knee as knee_module
-    from loadgen.prompts import load as load_prompts
     from loadgen.scenarios import Settings
     from loadgen.targets import Target
-    from servescope.runfolder import RunFolder
+    from servescope.contracts.runfolder import RunFolder
+    from servescope.workloads.prompts import load as load_prompts
     from tests.servescope.test_slo import rec
 
     target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")

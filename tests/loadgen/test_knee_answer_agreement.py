@@ -14,9 +14,9 @@ import pytest
 
 from loadgen import knee as knee_search
 from loadgen import quick_words
-from report import goodput, summary
-from servescope import knee_answer, slo
-from servescope.runfolder import RunFolder
+from servescope.contracts.runfolder import RunFolder
+from servescope.judgements import knee_answer, slo
+from servescope.report import goodput, summary
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 RECORDED = {

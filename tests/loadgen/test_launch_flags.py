@@ -8,8 +8,8 @@ import os
 import psutil
 
 from loadgen.targets import launch_flags
-from report.load import _flags_from_argv
-from servescope import pidrecords
+from servescope.host import pidrecords
+from servescope.report.load import _flags_from_argv
 
 
 def write_record(directory, name: str, url: str, cmdline: list[str]) -> None:

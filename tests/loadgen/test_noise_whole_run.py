@@ -13,8 +13,8 @@ import psutil
 import pytest
 import requests
 
-from report import load, sections, table
-from servescope.runfolder import RunFolder
+from servescope.contracts.runfolder import RunFolder
+from servescope.report import load, sections, table
 from tests.conftest import unavailable
 from tests.doubles.synthetic_openai import SyntheticProcess
 from tests.harness import spawn_cli

@@ -10,8 +10,9 @@ import psutil
 import pytest
 
 from loadgen import targets
-from servescope import engines, series
-from servescope.runfolder import RunFolder, read_samples
+from servescope import engines
+from servescope.contracts import series
+from servescope.contracts.runfolder import RunFolder, read_samples
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.exporter.test_proxy import MODEL, ExporterThread, wait_until
@@ -150,7 +151,7 @@ def test_a_run_without_a_url_is_observed_by_the_proxy_end_to_end(stack, knobs, t
     observed = [s.values for s in read_samples(folder) if s.engine == "ollama" and not s.missing and s.values]
     assert any(series.REQUESTS_WAITING in v and series.REQUESTS_RUNNING in v for v in observed), observed[:3]
 
-    from report import cli as report
+    from servescope.report import cli as report
 
     assert report.main(["--run", str(folder.path), "--prometheus", f"http://127.0.0.1:{free_port()}"]) == 0
     numbers = json.loads((folder.path / "report.json").read_text())

@@ -12,9 +12,10 @@ import os
 
 import pytest
 
-from report import cli as report_cli
-from servescope import slo, thresholds
-from servescope.runfolder import RunFolder
+from servescope.contracts import thresholds
+from servescope.contracts.runfolder import RunFolder
+from servescope.judgements import slo
+from servescope.report import cli as report_cli
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli

@@ -19,8 +19,10 @@ import requests
 
 from loadgen import discover, quick, quick_words
 from loadgen.side_exporter import SideExporter
-from report import cli as report_cli
-from servescope import hostnoise, slo, thresholds
+from servescope.contracts import thresholds
+from servescope.host import hostnoise
+from servescope.judgements import slo
+from servescope.report import cli as report_cli
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.serving import ServedInThread

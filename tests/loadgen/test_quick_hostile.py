@@ -9,7 +9,8 @@ import time
 import pytest
 
 from loadgen import discover, quick
-from servescope import children, engines
+from servescope import engines
+from servescope.host import children
 from tests.conftest import free_port
 from tests.doubles.hostile_http import Hostile, drip, huge, reply
 from tests.harness import run_cli, run_python

@@ -1,4 +1,4 @@
-"""The table a headless run ends with is the report's (report.table): its scaling factor is servescope.scaling's,
+"""The table a headless run ends with is the report's (servescope.report.table): its scaling factor is servescope.judgements.scaling's,
 refused on an unmatched set."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from loadgen.summary import print_summary
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.runfolder import PhaseRecord, RequestRecord, RunFolder
 
 
 def phase(name: str, scenario: str, wall: float, sha: str = "a" * 64, max_tokens: int = 48) -> PhaseRecord:

@@ -14,13 +14,15 @@ import pytest
 import requests
 from gevent.event import Event
 
-from loadgen import prompts, trials
+from loadgen import trials
 from loadgen.isolate import Isolation
 from loadgen.scenarios import BurstPhase, SequentialPhase, Settings
 from loadgen.targets import parse_engine
-from servescope import pidrecords, words
-from servescope.runfolder import RunFolder
-from servescope.thresholds import NoiseRule, WarmupRule
+from servescope.contracts.runfolder import RunFolder
+from servescope.contracts.thresholds import NoiseRule, WarmupRule
+from servescope.host import pidrecords
+from servescope.text import words
+from servescope.workloads import prompts
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticProcess
 from tests.harness import run_cli
@@ -254,7 +256,7 @@ def test_a_noisy_phase_is_run_again_and_the_retry_supersedes_it(tmp_path):
     ]
     assert "vllm sequential: noisy: " in proc.stdout and "running it again as sequential.retry1" in proc.stdout
     assert all(p.noise and p.noise["engine_found"] for p in RunFolder(tmp_path / "retry").phases())
-    # Beside it the machine's energy: joules where this host exposes a counter, else the reason (servescope/energy.py).
+    # Beside it the machine's energy: joules where this host exposes a counter, else the reason (servescope/host/energy.py).
     for p in RunFolder(tmp_path / "retry").phases():
         assert isinstance(p.energy["joules"], float) or p.energy["reason"].startswith("not measured: ")
     manifest = RunFolder(tmp_path / "retry").manifest()

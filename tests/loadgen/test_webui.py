@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from servescope.runfolder import RunFolder
+from servescope.contracts.runfolder import RunFolder
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli, spawn_cli, start_cli

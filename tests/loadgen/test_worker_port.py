@@ -25,7 +25,7 @@ import msgpack
 import pytest
 import zmq
 
-from servescope.runfolder import RunFolder
+from servescope.contracts.runfolder import RunFolder
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli, start_cli
 from tests.loadgen.test_distributed import QUIET_SAMPLER, command, prompt_file
@@ -335,7 +335,7 @@ if _flag and "loadgen.worker" in sys.orig_argv and _chosen(_flag):
 
         time.monotonic = _stepped_monotonic
     if _clocks == "kernel":
-        from servescope import kernel_stamps
+        from servescope.host import kernel_stamps
 
         _kernel_time = kernel_stamps.kernel_time
 

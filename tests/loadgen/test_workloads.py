@@ -1,4 +1,4 @@
-"""The workload kinds as prompt sets (loadgen/workloads/): what each file shape reads as, one-line refusals, conversations' turn order."""
+"""The workload kinds as prompt sets (servescope/workloads/): what each file shape reads as, one-line refusals, conversations' turn order."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import gevent
 import pytest
 
-from loadgen import prompts, workloads
-from loadgen.prompts import PromptSetError
-from loadgen.workloads import generate
-from loadgen.workloads.conversation import ConversationSet
-from loadgen.workloads.sessions import Sessions
-from loadgen.workloads.trace import TraceSet, TraceTurns
+from servescope import workloads
+from servescope.workloads import generate, prompts
+from servescope.workloads.conversation import ConversationSet
+from servescope.workloads.prompts import PromptSetError
+from servescope.workloads.sessions import Sessions
+from servescope.workloads.trace import TraceSet, TraceTurns
 
 
 def write(tmp_path: Path, name: str, lines: list) -> str:

@@ -68,7 +68,7 @@ def hostile_files(tmp: Path) -> dict[str, str]:
 CHILD = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
-from loadgen import prompts
+from servescope.workloads import prompts
 for name, spec in json.loads(sys.stdin.read()).items():
     try:
         loaded = prompts.load(spec)
@@ -137,8 +137,8 @@ def test_a_size_refusal_names_the_limit(outcomes, name, limit):
 
 
 def test_the_limits_are_knobs_and_a_bad_one_is_one_line(tmp_path, monkeypatch):
-    from loadgen import prompts
-    from loadgen.prompts import PromptSetError
+    from servescope.workloads import prompts
+    from servescope.workloads.prompts import PromptSetError
 
     path = tmp_path / "p.txt"
     path.write_text("a" * 3000 + "\n")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from report import cli as report_cli
-from report import table
-from servescope.runfolder import RunFolder
+from servescope.contracts.runfolder import RunFolder
+from servescope.report import cli as report_cli
+from servescope.report import table
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
@@ -94,7 +94,7 @@ def test_a_four_turn_conversation_reuses_its_history_with_caching_on_and_nothing
     assert off_turns[4]["ttft"]["p50"] > off_turns[1]["ttft"]["p50"]
     assert (on_dir / "turns.png").stat().st_size > 10_000
     report = (on_dir / "report.md").read_text()
-    # Numbered by its place among the sections with something to say here (report/outline.py), not a fixed number.
+    # Numbered by its place among the sections with something to say here (servescope/report/outline.py), not a fixed number.
     assert re.search(r"^## \d+\. Workloads", report, re.M) and "Conversations by turn" in report
 
 

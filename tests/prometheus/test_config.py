@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from servescope import prometheus_config as pc
+from servescope.prometheus import prometheus_config as pc
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.tool("prometheus")

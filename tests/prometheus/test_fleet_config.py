@@ -1,4 +1,4 @@
-"""Fleet-mode scrape configs (servescope/fleet_config.py): discovery, the mode's rules, and a real Prometheus on them."""
+"""Fleet-mode scrape configs (servescope/prometheus/fleet_config.py): discovery, the mode's rules, and a real Prometheus on them."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import time
 import pytest
 import yaml
 
-from servescope import fleet_config, metrics_mode, series
-from servescope import prometheus_config as pc
-from servescope.runfolder import RunFolder
-from servescope.sampler import FROM_PROMETHEUS, Sampler
-from stack import prometheus as stack_prometheus
+from servescope.contracts import metrics_mode, series
+from servescope.contracts.runfolder import RunFolder
+from servescope.prometheus import fleet_config
+from servescope.prometheus import prometheus_config as pc
+from servescope.prometheus.sampler import FROM_PROMETHEUS, Sampler
+from servescope.stack import prometheus as stack_prometheus
 from tests.doubles.recorded_engine import vllm_engine
 
 PROMTOOL = shutil.which("promtool")

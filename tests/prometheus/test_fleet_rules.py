@@ -1,4 +1,4 @@
-"""Fleet-mode rules (servescope/fleet_rules.py): generated from the adapters, and equal to the exporter on real pages."""
+"""Fleet-mode rules (servescope/prometheus/fleet_rules.py): generated from the adapters, and equal to the exporter on real pages."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import Config, Instance
 from exporter.server import build as build_exporter
-from servescope import engines, fleet_rules, series
+from servescope import engines
+from servescope.contracts import series
+from servescope.prometheus import fleet_rules
 from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
 from tests.servescope.test_sglang import sglang_engine
 

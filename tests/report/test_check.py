@@ -1,4 +1,4 @@
-"""`python -m report check`: the regression gate's verdicts, exit codes, check.md and JUnit XML on crafted run folders."""
+"""`python -m servescope.report check`: the regression gate's verdicts, exit codes, check.md and JUnit XML on crafted run folders."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from report import check, cli, goodput, stats
-from report.load import load
-from servescope import slo
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope.judgements import slo, stats
+from servescope.report import check, cli, goodput
+from servescope.report.load import load
 
 SHA = "a" * 64
 

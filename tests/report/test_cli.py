@@ -1,4 +1,4 @@
-"""`python -m report` end to end on crafted runs: the files it writes, no Prometheus, bad input, comparison mode."""
+"""`python -m servescope.report` end to end on crafted runs: the files it writes, no Prometheus, bad input, comparison mode."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen import prompts
-from report import cli, sections
-from report.load import load
+from servescope.report import cli, sections
+from servescope.report.load import load
+from servescope.workloads import prompts
 from tests.conftest import free_port
 from tests.harness import run_cli
 
@@ -185,19 +185,19 @@ def test_within_run_comparison_of_two_engines():
 
 def test_comparison_plot_when_an_interval_misses_its_delta(tmp_path):
     """Regression: a CI that does not hold its delta made a negative error bar and the whole report failed."""
-    from report import figures, plots
-    from report.compare import Delta
+    from servescope.report import figures, plots
+    from servescope.report.compare import Delta
 
     d = Delta("a/vllm", "b/vllm", "rate", "itl_s", False, 10**8, 10**8, 0.03, 0.02, 0.01, 0.0102, 0.0108, 50.0)
     assert plots.compare(figures.compare([d]), tmp_path / "comparison.png") == tmp_path / "comparison.png"
 
 
 def test_the_readme_names_report_sections_that_exist_and_never_by_number():
-    """Section numbers come from the report's order (report/render.py): the README cites sections by their titles,
+    """Section numbers come from the report's order (servescope/report/render.py): the README cites sections by their titles,
     and every title it cites is one the report writes (the reference page's own sections keep their numbers)."""
     import inspect
 
-    from report import goodput, sections, summary, workloads
+    from servescope.report import goodput, sections, summary, workloads
 
     root = Path(__file__).resolve().parents[2]
     readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])

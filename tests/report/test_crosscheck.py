@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from report import crosscheck
-from report.load import load
+from servescope.report import crosscheck
+from servescope.report.load import load
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from report import cli, energy, goodput
-from report.load import Run, load
-from report.render import Document, markdown
-from servescope.runfolder import PhaseRecord, RunFolder
+from servescope.contracts.runfolder import PhaseRecord, RunFolder
+from servescope.report import cli, energy, goodput
+from servescope.report.load import Run, load
+from servescope.report.render import Document, markdown
 from tests.conftest import free_port
 from tests.servescope.test_slo import rec
 

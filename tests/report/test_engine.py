@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from report import cli, query, render, sections, stats
-from report.load import load
-from servescope import runfolder, runreader
-from servescope.runreader import RunData
+from servescope.contracts import runfolder, runreader
+from servescope.contracts.runreader import RunData
+from servescope.judgements import stats
+from servescope.report import cli, query, render, sections
+from servescope.report.load import load
 from tests.report.test_cli import slower_copy
 from tests.report.test_loadgen_shape import write_run
 

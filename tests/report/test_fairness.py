@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from report import fairness
-from report.load import load
+from servescope.report import fairness
+from servescope.report.load import load
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from report import cli, compare, figures, gauges, render, sections
-from report.gauges import Prometheus, PrometheusError, collect
-from report.load import load
-from servescope import series, thresholds
-from servescope.runfolder import PhaseRecord, RunFolder, SampleRecord, append_samples
+from servescope.contracts import series, thresholds
+from servescope.contracts.runfolder import PhaseRecord, RunFolder, SampleRecord, append_samples
+from servescope.report import cli, compare, figures, gauges, render, sections
+from servescope.report.gauges import Prometheus, PrometheusError, collect
+from servescope.report.load import load
 from tests.conftest import free_port
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from report import cli as report_cli
-from report import figures, plots
-from report import gauges as report_gauges
-from report.load import load
-from servescope import series
+from servescope.contracts import series
+from servescope.report import cli as report_cli
+from servescope.report import figures, plots
+from servescope.report import gauges as report_gauges
+from servescope.report.load import load
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli

@@ -10,16 +10,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from report import goodput
-from report.load import Run, load
-from servescope import slo, thresholds
-from servescope.runfolder import PhaseRecord, RunFolder
+from servescope.contracts import thresholds
+from servescope.contracts.runfolder import PhaseRecord, RunFolder
+from servescope.judgements import slo
+from servescope.report import goodput
+from servescope.report.load import Run, load
 from tests.servescope.test_slo import rec
 
 
 def run_with(flags, records=(), counted: bool = False) -> Run:
     """A run folder holding one phase of these records under this manifest's flags, read as the report reads one;
-    counted: with the manifest SLO's gap limits counted while it is read (as `python -m report` does)."""
+    counted: with the manifest SLO's gap limits counted while it is read (as `python -m servescope.report` does)."""
     folder = RunFolder.create(Path(tempfile.mkdtemp()), "r")
     folder.append_phase(PhaseRecord("vllm", "vllm", "knee", "p", 100.0, 104.0, len(records), 2, "s", "x", 4))
     for r in records:
@@ -61,7 +62,7 @@ def test_goodput_per_phase_is_the_slo_rule_over_the_phase_wall():
 
 def test_a_manifest_time_past_year_9999_is_said_not_raised():
     """Found by the fuzzed run folders: a manifest started_at of 2.5e11 (year 10000) or 6.8e16 crashed the setup."""
-    from report import sections
+    from servescope.report import sections
 
     assert sections._utc(253402300800.0) == "2.53402e+11 (not a date)"
     assert "not a date" in sections._utc(6.77680361916768e16)
@@ -85,7 +86,7 @@ def test_a_manifest_time_past_year_9999_is_said_not_raised():
     st.booleans(),
 )
 def test_the_engine_judges_a_phase_as_servescope_slo_does(ok_ttft_e2e_itl_tokens_lag, text, counted):
-    """The report asks the engine what servescope/slo.py computes from records: the same result, field by field,
+    """The report asks the engine what servescope/judgements/slo.py computes from records: the same result, field by field,
     whether each request's gaps within a limit were counted as the run was read or are counted now."""
     records = []
     for ok, ttft, e2e, itl, tokens, lag in ok_ttft_e2e_itl_tokens_lag:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from report import latency
-from report.load import load
+from servescope.report import latency
+from servescope.report.load import load
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 
@@ -47,9 +47,9 @@ def test_failures_are_counted_by_reason_and_left_out_of_the_percentiles():
 
 
 def test_tpot_is_computed_when_the_record_lacks_it(tmp_path):
-    """One rule in two forms: servescope.slo.tpot on a record, latency.TPOT_SQL in the engine; they agree."""
-    from servescope.runfolder import RequestRecord, RunFolder
-    from servescope.slo import tpot
+    """One rule in two forms: servescope.judgements.slo.tpot on a record, latency.TPOT_SQL in the engine; they agree."""
+    from servescope.contracts.runfolder import RequestRecord, RunFolder
+    from servescope.judgements.slo import tpot
 
     def record(sent, output_tokens, tpot_s=None):
         return RequestRecord(
@@ -90,7 +90,7 @@ def test_a_knee_or_sweep_has_a_latency_row_per_load_level(folder, levels):
     records), never one row pooling the levels."""
     import numpy as np
 
-    from report import figures
+    from servescope.report import figures
 
     run = load(RUNS / folder)
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from report.load import RunError, load, resolve
+from servescope.report.load import RunError, load, resolve
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 

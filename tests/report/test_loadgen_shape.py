@@ -1,13 +1,13 @@
-"""A run folder written through servescope.runfolder in the shape the load generator writes (engines keyed by
+"""A run folder written through servescope.contracts.runfolder in the shape the load generator writes (engines keyed by
 instance with probed settings, Ollama *_ns stats, ignore_eos "unavailable", repeated bursts, an interrupted run)."""
 
 from __future__ import annotations
 
 import pytest
 
-from report import crosscheck, fairness, sections, table
-from report.load import load
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope.report import crosscheck, fairness, sections, table
+from servescope.report.load import load
 
 SHA = "ab" * 32
 T = 1796010000.0

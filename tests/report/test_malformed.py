@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from report import cli, render, sections
-from report.load import RunError, load
-from servescope.runfolder import PHASE_FIELDS, REQUEST_FIELDS, PhaseRecord, RequestRecord
+from servescope.contracts.runfolder import PHASE_FIELDS, REQUEST_FIELDS, PhaseRecord, RequestRecord
+from servescope.report import cli, render, sections
+from servescope.report.load import RunError, load
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 NO_PROMETHEUS = "http://127.0.0.1:9"  # nothing listens on the discard port
@@ -45,7 +45,7 @@ def test_the_contract_names_every_record_field():
 
 
 def test_wrong_typed_fields_are_skipped_and_the_report_is_written(tmp_path, capsys):
-    """Regression: each of these made `python -m report` end in a traceback and write no report."""
+    """Regression: each of these made `python -m servescope.report` end in a traceback and write no report."""
     run = with_record_changes(
         RUNS / "seed-vllm-ollama",
         tmp_path / "r",

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from report import noise, sections, table
-from report.load import load
-from servescope import words
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.runfolder import PhaseRecord, RequestRecord, RunFolder
+from servescope.report import noise, sections, table
+from servescope.report.load import load
+from servescope.text import words
 
 SHA = "cd" * 32
 T = 1796010000.0
@@ -301,7 +301,7 @@ def test_a_bad_repetition_or_noise_field_costs_only_its_record(tmp_path, bad):
 
 
 def test_a_bad_noise_knob_is_one_line_in_the_report(tmp_path, monkeypatch, capsys):
-    from report import cli
+    from servescope.report import cli
 
     monkeypatch.setenv("OUTLIER_RATIO", "0.5")
     assert cli.main(["--results", str(tmp_path), "--table-only"]) == 2
@@ -309,7 +309,7 @@ def test_a_bad_noise_knob_is_one_line_in_the_report(tmp_path, monkeypatch, capsy
 
 
 def test_the_knees_summary_line_says_one_user_not_one_users():
-    from report import summary
+    from servescope.report import summary
 
     knee = {"unit": "users", "status": "found", "knee": 1, "first_failing": 2, "binding": {}}
     assert summary._knee_line(knee) == "Knee: 1 user (fails at 2 users)"

@@ -1,4 +1,4 @@
-"""report/outline.py's walk: sections built by stage, numbered by their place among those with something to say."""
+"""servescope/report/outline.py's walk: sections built by stage, numbered by their place among those with something to say."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from report.load import load
-from report.outline import Context, ReportSection, walk
-from report.render import Paragraph, Section, markdown
+from servescope.report.load import load
+from servescope.report.outline import Context, ReportSection, walk
+from servescope.report.render import Paragraph, Section, markdown
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 BUILT: list[str] = []
@@ -104,7 +104,7 @@ def test_a_figure_is_asked_for_only_once_the_figures_are_collected(ctx):
 
 
 def test_a_bad_slo_is_refused_before_anything_is_built():
-    from servescope import slo
+    from servescope.judgements import slo
 
     run = load(RUNS / "seed-vllm-ollama")
     try:
@@ -115,6 +115,6 @@ def test_a_bad_slo_is_refused_before_anything_is_built():
 
 
 def markdown_of(sections: list[Section]) -> str:
-    from report.render import Document
+    from servescope.report.render import Document
 
     return markdown(Document("t", "s", sections))

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from report import painter as painter_module
-from report import stats
-from report.painter import FigureFailed, Painter, PainterStopped
+from servescope.judgements import stats
+from servescope.report import painter as painter_module
+from servescope.report.painter import FigureFailed, Painter, PainterStopped
 from tests.harness import run_python, start_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def test_data_that_does_not_pickle_fails_its_figure_alone(tmp_path):
 
 
 def test_a_figure_that_cannot_be_written_is_the_reports_one_line_and_exit_1(tmp_path, capsys):
-    from report import cli
+    from servescope.report import cli
 
     run = tmp_path / "run"
     shutil.copytree(RUNS / "seed-vllm-ollama", run)
@@ -148,7 +148,7 @@ def test_box_stats_are_matplotlibs(values):
 STOPPED_PAINTER = """
 import os, signal, sys
 from pathlib import Path
-from report.painter import Painter
+from servescope.report.painter import Painter
 painter = Painter()
 os.kill(painter._proc.pid, signal.SIGSTOP)
 out = Path(sys.argv[1])

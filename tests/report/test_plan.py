@@ -1,4 +1,4 @@
-"""The plan: the replica model's queueing and routing, the replica search, and `python -m report plan` on a knee folder."""
+"""The plan: the replica model's queueing and routing, the replica search, and `python -m servescope.report plan` on a knee folder."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from report import plan, replicas, speed, traffic
-from report.replicas import Arrival, Level, Profile
-from servescope import binding, slo
-from servescope.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
+from servescope.judgements import binding, slo
+from servescope.report import plan, replicas, speed, traffic
+from servescope.report.replicas import Arrival, Level, Profile
 
 
 def level(concurrency, ttft=0.1, tpot=0.02, failed=0.0):
@@ -235,7 +235,7 @@ def test_a_folder_without_knee_json_is_refused_in_one_line(tmp_path, capsys):
 
 
 def test_the_router_config_streams_through_kept_alive_connections_to_every_replica(tmp_path):
-    from stack.router import config
+    from servescope.stack.router import config
 
     text = config(["http://127.0.0.1:8001", "127.0.0.1:8002/"], 9000, replicas.LEAST_CONN, tmp_path)
     assert "least_conn;" in text and "server 127.0.0.1:8001 " in text and "server 127.0.0.1:8002 " in text
@@ -251,15 +251,15 @@ def test_energy_per_good_token_is_the_knee_level_s_measured_joules_or_says_why_n
 
 
 def test_a_knee_runs_report_carries_the_plan_for_the_default_traffic(tmp_path, monkeypatch):
-    from report import sections
-    from report.load import load as load_run
+    from servescope.report import sections
+    from servescope.report.load import load as load_run
 
     monkeypatch.setenv("PLAN_TRACE", "trace-small")
     monkeypatch.setenv("PLAN_SPEED", "4")
     knee = _knee_folder(tmp_path)
     doc, numbers = sections.build(load_run(knee), "http://127.0.0.1:9", figures=False)
     section = next(s for s in doc.sections if s.title.startswith("Replicas for a traffic"))
-    # The same answer `python -m report plan` gives for that traffic and those SLOs, from the same model.
+    # The same answer `python -m servescope.report plan` gives for that traffic and those SLOs, from the same model.
     spec = slo.resolve("ttft<=0.5", 0.9)
     s = plan.settings_of()
     expected, _ = plan.plan(
@@ -275,8 +275,8 @@ def test_a_knee_runs_report_carries_the_plan_for_the_default_traffic(tmp_path, m
 
 
 def test_the_report_says_why_it_could_not_plan_and_other_runs_have_no_plan(tmp_path, monkeypatch):
-    from report import sections
-    from report.load import load as load_run
+    from servescope.report import sections
+    from servescope.report.load import load as load_run
 
     monkeypatch.setenv("PLAN_TRACE", "")
     doc, numbers = sections.build(load_run(_knee_folder(tmp_path / "k")), "http://127.0.0.1:9", figures=False)

@@ -10,10 +10,10 @@ import random
 import numpy as np
 import pytest
 
-from report import plan, replica_events, replicas, traffic
-from report.replicas import Arrival, Level, Profile
-from servescope import slo
-from servescope.runfolder import KNEE
+from servescope.contracts.runfolder import KNEE
+from servescope.judgements import slo
+from servescope.report import plan, replica_events, replicas, traffic
+from servescope.report.replicas import Arrival, Level, Profile
 from tests.report.plan_knees import knee_folder, real_knee
 
 pytestmark = pytest.mark.timeout(120)  # a hang is what several of these guard against: it fails, never blocks
@@ -68,7 +68,7 @@ def test_a_trace_hundreds_of_thousands_of_seconds_long_ends(seed):
 
 
 def test_the_compiled_loop_gives_what_its_python_source_gives():
-    # numba compiles report/replica_events.py's own source; run as Python it must say the same, request by request.
+    # numba compiles servescope/report/replica_events.py's own source; run as Python it must say the same, request by request.
     profile, arrivals, n, policy = _late_profile_and_trace(21)
     schedule = replicas.Schedule.of(arrivals)
     tokens = np.where(schedule.output_tokens > 0, schedule.output_tokens, profile.output_tokens)

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from report import plan, replica_events, replicas
-from report.replicas import Arrival, Level, Profile, Sharing
-from servescope import slo
-from servescope.runfolder import KNEE
+from servescope.contracts.runfolder import KNEE
+from servescope.judgements import slo
+from servescope.report import plan, replica_events, replicas
+from servescope.report.replicas import Arrival, Level, Profile, Sharing
 from tests.report.plan_knees import knee_folder
 
 pytestmark = pytest.mark.timeout(300)

@@ -1,4 +1,4 @@
-"""The plan over the speed its knee measured: the spread read from a knee's repeated measurements (report/speed.py),
+"""The plan over the speed its knee measured: the spread read from a knee's repeated measurements (servescope/report/speed.py),
 the band it predicts, the count rule, PLAN_SLOWER as an override, and the predicted latency percentiles."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from report import plan, replicas, speed, traffic
-from report.replicas import Level, Profile
-from servescope import slo
-from servescope.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
+from servescope.judgements import slo
+from servescope.report import plan, replicas, speed, traffic
+from servescope.report.replicas import Level, Profile
 
 # (users, [(TTFT s, time per token s, load average), one a measurement])
 VARYING = (

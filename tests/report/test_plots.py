@@ -1,4 +1,4 @@
-"""The report's figures as drawn (report/plots.py): token counts are whole numbers on every axis, and a
+"""The report's figures as drawn (servescope/report/plots.py): token counts are whole numbers on every axis, and a
 distribution with one value is drawn as that value."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from report import plots
+from servescope.report import plots
 
 
 def _ticks(ax, axis: str) -> list[str]:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from report import render, sections
-from report.load import load
-from report.outline import NOT_IN_THIS_RUN
+from servescope.report import render, sections
+from servescope.report.load import load
+from servescope.report.outline import NOT_IN_THIS_RUN
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 NO_PROMETHEUS = "http://127.0.0.1:9"
@@ -108,7 +108,7 @@ COUNTED = "users|requests|phases|engines|repetitions|measurements|records|messag
 @pytest.mark.parametrize("name", list(FIRST))
 def test_counts_agree_with_their_nouns(reports, name):
     """Issue 40: "Knee: 1 users"; and "(s)" wherever a count was not known to be one or many. The replicas section
-    is report/plan.py's (its own words)."""
+    is servescope/report/plan.py's (its own words)."""
     doc, _ = reports[name]
     md = render.markdown(doc)
     plan_start = md.find(f". {REPLICAS}")

@@ -1,14 +1,14 @@
-"""The report's sections (report/sections.py): numbered in SECTIONS' order, each rendered from its built data alone."""
+"""The report's sections (servescope/report/sections.py): numbered in SECTIONS' order, each rendered from its built data alone."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from report import sections, workloads
-from report.load import load
-from report.outline import Context
-from report.render import markdown
+from servescope.report import sections, workloads
+from servescope.report.load import load
+from servescope.report.outline import Context
+from servescope.report.render import markdown
 from tests.report.test_plan import _knee_folder
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
@@ -62,7 +62,7 @@ def test_every_section_renders_from_its_data_with_the_run_closed(monkeypatch, tm
 
 
 def test_the_setup_section_says_the_cpu_priority_the_run_recorded(tmp_path):
-    """One line from the manifest's trials.cpu_priority (servescope/cpu_priority.py); a run from before it: none."""
+    """One line from the manifest's trials.cpu_priority (servescope/host/cpu_priority.py); a run from before it: none."""
     import json
     import shutil
 

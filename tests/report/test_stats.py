@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from report import stats
+from servescope.judgements import stats
 
 
 def test_percentile_by_hand():
@@ -112,7 +112,7 @@ def test_a_subsampled_interval_sits_around_the_exact_delta():
 
 
 def test_the_ratio_bootstrap_sees_goodput_rise_and_not_when_the_sides_are_alike():
-    from report.stats import bootstrap_ratio_delta
+    from servescope.judgements.stats import bootstrap_ratio_delta
 
     # 3 users; 40 requests of 0.2 s each: all good (15 good/s) against 3 in 4 good (11.25 good/s).
     better = ([1.0] * 40, [0.2] * 40, 3.0)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from report import sweep
-from report.load import load
+from servescope.report import sweep
+from servescope.report.load import load
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from report import cli, table
-from report.load import load
+from servescope.report import cli, table
+from servescope.report.load import load
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 

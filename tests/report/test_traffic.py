@@ -1,4 +1,4 @@
-"""report/traffic.py's real-service traffic (`report plan --prometheus-query`) against what a Prometheus may answer:
+"""servescope/report/traffic.py's real-service traffic (`report plan --prometheus-query`) against what a Prometheus may answer:
 arrivals, or one line; never a traceback, a password, a redirect followed elsewhere (issue 42 cases 10 and 14)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from report import plan, traffic
+from servescope.report import plan, traffic
 from tests.doubles.hostile_http import Hostile, reply
 from tests.report.plan_knees import knee_folder
 from tests.servescope.test_prometheus_api import ANSWERS, success

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from report.gauges import GaugeReport
-from report.load import EngineInfo
-from report.verdict import Verdict, build, decide
-from servescope import series
+from servescope.contracts import series
+from servescope.report.gauges import GaugeReport
+from servescope.report.load import EngineInfo
+from servescope.report.verdict import Verdict, build, decide
 
 R, W, K = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE
 VLLM = EngineInfo("vllm", "vllm", flags={"max-num-seqs": 8, "max-model-len": 1024, "VLLM_CPU_KVCACHE_SPACE": 1})
@@ -70,7 +70,7 @@ def test_no_gauge_data_means_no_verdict_with_the_reason(kind):
 
 
 def _burst(kind: str, ttfts: list[float], queued: int, served_after: int, wall: float = 1.7):
-    from report.sweep import BurstDrain
+    from servescope.report.sweep import BurstDrain
 
     return BurstDrain(
         kind, kind, "burst-1", len(ttfts), wall, max(ttfts), None, list(enumerate(ttfts)), queued, served_after, 0.0
@@ -78,7 +78,7 @@ def _burst(kind: str, ttfts: list[float], queued: int, served_after: int, wall: 
 
 
 def _sampled(instance: str, kind: str, samples: int, missing: int = 0, reasons=(), running: float = 1):
-    from report.gauges import EngineGauges, PhaseCoverage
+    from servescope.report.gauges import EngineGauges, PhaseCoverage
 
     eg = EngineGauges(instance, kind, source="samples", spacing_s=5.0, series={W: [(0.0, 0.0)]})
     eg.coverage["burst-1"] = PhaseCoverage("burst-1", 1.7, samples, missing, list(reasons))
@@ -88,7 +88,7 @@ def _sampled(instance: str, kind: str, samples: int, missing: int = 0, reasons=(
 
 def test_the_issues_llamacpp_burst_is_never_nothing_waited():
     """Live: --parallel 1, TTFT 0.021 / 0.586 / 1.135 s, gauges read 0 waiting: the verdict follows the clients."""
-    from report.verdict import QueueEvidence
+    from servescope.report.verdict import QueueEvidence
 
     queue = QueueEvidence([_burst("llamacpp", [0.021, 0.586, 1.135], queued=2, served_after=2)])
     v = decide(LLAMA, {R: 1, W: 0, K: 0.01}, gauges=_sampled("llamacpp", "llamacpp", samples=0), queue=queue)
@@ -104,7 +104,7 @@ def test_the_issues_llamacpp_burst_is_never_nothing_waited():
 
 
 def test_missing_samples_during_the_burst_are_named_as_the_reason():
-    from report.verdict import QueueEvidence
+    from servescope.report.verdict import QueueEvidence
 
     queue = QueueEvidence([_burst("vllm", [0.05, 0.3, 0.55], queued=2, served_after=2)])
     gauges = _sampled("vllm", "vllm", samples=1, missing=6, reasons=["the exporter could not read this engine"])
@@ -126,7 +126,7 @@ def test_a_queue_without_the_kv_pools_usage_names_no_vllm_lever():
 
 
 def test_gauges_waiting_the_clients_did_not_see_is_said():
-    from report.verdict import QueueEvidence
+    from servescope.report.verdict import QueueEvidence
 
     queue = QueueEvidence([_burst("vllm", [0.1, 0.11, 0.12], queued=0, served_after=0)])
     v = decide(VLLM, {R: 8, W: 4, K: 0.04}, queue=queue)
@@ -134,8 +134,8 @@ def test_gauges_waiting_the_clients_did_not_see_is_said():
 
 
 def test_the_engines_own_queue_timings_count_as_evidence():
-    from report.ttft_split import RequestSplit, TtftSplit, _finish
-    from report.verdict import QueueEvidence
+    from servescope.report.ttft_split import RequestSplit, TtftSplit, _finish
+    from servescope.report.verdict import QueueEvidence
 
     split = TtftSplit("ollama", "ollama", True, "Ollama's final object")
     split.requests = [
@@ -152,8 +152,8 @@ def test_the_engines_own_queue_timings_count_as_evidence():
 
 
 def _ollama_split(queues: list[float], load: float = 0.002, prompt: float = 0.02, ttft: float = 0.1):
-    """Ollama's own durations of some requests (report/ttft_split.py's parts): one queue each."""
-    from report.ttft_split import RequestSplit, TtftSplit, _finish
+    """Ollama's own durations of some requests (servescope/report/ttft_split.py's parts): one queue each."""
+    from servescope.report.ttft_split import RequestSplit, TtftSplit, _finish
 
     split = TtftSplit("ollama", "ollama", True, "Ollama's final object: *_duration (ns), per request")
     split.requests = [
@@ -177,7 +177,7 @@ def test_ollamas_waiting_alone_never_names_the_knob_it_was_split_from():
 
 
 def test_ollamas_own_durations_decide_over_the_proxys_waiting():
-    from report.verdict import QueueEvidence
+    from servescope.report.verdict import QueueEvidence
 
     busy = decide(OLLAMA, {R: 1, W: 2, K: None}, queue=QueueEvidence([], _ollama_split([0.0, 0.5, 0.8])))
     assert busy.lever == "ollama_num_parallel" and busy.text.startswith(
@@ -195,7 +195,7 @@ def test_ollamas_own_durations_decide_over_the_proxys_waiting():
 
 def test_late_first_tokens_that_ollama_did_not_queue_are_not_a_slot_lever():
     """The bursts' first tokens came one by one, yet Ollama's durations put the time in loading: not the knob."""
-    from report.verdict import QueueEvidence
+    from servescope.report.verdict import QueueEvidence
 
     queue = QueueEvidence([_burst("ollama", [0.1, 0.6, 0.9], queued=2, served_after=0)], _ollama_split([0, 0, 0], 0.5))
     v = decide(OLLAMA, {R: 1, W: 2, K: None}, queue=queue)
@@ -205,7 +205,7 @@ def test_late_first_tokens_that_ollama_did_not_queue_are_not_a_slot_lever():
 
 
 def test_without_ollamas_durations_the_bursts_decide_and_say_so():
-    from report.verdict import QueueEvidence
+    from servescope.report.verdict import QueueEvidence
 
     after = QueueEvidence([_burst("ollama", [0.1, 0.6, 0.9], queued=2, served_after=2)])
     v = decide(OLLAMA, {R: 1, W: 2, K: None}, queue=after)
@@ -220,7 +220,7 @@ def test_a_run_that_went_around_the_proxy_is_not_observed_whatever_the_proxy_cou
     """The manifest says the requests went to Ollama directly: the proxy's numbers are other traffic's."""
     from types import SimpleNamespace
 
-    from report.gauges import EngineGauges
+    from servescope.report.gauges import EngineGauges
 
     direct = EngineInfo("ollama", "ollama", flags={"OLLAMA_NUM_PARALLEL": 1}, route="direct")
     eg = EngineGauges("ollama", "ollama", source="samples", spacing_s=0.1, series={W: [(0.0, 2.0)], R: [(0.0, 1.0)]})

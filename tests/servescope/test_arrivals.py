@@ -1,4 +1,4 @@
-"""The open-loop arrival schedules (servescope/arrivals.py) and the two users that must agree on them: a load phase and a plan."""
+"""The open-loop arrival schedules (servescope/judgements/arrivals.py) and the two users that must agree on them: a load phase and a plan."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from itertools import islice
 
 import pytest
 
-from loadgen.prompts import load as load_prompts
 from loadgen.runplan import replay_phase
 from loadgen.scenarios import RatePhase, Settings
 from loadgen.targets import Target
-from report import traffic
-from servescope import arrivals
+from servescope.judgements import arrivals
+from servescope.report import traffic
+from servescope.workloads.prompts import load as load_prompts
 
 
 def settings(prompt_set="seed3") -> Settings:

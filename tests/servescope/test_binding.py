@@ -1,12 +1,13 @@
-"""servescope/binding.py's rule, one branch at a time: each name from evidence of its own, and "undecided" without it."""
+"""servescope/judgements/binding.py's rule, one branch at a time: each name from evidence of its own, and "undecided" without it."""
 
 from __future__ import annotations
 
 import pytest
 
-from servescope import binding, series, slo, thresholds
-from servescope.runfolder import RequestRecord, SampleRecord
-from servescope.sampler import ENGINE_UNREAD
+from servescope.contracts import series, thresholds
+from servescope.contracts.runfolder import RequestRecord, SampleRecord
+from servescope.judgements import binding, slo
+from servescope.prometheus.sampler import ENGINE_UNREAD
 
 SPEC = slo.parse("ttft_p95<=1,tpot<=0.05", 0.9)
 T0 = 1_700_000_000.0

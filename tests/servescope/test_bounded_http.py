@@ -1,4 +1,4 @@
-"""servescope/bounded_http.py: every read of another service ends, holds a bounded body, stays on its origin, and says so
+"""servescope/host/bounded_http.py: every read of another service ends, holds a bounded body, stays on its origin, and says so
 in one printable line without the URL's password (issue 42, "one bounded client for every other service")."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servescope import bounded_http, printable, urls
-from servescope.bounded_http import MAX_JSON_DEPTH, Origin, ServiceError, parse_json
+from servescope.contracts import urls
+from servescope.host import bounded_http
+from servescope.host.bounded_http import MAX_JSON_DEPTH, Origin, ServiceError, parse_json
+from servescope.text import printable
 from tests.doubles.hostile_http import Hostile, drip, huge, reply
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""servescope/children.py: every child is gone after stop, on the stated schedule (SIGINT, SIGTERM, SIGKILL), whether
+"""servescope/host/children.py: every child is gone after stop, on the stated schedule (SIGINT, SIGTERM, SIGKILL), whether
 it obeys the first signal, ignores it, ignores the second too, or has exited."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from servescope import children
+from servescope.host import children
 
 # A child that says each signal it gets, ignoring those named in IGNORE, and prints "up" once its handlers are in.
 CHILD = """

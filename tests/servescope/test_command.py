@@ -40,7 +40,7 @@ def test_an_unknown_verb_is_one_line_with_the_nearest():
 
 def test_every_command_of_the_stack_and_the_load_generator_has_a_verb():
     from loadgen.verbs import COMMANDS
-    from stack import cli as stack_cli
+    from servescope.stack import cli as stack_cli
 
     assert set(stack_cli.COMMANDS) | set(COMMANDS) | {"quick", "webui"} <= set(command.BY_NAME)
 

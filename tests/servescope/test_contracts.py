@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from servescope import engines, knob_defaults, knobs, series
-from servescope.runfolder import PhaseRecord, RequestRecord, RunFolder, latest
+from servescope import engines
+from servescope.contracts import knob_defaults, knobs, series
+from servescope.contracts.runfolder import PhaseRecord, RequestRecord, RunFolder, latest
 
 
 def test_knob_precedence_environment_over_env_over_defaults(tmp_path):
@@ -116,10 +117,10 @@ def test_run_folder_round_trip_and_torn_last_line(tmp_path):
 
 
 def test_the_knob_files_are_generated_from_the_table_and_fresh():
-    """.env.example and docs/knobs.md are servescope/knob_defaults.py's table: every knob, its default, its comment."""
-    from servescope import knob_table
+    """.env.example and docs/knobs.md are servescope/contracts/knob_defaults.py's table: every knob, its default, its comment."""
+    from servescope.contracts import knob_table
 
-    assert knob_table.main(["--check"]) == 0, "stale: python -m servescope.knob_table --write"
+    assert knob_table.main(["--check"]) == 0, "stale: python -m servescope.contracts.knob_table --write"
     page = knob_table.PAGE.read_text()
     assert all(f"| `{k}` |" in page for k in knob_defaults.DEFAULTS)
     assert "| `LOADGEN_CAPACITY_PROMPTS` | `synthetic:256` |" in page
@@ -127,7 +128,7 @@ def test_the_knob_files_are_generated_from_the_table_and_fresh():
 
 
 def test_a_stale_knob_file_is_named(tmp_path, monkeypatch, capsys):
-    from servescope import knob_table
+    from servescope.contracts import knob_table
 
     monkeypatch.setattr(knob_table, "ENV_EXAMPLE", tmp_path / ".env.example")
     monkeypatch.setattr(knob_table, "PAGE", tmp_path / "docs" / "knobs.md")
@@ -137,14 +138,14 @@ def test_a_stale_knob_file_is_named(tmp_path, monkeypatch, capsys):
     assert knob_table.main(["--check"]) == 1
     assert (
         capsys.readouterr().err.strip()
-        == f"{tmp_path / '.env.example'} is stale: run python -m servescope.knob_table --write"
+        == f"{tmp_path / '.env.example'} is stale: run python -m servescope.contracts.knob_table --write"
     )
 
 
 def test_the_knob_table_has_each_name_once_and_the_help_as_comments():
     names = [knob.name for knob in knob_defaults.KNOBS]
     assert len(names) == len(set(names)) and all(name.isidentifier() and name.isupper() for name in names)
-    from servescope import knob_table
+    from servescope.contracts import knob_table
 
     text = knob_table.env_example()
     assert (

@@ -1,4 +1,4 @@
-"""CPU priority (servescope/cpu_priority.py) on fake cgroup trees (v1, v2, refused, exited pids), and once for real as root."""
+"""CPU priority (servescope/host/cpu_priority.py) on fake cgroup trees (v1, v2, refused, exited pids), and once for real as root."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from servescope import cpu_priority
+from servescope.host import cpu_priority
 from tests.conftest import unavailable
 from tests.doubles.synthetic_openai import SyntheticProcess
 

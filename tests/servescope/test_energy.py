@@ -9,8 +9,8 @@ import pytest
 
 from loadgen.targets import Target
 from loadgen.trials import NoiseKeeper
-from servescope import energy
-from servescope.runfolder import PhaseRecord, RunFolder
+from servescope.contracts.runfolder import PhaseRecord, RunFolder
+from servescope.host import energy
 
 RANGE_UJ = 262143328850  # a package zone's max_energy_range_uj on Intel client and server parts
 

@@ -1,4 +1,4 @@
-"""servescope.engine_identity against recorded engine pages over real HTTP: the exporter's and the load generator's one reading."""
+"""servescope.host.engine_identity against recorded engine pages over real HTTP: the exporter's and the load generator's one reading."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from exporter.llamacpp import LlamacppCollector
 from exporter.upstream import Upstream, UpstreamError
-from servescope import engine_identity
+from servescope.host import engine_identity
 from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
 
 

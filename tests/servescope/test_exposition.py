@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servescope.exposition import _plain_sample, parse_exposition, prometheus_samples
+from servescope.prometheus.exposition import _plain_sample, parse_exposition, prometheus_samples
 
 WANTED = frozenset(("servescope_engine_up", "servescope_requests_running", "vllm:kv_cache_usage_perc"))
 EXAMPLES = 300  # a fixed seed and a modest count: the fast suite's (4,000 found nothing more when this was written)

@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from servescope import hostnoise, pidrecords
-from servescope.thresholds import NoiseRule
+from servescope.contracts.thresholds import NoiseRule
+from servescope.host import hostnoise, pidrecords
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 REPO = Path(__file__).resolve().parents[2]

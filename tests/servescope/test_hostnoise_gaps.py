@@ -6,13 +6,13 @@ import errno
 import json
 
 from loadgen import trials
-from servescope import hostnoise
-from servescope.runfolder import PhaseRecord
+from servescope.contracts.runfolder import PhaseRecord
+from servescope.host import hostnoise
 from tests.harness import run_python
 
 EXHAUST = """
 import json, os, resource
-from servescope import hostnoise
+from servescope.host import hostnoise
 
 watch = hostnoise.Watch(hostnoise.Roles())
 watch.begin()

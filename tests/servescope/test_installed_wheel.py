@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from servescope import knob_defaults
+from servescope.contracts import knob_defaults
 from tests.conftest import free_port, wait_http
 from tests.doubles.synthetic_openai import SyntheticServer
 
@@ -65,14 +65,14 @@ def run(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_knob_defaults_come_from_the_installed_package(installed, elsewhere):
-    code = "from servescope import knobs; print(knobs.__file__); print(knobs.get_int('EXPORTER_PORT'))"
+    code = "from servescope.contracts import knobs; print(knobs.__file__); print(knobs.get_int('EXPORTER_PORT'))"
     where, port = run(installed, elsewhere, "-c", code).stdout.split()
     assert Path(where).is_relative_to(installed.parent.parent)  # the wheel's copy, not the checkout's
     assert not (Path(where).parent.parent / ".env.example").exists()
     assert port == "9464"
 
 
-@pytest.mark.parametrize("module", ["report", "loadgen", "exporter", "stack"])
+@pytest.mark.parametrize("module", ["servescope.report", "loadgen", "exporter", "servescope.stack"])
 def test_every_command_answers_help(installed, elsewhere, module):
     proc = run(installed, elsewhere, "-m", module, "--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -101,7 +101,7 @@ def test_a_load_run_and_its_report_from_another_folder(installed, elsewhere):
     assert proc.stdout.strip().splitlines()[-1] == "run folder: results/w"
     folder = elsewhere / "results" / "w"  # a relative --results is the caller's folder
     assert (folder / "requests.jsonl").read_text().count("\n") == 3  # BURST_SIZE's default, from the wheel's table
-    report = run(installed, elsewhere, "-m", "report", "--run", str(folder))
+    report = run(installed, elsewhere, "-m", "servescope.report", "--run", str(folder))
     assert report.returncode == 0, report.stderr[-3000:]
     assert (folder / "report.md").is_file() and (folder / "report.html").is_file()
 
@@ -112,7 +112,7 @@ def test_run_folders_default_to_the_working_directory_not_site_packages(installe
         proc = run(installed, elsewhere, "-m", "loadgen", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == f"run folder: {elsewhere / 'results' / 'd'}"
-    report = run(installed, elsewhere, "-m", "report")  # the latest run under the same default
+    report = run(installed, elsewhere, "-m", "servescope.report")  # the latest run under the same default
     assert report.returncode == 0, report.stderr[-3000:]
     assert (elsewhere / "results" / "d" / "report.md").is_file()
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from servescope import kernel_stamps
+from servescope.host import kernel_stamps
 
 pytestmark = pytest.mark.skipif(
     kernel_stamps.SO_TIMESTAMPNS is None or kernel_stamps.CMSG_SIZE == 0, reason="no kernel receive stamps on this OS"

@@ -1,10 +1,10 @@
-"""Every knob the code reads is in the knob table (servescope/knob_defaults.py): environment and knobs.get() reads."""
+"""Every knob the code reads is in the knob table (servescope/contracts/knob_defaults.py): environment and knobs.get() reads."""
 
 from __future__ import annotations
 
 import ast
 
-from servescope import knob_defaults, knobs
+from servescope.contracts import knob_defaults, knobs
 
 REPO = knobs.REPO_ROOT
 PACKAGES = ("servescope", "loadgen", "report", "exporter", "stack", "bench", "dashboards")
@@ -17,7 +17,7 @@ NOT_KNOBS = {
 }
 
 
-# servescope/knobs.py's readers, each taking the knob's name first.
+# servescope/contracts/knobs.py's readers, each taking the knob's name first.
 READERS = ("get", "get_int", "get_int_in", "get_port", "get_choice", "get_positive", "path")
 
 
@@ -72,7 +72,7 @@ def table() -> set[str]:
 
 
 def test_every_knob_read_is_in_the_table():
-    assert unlisted(table()) == [], "read but not in servescope/knob_defaults.py: add it there with its help"
+    assert unlisted(table()) == [], "read but not in servescope/contracts/knob_defaults.py: add it there with its help"
 
 
 def test_a_knob_left_out_of_the_table_is_found():

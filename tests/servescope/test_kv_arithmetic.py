@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from servescope import kv_arithmetic
-from servescope.knobs import REPO_ROOT
+from servescope.contracts.knobs import REPO_ROOT
+from servescope.judgements import kv_arithmetic
 
 
 def test_the_seeds_numbers():
@@ -28,7 +28,7 @@ def test_cache_config_info_labels_before_and_after_profiling():
     assert kv_arithmetic.pool_from_cache_config({"block_size": "16"}) is None
 
 
-@pytest.mark.parametrize("path", ["exporter/vllm.py", "stack/vllm.py", "report/verdict.py"])
+@pytest.mark.parametrize("path", ["exporter/vllm.py", "servescope/stack/vllm.py", "servescope/report/verdict.py"])
 def test_each_user_imports_the_one_definition(path):
     """No module multiplies blocks by a block size or divides by max-model-len itself (the formula spelled out with
     these names; test_each_user_reports_what_the_one_definition_computes catches any other spelling)."""
@@ -44,7 +44,7 @@ def test_each_user_imports_the_one_definition(path):
         for alias in node.names
         if alias.name == "kv_arithmetic"
     }
-    assert imported, f"{path} does not import servescope.kv_arithmetic"
+    assert imported, f"{path} does not import servescope.judgements.kv_arithmetic"
     for node in ast.walk(tree):
         if not isinstance(node, ast.BinOp):
             continue
@@ -67,11 +67,13 @@ def rigged(monkeypatch):
         "capacity_tokens": lambda blocks, block_size: SENTINEL_TOKENS,
         "max_concurrency": lambda capacity, max_model_len: SENTINEL_CONCURRENCY,
     }
-    modules = [importlib.import_module(m) for m in ("exporter.vllm", "stack.vllm", "report.verdict")]
+    modules = [
+        importlib.import_module(m) for m in ("exporter.vllm", "servescope.stack.vllm", "servescope.report.verdict")
+    ]
     for name, fake in fakes.items():
         original = getattr(kv_arithmetic, name)
         monkeypatch.setattr(kv_arithmetic, name, fake)
-        for module in modules:  # `from servescope.kv_arithmetic import capacity_tokens` binds its own name
+        for module in modules:  # `from servescope.judgements.kv_arithmetic import capacity_tokens` binds its own name
             for attr, value in list(vars(module).items()):
                 if value is original:
                     monkeypatch.setattr(module, attr, fake)
@@ -82,11 +84,11 @@ def test_each_user_reports_what_the_one_definition_computes(rigged):
 
     from exporter.upstream import Upstream
     from exporter.vllm import VllmCollector
-    from report.gauges import EngineGauges, GaugeReport
-    from report.load import EngineInfo
-    from report.verdict import kv_arithmetic as report_kv
-    from servescope import series
-    from stack import vllm as stack_vllm
+    from servescope.contracts import series
+    from servescope.report.gauges import EngineGauges, GaugeReport
+    from servescope.report.load import EngineInfo
+    from servescope.report.verdict import kv_arithmetic as report_kv
+    from servescope.stack import vllm as stack_vllm
     from tests.doubles.recorded_engine import vllm_engine
 
     with vllm_engine("vllm-0.9.1-cpu-metrics.txt", max_model_len=1024) as engine:

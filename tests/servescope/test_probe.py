@@ -1,4 +1,4 @@
-"""servescope/probe.py: up only on a 200; any other status, or no server at all, is down and raises nothing."""
+"""servescope/host/probe.py: up only on a 200; any other status, or no server at all, is down and raises nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from servescope import probe
+from servescope.host import probe
 
 
 class _Status(BaseHTTPRequestHandler):

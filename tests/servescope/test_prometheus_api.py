@@ -1,4 +1,4 @@
-"""servescope/prometheus_api.py: whatever a Prometheus (or what claims to be one) answers, a reader gets Prometheus' shape
+"""servescope/prometheus/prometheus_api.py: whatever a Prometheus (or what claims to be one) answers, a reader gets Prometheus' shape
 or one PrometheusError line (issue 42 cases 1, 10 and 14: the boundary every Prometheus reader shares)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servescope import prometheus_api
-from servescope.prometheus_api import Prometheus, PrometheusError, data_of, global_block, matrix, vector
+from servescope.prometheus import prometheus_api
+from servescope.prometheus.prometheus_api import Prometheus, PrometheusError, data_of, global_block, matrix, vector
 from tests.doubles.hostile_http import Hostile, drip, reply
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from servescope import runfolder, runreader
-from servescope.runcontract import INDEX_SEAL
-from servescope.runfolder import RequestRecord, RunFolder
-from servescope.runreader import RunData
+from servescope.contracts import runfolder, runreader
+from servescope.contracts.runcontract import INDEX_SEAL
+from servescope.contracts.runfolder import RequestRecord, RunFolder
+from servescope.contracts.runreader import RunData
 from tests.harness import run_cli
 from tests.loadgen.test_cli import _set_writable
 
@@ -139,7 +139,7 @@ def test_a_small_run_gets_no_index_and_a_bad_threshold_says_so(run, monkeypatch)
 
 
 def test_the_index_builds_under_the_memory_it_is_given_and_a_bad_limit_says_so(run, monkeypatch):
-    from servescope import runreader
+    from servescope.contracts import runreader
 
     seen = []
     real = runreader._open_index
@@ -235,8 +235,8 @@ def test_an_edit_in_place_that_keeps_size_and_time_is_read_again(run):
 
 READ_IN_A_CHILD = """
 import sys
-from servescope import runfolder
-from servescope.runreader import RunData
+from servescope.contracts import runfolder
+from servescope.contracts.runreader import RunData
 try:
     data = RunData(sys.argv[1], files=(runfolder.REQUESTS,))
     print(data.con.execute("SELECT count(*) FROM requests").fetchone()[0])

@@ -1,5 +1,5 @@
 """Writers stay in their folder: a link, a FIFO or a hard link planted at a run folder file's name is never written
-through (servescope/runfolder.py's write_file and open_append, which every run-folder writer uses)."""
+through (servescope/contracts/runfolder.py's write_file and open_append, which every run-folder writer uses)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from loadgen.recorder import Recorder
-from servescope.runfolder import MANIFEST, REQUESTS, RequestRecord, RunFolder, open_append, write_file
+from servescope.contracts.runfolder import MANIFEST, REQUESTS, RequestRecord, RunFolder, open_append, write_file
 
 VICTIM_TEXT = "the victim's own words\n"
 

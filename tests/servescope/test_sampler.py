@@ -13,10 +13,10 @@ import requests
 
 from exporter.config import Config, Instance
 from exporter.server import build
-from servescope import series
-from servescope.exposition import parse_exposition
-from servescope.runfolder import SAMPLES, RunFolder, read_samples
-from servescope.sampler import (
+from servescope.contracts import series
+from servescope.contracts.runfolder import SAMPLES, RunFolder, read_samples
+from servescope.prometheus.exposition import parse_exposition
+from servescope.prometheus.sampler import (
     FROM_EXPORTER,
     FROM_PROMETHEUS,
     WANTED,
@@ -195,7 +195,7 @@ class _TestClock:
 
 def test_a_slow_first_read_does_not_stretch_the_first_interval(folder, monkeypatch):
     """The next read is due one interval after the first one began: a cold first read is no gap in the samples."""
-    from servescope import sampler as sampler_module
+    from servescope.prometheus import sampler as sampler_module
 
     clock = _TestClock()
     monkeypatch.setattr(sampler_module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
@@ -263,7 +263,7 @@ def test_the_exporter_answers_only_the_series_asked_for():
 
 
 def test_sample_records_round_trip_through_the_run_folder(folder):
-    from servescope.runfolder import SampleRecord, append_samples
+    from servescope.contracts.runfolder import SampleRecord, append_samples
 
     records = [
         SampleRecord(1.5, 0.002, 0.1, "vllm", "vllm", "burst", {R: 2.0, W: 1.0}),

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servescope import series
-from servescope.runfolder import RunFolder, read_samples
-from servescope.sampler import FROM_EXPORTER, FROM_PROMETHEUS, WANTED, Sampler, prometheus_resolution_s
+from servescope.contracts import series
+from servescope.contracts.runfolder import RunFolder, read_samples
+from servescope.prometheus.sampler import FROM_EXPORTER, FROM_PROMETHEUS, WANTED, Sampler, prometheus_resolution_s
 from tests.doubles.hostile_http import Hostile, drip, huge, reply
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli

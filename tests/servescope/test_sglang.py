@@ -19,13 +19,16 @@ from dashboards import build as dashboards
 from exporter.config import Config, Instance
 from exporter.page import PageCollector
 from exporter.server import build as build_exporter
-from report import crosscheck, ttft_split
-from report.gauges import EngineGauges
-from report.load import EngineInfo, load
-from report.verdict import decide
-from servescope import binding, engine_identity, engines, series
-from servescope.exposition import parse_exposition
-from stack import tune
+from servescope import engines
+from servescope.contracts import series
+from servescope.host import engine_identity
+from servescope.judgements import binding
+from servescope.prometheus.exposition import parse_exposition
+from servescope.report import crosscheck, ttft_split
+from servescope.report.gauges import EngineGauges
+from servescope.report.load import EngineInfo, load
+from servescope.report.verdict import decide
+from servescope.stack import tune
 from tests.conftest import free_port
 from tests.doubles.recorded_engine import RecordedEngine, fixture
 from tests.doubles.synthetic_openai import SyntheticServer

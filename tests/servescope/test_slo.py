@@ -1,11 +1,12 @@
-"""servescope/slo.py: the SLO spec, per-request goodness, attainment, goodput and the per-phase verdict."""
+"""servescope/judgements/slo.py: the SLO spec, per-request goodness, attainment, goodput and the per-phase verdict."""
 
 from __future__ import annotations
 
 import pytest
 
-from servescope import slo, thresholds
-from servescope.runfolder import RequestRecord
+from servescope.contracts import thresholds
+from servescope.contracts.runfolder import RequestRecord
+from servescope.judgements import slo
 
 
 def rec(ttft=0.1, e2e=1.0, itl=(0.02, 0.02, 0.02), tokens=4, ok=True, started=100.0, scheduled=None) -> RequestRecord:

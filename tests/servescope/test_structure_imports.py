@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("servescope", "loadgen", "report", "exporter", "stack", "bench", "dashboards")
+PACKAGES = ("servescope", "loadgen", "exporter", "bench", "dashboards")
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
@@ -197,3 +197,105 @@ def test_importing_a_name_from_a_package_depends_on_its_init(tmp_path):
     assert cycles(import_graph(tmp_path)) == [
         ["loadgen.prompts", "loadgen.workloads", "loadgen.workloads.trace", "loadgen.prompts"]
     ]
+
+
+# The floors, bottom to top (docs/architecture.md draws them): a module may import its own floor and those below;
+# an app (the top floor) imports another app only through the edges listed here, each with its reason.
+FLOORS = {
+    "servescope": 1,  # the root package's docstring only
+    "servescope.contracts": 1,  # knobs, thresholds, series names, the run folder, routing policies
+    "servescope.text": 1,  # words, printable strings, usage names
+    "servescope.engines": 2,  # one adapter per engine kind, on the contracts
+    "servescope.host": 3,  # processes, children, CPU priority, kernel stamps, host noise, bounded HTTP
+    "servescope.prometheus": 3,  # its configuration and rules generated, its API, the run sampler
+    "servescope.judgements": 4,  # SLOs, the binding resource, the knee's answer, statistics
+    "servescope.workloads": 4,  # prompt sets, conversations, datasets, traces, arrivals' files
+    "servescope.command": 5,
+    "servescope.report": 5,
+    "servescope.stack": 5,
+    "loadgen": 5,
+    "exporter": 5,
+    "dashboards": 5,
+    "bench": 6,  # the repository's benchmarks (not in the wheel) drive any app
+}
+APPS_FLOOR = 5
+LISTED_EDGES = {
+    # the one command: each verb's entry point
+    ("servescope.command", "dashboards.build"): "the dashboards verb",
+    ("servescope.command", "exporter.cli"): "the exporter verb",
+    ("servescope.command", "loadgen.cli"): "the measuring verbs",
+    ("servescope.command", "loadgen.verbs"): "their help, without importing Locust",
+    ("servescope.command", "servescope.report.cli"): "the reading verbs",
+    ("servescope.command", "servescope.stack.cli"): "the stack's verbs",
+    # a run's terminal summary and compare's extra passes read the folder as the report does
+    ("loadgen.summary", "servescope.report.goodput"): "the knee's goodput lines",
+    ("loadgen.summary", "servescope.report.load"): "the run folder as the report loads it",
+    ("loadgen.summary", "servescope.report.table"): "the reference table, the same rows",
+    ("loadgen.trials", "servescope.report.load"): "compare judges its passes as the report will",
+    ("loadgen.trials", "servescope.report.table"): "the same factors and verdict rule",
+    # the load generator posts its phases to Grafana as annotations
+    ("loadgen.annotations", "dashboards.annotations"): "the dashboards' annotation contract",
+    # `make up` checks each engine as the exporter would read it
+    ("servescope.stack.compose", "exporter.check"): "the exporter's check before the comparison",
+    ("servescope.stack.native", "exporter.check"): "the exporter's check before the comparison",
+    # tune writes its report with the report's tuning section
+    ("servescope.stack.tune", "servescope.report.tuning"): "tune's report section",
+}
+
+
+def floor_of(module: str) -> tuple[str, int]:
+    """The floor group a module belongs to (its longest listed prefix) and that floor's number."""
+    parts = module.split(".")
+    for i in range(len(parts), 0, -1):
+        group = ".".join(parts[:i])
+        if group in FLOORS:
+            return group, FLOORS[group]
+    raise AssertionError(f"{module} is on no floor: add its package to FLOORS")
+
+
+def floor_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that runs up a floor, or across apps outside the listed edges."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        group, floor = floor_of(module)
+        for target in sorted(imported):
+            target_group, target_floor = floor_of(target)
+            if target_floor > floor:
+                found.append(f"{module} (floor {floor}) -> {target} (floor {target_floor}): runs up")
+            elif floor == target_floor == APPS_FLOOR and group != target_group:
+                if (module, target) not in LISTED_EDGES:
+                    found.append(f"{module} -> {target}: one app into another, not a listed edge")
+    return found
+
+
+def test_every_import_stays_on_its_floor_or_goes_down():
+    found = floor_breaches(import_graph())
+    assert not found, "floor breaches:\n" + "\n".join(found)
+
+
+def test_every_listed_edge_is_still_an_import():
+    graph = import_graph()
+    stale = [f"{a} -> {b}" for a, b in LISTED_EDGES if b not in graph.get(a, set())]
+    assert not stale, "listed edges no module makes any more (drop them):\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize(
+    ("graph", "breach"),
+    [
+        ({"servescope.contracts.knobs": {"servescope.judgements.slo"}, "servescope.judgements.slo": set()}, "runs up"),
+        ({"servescope.report.plan": {"loadgen.knee"}, "loadgen.knee": set()}, "not a listed edge"),
+        ({"servescope.host.children": {"servescope.stack.native"}, "servescope.stack.native": set()}, "runs up"),
+    ],
+)
+def test_the_floor_rule_catches_an_import_up_and_one_across_apps(graph, breach):
+    (found,) = floor_breaches(graph)
+    assert breach in found
+
+
+def test_the_floor_rule_lets_an_app_import_down_and_a_floor_import_itself():
+    graph = {
+        "loadgen.knee": {"servescope.judgements.slo", "servescope.contracts.knobs", "loadgen.options"},
+        "servescope.judgements.slo": {"servescope.judgements.stats", "servescope.contracts.knobs"},
+        "servescope.host.cpu_priority": {"servescope.prometheus.exposition"},  # one floor, two groups
+    }
+    assert floor_breaches(graph) == []

@@ -1,4 +1,4 @@
-"""servescope/urls.py: which engine URLs are usable, and credentials redacted wherever a URL is shown or stored."""
+"""servescope/contracts/urls.py: which engine URLs are usable, and credentials redacted wherever a URL is shown or stored."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servescope.urls import parse_http_url, redact
+from servescope.contracts.urls import parse_http_url, redact
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""servescope/words.py: a count agrees with its noun ("1 user", "2 users"), a rate keeps its unit."""
+"""servescope/text/words.py: a count agrees with its noun ("1 user", "2 users"), a rate keeps its unit."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servescope import words
+from servescope.text import words
 
 
 @pytest.mark.parametrize(

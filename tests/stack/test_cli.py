@@ -1,4 +1,4 @@
-"""`python -m stack`: mode selection, one-line user errors, second `up` is a no-op, command construction."""
+"""`python -m servescope.stack`: mode selection, one-line user errors, second `up` is a no-op, command construction."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from stack import cli, llamacpp, native, supervisor
-from stack.errors import StackError
+from servescope.stack import cli, llamacpp, native, supervisor
+from servescope.stack.errors import StackError
 
 
 def test_mode_selection(monkeypatch):
-    from stack import compose
+    from servescope.stack import compose
 
     monkeypatch.setattr(compose, "docker_available", lambda: True)
     assert cli.use_compose("auto", "up", False) is True
@@ -161,7 +161,7 @@ def test_build_progress_reads_the_last_percentage(tmp_path):
 def test_auto_mode_hands_up_to_compose_when_docker_answers(monkeypatch, tmp_path):
     monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
     calls = []
-    from stack import compose
+    from servescope.stack import compose
 
     monkeypatch.setattr(compose, "docker_available", lambda: True)
     monkeypatch.setattr(compose, "up", lambda compare=True: calls.append(("up", compare)) or 0)
@@ -208,8 +208,8 @@ def test_the_web_ui_opens_filled_in_for_the_first_engine_up():
 
 def test_make_ups_last_run_folder_line_is_the_path_alone(tmp_path, monkeypatch, capsys):
     """Scripts and the e2e suite take the path from the last `run folder: ` line (a note after it broke them)."""
-    from servescope.runfolder import MANIFEST
-    from stack import native
+    from servescope.contracts.runfolder import MANIFEST
+    from servescope.stack import native
 
     def comparison(cmd, cwd):
         folder = Path(cmd[cmd.index("--results") + 1]) / cmd[cmd.index("--run-id") + 1]
@@ -236,7 +236,7 @@ def test_up_with_cpu_priority_on_where_it_is_not_allowed_stops_in_one_line_befor
 
 
 def test_an_engine_and_the_observers_move_into_the_priority_group_as_they_start(monkeypatch, tmp_path, capsys):
-    from servescope import cpu_priority
+    from servescope.host import cpu_priority
 
     monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
     moved = []

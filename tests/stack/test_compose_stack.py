@@ -1,4 +1,4 @@
-"""stack/compose.py: Docker detection, the Compose command, knobs into Compose, and the `docker stats` budget arithmetic."""
+"""servescope/stack/compose.py: Docker detection, the Compose command, knobs into Compose, and the `docker stats` budget arithmetic."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from stack import compose
-from stack.errors import StackError
+from servescope.stack import compose
+from servescope.stack.errors import StackError
 from tests.conftest import free_port
 
 # The shape of GET /containers/{id}/stats?stream=false (Docker Engine API v1.45, cgroup v2),
@@ -129,7 +129,7 @@ def test_first_stats_sample_has_no_cpu_delta():
 
 
 class Container:
-    """The docker SDK's Container as stack/compose.py reads it: labels, attrs["State"], reload(), logs(tail=)."""
+    """The docker SDK's Container as servescope/stack/compose.py reads it: labels, attrs["State"], reload(), logs(tail=)."""
 
     def __init__(self, service: str, state: dict, log: bytes = b"", restarts: int = 0):
         self.name = f"servescope-{service}"

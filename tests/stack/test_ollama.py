@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stack import ollama
+from servescope.stack import ollama
 
 
 @pytest.mark.parametrize(

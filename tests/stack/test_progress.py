@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from stack import llamacpp
-from stack.progress import Step, StepTimes, remaining_from_rate
+from servescope.stack import llamacpp
+from servescope.stack.progress import Step, StepTimes, remaining_from_rate
 
 
 def run_step(times: StepTimes, key: str = "llama.cpp build", **kwargs) -> list[str]:

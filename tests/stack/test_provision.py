@@ -1,11 +1,11 @@
-"""stack/provision.py and the suite's missing-tool policy: one line per missing tool, skip locally, fail under CI=true."""
+"""servescope/stack/provision.py and the suite's missing-tool policy: one line per missing tool, skip locally, fail under CI=true."""
 
 from __future__ import annotations
 
 import pytest
 from _pytest.outcomes import Failed, Skipped
 
-from stack import provision
+from servescope.stack import provision
 from tests import conftest
 
 

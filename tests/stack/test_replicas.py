@@ -11,9 +11,9 @@ import requests
 
 from exporter import config as exporter_config
 from exporter.cli import build_parser
-from stack import replicas
-from stack.errors import StackError
-from stack.supervisor import Service
+from servescope.stack import replicas
+from servescope.stack.errors import StackError
+from servescope.stack.supervisor import Service
 from tests.conftest import free_port
 
 needs_nginx = pytest.mark.tool("nginx")  # `make test` installs it; skips locally without it, fails under CI=true
@@ -139,7 +139,7 @@ def test_any_replicas_knob_value_is_taken_within_its_bounds_or_refused_naming_it
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from servescope import knobs
+    from servescope.contracts import knobs
 
     texts = st.sampled_from(["1", "2", "0", "-1", "65535", "70000", "abc", "", " 4 ", "1e3", "٣", "0x10"]) | st.text(
         st.characters(exclude_characters="\x00"),
@@ -179,7 +179,7 @@ def test_any_replicas_knob_value_is_taken_within_its_bounds_or_refused_naming_it
 def test_a_folder_that_would_write_nginx_directives_is_refused(tmp_path):
     """Issue 42: a SERVESCOPE_STATE holding a newline and a server block wrote directives into nginx.conf. Paths go in
     quotes; one with a quote, a backslash or a control character is refused, as is an upstream that is not host:port."""
-    from stack.router import config
+    from servescope.stack.router import config
 
     for folder in (tmp_path / "x;\n}\nserver { listen 9; }", tmp_path / 'a"b', tmp_path / "a\\b"):
         with pytest.raises(StackError, match="holds a quote, a backslash or a control character"):
@@ -194,7 +194,7 @@ def test_a_folder_that_would_write_nginx_directives_is_refused(tmp_path):
 def test_the_generated_nginx_conf_passes_nginx_t_before_use_and_a_refusal_is_one_line(tmp_path):
     import shutil
 
-    from stack.router import config, nginx_test
+    from servescope.stack.router import config, nginx_test
 
     binary = shutil.which("nginx") or "/usr/sbin/nginx"
     workdir = tmp_path / "a folder with spaces"

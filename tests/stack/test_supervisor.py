@@ -10,9 +10,9 @@ import time
 import psutil
 import pytest
 
-from stack import supervisor
-from stack.errors import ServiceExited, StackError
-from stack.supervisor import Record, Service
+from servescope.stack import supervisor
+from servescope.stack.errors import ServiceExited, StackError
+from servescope.stack.supervisor import Record, Service
 from tests.conftest import free_port, wait_http
 
 # A parent that spawns a child in its own group and sleeps: what vLLM's API server + engine core look like.

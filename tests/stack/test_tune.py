@@ -1,4 +1,4 @@
-"""The tune loop (stack/tune.py) on the synthetic engine: the knee, the knob the binding resource names, a restart, the same load again.
+"""The tune loop (servescope/stack/tune.py) on the synthetic engine: the knee, the knob the binding resource names, a restart, the same load again.
 
 The engine restart is the loop's one plug: here it restarts the simulator on the same port with the
 new slot count (vLLM's --max-num-seqs), as the native stack restarts vLLM. The simulator has 2 slots
@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from report import cli as report_cli
-from report import tuning
-from servescope import binding
-from stack import tune
+from servescope.judgements import binding
+from servescope.report import cli as report_cli
+from servescope.report import tuning
+from servescope.stack import tune
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticProcess
 from tests.harness import run_cli
@@ -162,7 +162,7 @@ def test_make_tune_with_an_engine_it_cannot_tune_is_a_usage_error(tmp_path):
 def test_tune_knows_whether_the_running_engine_has_the_knobs_values(tmp_path, monkeypatch):
     """The native stack's engine is restarted at the start only when its command line (vLLM: its KV space in its
     environment) differs from the knobs: a real supervised process stands in for vLLM here."""
-    from stack import supervisor
+    from servescope.stack import supervisor
 
     monkeypatch.setenv("SERVESCOPE_STATE", str(tmp_path))
     service = supervisor.Service(
@@ -296,7 +296,7 @@ def test_goodput_is_good_requests_per_second_of_wall_and_failures_take_time(tmp_
     """The one estimator: sum of good completions over the measurements' wall, a failed request not good."""
     from tests.servescope.test_slo import rec
 
-    spec = __import__("servescope.slo", fromlist=["parse"]).parse("ttft<=1", 0.9)
+    spec = __import__("servescope.judgements.slo", fromlist=["parse"]).parse("ttft<=1", 0.9)
     records = [rec(ttft=0.1, started=100.0 + i, e2e=0.5) for i in range(8)]
     failed = [rec(ttft=0.1, started=104.2 + i, e2e=0.5) for i in range(2)]
     for r in failed:
@@ -334,7 +334,7 @@ class FragileEngine:
         self.starts: list[dict[str, str]] = []
 
     def restart(self, values: dict[str, str]) -> None:
-        from stack.errors import StackError
+        from servescope.stack.errors import StackError
 
         self.running = None  # the old one stopped
         self.starts.append(dict(values))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stack import vllm
+from servescope.stack import vllm
 from tests.doubles.recorded_engine import FIXTURES
 
 GIB = 1 << 30

@@ -1,0 +1,1 @@
+"""Floor 1, text: the words, numbers and command names every output shares (plurals, printable strings, usage names)."""
