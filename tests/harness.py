@@ -11,8 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.conftest import stop_process
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.paths import REPO
 
 # A run that hangs ends the test instead of the suite; the tests that know their run is shorter say so.
 DEFAULT_TIMEOUT_S = 300.0

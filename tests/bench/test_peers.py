@@ -7,13 +7,11 @@ The fixtures were recorded from servebench 1.1.3 and AIPerf 0.13.0 against tests
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
 from bench import peers
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+from tests.paths import FIXTURES
 
 
 def test_servebench_s_requests_give_ttft_and_the_gaps_between_content_chunks(tmp_path):

@@ -28,9 +28,9 @@ from servescope.contracts.knobs import REPO_ROOT
 from servescope.prometheus import prometheus_config
 from tests.conftest import PrometheusServer, free_port, serve_in_thread, stop_process, wait_http
 from tests.doubles.ollama_simulator import OllamaSimulator
-from tests.doubles.recorded_engine import FIXTURES
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import spawn_python
+from tests.paths import FIXTURES
 
 SCRAPE = "2s"  # with a 1.6 s scrape timeout: the exporter stays scrapable on a busy 2-core machine
 SERVED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

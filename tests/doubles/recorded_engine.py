@@ -11,11 +11,9 @@ import json
 import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 from tests.doubles.serving import ServedInThread
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+from tests.paths import FIXTURES
 
 
 def fixture(name: str) -> str:

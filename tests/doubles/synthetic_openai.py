@@ -92,14 +92,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import requests
 
 from servescope.host.kernel_stamps import CMSG_SIZE, SO_TIMESTAMPNS, receive_stamp
 from tests.doubles.serving import ServedInThread
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 FAULT_MARKER = re.compile(r"\[\[fault:([^\]]+)\]\]")
 

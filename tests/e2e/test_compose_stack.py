@@ -29,10 +29,10 @@ from tests.conftest import free_port, require_tool
 from tests.e2e import run_samples, standin_images
 from tests.e2e.docker_engine import DockerEngine
 from tests.e2e.wheelhouse import Wheelhouse, assemble, has_cpu_torch
+from tests.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.compose]
 
-REPO = Path(__file__).resolve().parents[2]
 PORT_KNOBS = (
     "VLLM_PORT",
     "LLAMACPP_PORT",

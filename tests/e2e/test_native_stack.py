@@ -18,8 +18,8 @@ from servescope.contracts import series
 from servescope.stack import ports
 from tests.conftest import free_port
 from tests.e2e import run_samples
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PORT_KNOBS = (
     "VLLM_PORT",
     "LLAMACPP_PORT",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import socket
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,8 @@ from exporter.vllm import VllmCollector
 from servescope import engines
 from servescope.contracts import series
 from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

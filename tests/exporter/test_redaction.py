@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 import requests
@@ -14,7 +13,6 @@ from servescope.contracts.urls import credentials, redact
 from tests.conftest import free_port, wait_http
 from tests.exporter.test_config import start_exporter
 
-REPO = Path(__file__).resolve().parents[2]
 SECRET = "s3cret-pw"
 
 

@@ -32,8 +32,9 @@ from exporter.resources import (
 from servescope.contracts import series
 from servescope.host.process_memory import process_memory, tree_memory
 from tests.conftest import JsonReplyHandler, free_port, serve_in_thread
+from tests.paths import FIXTURES
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "docker-engine-api-1.47-container-stats.json"
+FIXTURE = FIXTURES / "docker-engine-api-1.47-container-stats.json"
 MIB = 1 << 20
 CPU = series.ENGINE_CPU_SECONDS
 RSS = series.ENGINE_RESIDENT_BYTES

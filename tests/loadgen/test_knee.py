@@ -25,9 +25,9 @@ from tests.conftest import free_port, unavailable
 from tests.doubles import cpu_hog
 from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
 from tests.harness import run_cli, spawn_cli, start_cli
+from tests.paths import REPO
 from tests.servescope.test_sampler import EngineExporter
 
-REPO = Path(__file__).resolve().parents[2]
 SLO = "ttft_p95<=0.1,itl_p95<=0.05"
 
 

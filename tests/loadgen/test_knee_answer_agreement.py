@@ -17,8 +17,8 @@ from loadgen import quick_words
 from servescope.contracts.runfolder import RunFolder
 from servescope.judgements import knee_answer, slo
 from servescope.report import goodput, summary
+from tests.paths import RUNS
 
-RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 RECORDED = {
     "quick-vllm-settled": "3 users",
     "quick-vllm-unsettled": "1 to 3 users",

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -18,8 +17,8 @@ from servescope.report import load, sections, table
 from tests.conftest import unavailable
 from tests.doubles.synthetic_openai import SyntheticProcess
 from tests.harness import spawn_cli
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 HOG = "python -m tests.doubles.cpu_hog"
 # Every other program's CPU in a phase is what it measures (a parallel test worker is one), and its hog takes
 # two cores: run alone.

@@ -19,8 +19,8 @@ from servescope.contracts.runfolder import RunFolder
 from tests.conftest import free_port, stop_process, wait_http
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli, spawn_cli, start_cli
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 LOCUSTFILE = REPO / "loadgen" / "locustfile.py"
 
 

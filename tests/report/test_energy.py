@@ -14,9 +14,9 @@ from servescope.report import cli, energy, goodput
 from servescope.report.load import Run, load
 from servescope.report.render import Document, markdown
 from tests.conftest import free_port
+from tests.paths import RUNS
 from tests.servescope.test_slo import rec
 
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 MEASURED = {
     "joules": 16.0,
     "window_s": 4.0,

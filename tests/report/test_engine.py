@@ -19,10 +19,10 @@ from servescope.contracts.runreader import RunData
 from servescope.judgements import stats
 from servescope.report import cli, query, render, sections
 from servescope.report.load import load
+from tests.paths import RUNS
 from tests.report.test_cli import slower_copy
 from tests.report.test_loadgen_shape import write_run
 
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 NO_PROMETHEUS = "http://127.0.0.1:9"
 # What the report computed from Python lists of records: these tests' numbers() over the same four runs, run
 # against main at 050fb97 (the last list-based report); the verdict's rule and Ollama's verdicts are as updated

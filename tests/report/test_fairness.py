@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 from servescope.report import fairness
 from servescope.report.load import load
-
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+from tests.paths import RUNS
 
 
 def test_same_source_weights_at_two_precisions_is_said_as_such():

@@ -17,8 +17,8 @@ from servescope.report import cli, compare, figures, gauges, render, sections
 from servescope.report.gauges import Prometheus, PrometheusError, collect
 from servescope.report.load import load
 from tests.conftest import free_port
+from tests.paths import RUNS
 
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 CONFIG = "global:\n  scrape_interval: 15s\n"
 
 

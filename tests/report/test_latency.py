@@ -8,8 +8,7 @@ import pytest
 
 from servescope.report import latency
 from servescope.report.load import load
-
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+from tests.paths import RUNS
 
 
 def group(groups, instance, scenario):

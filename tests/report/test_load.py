@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from servescope.report.load import RunError, load, resolve
-
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+from tests.paths import RUNS
 
 
 def test_torn_last_line_is_skipped_with_a_warning():

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from servescope.contracts.runfolder import PHASE_FIELDS, REQUEST_FIELDS, PhaseRecord, RequestRecord
 from servescope.report import cli, render, sections
 from servescope.report.load import RunError, load
+from tests.paths import RUNS
 
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 NO_PROMETHEUS = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 

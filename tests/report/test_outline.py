@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from servescope.report.load import load
 from servescope.report.outline import Context, ReportSection, walk
 from servescope.report.render import Paragraph, Section, markdown
+from tests.paths import RUNS
 
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 BUILT: list[str] = []
 
 

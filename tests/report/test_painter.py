@@ -19,9 +19,8 @@ from servescope.judgements import stats
 from servescope.report import painter as painter_module
 from servescope.report.painter import FigureFailed, Painter, PainterStopped
 from tests.harness import run_python, start_cli
+from tests.paths import REPO, RUNS
 
-REPO = Path(__file__).resolve().parents[2]
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 BARS = {"bars": [("vLLM", "sequential", 4.0, None), ("vLLM", "burst", 2.0, 2.0)]}
 
 

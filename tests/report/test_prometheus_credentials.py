@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
 from tests.harness import run_cli
+from tests.paths import RUNS
 
 pytestmark = pytest.mark.timeout(300)
-
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 
 
 def test_a_password_in_prometheus_is_in_no_line_and_no_file(tmp_path):

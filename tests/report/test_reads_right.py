@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import html
 import re
-from pathlib import Path
 
 import pytest
 
 from servescope.report import render, sections
 from servescope.report.load import load
 from servescope.report.outline import NOT_IN_THIS_RUN
+from tests.paths import RUNS
 
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 NO_PROMETHEUS = "http://127.0.0.1:9"
 TABLE = "The sequential-vs-burst table"
 VERDICT, GOODPUT = "Verdict: which knob to move", "Goodput under the SLOs"

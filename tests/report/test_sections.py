@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from servescope.report import sections, workloads
 from servescope.report.load import load
 from servescope.report.outline import Context
 from servescope.report.render import markdown
+from tests.paths import RUNS
 from tests.report.test_plan import _knee_folder
 
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 NO_PROMETHEUS = "http://127.0.0.1:9"
 # report.json's keys, the same since sections became objects (issue 27): "run" and "plots" are the report's own.
 KEYS = {

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from servescope.report import sweep
 from servescope.report.load import load
-
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+from tests.paths import RUNS
 
 
 def test_sweep_levels_and_knee():

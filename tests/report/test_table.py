@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
 from servescope.report import cli, table
 from servescope.report.load import load
-
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+from tests.paths import RUNS
 
 
 @pytest.fixture

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from servescope.report import crosscheck, ttft_split
 from servescope.report.load import load
-
-RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
+from tests.paths import RUNS
 
 
 def test_llamacpp_queue_is_the_ttft_left_over_above_a_request_that_never_queued():

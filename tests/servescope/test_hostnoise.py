@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -14,8 +13,8 @@ import pytest
 from servescope.contracts.thresholds import NoiseRule
 from servescope.host import hostnoise, pidrecords
 from tests.doubles.synthetic_openai import SyntheticProcess
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 HOG = "python -m tests.doubles.cpu_hog"
 # Its hogs spin at nice -20 (they would starve a parallel worker's timed tests) and its shares are read off
 # the whole machine: run alone.

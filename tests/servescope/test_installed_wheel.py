@@ -16,8 +16,7 @@ import pytest
 from servescope.contracts import knob_defaults
 from tests.conftest import free_port, wait_http
 from tests.doubles.synthetic_openai import SyntheticServer
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 
 def _packages() -> list[str]:

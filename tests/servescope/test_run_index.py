@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,7 @@ from servescope.contracts.runfolder import RequestRecord, RunFolder
 from servescope.contracts.runreader import RunData
 from tests.harness import run_cli
 from tests.loadgen.test_cli import _set_writable
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
 
 
 def record(i: int) -> RequestRecord:

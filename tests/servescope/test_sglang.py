@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import requests
@@ -35,8 +34,8 @@ from tests.doubles.synthetic_openai import SyntheticServer
 from tests.exporter.test_proxy import ExporterThread
 from tests.harness import run_cli
 from tests.loadgen.test_knee import SLO
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PAGE = "sglang-0.5-metrics-from-docs.txt"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 R, W, K = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import REPO
+
+ROOT = REPO
 PACKAGES = ("servescope", "loadgen", "exporter", "bench", "dashboards")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from servescope.stack import vllm
-from tests.doubles.recorded_engine import FIXTURES
+from tests.paths import FIXTURES
 
 GIB = 1 << 30
 # SmolLM2-135M-Instruct's config as the conversion writes it (the fields the arithmetic reads).
