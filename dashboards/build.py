@@ -17,6 +17,7 @@ schemaVersion 39 forward on load); and it cannot write a variable's `definition`
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Iterable
@@ -26,6 +27,7 @@ import yaml
 
 from servescope import engines
 from servescope.contracts import series
+from servescope.engines import panels as ui
 from servescope.engines.base import EngineKind
 from servescope.prometheus.prometheus_config import COMPOSE_PORTS, DEFAULT_SCRAPE_INTERVAL
 from servescope.text import command_name
@@ -54,8 +56,8 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 # ---------------------------------------------------------------------------------------------
 
 # Variable matchers per family of series. Engine-neutral series carry engine/instance/model;
-# raw vLLM series carry instance (set by the scrape config) and model_name; client series
-# carry engine/scenario.
+# an engine's own series carry instance (set by the scrape config) and the model under its page's label; client
+# series carry engine/scenario.
 NEUTRAL = {"engine": "=~$engine", "instance": "=~$instance", "model": "=~$model"}
 ENGINE_ONLY = {"engine": "=~$engine", "instance": "=~$instance"}
 
@@ -66,13 +68,23 @@ def raw(kind: EngineKind) -> dict[str, str]:
     return {"instance": "=~$instance", **({label: "=~$model"} if label else {})}
 
 
-VLLM_RAW = raw(engines.VLLM)
+def of_engine(kind: EngineKind, of: str) -> dict[str, str]:
+    """The matchers of a query on one engine's dashboard (servescope/engines/panels.py names the families)."""
+    if of == ui.RAW:
+        return raw(kind)
+    engine = {"engine": f"={kind.name}", "instance": "=~$instance"}
+    if of == ui.ENGINE:
+        return engine
+    model = {**engine, "model": "=~$model"}
+    return {**model, series.SOURCE: f"={series.PROXY_SOURCE}"} if of == ui.PROXY else model
+
+
 CLIENT = {"engine": "=~$engine"}
 CLIENT_SCENARIO = {"engine": "=~$engine", "scenario": "=~$scenario"}
 
 
 def sel(metric: str, matchers: dict[str, str] | None = None, **extra: str) -> str:
-    """metric{label=~"$var",...}: matchers map label -> operator+value ("=~$engine", "=vllm", "!=ok")."""
+    """metric{label=~"$var",...}: matchers map label -> operator+value ("=~$engine", "=proxy", "!=ok")."""
     merged = {**(matchers or {}), **extra}
     parts = []
     for label, spec in merged.items():
@@ -94,7 +106,7 @@ def sum_by(labels: Iterable[str], expr: str) -> str:
 
 
 def quantile(q: float, bucket_selectors: Iterable[str], by: Iterable[str]) -> str:
-    """histogram_quantile over one or more bucket selectors joined with `or` (vLLM's renamed histograms)."""
+    """histogram_quantile over one or more bucket selectors joined with `or` (an engine's renamed histograms)."""
     rates = " or ".join(rate(s) for s in bucket_selectors)
     return f"histogram_quantile({q}, {sum_by([*by, 'le'], rates)})"
 
@@ -214,7 +226,7 @@ UP_MAPPINGS = [
     }
 ]
 UP_THRESHOLDS = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
-TOKENS_PER_S = "suffix: tok/s"
+TOKENS_PER_S = ui.TOKENS_PER_S
 
 
 def layout(panels: list[dict]) -> list[dict]:
@@ -254,7 +266,7 @@ def datasource_variable() -> dict:
 
 
 def query_variable(name: str, label: str, query: str) -> dict:
-    # allValue ".*" so "All" also matches series without the label (llama.cpp reports no model).
+    # allValue ".*" so "All" also matches series without the label (an engine whose page names no model).
     return {
         "name": name,
         "label": label,
@@ -393,7 +405,7 @@ def _server_latency(which: str) -> list[dict]:
 
 
 def _named(kinds: list[EngineKind], which: str, how: str) -> str:
-    """'vLLM time_to_first_token histogram' for each engine: the short names of its histograms, as the panels say."""
+    """'<engine> time_to_first_token histogram' for each engine: the short names of its histograms, as the panels say."""
     parts = []
     for kind in kinds:
         first, *older = (n.split(":", 1)[-1].removesuffix("_seconds") for n in kind.metrics.latency[which])
@@ -421,6 +433,59 @@ def _none_say(which: str) -> str:
     )
 
 
+def _words(field: str) -> list[str]:
+    """What each adapter gives the comparison dashboard to say of its engine (servescope/engines/panels.Dashboard), in
+    the registry's order."""
+    return [said for kind in engines.ENGINES.values() if (said := getattr(kind.dashboard, field))]
+
+
+def _proxied() -> list[EngineKind]:
+    """The engines whose requests the exporter's proxy relays: what it observed is all there is of their queue."""
+    return [kind for kind in engines.ENGINES.values() if kind.proxy_port_env]
+
+
+def _listed(names: list[str]) -> str:
+    """'a, b and c'."""
+    return f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def _lacking(series_name: str, one: str, many: str) -> str:
+    """'<engines> <verb> ...' for the engines that report no value of a neutral series; "" when every engine does."""
+    lacking = [kind.said for kind in engines.ENGINES.values() if kind.where(series_name) is None]
+    return f"{' and '.join(lacking)} {one if len(lacking) == 1 else many}" if lacking else ""
+
+
+def _running_said() -> str:
+    """What the running requests are on each engine: those its own page counts listed together, then those the
+    exporter's proxy observed; then what a flat line means."""
+    own = [k.dashboard.running for k in engines.ENGINES.values() if k.dashboard.running and not k.proxy_port_env]
+    observed = [k.dashboard.running for k in _proxied() if k.dashboard.running]
+    listed = "; ".join(x for x in (", ".join(own), *observed) if x)
+    return " ".join([f"Sequences in the running batch ({listed}).", *_words("running_note")])
+
+
+def _kv_said() -> str:
+    none = _lacking(series.KV_CACHE_USAGE, "exposes none.", "expose none.")
+    head = "Fraction of the paged KV pool in use. Near 100% under load is healthy; near 0% under real traffic means the budget is oversized."
+    return " ".join(x for x in (head, none) if x)
+
+
+def _reuse_said() -> str:
+    none = _lacking(
+        series.PROMPT_CACHED_TOKENS, "reports no cached tokens (no line)", "report no cached tokens (no line)"
+    )
+    return (
+        "Share of prompt tokens the engine took from its prefix / prompt cache: rate of "
+        f"{series.PROMPT_CACHED_TOKENS} / rate of {series.PROMPT_TOKENS} ({'; '.join(_words('cached'))}). "
+        f"Near 0 with caching off{f'; {none}' if none else ''}."
+    )
+
+
+def _through_proxy(how: str) -> str:
+    """'; <engine><how>' for each engine the exporter's proxy relays."""
+    return "".join(f"; {kind.said}{how}" for kind in _proxied())
+
+
 def engine_comparison() -> dict:
     panels = [
         row("Which lever? running, waiting and KV usage per engine (the reference page's section 4)"),
@@ -436,25 +501,19 @@ def engine_comparison() -> dict:
         ),
         timeseries(
             "Running requests",
-            "Sequences in the running batch (vLLM running, llama.cpp busy slots; Ollama, source=proxy: requests "
-            "the exporter's proxy relayed whose answer is streaming, none when nothing went through it). Flat at "
-            "max-num-seqs under load = the batch cap.",
+            _running_said(),
             "short",
             [target(sel(series.REQUESTS_RUNNING, NEUTRAL), "{{instance}}")],
         ),
         timeseries(
             "Waiting requests",
-            "Queued, not yet scheduled. A queue that never drains: with KV usage low raise "
-            "max-num-seqs; with KV usage near 100% raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len. "
-            "Ollama (source=proxy): relayed requests without a byte of their answer yet, queued, loading or "
-            "evaluating the prompt alike: its queue is on the Ollama dashboard, from its own durations.",
+            " ".join(["Queued, not yet scheduled.", *_words("waiting")]),
             "short",
             [target(sel(series.REQUESTS_WAITING, NEUTRAL), "{{instance}}")],
         ),
         timeseries(
             "KV cache usage",
-            "Fraction of the paged KV pool in use. Near 100% under load is healthy; "
-            "near 0% under real traffic means the budget is oversized. Ollama exposes none.",
+            _kv_said(),
             "percentunit",
             [target(sel(series.KV_CACHE_USAGE, NEUTRAL), "{{instance}}")],
         ),
@@ -480,9 +539,7 @@ def engine_comparison() -> dict:
         row("Prefix-cache reuse (conversations, shared prefixes: what the engine did not compute again)"),
         timeseries(
             "Prefix-cache reuse",
-            "Share of prompt tokens the engine took from its prefix / prompt cache: rate of "
-            f"{series.PROMPT_CACHED_TOKENS} / rate of {series.PROMPT_TOKENS} (vLLM prefix_cache_hits; llama.cpp "
-            "prompt_tokens_cached). Near 0 with caching off; Ollama reports no cached tokens (no line).",
+            _reuse_said(),
             "percentunit",
             [target(_reuse_ratio(NEUTRAL), "{{instance}}")],
             width=12,
@@ -500,10 +557,10 @@ def engine_comparison() -> dict:
             ],
             width=12,
         ),
-        row("Latency: server view (engine histograms; Ollama via the exporter's proxy)"),
+        row("Latency: server view (engine histograms" + _through_proxy(" via the exporter's proxy") + ")"),
         timeseries(
             "TTFT (server)",
-            f"{_named(_with_latency('ttft'), 'ttft', 'histogram')}; Ollama: first chunk through the proxy. "
+            f"{_named(_with_latency('ttft'), 'ttft', 'histogram')}{_through_proxy(': first chunk through the proxy')}. "
             f"{_none_say('ttft')}: see the client view.",
             "s",
             [
@@ -566,296 +623,59 @@ def engine_comparison() -> dict:
     return dashboard(
         "servescope-comparison",
         "servescope · engine comparison",
-        "vLLM-CPU, llama.cpp and Ollama side by side: the reference page's section-4 gauges, throughput, "
+        f"{_listed(_words('named'))} side by side: the reference page's section-4 gauges, throughput, "
         "TTFT/ITL from the server and the client, resource use against limits.",
         engine_variables(),
         panels,
     )
 
 
-def _either(names: tuple[str, ...], by: list[str]) -> str:
-    """The rate of a renamed vLLM counter under whichever of its names the page has (never both: `or`)."""
-    return sum_by(by, " or ".join(rate(sel(name, VLLM_RAW)) for name in names))
+def _exprs(kind: EngineKind, q: ui.Query) -> list[tuple[str, str]]:
+    """One query of an engine's own dashboard in PromQL, with its legend (two for QUANTILES)."""
+    matchers, by = of_engine(kind, q.of), list(q.by)
+    sels = [sel(name, matchers) for name in q.names]
+    if q.how == ui.QUANTILES:
+        buckets = [sel(f"{name}_bucket", matchers) for name in q.names]
+        return [(quantile(p, buckets, by), f"{q.legend} p{int(p * 100)}") for p in (0.5, 0.95)]
+    if q.how == ui.P95:
+        return [(quantile(0.95, [sel(f"{name}_bucket", matchers) for name in q.names], by), q.legend)]
+    if q.how in (ui.RATE, ui.RATIO):
+        expr = sum_by(by, " or ".join(rate(s) for s in sels))
+        if q.how == ui.RATIO:
+            expr += " / " + sum_by(by, " or ".join(rate(sel(name, matchers)) for name in q.per))
+        return [(expr, q.legend)]
+    if q.how == ui.MEAN:
+        (name,) = q.names
+        return [(mean(name, matchers, by), q.legend)]
+    either = " or ".join(sels)
+    exprs = {
+        ui.GAUGE: either,
+        ui.SUM: sum_by(by, either),
+        ui.MAX: f"max by ({', '.join(by)}) ({either})",
+        ui.COUNT: f"count by ({', '.join(by)}) ({either})",
+    }
+    return [(exprs[q.how], q.legend)]
 
 
-def vllm_dashboard() -> dict:
-    kind, page = engines.VLLM, engines.VLLM.metrics
-    names = {src.series: src.names for src in page.sources}
-    running, waiting = names[series.REQUESTS_RUNNING][0], names[series.REQUESTS_WAITING][0]
-    kv_names = names[series.KV_CACHE_USAGE]
-    hits, queries = names[series.PROMPT_CACHED_TOKENS], page.charted["prefix-cache queries"]
-    (finished,) = page.charted["finish reasons"]
-    kv_usage = [sel(name, VLLM_RAW) for name in kv_names]
-    vllm = {"engine": f"={kind.name}", "instance": "=~$instance", "model": "=~$model"}
-    by_instance = ["instance"]
-    phases = [(part, kind.timings.histograms[part]) for part in ("queue", "prefill", "decode")]
-    ttft, itl, e2e = (page.latency[which] for which in ("ttft", "itl", "e2e"))
-    panels = [
-        row("KV capacity: VLLM_CPU_KVCACHE_SPACE / (block size x dtype) -> blocks -> tokens -> max concurrency"),
-        *(
-            stat(title, description, unit, [target(sel(metric, vllm), "{{instance}}")], width=6)
-            for title, description, unit, metric in (
-                (
-                    "KV blocks",
-                    "num_gpu_blocks from vllm:cache_config_info (on CPU all from VLLM_CPU_KVCACHE_SPACE; "
-                    "--swap-space adds none).",
-                    "none",
-                    series.KV_BLOCKS,
-                ),
-                (
-                    "Block size",
-                    "Tokens per KV block (block_size label of vllm:cache_config_info).",
-                    "none",
-                    series.KV_BLOCK_SIZE,
-                ),
-                (
-                    "KV capacity",
-                    "Tokens the KV cache holds: blocks x block size.",
-                    "suffix: tokens",
-                    series.KV_CAPACITY_TOKENS,
-                ),
-                (
-                    "Max concurrency",
-                    "Requests of the served max-model-len that fit at once (the startup log's 'Maximum concurrency ... x').",
-                    "suffix: x",
-                    series.KV_MAX_CONCURRENCY,
-                ),
-            )
-        ),
-        row("Scheduler"),
-        timeseries(
-            "Running and waiting",
-            f"{running} / _waiting.",
-            "short",
-            [
-                target(sum_by(by_instance, sel(running, VLLM_RAW)), "running {{instance}}"),
-                target(sum_by(by_instance, sel(waiting, VLLM_RAW)), "waiting {{instance}}"),
-            ],
-        ),
-        timeseries(
-            "KV cache usage",
-            f"{kv_names[0]} (0..1; {kv_names[1].split(':', 1)[1]} before 0.10).",
-            "percentunit",
-            [target(f"max by (instance) ({' or '.join(kv_usage)})", "{{instance}}")],
-        ),
-        timeseries(
-            "Preemptions/s",
-            f"{names[series.PREEMPTIONS][0]}: sequences evicted for lack of KV blocks and "
-            "recomputed later. Above 0 under load = the KV cache is the bottleneck.",
-            "short",
-            [target(sum_by(by_instance, rate(sel(names[series.PREEMPTIONS][0], VLLM_RAW))), "{{instance}}")],
-        ),
-        timeseries(
-            "Prefix-cache hit rate",
-            f"{hits[0]} / {queries[0].split(':', 1)[1]} (tokens; {' / '.join(n.split(':', 1)[1] for n in hits[1:])} "
-            "in 0.9.2-0.10).",
-            "percentunit",
-            [target(f"{_either(hits, by_instance)} / {_either(queries, by_instance)}", "{{instance}}")],
-        ),
-        timeseries(
-            "Finish reasons",
-            f"{finished} by finished_reason (stop, length, abort...).",
-            "reqps",
-            [
-                target(
-                    sum_by(["instance", "finished_reason"], rate(sel(finished, VLLM_RAW))),
-                    "{{finished_reason}} {{instance}}",
-                )
-            ],
-            stack=True,
-        ),
-        timeseries(
-            "Tokens/s",
-            "Prompt and generated tokens per second.",
-            TOKENS_PER_S,
-            [
-                target(sum_by(by_instance, rate(sel(names[series.PROMPT_TOKENS][0], VLLM_RAW))), "prompt {{instance}}"),
-                target(
-                    sum_by(by_instance, rate(sel(names[series.GENERATED_TOKENS][0], VLLM_RAW))),
-                    "generated {{instance}}",
-                ),
-            ],
-        ),
-        row("Where a request's time goes"),
-        timeseries(
-            "Queue / prefill / decode time (mean)",
-            "Mean seconds per request in each phase over the window.",
-            "s",
-            [target(mean(metric, VLLM_RAW, by_instance), f"{name} {{{{instance}}}}") for name, metric in phases],
-            width=12,
-        ),
-        timeseries(
-            "Queue / prefill / decode time (p95)",
-            "95th percentile per phase.",
-            "s",
-            [
-                target(quantile(0.95, [sel(f"{metric}_bucket", VLLM_RAW)], by_instance), f"{name} {{{{instance}}}}")
-                for name, metric in phases
-            ],
-            width=12,
-        ),
-        timeseries(
-            "TTFT",
-            f"{ttft[0]}.",
-            "s",
-            _latency_targets(ttft[0], VLLM_RAW, by_instance, "{{instance}}"),
-        ),
-        timeseries(
-            "ITL",
-            f"{itl[0]} ({itl[1].split(':', 1)[1].removesuffix('_seconds')} before 0.11).",
-            "s",
-            _quantile_targets(_raw_buckets(kind, "itl"), by_instance, "{{instance}}"),
-        ),
-        timeseries(
-            "End-to-end latency",
-            f"{e2e[0]}.",
-            "s",
-            _latency_targets(e2e[0], VLLM_RAW, by_instance, "{{instance}}"),
-        ),
-    ]
+def _panel_of(kind: EngineKind, panel: ui.Panel) -> dict:
+    if panel.kind == ui.ROW:
+        return row(panel.title)
+    targets = [target(expr, legend) for q in panel.queries for expr, legend in _exprs(kind, q)]
+    size = {key: value for key, value in (("width", panel.width), ("height", panel.height)) if value}
+    if panel.kind == ui.STAT:
+        up = {"mappings": UP_MAPPINGS, "thresholds": UP_THRESHOLDS} if panel.up else {}
+        return stat(panel.title, panel.description, panel.unit, targets, **size, **up)
+    return timeseries(panel.title, panel.description, panel.unit, targets, **size, stack=panel.stack)
+
+
+def engine_dashboard(kind: EngineKind) -> dict:
+    """An engine's own dashboard, as its adapter draws it (servescope/engines/<name>.py: `dashboard`)."""
     return dashboard(
-        "servescope-vllm",
-        "servescope · vLLM",
-        "vLLM-CPU internals: KV capacity arithmetic, scheduler pressure, preemptions, prefix cache, "
-        "and where each request's time goes.",
+        f"servescope-{kind.name}",
+        f"servescope · {kind.said}",
+        kind.dashboard.about,
         engine_variables(kind.name),
-        panels,
-    )
-
-
-def ollama_dashboard() -> dict:
-    ollama = {"engine": f"={engines.OLLAMA.name}", "instance": "=~$instance"}
-    ollama_model = {**ollama, "model": "=~$model"}
-    ollama_proxy = {**ollama_model, series.SOURCE: f"={series.PROXY_SOURCE}"}
-    panels = [
-        row("Models"),
-        stat(
-            "Loaded models",
-            "Models in memory now (GET /api/ps).",
-            "none",
-            [target(f"count by (instance) ({sel(series.OLLAMA_MODEL_SIZE, ollama_model)})", "{{instance}}")],
-            width=6,
-        ),
-        stat(
-            "Installed models",
-            "Models on disk (GET /api/tags).",
-            "none",
-            [target(f"count by (instance) ({sel(series.OLLAMA_MODEL_INFO, ollama)})", "{{instance}}")],
-            width=6,
-        ),
-        stat(
-            "Ollama up",
-            "1 when the exporter read /api/ps and /api/tags.",
-            "none",
-            [target(sel(series.ENGINE_UP, ollama), "{{instance}}")],
-            width=6,
-            mappings=UP_MAPPINGS,
-            thresholds=UP_THRESHOLDS,
-        ),
-        stat(
-            "OLLAMA_NUM_PARALLEL (configured)",
-            "Requests per loaded model Ollama is said to run at once, as given to the exporter: configured, not "
-            "observed (Ollama reports no such value).",
-            "none",
-            [target(sel(series.PROXY_NUM_PARALLEL, ollama), "{{instance}}")],
-            width=6,
-        ),
-        timeseries(
-            "Memory and VRAM size",
-            "size and size_vram of each loaded model (GET /api/ps).",
-            "bytes",
-            [
-                target(sel(series.OLLAMA_MODEL_SIZE, ollama_model), "size {{model}}"),
-                target(sel(series.OLLAMA_MODEL_VRAM, ollama_model), "vram {{model}}"),
-            ],
-        ),
-        timeseries(
-            "Time until unload",
-            "expires_at - now per loaded model: after it Ollama unloads the model "
-            "and the next request pays a cold load.",
-            "s",
-            [target(sel(series.OLLAMA_MODEL_EXPIRES, ollama_model), "{{model}}")],
-        ),
-        timeseries(
-            "Context length",
-            "context_length of each loaded model.",
-            "suffix: tokens",
-            [target(sel(series.OLLAMA_MODEL_CONTEXT, ollama_model), "{{model}}")],
-        ),
-        row("Concurrency: what the exporter's proxy observed of the requests it relayed (none sent around it)"),
-        timeseries(
-            "Streaming and awaiting a first chunk (proxy)",
-            "Relayed requests whose answer is streaming (servescope_requests_running, source=proxy) and those "
-            "without a byte of it yet (servescope_requests_waiting: queued for a slot, loading the model or "
-            "evaluating the prompt; the proxy cannot tell which). No data: nothing went through the proxy. "
-            "Streaming flat at the configured OLLAMA_NUM_PARALLEL while others await theirs: the slots are full.",
-            "short",
-            [
-                target(sum_by(["instance"], sel(series.REQUESTS_RUNNING, ollama_proxy)), "streaming {{instance}}"),
-                target(
-                    sum_by(["instance"], sel(series.REQUESTS_WAITING, ollama_proxy)),
-                    "awaiting first chunk {{instance}}",
-                ),
-                target(sel(series.PROXY_NUM_PARALLEL, ollama), "OLLAMA_NUM_PARALLEL (configured) {{instance}}"),
-            ],
-            width=8,
-        ),
-        timeseries(
-            "Queue inside Ollama (its own durations)",
-            "Mean per request of total_duration - load_duration - prompt_eval_duration - eval_duration from Ollama's "
-            "final object (servescope_proxy_queue_seconds, /api/chat and /api/generate): the time Ollama held it "
-            "outside the model, waiting for one of its OLLAMA_NUM_PARALLEL slots. 50 ms or more for 2 minutes "
-            "fires OllamaRequestsQueued.",
-            "s",
-            [target(mean(series.PROXY_QUEUE_SECONDS, ollama, ["instance"]), "{{instance}}")],
-            width=8,
-        ),
-        timeseries(
-            "Requests/s through the proxy",
-            "servescope_proxy_requests_total by outcome.",
-            "reqps",
-            [
-                target(
-                    sum_by(["instance", "outcome"], rate(sel(series.PROXY_REQUESTS, ollama))),
-                    "{{outcome}} {{instance}}",
-                )
-            ],
-            width=8,
-        ),
-        row("Speed (from each response's final object: eval_count / eval_duration, load_duration)"),
-        timeseries(
-            "Generation tokens/s",
-            "Per-request eval_count / eval_duration (p50, p95), and the sum of output tokens per second.",
-            TOKENS_PER_S,
-            [
-                *_latency_targets(series.PROXY_GEN_TOKENS_PER_SECOND, ollama, ["instance"], "per request {{instance}}"),
-                target(sum_by(["instance"], rate(sel(series.GENERATED_TOKENS, ollama_model))), "total {{instance}}"),
-            ],
-        ),
-        timeseries(
-            "Load (cold-start) duration",
-            "load_duration of responses: large when the model was not "
-            "loaded (first request, or after keep-alive expired).",
-            "s",
-            _latency_targets(series.PROXY_LOAD_SECONDS, ollama, ["instance"], "{{instance}}"),
-        ),
-        timeseries(
-            "First chunk and prompt eval",
-            "Proxy-observed time to the first chunk, and prompt_eval_duration.",
-            "s",
-            [
-                *_latency_targets(series.PROXY_FIRST_CHUNK_SECONDS, ollama, ["instance"], "first chunk"),
-                *_latency_targets(series.PROXY_PROMPT_EVAL_SECONDS, ollama, ["instance"], "prompt eval"),
-            ],
-        ),
-    ]
-    return dashboard(
-        "servescope-ollama",
-        "servescope · Ollama",
-        "Ollama through the exporter: loaded models and their memory, time until unload, "
-        "generation speed, cold loads, what the proxy observed in flight and Ollama's own queue time.",
-        engine_variables(engines.OLLAMA.name),
-        panels,
+        [_panel_of(kind, panel) for panel in kind.dashboard.panels],
     )
 
 
@@ -930,6 +750,14 @@ TOP_N = 10
 FLEET = {"engine": "=~$engine", "model": "=~$model"}
 
 
+def _fleet_rule_files() -> str:
+    """The "which lever" rule files of the engines a fleet is read from (those with a page: fleet mode's recording
+    rules make the neutral series from pages), the *_levers.yml ones by their pattern."""
+    files = [k.alerts.file for k in engines.ENGINES.values() if k.metrics is not None and k.alerts is not None]
+    named = ["*_levers.yml" if f.endswith("_levers.yml") else f for f in files]
+    return ", ".join(dict.fromkeys(named))
+
+
 def fleet_dashboard() -> dict:
     """Many replicas at once, from the neutral series alone: the same panels whether the exporter or Prometheus' fleet
     rules (METRICS_MODE, docs/fleet.md) make them."""
@@ -970,7 +798,8 @@ def fleet_dashboard() -> dict:
         ),
         stat(
             "KV usage, fleet mean",
-            "The mean over instances of the fraction of each KV pool in use (Ollama reports none).",
+            "The mean over instances of the fraction of each KV pool in use"
+            + (f" ({none})." if (none := _lacking(series.KV_CACHE_USAGE, "reports none", "report none")) else "."),
             "percentunit",
             [target(f"avg by (engine) ({kv})", "{{engine}}")],
         ),
@@ -1024,7 +853,7 @@ def fleet_dashboard() -> dict:
         ),
         timeseries(
             "Lever alerts firing, per instance",
-            'The "which lever" alerts (prometheus/rules/*_levers.yml, llamacpp.yml, sglang.yml) firing on each '
+            f'The "which lever" alerts (prometheus/rules/{_fleet_rule_files()}) firing on each '
             "instance; the line at 0 when none fires.",
             "none",
             [
@@ -1049,8 +878,12 @@ def fleet_dashboard() -> dict:
 
 DASHBOARDS = {
     "engine-comparison": engine_comparison,
-    engines.VLLM.name: vllm_dashboard,
-    engines.OLLAMA.name: ollama_dashboard,
+    # One for each engine whose adapter draws one.
+    **{
+        name: functools.partial(engine_dashboard, kind)
+        for name, kind in engines.ENGINES.items()
+        if kind.dashboard.panels
+    },
     "load-test": load_test_dashboard,
     "fleet": fleet_dashboard,
 }

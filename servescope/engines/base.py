@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from servescope.contracts import knobs, thresholds
+from servescope.engines.panels import Dashboard
 
 # The request APIs the load generator speaks: OpenAI's SSE chat completions, Ollama's native NDJSON /api/chat.
 OPENAI_API = "openai"
@@ -279,6 +280,22 @@ RaiseKnob = Callable[[str, Mapping[str, str], KvRoom | None], tuple[dict[str, st
 
 
 @dataclass(frozen=True)
+class Native:
+    """How the native stack (`make up` without Docker: servescope/stack/native.py) prepares, starts and waits for the
+    engine on this machine."""
+
+    # The stack's module that prepares and launches it, by name: the stack is an app floors above the adapters, which
+    # never import it. The hooks it defines are listed in servescope/stack/native.py.
+    module: str
+    prepares: str = ""  # its one-time preparation as `up` names it ("" : none)
+    from_gguf: bool = False  # its preparation starts from the GGUF (a conversion): after it, in the model's chain
+    ready_s: int = 120  # seconds `up` waits for its health check to answer
+    ready_env: str | None = None  # the knob that sets those seconds instead
+    warms_up: bool = False  # its warm-up is the long pole: started first, waited for once the others are up
+    found: bool = False  # `up` does not start it on its own account: it joins when one is installed or answering
+
+
+@dataclass(frozen=True)
 class EngineKind:
     """One engine kind. The fields say where it listens and how it is asked; servescope/engines/<name>.py fills them."""
 
@@ -333,6 +350,8 @@ class EngineKind:
     raise_knob: RaiseKnob | None = None  # make tune's rule; None: the stack cannot restart this engine with new knobs
     alerts: AlertRules | None = None  # the "which lever" alert rules' words
     timings: RequestTimings | None = None  # its own request timings; None: it reports none servescope reads
+    native: Native | None = None  # how the native stack runs it; None: the stack never starts it
+    dashboard: Dashboard = Dashboard()  # its own dashboard and how the shared ones speak of it
 
     @property
     def default_port(self) -> int:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from servescope.contracts import series
+from servescope.engines import panels as ui
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,
@@ -23,6 +24,7 @@ from servescope.engines.base import (
     KvRoom,
     Lever,
     MetricsPage,
+    Native,
     RequestTimings,
     Signature,
     Source,
@@ -180,4 +182,8 @@ LLAMACPP = openai_server(
     raise_knob=raise_knob,
     alerts=ALERTS,
     timings=RequestTimings(TIMINGS),  # prompt_ms, predicted_ms, cache_n, predicted_n in the final chunk
+    # The native stack builds llama-server once from its sdist (servescope/stack/llamacpp.py) and serves the GGUF as is.
+    native=Native("servescope.stack.llamacpp", prepares="llama.cpp build"),
+    # No dashboard of its own; the comparison's words for it.
+    dashboard=ui.Dashboard(named="llama.cpp", running="llama.cpp busy slots", cached="llama.cpp prompt_tokens_cached"),
 )

@@ -7,6 +7,7 @@ from typing import Any
 
 from servescope.contracts import series, thresholds
 from servescope.engines import ollama_durations
+from servescope.engines import panels as ui
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,
@@ -19,6 +20,7 @@ from servescope.engines.base import (
     Identity,
     Knob,
     Lever,
+    Native,
     RequestTimings,
     Signature,
     version_endpoint,
@@ -91,6 +93,128 @@ EXPLAINS = {
     series.ENGINE_INFO: "GET /api/version",
 }
 
+# Its own dashboard (servescope-ollama): what the exporter reads of its API, and what its proxy saw.
+DASHBOARD = ui.Dashboard(
+    about=(
+        "Ollama through the exporter: loaded models and their memory, time until unload, "
+        "generation speed, cold loads, what the proxy observed in flight and Ollama's own queue time."
+    ),
+    panels=(
+        ui.row("Models"),
+        ui.stat(
+            "Loaded models",
+            "Models in memory now (GET /api/ps).",
+            "none",
+            ui.query(ui.COUNT, series.OLLAMA_MODEL_SIZE, of=ui.MODEL),
+            width=6,
+        ),
+        ui.stat(
+            "Installed models",
+            "Models on disk (GET /api/tags).",
+            "none",
+            ui.query(ui.COUNT, series.OLLAMA_MODEL_INFO, of=ui.ENGINE),
+            width=6,
+        ),
+        ui.stat(
+            "Ollama up",
+            "1 when the exporter read /api/ps and /api/tags.",
+            "none",
+            ui.query(ui.GAUGE, series.ENGINE_UP, of=ui.ENGINE),
+            width=6,
+            up=True,
+        ),
+        ui.stat(
+            f"{SLOTS.env} (configured)",
+            "Requests per loaded model Ollama is said to run at once, as given to the exporter: configured, not "
+            "observed (Ollama reports no such value).",
+            "none",
+            ui.query(ui.GAUGE, series.PROXY_NUM_PARALLEL, of=ui.ENGINE),
+            width=6,
+        ),
+        ui.timeseries(
+            "Memory and VRAM size",
+            "size and size_vram of each loaded model (GET /api/ps).",
+            "bytes",
+            ui.query(ui.GAUGE, series.OLLAMA_MODEL_SIZE, "size {{model}}", of=ui.MODEL),
+            ui.query(ui.GAUGE, series.OLLAMA_MODEL_VRAM, "vram {{model}}", of=ui.MODEL),
+        ),
+        ui.timeseries(
+            "Time until unload",
+            "expires_at - now per loaded model: after it Ollama unloads the model "
+            "and the next request pays a cold load.",
+            "s",
+            ui.query(ui.GAUGE, series.OLLAMA_MODEL_EXPIRES, "{{model}}", of=ui.MODEL),
+        ),
+        ui.timeseries(
+            "Context length",
+            "context_length of each loaded model.",
+            "suffix: tokens",
+            ui.query(ui.GAUGE, series.OLLAMA_MODEL_CONTEXT, "{{model}}", of=ui.MODEL),
+        ),
+        ui.row("Concurrency: what the exporter's proxy observed of the requests it relayed (none sent around it)"),
+        ui.timeseries(
+            "Streaming and awaiting a first chunk (proxy)",
+            "Relayed requests whose answer is streaming (servescope_requests_running, source=proxy) and those "
+            "without a byte of it yet (servescope_requests_waiting: queued for a slot, loading the model or "
+            "evaluating the prompt; the proxy cannot tell which). No data: nothing went through the proxy. "
+            f"Streaming flat at the configured {SLOTS.env} while others await theirs: the slots are full.",
+            "short",
+            ui.query(ui.SUM, series.REQUESTS_RUNNING, "streaming {{instance}}", of=ui.PROXY),
+            ui.query(ui.SUM, series.REQUESTS_WAITING, "awaiting first chunk {{instance}}", of=ui.PROXY),
+            ui.query(ui.GAUGE, series.PROXY_NUM_PARALLEL, f"{SLOTS.env} (configured) {{{{instance}}}}", of=ui.ENGINE),
+        ),
+        ui.timeseries(
+            "Queue inside Ollama (its own durations)",
+            "Mean per request of total_duration - load_duration - prompt_eval_duration - eval_duration from Ollama's "
+            "final object (servescope_proxy_queue_seconds, /api/chat and /api/generate): the time Ollama held it "
+            f"outside the model, waiting for one of its {SLOTS.env} slots. 50 ms or more for 2 minutes "
+            f"fires {ALERTS.waiting.name}.",
+            "s",
+            ui.query(ui.MEAN, series.PROXY_QUEUE_SECONDS, of=ui.ENGINE),
+        ),
+        ui.timeseries(
+            "Requests/s through the proxy",
+            "servescope_proxy_requests_total by outcome.",
+            "reqps",
+            ui.query(
+                ui.RATE, series.PROXY_REQUESTS, "{{outcome}} {{instance}}", of=ui.ENGINE, by=("instance", "outcome")
+            ),
+        ),
+        ui.row("Speed (from each response's final object: eval_count / eval_duration, load_duration)"),
+        ui.timeseries(
+            "Generation tokens/s",
+            "Per-request eval_count / eval_duration (p50, p95), and the sum of output tokens per second.",
+            ui.TOKENS_PER_S,
+            ui.query(ui.QUANTILES, series.PROXY_GEN_TOKENS_PER_SECOND, "per request {{instance}}", of=ui.ENGINE),
+            ui.query(ui.RATE, series.GENERATED_TOKENS, "total {{instance}}", of=ui.MODEL),
+        ),
+        ui.timeseries(
+            "Load (cold-start) duration",
+            "load_duration of responses: large when the model was not "
+            "loaded (first request, or after keep-alive expired).",
+            "s",
+            ui.query(ui.QUANTILES, series.PROXY_LOAD_SECONDS, of=ui.ENGINE),
+        ),
+        ui.timeseries(
+            "First chunk and prompt eval",
+            "Proxy-observed time to the first chunk, and prompt_eval_duration.",
+            "s",
+            ui.query(ui.QUANTILES, series.PROXY_FIRST_CHUNK_SECONDS, "first chunk", of=ui.ENGINE),
+            ui.query(ui.QUANTILES, series.PROXY_PROMPT_EVAL_SECONDS, "prompt eval", of=ui.ENGINE),
+        ),
+    ),
+    # The comparison dashboard's words: its running and waiting are what the proxy observed.
+    named="Ollama",
+    running=(
+        "Ollama, source=proxy: requests the exporter's proxy relayed whose answer is streaming, none when nothing "
+        "went through it"
+    ),
+    waiting=(
+        "Ollama (source=proxy): relayed requests without a byte of their answer yet, queued, loading or evaluating "
+        "the prompt alike: its queue is on the Ollama dashboard, from its own durations."
+    ),
+)
+
 OLLAMA = EngineKind(
     name="ollama",
     title="Ollama",
@@ -119,6 +243,10 @@ OLLAMA = EngineKind(
     held_s=held_s,
     alerts=ALERTS,
     timings=RequestTimings(DURATIONS),  # total, load, prompt_eval and eval durations in each final object
+    # The native stack starts an installed one, or uses one already answering, and serves it the same GGUF
+    # (servescope/stack/ollama.py); none here is "absent", not a failure.
+    native=Native("servescope.stack.ollama", found=True),
+    dashboard=DASHBOARD,
 )
 # How servescope's Ollama proxy names itself in the Via header of every response it relays (RFC 9110 7.6.3):
 # the load generator reads it to tell the proxy from an Ollama answering on the proxy's port.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from servescope.contracts import series, thresholds
+from servescope.engines import panels as ui
 from servescope.engines.base import (
     ALERT_LASTED,
     BATCH_SLOTS,
@@ -19,6 +20,7 @@ from servescope.engines.base import (
     KvRoom,
     Lever,
     MetricsPage,
+    Native,
     RequestTimings,
     Signature,
     Source,
@@ -173,6 +175,143 @@ TIMINGS = RequestTimings(
     why_aggregate="vLLM 0.32 gives no per-request timings",
 )
 
+# Its own dashboard (servescope-vllm), charted from the page's names above.
+_NAMES = {source.series: source.names for source in PAGE.sources}
+_RUNNING, _WAITING = _NAMES[series.REQUESTS_RUNNING][0], _NAMES[series.REQUESTS_WAITING][0]
+_KV_USAGE, _PREEMPTIONS = _NAMES[series.KV_CACHE_USAGE], _NAMES[series.PREEMPTIONS][0]
+_HITS, _QUERIES = _NAMES[series.PROMPT_CACHED_TOKENS], PAGE.charted["prefix-cache queries"]
+(_FINISHED,) = PAGE.charted["finish reasons"]
+_PHASES = [(part, TIMINGS.histograms[part]) for part in ("queue", "prefill", "decode")]
+_TTFT, _ITL, _E2E = (PAGE.latency[which] for which in ("ttft", "itl", "e2e"))
+
+
+def _after_prefix(name: str) -> str:
+    return name.split(":", 1)[1]
+
+
+DASHBOARD = ui.Dashboard(
+    about=(
+        "vLLM-CPU internals: KV capacity arithmetic, scheduler pressure, preemptions, prefix cache, "
+        "and where each request's time goes."
+    ),
+    panels=(
+        ui.row(f"KV capacity: {KV.env} / (block size x dtype) -> blocks -> tokens -> max concurrency"),
+        *(
+            ui.stat(title, description, unit, ui.query(ui.GAUGE, metric, of=ui.MODEL), width=6)
+            for title, description, unit, metric in (
+                (
+                    "KV blocks",
+                    f"num_gpu_blocks from {CACHE_INFO} (on CPU all from {KV.env}; --swap-space adds none).",
+                    "none",
+                    series.KV_BLOCKS,
+                ),
+                (
+                    "Block size",
+                    f"Tokens per KV block (block_size label of {CACHE_INFO}).",
+                    "none",
+                    series.KV_BLOCK_SIZE,
+                ),
+                (
+                    "KV capacity",
+                    "Tokens the KV cache holds: blocks x block size.",
+                    "suffix: tokens",
+                    series.KV_CAPACITY_TOKENS,
+                ),
+                (
+                    "Max concurrency",
+                    "Requests of the served max-model-len that fit at once (the startup log's 'Maximum concurrency ... x').",
+                    "suffix: x",
+                    series.KV_MAX_CONCURRENCY,
+                ),
+            )
+        ),
+        ui.row("Scheduler"),
+        ui.timeseries(
+            "Running and waiting",
+            f"{_RUNNING} / _waiting.",
+            "short",
+            ui.query(ui.SUM, _RUNNING, "running {{instance}}"),
+            ui.query(ui.SUM, _WAITING, "waiting {{instance}}"),
+        ),
+        ui.timeseries(
+            "KV cache usage",
+            f"{_KV_USAGE[0]} (0..1; {_after_prefix(_KV_USAGE[1])} before 0.10).",
+            "percentunit",
+            ui.query(ui.MAX, _KV_USAGE),
+        ),
+        ui.timeseries(
+            "Preemptions/s",
+            f"{_PREEMPTIONS}: sequences evicted for lack of KV blocks and "
+            "recomputed later. Above 0 under load = the KV cache is the bottleneck.",
+            "short",
+            ui.query(ui.RATE, _PREEMPTIONS),
+        ),
+        ui.timeseries(
+            "Prefix-cache hit rate",
+            f"{_HITS[0]} / {_after_prefix(_QUERIES[0])} (tokens; {' / '.join(_after_prefix(n) for n in _HITS[1:])} "
+            "in 0.9.2-0.10).",
+            "percentunit",
+            ui.query(ui.RATIO, _HITS, per=_QUERIES),
+        ),
+        ui.timeseries(
+            "Finish reasons",
+            f"{_FINISHED} by finished_reason (stop, length, abort...).",
+            "reqps",
+            ui.query(ui.RATE, _FINISHED, "{{finished_reason}} {{instance}}", by=("instance", "finished_reason")),
+            stack=True,
+        ),
+        ui.timeseries(
+            "Tokens/s",
+            "Prompt and generated tokens per second.",
+            ui.TOKENS_PER_S,
+            ui.query(ui.RATE, _NAMES[series.PROMPT_TOKENS][0], "prompt {{instance}}"),
+            ui.query(ui.RATE, _NAMES[series.GENERATED_TOKENS][0], "generated {{instance}}"),
+        ),
+        ui.row("Where a request's time goes"),
+        ui.timeseries(
+            "Queue / prefill / decode time (mean)",
+            "Mean seconds per request in each phase over the window.",
+            "s",
+            *(ui.query(ui.MEAN, metric, f"{name} {{{{instance}}}}") for name, metric in _PHASES),
+            width=12,
+        ),
+        ui.timeseries(
+            "Queue / prefill / decode time (p95)",
+            "95th percentile per phase.",
+            "s",
+            *(ui.query(ui.P95, metric, f"{name} {{{{instance}}}}") for name, metric in _PHASES),
+            width=12,
+        ),
+        ui.timeseries("TTFT", f"{_TTFT[0]}.", "s", ui.query(ui.QUANTILES, _TTFT[0])),
+        ui.timeseries(
+            "ITL",
+            f"{_ITL[0]} ({_after_prefix(_ITL[1]).removesuffix('_seconds')} before 0.11).",
+            "s",
+            ui.query(ui.QUANTILES, _ITL),
+        ),
+        ui.timeseries("End-to-end latency", f"{_E2E[0]}.", "s", ui.query(ui.QUANTILES, _E2E[0])),
+    ),
+    # The comparison dashboard's words.
+    named="vLLM-CPU",
+    running="vLLM running",
+    running_note=f"Flat at {SLOTS.flag.removeprefix('--')} under load = the batch cap.",
+    waiting=(
+        f"A queue that never drains: with KV usage low raise {SLOTS.flag.removeprefix('--')}; with KV usage near 100% "
+        f"raise {KV.env} or lower {MAX_MODEL_LEN.flag}."
+    ),
+    cached="vLLM prefix_cache_hits",
+)
+
+# The native stack installs it in its own venv (servescope/stack/vllm.py) and converts the GGUF to the float32 weights
+# it loads; its start-up compile is the long pole, so the others start while it warms up.
+NATIVE = Native(
+    "servescope.stack.vllm",
+    prepares="venv-vllm → float32 weights for vLLM",
+    from_gguf=True,
+    ready_env="VLLM_READY_TIMEOUT",
+    warms_up=True,
+)
+
 VLLM = openai_server(
     "vllm",
     "VLLM",
@@ -194,4 +333,6 @@ VLLM = openai_server(
     raise_knob=raise_knob,
     alerts=ALERTS,
     timings=TIMINGS,
+    native=NATIVE,
+    dashboard=DASHBOARD,
 )
