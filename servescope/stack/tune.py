@@ -504,11 +504,8 @@ def native_restart(engine: str) -> Callable[[dict[str, str]], None]:
             return  # already so (a refused change never stopped it): no warm-up for nothing
         knob = {**knobs.load(), **values}
         prep = native.prepare([engine])  # cached after `make up`: a few checks
-        # refuses what cannot fit
-        swap_used = native.check_vllm_plan(knob, prep) if engines.kind(engine).slots_within_kv else False
-        (service,) = [
-            s for s in native.engine_services(knob, prep, knob["SERVESCOPE_BIND"], swap_used) if s.name == engine
-        ]
+        native.check(knob, prep)  # refuses what cannot fit
+        (service,) = [s for s in native.engine_services(knob, prep, knob["SERVESCOPE_BIND"]) if s.name == engine]
         record = supervisor.records().get(engine)
         if record is not None and "--no-repack" in record.cmdline:
             service.cmd.append("--no-repack")  # what `up` found this CPU needs (AMX advertised, unusable)
@@ -525,7 +522,7 @@ def native_kv_fit() -> KvFit:
 
     knob = knobs.load()
     prep = native.prepare([engines.VLLM.name])  # cached after `make up`
-    config = json.loads((prep.vllm_model / "config.json").read_text())
+    config = json.loads((prep.engine[engines.VLLM.name].model / "config.json").read_text())
     return KvFit(vllm.kv_bytes_per_token(config, knob["VLLM_DTYPE"]), int(knob["VLLM_MAX_MODEL_LEN"]))
 
 

