@@ -20,7 +20,7 @@ from servescope.judgements import stats
 from servescope.report import cli, query, render, sections
 from servescope.report.load import load
 from tests.paths import RUNS
-from tests.report.test_cli import slower_copy
+from tests.servescope.report.test_cli import slower_copy
 from tests.report.test_loadgen_shape import write_run
 
 NO_PROMETHEUS = "http://127.0.0.1:9"
@@ -29,7 +29,7 @@ NO_PROMETHEUS = "http://127.0.0.1:9"
 # since (resting on Ollama's own durations, not a split of its knob).
 EXPECTED = json.loads((RUNS / "expected_numbers.json").read_text())
 # live-failures' sweep has a latency group per concurrency level since issue 40 (its groups in the file are the
-# report's; tests/report/test_latency.py checks per-level rows against numpy on the raw records).
+# report's; tests/servescope/report/test_latency.py checks per-level rows against numpy on the raw records).
 # ("comparison", "method") now says where a huge pool's subsample is drawn; ("table", "rule") how host noise widens
 # the scaling factor's CI and when a reading is undecided; ("verdict", "rule") names the engines that ran, each with
 # its own levers.

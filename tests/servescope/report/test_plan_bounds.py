@@ -14,7 +14,7 @@ from servescope.contracts.runfolder import KNEE
 from servescope.judgements import slo
 from servescope.report import plan, replica_events, replicas, traffic
 from servescope.report.replicas import Arrival, Level, Profile
-from tests.report.plan_knees import knee_folder, real_knee
+from tests.servescope.report.plan_knees import knee_folder, real_knee
 
 pytestmark = pytest.mark.timeout(120)  # a hang is what several of these guard against: it fails, never blocks
 

@@ -20,7 +20,7 @@ from servescope.contracts.runfolder import KNEE
 from servescope.judgements import slo
 from servescope.report import plan, replica_events, replicas
 from servescope.report.replicas import Arrival, Level, Profile, Sharing
-from tests.report.plan_knees import knee_folder
+from tests.servescope.report.plan_knees import knee_folder
 
 pytestmark = pytest.mark.timeout(300)
 

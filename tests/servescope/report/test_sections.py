@@ -9,7 +9,7 @@ from servescope.report.load import load
 from servescope.report.outline import Context
 from servescope.report.render import markdown
 from tests.paths import RUNS
-from tests.report.test_plan import _knee_folder
+from tests.servescope.report.test_plan import _knee_folder
 
 NO_PROMETHEUS = "http://127.0.0.1:9"
 # report.json's keys, the same since sections became objects (issue 27): "run" and "plots" are the report's own.
