@@ -261,3 +261,15 @@ def test_ollamas_concurrency_is_what_the_proxy_observed_and_its_queue_comes_from
     for board in BOARDS.values():
         for panel in data_panels(board):
             assert "min(in flight" not in panel.get("description", ""), panel["title"]
+
+
+def test_the_builder_names_no_engine_kind():
+    """Each engine's panels and words are in its adapter (issue 43 item 4c): build.py reads them from the registry."""
+    from servescope import engines
+
+    text = (build.HERE / "build.py").read_text()
+    names = "|".join(re.escape(name) for name in engines.ENGINES)
+    assert not re.findall(rf"\b({names})\b", text, re.IGNORECASE)
+    constants = "|".join(n for n in dir(engines) if isinstance(getattr(engines, n), engines.EngineKind))
+    assert not re.findall(rf"\b({constants})\b", text)  # no adapter constant either
+    assert {name for name, kind in engines.ENGINES.items() if kind.dashboard.panels} <= set(build.DASHBOARDS)
