@@ -88,7 +88,7 @@ def quiet_host_rule(monkeypatch):
 @pytest.fixture(autouse=True)
 def no_cpu_priority(monkeypatch):
     """The suite's load generators and stacks never move themselves (or the pytest process listening as a test engine)
-    into the real CPU priority group: its own tests (tests/servescope/test_cpu_priority.py) ask for it, in groups of
+    into the real CPU priority group: its own tests (tests/servescope/host/test_cpu_priority.py) ask for it, in groups of
     their own. tests/harness.py gives the same default to a child started with an environment of its own."""
     monkeypatch.setenv("CPU_PRIORITY", "off")
 

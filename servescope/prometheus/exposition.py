@@ -10,7 +10,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 # A sample line in its plainest form (what the exporter and the engines write): a name, labels without escapes or
 # spaces, one space, a value without a timestamp. Read here at a few microseconds a line; any other line goes to
 # prometheus_client's parser (ten times slower, per line), whose reading is the rule: the two agree on every line
-# this one takes (tests/servescope/test_exposition.py holds them to it). The sampler reads a page every 100 ms.
+# this one takes (tests/servescope/prometheus/test_exposition.py holds them to it). The sampler reads a page every 100 ms.
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'
 _PLAIN = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL},)*(?:{_LABEL})?)\}})? ([^\s_]+)")
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')

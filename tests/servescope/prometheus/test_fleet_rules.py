@@ -18,7 +18,7 @@ from servescope import engines
 from servescope.contracts import series
 from servescope.prometheus import fleet_rules
 from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
-from tests.servescope.test_sglang import sglang_engine
+from tests.servescope.engines.test_sglang import sglang_engine
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.tool("prometheus")

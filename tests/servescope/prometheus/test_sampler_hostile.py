@@ -18,7 +18,7 @@ from servescope.prometheus.sampler import FROM_EXPORTER, FROM_PROMETHEUS, WANTED
 from tests.doubles.hostile_http import Hostile, drip, huge, reply
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli
-from tests.servescope.test_prometheus_api import ANSWERS
+from tests.servescope.prometheus.test_prometheus_api import ANSWERS
 
 pytestmark = pytest.mark.timeout(180)
 
