@@ -14,7 +14,7 @@
 Hence the size of /metrics, whatever clients and engines send: at most 2.5 MB per Ollama instance
 with its proxy, 250 KB per vLLM instance, 4 KB per llama.cpp instance, plus 16 KB of the
 exporter's own series and HELP text (and four short lines per watched process or container).
-tests/exporter/test_hardening.py fills every cap at once with names that escape to twice their size
+tests/behaviour/exporter/test_hardening.py fills every cap at once with names that escape to twice their size
 and holds the page under these bounds.
 """
 
