@@ -26,6 +26,7 @@ from loadgen.isolate import Isolation
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
 from loadgen.manifest import build as build_manifest
+from loadgen.phase_driver import PhaseDriver, Users
 from loadgen.recorder import Recorder
 from loadgen.runplan import RunPlan
 from loadgen.scenarios import LoadRun, spawn_rate_for
@@ -247,34 +248,27 @@ class HeadlessRun:
         self.runner = self.fleet.runner if self.fleet is not None else self.environment.create_local_runner()
         self.annotator = PhaseAnnotator(self.run_plan.grafana_url)
 
-    def stopped(self) -> bool:
-        return self.interrupted.is_set() or self.load.aborted.is_set()
-
     def run_phases(self) -> None:
-        """Every phase in turn (a retry right after the phase it repeats, the knee's next load at the end), then the
-        run's status; the last phase closed."""
-        phases = self.plan.phases  # the run's own list: this loop and LoadRun see what is added to it
-        previous: str | None = None  # the engine of the last phase: a switch waits for it to go quiet
-        for phase in phases:
-            if self.stopped() or not self.get_ready(phase, previous):
-                break
-            previous = phase.settings.target.instance
-            if not self.run_phase(phase):
-                break
-            self.add_what_follows(phase)
-        if self.load.aborted.is_set():
-            self.status = "failed"
-            self.runner.stop()
-        elif self.interrupted.is_set():
-            self.status = "interrupted"
-            self.runner.stop()  # kills users mid-stream: each writes its partial record as "interrupted"
-        if self.fleet is not None and self.status != "complete":
-            self.fleet.coordinator.drain()  # the workers' interrupted records
-        # Close the last phase (its PhaseRecords; an interrupted one keeps what finished); skip what never started.
-        self.load.finish()
+        """Every phase in turn by the one phase driver (loadgen/phase_driver.py), then the run's status; the last phase
+        closed. Locust's runner sends each phase's users: in this process, or the master's to its workers."""
+        users = RunnerUsers(self.runner)
+        if self.fleet is not None:
+            users = distributed.WorkerUsers(self.fleet.coordinator, users)
+        self.status = PhaseDriver(
+            self.load,
+            users,
+            stops={"failed": self.load.aborted, "interrupted": self.interrupted},
+            sampler=self.sampler,
+            ready=self.get_ready,
+            noise=self.keeper,
+            retries=self.run_plan.noise_retries,
+            annotator=self.annotator,
+            say=self.recorder.line,
+        ).drive()
 
-    def get_ready(self, phase, previous: str | None) -> bool:
-        """The phase's engine warmed up (once) and quiet after a switch; False when the run stops meanwhile."""
+    def get_ready(self, phase, previous) -> bool:
+        """The phase's engine warmed up (once) and quiet after a switch from `previous`'s engine; False when the run
+        stops meanwhile."""
         target = phase.settings.target
         self.isolation.focus(target)
         if target.instance not in self.trial_notes["warmup"]:
@@ -294,57 +288,11 @@ class HeadlessRun:
         self.keeper.settle(
             target,
             self.run_plan.settle_max_s,
-            switched=previous not in (None, target.instance),
+            switched=previous is not None and previous.settings.target.instance != target.instance,
             say=self.recorder.line,
             interrupted=self.interrupted,
         )
         return not self.interrupted.is_set()
-
-    def run_phase(self, phase) -> bool:
-        """One phase's users started, awaited and stopped, its records emitted; False when the run stopped in it."""
-        self.keeper.begin(phase.settings.target)
-        self.load.advance()
-        self.sampler.start(phase.title)
-        if self.fleet is not None:
-            self.fleet.coordinator.prepare(phase)
-        self.runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
-        if self.fleet is not None:
-            self.fleet.coordinator.start(phase)  # each worker's part of it, once every worker's users are in
-        gevent.wait([phase.done, self.interrupted, self.load.aborted], count=1)
-        if self.stopped():
-            # Users stop first, mid-stream (each writes its partial record): the sampler's last read can take
-            # its time without another request starting meanwhile.
-            self.runner.stop()
-            self.sampler.stop()
-            return False
-        self.sampler.stop()
-        phase.emit()
-        self.runner.start(0, spawn_rate=spawn_rate_for(phase))
-        if self.runner.spawning_greenlet is not None:
-            self.runner.spawning_greenlet.join(timeout=10)
-        self.annotator.phase_done(phase)
-        if phase.backoff_count:
-            self.recorder.line(
-                f"{phase.settings.target.instance} {phase.title}: the engine refused connections: users waited "
-                f"{phase.backoff_count} times, {phase.backoff_s:.1f} s in all, before sending again"
-            )
-        return True
-
-    def add_what_follows(self, phase) -> None:
-        """What a finished phase adds to the run: its retry when the host was noisy, the knee's next load."""
-        retries = self.run_plan.noise_retries
-        noisy = self.keeper.flags()
-        retry = phase.again() if noisy and phase.attempt <= retries else None
-        if retry is not None:
-            self.plan.phases.insert(self.plan.phases.index(phase) + 1, retry)
-            self.recorder.line(
-                f"{phase.settings.target.instance} {phase.title}: {noisy[0]}: running it again as {retry.title} "
-                f"(LOADGEN_NOISE_RETRIES={retries})"
-            )
-        if phase.planner is not None:  # the knee: the next load depends on this one's results
-            follow_up = phase.planner.after(phase, self.folder)
-            if follow_up is not None:
-                self.plan.phases.append(follow_up)  # the run's own list: this loop and LoadRun see it
 
     def finish(self) -> None:
         """Everything started, stopped; Locust's outputs and the final manifest written; the client metrics kept up
@@ -381,6 +329,25 @@ class HeadlessRun:
             handler.cancel()
         if self.metrics is not None:
             self.metrics.close()
+
+
+class RunnerUsers(Users):
+    """A headless run's users: Locust's runner starts a phase's users at once and lets them all go after it (a local
+    runner, or a master dispatching them to its workers)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def start(self, phase) -> None:
+        self.runner.start(phase.users, spawn_rate=spawn_rate_for(phase), user_classes=[USER_CLASSES[phase.user_class]])
+
+    def release(self, phase) -> None:
+        self.runner.start(0, spawn_rate=spawn_rate_for(phase))
+        if self.runner.spawning_greenlet is not None:
+            self.runner.spawning_greenlet.join(timeout=10)
+
+    def halt(self) -> None:
+        self.runner.stop()
 
 
 def _create_folder(results: Path, run_id: str | None) -> RunFolder:

@@ -70,6 +70,7 @@ from loadgen import master_port
 from loadgen.client import ErrorKind
 from loadgen.clock_sync import clock_offset
 from loadgen.master_port import checked, integer, key, mapping, number, optional, text
+from loadgen.phase_driver import Users
 from loadgen.recorder import Recorder
 from loadgen.runplan import RunPlan
 from loadgen.scenarios import (
@@ -642,6 +643,34 @@ class Coordinator:
         self.run.recorder.request(record)
         if 0 <= index < len(self.run.phases):
             self.run.phases[index].add_worker_record(record)
+
+
+class WorkerUsers(Users):
+    """A phase's users on the workers: `dispatch` has Locust's master send them (the headless run's runner, the web
+    UI's load shape), the coordinator starts each worker's part once they are in; after a stop, it waits for the
+    workers' last records; at the end, it tells the workers the run is over."""
+
+    def __init__(self, coordinator: Coordinator, dispatch: Users):
+        self.coordinator, self.dispatch = coordinator, dispatch
+
+    def admit(self, phase: Phase, previous: Phase | None) -> None:
+        self.dispatch.admit(phase, previous)
+
+    def start(self, phase: Phase) -> None:
+        self.coordinator.prepare(phase)
+        self.dispatch.start(phase)
+        self.coordinator.start(phase)  # each worker's part of it, once every worker's users are in
+
+    def release(self, phase: Phase) -> None:
+        self.dispatch.release(phase)
+
+    def halt(self) -> None:
+        self.dispatch.halt()
+
+    def end(self, complete: bool) -> None:
+        if not complete:
+            self.coordinator.drain()  # the workers' interrupted records
+        self.coordinator.finish()
 
 
 # ---------------------------------------------------------------- a worker's side

@@ -134,7 +134,7 @@ def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[tuple[str, .
 
 
 class KneeSearch:
-    """Hands out the next phase after each finished one; the run's loop appends it (loadgen/cli.py, the web UI's conductor)."""
+    """Hands out the next phase after each finished one; the phase driver appends it (loadgen/phase_driver.py)."""
 
     def __init__(self, settings: Settings, options: KneeOptions, duration_s: float | None, requests: int | None):
         self.settings = settings

@@ -35,6 +35,7 @@ from servescope import workloads
 from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
+from loadgen.phase_driver import PhaseDriver, Users
 from loadgen.recorder import Recorder
 from loadgen.runplan import RunPlan, build_phases
 from loadgen.scenarios import LoadRun, Settings
@@ -379,49 +380,49 @@ class ScenarioShape(LoadTestShape):
         return phase.users, float(phase.users), [USER_CLASSES[phase.user_class]]
 
 
+class ShapeUsers(Users):
+    """The web UI's users: ScenarioShape.tick sends the current phase's users and keeps them for the next phase; a
+    phase with fewer waits for them all to go first (Locust would stop the surplus ones mid-request of the next)."""
+
+    def __init__(self, environment, run: LoadRun):
+        self.environment, self.run = environment, run
+
+    def admit(self, phase, previous) -> None:
+        if previous is not None and phase.users < previous.users:
+            self.drain()
+
+    def start(self, phase) -> None:
+        # A master's users go to its workers: the phase starts on them (loadgen/distributed.py) once they were sent.
+        while isinstance(self.environment.runner, MasterRunner) and not self.dispatched(phase):
+            gevent.sleep(DISPATCH_CHECK_S)
+
+    def drain(self, timeout: float = 10.0) -> None:
+        """Stop every (idle) user: the shape asks for none meanwhile."""
+        runner = self.environment.runner
+        self.run.draining = True
+        deadline = time.monotonic() + timeout
+        while runner.user_count > 0 and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        self.run.draining = False
+
+    def dispatched(self, phase) -> bool:
+        """The master has sent this phase's users to the workers (the shape's next tick does it, within a second)."""
+        return self.environment.runner.target_user_classes_count.get(phase.user_class, 0) == phase.users
+
+
 def _conduct(environment, run: LoadRun) -> None:
-    """On the master (or a single process): each phase in turn until it is done.
+    """On the master (or a single process): each phase in turn until it is done, by the one phase driver
+    (loadgen/phase_driver.py), the load shape sending its users.
 
     With workers, loadgen/distributed.py starts each phase on all of them once the shape has sent its users, and
     ends it when every worker's part is over (a timed step by the master's clock)."""
     coordinator: distributed.Coordinator | None = getattr(environment, "servescope_coordinator", None)
-    while True:
-        phase = run.advance()
-        if phase is None:
-            if coordinator is not None:
-                coordinator.finish()
-            return
-        sampler: Sampler | None = getattr(environment, "servescope_sampler", None)
-        if sampler is not None:
-            sampler.start(phase.title)  # the engine's gauges into samples.jsonl, as a headless run has them
-        if coordinator is not None:
-            coordinator.prepare(phase)
-            while not _dispatched(environment.runner, phase):
-                gevent.sleep(DISPATCH_CHECK_S)
-            coordinator.start(phase)
-        phase.done.wait()
-        if sampler is not None:
-            sampler.stop()
-        if phase.planner is not None and run.folder is not None:  # the knee: the next load from this one's results
-            follow_up = phase.planner.after(phase, run.folder)
-            if follow_up is not None:
-                run.phases.append(follow_up)
-        if run.index + 1 < len(run.phases) and run.phases[run.index + 1].users < phase.users:
-            _drain(environment, run)
-
-
-def _drain(environment, run: LoadRun, timeout: float = 10.0) -> None:
-    """Stop every (idle) user before a phase with fewer: Locust would stop the surplus ones mid-request of the next."""
-    run.draining = True
-    deadline = time.monotonic() + timeout
-    while environment.runner.user_count > 0 and time.monotonic() < deadline:
-        gevent.sleep(0.05)
-    run.draining = False
-
-
-def _dispatched(runner, phase) -> bool:
-    """The master has sent this phase's users to the workers (the shape's next tick does it, within a second)."""
-    return runner.target_user_classes_count.get(phase.user_class, 0) == phase.users
+    users: Users = ShapeUsers(environment, run)
+    if coordinator is not None:
+        users = distributed.WorkerUsers(coordinator, users)
+    # The engine's gauges into samples.jsonl, as a headless run has them.
+    sampler: Sampler | None = getattr(environment, "servescope_sampler", None)
+    PhaseDriver(run, users, sampler=sampler).drive()
 
 
 @events.init.add_listener

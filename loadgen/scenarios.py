@@ -525,7 +525,7 @@ class RatePhase(Phase):
 class LoadRun:
     """The phases of one run in order, the current one, and where finished records go."""
 
-    draining = False  # the load shape asks for 0 users between two phases (loadgen/locustfile.py's conductor)
+    draining = False  # the load shape asks for 0 users between two phases (loadgen/locustfile.py's ShapeUsers)
 
     def __init__(
         self,

@@ -31,7 +31,7 @@ from servescope.text import words
 
 class MoreRepetitions:
     """Passes of the reference experiment added while an engine's scaling factor is undecided (servescope/report/table.estimate:
-    its noise-widened CI straddles a reading's bound), up to a cap; the run's planner (loadgen/cli.add_what_follows).
+    its noise-widened CI straddles a reading's bound), up to a cap; the run's planner (loadgen/phase_driver.py).
 
     After the schedule's last phase it reads the run folder as the report does; each engine still undecided gets one
     more pass (the undecided engines interleaved, their order reversed every other pass), then it judges again."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -21,7 +22,7 @@ from loadgen.targets import parse_engine
 from servescope.contracts.runfolder import RequestRecord, RunFolder
 from servescope.workloads import prompts
 from tests.doubles.synthetic_openai import SyntheticServer
-from tests.harness import run_cli, start_cli
+from tests.harness import run_cli, run_python, start_cli
 
 QUIET_SAMPLER = {**os.environ, "SAMPLE_INTERVAL_MS": "0"}  # no exporter here: the sampler's own lines are noise
 
@@ -200,3 +201,69 @@ def test_a_burst_round_waits_for_the_last_rounds_requests_whatever_users_arrive(
     last = gevent.spawn(phase.next_work)
     gevent.joinall([back, handed_over, last], timeout=5)
     assert released == [(1, 0), (2, 0)] and all(g.value is not None for g in (back, handed_over, last))
+
+
+# In a process of its own: loadgen.distributed imports Locust, which would patch this whole process.
+WORKER_USERS = """
+import json
+from loadgen.distributed import WorkerUsers
+from loadgen.phase_driver import Users
+
+calls = []
+
+
+class Coordinator:
+    def prepare(self, phase):
+        calls.append(["coordinator.prepare", phase])
+
+    def start(self, phase):
+        calls.append(["coordinator.start", phase])
+
+    def drain(self):
+        calls.append(["coordinator.drain"])
+
+    def finish(self):
+        calls.append(["coordinator.finish"])
+
+
+class Dispatch(Users):
+    def admit(self, phase, previous):
+        calls.append(["dispatch.admit", phase, previous])
+
+    def start(self, phase):
+        calls.append(["dispatch.start", phase])
+
+    def release(self, phase):
+        calls.append(["dispatch.release", phase])
+
+    def halt(self):
+        calls.append(["dispatch.halt"])
+
+
+users = WorkerUsers(Coordinator(), Dispatch())
+users.admit("b", "a")
+users.start("b")
+users.release("b")
+users.halt()
+users.end(False)
+users.end(True)
+print(json.dumps(calls))
+"""
+
+
+def test_a_phase_on_the_workers_is_prepared_dispatched_then_started_and_a_stopped_run_waits_for_their_records():
+    proc = run_python("-c", WORKER_USERS, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [
+        ["dispatch.admit", "b", "a"],
+        # An open-loop phase's users are set to the live workers before Locust's master dispatches them; each
+        # worker's part starts once they are in.
+        ["coordinator.prepare", "b"],
+        ["dispatch.start", "b"],
+        ["coordinator.start", "b"],
+        ["dispatch.release", "b"],
+        ["dispatch.halt"],
+        ["coordinator.drain"],  # a stopped run: the workers' interrupted records first
+        ["coordinator.finish"],
+        ["coordinator.finish"],  # a complete one: nothing to wait for
+    ]
