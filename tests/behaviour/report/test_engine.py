@@ -19,9 +19,9 @@ from servescope.contracts.runreader import RunData
 from servescope.judgements import stats
 from servescope.report import cli, query, render, sections
 from servescope.report.load import load
+from tests.behaviour.report.test_loadgen_shape import write_run
 from tests.paths import RUNS
 from tests.servescope.report.test_cli import slower_copy
-from tests.behaviour.report.test_loadgen_shape import write_run
 
 NO_PROMETHEUS = "http://127.0.0.1:9"
 # What the report computed from Python lists of records: these tests' numbers() over the same four runs, run

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 
 from servescope.report import plan, traffic
 from tests.doubles.hostile_http import Hostile, reply
-from tests.servescope.report.plan_knees import knee_folder
 from tests.servescope.prometheus.test_prometheus_api import ANSWERS, success
+from tests.servescope.report.plan_knees import knee_folder
 
 pytestmark = pytest.mark.timeout(120)
 
