@@ -40,7 +40,7 @@ def test_each_user_imports_the_one_definition(path):
     } | {
         alias.name
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module == "servescope"
+        if isinstance(node, ast.ImportFrom) and node.module == "servescope.judgements"
         for alias in node.names
         if alias.name == "kv_arithmetic"
     }
