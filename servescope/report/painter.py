@@ -220,6 +220,7 @@ def serve() -> None:
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed while drawing goes to stderr, never into the answers
     jobs = sys.stdin.buffer
+    from servescope.report import plots  # noqa: F401  (the import the report no longer waits for)
 
     while True:
         try:
