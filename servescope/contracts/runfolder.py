@@ -138,7 +138,7 @@ class RunFolder:
         yield from self._read(PHASES, PhaseRecord, skips)
 
     def _read(self, name: str, cls, skips: Skips | None) -> Iterator:
-        from servescope.contracts.runreader import VIEWS, RunData
+        from servescope.contracts.runreader import VIEWS, RunData  # the engine loads only when something reads
 
         data = RunData(self.path, files=(name,))
         try:
