@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gevent
-import pytest
 from gevent.event import Event
 
 from loadgen.phase_driver import PhaseDriver, Users
@@ -295,10 +294,3 @@ def test_a_finished_phase_is_annotated_and_its_refused_connections_said_after_it
             "vllm a: the engine refused connections: users waited 3 times, 0.8 s in all, before sending again",
         ),
     ]
-
-
-@pytest.mark.parametrize("method", ["admit", "start", "release", "halt", "end"])
-def test_a_way_of_running_users_overrides_only_what_it_does(method):
-    # The web UI's load shape sends users itself: every step it does not override does nothing.
-    args = {"admit": (None, None), "start": (None,), "release": (None,), "halt": (), "end": (True,)}[method]
-    assert getattr(Users(), method)(*args) is None
