@@ -32,6 +32,7 @@ from bench.proxy_overhead import free_port, wait_ready
 from servescope import engines
 from servescope.contracts import knobs
 from servescope.contracts.runfolder import RunFolder, read_samples
+from servescope.contracts.settings import KnobTable
 from servescope.host import children, probe
 from servescope.prometheus import prometheus_config
 from tests.doubles.synthetic_openai import SyntheticProcess
@@ -195,7 +196,8 @@ def summarise(results: list[EngineResult], args) -> None:
 
 def answering(kind: str) -> str | None:
     engine = engines.kind(kind)
-    url = knobs.get(engine.url_env, "") or engine.default_url()
+    table = KnobTable.from_env()
+    url = table.text(engine.url_env) or engine.default_url(table)
     return url if probe.is_up(url.rstrip("/") + engine.health_path, timeout=3) else None
 
 

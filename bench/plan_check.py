@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
+from servescope.contracts.settings import KnobTable, PlanSettings
 from servescope.host import cpu_priority
 from servescope.judgements import slo
 from servescope.report import load, plan, speed, traffic, workloads
@@ -389,7 +390,14 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
         results = args.keep or Path(tmp)
         if args.start:
             started = fleet.enter_context(
-                Replicas(args.start, args.replicas, threads=args.threads, slots=args.slots, workdir=results / "fleet")
+                Replicas(
+                    args.start,
+                    args.replicas,
+                    table=KnobTable.from_env(),  # the check's entry: the knobs the replicas start with
+                    threads=args.threads,
+                    slots=args.slots,
+                    workdir=results / "fleet",
+                )
             )
             urls = list(started.urls)
         else:
@@ -424,7 +432,7 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
                 f"{len(urls)} replicas share this machine"
             )
         knee_at = Speed.of_level(profile.levels[0])
-        spread = plan.spread_of(plan.settings_of(), profile)
+        spread = plan.spread_of(plan.settings_of(PlanSettings.from_env()), profile)
         print(f"the knee's {spread.describe()}")
         probing = args.probe_duration > 0
         prober = Prober(kind, tokens, args.probe_duration, args.slots, args.tokens, results)

@@ -26,7 +26,7 @@ from exporter.llamacpp import slot_occupancy
 from exporter.ollama import OllamaCollector
 from exporter.upstream import MISSING, Upstream, UpstreamError
 from servescope import engines
-from servescope.contracts import knobs
+from servescope.contracts.settings import KnobTable
 from servescope.contracts.urls import parse_http_url, redact, redact_address
 from servescope.engines.base import BY_EXPORTER, POOL_SLOTS, EngineKind, Reading
 from servescope.host import engine_identity
@@ -180,12 +180,13 @@ def _signature_kind(upstream: Upstream, deadline: float) -> EngineKind | None:
     return None
 
 
-def check(spec: str, timeout: float = TIMEOUT_S) -> Verdict:
-    """One URL's verdict; BadInput (one line) when it does not answer or is no engine servescope knows."""
+def check(spec: str, table: KnobTable, timeout: float = TIMEOUT_S) -> Verdict:
+    """One URL's verdict; BadInput (one line) when it does not answer or is no engine servescope knows. `table`: the
+    engines' API keys."""
     kind, url = parse_target(spec)
     shown = redact(url)
     deadline = time.monotonic() + timeout
-    upstream = Upstream(url, api_key=_api_key(kind))
+    upstream = Upstream(url, api_key=_api_key(kind, table))
     try:
         # Every engine with a page serves it at /metrics: one GET both identifies the engine and is checked.
         path = kind.metrics_path if kind else next(k.metrics_path for k in engines.ENGINES.values() if k.metrics_path)
@@ -193,9 +194,9 @@ def check(spec: str, timeout: float = TIMEOUT_S) -> Verdict:
         names = page_names(text) if text is not MISSING else set()
         if kind is None:
             kind = _identify(upstream, names, deadline, shown)
-            if kind.api_key_env and knobs.get(kind.api_key_env, ""):
+            if kind.api_key_env and table.text(kind.api_key_env):
                 upstream.close()
-                upstream = Upstream(url, api_key=_api_key(kind))
+                upstream = Upstream(url, api_key=_api_key(kind, table))
         verdict = Verdict(shown, kind, _version(kind, upstream, deadline))
         if kind.metrics is None:
             verdict.findings = _exporter_findings(kind, upstream, deadline)
@@ -221,8 +222,8 @@ def check(spec: str, timeout: float = TIMEOUT_S) -> Verdict:
         upstream.close()
 
 
-def _api_key(kind: EngineKind | None) -> str:
-    return knobs.get(kind.api_key_env, "") if kind is not None and kind.api_key_env else ""
+def _api_key(kind: EngineKind | None, table: KnobTable) -> str:
+    return table.text(kind.api_key_env) if kind is not None and kind.api_key_env else ""
 
 
 def _identify(upstream: Upstream, names: set[str], deadline: float, shown: str) -> EngineKind:
@@ -318,19 +319,20 @@ def _cross_check(findings: list[Finding], exported: set[str]) -> list[Finding]:
     return findings
 
 
-def _run(specs: list[str], timeout: float) -> tuple[list[Verdict], list[str]]:
+def _run(specs: list[str], timeout: float, table: KnobTable) -> tuple[list[Verdict], list[str]]:
     verdicts, bad = [], []
     for spec in specs:
         try:
-            verdicts.append(check(spec, timeout))
+            verdicts.append(check(spec, table, timeout))
         except BadInput as exc:
             bad.append(str(exc))
     return verdicts, bad
 
 
-def one_line(urls: list[str], timeout: float = TIMEOUT_S) -> str:
-    """One line for the stack to print once its engines are ready; never raises."""
-    verdicts, bad = _run(urls, timeout)
+def one_line(urls: list[str], table: KnobTable, timeout: float = TIMEOUT_S) -> str:
+    """One line for the stack to print once its engines are ready (`table`: its knobs, the engines' API keys); never
+    raises."""
+    verdicts, bad = _run(urls, timeout, table)
     parts = []
     for v in verdicts:
         if v.quiet:
@@ -359,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.timeout <= 120:
         print(f"check: --timeout {args.timeout:g}: expected seconds between 0 and 120", file=sys.stderr)
         return EXIT_BAD_INPUT
-    verdicts, bad = _run(args.urls, args.timeout)
+    verdicts, bad = _run(args.urls, args.timeout, KnobTable.from_env())  # the check's entry: the knobs, read once
     for verdict in verdicts:
         print("\n".join(verdict.lines(args.verbose)))
     for line in bad:

@@ -17,6 +17,7 @@ from exporter import config as exporter_config
 from exporter import relay, server
 from servescope import engines
 from servescope.contracts import metrics_mode
+from servescope.contracts.settings import KnobTable
 from servescope.text import command_name
 
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="servescope-exporter: %(message)s", stream=sys.stderr)
     try:
-        config = exporter_config.load(args)
+        config = exporter_config.load(args, KnobTable.from_env())  # the exporter's entry: the knobs, read once
     except exporter_config.ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

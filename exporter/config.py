@@ -55,7 +55,8 @@ import yaml
 
 from exporter.resources import WatchedContainer, WatchedProcess
 from servescope import engines
-from servescope.contracts import knobs, metrics_mode
+from servescope.contracts import metrics_mode
+from servescope.contracts.settings import KnobTable
 from servescope.contracts.urls import redact
 from servescope.engines.base import BATCH_SLOTS
 
@@ -101,26 +102,28 @@ class Config:
     fleet: bool = False  # METRICS_MODE=fleet: the page's own series are Prometheus' rules', not the exporter's
 
 
-def load(args) -> Config:
-    """Config from parsed CLI args (attributes as in exporter.cli) and, if given, args.config."""
+def load(args, table: KnobTable | None = None) -> Config:
+    """Config from parsed CLI args (attributes as in exporter.cli) and, if given, args.config; what neither says, from
+    the knobs (`table`; None: as the environment sets them now: this is the exporter's boundary)."""
+    table = KnobTable.from_env() if table is None else table
     file_data: dict = {}
     if getattr(args, "config", None):
         file_data = read_file(Path(args.config))
 
     listen_address = _pick(
-        args.listen_address, file_data.get("listen_address"), knobs.get("SERVESCOPE_BIND", "127.0.0.1")
+        args.listen_address, file_data.get("listen_address"), table.text("SERVESCOPE_BIND", "127.0.0.1")
     )
     if not isinstance(listen_address, str) or not listen_address:
         raise ConfigError("listen_address", f"expected a host or address, got {listen_address!r}")
-    port = _port("port", _pick(args.port, file_data.get("port"), knobs.get("EXPORTER_PORT", "9464")))
+    port = _port("port", _pick(args.port, file_data.get("port"), table.text("EXPORTER_PORT", "9464")))
     timeout = _seconds(
         "timeout_seconds", _pick(getattr(args, "timeout", None), file_data.get("timeout_seconds"), DEFAULT_TIMEOUT)
     )
 
     if getattr(args, "config", None) and "engines" in file_data:
-        instances = _file_instances(file_data["engines"], timeout)
+        instances = _file_instances(file_data["engines"], timeout, table)
     else:
-        instances = _url_instances(args, timeout)
+        instances = _url_instances(args, timeout, table)
     _check_ports(instances, port)
     processes = (
         _flag_watches("--process", args.process, "pidfile")
@@ -132,7 +135,7 @@ def load(args) -> Config:
         if getattr(args, "container", None)
         else _file_watches("containers", file_data.get("containers"), "container")
     )
-    mode = getattr(args, "metrics_mode", None) or knobs.get(metrics_mode.KNOB, metrics_mode.EXPORTER)
+    mode = getattr(args, "metrics_mode", None) or table.text(metrics_mode.KNOB, metrics_mode.EXPORTER)
     try:
         fleet = metrics_mode.is_fleet(mode)
     except ValueError:
@@ -169,7 +172,7 @@ def read_file(path: Path) -> dict:
     return data
 
 
-def _file_instances(entries: object, timeout: float) -> tuple[Instance, ...]:
+def _file_instances(entries: object, timeout: float, table: KnobTable) -> tuple[Instance, ...]:
     if not isinstance(entries, list):
         raise ConfigError("engines", "expected a list of engine instances")
     instances: list[Instance] = []
@@ -205,7 +208,9 @@ def _file_instances(entries: object, timeout: float) -> tuple[Instance, ...]:
                 timeout=_seconds(f"{where}.timeout_seconds", entry.get("timeout_seconds", timeout)),
                 proxy_port=None if proxy_port is None else _port(f"{where}.proxy_port", proxy_port),
                 num_parallel=_positive_int(f"{where}.num_parallel", entry.get("num_parallel", 1)),
-                api_key=_api_key(f"{where}.api_key", entry["api_key"]) if "api_key" in entry else _knob_api_key(kind),
+                api_key=(
+                    _api_key(f"{where}.api_key", entry["api_key"]) if "api_key" in entry else _knob_api_key(kind, table)
+                ),
             )
         )
     return tuple(instances)
@@ -275,11 +280,11 @@ def _unique(key: str, watches: list) -> tuple:
     return tuple(watches)
 
 
-def _url_instances(args, timeout: float) -> tuple[Instance, ...]:
+def _url_instances(args, timeout: float, table: KnobTable) -> tuple[Instance, ...]:
     instances = []
     for kind in engines.ENGINES.values():
         flag = f"--{kind.name}-url"
-        url = getattr(args, f"{kind.name}_url", None) or knobs.get(kind.url_env, "")
+        url = getattr(args, f"{kind.name}_url", None) or table.text(kind.url_env)
         if not url:
             continue
         key = flag if getattr(args, f"{kind.name}_url", None) else kind.url_env
@@ -289,11 +294,11 @@ def _url_instances(args, timeout: float) -> tuple[Instance, ...]:
             slots = kind.lever(BATCH_SLOTS).env
             extra["proxy_port"] = _port(
                 "--proxy-port" if args.proxy_port is not None else kind.proxy_port_env,
-                _pick(args.proxy_port, None, knobs.get(kind.proxy_port_env, "11435")),
+                _pick(args.proxy_port, None, table.text(kind.proxy_port_env, "11435")),
             )
             extra["num_parallel"] = _positive_int(
                 "--ollama-num-parallel" if args.ollama_num_parallel is not None else slots,
-                _pick(args.ollama_num_parallel, None, knobs.get(slots, "1")),
+                _pick(args.ollama_num_parallel, None, table.text(slots, "1")),
             )
         instances.append(
             Instance(
@@ -301,7 +306,7 @@ def _url_instances(args, timeout: float) -> tuple[Instance, ...]:
                 name=kind.name,
                 url=_url(key, url),
                 timeout=timeout,
-                api_key=_knob_api_key(kind.name),
+                api_key=_knob_api_key(kind.name, table),
                 **extra,
             )
         )
@@ -352,9 +357,9 @@ def _url(key: str, value: object) -> str:
     return value.rstrip("/")
 
 
-def _knob_api_key(kind: str) -> str:
+def _knob_api_key(kind: str, table: KnobTable) -> str:
     env = engines.ENGINES[kind].api_key_env
-    return _api_key(env, knobs.get(env, "")) if env else ""
+    return _api_key(env, table.text(env)) if env else ""
 
 
 def _api_key(key: str, value: object) -> str:

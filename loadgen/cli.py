@@ -33,9 +33,10 @@ from loadgen.scenarios import LoadRun, spawn_rate_for
 from loadgen.summary import print_summary
 from loadgen.targets import chosen_url_line, default_url, probe, route_line
 from servescope.host import cpu_priority
-from servescope.contracts import knobs, thresholds
+from servescope.contracts import thresholds
 from servescope.judgements import slo
 from servescope.contracts.runfolder import RunFolder
+from servescope.contracts.settings import KnobTable
 from servescope.prometheus.sampler import Sampler
 from servescope.contracts.urls import redact
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         llm.check_geventhttpclient()
         return run_headless(RunPlan.from_args(args))  # the namespace ends here
     except (*USAGE_ERRORS, llm.HttpClientError) as exc:
-        print(f"loadgen: {exc}", file=sys.stderr)
+        print(f"loadgen: {options.said(exc)}", file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -68,9 +69,10 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
     Host is the engine's URL, Number of users the burst size (and the ramp-up the same: a phase starts its users
     at once); the table's options go through as they were resolved here; other arguments pass to Locust as given.
     """
-    url = args.engine_url or default_url(args.engine)
+    knobs = KnobTable.from_env()
+    url = args.engine_url or default_url(args.engine, knobs)
     if not args.engine_url:
-        print(f"loadgen: {chosen_url_line(args.engine, url)}", flush=True)
+        print(f"loadgen: {chosen_url_line(args.engine, url, knobs)}", flush=True)
     held = _held_by(args.bind, args.port)
     if held == "locust":  # `make up` runs one: say where, rather than a traceback from a second on the same port
         print(
@@ -121,10 +123,10 @@ def _held_by(host: str, port: int) -> str | None:
 def run_headless(run_plan: RunPlan) -> int:
     """A headless command: checked, its folder opened, the engines probed, the phases run, the folder finished."""
     plan = prepare(run_plan)
-    spec = slo.resolve(run_plan.slo, run_plan.slo_attainment)  # a bad SLO is one line before anything starts
+    spec = run_plan.spec  # read with the options: a bad SLO was one line before anything started
     for target in plan.targets:
         if target.url_from:
-            print(f"loadgen: {chosen_url_line(target.kind, target.url)}", flush=True)
+            print(f"loadgen: {chosen_url_line(target.kind, target.url, plan.knobs)}", flush=True)
     run = HeadlessRun(run_plan, plan, spec)
     run.probe_engines()
     run.prepare_trials()
@@ -148,7 +150,7 @@ class HeadlessRun:
         # From here on Ctrl-C / SIGTERM end the run cleanly: the folder is finished, not abandoned.
         self.interrupted, self.handlers = _stop_on_signals()
         self.out = None if run_plan.quiet else sys.stdout
-        bind = knobs.get("SERVESCOPE_BIND")
+        bind = run_plan.settings.bind
         self.metrics = _serve_client_metrics(spec, run_plan.metrics_port, bind)
         self.load: LoadRun | None = None
         # A folder that stops taking writes ends the run (the run exists before the first record is written).
@@ -169,7 +171,9 @@ class HeadlessRun:
             self.plan, self.recorder, http_client=self.run_plan.http_client, timeout_s=self.run_plan.request_timeout
         )
         # Engine gauges into samples.jsonl.
-        self.sampler = Sampler.for_run(self.folder, [(t.kind, t.instance) for t in self.plan.targets])
+        self.sampler = Sampler.for_run(
+            self.folder, [(t.kind, t.instance) for t in self.plan.targets], self.run_plan.settings.sampler
+        )
         self.recorder.line(self.sampler.describe())
 
     def prepare_trials(self) -> None:
@@ -405,7 +409,7 @@ def _probe_engines(plan: Plan, recorder: Recorder, *, http_client: str, timeout_
     """Each engine's version and model (and, for prompts sized by the engine, its chat template), said in a line."""
     targets, prompt_set, phases = plan.targets, plan.prompt_set, plan.phases
     for target in targets:
-        probe(target, plan.model_for(target))
+        probe(target, plan.knobs, plan.model_for(target))
         version = target.info.get("version") or "unknown"
         problems = (
             f" (engine not answering: {target.info['probe_errors'][0]})" if target.info.get("probe_errors") else ""
@@ -414,9 +418,9 @@ def _probe_engines(plan: Plan, recorder: Recorder, *, http_client: str, timeout_
             f"engine {target.instance} at {redact(target.url)}: version {version}, "
             f"model {target.model or '?'}{redact(problems)}"
         )
-        if not target.url_from and route_line(target):
+        if not target.url_from and route_line(target, plan.knobs):
             # A URL given: say whether it is the stack's proxy (a chosen one's line said so already), --quiet or not.
-            print(f"loadgen: {route_line(target)}", flush=True)
+            print(f"loadgen: {route_line(target, plan.knobs)}", flush=True)
         if prompt_set.sized_by_engine and not target.info.get("probe_errors"):
             settings = next(p.settings for p in phases if p.settings.target is target)
             line = trials.measure_template(target, settings, http_client=http_client, timeout_s=timeout_s)

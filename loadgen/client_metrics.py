@@ -31,9 +31,10 @@ def outcome(record: RequestRecord) -> str:
 class ClientMetrics:
     """Histograms and counters on their own registry; `serve()` exposes them on 127.0.0.1."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, spec: slo.SloSpec | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None, *, spec: slo.SloSpec):
+        """`spec`: the SLOs each request is judged by (the run's, read with its options)."""
         self.registry = registry or CollectorRegistry()
-        self.spec = spec or slo.resolve()
+        self.spec = spec
         labels = series.CLIENT_LABELS
 
         # Every series but the objective is per (engine, scenario), on this registry.

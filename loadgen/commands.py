@@ -14,7 +14,7 @@ from loadgen.scenarios import BurstPhase, Phase, SequentialPhase, Settings
 from loadgen.targets import Target, TargetError, parse_engine
 from loadgen.verbs import COMMANDS, QUICK_HELP, WEBUI_HELP
 from servescope import workloads
-from servescope.contracts import knobs
+from servescope.contracts.settings import KnobTable
 from servescope.contracts.thresholds import NoiseRule, WarmupRule
 from servescope.text import command_name
 from servescope.workloads import prompts as prompt_sets
@@ -31,7 +31,10 @@ USAGE_ERRORS = (UsageError, TargetError, prompt_sets.PromptSetError, ValueError)
 web_port = options.bounded(int, "a port from 1 to 65535", 1, 65535)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(table: KnobTable | None = None) -> argparse.ArgumentParser:
+    """The command line, every default a knob: `table`, else the knobs as this process's environment sets them (the
+    parser is where they enter)."""
+    table = KnobTable.from_env() if table is None else table
     parser = options.ArgumentParser(
         prog=command_name.prog("python -m loadgen"),
         description="The sequential-vs-burst experiment (compare), one command per scenario, and Locust's web UI; "
@@ -39,19 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for command, text in COMMANDS.items():
-        options.add_command_options(sub.add_parser(command, help=text), command)
+        options.add_command_options(sub.add_parser(command, help=text), command, table)
     # quick has a parser of its own (loadgen/quick.py): listed here so `python -m loadgen --help` shows it.
     sub.add_parser("quick", add_help=False, help=f"{QUICK_HELP} (`{parser.prog} quick --help`)")
     webui = sub.add_parser("webui", help=WEBUI_HELP)
-    webui.add_argument("--port", type=web_port, default=knobs.get("LOCUST_PORT"))
-    webui.add_argument("--bind", default=knobs.get("SERVESCOPE_BIND"))
+    webui.add_argument("--port", type=web_port, default=table["LOCUST_PORT"])
+    webui.add_argument("--bind", default=table["SERVESCOPE_BIND"])
     webui.add_argument(
         "--users",
         type=options.users,
-        default=knobs.get("BURST_SIZE"),
+        default=table["BURST_SIZE"],
         help="the form's Number of users: the burst size of the burst scenario (default BURST_SIZE: %(default)s)",
     )
-    options.add_command_options(webui, "webui")
+    options.add_command_options(webui, "webui", table)
     return parser
 
 
@@ -63,6 +66,7 @@ class Plan:
     prompt_set: PromptSet
     phases: list[Phase]
     models: dict[str, str]  # --model: "*" for every engine, else by instance or kind
+    knobs: KnobTable  # read with the options: where an engine without a URL is, its model knob
 
     def model_for(self, target: Target) -> str | None:
         return self.models.get(target.instance) or self.models.get(target.kind) or self.models.get("*")
@@ -75,7 +79,8 @@ def prepare(plan: RunPlan) -> Plan:
         raise UsageError("give at least one --engine NAME=URL (e.g. --engine vllm=http://127.0.0.1:8009)")
     if plan.http_client not in llm.TRANSPORTS:
         raise UsageError(f"--http-client {plan.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}")
-    targets = [parse_engine(spec, ignore_eos=plan.ignore_eos) for spec in plan.engines]
+    knobs = plan.settings.knobs
+    targets = [parse_engine(spec, ignore_eos=plan.ignore_eos, knobs=knobs) for spec in plan.engines]
     instances = [t.instance for t in targets]
     if len(set(instances)) != len(instances):
         raise UsageError("two --engine values with the same name: use kind:instance to tell them apart")
@@ -88,7 +93,7 @@ def prepare(plan: RunPlan) -> Plan:
     # The trials' rules are knobs: a bad one is one line now, not a traceback after the first phase.
     WarmupRule.current()
     NoiseRule.current()
-    return Plan(targets, prompt_set, _phases(plan, targets, prompt_set), _models(plan.models))
+    return Plan(targets, prompt_set, _phases(plan, targets, prompt_set), _models(plan.models), knobs)
 
 
 def _check_workers(plan: RunPlan, prompt_set: PromptSet) -> None:
@@ -134,7 +139,7 @@ def _phases(plan: RunPlan, targets: list[Target], prompt_set: PromptSet) -> list
         )
 
     if plan.command != "compare":
-        return [phase for target in targets for phase in build_phases(plan.command, settings_of(target), plan.shape)]
+        return [phase for target in targets for phase in build_phases(plan.command, settings_of(target), plan)]
     wanted = not plan.no_sequential_four and prompt_set.name != "sequential4"
     four_set = prompt_sets.load("sequential4") if wanted else None
 

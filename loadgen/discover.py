@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from servescope import engines
-from servescope.contracts import knobs
+from servescope.contracts.settings import KnobTable
 from servescope.contracts.urls import parse_http_url, redact_address
 from servescope.host import bounded_http, engine_identity
 from servescope.text import printable
@@ -78,21 +78,20 @@ class DiscoverError(ValueError):
     """A bad port list or URL: one line."""
 
 
-def usual_ports() -> list[Usual]:
+def usual_ports(knobs: KnobTable) -> list[Usual]:
     """The ports quick looks at with no URL: QUICK_PORTS when set, else the stack's knobs and the engines' defaults
     (per engine: the stack's proxy in front of it first, then its own default, then the stack's knob)."""
-    listed = knobs.get("QUICK_PORTS", "").strip()
+    listed = knobs.text("QUICK_PORTS").strip()
     if listed:
         return parse_ports(listed, "QUICK_PORTS")
     table: list[Usual] = []
     for kind in engines.ENGINES.values():
         if kind.proxy_port_env:
-            table.append(
-                Usual(knobs.get_int(kind.proxy_port_env), f"the stack's {kind.said} proxy", kind.proxy_port_env)
-            )
-        if kind.own_port and kind.own_port != kind.default_port:  # the same port: the knob is what set it
+            table.append(Usual(knobs.int(kind.proxy_port_env), f"the stack's {kind.said} proxy", kind.proxy_port_env))
+        port = kind.port_in(knobs)
+        if kind.own_port and kind.own_port != port:  # the same port: the knob is what set it
             table.append(Usual(kind.own_port, kind.said, f"{kind.said}'s default"))
-        table.append(Usual(kind.default_port, kind.said, kind.port_env))
+        table.append(Usual(port, kind.said, kind.port_env))
     table += [Usual(k.port, k.what, f"{k.what}'s default") for k in unmeasured()]
     seen: set[int] = set()
     return [u for u in table if not (u.port in seen or seen.add(u.port))]
@@ -124,6 +123,7 @@ class Server:
     identity: engine_identity.Identity | None = None
     port: Usual | None = None  # the usual port it was found on (None: a URL given)
     fingerprint: dict[str, Any] = field(default_factory=dict)  # Ollama: version, models and loaded models
+    stack_proxy_port: int | None = None  # where the stack's proxy for its kind listens here (the knobs'), if it has one
 
     @property
     def version(self) -> str | None:
@@ -132,13 +132,11 @@ class Server:
     @property
     def is_stack_proxy(self) -> bool:
         """An engine the stack proxies (Ollama) answering on its proxy port of this machine: the proxy in front of it."""
-        adapter = engines.ENGINES.get(self.kind) if self.kind else None
         parts = urlsplit(self.url)
         return (
-            adapter is not None
-            and adapter.proxy_port_env is not None
+            self.stack_proxy_port is not None
             and parts.hostname in (HOST, "localhost")
-            and parts.port == knobs.get_int(adapter.proxy_port_env)
+            and parts.port == self.stack_proxy_port
         )
 
     def title(self) -> str:
@@ -180,8 +178,9 @@ def _get(origin: bounded_http.Origin, path: str) -> tuple[int, Any]:
         return answer.status, None
 
 
-def identify(url: str, port: Usual | None = None) -> Server:
-    """What serves at `url` (a root URL); never raises for a server that does not answer."""
+def identify(url: str, port: Usual | None = None, *, knobs: KnobTable | None = None) -> Server:
+    """What serves at `url` (a root URL); never raises for a server that does not answer. `knobs`: where the stack's
+    proxy of an engine kind listens here (None: a server is never taken for it)."""
     try:
         origin = bounded_http.Origin(url, accept="application/json", user_agent="servescope-quick")
     except bounded_http.ServiceError as exc:
@@ -195,6 +194,9 @@ def identify(url: str, port: Usual | None = None) -> Server:
     server.port = port
     if server.kind is not None:
         server.identity = engine_identity.probe(server.kind, url)
+        proxy_port_env = engines.kind(server.kind).proxy_port_env
+        if proxy_port_env and knobs is not None:
+            server.stack_proxy_port = knobs.int(proxy_port_env)
     return server
 
 
@@ -244,11 +246,11 @@ class Found:
     probed: list[Usual]
 
 
-def discover(ports: list[Usual] | None = None, host: str = HOST) -> Found:
-    """Every server answering on the ports (in parallel), in the ports' order, one Ollama counted once."""
-    ports = usual_ports() if ports is None else ports
+def discover(ports: list[Usual] | None, knobs: KnobTable, host: str = HOST) -> Found:
+    """Every server answering on the ports (None: the usual ones), in the ports' order, one Ollama counted once."""
+    ports = usual_ports(knobs) if ports is None else ports
     with ThreadPoolExecutor(max_workers=max(1, len(ports))) as pool:
-        answers = list(pool.map(lambda u: identify(f"http://{host}:{u.port}", u), ports))
+        answers = list(pool.map(lambda u: identify(f"http://{host}:{u.port}", u, knobs=knobs), ports))
     servers = [s for s in answers if s.answered]
     skipped: list[str] = []
     for proxy in [s for s in servers if s.is_stack_proxy]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -45,7 +46,6 @@ import gevent
 
 from loadgen.scenarios import ClosedLoopPhase, Phase, RatePhase, Settings
 from servescope import engines
-from servescope.contracts import knobs
 from servescope.contracts.runfolder import (
     KNEE,
     KNEE_CONCURRENCY,
@@ -66,16 +66,25 @@ UNITS = {CONCURRENCY: "users", RATE: "req/s"}
 FAULT_RETRIES = 2  # measurements of one level in a row the engine (or the client) failed: then the search stops
 
 
+def _number(value: Any) -> float | None:
+    """A load as the options give it (a number, or the web UI's text already checked as one); None when not given."""
+    return None if value in (None, "") else float(value)
+
+
+def _whole(value: Any) -> int | None:
+    return None if value in (None, "") else int(value)
+
+
 @dataclass(frozen=True)
 class KneeOptions:
-    """The search's options (loadgen/options.py's knee rows), as the command line or the web UI gave them."""
+    """The search's options (loadgen/options.py's knee rows), typed as the command line or the web UI gave them."""
 
     over: str
-    slo: str | None
+    slo: str | None  # as given: the search is judged by the RunPlan's spec
     slo_attainment: float | None
-    min_load: Any
-    max_load: Any
-    start_load: Any  # None or "": from --min-load
+    min_load: float
+    max_load: float
+    start_load: float | None  # None: from the lowest load
     knee_repeats: int
     knee_precision: float
     knee_probes: int
@@ -84,7 +93,31 @@ class KneeOptions:
 
     @classmethod
     def from_options(cls, options: Any) -> KneeOptions:
-        return cls(**{f.name: getattr(options, f.name, None) for f in fields(cls)})
+        given = {f.name: getattr(options, f.name, None) for f in fields(cls)}
+        for name in ("min_load", "max_load", "start_load", "knee_precision"):
+            given[name] = _number(given[name])
+        for name in ("knee_repeats", "knee_probes", "max_in_flight"):
+            given[name] = _whole(given[name])
+        return cls(**given)
+
+
+class KneeInputError(ValueError):
+    """Search input the knee cannot use. Its text names each input by what it is ("the lowest load"); `named(names)`
+    is the same line with the entry's own names for them (the command line's flags, loadgen/options.py)."""
+
+    MEANINGS = {
+        "over": "the search's axis",
+        "min_load": "the lowest load",
+        "start_load": "the start load",
+        "max_load": "the highest load",
+    }
+
+    def __init__(self, line: Callable[[Mapping[str, str]], str]):
+        self.line = line
+        super().__init__(line(self.MEANINGS))
+
+    def named(self, names: Mapping[str, str]) -> str:
+        return self.line({**self.MEANINGS, **names})
 
 
 @dataclass
@@ -136,27 +169,38 @@ def noise_of(folder: RunFolder, phase: str, instance: str) -> tuple[tuple[str, .
 class KneeSearch:
     """Hands out the next phase after each finished one; the phase driver appends it (loadgen/phase_driver.py)."""
 
-    def __init__(self, settings: Settings, options: KneeOptions, duration_s: float | None, requests: int | None):
+    def __init__(
+        self,
+        settings: Settings,
+        options: KneeOptions,
+        spec: slo.SloSpec,
+        duration_s: float | None,
+        requests: int | None,
+        *,
+        fault_wait_s: float,
+    ):
         self.settings = settings
+        self.fault_wait_s = fault_wait_s  # how long a fault waits for the engine to answer again
         self.over = str(options.over)
         if self.over not in OVER:
-            raise ValueError(f"--over {self.over!r}: expected {' or '.join(OVER)}")
-        self.spec = slo.resolve(options.slo, options.slo_attainment)
-        self.min_load = self._level(options.min_load, "--min-load")
-        self.max_load = self._level(options.max_load, "--max-load")
-        start = options.start_load if options.start_load not in (None, "") else self.min_load
-        self.start_load = self._level(start, "--start-load")
+            over = self.over
+            raise KneeInputError(lambda n: f"{n['over']} {over!r}: expected {' or '.join(OVER)}")
+        self.spec = spec
+        self.min_load = self._level(options.min_load, "min_load")
+        self.max_load = self._level(options.max_load, "max_load")
+        start = options.start_load if options.start_load is not None else self.min_load
+        self.start_load = self._level(start, "start_load")
         if not self.min_load <= self.start_load <= self.max_load:
-            raise ValueError(
-                f"knee: expected --min-load <= --start-load <= --max-load, got "
-                f"{self.min_load:g}, {self.start_load:g}, {self.max_load:g}"
+            got = f"{self.min_load:g}, {self.start_load:g}, {self.max_load:g}"
+            raise KneeInputError(
+                lambda n: f"knee: expected {n['min_load']} <= {n['start_load']} <= {n['max_load']}, got {got}"
             )
-        self.repeats = int(options.knee_repeats)
-        self.precision = float(options.knee_precision)
-        self.max_probes = int(options.knee_probes)
+        self.repeats = options.knee_repeats
+        self.precision = options.knee_precision
+        self.max_probes = options.knee_probes
         self.duration_s, self.requests = duration_s, requests  # per measurement (requests: per user when closed)
         self.arrivals = options.arrivals  # an open-loop level's schedule: constant or poisson
-        self.max_in_flight = int(options.max_in_flight)
+        self.max_in_flight = options.max_in_flight
         self.probes: list[Probe] = []
         self._records: dict[str, list[RequestRecord]] = {}  # phase -> its records (levels pool them)
         self._samples: dict[str, list[SampleRecord]] = {}  # phase -> this engine's samples during it
@@ -165,14 +209,15 @@ class KneeSearch:
         self.say = print  # where the search's own lines go between measurements (the CLI's recorder)
         self.prompt_set = settings.prompt_set
 
-    def _level(self, value: Any, flag: str) -> float:
+    def _level(self, value: float, name: str) -> float:
+        """One load bound (`name`: its KneeOptions field), checked for the search's axis."""
         level = float(value)
         if self.over == CONCURRENCY:
             if level != int(level) or level < 1:
-                raise ValueError(f"{flag} {value!r}: a concurrency is a whole number of users >= 1")
+                raise KneeInputError(lambda n: f"{n[name]} {value!r}: a concurrency is a whole number of users >= 1")
             return int(level)
         if level <= 0:
-            raise ValueError(f"{flag} {value!r}: a rate is a number of arrivals per second > 0")
+            raise KneeInputError(lambda n: f"{n[name]} {value!r}: a rate is a number of arrivals per second > 0")
         return level
 
     # ------------------------------------------------------------ phases
@@ -258,11 +303,11 @@ class KneeSearch:
         )
 
     def _wait_for_engine(self) -> None:
-        """Until the engine answers its health check again (at most LOADGEN_FAULT_WAIT_S): a restarting engine is not
-        measured while it starts."""
+        """Until the engine answers its health check again (at most fault_wait_s, LOADGEN_FAULT_WAIT_S): a restarting
+        engine is not measured while it starts."""
         target = self.settings.target
         url = target.root_url + engines.kind(target.kind).health_path
-        deadline = time.monotonic() + float(knobs.get("LOADGEN_FAULT_WAIT_S"))
+        deadline = time.monotonic() + self.fault_wait_s
         while time.monotonic() < deadline:
             if probe.is_up(url, timeout=2):
                 return

@@ -37,11 +37,11 @@ from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
 from loadgen.phase_driver import PhaseDriver, Users
 from loadgen.recorder import Recorder
-from loadgen.runplan import RunPlan, build_phases
+from loadgen.runplan import RunPlan, build_phases, spec_of
 from loadgen.scenarios import LoadRun, Settings
 from loadgen.targets import chosen_url_line, default_url, parse_engine, probe
 from servescope.workloads.conversation import ConversationSet
-from servescope.contracts import knobs
+from servescope.contracts.settings import KnobTable, LoadSettings
 from servescope.judgements import slo
 from servescope.contracts.runfolder import RequestRecord, RunFolder
 from servescope.prometheus.sampler import Sampler
@@ -59,8 +59,9 @@ def _add_options(parser):
 
     Locust binds its web UI and a master's port for workers on every interface unless told; here they bind to
     SERVESCOPE_BIND (127.0.0.1) like every other service (--web-host / --master-bind-host still move them)."""
-    option_table.add_locust_options(parser)
-    bind = knobs.get("SERVESCOPE_BIND")
+    table = KnobTable.from_env()  # Locust's command line enters here: its defaults are the knobs
+    option_table.add_locust_options(parser, table)
+    bind = table["SERVESCOPE_BIND"]
     parser.set_defaults(web_host=bind, master_bind_host=bind)
 
 
@@ -309,28 +310,31 @@ def _ours(environment) -> bool:
     return options is not None and hasattr(options, "scenario")
 
 
-def _new_run(environment, recorder, folder: RunFolder | None = None) -> LoadRun:
-    # The web UI's form as it was accepted (loadgen/webui_guard.py), read into the plan once; as before, its prompt
-    # set is the one named (no fresh seed written in).
-    plan = RunPlan.from_args(environment.parsed_options, host=environment.host, fresh_prompts=False)
+def _plan(environment) -> RunPlan:
+    """The web UI's form as it was accepted (loadgen/webui_guard.py), read into the plan once, with the knobs as they
+    are at this START; as before, its prompt set is the one named (no fresh seed written in)."""
+    return RunPlan.from_args(environment.parsed_options, host=environment.host, fresh_prompts=False)
+
+
+def _new_run(environment, plan: RunPlan, recorder, folder: RunFolder | None = None) -> LoadRun:
     if plan.command == "knee" and isinstance(environment.runner, MasterRunner):
         # Workers step through a phase list they build themselves; the knee's next load exists only on the master.
         raise ValueError("knee: each load is picked from the last one's results in one process: run without workers")
-    target = parse_engine(plan.engines[0], ignore_eos=plan.ignore_eos)
+    target = parse_engine(plan.engines[0], ignore_eos=plan.ignore_eos, knobs=plan.settings.knobs)
     prompt_set = prompt_sets.load(plan.prompts)
     workloads.check(plan.command, prompt_set)
     if isinstance(environment.runner, MasterRunner) and isinstance(prompt_set, ConversationSet):
         # loadgen/distributed.py splits users, bursts and schedules; a conversation's history lives in one process.
         raise ValueError(f"the conversations of {prompt_set.name} are held in one process: run them without workers")
     settings = Settings(
-        target=probe(target, plan.models[0] if plan.models else None),
+        target=probe(target, plan.settings.knobs, plan.models[0] if plan.models else None),
         prompt_set=prompt_set,
         max_tokens=plan.max_tokens,
         temperature=plan.temperature,
         timeout_s=plan.request_timeout,
         think_s=float(plan.think_time or 0),
     )
-    return LoadRun(build_phases(plan.command, settings, plan.shape), recorder, folder=folder)
+    return LoadRun(build_phases(plan.command, settings, plan), recorder, folder=folder)
 
 
 def _write_manifest(environment, run: LoadRun, status: str) -> None:
@@ -440,7 +444,7 @@ def _on_init(environment, runner=None, web_ui=None, **_kwargs) -> None:
     if options.http_client not in llm.TRANSPORTS:
         problem = f"--http-client {options.http_client!r}: expected one of {', '.join(llm.TRANSPORTS)}"
     try:
-        spec = slo.resolve(options.slo, options.slo_attainment)
+        spec = spec_of(options)
     except slo.SloError as exc:
         problem = str(exc)
     if problem:
@@ -451,17 +455,18 @@ def _on_init(environment, runner=None, web_ui=None, **_kwargs) -> None:
         return
     # The form, filled in: Host = the engine's URL, Number of users = the burst size; a phase starts its users at
     # once, so the ramp-up shows the same number.
+    settings = LoadSettings.from_env()  # Locust's init: the knobs below its options, read once for the process
     if not environment.host:
-        environment.host = options.engine_url or default_url(options.engine)
+        environment.host = options.engine_url or default_url(options.engine, settings.knobs)
         if not options.engine_url:
-            print(f"loadgen: {chosen_url_line(options.engine, environment.host)}", flush=True)
+            print(f"loadgen: {chosen_url_line(options.engine, environment.host, settings.knobs)}", flush=True)
     if options.num_users is None:
         options.num_users = options.burst_size
     options.spawn_rate = options.num_users
     if options.metrics_port:
         metrics = ClientMetrics(spec=spec)
         try:
-            metrics.serve(options.metrics_port, addr=knobs.get("SERVESCOPE_BIND"))
+            metrics.serve(options.metrics_port, addr=settings.bind)
             environment.servescope_metrics = metrics
         except OSError as exc:
             print(
@@ -481,7 +486,7 @@ def _on_test_start(environment, **_kwargs) -> None:
     options = environment.parsed_options
     if isinstance(environment.runner, WorkerRunner):
         # Its phases start when the master says (distributed.WorkerAgent), each with this worker's part of it.
-        run = _new_run(environment, environment.servescope_agent.recorder())
+        run = _new_run(environment, _plan(environment), environment.servescope_agent.recorder())
         environment.servescope_agent.attach(run)
         environment.servescope_run = run
         return
@@ -497,10 +502,11 @@ def _on_test_start(environment, **_kwargs) -> None:
             metrics=getattr(environment, "servescope_metrics", None),
             on_failure=lambda reason: environment.servescope_run.abort(reason),
         )
-        run = _new_run(environment, recorder, folder)
+        plan = _plan(environment)
+        run = _new_run(environment, plan, recorder, folder)
     except (ValueError, OSError) as exc:
-        print(f"loadgen: {exc}", file=sys.stderr, flush=True)
-        environment.servescope_error = str(exc)  # the shape's next tick ends the test
+        print(f"loadgen: {option_table.said(exc)}", file=sys.stderr, flush=True)
+        environment.servescope_error = option_table.said(exc)  # the shape's next tick ends the test
         webui_guard.forget_start(environment)  # the next START starts from the options before this one
         if options.headless:
             environment.process_exit_code = 2
@@ -511,7 +517,9 @@ def _on_test_start(environment, **_kwargs) -> None:
     _write_manifest(environment, run, "running")
     recorder.line(f"run folder: {folder.path}")
     target = run.phases[0].settings.target if run.phases else None
-    environment.servescope_sampler = Sampler.for_run(folder, [(target.kind, target.instance)] if target else [])
+    environment.servescope_sampler = Sampler.for_run(
+        folder, [(target.kind, target.instance)] if target else [], plan.settings.sampler
+    )
     environment.servescope_run = run
     environment.servescope_conductor = gevent.spawn(_conduct, environment, run)
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.knee import KneeInputError
 from loadgen.scenarios import MAX_USERS, SCENARIOS, parse_levels
 from servescope import engines
 from servescope.contracts import knobs
 from servescope.contracts.runcontract import MAX_RUN_S
 from servescope.contracts.runfolder import check_run_id
+from servescope.contracts.settings import KnobTable
 from servescope.judgements import slo
 
 HEADLESS = frozenset({"compare", *SCENARIOS})
@@ -134,24 +136,25 @@ class Option:
     def dest(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
 
-    def default(self) -> Any:
+    def default(self, table: KnobTable) -> Any:
+        """The option's default: its knob in `table` (read once where the parser is built)."""
         if self.switch:
-            return knobs.get(self.knob, "").strip().lower() in ("1", "true", "yes", "on") if self.knob else False
+            return table.switch(self.knob) if self.knob else False
         if self.repeat:
             return []
         if self.knob is None:
             return None
-        value = knobs.get(self.knob)
+        value = table[self.knob]
         if value == "":
             return None if self.type not in (None, str) else ""
         if self.repo_relative and not Path(value).expanduser().is_absolute():
             return str(knobs.under_root(Path(value)))
         return value  # argparse applies `type` to a string default, so a knob is checked like a flag
 
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self, table: KnobTable) -> dict[str, Any]:
         if self.switch:
-            return {"action": "store_true", "default": self.default(), "help": self.help}
-        kwargs: dict[str, Any] = {"default": self.default(), "help": self.help}
+            return {"action": "store_true", "default": self.default(table), "help": self.help}
+        kwargs: dict[str, Any] = {"default": self.default(table), "help": self.help}
         if self.type is not None:
             kwargs["type"] = self.type
         if self.choices is not None:
@@ -505,6 +508,15 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
+FLAGS = {option.dest: option.flag for option in OPTIONS}  # what the command line calls each value
+
+
+def said(exc: BaseException) -> str:
+    """An error's one line as the command line says it: a knee input named by its flag (--min-load), any other as
+    it is."""
+    return exc.named(FLAGS) if isinstance(exc, KneeInputError) else str(exc)
+
+
 def validate(namespace: argparse.Namespace) -> None:
     """Check every table option's value as its flag would be (values typed into the web UI arrive as text)."""
     for option in for_locust():
@@ -526,10 +538,10 @@ def for_locust() -> list[Option]:
     return [o for o in OPTIONS if o.locust]
 
 
-def add_command_options(parser: argparse.ArgumentParser, command: str) -> None:
-    """One `python -m loadgen COMMAND`'s options, from the table."""
+def add_command_options(parser: argparse.ArgumentParser, command: str, table: KnobTable) -> None:
+    """One `python -m loadgen COMMAND`'s options, from the table (their defaults: the knobs in `table`)."""
     for option in for_command(command):
-        kwargs = option.kwargs()
+        kwargs = option.kwargs(table)
         kwargs["help"] = _knob_help(option.help, option.knob)
         parser.add_argument(option.flag, **kwargs)
         for alias in option.aliases:
@@ -538,23 +550,23 @@ def add_command_options(parser: argparse.ArgumentParser, command: str) -> None:
             )
 
 
-def _empty_means_default(option: Option, convert: Callable[[str], Any]) -> Callable[[str], Any]:
+def _empty_means_default(option: Option, convert: Callable[[str], Any], table: KnobTable) -> Callable[[str], Any]:
     """Compose sets every knob it passes, an unset one as "" (`${SLO_ATTAINMENT:-}`), and configargparse converts
     the environment variable as given: empty means the knob's default there, as it does in .env."""
 
     def check(text: str) -> Any:
         if str(text).strip():
             return convert(text)
-        default = option.default()
+        default = option.default(table)
         return None if default in (None, "") else convert(default)
 
     return check
 
 
-def add_locust_options(parser) -> None:
+def add_locust_options(parser, table: KnobTable) -> None:
     """Locust's parser (configargparse): the knob is also the environment variable, the web UI shows what it should."""
     for option in for_locust():
-        kwargs = option.kwargs()
+        kwargs = option.kwargs(table)
         if option.type not in (None, str):
-            kwargs["type"] = _empty_means_default(option, option.type)
+            kwargs["type"] = _empty_means_default(option, option.type, table)
         parser.add_argument(option.flag, env_var=option.knob, include_in_web_ui=option.web_ui, **kwargs)

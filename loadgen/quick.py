@@ -37,12 +37,13 @@ from typing import Any
 from loadgen import discover, options, quick_words
 from loadgen.side_exporter import ExporterError, SideExporter
 from servescope import engines
-from servescope.contracts import folder_writes, knobs, thresholds
+from servescope.contracts import folder_writes, thresholds
+from servescope.contracts.knobs import REPO_ROOT
 from servescope.contracts.runfolder import KNEE, REQUESTS, SAMPLES, RunFolder
+from servescope.contracts.settings import KnobTable, SamplerSettings
 from servescope.contracts.urls import redact, redact_address
 from servescope.host import bounded_http, children, engine_identity
 from servescope.judgements import slo
-from servescope.prometheus import sampler
 from servescope.text import command_name, printable, words
 from servescope.workloads import prompts as prompt_sets
 
@@ -50,7 +51,9 @@ EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 METRICS_TIMEOUT_S = 5.0  # a metrics page read, all of it (the engine's own, or an exporter's)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(table: KnobTable | None = None) -> argparse.ArgumentParser:
+    """quick's command line, every default a knob: `table`, else the knobs as this process's environment sets them."""
+    table = KnobTable.from_env() if table is None else table
     p = options.ArgumentParser(
         prog=command_name.prog("python -m loadgen quick"),
         description="Find the LLM engines running on this machine (or at the URLs given), measure one user and a "
@@ -65,18 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     def knob(flag: str, name: str, kind, text: str) -> None:
-        p.add_argument(flag, type=kind, default=knobs.get(name), help=f"{text} (default {name}: %(default)s)")
+        p.add_argument(flag, type=kind, default=table[name], help=f"{text} (default {name}: %(default)s)")
 
     p.add_argument(
         "--ports",
-        default=knobs.get("QUICK_PORTS", ""),
+        default=table.text("QUICK_PORTS"),
         help="ports on 127.0.0.1 to look on, comma-separated (default QUICK_PORTS; empty: VLLM_PORT, LLAMACPP_PORT, "
         "OLLAMA_PROXY_PORT, OLLAMA_PORT and each engine's own default: 8000, 8080, 11434, 30000, 1234)",
     )
     p.add_argument(
         "--slo",
         type=options.slo_spec,
-        default=knobs.get("SLO", ""),
+        default=table.text("SLO"),
         metavar="SPEC",
         help=f"service level objectives, {slo.SPEC_HELP} (default the SLO knob; empty: "
         f"servescope/contracts/thresholds.py's QUICK_SLO_DEFAULT, {thresholds.QUICK_SLO_DEFAULT})",
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--slo-attainment",
         type=options.slo_share,
-        default=knobs.get("SLO_ATTAINMENT", "") or None,
+        default=table.text("SLO_ATTAINMENT") or None,
         metavar="SHARE",
         help=f"share of requests that must meet every per-request term (default the SLO_ATTAINMENT knob; empty: "
         f"QUICK_SLO_ATTAINMENT, {thresholds.QUICK_SLO_ATTAINMENT:g})",
@@ -116,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model to request (default: what the engine lists)")
     p.add_argument(
         "--results",
-        default=str(_default_results()),
+        default=str(_default_results(table)),
         help="where run folders go (default SERVESCOPE_RESULTS: %(default)s)",
     )
     return p
@@ -137,9 +140,12 @@ class Settings:
     max_tokens: int | None
     model: str | None
     results: Path
+    knobs: KnobTable  # read with the command line: API keys, the stack's ports, where samples come from
 
     @classmethod
-    def of(cls, args: argparse.Namespace) -> Settings:
+    def of(cls, args: argparse.Namespace, knobs: KnobTable | None = None) -> Settings:
+        """The command line's values (`knobs`: the table its parser read; None: the environment's now)."""
+        knobs = KnobTable.from_env() if knobs is None else knobs
         text = args.slo or thresholds.QUICK_SLO_DEFAULT
         objective = args.slo_attainment if args.slo_attainment not in (None, "") else thresholds.QUICK_SLO_ATTAINMENT
         return cls(
@@ -150,10 +156,11 @@ class Settings:
             args.knee_probes,
             args.budget,
             args.warmup_max_s,
-            prompt_sets.for_this_run(args.prompts or knobs.get("LOADGEN_CAPACITY_PROMPTS")),
+            prompt_sets.for_this_run(args.prompts or knobs["LOADGEN_CAPACITY_PROMPTS"]),
             args.max_tokens,
             args.model,
             Path(args.results),
+            knobs,
         )
 
 
@@ -168,9 +175,10 @@ class Progress:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    table = KnobTable.from_env()  # quick's command line and environment enter here, once
+    args = build_parser(table).parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        settings = Settings.of(args)  # the namespace stops here: what follows takes the settings and the targets
+        settings = Settings.of(args, table)  # the namespace stops here: what follows takes the settings and the targets
     except slo.SloError as exc:
         print(f"quick: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -186,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(settings: Settings, urls: list[str], ports: str, say: Progress) -> int:
     try:
-        servers = _servers(urls, ports, say)
+        servers = _servers(urls, ports, say, settings.knobs)
     except discover.DiscoverError as exc:
         print(f"quick: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -218,7 +226,7 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _servers(urls: list[str], ports: str, say: Progress) -> list[discover.Server]:
+def _servers(urls: list[str], ports: str, say: Progress, knobs: KnobTable) -> list[discover.Server]:
     """The engines to measure (the URLs given, else what answers on the ports); one line for each one that answers
     nothing or cannot be measured."""
     if urls:
@@ -232,7 +240,7 @@ def _servers(urls: list[str], ports: str, say: Progress) -> list[discover.Server
                 raise discover.DiscoverError(
                     f"{shown!r}: {kind!r} is not an engine kind ({', '.join(engines.ENGINES)})"
                 )
-            server = discover.identify(discover.root_url(url))
+            server = discover.identify(discover.root_url(url), knobs=knobs)
             if not server.answered:
                 print(f"quick: nothing answers at {redact(server.url)} ({server.error})", file=sys.stderr, flush=True)
                 continue
@@ -241,9 +249,9 @@ def _servers(urls: list[str], ports: str, say: Progress) -> list[discover.Server
                 server.identity = engine_identity.probe(kind, server.url)
             found.append(server)
     else:
-        usual = discover.parse_ports(ports, "--ports") if ports.strip() else discover.usual_ports()
+        usual = discover.parse_ports(ports, "--ports") if ports.strip() else discover.usual_ports(knobs)
         say(f"quick: looking on 127.0.0.1 ports {', '.join(f'{u.port} ({u.source})' for u in usual)}")
-        result = discover.discover(usual)
+        result = discover.discover(usual, knobs)
         for line in result.skipped:
             say(f"quick: {line}")
         found = result.servers
@@ -285,11 +293,11 @@ class Gauges:
 NO_GAUGES = "no running / waiting / KV gauges, so batch slots and KV capacity cannot be told apart"
 
 
-def gauges_for(server: discover.Server, say: Progress) -> Gauges:
+def gauges_for(server: discover.Server, say: Progress, knobs: KnobTable) -> Gauges:
     kind = engines.kind(server.kind)
     if kind.metrics is None and kind.proxy_port_env:
-        return _ollama_gauges(server, say)
-    problem = metrics_problem(server.url, kind)
+        return _ollama_gauges(server, say, knobs)
+    problem = metrics_problem(server.url, kind, knobs)
     if problem:
         return Gauges(server.url, not_measured=[f"server gauges: {problem}: {NO_GAUGES}"])
     exporter = SideExporter(server.kind, server.url)
@@ -313,9 +321,9 @@ def _start(exporter: SideExporter) -> str:
     return ""
 
 
-def metrics_problem(url: str, kind: engines.EngineKind) -> str:
-    """Why the engine's metrics page cannot feed the exporter ("" when it can)."""
-    key = knobs.get(kind.api_key_env, "") if kind.api_key_env else ""
+def metrics_problem(url: str, kind: engines.EngineKind, knobs: KnobTable) -> str:
+    """Why the engine's metrics page cannot feed the exporter ("" when it can; `knobs`: its API key)."""
+    key = knobs.text(kind.api_key_env) if kind.api_key_env else ""
     try:  # bounded as a whole (servescope/host/bounded_http.py): a page dripping a byte a second costs METRICS_TIMEOUT_S
         answer = bounded_http.get(url + kind.metrics_path, METRICS_TIMEOUT_S, api_key=key, redirects=0)
     except bounded_http.ServiceError as exc:
@@ -328,11 +336,11 @@ def metrics_problem(url: str, kind: engines.EngineKind) -> str:
     return ""
 
 
-def _ollama_gauges(server: discover.Server, say: Progress) -> Gauges:
+def _ollama_gauges(server: discover.Server, say: Progress, knobs: KnobTable) -> Gauges:
     """Ollama has no metrics page: running / waiting are what a proxy relayed. Through the stack's proxy, its exporter
     has them; otherwise quick runs a proxy of its own and sends the load through it."""
     if server.is_stack_proxy:
-        source = sampler.default_source()
+        source = SamplerSettings(knobs).exporter_url
         if _exports(source, server.kind):
             return Gauges(
                 server.url,
@@ -343,7 +351,7 @@ def _ollama_gauges(server: discover.Server, say: Progress) -> Gauges:
             server.url,
             not_measured=[f"server gauges: the stack's exporter at {source} does not export this Ollama: {NO_GAUGES}"],
         )
-    exporter = SideExporter(server.kind, server.url, proxy=True)
+    exporter = SideExporter(server.kind, server.url, proxy=True, knobs=knobs)
     problem = _start(exporter)
     if problem:
         return Gauges(server.url, not_measured=[f"server gauges: {problem}: {NO_GAUGES}"])
@@ -403,7 +411,7 @@ def measure(server: discover.Server, settings: Settings, say: Progress) -> tuple
     interrupted = False
     gauges = Gauges(server.url)
     try:
-        gauges = gauges_for(server, say)
+        gauges = gauges_for(server, say, settings.knobs)
         outcome.not_measured += gauges.not_measured
         outcome.notes += gauges.notes
         outcome.run_id = run_id_for(server)
@@ -420,7 +428,8 @@ def measure(server: discover.Server, settings: Settings, say: Progress) -> tuple
         outcome.folder = folder
         outcome.run_path = _shown(folder)
         # `servescope report --run` takes an id under SERVESCOPE_RESULTS, else a path
-        outcome.run_ref = outcome.run_id if folder.parent.resolve() == _default_results() else str(folder.resolve())
+        under_results = folder.parent.resolve() == _default_results(settings.knobs)
+        outcome.run_ref = outcome.run_id if under_results else str(folder.resolve())
         if (folder / KNEE).exists():
             outcome.knee = json.loads((folder / KNEE).read_text())
         outcome.records = list(RunFolder(folder).requests())
@@ -460,7 +469,7 @@ def _run_knee(
     interrupted = False
     stopping: children.Stopping | None = None
     with folder_writes.open_append(log) as out:  # never through a link put at its name
-        proc = subprocess.Popen(cmd, cwd=knobs.REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         try:
             watcher = Watcher(folder, server.kind, settings.spec, say)
             deadline = time.monotonic() + settings.budget_s
@@ -601,8 +610,9 @@ def probe_line(probe: dict[str, Any], spec: slo.SloSpec) -> str:
     return f"{head}: {verdict}"
 
 
-def _default_results() -> Path:
-    return Path(options.Option("--results", "", knob="SERVESCOPE_RESULTS", repo_relative=True).default()).resolve()
+def _default_results(table: KnobTable) -> Path:
+    option = options.Option("--results", "", knob="SERVESCOPE_RESULTS", repo_relative=True)
+    return Path(option.default(table)).resolve()
 
 
 def _shown(path: Path) -> str:

@@ -28,9 +28,9 @@ from loadgen.scenarios import (
     parse_levels,
 )
 from loadgen.targets import default_url
-from servescope.contracts import knobs
 from servescope.contracts.runcontract import MAX_RUN_S
-from servescope.judgements import arrivals
+from servescope.contracts.settings import LoadSettings
+from servescope.judgements import arrivals, slo
 from servescope.workloads import prompts as prompt_sets
 from servescope.workloads.base import PromptSetError
 
@@ -51,8 +51,8 @@ class LoadShape:
     burst_pause: float | None = _typed(float)
     duration: float | None = _typed(float)
     requests: int | None = _typed(int)
-    steps: str | None = _typed(str)
-    concurrencies: str | None = _typed(str)
+    steps: tuple[int, ...] | None = _typed(lambda text: tuple(parse_levels(text, "--steps")))
+    concurrencies: tuple[int, ...] | None = _typed(lambda text: tuple(parse_levels(text, "--concurrencies")))
     rate: float | None = _typed(float)
     arrivals: str | None = _typed(str)
     max_in_flight: int | None = _typed(int)
@@ -86,8 +86,10 @@ class RunPlan:
     ignore_eos: bool
     http_client: str
     shape: LoadShape
-    slo: str | None
+    slo: str | None  # as given (the manifest's flags); `spec` is what the run is judged by
     slo_attainment: float | None
+    spec: slo.SloSpec
+    settings: LoadSettings  # the knobs below the options, read with them
     results: str | None
     run_id: str | None
     quiet: bool
@@ -109,10 +111,15 @@ class RunPlan:
         """The plan of a namespace of the options table: the command line's, or Locust's (`scenario` for the command,
         one `engine` name whose URL is `host`, the web UI's form fields as text)."""
         given = dict(vars(args))
+        settings = LoadSettings.from_env()
         engine = given.get("engine")
         if isinstance(engine, str):  # Locust's parser: one engine, at the Host the form or --host gave
-            engine = [f"{engine}={host or given.get('engine_url') or default_url(engine)}"]
+            engine = [f"{engine}={host or given.get('engine_url') or default_url(engine, settings.knobs)}"]
         model = given.get("model")
+        shape = LoadShape.from_options(args)
+        levels = {"ramp": "steps", "sweep": "concurrencies"}.get(given.get("command") or given.get("scenario"))
+        if levels and getattr(shape, levels) is None:  # the knob left empty: the flag's own one line
+            parse_levels(None, f"--{levels}")
         if fresh_prompts and given.get("prompts") is not None:
             given["prompts"] = prompt_sets.for_this_run(given["prompts"])  # a fresh set: this run's own prompts
         return cls(
@@ -126,9 +133,11 @@ class RunPlan:
             think_time=given.get("think_time"),
             ignore_eos=not given.get("no_ignore_eos"),
             http_client=given.get("http_client"),
-            shape=LoadShape.from_options(args),
+            shape=shape,
             slo=given.get("slo"),
             slo_attainment=given.get("slo_attainment"),
+            spec=spec_of(args),
+            settings=settings,
             results=given.get("results"),
             run_id=given.get("run_id"),
             quiet=bool(given.get("quiet")),
@@ -169,6 +178,12 @@ class RunPlan:
         return cls.from_args(argparse.Namespace(**options), fresh_prompts=False)
 
 
+def spec_of(options: Any) -> slo.SloSpec:
+    """The SLOs a run is judged by: --slo and --slo-attainment as given (their defaults are the SLO knobs), else the
+    threshold table's. SloError (one line) for a spec that cannot be used."""
+    return slo.resolve(getattr(options, "slo", None), getattr(options, "slo_attainment", None))
+
+
 def read(options: Any, name: str, convert: Callable[[Any], Any]) -> Any:
     """One option's value from a namespace of the options table, typed; None when absent or left empty ("")."""
     value = getattr(options, name, None)
@@ -188,8 +203,9 @@ def closed_loop_steps(
     ]
 
 
-def build_phases(scenario: str, settings: Settings, shape: LoadShape) -> list[Phase]:
-    """The phases of one scenario for one engine."""
+def build_phases(scenario: str, settings: Settings, plan: RunPlan) -> list[Phase]:
+    """The phases of one scenario for one engine, as the plan shapes them (the knee: under the plan's SLOs)."""
+    shape = plan.shape
     if scenario == "sequential":
         return [SequentialPhase(settings, repeat=shape.repeat)]
     if scenario == "burst":
@@ -198,13 +214,11 @@ def build_phases(scenario: str, settings: Settings, shape: LoadShape) -> list[Ph
     if scenario == "replay":
         return [replay_phase(settings, shape.speed, duration, requests)]  # a trace ends by itself
     if duration is None and requests is None:
-        duration = float(knobs.get("LOADGEN_DURATION"))
+        duration = plan.settings.duration_s
     if scenario == "ramp":
-        return closed_loop_steps(settings, parse_levels(shape.steps, "--steps"), duration, requests, "ramp")
+        return closed_loop_steps(settings, list(shape.steps), duration, requests, "ramp")
     if scenario == "sweep":
-        return closed_loop_steps(
-            settings, parse_levels(shape.concurrencies, "--concurrencies"), duration, requests, "sweep"
-        )
+        return closed_loop_steps(settings, list(shape.concurrencies), duration, requests, "sweep")
     if scenario == "rate":
         return [
             RatePhase(
@@ -216,7 +230,9 @@ def build_phases(scenario: str, settings: Settings, shape: LoadShape) -> list[Ph
             )
         ]
     if scenario == "knee":
-        return [KneeSearch(settings, shape.knee, duration, requests).first()]
+        wait_s = plan.settings.fault_wait_s
+        search = KneeSearch(settings, shape.knee, plan.spec, duration, requests, fault_wait_s=wait_s)
+        return [search.first()]
     raise ValueError(f"unknown scenario {scenario!r}: expected one of {', '.join(SCENARIOS)}")
 
 

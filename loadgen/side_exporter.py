@@ -20,6 +20,7 @@ from pathlib import Path
 
 from servescope import engines
 from servescope.contracts import knobs, series
+from servescope.contracts.settings import KnobTable
 from servescope.engines.base import BATCH_SLOTS
 from servescope.host import bounded_http, children
 from servescope.prometheus.exposition import parse_exposition
@@ -43,8 +44,10 @@ def free_port(host: str = HOST) -> int:
 class SideExporter:
     """`with SideExporter("vllm", url) as exp: exp.url` (exp.proxy_url for Ollama: where the load goes)."""
 
-    def __init__(self, kind: str, engine_url: str, *, proxy: bool = False):
+    def __init__(self, kind: str, engine_url: str, *, proxy: bool = False, knobs: KnobTable | None = None):
+        """`knobs`: the stack's settings of the engine the proxy relays to (its batch slots), as quick read them."""
         self.kind, self.engine_url = kind, engine_url
+        self.table = knobs
         self.adapter = engines.kind(kind)
         self.proxy = proxy and self.adapter.proxy_port_env is not None
         self.port = 0
@@ -66,7 +69,8 @@ class SideExporter:
         lines += [f"    name: {self.kind}", f"    url: {self.engine_url}"]
         if self.adapter.proxy_port_env:
             lines.append(f"    proxy_port: {self.proxy_port if self.proxy_port else 'null'}")
-            lines.append(f"    num_parallel: {knobs.get(self.adapter.lever(BATCH_SLOTS).env, '1')}")
+            slots = self.table.text(self.adapter.lever(BATCH_SLOTS).env, "1") if self.table is not None else "1"
+            lines.append(f"    num_parallel: {slots}")
         path = self._dir / "exporter.yml"
         path.write_text("\n".join(lines) + "\n")
         return path

@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from servescope import engines
-from servescope.contracts import knobs
+from servescope.contracts.settings import KnobTable
 from servescope.contracts.urls import parse_http_url, redact
 from servescope.host import bounded_http, engine_identity, hostnoise, pidrecords
 from servescope.text import printable
@@ -54,8 +54,9 @@ def _shown(spec: str) -> str:
     return repr(printable.line(spec, 120))
 
 
-def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
-    """`vllm=http://127.0.0.1:8009`, `llamacpp:small=URL`, `ollama=http://host:11434/v1` (OpenAI API), or just `vllm`."""
+def parse_engine(spec: str, ignore_eos: bool = True, knobs: KnobTable | None = None) -> Target:
+    """`vllm=http://127.0.0.1:8009`, `llamacpp:small=URL`, `ollama=http://host:11434/v1` (OpenAI API), or just `vllm`
+    (then `knobs` say where it is: the kind's *_URL, *_PORT, the stack's proxy)."""
     name, sep, url = spec.partition("=")
     kind_name, _, label = name.strip().partition(":")
     try:
@@ -64,7 +65,9 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
         raise TargetError(f"--engine {_shown(spec)}: {exc}") from None
     url_from = None
     if not sep:
-        url, url_from = _default(kind.name)  # Ollama: asks the stack's proxy port whether it is the proxy
+        if knobs is None:
+            raise TargetError(f"--engine {_shown(spec)}: no URL, and no knobs to find its default in")
+        url, url_from = _default(kind.name, knobs)  # Ollama: asks the stack's proxy port whether it is the proxy
     url = url.strip().rstrip("/")
     try:
         parts = parse_http_url(url)
@@ -87,30 +90,30 @@ def parse_engine(spec: str, ignore_eos: bool = True) -> Target:
     )
 
 
-def default_url(kind_name: str) -> str:
+def default_url(kind_name: str, knobs: KnobTable) -> str:
     """Where an engine of this kind is when no URL is given: the stack's proxy in front of it when one answers as
     servescope's and relays that engine (Ollama: the only place its requests can be observed), else its *_URL
     knob, else its default port on 127.0.0.1."""
-    return _default(kind_name)[0]
+    return _default(kind_name, knobs)[0]
 
 
-def default_url_source(kind_name: str) -> str:
+def default_url_source(kind_name: str, knobs: KnobTable) -> str:
     """The knob default_url() read: the kind's proxy port, its *_URL when set, else its *_PORT."""
-    return _default(kind_name)[1]
+    return _default(kind_name, knobs)[1]
 
 
-def _default(kind_name: str) -> tuple[str, str]:
+def _default(kind_name: str, knobs: KnobTable) -> tuple[str, str]:
     kind = engines.kind(kind_name)
-    configured = knobs.get(kind.url_env, "")
+    configured = knobs.text(kind.url_env)
     if kind.proxy_port_env:
-        proxy, upstream = stack_proxy(kind)
+        proxy, upstream = stack_proxy(kind, knobs)
         # The proxy relays one Ollama: the stack's. A *_URL naming another one is honoured as given.
         relays_it = not configured or (upstream is not None and hostnoise.same_endpoint(upstream, configured))
         if relays_it and answers_as_proxy(proxy):
             return proxy, kind.proxy_port_env
     if configured:
         return configured, kind.url_env
-    return kind.default_url(), kind.port_env
+    return kind.default_url(knobs), kind.port_env
 
 
 # A proxy on this host answers in milliseconds or refuses at once; a port that hangs must not hold the run up.
@@ -130,7 +133,7 @@ def answers_as_proxy(url: str, timeout: float = PROXY_PROBE_TIMEOUT_S) -> bool:
 
 
 def stack_proxy(
-    kind: engines.EngineKind, records: dict[str, pidrecords.LiveRecord] | None = None
+    kind: engines.EngineKind, knobs: KnobTable, records: dict[str, pidrecords.LiveRecord] | None = None
 ) -> tuple[str, str | None]:
     """(where the stack's proxy for `kind` listens, the engine URL it relays to when known): the native exporter's
     --listen-address, --proxy-port and --ollama-url from its pid record while it runs, else the kind's proxy-port
@@ -138,7 +141,7 @@ def stack_proxy(
     records = pidrecords.live() if records is None else records
     exporter = records.get("exporter")
     argv = _options(exporter.cmdline) if exporter is not None else {}
-    port = argv.get("--proxy-port") or knobs.get(kind.proxy_port_env)
+    port = argv.get("--proxy-port") or knobs[kind.proxy_port_env]
     host = argv.get("--listen-address", "127.0.0.1")
     if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1"  # listening everywhere: reach it on loopback
@@ -158,7 +161,7 @@ def _options(cmdline: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def route_text(kind_name: str, url: str, via_proxy: bool) -> str:
+def route_text(kind_name: str, url: str, via_proxy: bool, knobs: KnobTable) -> str:
     """What going to `url` means for the gauges of an engine the stack proxies (Ollama): one clause; "" for the
     other kinds, whose gauges come from the engine itself."""
     kind = engines.kind(kind_name)
@@ -169,7 +172,7 @@ def route_text(kind_name: str, url: str, via_proxy: bool) -> str:
             f"through servescope's {kind.title} proxy: {kind.title}'s running/waiting gauges (source=\"proxy\") are "
             f"what the proxy observes of this load"
         )
-    proxy, _ = stack_proxy(kind)
+    proxy, _ = stack_proxy(kind, knobs)
     elsewhere = (
         f"servescope's proxy answers at {redact(proxy)}: give that URL to go through it"
         if answers_as_proxy(proxy)
@@ -181,17 +184,17 @@ def route_text(kind_name: str, url: str, via_proxy: bool) -> str:
     )
 
 
-def chosen_url_line(kind_name: str, url: str) -> str:
+def chosen_url_line(kind_name: str, url: str, knobs: KnobTable) -> str:
     """What to tell the user when an engine URL was not given: which one is used, which knob chose it, and (an
     engine the stack proxies) whether the load goes through the proxy and what that means for its gauges."""
     kind = engines.kind(kind_name)
     shown = redact(url)
-    configured = knobs.get(kind.url_env, "")
-    if kind.proxy_port_env and url == stack_proxy(kind)[0] and url != configured:
+    configured = knobs.text(kind.url_env)
+    if kind.proxy_port_env and url == stack_proxy(kind, knobs)[0] and url != configured:
         # default_url() chose the proxy because it answered as servescope's
         return (
             f"{kind_name}: no engine URL given, using {shown} ({kind.proxy_port_env}: the stack's proxy), "
-            + route_text(kind_name, url, True)
+            + route_text(kind_name, url, True, knobs)
         )
     if configured:
         line = f"{kind_name}: no engine URL given, using {shown} (from {kind.url_env})"
@@ -199,16 +202,17 @@ def chosen_url_line(kind_name: str, url: str) -> str:
         line = (
             f"{kind_name}: no engine URL given, using {shown} ({kind.port_env} on 127.0.0.1; {kind.url_env} is not set)"
         )
-    route = route_text(kind_name, url, answers_as_proxy(url)) if kind.proxy_port_env else ""
+    route = route_text(kind_name, url, answers_as_proxy(url), knobs) if kind.proxy_port_env else ""
     return f"{line}, {route}" if route else line
 
 
-def route_line(target: Target) -> str:
+def route_line(target: Target, knobs: KnobTable) -> str:
     """The one line saying whether a given URL of an engine the stack proxies is the proxy; "" for other kinds."""
     route = target.info.get("route")
     if route is None:
         return ""
-    return f"{target.instance}: {redact(target.url)} goes " + route_text(target.kind, target.url, route == "proxy")
+    text = route_text(target.kind, target.url, route == "proxy", knobs)
+    return f"{target.instance}: {redact(target.url)} goes " + text
 
 
 # A flag whose value is a credential: kept out of the manifest.
@@ -234,7 +238,7 @@ def launch_flags(url: str, records: dict[str, pidrecords.LiveRecord] | None = No
     return []
 
 
-def probe(target: Target, model_override: str | None = None) -> Target:
+def probe(target: Target, knobs: KnobTable, model_override: str | None = None) -> Target:
     """Ask the engine its version, models and serving settings (servescope.host.engine_identity); fill target.model and
     target.info.
 
@@ -260,12 +264,12 @@ def probe(target: Target, model_override: str | None = None) -> Target:
     target.info = info
     if model_override:
         target.model = model_override
-    elif info["models"] and (not adapter.lists_installed or not _knob_model(target)):
+    elif info["models"] and (not adapter.lists_installed or not _knob_model(target, knobs)):
         target.model = info["models"][0]
     else:
-        target.model = _knob_model(target)
+        target.model = _knob_model(target, knobs)
     return target
 
 
-def _knob_model(target: Target) -> str:
-    return knobs.get(engines.kind(target.kind).model_env, "")
+def _knob_model(target: Target, knobs: KnobTable) -> str:
+    return knobs.text(engines.kind(target.kind).model_env)

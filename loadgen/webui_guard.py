@@ -31,6 +31,7 @@ from pathlib import Path
 from loadgen import options as option_table
 from loadgen.targets import TargetError, default_url, parse_engine
 from servescope import workloads
+from servescope.contracts.settings import KnobTable
 from servescope.workloads import prompts as prompt_sets
 
 # Locust's own START fields (its form), and what each may be.
@@ -58,7 +59,8 @@ def install(environment, web_ui) -> None:
             _say(f"web UI: refused {request.method} {request.path}: {problem}")
             return jsonify({"success": False, "message": problem, "host": environment.host}), 403
         if request.method == "POST" and request.path.rstrip("/").endswith("/swarm"):
-            problem = form_problem(environment, request.form, started_with)
+            # A START is a run's entry: the knobs as they are now.
+            problem = form_problem(environment, request.form, started_with, KnobTable.from_env())
             if problem is not None:
                 _say(f"web UI START refused: {problem}")
                 return jsonify({"success": False, "message": problem, "host": environment.host})
@@ -123,9 +125,10 @@ def _options_for_the_form() -> dict[str, option_table.Option]:
     return {o.dest: o for o in option_table.for_locust() if o.web_ui}
 
 
-def form_problem(environment, form, started_with: str | None = None) -> str | None:
+def form_problem(environment, form, started_with: str | None, knobs: KnobTable) -> str | None:
     """The one line that says what is wrong with a START form (None: it may start), checked before Locust keeps
-    any of it: the same option table as the CLI, then the run it asks for as the CLI's prepare() would see it."""
+    any of it: the same option table as the CLI, then the run it asks for as the CLI's prepare() would see it
+    (`knobs`: where an engine without a URL would be)."""
     table = _options_for_the_form()
     candidate = argparse.Namespace(**vars(environment.parsed_options))
     host = environment.host
@@ -153,7 +156,7 @@ def form_problem(environment, form, started_with: str | None = None) -> str | No
             return f"{option.flag}: {exc}"
     engine = candidate.engine
     if not str(host or "").strip():
-        return f"Host: empty: give the engine's URL (e.g. {default_url(engine)})"
+        return f"Host: empty: give the engine's URL (e.g. {default_url(engine, knobs)})"
     try:
         parse_engine(f"{engine}={host}")
     except TargetError as exc:

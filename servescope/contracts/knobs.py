@@ -92,7 +92,11 @@ class KnobError(ValueError):
 
 
 def get_int(key: str, default: int | None = None) -> int:
-    value = get(key, None if default is None else str(default))
+    return as_int(key, get(key, None if default is None else str(default)))
+
+
+def as_int(key: str, value: str) -> int:
+    """A knob's text as an integer; KnobError naming the knob otherwise."""
     try:
         return int(value)
     except ValueError:
@@ -101,21 +105,33 @@ def get_int(key: str, default: int | None = None) -> int:
 
 def get_int_in(key: str, low: int, high: int, why: str = "") -> int:
     """A whole-number knob from low to high; KnobError naming the knob and the bounds (and `why` they are so)."""
-    text = get(key).strip()
-    value = int(text) if text.isascii() and text.lstrip("-").isdigit() and len(text) <= 20 else None
-    if value is None or not low <= value <= high:
+    return as_int_in(key, get(key), low, high, why)
+
+
+def as_int_in(key: str, value: str, low: int, high: int, why: str = "") -> int:
+    text = value.strip()
+    number = int(text) if text.isascii() and text.lstrip("-").isdigit() and len(text) <= 20 else None
+    if number is None or not low <= number <= high:
         raise KnobError(f"{key}={text!r}: expected a whole number from {low} to {high}{f' ({why})' if why else ''}")
-    return value
+    return number
 
 
 def get_port(key: str) -> int:
     """A TCP port knob: 1 to 65535."""
-    return get_int_in(key, 1, 65535, "a TCP port")
+    return as_port(key, get(key))
+
+
+def as_port(key: str, value: str) -> int:
+    return as_int_in(key, value, 1, 65535, "a TCP port")
 
 
 def get_choice(key: str, choices: tuple[str, ...]) -> str:
     """A knob that takes one of a few words."""
-    text = get(key).strip()
+    return as_choice(key, get(key), choices)
+
+
+def as_choice(key: str, value: str, choices: tuple[str, ...]) -> str:
+    text = value.strip()
     if text not in choices:
         raise KnobError(f"{key}={text!r}: expected {' or '.join(choices)}")
     return text
@@ -123,7 +139,11 @@ def get_choice(key: str, choices: tuple[str, ...]) -> str:
 
 def get_positive(key: str, unit: str) -> float:
     """A knob holding a number of `unit` above 0; KnobError with one line ("KEY='x': expected ...") otherwise."""
-    text = get(key).strip()
+    return as_positive(key, get(key), unit)
+
+
+def as_positive(key: str, value: str, unit: str) -> float:
+    text = value.strip()
     try:
         value = float(text)
     except ValueError:
@@ -149,7 +169,10 @@ _CONTROL = frozenset(map(chr, [*range(0x20), 0x7F]))
 def path(key: str) -> Path:
     """A directory knob, with ~ expanded (kept outside git by design); KnobError for an empty one or one with a
     control character (newline, tab, escape)."""
-    text = get(key)
+    return as_path(key, get(key))
+
+
+def as_path(key: str, text: str) -> Path:
     if not text.strip() or _CONTROL & set(text):
         raise KnobError(f"{key}={text!r}: expected a folder's path (not empty, no control character)")
     return Path(os.path.expanduser(text))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from servescope.contracts import knobs
-
 KNOB = "METRICS_MODE"
 EXPORTER = "exporter"  # the exporter reads every engine's page on each scrape and exports all the neutral series
 FLEET = "fleet"  # Prometheus scrapes the engines' pages itself; recording rules (prometheus/fleet/) make their series
@@ -18,10 +16,6 @@ def parse(value: str, where: str = KNOB) -> str:
     return mode
 
 
-def current() -> str:
-    """The mode the knob names (environment > .env > .env.example)."""
-    return parse(knobs.get(KNOB, EXPORTER))
-
-
-def is_fleet(mode: str | None = None) -> bool:
-    return (current() if mode is None else parse(mode)) == FLEET
+def is_fleet(mode: str) -> bool:
+    """Whether a setting (METRICS_MODE's text, or a flag's) names the fleet mode; ValueError for any other word."""
+    return parse(mode) == FLEET

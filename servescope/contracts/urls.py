@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from servescope.contracts import knobs
-
 REDACTED = "***"
 # scheme://userinfo@ anywhere in a text (a URL alone, a command line, an error message); greedy up to the
 # authority's last "@", since a password may hold an unescaped "@".
@@ -92,10 +90,10 @@ def credentials(url: str) -> tuple[str, str] | None:
     return unquote(parts.username or ""), unquote(parts.password or "")
 
 
-def default_prometheus_url() -> str:
-    """The stack's Prometheus on this machine (PROMETHEUS_PORT): where the report, the plan and the fleet-mode
-    sampler ask when not told."""
+def default_prometheus_url(port: str) -> str:
+    """The stack's Prometheus on this machine at `port` (PROMETHEUS_PORT's text): where the report, the plan and the
+    fleet-mode sampler ask when not told; its usual port when the knob holds no number."""
     try:
-        return f"http://127.0.0.1:{knobs.get_int('PROMETHEUS_PORT', 9090)}"
+        return f"http://127.0.0.1:{int(port)}"
     except ValueError:
         return "http://127.0.0.1:9090"

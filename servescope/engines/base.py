@@ -353,12 +353,13 @@ class EngineKind:
     native: Native | None = None  # how the native stack runs it; None: the stack never starts it
     dashboard: Dashboard = Dashboard()  # its own dashboard and how the shared ones speak of it
 
-    @property
-    def default_port(self) -> int:
-        return knobs.get_int(self.port_env)
+    def port_in(self, table: Mapping[str, str]) -> int:
+        """Its port as the knobs set it (`table`: the knobs an entry read; KnobError naming port_env otherwise)."""
+        return knobs.as_int(self.port_env, table[self.port_env])
 
-    def default_url(self, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.default_port}"
+    def default_url(self, table: Mapping[str, str], host: str = "127.0.0.1") -> str:
+        """Where it listens on `host` when no URL is given: its port knob."""
+        return f"http://{host}:{self.port_in(table)}"
 
     @property
     def said(self) -> str:

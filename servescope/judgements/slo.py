@@ -28,8 +28,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from servescope.contracts import knobs, thresholds
+from servescope.contracts import thresholds
 from servescope.contracts.runfolder import RequestRecord
+from servescope.contracts.settings import SloKnobs
 from servescope.judgements.percentile import numpy_percentile
 
 METRICS = ("ttft", "itl", "tpot", "e2e")
@@ -131,10 +132,12 @@ def check_objective(value: float | str) -> float:
     return share
 
 
-def resolve(text: str | None = None, objective: float | str | None = None) -> SloSpec:
-    """The spec in force: the flag's value, else the SLO knob, else thresholds.SLO_DEFAULT (and so for the objective)."""
-    spec = text if text not in (None, "") else knobs.get("SLO", "") or thresholds.SLO_DEFAULT
-    share = objective if objective not in (None, "") else knobs.get("SLO_ATTAINMENT", "") or thresholds.SLO_ATTAINMENT
+def resolve(text: str | None = None, objective: float | str | None = None, knob: SloKnobs | None = None) -> SloSpec:
+    """The spec in force: the flag's value, else the SLO knob's (`knob`: read at the entry, unset by default), else
+    thresholds.SLO_DEFAULT (and so for the objective)."""
+    knob = knob or SloKnobs()
+    spec = text if text not in (None, "") else knob.spec or thresholds.SLO_DEFAULT
+    share = objective if objective not in (None, "") else knob.attainment or thresholds.SLO_ATTAINMENT
     return parse(spec, check_objective(share))
 
 

@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable, Iterable
 from urllib.parse import urlencode
 
-from servescope.contracts import knobs, metrics_mode, series, urls
+from servescope.contracts import metrics_mode, series, urls
 from servescope.contracts.runfolder import RunFolder, SampleRecord, append_samples
+from servescope.contracts.settings import SamplerSettings
 from servescope.host import bounded_http
 from servescope.prometheus import prometheus_api
 from servescope.prometheus.exposition import Samples, parse_exposition
@@ -125,34 +126,30 @@ def _shown_instance(engine: str, instance: str) -> tuple[str, str]:
     return printable.line(engine, limit=MAX_LABEL_CHARS), printable.line(instance, limit=MAX_LABEL_CHARS)
 
 
-def default_source() -> str:
-    return knobs.get("SAMPLE_EXPORTER_URL", "") or f"http://127.0.0.1:{knobs.get_int('EXPORTER_PORT', 9464)}"
-
-
-def source_kind() -> str:
+def source_kind(settings: SamplerSettings) -> str:
     """Where the samples come from (SAMPLE_SOURCE): `auto` reads the exporter in exporter mode and Prometheus in
     fleet mode, where the exporter no longer has the series the recording rules make."""
-    value = knobs.get("SAMPLE_SOURCE", AUTO).strip().lower() or AUTO
+    value = settings.source.strip().lower() or AUTO
     if value not in (AUTO, *SOURCES):
         raise ValueError(f"SAMPLE_SOURCE={value!r}: expected auto, {' or '.join(SOURCES)}")
     if value != AUTO:
         return value
-    return FROM_PROMETHEUS if metrics_mode.is_fleet() else FROM_EXPORTER
+    return FROM_PROMETHEUS if metrics_mode.is_fleet(settings.metrics_mode) else FROM_EXPORTER
 
 
 # A resolution longer than this is not one a run's gauges can use (a configuration of `99999999999h`): the stack's.
 MAX_RESOLUTION_S = 600.0
 
 
-def prometheus_resolution_s(url: str, timeout_s: float = READ_TIMEOUT_S) -> float:
-    """How often Prometheus' values change: SAMPLE_PROMETHEUS_INTERVAL_MS, else its own configuration's longer of
-    scrape and rule evaluation interval (a read more often than that only repeats a value), else the stack's. Asked
-    through the bounded client, only the configuration's `global:` block read: never longer than `timeout_s`."""
+def prometheus_resolution_s(url: str, timeout_s: float = READ_TIMEOUT_S, interval_ms: int | None = None) -> float:
+    """How often Prometheus' values change: `interval_ms` (SAMPLE_PROMETHEUS_INTERVAL_MS), else its own
+    configuration's longer of scrape and rule evaluation interval (a read more often than that only repeats a value),
+    else the stack's. Asked through the bounded client, only the configuration's `global:` block read: never longer
+    than `timeout_s`."""
     from servescope.prometheus import prometheus_config
 
-    ms = knobs.get("SAMPLE_PROMETHEUS_INTERVAL_MS", "")
-    if ms:
-        return knobs.get_int("SAMPLE_PROMETHEUS_INTERVAL_MS") / 1000.0
+    if interval_ms is not None:
+        return interval_ms / 1000.0
     fallback = prometheus_config.interval_s(prometheus_config.DEFAULT_SCRAPE_INTERVAL)
     try:
         top = prometheus_api.Prometheus(url, timeout=timeout_s).global_config()
@@ -163,10 +160,6 @@ def prometheus_resolution_s(url: str, timeout_s: float = READ_TIMEOUT_S) -> floa
     except (prometheus_api.PrometheusError, ValueError):
         return fallback
     return seconds if 0 < seconds <= MAX_RESOLUTION_S else fallback
-
-
-def default_interval_s() -> float:
-    return knobs.get_int("SAMPLE_INTERVAL_MS", 100) / 1000.0
 
 
 class Sampler:
@@ -212,14 +205,17 @@ class Sampler:
         self.last_error: str | None = None
 
     @classmethod
-    def for_run(cls, folder: RunFolder, expected: Iterable[tuple[str, str]] = ()) -> Sampler:
+    def for_run(cls, folder: RunFolder, expected: Iterable[tuple[str, str]], settings: SamplerSettings) -> Sampler:
         """The knobs' sampler: SAMPLE_INTERVAL_MS (0: off) from SAMPLE_EXPORTER_URL (default the local exporter), or
         in fleet mode (SAMPLE_SOURCE) from SAMPLE_PROMETHEUS_URL at Prometheus' resolution."""
-        interval, kind = default_interval_s(), source_kind()
+        interval, kind = settings.interval_ms / 1000.0, source_kind(settings)
         if kind == FROM_EXPORTER:
-            return cls(folder, default_source(), interval, expected=expected, notify=_to_stderr)
-        source = knobs.get("SAMPLE_PROMETHEUS_URL", "") or urls.default_prometheus_url()
-        interval = max(interval, prometheus_resolution_s(source)) if interval > 0 else 0.0
+            return cls(folder, settings.exporter_url, interval, expected=expected, notify=_to_stderr)
+        source = settings.prometheus_url
+        if interval > 0:
+            interval = max(interval, prometheus_resolution_s(source, interval_ms=settings.prometheus_interval_ms))
+        else:
+            interval = 0.0
         return cls(folder, source, interval, expected=expected, notify=_to_stderr, kind=kind)
 
     @property

@@ -13,6 +13,7 @@ import numpy as np
 
 from servescope.contracts import thresholds
 from servescope.contracts.runfolder import PHASES, PhaseRecord, write_file
+from servescope.contracts.settings import ReportSettings
 from servescope.judgements import slo, stats
 from servescope.report import compare, goodput, latency, load, noise
 from servescope.report.load import Run
@@ -460,6 +461,7 @@ def tolerance() -> float:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    knob = ReportSettings.from_env().slo  # the gate's entry: the SLO knobs, read once
     runs: list[Run] = []
     try:
         tolerance_pct = tolerance()
@@ -473,14 +475,14 @@ def main(argv: list[str]) -> int:
             raise CheckError(f"the candidate is the baseline ({cand_path}): give --run")
         specs = []
         for path in (base_path, cand_path):
-            run = load.load(path, lambda manifest: goodput.manifest_gap_limits(manifest, args.slo))
+            run = load.load(path, lambda manifest: goodput.manifest_gap_limits(manifest, args.slo, knob))
             runs.append(run)
             if not run.request_count:
                 raise CheckError(f"{path}: no requests recorded")
             if run.phases_reconstructed:  # levels and walls guessed: a gate compares phases as they ran
                 raise CheckError(f"{path}: no phase records ({PHASES} missing or unreadable): it cannot be gated")
             try:
-                specs.append(goodput.spec_of(run, args.slo, strict=True))
+                specs.append(goodput.spec_of(run, args.slo, strict=True, knob=knob))
             except slo.SloError as exc:
                 if args.slo:
                     raise

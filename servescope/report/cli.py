@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from servescope.contracts.settings import ReportSettings
 from servescope.contracts.thresholds import NoiseRule
 from servescope.contracts.urls import redact
 from servescope.judgements import slo
@@ -48,10 +49,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _gap_limits(manifest: dict, override: str | None) -> tuple[float, ...]:
+def _gap_limits(manifest: dict, override: str | None, settings: ReportSettings) -> tuple[float, ...]:
     from servescope.report import goodput
 
-    return goodput.manifest_gap_limits(manifest, override)
+    return goodput.manifest_gap_limits(manifest, override, settings.slo)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return check.main(argv[1:])
     args = parser().parse_args(argv)
+    settings = ReportSettings.from_env()  # the report's entry: the knobs, read once
     run = baseline = None
     started = time.monotonic()
     try:
@@ -93,20 +95,19 @@ def main(argv: list[str] | None = None) -> int:
         # (imported here, after the reading started, for that reason).
         Painter.shared()
         with ThreadPoolExecutor(1) as reader:
-            reading = reader.submit(load.load, path, lambda manifest: _gap_limits(manifest, args.slo))
+            reading = reader.submit(load.load, path, lambda manifest: _gap_limits(manifest, args.slo, settings))
             from servescope.report import render, sections
-            from servescope.report.gauges import default_prometheus_url
 
             run = reading.result()
         baseline = load.load(load.resolve(args.baseline, args.results or load.results_dir())) if args.baseline else None
-        url = args.prometheus or default_prometheus_url()
+        url = args.prometheus or settings.prometheus_url
         print(
             f"report: run {run.run_id}: {words.count(run.request_count, 'request')}, "
             f"{words.count(len(run.phases), 'phase')}; "
             f"querying {printable.line(redact(url))} and drawing plots",
             file=sys.stderr,
         )
-        doc, numbers = sections.build(run, url, baseline, slo_spec=args.slo)
+        doc, numbers = sections.build(run, url, baseline, slo_spec=args.slo, settings=settings)
         written = render.write(run.path, doc, numbers)
     except (load.RunError, slo.SloError) as exc:
         print(f"report: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from servescope.contracts import runreader
+from servescope.contracts.settings import SloKnobs
 from servescope.judgements import binding, knee_answer, slo, stats
 from servescope.judgements.percentile import numpy_percentile_of
 from servescope.report import energy, latency, query, schedule
@@ -41,9 +42,9 @@ class PhaseGoodput:
         return self.energy.per(self.result.requests) if self.energy else None
 
 
-def spec_of(run: Run, override: str | None = None, strict: bool = False) -> slo.SloSpec:
+def spec_of(run: Run, override: str | None = None, strict: bool = False, knob: SloKnobs | None = None) -> slo.SloSpec:
     """spec_of_manifest of the run's manifest."""
-    return spec_of_manifest(run.manifest, override, strict)
+    return spec_of_manifest(run.manifest, override, strict, knob)
 
 
 def gap_limits(spec: slo.SloSpec) -> tuple[float, ...]:
@@ -51,17 +52,22 @@ def gap_limits(spec: slo.SloSpec) -> tuple[float, ...]:
     return tuple(t.limit_s for t in spec.terms if _is_flag(t))
 
 
-def manifest_gap_limits(manifest: dict[str, Any], override: str | None = None) -> tuple[float, ...]:
+def manifest_gap_limits(
+    manifest: dict[str, Any], override: str | None = None, knob: SloKnobs | None = None
+) -> tuple[float, ...]:
     """gap_limits of the spec a report of this run judges by, for the reader to count while it reads (a bad --slo:
     none; the goodput section says why)."""
     try:
-        return gap_limits(spec_of_manifest(manifest, override))
+        return gap_limits(spec_of_manifest(manifest, override, knob=knob))
     except slo.SloError:
         return ()
 
 
-def spec_of_manifest(manifest: dict[str, Any], override: str | None = None, strict: bool = False) -> slo.SloSpec:
-    """The spec asked for, else the one the run recorded, else the knobs' (servescope/judgements/slo.resolve).
+def spec_of_manifest(
+    manifest: dict[str, Any], override: str | None = None, strict: bool = False, knob: SloKnobs | None = None
+) -> slo.SloSpec:
+    """The spec asked for, else the one the run recorded, else the knobs' (`knob`, as the report's entry read them;
+    servescope/judgements/slo.resolve). The run folder's SLO record enters the report here.
 
     A manifest is the run's word, not the user's: one whose SLO cannot be read costs the run its own
     SLO (the knobs' is used), never the report; a bad --slo given here is the user's, and said so.
@@ -74,13 +80,13 @@ def spec_of_manifest(manifest: dict[str, Any], override: str | None = None, stri
     text = text if isinstance(text, str) and text.strip() else None
     share = share if isinstance(share, (int, float, str)) and not isinstance(share, bool) and share != "" else None
     if override:
-        return slo.resolve(override, share)
+        return slo.resolve(override, share, knob)
     try:
-        return slo.resolve(text, share)
+        return slo.resolve(text, share, knob)
     except slo.SloError as exc:
         if strict:
             raise slo.SloError(f"the SLO its manifest records ({_shown(text)}) cannot be read: {exc}") from None
-        return slo.resolve()
+        return slo.resolve(knob=knob)
 
 
 def _shown(text: Any) -> str:

@@ -9,6 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from servescope.contracts.settings import ReportSettings
 from servescope.report import figures as figure_data
 from servescope.report import gauges, goodput, noise
 from servescope.report.load import Run
@@ -45,9 +46,9 @@ class Plots:
 
 
 class Context:
-    """One report in the making: what its sections read (the run, a baseline, Prometheus, the SLOs asked for), the
-    judgements more than one section rests on, each other section's data (built once, when first asked for), and the
-    figures being drawn."""
+    """One report in the making: what its sections read (the run, a baseline, Prometheus, the SLOs asked for, the
+    knobs as the report's entry read them), the judgements more than one section rests on, each other section's data
+    (built once, when first asked for), and the figures being drawn."""
 
     def __init__(
         self,
@@ -57,9 +58,13 @@ class Context:
         figures: bool = True,
         client: gauges.Prometheus | None = None,
         slo_spec: str | None = None,
+        *,
+        settings: ReportSettings,
     ) -> None:
         self.run, self.prometheus_url, self.baseline, self.client = run, prometheus_url, baseline, client
-        self.spec = goodput.spec_of(run, slo_spec)  # first: a bad --slo is one line before anything is computed
+        self.settings = settings
+        # first: a bad --slo is one line before anything is computed
+        self.spec = goodput.spec_of(run, slo_spec, knob=settings.slo)
         self.plots = Plots(Painter.shared() if figures else None, run.path)
         self._built: dict[type, Any] = {}
 

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from servescope import engines
-from servescope.contracts import knee_file, knobs
+from servescope.contracts import knee_file
 from servescope.contracts.runfolder import KNEE, KNEE_CONCURRENCY, RequestRecord, new_run_id
+from servescope.contracts.settings import PlanSettings, ReportSettings, SloKnobs
 from servescope.engines.base import BATCH_SLOTS
 from servescope.judgements import slo
 from servescope.report import energy, load, replicas, speed, traffic, workloads
@@ -102,6 +103,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         ) from None
     except knee_file.KneeFileError as exc:
         raise PlanError(str(exc)) from None
+    recorded = _recorded_spec(summary)
     try:
         run = load.load(path)
     except load.RunError as exc:
@@ -136,7 +138,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         prompt = [r.prompt_tokens for r in ok if r.prompt_tokens]
         info = run.engines.get(instance)
         knee_level = summary.get("knee") if summary.get("knee") in by_level else None
-        joules, energy_reason = _energy_at(energy_by_level.get(knee_level), by_level.get(knee_level), summary)
+        joules, energy_reason = _energy_at(energy_by_level.get(knee_level), by_level.get(knee_level), recorded)
         spread = speed.of([m for level, found in sorted(measured.items()) for m in speed.measurements(level, found)])
     finally:
         run.close()
@@ -183,18 +185,25 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         raise PlanError(f"{path}: {exc}") from None
 
 
+def _recorded_spec(summary: dict) -> slo.SloSpec | None:
+    """The SLOs a knee run recorded in its knee.json, read with it; None when they cannot be read."""
+    try:
+        return slo.resolve(summary.get("spec"), summary.get("objective"))
+    except slo.SloError:
+        return None
+
+
 def _energy_at(
-    measured: list[energy.Energy] | None, records: list[RequestRecord] | None, summary: dict
+    measured: list[energy.Energy] | None, records: list[RequestRecord] | None, spec: slo.SloSpec | None
 ) -> tuple[float | None, str]:
-    """Joules per good output token the knee's own load measured (every measurement of it read, or none counts)."""
+    """Joules per good output token the knee's own load measured (every measurement of it read, or none counts),
+    judged by the knee's own SLOs (`spec`; None: unreadable)."""
     if not measured or not records:
         return None, "not measured: no trusted measurement at the knee's load"
     missing = next((e for e in measured if not e.measured), None)
     if missing is not None:
         return None, missing.text()
-    try:
-        spec = slo.resolve(summary.get("spec"), summary.get("objective"))
-    except slo.SloError:
+    if spec is None:
         return None, "not measured: the knee's SLOs are unreadable"
     good = sum(r.output_tokens or 0 for r in records if spec.good(r))
     return (sum(e.joules for e in measured) / good, "") if good else (None, "not measured: no good token at the knee")
@@ -748,15 +757,17 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    report = ReportSettings.from_env()  # the plan command's entry: the knobs, read once
+    knobs = report.plan
     try:
         results = args.results or load.results_dir()
-        settings = _settings(args)
+        settings = settings_of(knobs, args.routing)
         profiles = [profile_of(load.resolve(r, results), args.slots) for r in args.runs]
-        spec = _spec(args, [load.resolve(r, results) for r in args.runs])
+        spec = _spec(args, [load.resolve(r, results) for r in args.runs], report.slo)
         sharings = _sharings(args, results)
         replicas.warm()
-        offered = _traffic(args)
-        prices = _prices(args.price)
+        offered = _traffic(args, knobs, report.prometheus_url)
+        prices = _prices(args.price, knobs)
         for profile, sharing in zip(profiles, sharings, strict=True):  # every row's limits, before any row's work
             check_work(profile, offered, spec, settings["repeats"], settings["window_s"], sharing)
     except (PlanError, traffic.TrafficError, slo.SloError, load.RunError, ValueError) as exc:
@@ -804,10 +815,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _settings(args) -> dict[str, Any]:
-    return settings_of(args.routing)
-
-
 def plan_with(
     settings: dict[str, Any],
     profile: Profile,
@@ -838,21 +845,22 @@ def spread_of(settings: dict[str, Any], profile: Profile) -> speed.Spread:
     return profile.speed or speed.none("not read from a knee")
 
 
-def settings_of(routing: str | None = None) -> dict[str, Any]:
-    """The model's settings: the router's policy (given, else PLAN_ROUTING), windows, repetitions, search limit."""
-    routing = routing or knobs.get("PLAN_ROUTING", replicas.LEAST_CONN)
+def settings_of(knobs: PlanSettings, routing: str | None = None) -> dict[str, Any]:
+    """The model's settings: the router's policy (given, else PLAN_ROUTING), windows, repetitions, search limit, from
+    the plan's knobs (each checked here: PlanError, one line naming it)."""
+    routing = routing or knobs.routing
     if routing not in replicas.POLICIES:
         raise PlanError(f"PLAN_ROUTING={routing!r}: expected {' or '.join(replicas.POLICIES)}")
     try:
-        window_s = knobs.get_positive("PLAN_WINDOW_S", "seconds")
-        repeats, max_replicas = knobs.get_int("PLAN_REPEATS", 3), knobs.get_int("PLAN_MAX_REPLICAS", 64)
+        window_s = knobs.window_s
+        repeats, max_replicas = knobs.repeats, knobs.max_replicas
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     if not 1 <= repeats <= MAX_REPEATS:
         raise PlanError(f"PLAN_REPEATS={repeats}: expected 1 to {MAX_REPEATS}")
     if not 1 <= max_replicas <= MAX_REPLICAS:
         raise PlanError(f"PLAN_MAX_REPLICAS={max_replicas}: expected 1 to {MAX_REPLICAS}")
-    text = knobs.get("PLAN_SLOWER", "").strip()
+    text = knobs.slower.strip()
     slower: float | None = None
     if text:  # empty: the spread each knee measured
         try:
@@ -889,9 +897,11 @@ def _sharings(args, results: Path) -> list[replicas.Sharing | None]:
     return [replicas.Sharing(args.per_host, profile_of(load.resolve(r, results), args.slots)) for r in args.busy_knee]
 
 
-def _spec(args, paths: list[Path]) -> slo.SloSpec:
+def _spec(args, paths: list[Path], knob: SloKnobs) -> slo.SloSpec:
+    """The SLOs the plan is made for: --slo (and --slo-attainment), else the ones its knee runs recorded (else the SLO
+    knobs', `knob`)."""
     if args.slo:
-        return slo.resolve(args.slo, args.slo_attainment)
+        return slo.resolve(args.slo, args.slo_attainment, knob)
     seen = set()
     for path in paths:
         summary = knee_file.read(path)  # read and checked by profile_of before
@@ -899,29 +909,29 @@ def _spec(args, paths: list[Path]) -> slo.SloSpec:
     if len(seen) > 1:
         raise PlanError("the knees were measured under different SLOs: say which to plan for with --slo")
     text, objective = seen.pop()
-    return slo.resolve(text, args.slo_attainment or objective)
+    return slo.resolve(text, args.slo_attainment or objective, knob)
 
 
-def _traffic(args) -> traffic.Traffic:
+def _traffic(args, knobs: PlanSettings, prometheus_url: str) -> traffic.Traffic:
+    """The traffic the command line says (`knobs`: PLAN_TRACE and PLAN_SPEED when it says none; `prometheus_url`:
+    the stack's Prometheus when --prometheus-query names no --prometheus)."""
     given = [x for x in (args.trace, args.rate, args.poisson, args.prometheus_query) if x is not None]
     if len(given) > 1:
         raise PlanError("say the traffic once: one of --trace, --rate, --poisson, --prometheus-query")
     if not given:
-        return default_traffic(args.speed)
+        return default_traffic(knobs, args.speed)
     if args.trace is not None:
-        return traffic.trace(args.trace, default_speed() if args.speed is None else args.speed)
+        return traffic.trace(args.trace, default_speed(knobs) if args.speed is None else args.speed)
     if args.rate is not None:
         return traffic.constant(args.rate, args.duration)
     if args.poisson is not None:
         return traffic.poisson(args.poisson, args.duration)
-    from servescope.report.gauges import default_prometheus_url
-
-    return traffic.prometheus(args.prometheus or default_prometheus_url(), args.prometheus_query, args.since, args.step)
+    return traffic.prometheus(args.prometheus or prometheus_url, args.prometheus_query, args.since, args.step)
 
 
-def _prices(given: list[str]) -> dict[str, float]:
+def _prices(given: list[str], knobs: PlanSettings) -> dict[str, float]:
     """ENGINE=PRICE pairs: PLAN_PRICE_PER_HOUR's, then --price's over them."""
-    pairs = [p for p in knobs.get("PLAN_PRICE_PER_HOUR", "").split(",") if p.strip()] + given
+    pairs = [p for p in knobs.prices.split(",") if p.strip()] + given
     prices: dict[str, float] = {}
     for pair in pairs:
         engine, sep, value = pair.partition("=")
@@ -1019,31 +1029,32 @@ def render(rows: list[PlanRow], offered: traffic.Traffic, spec: slo.SloSpec, set
 # ---------------------------------------------------------------- the report's section on a knee run
 
 
-def default_speed() -> float:
+def default_speed(knobs: PlanSettings) -> float:
     try:
-        return knobs.get_positive("PLAN_SPEED", "times faster")
+        return knobs.speed
     except ValueError as exc:
         raise PlanError(str(exc)) from None
 
 
-def default_traffic(speed: float | None = None) -> traffic.Traffic:
+def default_traffic(knobs: PlanSettings, speed: float | None = None) -> traffic.Traffic:
     """The traffic a plan is made for when none is said: the trace PLAN_TRACE names, its clock PLAN_SPEED faster."""
-    name = knobs.get("PLAN_TRACE", "").strip()
+    name = knobs.trace.strip()
     if not name:
         raise PlanError("say the traffic: one of --trace, --rate, --poisson, --prometheus-query (PLAN_TRACE is empty)")
-    return traffic.trace(name, default_speed() if speed is None else speed)
+    return traffic.trace(name, default_speed(knobs) if speed is None else speed)
 
 
-def for_report(path: Path, spec: slo.SloSpec) -> tuple[dict[str, Any], list[PlanRow]] | None:
+def for_report(path: Path, spec: slo.SloSpec, knobs: PlanSettings) -> tuple[dict[str, Any], list[PlanRow]] | None:
     """The plan a knee run's report shows (its JSON and its row): this knee, the default traffic, the report's
-    SLOs; None on other runs. What cannot be planned (bad knobs, a knee without levels) is ({"not_planned": why}, [])."""
+    SLOs, the report's plan knobs; None on other runs. What cannot be planned (bad knobs, a knee without levels) is
+    ({"not_planned": why}, [])."""
     if not (path / KNEE).is_file():
         return None
     try:
-        settings = settings_of()
-        offered = default_traffic()
+        settings = settings_of(knobs)
+        offered = default_traffic(knobs)
         profile = profile_of(path)
-        price = _prices([]).get(profile.engine)
+        price = _prices([], knobs).get(profile.engine)
         row, _ = plan_with(settings, profile, offered, spec, price)
     except (PlanError, traffic.TrafficError, ValueError) as exc:
         return {"not_planned": str(exc)}, []

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from servescope import engines
 from servescope.contracts import series, thresholds
+from servescope.contracts.settings import ReportSettings
 from servescope.engines.base import DURATIONS
 from servescope.host import cpu_priority
 from servescope.judgements import stats
@@ -68,9 +69,13 @@ def build(
     figures: bool = True,
     client: gauges.Prometheus | None = None,
     slo_spec: str | None = None,
+    settings: ReportSettings | None = None,
 ) -> tuple[Document, dict[str, Any]]:
-    """The report on one run (against a baseline when given): its document and report.json's numbers."""
-    ctx = Context(run, prometheus_url, baseline, figures, client, slo_spec)
+    """The report on one run (against a baseline when given): its document and report.json's numbers. `settings`:
+    the knobs the report applies (its plan, its SLOs' fallback); None: as the environment sets them now (this is the
+    report's entry for its command, the benches and the tests alike)."""
+    settings = ReportSettings.from_env() if settings is None else settings
+    ctx = Context(run, prometheus_url, baseline, figures, client, slo_spec, settings=settings)
     latency.start_pools(run)  # the engine's passes over every gap run while the rest is computed
     sections, said = walk(order(run), ctx)
     numbers = {
@@ -196,7 +201,7 @@ class Plan(ReportSection):
     stage = 2
 
     def build(self, ctx: Context) -> tuple[dict[str, Any], list[plan.PlanRow]] | None:
-        return plan.for_report(ctx.run.path, ctx.spec)
+        return plan.for_report(ctx.run.path, ctx.spec, ctx.settings.plan)
 
     def to_json(self, data: tuple[dict[str, Any], list[plan.PlanRow]] | None) -> dict[str, Any]:
         return {"plan": data[0] if data else None}

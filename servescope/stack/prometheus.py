@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 from servescope.contracts import knobs, metrics_mode
+from servescope.contracts.settings import KnobTable
 from servescope.stack import paths, provision
 
 
@@ -16,9 +17,10 @@ def find_or_install() -> tuple[str | None, str | None]:
     return shutil.which("prometheus"), None
 
 
-def rule_files(repo_root: Path = knobs.REPO_ROOT, mode: str | None = None) -> list[str]:
-    """The shared rules and those of the METRICS_MODE (fleet: the neutral series from the engines' own pages)."""
-    mode = metrics_mode.current() if mode is None else metrics_mode.parse(mode)
+def rule_files(repo_root: Path = knobs.REPO_ROOT, mode: str = metrics_mode.EXPORTER) -> list[str]:
+    """The shared rules and those of the mode (METRICS_MODE's text; fleet: the neutral series from the engines' own
+    pages)."""
+    mode = metrics_mode.parse(mode)
     prometheus = repo_root / "prometheus"
     return [str(p) for d in (prometheus / "rules", prometheus / "mode" / mode) for p in sorted(d.glob("*.yml"))]
 
@@ -27,8 +29,10 @@ def write_config(
     targets: list[tuple[str, str, str, dict[str, str]]],
     scrape_interval: str | None = None,
     rules: list[str] | None = None,
+    mode: str = metrics_mode.EXPORTER,
 ) -> Path:
-    """targets: (job, "host:port", metrics_path, labels); rendered by the one config source Compose uses too."""
+    """targets: (job, "host:port", metrics_path, labels); rendered by the one config source Compose uses too. rules:
+    the rule files (None: the shared ones and those of `mode`, METRICS_MODE's text)."""
     from servescope.prometheus import prometheus_config
 
     scrape_interval = scrape_interval or prometheus_config.NATIVE_SCRAPE_INTERVAL
@@ -38,7 +42,7 @@ def write_config(
             for job, address, metrics_path, labels in targets
         ],
         scrape_interval=scrape_interval,
-        rule_files=tuple(rule_files() if rules is None else rules),
+        rule_files=tuple(rule_files(mode=mode) if rules is None else rules),
     )
     config = paths.prometheus_dir() / "prometheus.yml"
     config.write_text(text)
@@ -52,18 +56,19 @@ def check_config(config: Path) -> str | None:
     return prometheus_config.promtool_verdict(config)
 
 
-def command(binary: str, config: Path, host: str, port: int) -> list[str]:
+def command(binary: str, config: Path, host: str, port: int, table: KnobTable) -> list[str]:
+    """Prometheus' command line; `table`: its retention and whether its lifecycle API is on (PROMETHEUS_*)."""
     # Data lives in the state dir, bounded by time and size so a long-lived laptop stack cannot fill a disk.
     cmd = [
         binary,
         f"--config.file={config}",
         f"--storage.tsdb.path={paths.prometheus_dir() / 'data'}",
-        f"--storage.tsdb.retention.time={knobs.get('PROMETHEUS_RETENTION', '15d')}",
-        f"--storage.tsdb.retention.size={knobs.get('PROMETHEUS_RETENTION_SIZE', '1GB')}",
+        f"--storage.tsdb.retention.time={table.text('PROMETHEUS_RETENTION', '15d')}",
+        f"--storage.tsdb.retention.size={table.text('PROMETHEUS_RETENTION_SIZE', '1GB')}",
         f"--web.listen-address={host}:{port}",
     ]
     # The lifecycle API (POST /-/quit, /-/reload) takes no token and no origin check: any page the user's browser
     # opens could stop Prometheus. Nothing here needs it; only when asked.
-    if knobs.get("PROMETHEUS_LIFECYCLE", "0").strip().lower() in ("1", "true", "yes", "on"):
+    if table.switch("PROMETHEUS_LIFECYCLE"):
         cmd.append("--web.enable-lifecycle")
     return cmd

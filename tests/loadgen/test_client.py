@@ -357,8 +357,9 @@ def test_the_outcome_label_is_the_records_kind_never_its_text():
     from loadgen.client_metrics import ClientMetrics
     from servescope.contracts import series
     from servescope.contracts.runfolder import RequestRecord
+    from servescope.judgements import slo
 
-    metrics = ClientMetrics(CollectorRegistry())
+    metrics = ClientMetrics(CollectorRegistry(), spec=slo.resolve())
     base = dict(engine="vllm", instance="vllm", scenario="burst", phase="burst-1", api="openai", model="m")
     base |= dict(prompt_set="s", prompt_set_sha256="h", prompt_id="p", max_tokens=4, started_at=0.0, status=0)
     metrics.observe(RequestRecord(**base, ok=True))

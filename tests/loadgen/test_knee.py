@@ -250,6 +250,17 @@ def test_the_knee_runs_through_locusts_own_entry_point_with_samples(tmp_path):
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
 
 
+def knee_search(settings, options, duration_s, requests):
+    """The search as a run's plan builds it from these options: typed, under their SLOs, the knobs' fault wait."""
+    from loadgen.knee import KneeOptions, KneeSearch
+    from loadgen.runplan import spec_of
+    from servescope.contracts.settings import LoadSettings
+
+    typed = KneeOptions.from_options(options)
+    wait_s = LoadSettings.from_env().fault_wait_s
+    return KneeSearch(settings, typed, spec_of(options), duration_s, requests, fault_wait_s=wait_s)
+
+
 def test_a_quiet_measurement_outweighs_a_noisy_one_of_the_same_level(tmp_path, monkeypatch):
     """The host noise rule says whether the host disturbed a phase; a quiet measurement of its level outweighs it."""
     from argparse import Namespace
@@ -276,7 +287,7 @@ def test_a_quiet_measurement_outweighs_a_noisy_one_of_the_same_level(tmp_path, m
         arrivals="constant",
         max_in_flight=8,
     )
-    search = knee_module.KneeSearch(settings, options, 1.0, None)
+    search = knee_search(settings, options, 1.0, None)
     folder = RunFolder.create(tmp_path, "run")
     monkeypatch.setattr(
         knee_module,
@@ -326,7 +337,7 @@ def searched(tmp_path, monkeypatch, noisy: tuple[str, ...], **changes) -> tuple[
             "max_in_flight": 8, **changes,
         }
     )  # fmt: skip
-    search = knee_module.KneeSearch(settings, options, 1.0, None)
+    search = knee_search(settings, options, 1.0, None)
     folder = RunFolder.create(tmp_path, "run")
     monkeypatch.setattr(knee_module, "noise_of", lambda folder, phase, instance: (noisy, None))
     phase, levels = search.first(), []

@@ -13,6 +13,7 @@ from loadgen import targets
 from servescope import engines
 from servescope.contracts import series
 from servescope.contracts.runfolder import RunFolder, read_samples
+from servescope.contracts.settings import KnobTable
 from tests.conftest import free_port
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.exporter.test_proxy import MODEL, ExporterThread, wait_until
@@ -33,6 +34,11 @@ def knobs(monkeypatch, tmp_path):
     return ports
 
 
+def table() -> KnobTable:
+    """The knobs as the load generator's entry reads them, after the test set its own."""
+    return KnobTable.from_env()
+
+
 @pytest.fixture
 def stack():
     """Ollama (the simulator) with the real exporter and its proxy in front, as `make up` runs them."""
@@ -45,26 +51,26 @@ def test_without_a_url_the_load_goes_through_the_stacks_proxy_and_says_so(stack,
     gauges read 0 while the verdict said "raise OLLAMA_NUM_PARALLEL"."""
     sim, exporter = stack
     knobs(sim.port, exporter.proxy_port)
-    assert targets.default_url("ollama") == exporter.proxy_url
-    assert targets.default_url_source("ollama") == "OLLAMA_PROXY_PORT"
-    target = targets.parse_engine("ollama")
+    assert targets.default_url("ollama", table()) == exporter.proxy_url
+    assert targets.default_url_source("ollama", table()) == "OLLAMA_PROXY_PORT"
+    target = targets.parse_engine("ollama", knobs=table())
     assert (target.url, target.url_from) == (exporter.proxy_url, "OLLAMA_PROXY_PORT")
-    line = targets.chosen_url_line("ollama", target.url)
+    line = targets.chosen_url_line("ollama", target.url, table())
     assert line == (
         f"ollama: no engine URL given, using {exporter.proxy_url} (OLLAMA_PROXY_PORT: the stack's proxy), through "
         "servescope's Ollama proxy: Ollama's running/waiting gauges (source=\"proxy\") are what the proxy observes of "
         "this load"
     )
-    assert targets.probe(target).info["route"] == "proxy"
+    assert targets.probe(target, table()).info["route"] == "proxy"
 
 
 def test_an_ollama_on_the_proxy_port_is_not_taken_for_the_proxy(knobs):
     """Whatever answers on OLLAMA_PROXY_PORT is the proxy only when it names itself so (its Via header)."""
     with OllamaSimulator() as sim, OllamaSimulator() as impostor:
         knobs(sim.port, impostor.port)
-        url = targets.default_url("ollama")
-        assert url == sim.url and targets.default_url_source("ollama") == "OLLAMA_PORT"
-        line = targets.chosen_url_line("ollama", url)
+        url = targets.default_url("ollama", table())
+        assert url == sim.url and targets.default_url_source("ollama", table()) == "OLLAMA_PORT"
+        line = targets.chosen_url_line("ollama", url, table())
         assert line.startswith(f"ollama: no engine URL given, using {sim.url} (OLLAMA_PORT on 127.0.0.1;")
         assert f"to Ollama directly (no servescope proxy answers at {impostor.url})" in line
         assert line.endswith("Ollama's running/waiting gauges are not observed for it")
@@ -73,23 +79,28 @@ def test_an_ollama_on_the_proxy_port_is_not_taken_for_the_proxy(knobs):
 def test_no_proxy_at_all_means_ollamas_own_port_and_not_observed(knobs):
     with OllamaSimulator() as sim:
         knobs(sim.port, free_port())
-        target = targets.probe(targets.parse_engine("ollama"))
+        target = targets.probe(targets.parse_engine("ollama", knobs=table()), table())
         assert target.url == sim.url and target.url_from == "OLLAMA_PORT" and target.info["route"] == "direct"
 
 
 def test_an_explicit_url_is_honoured_and_says_it_goes_around_the_proxy(stack, knobs):
     sim, exporter = stack
     knobs(sim.port, exporter.proxy_port)
-    direct = targets.probe(targets.parse_engine(f"ollama={sim.url}"))
+    direct = targets.probe(targets.parse_engine(f"ollama={sim.url}"), table())
     assert direct.url == sim.url and direct.info["route"] == "direct"
-    assert targets.route_line(direct) == (
+    assert targets.route_line(direct, table()) == (
         f"ollama: {sim.url} goes to Ollama directly (servescope's proxy answers at {exporter.proxy_url}: give that "
         "URL to go through it): the exporter sees none of this load, so Ollama's running/waiting gauges are not "
         "observed for it"
     )
-    relayed = targets.probe(targets.parse_engine(f"ollama:mine={exporter.proxy_url}"))
-    assert relayed.info["route"] == "proxy" and "goes through servescope's Ollama proxy" in targets.route_line(relayed)
-    assert targets.route_line(targets.parse_engine(f"vllm={sim.url}")) == ""  # its gauges come from vLLM itself
+    relayed = targets.probe(targets.parse_engine(f"ollama:mine={exporter.proxy_url}"), table())
+    now = table()
+    assert relayed.info["route"] == "proxy" and "goes through servescope's Ollama proxy" in targets.route_line(
+        relayed, now
+    )
+    assert (
+        targets.route_line(targets.parse_engine(f"vllm={sim.url}"), table()) == ""
+    )  # its gauges come from vLLM itself
 
 
 def _exporter_record(tmp_path: Path, argv: list[str]) -> None:
@@ -110,13 +121,17 @@ def test_the_native_stacks_exporter_record_says_where_its_proxy_is_and_what_it_r
     knobs(sim.port, free_port())  # the knob moved since `make up`; the running exporter's record did not
     argv = ["python", "-m", "exporter", "--listen-address", "0.0.0.0", "--ollama-url", sim.url]
     _exporter_record(tmp_path, [*argv, f"--proxy-port={exporter.proxy_port}"])
-    assert targets.stack_proxy(engines.OLLAMA) == (exporter.proxy_url, sim.url)
-    assert targets.default_url("ollama") == exporter.proxy_url
+    assert targets.stack_proxy(engines.OLLAMA, table()) == (exporter.proxy_url, sim.url)
+    assert targets.default_url("ollama", table()) == exporter.proxy_url
     monkeypatch.setenv("OLLAMA_URL", sim.url.replace("127.0.0.1", "localhost"))  # the same Ollama
-    assert targets.default_url("ollama") == exporter.proxy_url
+    assert targets.default_url("ollama", table()) == exporter.proxy_url
     with OllamaSimulator() as other:
         monkeypatch.setenv("OLLAMA_URL", other.url)  # another Ollama: honoured as given
-        assert targets.default_url("ollama") == other.url and targets.default_url_source("ollama") == "OLLAMA_URL"
+        now = table()
+        assert (
+            targets.default_url("ollama", now) == other.url
+            and targets.default_url_source("ollama", now) == "OLLAMA_URL"
+        )
 
 
 def test_a_run_without_a_url_is_observed_by_the_proxy_end_to_end(stack, knobs, tmp_path):

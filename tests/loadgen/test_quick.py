@@ -20,6 +20,7 @@ import requests
 from loadgen import discover, quick, quick_words
 from loadgen.side_exporter import SideExporter
 from servescope.contracts import thresholds
+from servescope.contracts.settings import KnobTable
 from servescope.host import hostnoise
 from servescope.judgements import slo
 from servescope.report import cli as report_cli
@@ -125,11 +126,11 @@ def test_the_usual_ports_are_the_stacks_knobs_and_each_engines_default_proxy_fir
     monkeypatch.setenv("QUICK_PORTS", "")
     monkeypatch.setenv("VLLM_PORT", "18009")
     monkeypatch.setenv("OLLAMA_PROXY_PORT", "21435")
-    ports = [u.port for u in discover.usual_ports()]
+    ports = [u.port for u in discover.usual_ports(KnobTable.from_env())]
     assert ports[:2] == [8000, 18009] and {8080, 8081, 11434, 30000, 1234} <= set(ports)
     assert ports.index(21435) < ports.index(11434)  # the proxy first: its load is observed, Ollama's own port's is not
     monkeypatch.setenv("QUICK_PORTS", "7001,7002")
-    assert [u.port for u in discover.usual_ports()] == [7001, 7002]
+    assert [u.port for u in discover.usual_ports(KnobTable.from_env())] == [7001, 7002]
 
 
 def test_discovery_tells_the_engines_apart_on_the_ports_it_is_given():
@@ -142,7 +143,7 @@ def test_discovery_tells_the_engines_apart_on_the_ports_it_is_given():
         Fingerprint(OPENAI_ONLY) as other,
     ):
         ports = [vllm.port, llamacpp.port, dead, sglang.port, lmstudio.port, other.port]
-        found = discover.discover(discover.parse_ports(",".join(map(str, ports))))
+        found = discover.discover(discover.parse_ports(",".join(map(str, ports))), KnobTable.from_env())
     assert [(s.url, s.what, s.kind) for s in found.servers] == [
         (vllm.url, "vLLM", "vllm"),
         (llamacpp.url, "llama.cpp", "llamacpp"),
@@ -158,7 +159,8 @@ def test_discovery_tells_the_engines_apart_on_the_ports_it_is_given():
 def test_an_ollama_behind_the_stacks_proxy_is_measured_once_through_the_proxy(monkeypatch):
     with OllamaSimulator(token_delay=0.001) as sim, ExporterThread(sim.url) as proxy:
         monkeypatch.setenv("OLLAMA_PROXY_PORT", str(proxy.proxy_port))
-        found = discover.discover(discover.parse_ports(f"{sim.url.rsplit(':', 1)[1]},{proxy.proxy_port}"))
+        ports = discover.parse_ports(f"{sim.url.rsplit(':', 1)[1]},{proxy.proxy_port}")
+        found = discover.discover(ports, KnobTable.from_env())
     assert [(s.url, s.kind) for s in found.servers] == [(proxy.proxy_url, "ollama")]
     assert found.servers[0].is_stack_proxy
     (line,) = found.skipped
@@ -168,7 +170,8 @@ def test_an_ollama_behind_the_stacks_proxy_is_measured_once_through_the_proxy(mo
 def test_two_different_ollamas_are_both_measured(monkeypatch):
     with OllamaSimulator(models=["a:latest"]) as one, OllamaSimulator(models=["b:latest"]) as two:
         monkeypatch.setenv("OLLAMA_PROXY_PORT", two.url.rsplit(":", 1)[1])
-        found = discover.discover(discover.parse_ports(f"{one.url.rsplit(':', 1)[1]},{two.url.rsplit(':', 1)[1]}"))
+        ports = discover.parse_ports(f"{one.url.rsplit(':', 1)[1]},{two.url.rsplit(':', 1)[1]}")
+        found = discover.discover(ports, KnobTable.from_env())
     assert [s.url for s in found.servers] == [one.url, two.url] and not found.skipped
 
 

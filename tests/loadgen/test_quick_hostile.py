@@ -10,6 +10,7 @@ import pytest
 
 from loadgen import discover, quick
 from servescope import engines
+from servescope.contracts.settings import KnobTable
 from servescope.host import children
 from tests.conftest import free_port
 from tests.doubles.hostile_http import Hostile, drip, huge, reply
@@ -32,7 +33,7 @@ def test_a_server_answering_deep_json_everywhere_is_named_not_a_recursion_error(
 def test_a_10gb_body_on_a_usual_endpoint_is_no_memory_error(path):
     with Hostile({path: huge()}) as server:
         started = time.monotonic()
-        found = discover.discover(discover.parse_ports(str(server.port)))
+        found = discover.discover(discover.parse_ports(str(server.port)), KnobTable.from_env())
     assert time.monotonic() - started < HANG_S
     assert [s.kind for s in found.servers] == [None]  # it answers, as no engine servescope knows
 
@@ -44,9 +45,11 @@ def test_a_10gb_or_dripping_metrics_page_is_one_line(monkeypatch):
         Hostile({"/metrics": huge("text/plain")}) as big,
         Hostile({"/metrics": drip(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")}) as slow,
     ):
-        assert "body larger than" in quick.metrics_problem(big.url, engines.VLLM)
+        assert "body larger than" in quick.metrics_problem(big.url, engines.VLLM, KnobTable.from_env())
         started = time.monotonic()
-        assert quick.metrics_problem(slow.url, engines.VLLM) == "/metrics could not be read (timed out)"
+        assert quick.metrics_problem(slow.url, engines.VLLM, KnobTable.from_env()) == (
+            "/metrics could not be read (timed out)"
+        )
     assert time.monotonic() - started < HANG_S
 
 

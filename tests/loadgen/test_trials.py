@@ -19,6 +19,7 @@ from loadgen.isolate import Isolation
 from loadgen.scenarios import BurstPhase, SequentialPhase, Settings
 from loadgen.targets import parse_engine
 from servescope.contracts.runfolder import RunFolder
+from servescope.contracts.settings import KnobTable
 from servescope.contracts.thresholds import NoiseRule, WarmupRule
 from servescope.host import pidrecords
 from servescope.text import words
@@ -322,7 +323,9 @@ def test_pause_never_stops_a_process_group_it_does_not_own(tmp_path):
 
 
 def test_off_touches_nothing(tmp_path, native_engines):
-    Isolation("off", print, records=lambda: pidrecords.live(tmp_path)).focus(parse_engine("vllm"))
+    Isolation("off", print, records=lambda: pidrecords.live(tmp_path)).focus(
+        parse_engine("vllm", knobs=KnobTable.from_env())
+    )
     assert all(state(p) != psutil.STATUS_STOPPED for p in native_engines.values())
 
 

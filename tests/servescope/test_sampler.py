@@ -15,6 +15,7 @@ from exporter.config import Config, Instance
 from exporter.server import build
 from servescope.contracts import series
 from servescope.contracts.runfolder import SAMPLES, RunFolder, read_samples
+from servescope.contracts.settings import SamplerSettings
 from servescope.prometheus.exposition import parse_exposition
 from servescope.prometheus.sampler import (
     FROM_EXPORTER,
@@ -331,14 +332,14 @@ def test_a_prometheus_answer_that_is_not_success_is_one_error(page):
 def test_the_sample_source_follows_the_metrics_mode_unless_told(monkeypatch):
     monkeypatch.delenv("SAMPLE_SOURCE", raising=False)
     monkeypatch.setenv("METRICS_MODE", "exporter")
-    assert source_kind() == FROM_EXPORTER
+    assert source_kind(SamplerSettings.from_env()) == FROM_EXPORTER
     monkeypatch.setenv("METRICS_MODE", "fleet")
-    assert source_kind() == FROM_PROMETHEUS
+    assert source_kind(SamplerSettings.from_env()) == FROM_PROMETHEUS
     monkeypatch.setenv("SAMPLE_SOURCE", "exporter")
-    assert source_kind() == FROM_EXPORTER
+    assert source_kind(SamplerSettings.from_env()) == FROM_EXPORTER
     monkeypatch.setenv("SAMPLE_SOURCE", "promethus")
     with pytest.raises(ValueError, match="SAMPLE_SOURCE='promethus'"):
-        source_kind()
+        source_kind(SamplerSettings.from_env())
 
 
 def test_fleet_mode_samples_at_prometheus_resolution_not_faster(monkeypatch, folder):
@@ -362,10 +363,10 @@ def test_fleet_mode_samples_at_prometheus_resolution_not_faster(monkeypatch, fol
         monkeypatch.setenv("SAMPLE_SOURCE", "prometheus")
         monkeypatch.setenv("SAMPLE_PROMETHEUS_URL", url)
         monkeypatch.delenv("SAMPLE_PROMETHEUS_INTERVAL_MS", raising=False)
-        sampler = Sampler.for_run(folder)
+        sampler = Sampler.for_run(folder, (), SamplerSettings.from_env())
         assert (sampler.kind, sampler.interval_s, sampler.source) == (FROM_PROMETHEUS, 3.0, url)
         assert "Prometheus" in sampler.describe()
         monkeypatch.setenv("SAMPLE_PROMETHEUS_INTERVAL_MS", "500")
-        assert Sampler.for_run(folder).interval_s == 0.5
+        assert Sampler.for_run(folder, (), SamplerSettings.from_env()).interval_s == 0.5
     finally:
         server.shutdown()

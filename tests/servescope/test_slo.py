@@ -6,6 +6,7 @@ import pytest
 
 from servescope.contracts import thresholds
 from servescope.contracts.runfolder import RequestRecord
+from servescope.contracts.settings import SloKnobs
 from servescope.judgements import slo
 
 
@@ -61,12 +62,13 @@ def test_a_bad_spec_is_one_line_saying_what_is_wrong(text, says):
 def test_the_default_comes_from_the_threshold_table_and_the_knob_overrides_it(monkeypatch):
     monkeypatch.delenv("SLO", raising=False)
     monkeypatch.delenv("SLO_ATTAINMENT", raising=False)
-    assert slo.resolve().text == slo.parse(thresholds.SLO_DEFAULT).text
-    assert slo.resolve().objective == thresholds.SLO_ATTAINMENT
+    assert slo.resolve(knob=SloKnobs.from_env()).text == slo.parse(thresholds.SLO_DEFAULT).text
+    assert slo.resolve(knob=SloKnobs.from_env()).objective == thresholds.SLO_ATTAINMENT
     monkeypatch.setenv("SLO", "e2e<=3")
     monkeypatch.setenv("SLO_ATTAINMENT", "0.5")
-    assert slo.resolve().text == "e2e<=3" and slo.resolve().objective == 0.5
-    assert slo.resolve("ttft<=1", 0.9).text == "ttft<=1"  # a flag beats the knob
+    knob = SloKnobs.from_env()  # the knobs as an entry reads them
+    assert slo.resolve(knob=knob).text == "e2e<=3" and slo.resolve(knob=knob).objective == 0.5
+    assert slo.resolve("ttft<=1", 0.9, knob).text == "ttft<=1"  # a flag beats the knob
     with pytest.raises(slo.SloError, match="SLO attainment"):
         slo.resolve("ttft<=1", "1.5")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from servescope.contracts.settings import ReportSettings
 from servescope.report.load import load
 from servescope.report.outline import Context, ReportSection, walk
 from servescope.report.render import Paragraph, Section, markdown
@@ -68,7 +69,7 @@ class Itself(ReportSection):
 def ctx():
     BUILT.clear()
     run = load(RUNS / "seed-vllm-ollama")
-    yield Context(run, "http://127.0.0.1:9", figures=False)
+    yield Context(run, "http://127.0.0.1:9", figures=False, settings=ReportSettings.from_env())
     run.close()
 
 
@@ -107,7 +108,7 @@ def test_a_bad_slo_is_refused_before_anything_is_built():
     run = load(RUNS / "seed-vllm-ollama")
     try:
         with pytest.raises(slo.SloError):
-            Context(run, "http://127.0.0.1:9", figures=False, slo_spec="ttft_p95<=")
+            Context(run, "http://127.0.0.1:9", figures=False, slo_spec="ttft_p95<=", settings=ReportSettings.from_env())
     finally:
         run.close()
 

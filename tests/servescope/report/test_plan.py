@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from servescope.contracts.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.settings import PlanSettings
 from servescope.judgements import binding, slo
 from servescope.report import plan, replicas, speed, traffic
 from servescope.report.replicas import Arrival, Level, Profile
@@ -261,7 +262,7 @@ def test_a_knee_runs_report_carries_the_plan_for_the_default_traffic(tmp_path, m
     section = next(s for s in doc.sections if s.title.startswith("Replicas for a traffic"))
     # The same answer `python -m servescope.report plan` gives for that traffic and those SLOs, from the same model.
     spec = slo.resolve("ttft<=0.5", 0.9)
-    s = plan.settings_of()
+    s = plan.settings_of(PlanSettings.from_env())
     expected, _ = plan.plan(
         plan.profile_of(knee), traffic.trace("trace-small", 4), spec, s["routing"], s["repeats"], s["window_s"],
         s["max_replicas"], None,

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from servescope.contracts.runfolder import KNEE
+from servescope.contracts.settings import PlanSettings
 from servescope.judgements import slo
 from servescope.report import plan, replica_events, replicas, traffic
 from servescope.report.replicas import Arrival, Level, Profile
@@ -130,7 +131,7 @@ def test_itl_terms_are_modelled_from_the_knees_gaps_and_never_make_every_count_m
     # Regression: the model's requests carried no gaps, so any itl_pQ term missed and the plan said ">64".
     folder = knee_folder(tmp_path, gap=0.02)
     offered = traffic.poisson(4, 120)
-    s = plan.settings_of()
+    s = plan.settings_of(PlanSettings.from_env())
 
     def replicas_for(text: str) -> int | None:
         row, _ = plan.plan(
@@ -148,7 +149,8 @@ def test_itl_terms_are_modelled_from_the_knees_gaps_and_never_make_every_count_m
 def test_the_knee_reports_plan_under_the_default_shaped_slo_names_a_count(tmp_path, monkeypatch):
     # Regression: the knee report's "Replicas for a traffic" said ">64" for every run with ttft_p95<=0.5,itl_p95<=0.1.
     monkeypatch.setenv("PLAN_TRACE", "trace-small")
-    doc, rows = plan.for_report(knee_folder(tmp_path, gap=0.02), slo.parse("ttft_p95<=0.5,itl_p95<=0.1"))
+    knobs = PlanSettings.from_env()  # as the report's entry reads them
+    doc, rows = plan.for_report(knee_folder(tmp_path, gap=0.02), slo.parse("ttft_p95<=0.5,itl_p95<=0.1"), knobs)
     assert rows and rows[0].replicas is not None and "not_planned" not in doc
 
 
@@ -158,7 +160,7 @@ def test_itl_terms_on_a_knee_without_gaps_are_refused_in_one_line(tmp_path, caps
     refused(capsys, [*argv, "--slo", "ttft_p95<=0.5,itl_p95<=0.1"], "no inter-token gaps")
     # The knee report's section says the same instead of ">64" for the default-shaped SLO
     monkeypatch.setenv("PLAN_TRACE", "trace-small")
-    doc, rows = plan.for_report(folder, slo.parse("ttft_p95<=0.5,itl_p95<=0.1"))
+    doc, rows = plan.for_report(folder, slo.parse("ttft_p95<=0.5,itl_p95<=0.1"), PlanSettings.from_env())
     assert rows == [] and "no inter-token gaps" in doc["not_planned"]
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servescope.contracts.runfolder import KNEE, PhaseRecord, RequestRecord, RunFolder
+from servescope.contracts.settings import PlanSettings
 from servescope.judgements import slo
 from servescope.report import plan, replicas, speed, traffic
 from servescope.report.replicas import Level, Profile
@@ -157,17 +158,17 @@ def test_the_band_holds_the_knee_speed_and_is_printed_from_slow_to_fast(tmp_path
 def test_plan_slower_overrides_the_measured_spread_and_zero_turns_the_band_off(tmp_path, monkeypatch):
     profile = plan.profile_of(varying_knee(tmp_path))
     monkeypatch.setenv("PLAN_SLOWER", "")
-    assert plan.spread_of(plan.settings_of(), profile) is profile.speed
+    assert plan.spread_of(plan.settings_of(PlanSettings.from_env()), profile) is profile.speed
     monkeypatch.setenv("PLAN_SLOWER", "0.25")
-    over = plan.spread_of(plan.settings_of(), profile)
+    over = plan.spread_of(plan.settings_of(PlanSettings.from_env()), profile)
     assert over.source == speed.OVERRIDE and over.slow == speed.Edge(1.25, 1.25)
     assert over.fast == speed.Edge(pytest.approx(0.8), pytest.approx(0.8))
     assert "PLAN_SLOWER, set by hand" in over.describe()
     monkeypatch.setenv("PLAN_SLOWER", "0")
-    assert plan.spread_of(plan.settings_of(), profile).point
+    assert plan.spread_of(plan.settings_of(PlanSettings.from_env()), profile).point
     monkeypatch.setenv("PLAN_SLOWER", "-1")
     with pytest.raises(plan.PlanError, match="PLAN_SLOWER='-1': expected empty"):
-        plan.settings_of()
+        plan.settings_of(PlanSettings.from_env())
 
 
 def test_the_plan_json_says_which_spread_a_row_was_predicted_over(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from servescope.contracts.settings import ReportSettings
 from servescope.report import sections, workloads
 from servescope.report.load import load
 from servescope.report.outline import Context
@@ -51,7 +52,7 @@ def test_every_section_renders_from_its_data_with_the_run_closed(monkeypatch, tm
     """SQL stays in build: once every section is built, the run's database can go and each still renders."""
     monkeypatch.setenv("PLAN_TRACE", "")
     run = load(_knee_folder(tmp_path / "k"))
-    ctx = Context(run, NO_PROMETHEUS, figures=False)
+    ctx = Context(run, NO_PROMETHEUS, figures=False, settings=ReportSettings.from_env())
     built = [(s, ctx.of(type(s))) for s in sections.SECTIONS]
     ctx.plots.collect()
     run.close()

