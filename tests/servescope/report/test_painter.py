@@ -28,7 +28,7 @@ def test_the_report_draws_its_figures_without_importing_matplotlib(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(RUNS / "seed-vllm-ollama", run)
     script = (
-        "import sys; from report import cli; "
+        "import sys; from servescope.report import cli; "
         f"rc = cli.main(['--run', {str(run)!r}, '--prometheus', 'http://127.0.0.1:9']); "
         "print(rc, 'matplotlib' in sys.modules)"
     )
