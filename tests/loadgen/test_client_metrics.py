@@ -5,7 +5,7 @@ from __future__ import annotations
 from loadgen.client_metrics import ClientMetrics
 from servescope.contracts import series
 from servescope.judgements import slo
-from tests.servescope.test_slo import rec
+from tests.servescope.judgements.test_slo import rec
 
 
 def test_good_and_total_counters_follow_the_slo_rule_and_the_objective_is_exposed():

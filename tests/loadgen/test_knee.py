@@ -26,7 +26,7 @@ from tests.doubles import cpu_hog
 from tests.doubles.synthetic_openai import SyntheticProcess, SyntheticServer
 from tests.harness import run_cli, spawn_cli, start_cli
 from tests.paths import REPO
-from tests.servescope.test_sampler import EngineExporter
+from tests.servescope.prometheus.test_sampler import EngineExporter
 
 SLO = "ttft_p95<=0.1,itl_p95<=0.05"
 
@@ -270,7 +270,7 @@ def test_a_quiet_measurement_outweighs_a_noisy_one_of_the_same_level(tmp_path, m
     from loadgen.targets import Target
     from servescope.contracts.runfolder import RunFolder
     from servescope.workloads.prompts import load as load_prompts
-    from tests.servescope.test_slo import rec
+    from tests.servescope.judgements.test_slo import rec
 
     target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")
     settings = Settings(target, load_prompts("seed3"), max_tokens=4, temperature=0.0, timeout_s=10.0)
@@ -326,7 +326,7 @@ def searched(tmp_path, monkeypatch, noisy: tuple[str, ...], **changes) -> tuple[
     from loadgen.targets import Target
     from servescope.contracts.runfolder import RunFolder
     from servescope.workloads.prompts import load as load_prompts
-    from tests.servescope.test_slo import rec
+    from tests.servescope.judgements.test_slo import rec
 
     target = Target("vllm", "vllm", "http://127.0.0.1:9", "openai", "/v1/chat/completions")
     settings = Settings(target, load_prompts("seed3"), max_tokens=4, temperature=0.0, timeout_s=10.0)

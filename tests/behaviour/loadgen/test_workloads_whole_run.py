@@ -24,7 +24,7 @@ from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli
 from tests.paths import REPO
-from tests.servescope.test_sampler import EngineExporter
+from tests.servescope.prometheus.test_sampler import EngineExporter
 
 OPENER = " ".join(f"note{k}" for k in range(80))  # turn 1: 80 words, five 16-token blocks
 CHATS = [

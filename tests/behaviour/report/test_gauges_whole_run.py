@@ -21,7 +21,7 @@ from servescope.report.load import load
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.harness import run_cli
-from tests.servescope.test_sampler import EngineExporter
+from tests.servescope.prometheus.test_sampler import EngineExporter
 
 R, W, K = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, series.KV_CACHE_USAGE
 # A burst of 3 shorter than a second, read every 100 ms: a busy CPU stretches it past what the tests assert.

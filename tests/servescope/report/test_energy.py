@@ -15,7 +15,7 @@ from servescope.report.load import Run, load
 from servescope.report.render import Document, markdown
 from tests.conftest import free_port
 from tests.paths import RUNS
-from tests.servescope.test_slo import rec
+from tests.servescope.judgements.test_slo import rec
 
 MEASURED = {
     "joules": 16.0,

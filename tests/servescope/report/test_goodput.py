@@ -15,7 +15,7 @@ from servescope.contracts.runfolder import PhaseRecord, RunFolder
 from servescope.judgements import slo
 from servescope.report import goodput
 from servescope.report.load import Run, load
-from tests.servescope.test_slo import rec
+from tests.servescope.judgements.test_slo import rec
 
 
 def run_with(flags, records=(), counted: bool = False) -> Run:

@@ -22,7 +22,7 @@ from servescope.stack import tune
 from tests.conftest import free_port
 from tests.doubles.synthetic_openai import SyntheticProcess
 from tests.harness import run_cli
-from tests.servescope.test_sampler import EngineExporter
+from tests.servescope.prometheus.test_sampler import EngineExporter
 
 # The double spins to its deadlines on one core, as an engine computes: compute is named from its CPU, not assumed.
 ENGINE = ("--ttft", "0.005", "--itl", "0.01", "--tokens", "20", "--slowdown", "0.4", "--burn", "--cpus", "0")
@@ -294,7 +294,7 @@ def test_a_setting_the_engine_died_under_is_never_kept(tmp_path):
 
 def test_goodput_is_good_requests_per_second_of_wall_and_failures_take_time(tmp_path):
     """The one estimator: sum of good completions over the measurements' wall, a failed request not good."""
-    from tests.servescope.test_slo import rec
+    from tests.servescope.judgements.test_slo import rec
 
     spec = __import__("servescope.judgements.slo", fromlist=["parse"]).parse("ttft<=1", 0.9)
     records = [rec(ttft=0.1, started=100.0 + i, e2e=0.5) for i in range(8)]
