@@ -17,10 +17,12 @@ import requests
 from bench.processes import REPO, python_module
 from bench.proxy_overhead import free_port, percentile, wait_ready
 from servescope.host.children import stop
+from servescope.text import numbers
 
 GOAL_RULE_EVAL_S = 1.0  # every rule group evaluated well inside its 5 s interval
 GOAL_EXPORTER_SCRAPE_S = 5.0  # the exporter's own scrape at 1,000 engines, where it is still used
 INTERVAL = "5s"
+NOT_MEASURED = "not measured"  # a figure no query answered
 
 
 def query(url: str, promql: str) -> list[dict]:
@@ -32,10 +34,6 @@ def query(url: str, promql: str) -> list[dict]:
 def scalar(url: str, promql: str) -> float | None:
     result = query(url, promql)
     return float(result[0]["value"][1]) if result else None
-
-
-def shown(value: float | None, digits: int = 4) -> str:
-    return "not measured" if value is None else f"{value:.{digits}f}"
 
 
 def start_prometheus(workdir: Path, fleet_port: int, targets: int, rules: str) -> tuple[subprocess.Popen, str]:
@@ -122,22 +120,26 @@ def fleet_mode(fleet_port: int, targets: int, warmup: float, window: float, rule
         up = scalar(url, 'count(up{job="vllm-fleet"} == 1)')
         slowest_query, queries, all_queries = dashboard_queries(url, elapsed)
         return {
-            "targets up": f"{shown(up, 0)} of {targets}",
-            "neutral series made (requests_running)": shown(
-                scalar(url, 'count(servescope_requests_running{engine="vllm"})'), 0
+            "targets up": f"{numbers.fixed(up, 0, NOT_MEASURED)} of {targets}",
+            "neutral series made (requests_running)": numbers.fixed(
+                scalar(url, 'count(servescope_requests_running{engine="vllm"})'), 0, NOT_MEASURED
             ),
-            "fleet-vllm group eval, max of samples (s)": shown(max(fleet_group, default=None)),
-            "fleet-vllm group eval, median (s)": shown(percentile(fleet_group, 50) if fleet_group else None),
+            "fleet-vllm group eval, max of samples (s)": numbers.fixed(max(fleet_group, default=None), 4, NOT_MEASURED),
+            "fleet-vllm group eval, median (s)": numbers.fixed(
+                percentile(fleet_group, 50) if fleet_group else None, 4, NOT_MEASURED
+            ),
             "slowest group, max of samples (s)": f"{max(evaluations[worst_group]):.4f} ({worst_group})",
-            "every group, max over window (s)": shown(
-                scalar(url, f"max(max_over_time(prometheus_rule_group_last_duration_seconds[{span}]))")
+            "every group, max over window (s)": numbers.fixed(
+                scalar(url, f"max(max_over_time(prometheus_rule_group_last_duration_seconds[{span}]))"), 4, NOT_MEASURED
             ),
-            "scrape duration p50 (s)": shown(scalar(url, f"quantile(0.5, {scrape})")),
-            "scrape duration p99 (s)": shown(scalar(url, f"quantile(0.99, {scrape})")),
-            "scrape duration max (s)": shown(scalar(url, f"max({scrape})")),
+            "scrape duration p50 (s)": numbers.fixed(scalar(url, f"quantile(0.5, {scrape})"), 4, NOT_MEASURED),
+            "scrape duration p99 (s)": numbers.fixed(scalar(url, f"quantile(0.99, {scrape})"), 4, NOT_MEASURED),
+            "scrape duration max (s)": numbers.fixed(scalar(url, f"max({scrape})"), 4, NOT_MEASURED),
             f"Prometheus CPU (cores) at {targets} targets": f"{cores:.3f}",
             f"Prometheus RSS (MB) at {targets} targets": f"{rss / 2**20:.0f}",
-            "samples per scrape": shown(scalar(url, 'avg(scrape_samples_scraped{job="vllm-fleet"})'), 0),
+            "samples per scrape": numbers.fixed(
+                scalar(url, 'avg(scrape_samples_scraped{job="vllm-fleet"})'), 0, NOT_MEASURED
+            ),
             f"fleet dashboard: {queries} queries over the window, all (s)": f"{all_queries:.3f}",
             "fleet dashboard: slowest query (s)": slowest_query,
             "window (s)": f"{elapsed:.0f}",

@@ -31,6 +31,7 @@ from servescope.report.replicas import Arrival, Sharing
 from servescope.stack.errors import StackError
 from servescope.stack.replicas import Replicas
 from servescope.stack.router import Router
+from servescope.text import numbers
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -415,7 +416,7 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
         profile = plan.profile_of(knee, args.slots)
         print(
             f"knee of one replica: {profile.knee} users; levels {[lv.concurrency for lv in profile.levels]}; "
-            f"{_ms(knee_speed(profile))} a token at its lowest level"
+            f"{numbers.milliseconds(knee_speed(profile), missing='-', unit=' ms')} a token at its lowest level"
         )
         sharing = None
         if args.start and len(urls) > 1:  # the replicas share this machine: the knee again, its neighbours busy
@@ -428,7 +429,7 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
             sharing = Sharing(len(urls), plan.profile_of(busy_knee, args.slots))
             print(
                 f"knee of one replica, its {len(urls) - 1} neighbour(s) busy ({busy.sent} requests): "
-                f"{sharing.busy.knee} users, {_ms(knee_speed(sharing.busy))} a token at its lowest level; the "
+                f"{sharing.busy.knee} users, {numbers.milliseconds(knee_speed(sharing.busy), missing='-', unit=' ms')} a token at its lowest level; the "
                 f"{len(urls)} replicas share this machine"
             )
         knee_at = Speed.of_level(profile.levels[0])
@@ -486,15 +487,31 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
                     )
                     diff = (judged - row.attained) * 100 if judged is not None and row.attained is not None else None
                     said = {True: "yes", None: "-"}.get(in_band[-1]) or f"{outside(band, row.attained):+.1f}p"
-                    cells = [f"{policy:<12}", f"{rate:>9g}", f"{n:>9}", f"{_pct(knee_p.attainment):>9}"]
+                    cells = [
+                        f"{policy:<12}",
+                        f"{rate:>9g}",
+                        f"{n:>9}",
+                        f"{numbers.percent(knee_p.attainment, 1, '-'):>9}",
+                    ]
                     cells += [f"{plan.band(band):>9}"]
-                    cells += [f"{_pct(judged):>9}"] if probing else []
-                    cells += [f"{_pct(row.attained):>9}", f"{said:>9}"]
+                    cells += [f"{numbers.percent(judged, 1, '-'):>9}"] if probing else []
+                    cells += [f"{numbers.percent(row.attained, 1, '-'):>9}", f"{said:>9}"]
                     cells += [f"{'-' if diff is None else f'{diff:+.1f}p':>9}"]
-                    cells += [f"{len(sample.arrivals):>9}", f"{_ms(row.tpot_s):>9}"]
-                    cells += [f"{_ms(now.tpot_s if now else None):>9}"] if probing else []
-                    cells += [f"{_ms(now_busy.tpot_s):>9}"] if now_busy else ([f"{'':>9}"] if probing else [])
-                    cells += [f"{_pct(row_p.attainment):>9}"]
+                    cells += [
+                        f"{len(sample.arrivals):>9}",
+                        f"{numbers.milliseconds(row.tpot_s, missing='-', unit=' ms'):>9}",
+                    ]
+                    cells += (
+                        [f"{numbers.milliseconds(now.tpot_s if now else None, missing='-', unit=' ms'):>9}"]
+                        if probing
+                        else []
+                    )
+                    cells += (
+                        [f"{numbers.milliseconds(now_busy.tpot_s, missing='-', unit=' ms'):>9}"]
+                        if now_busy
+                        else ([f"{'':>9}"] if probing else [])
+                    )
+                    cells += [f"{numbers.percent(row_p.attainment, 1, '-'):>9}"]
                     print(" ".join(cells))
                     print(f"{'':13}{latency_line(row.latency, knee_p.latency, row_p.latency)}")
                 if len(counts) > 1 and offered is not None:
@@ -510,7 +527,7 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
         print(
             f"'at speed': the knee's latencies scaled by the speed one user measured on the first replica for "
             f"{args.probe_duration:g} s just before and just after the row (derived: its ratio to the knee's lowest "
-            f"level, {_ms(knee_at.tpot_s if knee_at else None)} a token; where the replicas share this machine, the busy "
+            f"level, {numbers.milliseconds(knee_at.tpot_s if knee_at else None, missing='-', unit=' ms')} a token; where the replicas share this machine, the busy "
             f"knee by the speed probed with the others busy: 'busy'); 'diff' is it against 'measured'"
         )
     print(
@@ -549,11 +566,11 @@ def judge(
         ),
         (
             knee_e2e is not None and knee_e2e <= E2E_P50_MAPE_AT_KNEE,
-            f"E2E p50 MAPE {_pct_num(knee_e2e)} at the knee's speed (goal: {E2E_P50_MAPE_AT_KNEE:g}%)",
+            f"E2E p50 MAPE {numbers.percent_figure(knee_e2e, 1, '-')} at the knee's speed (goal: {E2E_P50_MAPE_AT_KNEE:g}%)",
         ),
         (
             row_e2e is not None and row_e2e <= E2E_P50_MAPE_AT_ROW,
-            f"E2E p50 MAPE {_pct_num(row_e2e)} at the row's speed (goal: {E2E_P50_MAPE_AT_ROW:g}%)",
+            f"E2E p50 MAPE {numbers.percent_figure(row_e2e, 1, '-')} at the row's speed (goal: {E2E_P50_MAPE_AT_ROW:g}%)",
         ),
     ]
     if counts_ok:
@@ -585,7 +602,7 @@ def mape_table(at_knee_latency: list[tuple[dict, dict]], at_row_latency: list[tu
     lines = [f"{f'latency MAPE, {len(at_knee_latency)} rows':<27}" + " ".join(f"{h:>9}" for h in heads)]
     for name, rows in (("at the knee's speed", at_knee_latency), ("at the row's speed", at_row_latency)):
         values = [mape(latency_pairs(rows, m, q)) for m, q in LATENCIES]
-        lines.append(f"{name:<27}" + " ".join(f"{_pct_num(v):>9}" for v in values))
+        lines.append(f"{name:<27}" + " ".join(f"{numbers.percent_figure(v, 1, '-'):>9}" for v in values))
     return lines
 
 
@@ -627,18 +644,6 @@ def count_check(
         f"{fewest or f'none of {counts}'} ({'met' if ok else 'MISSED'}: never fewer)"
     )
     return ok
-
-
-def _pct_num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}%"
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from servescope.contracts import knobs
 from servescope.contracts.runfolder import INDEX, REQUESTS, PhaseRecord, RequestRecord, RunFolder
+from servescope.text import numbers
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = knobs.path("SERVESCOPE_CACHE") / "bench" / "report-scale"  # generated once, reused (gigabytes at 1 M)
@@ -174,7 +175,10 @@ def folder_for(requests: int, tokens: int, where: Path) -> Path:
         print(f"generating {path} ...", flush=True)
         where.mkdir(parents=True, exist_ok=True)
         generate(path, requests, tokens)
-        print(f"  {time.monotonic() - started:.1f}s, requests.jsonl {_size(path / REQUESTS)}", flush=True)
+        print(
+            f"  {time.monotonic() - started:.1f}s, requests.jsonl {numbers.file_size((path / REQUESTS).stat().st_size)}",
+            flush=True,
+        )
     return path
 
 
@@ -265,11 +269,6 @@ def _timed(code_dir: Path, args: list[str], index: bool) -> tuple[float, float, 
     return result["wall"], result["cpu"], result["peak_kib"] / 1024, result["rc"], last
 
 
-def _size(path: Path) -> str:
-    size = path.stat().st_size
-    return f"{size / 2**30:.2f} GB" if size >= 2**30 else f"{size / 2**20:.0f} MB"
-
-
 def print_row(n: int, label: str, results: list[tuple], goal: tuple[float | None, int | None] = (None, None)) -> int:
     """Print one measured step (the median wall time of its runs, the largest peak); 1 when a run failed (its exit
     code and last line printed under it)."""
@@ -329,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                     per_gap = bytes_per_gap(islice(fh, 2000))
                 folder = sum(f.stat().st_size for f in run.iterdir() if f.is_file() and f.name != INDEX)
                 print(
-                    f"{n:>10,} run folder {folder / 2**20:,.0f} MiB (requests.jsonl {_size(run / REQUESTS)}), "
+                    f"{n:>10,} run folder {folder / 2**20:,.0f} MiB (requests.jsonl {numbers.file_size((run / REQUESTS).stat().st_size)}), "
                     f"{per_gap:.1f} bytes per gap (measured on its first 2,000 records)",
                     flush=True,
                 )

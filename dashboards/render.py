@@ -22,6 +22,7 @@ import requests
 from dashboards.build import DASHBOARDS, SCRAPE_INTERVAL
 from servescope import engines
 from servescope.prometheus.sampler import split_at_gaps
+from servescope.text import numbers
 
 # Grafana asks for at most about this many points per series; so do we.
 MAX_POINTS = 300
@@ -165,26 +166,21 @@ def _slug(title: str) -> str:
 def _formatter(unit: str):
     from matplotlib.ticker import FuncFormatter
 
-    def number(value: float) -> str:
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-
-    def fmt(value: float, _pos=None) -> str:
+    def tick(value: float, _pos=None) -> str:
+        """An axis tick in the panel's Grafana unit."""
         if unit == "percentunit":
-            return f"{value * 100:.3g}%"
+            return numbers.percent_significant(value)
         if unit == "s":
-            return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
+            return numbers.duration(value, by_magnitude=True)
         if unit == "bytes":
-            for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-                if abs(value) >= scale:
-                    return f"{value / scale:.1f} {name}"
-            return f"{value:.0f} B"
+            return numbers.binary_size(value)
         if unit == "reqps":
-            return f"{value:.3g} req/s"
+            return f"{numbers.significant(value)} req/s"
         if unit.startswith("suffix:"):
-            return f"{number(value)}{unit[len('suffix:') :]}"
-        return number(value)
+            return f"{numbers.grouped(value)}{unit[len('suffix:') :]}"
+        return numbers.grouped(value)
 
-    return FuncFormatter(fmt)
+    return FuncFormatter(tick)
 
 
 # The same engine keeps its colour on every panel (instances named like vllm-b share their kind's).

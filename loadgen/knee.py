@@ -58,7 +58,7 @@ from servescope.contracts.runfolder import (
 )
 from servescope.host import hostnoise, probe
 from servescope.judgements import arrivals, binding, knee_answer, prefix_reuse, slo
-from servescope.text import words
+from servescope.text import numbers, words
 
 CONCURRENCY, RATE = KNEE_CONCURRENCY, KNEE_RATE
 OVER = (CONCURRENCY, RATE)
@@ -576,14 +576,6 @@ def _round(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 def summary_lines(s: dict[str, Any], slo_words: str) -> list[str]:
     """A search's knee.json as the terminal shows it: one row per level, then the knee and the binding resource."""
     unit = s["unit"]
@@ -595,10 +587,10 @@ def summary_lines(s: dict[str, Any], slo_words: str) -> list[str]:
     for row in s["levels"]:
         r = row["result"]
         flaky = " (repeats disagree)" if len(set(row["each_meets"])) > 1 else ""
-        cached = _pct(row["reuse"]["share"]) + ("!" if row["reuse_unasked"] else "")
+        cached = numbers.percent(row["reuse"]["share"], 0, "-") + ("!" if row["reuse_unasked"] else "")
         out.append(
             f"  {row['level']:>8g} {row['measurements']:>4} {'yes' if row['meets'] else 'no':>5} "
-            f"{_pct(r['attainment']):>7} {_num(r['goodput_rps']):>7} {_num(r['good_tokens_per_s']):>10} "
+            f"{numbers.percent(r['attainment'], 0, '-'):>7} {numbers.fixed(r['goodput_rps'], 2, '-'):>7} {numbers.fixed(r['good_tokens_per_s'], 2, '-'):>10} "
             f"{cached:>7}  {r['failed_most'] or '-'}{flaky}"
         )
     ps = s["prompt_set"]

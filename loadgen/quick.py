@@ -44,7 +44,7 @@ from servescope.contracts.settings import KnobTable, SamplerSettings
 from servescope.contracts.urls import redact, redact_address
 from servescope.host import bounded_http, children, engine_identity
 from servescope.judgements import slo
-from servescope.text import command_name, printable, words
+from servescope.text import command_name, numbers, printable, words
 from servescope.workloads import prompts as prompt_sets
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -549,7 +549,7 @@ class Watcher:
         for name in (SAMPLES, REQUESTS):
             for phase in self._new_phases(name):
                 level = _level_of(phase)
-                self.say(f"quick: {self.kind}: measuring {quick_words._users(level) if level else phase} at once")
+                self.say(f"quick: {self.kind}: measuring {words.count(level, 'user') if level else phase} at once")
 
     def _finished(self) -> None:
         path = self.folder / KNEE
@@ -600,7 +600,7 @@ def _level_of(phase: str) -> int | None:
 
 def probe_line(probe: dict[str, Any], spec: slo.SloSpec) -> str:
     r = probe["result"]
-    head = f"{quick_words._users(probe['level'])}: {r['requests']} requests, {quick_words._pct(r['attainment'])} met the SLOs"
+    head = f"{words.count(probe['level'], 'user')}: {r['requests']} requests, {numbers.percent(r['attainment'], 0, '-')} met the SLOs"
     if probe.get("fault"):
         return f"{head}: the engine was not there ({probe['fault']}): measured again once it answers"
     verdict = "holds" if r["meets"] else f"fails ({quick_words.failed_words(spec, r)})"

@@ -16,6 +16,7 @@ from typing import Any
 from servescope.contracts.runfolder import RequestRecord
 from servescope.host import hostnoise
 from servescope.judgements import binding, knee_answer, slo
+from servescope.text import numbers, words
 
 LABEL = 14  # the width of a line's label: the values line up
 
@@ -23,23 +24,15 @@ LABEL = 14  # the width of a line's label: the values line up
 # ---------------------------------------------------------------- the SLOs in words
 
 
-def _s(seconds: float) -> str:
-    return f"{seconds * 1000:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
-
-
-def _rate(per_s: float) -> str:
-    return f"{per_s:.2g}" if per_s < 10 else f"{per_s:.0f}"
-
-
 def term_words(term: slo.Term) -> str:
     """One SLO term as a person would say it (without its percentile)."""
     if term.metric == "ttft":
-        return f"first token <= {_s(term.limit_s)}"
+        return f"first token <= {numbers.duration(term.limit_s)}"
     if term.metric == "tpot":
-        return f">= {_rate(1 / term.limit_s)} tokens/s"
+        return f">= {numbers.rate(1 / term.limit_s)} tokens/s"
     if term.metric == "itl":
-        return f"no pause between tokens > {_s(term.limit_s)}"
-    return f"the whole answer <= {_s(term.limit_s)}"
+        return f"no pause between tokens > {numbers.duration(term.limit_s)}"
+    return f"the whole answer <= {numbers.duration(term.limit_s)}"
 
 
 def slo_words(spec: slo.SloSpec) -> str:
@@ -126,10 +119,6 @@ def speed(records: list[RequestRecord]) -> dict[str, float | None]:
     }
 
 
-def _users(n: float) -> str:
-    return f"{n:g} user" + ("" if n == 1 else "s")
-
-
 def _line(label: str, text: str) -> str:
     return f"  {(label + ':'):<{LABEL}}{text}"
 
@@ -154,11 +143,11 @@ def lines(outcome: Outcome) -> list[str]:
             workload.append(f"{s1['prompt']:.0f} prompt tokens in")
         if s1["output"]:
             workload.append(f"{s1['output']:.0f} out")
-        each = f", then {_rate(s1['each'])} tokens/s" if s1["each"] else ""
+        each = f", then {numbers.rate(s1['each'])} tokens/s" if s1["each"] else ""
         out.append(
             _line(
                 "One user",
-                f"first token in {_s(s1['ttft'])}{each} (median of {s1['n']} request{'s' if s1['n'] != 1 else ''}"
+                f"first token in {numbers.duration(s1['ttft'])}{each} (median of {s1['n']} request{'s' if s1['n'] != 1 else ''}"
                 + (f": {', '.join(workload)}" if workload else "")
                 + ")",
             )
@@ -174,7 +163,7 @@ def lines(outcome: Outcome) -> list[str]:
 def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: str) -> list[str]:
     out = []
     status, k, fail = knee.get("status"), knee.get("knee"), knee.get("first_failing")
-    words = slo_words(spec)
+    slos = slo_words(spec)
     early = f"; {outcome.stopped}, so this is what was measured until then" if outcome.stopped else ""
     if status == binding.STOPPED[binding.ENGINE_FAULT]:
         out.append(_line("Capacity", f"not measured: the engine was not there ({knee.get('note') or 'engine fault'})"))
@@ -183,7 +172,7 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
     elif status == "nothing measured" or (k is None and fail is None):
         out.append(_line("Capacity", f"not measured: no measurement finished{early}"))
     elif k is None:
-        out.append(_line("Capacity", f"none: even one user at a time misses ({words}){early}"))
+        out.append(_line("Capacity", f"none: even one user at a time misses ({slos}){early}"))
     elif fail is None:
         top = knee.get("search", {}).get("max_load")
         why = (
@@ -191,28 +180,31 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
             if top is not None and k >= top
             else "nothing failed up to there"
         )
-        out.append(_line("Capacity", f"at least {_users(k)} at once ({words}): {why}{early}"))
+        out.append(_line("Capacity", f"at least {words.count(k, 'user')} at once ({slos}): {why}{early}"))
     elif knee.get("unsettled"):
         # The search stopped (its probe budget, Ctrl-C) before the boundary was measured as its rule asks: a range.
         out.append(
             _line(
                 "Capacity",
-                f"{knee_answer.span(knee)} at once ({words}): {knee_answer.unsettled_words(knee)} "
+                f"{knee_answer.span(knee)} at once ({slos}): {knee_answer.unsettled_words(knee)} "
                 f"(QUICK_KNEE_PROBES){early}",
             )
         )
     else:
-        out.append(_line("Capacity", f"{_users(k)} at once ({words}){early}"))
+        out.append(_line("Capacity", f"{words.count(k, 'user')} at once ({slos}){early}"))
     if k is not None:
         at = speed(_records(outcome, _level(knee, k)))
         row = _level(knee, k)
         wall = row["result"]["wall_s"] if row else 0
         tokens = sum(r.output_tokens or 0 for r in _records(outcome, row) if r.ok)
         if at["n"] and k != 1:
-            total = f"{_rate(tokens / wall)} tokens/s in all, " if wall else ""
-            each = f"{_rate(at['each'])} tokens/s each, " if at["each"] else ""
+            total = f"{numbers.rate(tokens / wall)} tokens/s in all, " if wall else ""
+            each = f"{numbers.rate(at['each'])} tokens/s each, " if at["each"] else ""
             out.append(
-                _line(f"At {_users(k)}", f"{total}{each}first token in {_s(at['ttft'])} (median of {at['n']} requests)")
+                _line(
+                    f"At {words.count(k, 'user')}",
+                    f"{total}{each}first token in {numbers.duration(at['ttft'])} (median of {at['n']} requests)",
+                )
             )
     if fail is not None:
         row = _level(knee, fail)
@@ -221,7 +213,7 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
             out.append(
                 _line(
                     "Above it",
-                    f"{_users(fail)} fail{'s' if fail == 1 else ''}: {_pct(r['attainment'])} of requests met the SLOs "
+                    f"{words.count(fail, 'user')} fail{'s' if fail == 1 else ''}: {numbers.percent(r['attainment'], 0, '-')} of requests met the SLOs "
                     f"({failed_words(spec, r)})",
                 )
             )
@@ -231,16 +223,16 @@ def _capacity(outcome: Outcome, knee: dict[str, Any], spec: slo.SloSpec, unit: s
         out.append(_line("Evidence", b.get("evidence") or "none recorded"))
     elif b and knee.get("binding_level") is not None and status not in binding.STOPPED.values():
         top = knee["binding_level"]
-        out.append(_line("Ran out", f"nothing up to {_users(top)}: the SLOs held at every load tried"))
+        out.append(_line("Ran out", f"nothing up to {words.count(top, 'user')}: the SLOs held at every load tried"))
         # What the server did at the top load, when the rule read a state there; its floor and fault branches
         # describe a failing load and say nothing true about one that held.
         if b.get("resource") not in (binding.SLO_FLOOR, binding.ENGINE_FAULT, binding.CLIENT) and b.get("evidence"):
-            out.append(_line("Server", f"at {_users(top)}: {b['evidence']}"))
+            out.append(_line("Server", f"at {words.count(top, 'user')}: {b['evidence']}"))
     tried = []
     for row in knee.get("levels", []):
         verdict = "ok" if row["meets"] else "fails"
         times = f", x{row['measurements']}" if row["measurements"] > 1 else ""
-        tried.append(f"{row['level']:g} {verdict} ({_pct(row['result']['attainment'])}{times})")
+        tried.append(f"{row['level']:g} {verdict} ({numbers.percent(row['result']['attainment'], 0, '-')}{times})")
     if tried:
         out.append(_line("Tried", f"{unit}: " + ", ".join(tried) + " (share of requests meeting the SLOs)"))
     return out
@@ -270,21 +262,12 @@ def _tail(outcome: Outcome) -> list[str]:
                 "Measured",
                 f"{len(probes)} measurement{'s' if len(probes) != 1 else ''}{each}, {requests_n} requests"
                 + (f" of {outcome.prompts}" if outcome.prompts else "")
-                + f", in {_minutes(outcome.elapsed_s)}",
+                + f", in {numbers.minutes(outcome.elapsed_s)}",
             )
         )
     if outcome.run_path:
         out.append(_line("Run folder", f"{outcome.run_path}  ({report_command(outcome.run_ref or outcome.run_id)})"))
     return out
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _minutes(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
 LEGEND = (

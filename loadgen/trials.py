@@ -26,7 +26,7 @@ from loadgen.targets import Target
 from servescope.contracts.runfolder import PhaseRecord
 from servescope.contracts.thresholds import NoiseRule, WarmupRule
 from servescope.host import energy, hostnoise
-from servescope.text import words
+from servescope.text import numbers, words
 
 
 class MoreRepetitions:
@@ -266,7 +266,7 @@ def settle(
             return {"waited_s": waited, "other_engines_cores": round(cores, 3), "settled": True}
         if waited >= max_s:
             say(
-                f"settle: the other engines still use {hostnoise.share(cores)} after {waited:.0f}s "
+                f"settle: the other engines still use {numbers.cores(cores)} after {waited:.0f}s "
                 f"(LOADGEN_SETTLE_MAX_S={max_s:g}): measuring {instance} anyway; the phase's noise says how much"
             )
             return {"waited_s": waited, "other_engines_cores": round(cores, 3), "settled": False}

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from servescope.contracts import runcontract
 from servescope.contracts.runcontract import MAX_ENGINE_NUMBER, NOT_JSON, NOT_OBJECT, TORN, Field, Skips
+from servescope.text import numbers
 
 # Each file of a run folder, the view of its accepted lines (the table of all of them: <view>_lines), its fields.
 VIEWS = {runcontract.REQUESTS: "requests", runcontract.PHASES: "phases", runcontract.SAMPLES: "samples"}
@@ -103,10 +104,6 @@ def _q(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _num(value: float) -> str:
-    return f"{float(value)!r}::DOUBLE"  # a bare 0.1 would be a DECIMAL
-
-
 def _type_word(expr: str) -> str:
     cases = " ".join(f"WHEN {_q(t)} THEN {_q(w)}" for t, w in _TYPE_WORDS.items())
     return f"(CASE {expr} {cases} ELSE lower({expr}) END)"
@@ -128,14 +125,14 @@ def _range_checks(f: Field, value: str, summarized: bool = False) -> list[tuple[
         )
         return [
             (
-                f"{n} > 0 AND NOT ({low} >= {_num(f.lo)} AND {high} <= {_num(f.hi)})",
+                f"{n} > 0 AND NOT ({low} >= {numbers.sql_double(f.lo)} AND {high} <= {numbers.sql_double(f.hi)})",
                 _q(f"{f.name}: a value out of range ({f.lo:g} to {f.hi:g})"),
             )
         ]
     if f.kind in ("int", "float"):  # NaN and infinities fail BETWEEN
         return [
             (
-                f"NOT ({value} BETWEEN {_num(f.lo)} AND {_num(f.hi)})",
+                f"NOT ({value} BETWEEN {numbers.sql_double(f.lo)} AND {numbers.sql_double(f.hi)})",
                 _q(f"{f.name}: out of range ({f.lo:g} to {f.hi:g})"),
             )
         ]
@@ -187,7 +184,7 @@ def _strict_checks(spec: tuple[Field, ...]) -> str:
                 (
                     f"{col} <> '{{}}' AND EXISTS (SELECT 1 FROM json_tree({col}) "
                     f"WHERE type IN ('BIGINT', 'UBIGINT', 'DOUBLE') "
-                    f"AND NOT abs(TRY_CAST(value AS DOUBLE)) <= {_num(MAX_ENGINE_NUMBER)})",
+                    f"AND NOT abs(TRY_CAST(value AS DOUBLE)) <= {numbers.sql_double(MAX_ENGINE_NUMBER)})",
                     _q(f"{f.name}: holds a number that is not finite or beyond 2^63"),
                 )
             )
@@ -275,7 +272,7 @@ def _list_summaries(spec: tuple[Field, ...], limits: tuple[float, ...] = ()) -> 
         if f.kind == "floats":
             out += [f"{agg.format('k.' + f.name)} AS {f.name}_{name}" for name, agg in LIST_SUMMARY.items()]
             out += [
-                f"len(list_filter(k.{f.name}, lambda g: g <= {_num(limit)})) AS {within(f.name, i)}"
+                f"len(list_filter(k.{f.name}, lambda g: g <= {numbers.sql_double(limit)})) AS {within(f.name, i)}"
                 for i, limit in enumerate(limits)
             ]
     return out

@@ -40,7 +40,7 @@ import psutil
 from servescope.contracts import knobs
 from servescope.contracts.thresholds import NoiseRule
 from servescope.host import pidrecords
-from servescope.text import words
+from servescope.text import numbers, words
 
 PROC = Path("/proc")
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -454,11 +454,6 @@ class Watch:
 # ---------------------------------------------------------------- the rule and how it reads
 
 
-def share(cores: float) -> str:
-    """0.61 -> "61% of a core"; 1.4 -> "1.4 cores"."""
-    return f"{cores:.0%} of a core" if cores < 0.995 else f"{cores:.1f} cores"
-
-
 def flags(noise: dict | None, instance: str, rule: NoiseRule | None = None) -> list[str]:
     """Why a phase of `instance` with this noise is not trusted (empty: it is); the rule is thresholds.NoiseRule."""
     if not isinstance(noise, dict):
@@ -473,11 +468,11 @@ def flags(noise: dict | None, instance: str, rule: NoiseRule | None = None) -> l
         named = [g for g in groups if g.get("name") != UNATTRIBUTED and not str(g.get("name", "")).endswith(" more")]
         loud = [g for g in named if g["cores"] >= rule.group_cores]
         if loud:
-            used = ", ".join(f"{share(g['cores'])} used by {g['name']}" for g in loud)
+            used = ", ".join(f"{numbers.cores(g['cores'])} used by {g['name']}" for g in loud)
             out.append(f"noisy: {used} while measuring {instance}")
         elif isinstance(foreign, (int, float)) and foreign >= rule.foreign_cores:
             top = ", ".join(f"{g['name']} {g['cores']:.2f}" for g in groups[:3])
-            out.append(f"noisy: {share(foreign)} used by other processes ({top}) while measuring {instance}")
+            out.append(f"noisy: {numbers.cores(foreign)} used by other processes ({top}) while measuring {instance}")
     steal = noise.get("steal_share")
     if isinstance(steal, (int, float)) and steal >= rule.steal_share:
         out.append(f"noisy: the hypervisor stole {steal:.0%} of the CPU time while measuring {instance}")

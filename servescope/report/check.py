@@ -17,6 +17,7 @@ from servescope.contracts.settings import ReportSettings
 from servescope.judgements import slo, stats
 from servescope.report import compare, goodput, latency, load, noise
 from servescope.report.load import Run
+from servescope.text import numbers
 
 MARKDOWN, JUNIT = "check.md", "check.xml"
 TOLERANCE_KNOB = "CHECK_TOLERANCE_PCT"
@@ -294,12 +295,11 @@ def _goodput(unit: str, cur: compare.Side, base: compare.Side, spec: slo.SloSpec
 def value_text(kind: str, v: float | None, signed: bool = False) -> str:
     if v is None:
         return "not measured"
-    sign = "+" if signed else ""
     if kind == "s":
-        return f"{v * 1000:{sign}.1f} ms" if abs(v) < 1 else f"{v:{sign}.3f} s"
+        return numbers.duration_fixed(v, signed)
     if kind == "share":
-        return f"{v * 100:{sign}.1f} pp" if signed else f"{v:.1%}"
-    return f"{v:{sign}.3f} {kind}"
+        return numbers.percentage_points(v, signed=True) if signed else numbers.percent(v)
+    return f"{numbers.fixed(v, 3, signed=signed)} {kind}"
 
 
 def delta_text(g: Gate) -> str:

@@ -65,8 +65,3 @@ def of_phase(run: Run, phase: PhaseRecord | str, instance: str | None = None) ->
     if len(found) > 1:
         raise ValueError(f"phase {phase!r} ran on {len(found)} engines: name the instance")
     return of_record(found[0]) if found else None
-
-
-def joules(v: float | None) -> str:
-    """A joule figure for a table: 3 significant digits (a token costs millijoules, a phase kilojoules)."""
-    return "not measured" if v is None else f"{v:.3g}"

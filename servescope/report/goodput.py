@@ -21,7 +21,7 @@ from servescope.judgements.percentile import numpy_percentile_of
 from servescope.report import energy, latency, query, schedule
 from servescope.report.load import Run, knee_of
 from servescope.report.render import Bullets, Paragraph, Section, Table
-from servescope.text import words
+from servescope.text import numbers, words
 
 
 @dataclass
@@ -348,14 +348,6 @@ def floors(run: Run, instance: str, rows: list[PhaseGoodput], spec: slo.SloSpec)
     return out
 
 
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1%}"
-
-
-def _rate(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f}"
-
-
 def section(
     run: Run, spec: slo.SloSpec, rows: list[PhaseGoodput], checks: list[schedule.ScheduleCheck], title: str
 ) -> Section:
@@ -400,9 +392,9 @@ def section(
                         g.instance,
                         g.phase,
                         str(g.result.requests),
-                        _pct(g.result.attainment),
-                        _rate(g.result.goodput_rps),
-                        _rate(g.result.good_tokens_per_s),
+                        numbers.percent(g.result.attainment),
+                        numbers.fixed(g.result.goodput_rps),
+                        numbers.fixed(g.result.good_tokens_per_s),
                         "yes" if g.result.meets else "no",
                         g.result.failed_most or "-",
                         _per(g, g.joules_per_good_token),
@@ -433,12 +425,12 @@ def section(
                     [
                         c.instance,
                         c.phase,
-                        _s(c.lag["p50"]),
-                        _s(c.lag["p99"]),
-                        _s(c.ttft_from_send["p99"]),
-                        _s(c.ttft_from_schedule["p99"]),
-                        _s(c.e2e_from_send["p99"]),
-                        _s(c.e2e_from_schedule["p99"]),
+                        numbers.seconds(c.lag["p50"]),
+                        numbers.seconds(c.lag["p99"]),
+                        numbers.seconds(c.ttft_from_send["p99"]),
+                        numbers.seconds(c.ttft_from_schedule["p99"]),
+                        numbers.seconds(c.e2e_from_send["p99"]),
+                        numbers.seconds(c.e2e_from_schedule["p99"]),
                         "BEHIND SCHEDULE" if c.behind else "ok",
                     ]
                     for c in checks
@@ -454,7 +446,8 @@ def section(
 def _per(g: PhaseGoodput, value: float | None) -> str:
     if g.energy is None or not g.energy.measured:
         return "not measured"
-    return "n/a (0)" if value is None else energy.joules(value)  # measured, but nothing good (or sent) to share it
+    # n/a (0): measured, but nothing good (or sent) to share it
+    return "n/a (0)" if value is None else numbers.significant(value)
 
 
 def _energy_notes(rows: list[PhaseGoodput]) -> list[Paragraph | Bullets]:
@@ -520,10 +513,6 @@ def _knee_text(knee: dict[str, Any]) -> str:
             f" {ps['name']} is a fixed set sent again at every level: repeats may be served from the engine's cache."
         )
     return f"Knee search over {knee['over']} ({len(knee['probes'])} measurements, knee.json): {found}{at}.{cache}"
-
-
-def _s(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.3f}s"
 
 
 def to_json(spec: slo.SloSpec, rows: list[PhaseGoodput], checks: list[schedule.ScheduleCheck], run: Run) -> dict:

@@ -20,6 +20,7 @@ from servescope.engines.base import BATCH_SLOTS
 from servescope.judgements import slo
 from servescope.report import energy, load, replicas, speed, traffic, workloads
 from servescope.report.replicas import Level, Profile
+from servescope.text import numbers
 
 METHOD = (
     "predicted, not measured: a discrete-event model of N replicas behind a router (servescope/report/replicas.py), each "
@@ -614,7 +615,7 @@ def plan(
     elif count > at_knee:
         row.notes.append(
             f"{at_knee} replica(s) meet the SLOs if the engine keeps its knee speed; {count} hold across the speed it "
-            f"showed (at its slow edge {at_knee} reach {_num(at_edge(spread.slow, at_knee).attainment, '{:.0%}')})"
+            f"showed (at its slow edge {at_knee} reach {numbers.percent(at_edge(spread.slow, at_knee).attainment, 0, '-')})"
         )
     row.notes.append(_latency_note(shown, row.latency))
     found = at(shown)
@@ -676,7 +677,7 @@ def _latency_note(n: int, latency: dict[str, dict[str, dict[str, float]]]) -> st
         if not edged:
             return f"{value:.3g}"
         slow, fast = latency["slow"].get(metric, {}).get(q), latency["fast"].get(metric, {}).get(q)
-        return f"{value:.3g} ({_num(fast, '{:.3g}')}-{_num(slow, '{:.3g}')})"
+        return f"{value:.3g} ({numbers.significant(fast, 3, '-')}-{numbers.significant(slow, 3, '-')})"
 
     parts = [
         f"{name} " + ", ".join(f"{q} {cell(metric, q)}" for q in (f"p{p}" for p in LATENCY_PERCENTILES)) + " s"
@@ -977,16 +978,16 @@ def cells(r: PlanRow, max_replicas: int) -> list[str]:
     """One plan row as the table shows it, in COLUMNS' order (the terminal and the report share it)."""
     return [
         r.label,
-        _num(r.knee, "{:g} u"),
-        _num(r.replicas, "{:d}", f">{max_replicas}"),
-        _num(r.replicas_p95_time, "{:d}"),
-        _num(r.attainment, "{:.0%}"),
+        numbers.number(r.knee, "-", unit=" u"),
+        numbers.integer(r.replicas, f">{max_replicas}"),
+        numbers.integer(r.replicas_p95_time, "-"),
+        numbers.percent(r.attainment, 0, "-"),
         band(r.attainment_band),
-        _num(r.attainment_one_fewer, "{:.0%}"),
-        _num(r.utilisation, "{:.0%}"),
-        _num(r.headroom, "{:.0%}"),
-        _num(r.cost_per_million_good_tokens, "{:.3g}", "not priced" if r.price_per_hour is None else "-"),
-        _num(r.joules_per_good_token, "{:.3g}", "not measured"),
+        numbers.percent(r.attainment_one_fewer, 0, "-"),
+        numbers.percent(r.utilisation, 0, "-"),
+        numbers.percent(r.headroom, 0, "-"),
+        numbers.significant(r.cost_per_million_good_tokens, 3, "not priced" if r.price_per_hour is None else "-"),
+        numbers.significant(r.joules_per_good_token, 3, "not measured"),
     ]
 
 
@@ -995,7 +996,7 @@ def band(edges: list[float | None] | None) -> str:
     if not edges or any(e is None for e in edges):
         return "-"
     slow, fast = edges
-    return f"{slow * 100:.0f}-{fast:.0%}"
+    return numbers.percent_range(slow, fast)
 
 
 def row_notes(rows: list[PlanRow]) -> list[str]:
@@ -1067,7 +1068,3 @@ def for_report(path: Path, spec: slo.SloSpec, knobs: PlanSettings) -> tuple[dict
         "rows": [asdict(row)],
     }
     return doc, [row]
-
-
-def _num(value: Any, form: str, missing: str = "-") -> str:
-    return missing if value is None else form.format(value)

@@ -34,7 +34,7 @@ from servescope.report import figures as figure_data
 from servescope.report.load import Run, knee_of
 from servescope.report.outline import Context, Plots, ReportSection, walk
 from servescope.report.render import Bullets, Document, Figure, Paragraph, Preformatted, Section, Table
-from servescope.text import words
+from servescope.text import numbers, words
 
 
 def _utc(ts: float | None) -> str:
@@ -44,22 +44,6 @@ def _utc(ts: float | None) -> str:
         return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     except (OverflowError, OSError, ValueError):  # a manifest's time past the year 9999: say so, never a traceback
         return f"{ts:g} (not a date)"
-
-
-def _s(v: float | None, digits: int = 3) -> str:
-    return "n/a" if v is None else f"{v:.{digits}f}s"
-
-
-def _ms(v: float | None) -> str:
-    return "n/a" if v is None else f"{v * 1000:.1f}"
-
-
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1%}"
-
-
-def _num(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:g}"
 
 
 def build(
@@ -78,7 +62,7 @@ def build(
     ctx = Context(run, prometheus_url, baseline, figures, client, slo_spec, settings=settings)
     latency.start_pools(run)  # the engine's passes over every gap run while the rest is computed
     sections, said = walk(order(run), ctx)
-    numbers = {
+    report_json = {
         "run": {
             "run_id": run.run_id,
             "path": str(run.path),
@@ -96,7 +80,7 @@ def build(
         f"{words.count(run.request_count, 'request')} over {words.count(len(run.phases), 'phase')} on "
         f"{words.count(len(run.engines), 'engine')}"
     )
-    return Document("servescope report", subtitle, sections), numbers
+    return Document("servescope report", subtitle, sections), report_json
 
 
 class Summary(ReportSection):
@@ -470,7 +454,7 @@ def _setup(run: Run, warn: list[str], assessment: noise.Assessment, prompts: lis
     status = m.get("status")
     sec.add(
         Paragraph(
-            f"Run {run.run_id}: {_utc(run.started_at)} to {_utc(run.ended_at)} ({_s(duration, 1)})"
+            f"Run {run.run_id}: {_utc(run.started_at)} to {_utc(run.ended_at)} ({numbers.seconds(duration, 1)})"
             + (f"; command: `{command}`" if command else "")
             + (f"; status: {status}" if status else "")
             + "."
@@ -548,10 +532,6 @@ def _setup(run: Run, warn: list[str], assessment: noise.Assessment, prompts: lis
     return sec
 
 
-def _cores(v: object) -> str:
-    return f"{v:.2f}" if isinstance(v, (int, float)) else "n/a"
-
-
 def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
     """Repetitions, warm-ups, and the host's noise while each phase ran (servescope/host/hostnoise.py)."""
     trials = run.manifest.get("trials") if isinstance(run.manifest.get("trials"), dict) else {}
@@ -603,7 +583,12 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
         t = assessment.of(p.instance, p.phase)
         n = p.noise if isinstance(p.noise, dict) else {}
         groups = [g for g in n.get("groups") or [] if isinstance(g, dict)]
-        top = ", ".join(f"{g.get('name')} {_cores(g.get('cores'))}" for g in groups[:3]) or "-"
+        top = (
+            ", ".join(
+                f"{g.get('name')} {numbers.fixed(g.get('cores'), missing_when='not a number')}" for g in groups[:3]
+            )
+            or "-"
+        )
         steal = n.get("steal_share")
         load = (n.get("load1_start"), n.get("load1_end"))
         verdict_ = (
@@ -619,10 +604,10 @@ def _host_noise(run: Run, assessment: noise.Assessment, sec: Section) -> None:
             [
                 run.engines[p.instance].title if p.instance in run.engines else p.instance,
                 p.phase,
-                _s(p.wall_s),
-                _cores(n.get("engine_cores")),
-                f"{_cores(n.get('foreign_cores'))} ({top})",
-                _cores(n.get("observer_cores")),
+                numbers.seconds(p.wall_s),
+                numbers.fixed(n.get("engine_cores"), missing_when="not a number"),
+                f"{numbers.fixed(n.get('foreign_cores'), missing_when='not a number')} ({top})",
+                numbers.fixed(n.get("observer_cores"), missing_when="not a number"),
                 f"{steal:.1%}" if isinstance(steal, (int, float)) else "n/a",
                 " -> ".join(f"{x:.1f}" for x in load if isinstance(x, (int, float))) or "n/a",
                 verdict_,
@@ -695,11 +680,11 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
                     *who(g),
                     latency.METRIC_TITLES[metric],
                     str(s["n"]),
-                    _ms(s["p50"]),
-                    _ms(s["p90"]),
-                    _ms(s["p95"]),
-                    _ms(s["p99"]),
-                    _ms(s["mean"]),
+                    numbers.milliseconds(s["p50"]),
+                    numbers.milliseconds(s["p90"]),
+                    numbers.milliseconds(s["p95"]),
+                    numbers.milliseconds(s["p99"]),
+                    numbers.milliseconds(s["mean"]),
                 ]
             )
     sec.add(
@@ -732,10 +717,10 @@ def _latency(groups: list[latency.LatencyGroup], figs: list[Figure]) -> Section:
                 [
                     *who(g),
                     str(g.output_tokens["n"]),
-                    _num(g.output_tokens["p50"]),
-                    _num(None if g.output_tokens["mean"] is None else round(g.output_tokens["mean"], 1)),
-                    _num(g.output_tokens["min"]),
-                    _num(g.output_tokens["max"]),
+                    numbers.number(g.output_tokens["p50"]),
+                    numbers.number(None if g.output_tokens["mean"] is None else round(g.output_tokens["mean"], 1)),
+                    numbers.number(g.output_tokens["min"]),
+                    numbers.number(g.output_tokens["max"]),
                 ]
                 for g in groups
             ],
@@ -768,16 +753,16 @@ def _crosscheck(
     )
     rows = []
     for c in checks:
-        comps = ", ".join(f"{k} {_s(v)}" for k, v in c.components_mean_s.items()) or "n/a"
+        comps = ", ".join(f"{k} {numbers.seconds(v)}" for k, v in c.components_mean_s.items()) or "n/a"
         cold = "; ".join(f"{x['phase']}/{x['prompt_id']} {x['load_s']:.2f}s" for x in c.cold_loads) or "none"
         rows.append(
             [
                 run.engines[c.instance].title,
                 c.source,
                 str(c.requests),
-                _s(c.client_ttft_mean_s),
-                _s(c.engine_first_token_mean_s),
-                _s(c.client_e2e_mean_s),
+                numbers.seconds(c.client_ttft_mean_s),
+                numbers.seconds(c.engine_first_token_mean_s),
+                numbers.seconds(c.client_e2e_mean_s),
                 comps,
                 cold if _times_model_loads(c.engine) else "n/a",
             ]
@@ -820,7 +805,15 @@ def _ttft_split(run: Run, splits: list[ttft_split.TtftSplit], sec: Section) -> N
             continue
         share = "n/a" if s.queue_share is None else f"queue {s.queue_share:.0%} of TTFT"
         label = "mean (aggregate)" if s.aggregate else f"mean of {s.count}"
-        rows.append([title, label, _ms(s.ttft_mean_s), *[_ms(s.means_s.get(p)) for p in parts], share])
+        rows.append(
+            [
+                title,
+                label,
+                numbers.milliseconds(s.ttft_mean_s),
+                *[numbers.milliseconds(s.means_s.get(p)) for p in parts],
+                share,
+            ]
+        )
         shown = sorted(
             (r for r in s.requests if r.arrival_index is not None), key=lambda r: (r.phase, r.arrival_index)
         )[:12]
@@ -829,8 +822,8 @@ def _ttft_split(run: Run, splits: list[ttft_split.TtftSplit], sec: Section) -> N
                 [
                     title,
                     f"{r.phase} #{r.arrival_index + 1}",
-                    _ms(r.ttft_s),
-                    *[_ms(r.parts_s.get(p)) for p in parts],
+                    numbers.milliseconds(r.ttft_s),
+                    *[numbers.milliseconds(r.parts_s.get(p)) for p in parts],
                     "",
                 ]
             )
@@ -865,16 +858,16 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
         if fleet is not None and fleet.behind is None:
             continue  # one of many of its kind: the fleet's summary below stands for it
         per_phase = "; ".join(
-            f"{ph}: {_num(pk.get(series.REQUESTS_RUNNING))}/{_num(pk.get(series.REQUESTS_WAITING))}/"
-            f"{_pct(pk.get(series.KV_CACHE_USAGE))}"
+            f"{ph}: {numbers.number(pk.get(series.REQUESTS_RUNNING))}/{numbers.number(pk.get(series.REQUESTS_WAITING))}/"
+            f"{numbers.percent(pk.get(series.KV_CACHE_USAGE))}"
             for ph, pk in eg.phase_peaks.items()
         )
         rows.append(
             [
                 run.engines[instance].title,
-                _num(eg.peaks.get(series.REQUESTS_RUNNING)),
-                _num(eg.peaks.get(series.REQUESTS_WAITING)),
-                _pct(eg.peaks.get(series.KV_CACHE_USAGE)),
+                numbers.number(eg.peaks.get(series.REQUESTS_RUNNING)),
+                numbers.number(eg.peaks.get(series.REQUESTS_WAITING)),
+                numbers.percent(eg.peaks.get(series.KV_CACHE_USAGE)),
                 per_phase or "n/a",
             ]
         )
@@ -892,7 +885,7 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
         [
             run.engines[instance].title,
             c.phase,
-            _s(c.wall_s, 2),
+            numbers.seconds(c.wall_s, 2),
             str(c.samples),
             str(c.missing),
             "; ".join(c.reasons) or "none",
@@ -927,8 +920,8 @@ def _gauges(run: Run, report: gauges.GaugeReport, figs: list[Figure]) -> Section
     if proxied:
         sec.add(Bullets(proxied))
     scraped = [
-        f"{run.engines[i].title}: Prometheus' scrapes saw peak running {_num(eg.prometheus_peaks.get(series.REQUESTS_RUNNING))}, "
-        f"waiting {_num(eg.prometheus_peaks.get(series.REQUESTS_WAITING))} over the same run"
+        f"{run.engines[i].title}: Prometheus' scrapes saw peak running {numbers.number(eg.prometheus_peaks.get(series.REQUESTS_RUNNING))}, "
+        f"waiting {numbers.number(eg.prometheus_peaks.get(series.REQUESTS_WAITING))} over the same run"
         for i, eg in report.engines.items()
         if eg.prometheus_peaks
     ]
@@ -947,9 +940,9 @@ def _fleet(run: Run, fleet: gauges.Fleet, sec: Section) -> None:
     spread = "; ".join(
         f"{name} {fmt(low)} / {fmt(mid)} / {fmt(high)}"
         for name, gauge, fmt in (
-            ("running", series.REQUESTS_RUNNING, _num),
-            ("waiting", series.REQUESTS_WAITING, _num),
-            ("KV usage", series.KV_CACHE_USAGE, _pct),
+            ("running", series.REQUESTS_RUNNING, numbers.number),
+            ("waiting", series.REQUESTS_WAITING, numbers.number),
+            ("KV usage", series.KV_CACHE_USAGE, numbers.percent),
         )
         if (s := fleet.spread(gauge)) is not None
         for low, mid, high in (s,)
@@ -972,10 +965,10 @@ def _fleet(run: Run, fleet: gauges.Fleet, sec: Section) -> None:
             [
                 [
                     m.instance,
-                    _num(m.peaks.get(series.REQUESTS_RUNNING)),
-                    _num(m.peaks.get(series.REQUESTS_WAITING)),
-                    _pct(m.peaks.get(series.KV_CACHE_USAGE)),
-                    _pct(m.waiting_share),
+                    numbers.number(m.peaks.get(series.REQUESTS_RUNNING)),
+                    numbers.number(m.peaks.get(series.REQUESTS_WAITING)),
+                    numbers.percent(m.peaks.get(series.KV_CACHE_USAGE)),
+                    numbers.percent(m.waiting_share),
                 ]
                 for m in top
             ],
@@ -1041,13 +1034,13 @@ def _sweeps(
                             str(lv.concurrency),
                             str(lv.requests),
                             str(lv.failed),
-                            _s(lv.wall_s),
+                            numbers.seconds(lv.wall_s),
                             "n/a" if lv.tokens_per_s is None else f"{lv.tokens_per_s:.1f}",
                             "n/a" if lv.requests_per_s is None else f"{lv.requests_per_s:.2f}",
-                            _s(lv.ttft["p50"]),
-                            _s(lv.ttft["p95"]),
-                            _s(lv.e2e["p50"]),
-                            _s(lv.e2e["p95"]),
+                            numbers.seconds(lv.ttft["p50"]),
+                            numbers.seconds(lv.ttft["p95"]),
+                            numbers.seconds(lv.e2e["p50"]),
+                            numbers.seconds(lv.e2e["p95"]),
                         ]
                         for lv in sw.levels
                     ],
@@ -1074,13 +1067,14 @@ def _sweeps(
                         run.engines[d.instance].title,
                         d.phase,
                         str(d.burst_size),
-                        _s(d.wall_s),
-                        _s(d.drain_s),
-                        _s(d.gauge_drain_s)
+                        numbers.seconds(d.wall_s),
+                        numbers.seconds(d.drain_s),
+                        numbers.seconds(d.gauge_drain_s)
                         if d.gauge_drain_s is not None
                         else ("n/a (no waiting seen)" if have_gauges else "n/a (no gauge data)"),
                         " / ".join(
-                            f"#{i + 1} {_s(t)}" if t is not None else f"#{i + 1} failed" for i, t in d.ttft_by_arrival
+                            f"#{i + 1} {numbers.seconds(t)}" if t is not None else f"#{i + 1} failed"
+                            for i, t in d.ttft_by_arrival
                         ),
                     ]
                     for d in drains
@@ -1106,7 +1100,9 @@ def _compare(deltas: list[compare.Delta], how: str, baseline: Run | None, figs: 
     def val(metric: str, v: float | None) -> str:
         if v is None:
             return "n/a"
-        return f"{round(v, 1):g}" if metric == "output_tokens" else f"{v * 1000:.1f} ms"  # tokens: 48, not 48.0
+        if metric == "output_tokens":
+            return numbers.number(round(v, 1))  # tokens: 48, not 48.0
+        return numbers.milliseconds(v, unit=" ms")
 
     sec.add(
         Table(

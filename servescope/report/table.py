@@ -11,7 +11,7 @@ from servescope.judgements import stats
 from servescope.judgements.scaling import BURST, SEQUENTIAL, scaling_factor
 from servescope.report import noise, query
 from servescope.report.load import Run
-from servescope.text import words
+from servescope.text import numbers, words
 
 # The reference page reads 3.13x for a burst of 3 as "strongly sub-linear (batching overlap visible)" and 1.10x
 # as "near-linear (little/no overlap benefit)". A burst of N can at best be N times faster than the
@@ -432,7 +432,7 @@ def _pairs(row: TableRow) -> list[Repetition]:
 
 def ci_text(ci: tuple[float | None, float | None], unit: str) -> str:
     lo, hi = ci
-    return f" [95% CI {lo:.2f}{unit}-{hi:.2f}{unit}]" if lo is not None and hi is not None else ""
+    return f" [95% CI {numbers.fixed(lo)}{unit}-{numbers.fixed(hi)}{unit}]" if lo is not None and hi is not None else ""
 
 
 def scaling_text(row: TableRow) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from servescope.report import render
 from servescope.report.painter import Painter
 from servescope.report.render import Bullets, Document, Figure, Paragraph, Section, Table
+from servescope.text import numbers
 
 TUNE = "tune.json"  # written by servescope/stack/tune.py
 RULE = (
@@ -31,18 +31,12 @@ def is_tune_folder(path: Path) -> bool:
     return (Path(path) / TUNE).is_file()
 
 
-def _num(value: Any, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
-    return f"{value:.{digits}f}" if isinstance(value, float) and value != int(value) else f"{value:g}"
-
-
 def rows(data: dict[str, Any]) -> list[list[str]]:
     out = []
     for s in data["steps"]:
         d = s.get("delta") or {}
         ci = (
-            f"{_num(d.get('delta'))} [{_num(d.get('ci_low'))}, {_num(d.get('ci_high'))}]"
+            f"{numbers.trimmed(d.get('delta'))} [{numbers.trimmed(d.get('ci_low'))}, {numbers.trimmed(d.get('ci_high'))}]"
             if d.get("delta") is not None
             else "-"
         )
@@ -53,16 +47,16 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
                 str(s["step"]),
                 " ".join(f"{k}={v}" for k, v in s["knobs"].items()),
                 s["decision"],
-                _num(s.get("knee")),
-                _num(s.get("first_failing")),
+                numbers.trimmed(s.get("knee")),
+                numbers.trimmed(s.get("first_failing")),
                 s.get("binding") or "-",
-                _num(s.get("workload")),
-                _num(s.get("goodput_rps")),
+                numbers.trimmed(s.get("workload")),
+                numbers.trimmed(s.get("goodput_rps")),
                 ci,
                 f"{measures.get('before', '-')} / {measures.get('after', '-')}" if measures else "-",
                 f"x{expected['factor']:.1f}" if expected.get("factor") else "-",
                 f"x{expected['measured_ratio']:.2f}" if expected.get("measured_ratio") else "-",
-                _num(s.get("good_tokens_per_s"), 1),
+                numbers.trimmed(s.get("good_tokens_per_s"), 1),
             ]
         )
     return out
@@ -112,7 +106,8 @@ def figure_data(data: dict[str, Any]) -> dict | None:
                 "knee": s.get("knee"),
                 "goodput_rps": s.get("goodput_rps"),
                 "kept": s["decision"] in ("start", "kept"),  # reverted, inconclusive, refused: hollow
-                "label": s["decision"] + (f" @ {_num(s.get('workload'))}" if s.get("workload") is not None else ""),
+                "label": s["decision"]
+                + (f" @ {numbers.trimmed(s.get('workload'))}" if s.get("workload") is not None else ""),
                 "ci": (d["baseline"] + d["ci_low"], d["baseline"] + d["ci_high"]) if has_ci else None,
             }
         )

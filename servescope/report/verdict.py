@@ -30,7 +30,7 @@ from servescope.report.load import EngineInfo, Run
 from servescope.report.noise import Assessment, worst_slowdown
 from servescope.report.sweep import BurstDrain
 from servescope.report.ttft_split import TtftSplit
-from servescope.text import words
+from servescope.text import numbers, words
 
 KV_FULL, KV_ROOM = thresholds.KV_FULL, thresholds.KV_ROOM
 RULE_KV = (
@@ -213,7 +213,9 @@ def decide(
     gauge_text = ""
     if waiting is not None:
         kv_text = f"{kv_peak:.1%}" if kv_peak is not None else "unknown"
-        gauge_text = f"peak running {_num(running)}, peak waiting {_num(waiting)}, peak KV usage {kv_text}"
+        gauge_text = (
+            f"peak running {numbers.number(running)}, peak waiting {numbers.number(waiting)}, peak KV usage {kv_text}"
+        )
         if gauges is not None:
             gauge_text = f"gauges ({_source(gauges)}): {gauge_text}"
     v.evidence = "; ".join(x for x in (gauge_text, queue.text()) if x)
@@ -225,7 +227,7 @@ def decide(
         _lever(v, info, thresholds.kv_pool_state(kv_max, kv_mean), running, kv_max, kv_mean)
         if queue.bursts and not queue.saw_queue:
             v.disagreement = (
-                f"the gauges saw up to {_num(waiting)} waiting, but no request of this run's bursts was served late "
+                f"the gauges saw up to {numbers.number(waiting)} waiting, but no request of this run's bursts was served late "
                 f"({queue.text()}): the queue came from other traffic, or lasted less than one decode step"
             )
         return v
@@ -249,7 +251,7 @@ def decide(
             where = f" ({adapter.prefill_in_batch})" if adapter is not None and adapter.prefill_in_batch else ""
             v.text = (
                 f"no slot or KV lever: all {burst.burst_size} requests of {burst.phase} were admitted at once (running "
-                f"reached {_num(admitted)}, nothing waiting), but their first tokens came one after another: the "
+                f"reached {numbers.number(admitted)}, nothing waiting), but their first tokens came one after another: the "
                 f"prompts were processed one at a time inside the running batch{where}, which is where their TTFT went"
             )
             v.text += _oversized(kv_peak, running)
@@ -395,8 +397,8 @@ def decide_ollama(
     if waiting is not None:
         where = f", {_source(gauges)}" if gauges is not None else ""
         proxy = (
-            f"proxy (source=proxy{where}): answers streaming at once at most {_num(running)}, relayed requests "
-            f"without their first chunk (queued, loading or evaluating the prompt) at most {_num(waiting)}"
+            f"proxy (source=proxy{where}): answers streaming at once at most {numbers.number(running)}, relayed requests "
+            f"without their first chunk (queued, loading or evaluating the prompt) at most {numbers.number(waiting)}"
         )
     else:
         why = (
@@ -415,11 +417,11 @@ def decide_ollama(
             f"Ollama's own durations ({words.count(split.count, 'request')}): {split.queued} held {least} or more outside load, "
             f"prompt evaluation and generation{share}; mean queue {means.get('queue', 0.0):.3f} s, load "
             f"{means.get('load', 0.0):.3f} s, prompt {means.get('prompt', 0.0):.3f} s of a mean TTFT "
-            f"{_num3(split.ttft_mean_s)} s"
+            f"{numbers.fixed(split.ttft_mean_s, 3)} s"
         )
     clients = QueueEvidence(queue.bursts).text()
     v.evidence = "; ".join(x for x in (durations, clients, proxy) if x)
-    streamed = f"; answers streaming at once through the proxy: at most {_num(running)}" if running else ""
+    streamed = f"; answers streaming at once through the proxy: at most {numbers.number(running)}" if running else ""
 
     if split is not None:
         v.computable = True
@@ -487,7 +489,7 @@ def decide_ollama(
         v.computable, v.lever = True, "undetermined"
         v.text = (
             f"undetermined: the only evidence is the proxy's count of relayed requests without their first chunk "
-            f"(up to {_num(waiting)}), which counts queueing, model loading and prompt evaluation alike; this run has "
+            f"(up to {numbers.number(waiting)}), which counts queueing, model loading and prompt evaluation alike; this run has "
             f"no Ollama durations and no burst to tell them apart"
         )
     elif waiting is not None:
@@ -503,10 +505,6 @@ def decide_ollama(
             f"whether requests waited: {nothing_else}, and there is no burst"
         )
     return v
-
-
-def _num3(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _lever_from_queue(v: Verdict, info: EngineInfo, queue: QueueEvidence, kv: KvArithmetic | None) -> None:
@@ -735,10 +733,6 @@ def _kv_lines(a: KvArithmetic, capacity: float | None) -> list[str]:
             + (" -> does not fit: KV space is the limit" if share > 1 else "")
         )
     return lines
-
-
-def _num(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:g}"
 
 
 def to_json(verdicts: list[Verdict], kv: list[KvArithmetic], kinds: Sequence[str] | None = None) -> dict:

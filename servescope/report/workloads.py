@@ -29,6 +29,7 @@ from servescope.report import query
 from servescope.report.gauges import GaugeReport
 from servescope.report.load import Run
 from servescope.report.render import Bullets, Figure, Paragraph, Section, Table
+from servescope.text import numbers
 
 # A sample's value was read somewhere within its read around its time, and an engine updates its counters a
 # little before its first token reaches the client: prefill windows are widened by this much.
@@ -425,18 +426,6 @@ def _length_rows(run: Run, instance: str) -> list[LengthRow]:
 # --- the section and report.json
 
 
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.0%}"
-
-
-def _ms(v: float | None) -> str:
-    return "n/a" if v is None else f"{v * 1000:.1f}"
-
-
-def _num(v: float | None, digits: int = 0) -> str:
-    return "n/a" if v is None else f"{v:.{digits}f}"
-
-
 def section(run: Run, report: WorkloadReport, figures: list[Figure]) -> Section:
     sec = Section("Workloads: conversations, prefix-cache reuse, replay, output lengths")
     titles = {i: e.title for i, e in run.engines.items()}
@@ -464,13 +453,13 @@ def section(run: Run, report: WorkloadReport, figures: list[Figure]) -> Section:
                         t.scenario,
                         str(t.turn),
                         f"{t.requests} ({t.ok})",
-                        _ms(t.ttft["p50"]),
-                        _ms(t.ttft["p95"]),
-                        _num(t.prompt_tokens_mean),
-                        _num(t.history_tokens_mean),
-                        _pct(t.reuse_per_request) + (f" of {t.reporting}" if t.reporting else ""),
-                        _pct(t.reuse_server),
-                        _num(t.engine_prefill_ms_mean, 1),
+                        numbers.milliseconds(t.ttft["p50"]),
+                        numbers.milliseconds(t.ttft["p95"]),
+                        numbers.fixed(t.prompt_tokens_mean, 0),
+                        numbers.fixed(t.history_tokens_mean, 0),
+                        numbers.percent(t.reuse_per_request, 0) + (f" of {t.reporting}" if t.reporting else ""),
+                        numbers.percent(t.reuse_server, 0),
+                        numbers.fixed(t.engine_prefill_ms_mean, 1),
                     ]
                     for t in report.turns
                 ],
@@ -494,11 +483,11 @@ def section(run: Run, report: WorkloadReport, figures: list[Figure]) -> Section:
                     [
                         titles.get(r.instance, r.instance),
                         r.phase,
-                        _num(r.prompt_tokens),
-                        _num(r.cached_tokens),
-                        _pct(r.reuse_server) + (" (not asked for)" if r.unasked else ""),
-                        _pct(r.reuse_per_request) + (f" of {r.reporting}" if r.reporting else ""),
-                        _pct(r.ceiling),
+                        numbers.fixed(r.prompt_tokens, 0),
+                        numbers.fixed(r.cached_tokens, 0),
+                        numbers.percent(r.reuse_server, 0) + (" (not asked for)" if r.unasked else ""),
+                        numbers.percent(r.reuse_per_request, 0) + (f" of {r.reporting}" if r.reporting else ""),
+                        numbers.percent(r.ceiling, 0),
                     ]
                     for r in report.reuse
                 ],
@@ -526,9 +515,9 @@ def section(run: Run, report: WorkloadReport, figures: list[Figure]) -> Section:
                         titles.get(x.instance, x.instance),
                         x.phase,
                         str(x.requests),
-                        _ms(x.lag["p50"]),
-                        _ms(x.lag["p95"]),
-                        _ms(x.lag["max"]),
+                        numbers.milliseconds(x.lag["p50"]),
+                        numbers.milliseconds(x.lag["p95"]),
+                        numbers.milliseconds(x.lag["max"]),
                         str(x.late),
                         f"{x.scheduled_span_s:.2f}",
                         f"{x.sent_span_s:.2f}",

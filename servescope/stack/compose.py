@@ -21,7 +21,8 @@ from servescope.contracts.settings import KnobTable
 from servescope.prometheus import prometheus_config
 from servescope.stack import llamacpp, summary
 from servescope.stack.errors import StackError
-from servescope.stack.progress import elapsed, say
+from servescope.stack.progress import say
+from servescope.text.numbers import elapsed
 
 COMPOSE_FILE = knobs.REPO_ROOT / "docker-compose.yml"
 PROJECT = "servescope"

@@ -21,8 +21,9 @@ from servescope.host import cpu_priority, pidrecords, probe
 from servescope.prometheus import prometheus_config
 from servescope.stack import model, paths, ports, prometheus, summary, supervisor
 from servescope.stack.errors import StackError
-from servescope.stack.progress import elapsed, say
+from servescope.stack.progress import say
 from servescope.stack.supervisor import Record, Service
+from servescope.text.numbers import elapsed
 
 # The engines the native stack runs, in the registry's order: each adapter's `native` says how
 # (servescope/engines/base.Native). `up` builds and starts the STARTED ones itself; the others join when one is there.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from servescope.stack.errors import StackError
+from servescope.text.numbers import elapsed
 
 HEARTBEAT_S = 12.0
 # How many past durations of a step are kept with the cache, and how far into a step its progress rate is trusted
@@ -23,11 +24,6 @@ RATE_MIN_FRACTION = 0.05
 
 def say(line: str) -> None:
     print(line, flush=True)
-
-
-def elapsed(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def tail(path: Path, lines: int = 20) -> str:

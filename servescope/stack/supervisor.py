@@ -16,7 +16,8 @@ from servescope.host import children, probe
 from servescope.host.process_memory import tree_memory
 from servescope.stack import paths
 from servescope.stack.errors import ServiceExited, StackError
-from servescope.stack.progress import Step, elapsed, say, tail
+from servescope.stack.progress import Step, say, tail
+from servescope.text.numbers import elapsed
 
 
 @dataclass

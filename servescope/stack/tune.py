@@ -49,9 +49,10 @@ from servescope.contracts.settings import KnobTable
 from servescope.engines import base
 from servescope.judgements import binding, slo, stats
 from servescope.stack.errors import StackError
-from servescope.stack.progress import elapsed, say
+from servescope.stack.progress import say
 from servescope.stack.vllm import GIB
-from servescope.text import words
+from servescope.text import numbers, words
+from servescope.text.numbers import elapsed
 
 TUNE = "tune.json"
 # The knobs a tune may move, per engine it can restart (each adapter's levers: servescope/engines/<name>.py).
@@ -274,10 +275,14 @@ class Tuner:
         ratio = delta["current"] / delta["baseline"] if delta["baseline"] else None
         step.expected["measured_ratio"] = ratio
         measured = f"x{ratio:.2f}" if ratio is not None else "n/a"
+        baseline_text, current_text, delta_text, low_text, high_text = (
+            numbers.fixed(v, missing_when="None or NaN")
+            for v in (delta["baseline"], delta["current"], delta["delta"], low, high)
+        )
         say(
-            f"tune: goodput at {step.workload:g} {unit}: {_n(delta['baseline'])} -> {_n(delta['current'])} good req/s "
-            f"({before.measurements} / {after.measurements} measurements), delta {_n(delta['delta'])} "
-            f"[{_n(low)}, {_n(high)}] 95% CI; expected {step.expected['text']}, measured {measured}"
+            f"tune: goodput at {step.workload:g} {unit}: {baseline_text} -> {current_text} good req/s "
+            f"({before.measurements} / {after.measurements} measurements), delta {delta_text} "
+            f"[{low_text}, {high_text}] 95% CI; expected {step.expected['text']}, measured {measured}"
         )
         if low is not None and low > 0:
             step.decision = "kept"
@@ -473,7 +478,8 @@ def _duration(args: list[str]) -> float | None:
 
 
 def _ci(delta: dict[str, Any]) -> str:
-    return f"{_n(delta.get('delta'))} [{_n(delta.get('ci_low'))}, {_n(delta.get('ci_high'))}]"
+    value, low, high = (numbers.fixed(delta.get(k), missing_when="None or NaN") for k in ("delta", "ci_low", "ci_high"))
+    return f"{value} [{low}, {high}]"
 
 
 def _fill(step: Step, result: dict[str, Any], engine: str) -> None:
@@ -486,10 +492,6 @@ def _fill(step: Step, result: dict[str, Any], engine: str) -> None:
 
 def _knobs(values: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items())
-
-
-def _n(value: float | None) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
 
 
 def _json_default(value: Any) -> Any:

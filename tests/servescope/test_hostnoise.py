@@ -12,6 +12,7 @@ import pytest
 
 from servescope.contracts.thresholds import NoiseRule
 from servescope.host import hostnoise, pidrecords
+from servescope.text import numbers
 from tests.doubles.synthetic_openai import SyntheticProcess
 from tests.paths import REPO
 
@@ -78,7 +79,7 @@ def test_a_hog_is_named_with_its_cpu_share(idle_engine):
     assert noise["engine_found"] and noise["engine_cores"] is not None
     flags = hostnoise.flags(noise, "llamacpp", RULE)
     flag = next((f for f in flags if HOG in f), "")
-    assert f"{hostnoise.share(found['cores'])} used by {HOG}" in flag, flags
+    assert f"{numbers.cores(found['cores'])} used by {HOG}" in flag, flags
     assert flag.endswith("while measuring llamacpp")
 
 
@@ -188,4 +189,4 @@ def test_the_engine_under_test_is_found_by_its_port_or_its_record():
     ("cores", "text"), [(0.61, "61% of a core"), (0.999, "1.0 cores"), (1.44, "1.4 cores"), (0.0, "0% of a core")]
 )
 def test_shares_read_as_the_issue_writes_them(cores, text):
-    assert hostnoise.share(cores) == text
+    assert numbers.cores(cores) == text
