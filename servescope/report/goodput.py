@@ -110,7 +110,7 @@ def build(run: Run, spec: slo.SloSpec) -> list[PhaseGoodput]:
 
 
 # servescope/judgements/slo.py's rule, asked of the engine: a phase's requests are never Python objects here (a soak's phase
-# is half a million of them). tests/report/test_goodput.py holds the two to the same results.
+# is half a million of them). tests/servescope/report/test_goodput.py holds the two to the same results.
 LAG = schedule.LAG
 
 

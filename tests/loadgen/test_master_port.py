@@ -445,7 +445,7 @@ def test_a_local_process_holding_the_masters_open_files_costs_a_gap_never_the_ru
     """Issue 42: with nofile 1024, a local process holding 1,100 connections to the master's port ended the run after
     its first burst (`OSError: [Errno 24] Too many open files: '/proc'` reading the host's noise; then the run folder
     could not be opened to append a record). Once its workers are in, the port takes no new connection; every request
-    is recorded and the run completes. (A host reading that fails anyway is a gap: tests/servescope/test_hostnoise.py.)"""
+    is recorded and the run completes. (A host reading that fails anyway is a gap: tests/servescope/host/test_hostnoise.py.)"""
     import resource
     import socket
 
