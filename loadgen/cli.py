@@ -111,7 +111,7 @@ def _held_by(host: str, port: int) -> str | None:
             pass
     except OSError:
         return None
-    from servescope.host import bounded_http
+    from servescope.host import bounded_http  # only here: a headless run's start-up never pays for it
 
     try:  # bounded as a whole: whatever holds the port, a page dripping or of 10 GB costs 2 s and 1 MB at most
         page = bounded_http.get(f"http://{host}:{port}/", 2, max_bytes=1 << 20).text()[:20000]

@@ -18,6 +18,7 @@ from servescope.report import table as report_table
 
 def print_summary(folder: RunFolder, out: TextIO) -> None:
     """One source with `report --table-only`: the same reader, the same table, the same refusals."""
+    # the report's SLO limits: the run's index, made by this first reading, counts them
     from servescope.report import goodput
 
     try:

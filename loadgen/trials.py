@@ -86,6 +86,7 @@ class MoreRepetitions:
 
     def _undecided(self, folder) -> dict[str, str]:
         """Engine -> its burst's undecided factor in one clause, read from the run folder as the report reads it."""
+        # the report's reader and table: one rule for the run and the report
         from servescope.report import load as report_load
         from servescope.report import table as report_table
 

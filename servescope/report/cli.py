@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _gap_limits(manifest: dict, override: str | None, settings: ReportSettings) -> tuple[float, ...]:
-    from servescope.report import goodput
+    from servescope.report import goodput  # imported on the reading thread, while the run is read
 
     return goodput.manifest_gap_limits(manifest, override, settings.slo)
 

@@ -47,7 +47,7 @@ class StepTimes:
 
     @classmethod
     def here(cls) -> StepTimes:
-        from servescope.stack import paths
+        from servescope.stack import paths  # the cache's place is a knob; read when a step starts, not at import
 
         return cls(paths.cache_dir() / "step-times.json")
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from servescope.workloads.turns import SingleTurn
 
-DATA_DIR = Path(__file__).resolve().parent / "prompts"  # the sets shipped beside this package (servescope/workloads/prompts/)
+# The sets shipped beside this package (servescope/workloads/prompts/, the wheel's package data).
+DATA_DIR = Path(__file__).resolve().parent / "prompts"
 # Synthetic sets are built in memory up front: bounded so a typo cannot take the machine's memory.
 MAX_SYNTHETIC_TOKENS = 131_072  # longer than any context the engines here serve
 MAX_SYNTHETIC_COUNT = 100_000
