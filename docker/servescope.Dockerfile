@@ -22,9 +22,7 @@ COPY README.md* ./
 COPY servescope/ servescope/
 COPY exporter/ exporter/
 COPY loadgen/ loadgen/
-COPY report/ report/
 COPY dashboards/ dashboards/
-COPY stack/ stack/
 COPY bench/ bench/
 COPY .env.example .env.example
 RUN pip install --no-cache-dir --no-deps .

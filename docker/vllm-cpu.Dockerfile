@@ -37,7 +37,6 @@ RUN pip install --no-cache-dir ${TORCH_CPU_INDEX:+--extra-index-url "${TORCH_CPU
 
 WORKDIR /opt/servescope
 COPY servescope/ servescope/
-COPY stack/ stack/
 COPY .env.example .env.example
 
 # One conversion, the native stack's (servescope/stack/model.py): GGUF -> float32 safetensors + tokenizer.
