@@ -14,6 +14,7 @@ import numpy as np
 
 from servescope import engines
 from servescope.contracts import knee_file
+from servescope.contracts import routing as routing_policies
 from servescope.contracts.runfolder import KNEE, KNEE_CONCURRENCY, RequestRecord, new_run_id
 from servescope.contracts.settings import PlanSettings, ReportSettings, SloKnobs
 from servescope.engines.base import BATCH_SLOTS
@@ -750,7 +751,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="KNEE_RUN",
         help="--per-host: a knee of one replica measured while its neighbours were kept busy, one per KNEE_RUN",
     )
-    p.add_argument("--routing", choices=replicas.POLICIES, default=None, help="the router's policy (PLAN_ROUTING)")
+    p.add_argument(
+        "--routing", choices=routing_policies.POLICIES, default=None, help="the router's policy (PLAN_ROUTING)"
+    )
     p.add_argument("--price", action="append", default=[], metavar="ENGINE=PER_HOUR", help="price of an instance-hour")
     p.add_argument("--out", type=Path, default=None, help="folder for plan.json and plan.md (default: RESULTS/plan-ID)")
     return p
@@ -850,8 +853,8 @@ def settings_of(knobs: PlanSettings, routing: str | None = None) -> dict[str, An
     """The model's settings: the router's policy (given, else PLAN_ROUTING), windows, repetitions, search limit, from
     the plan's knobs (each checked here: PlanError, one line naming it)."""
     routing = routing or knobs.routing
-    if routing not in replicas.POLICIES:
-        raise PlanError(f"PLAN_ROUTING={routing!r}: expected {' or '.join(replicas.POLICIES)}")
+    if routing not in routing_policies.POLICIES:
+        raise PlanError(f"PLAN_ROUTING={routing!r}: expected {' or '.join(routing_policies.POLICIES)}")
     try:
         window_s = knobs.window_s
         repeats, max_replicas = knobs.repeats, knobs.max_replicas
