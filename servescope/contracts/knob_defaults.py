@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servescope.contracts.engine_kinds import REGISTERED
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -31,19 +33,18 @@ HEADER = (
     "Generated from servescope/contracts/knob_defaults.py by `python -m servescope.contracts.knob_table --write`: edit knobs there."
 )
 
+# Said above the first engine's URL knob, of them all. An engine's port, URL and key rows come from its registration line.
+URLS_HELP = (
+    "An engine already running elsewhere: the exporter and the load generator read these (empty: the engine's port\n"
+    f"above on 127.0.0.1; `--{REGISTERED[0].name}-url` and the like win over them)."
+)
+
 GROUPS: tuple[Group, ...] = (
     Group(
         "where things listen (all bind to SERVESCOPE_BIND unless told otherwise)",
         knobs=(
             Knob("SERVESCOPE_BIND", "127.0.0.1"),
-            Knob("VLLM_PORT", "8009"),
-            Knob("LLAMACPP_PORT", "8081"),
-            Knob("OLLAMA_PORT", "11434"),
-            Knob(
-                "SGLANG_PORT",
-                "30000",
-                "SGLang (its own default): the stack does not start it; `loadgen --engine sglang` without a URL goes here.",
-            ),
+            *(Knob(engine.port_env, engine.port, engine.port_help) for engine in REGISTERED),
             Knob(
                 "OLLAMA_PROXY_PORT",
                 "11435",
@@ -54,17 +55,7 @@ GROUPS: tuple[Group, ...] = (
             ),
             Knob("EXPORTER_PORT", "9464"),
             Knob("LOADGEN_METRICS_PORT", "9465"),
-            Knob(
-                "VLLM_URL",
-                "",
-                (
-                    "An engine already running elsewhere: the exporter and the load generator read these (empty: the engine's port\n"
-                    "above on 127.0.0.1; `--vllm-url` and the like win over them)."
-                ),
-            ),
-            Knob("LLAMACPP_URL", ""),
-            Knob("OLLAMA_URL", ""),
-            Knob("SGLANG_URL", ""),
+            *(Knob(engine.url_env, "", URLS_HELP if engine is REGISTERED[0] else "") for engine in REGISTERED),
             Knob(
                 "OLLAMA_HOST",
                 "",
@@ -138,11 +129,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "API keys of engines started with --api-key (empty: none)",
         note="The exporter sends them as a Bearer token; they never appear in its log or pages. Set them in .env, not here.",
-        knobs=(
-            Knob("VLLM_API_KEY", ""),
-            Knob("LLAMACPP_API_KEY", ""),
-            Knob("SGLANG_API_KEY", ""),
-        ),
+        knobs=(*(Knob(key, "") for key in (engine.api_key_env for engine in REGISTERED) if key),),
     ),
     Group(
         "Ollama",

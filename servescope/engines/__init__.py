@@ -1,11 +1,15 @@
-"""The one registry of engine kinds: one adapter module per engine (servescope/engines/<name>.py), listed here.
+"""The engine kinds' adapters: one module per engine (servescope/engines/<name>.py), imported as its registration line says.
 
-`engines.kind(name)` is the adapter of a kind, `engines.ENGINES` all of them in the order the stack and reports
-list them; the adapter's fields are in servescope/engines/base.py.
+`engines.kind(name)` is the adapter of a kind, `engines.ENGINES` all of them in the order of their registration lines
+(servescope/contracts/engine_kinds.py: the one line an engine adds besides its adapter); the adapter's fields are in
+servescope/engines/base.py. The four kinds named below are re-exported for the code that speaks of one of them.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
+
+from servescope.contracts.engine_kinds import REGISTERED
 from servescope.engines.base import OLLAMA_API, OPENAI_API, EngineKind
 from servescope.engines.llamacpp import LLAMACPP
 from servescope.engines.ollama import OLLAMA, PROXY_VIA
@@ -25,7 +29,10 @@ __all__ = [
     "kind",
 ]
 
-ENGINES: dict[str, EngineKind] = {adapter.name: adapter for adapter in (VLLM, LLAMACPP, OLLAMA, SGLANG)}
+# Each registered kind's adapter: the EngineKind its module names after the kind's knob prefix (vllm.VLLM, tgi.TGI).
+ENGINES: dict[str, EngineKind] = {
+    entry.name: getattr(import_module(f"servescope.engines.{entry.name}"), entry.knobs) for entry in REGISTERED
+}
 
 
 def kind(name: str) -> EngineKind:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from servescope.contracts import knobs, thresholds
+from servescope.contracts import engine_kinds, knobs, thresholds
 from servescope.engines.panels import Dashboard
 
 # The request APIs the load generator speaks: OpenAI's SSE chat completions, Ollama's native NDJSON /api/chat.
@@ -420,18 +420,23 @@ class EngineKind:
         return tuple(lever.env for lever in self.levers if lever.env) if self.raise_knob else ()
 
 
-def openai_server(name: str, knob_prefix: str, **fields: Any) -> EngineKind:
+def registered_knobs(name: str) -> dict[str, Any]:
+    """The knob names of a kind's registration line (servescope/contracts/engine_kinds.py): EngineKind's port_env,
+    url_env and api_key_env, so an adapter never spells them a second time."""
+    entry = engine_kinds.registration(name)
+    return {"port_env": entry.port_env, "url_env": entry.url_env, "api_key_env": entry.api_key_env}
+
+
+def openai_server(name: str, **fields: Any) -> EngineKind:
     """An engine that speaks the OpenAI API (vLLM, llama.cpp, SGLang): chat at /v1/chat/completions honouring
-    `ignore_eos`, Prometheus text at /metrics, and its knobs named <knob_prefix>_PORT, _URL and _API_KEY (the key of
-    one started with --api-key). `fields` are the rest of its EngineKind."""
+    `ignore_eos`, Prometheus text at /metrics, and the knobs of its registration line. `fields` are the rest of its
+    EngineKind."""
     return EngineKind(
         name=name,
         api=OPENAI_API,
         metrics_path="/metrics",
         chat_path="/v1/chat/completions",
         accepts_ignore_eos=True,
-        port_env=f"{knob_prefix}_PORT",
-        url_env=f"{knob_prefix}_URL",
-        api_key_env=f"{knob_prefix}_API_KEY",
+        **registered_knobs(name),
         **fields,
     )

@@ -163,7 +163,6 @@ ALERTS = AlertRules(
 
 LLAMACPP = openai_server(
     "llamacpp",
-    "LLAMACPP",
     title="llama.cpp server",
     health_path="/health",  # /metrics only with --metrics (PAGE is optional)
     short="llama.cpp",

@@ -146,7 +146,6 @@ ALERTS = AlertRules(
 
 SGLANG = openai_server(
     "sglang",
-    "SGLANG",
     title="SGLang",
     health_path="/health",  # /metrics only with --enable-metrics
     short="SGLang",

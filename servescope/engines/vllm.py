@@ -314,7 +314,6 @@ NATIVE = Native(
 
 VLLM = openai_server(
     "vllm",
-    "VLLM",
     title="vLLM-CPU",
     health_path="/v1/models",
     short="vLLM",
