@@ -113,8 +113,8 @@ def test_yaml_lists_several_instances_per_kind(tmp_path, monkeypatch):
             "config error: engines[1].url: missing",
         ),
         (
-            "engines:\n  - {kind: tgi, name: a, url: 'http://h:1'}\n",
-            "config error: engines[0].kind: unknown engine kind 'tgi'",
+            "engines:\n  - {kind: triton, name: a, url: 'http://h:1'}\n",
+            "config error: engines[0].kind: unknown engine kind 'triton'",
         ),
         (
             "engines:\n  - {kind: vllm, name: a, url: 'http://h:1'}\n  - {kind: vllm, name: a, url: 'http://h:2'}\n",

@@ -548,7 +548,7 @@ def test_processes_and_containers_in_the_config_file(tmp_path):
     "argv, message",
     [
         (("--process", "vllm"), "config error: --process: expected NAME=PIDFILE"),
-        (("--process", "tgi=/x.pid"), "unknown engine kind 'tgi'"),
+        (("--process", "triton=/x.pid"), "unknown engine kind 'triton'"),
         (("--process", "vllm=/a", "--process", "vllm=/b"), "vllm 'vllm' is watched twice"),
         (("--container", "vllm="), "config error: --container: expected a container name or id"),
     ],

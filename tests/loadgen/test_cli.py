@@ -369,7 +369,7 @@ def test_sweep_ramp_and_rate_phases(server, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["burst", "--engine", "tgi=http://127.0.0.1:1"], "unknown engine kind 'tgi'"),
+        (["burst", "--engine", "triton=http://127.0.0.1:1"], "unknown engine kind 'triton'"),
         (["burst", "--engine", "vllm=ftp://x"], "expected http://HOST:PORT"),
         (["burst", "--engine", "vllm=http://127.0.0.1:1", "--prompts", "/no/such/file.txt"], "prompt set"),
         (["burst"], "give at least one --engine"),

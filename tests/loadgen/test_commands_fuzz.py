@@ -55,7 +55,7 @@ ENGINES = st.one_of(
     st.sampled_from(["vllm", "llamacpp", "ollama", "vllm:a"]).flatmap(
         lambda kind: st.one_of(st.just(kind), URLS.map(lambda url: f"{kind}={url}"))
     ),
-    st.builds(lambda kind, url: f"{kind}={url}", st.sampled_from(["tgi", "", "vllm:"]), URLS),
+    st.builds(lambda kind, url: f"{kind}={url}", st.sampled_from(["triton", "", "vllm:"]), URLS),
 )
 TEXT = {
     "--prompts": good_or_bad(

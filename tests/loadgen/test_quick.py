@@ -229,7 +229,7 @@ def test_a_server_servescope_has_no_kind_for_is_named_in_one_line_not_measured(t
         (["--ports", "99999"], "expected ports from 1 to 65535"),
         (["--slo", "ttft<0.5"], "expected terms METRIC[_pQ]<=SECONDS"),
         (["ftp://127.0.0.1:9"], "expected http://HOST:PORT"),
-        (["tgi=http://127.0.0.1:9"], "'tgi' is not an engine kind"),
+        (["triton=http://127.0.0.1:9"], "'triton' is not an engine kind"),
         (["--duration", "0"], "expected a number of seconds > 0"),
     ],
 )

@@ -62,8 +62,8 @@ def test_every_engine_port_knob_is_documented_in_env_example():
 
 
 def test_unknown_engine_kind_is_one_clear_error():
-    with pytest.raises(ValueError, match="unknown engine kind 'tgi'"):
-        engines.kind("tgi")
+    with pytest.raises(ValueError, match="unknown engine kind 'triton'"):
+        engines.kind("triton")
 
 
 def test_series_names_are_distinct_valid_and_do_not_collide_on_the_wire():

@@ -52,7 +52,7 @@ def test_promtool_accepts_the_fleet_config(tmp_path):
         (["--dns", "ollama=ollama:11434"], "ollama has no /metrics page"),
         (["--dns", "vllm=vllm"], "not host:port"),
         (["--file-sd", "targets.json"], "expected KIND="),
-        (["--file-sd", "tgi=targets.json"], "unknown engine kind 'tgi'"),
+        (["--file-sd", "triton=targets.json"], "unknown engine kind 'triton'"),
         ([], "at least one"),
     ],
 )
@@ -187,7 +187,7 @@ def test_any_options_give_one_line_or_a_config_promtool_accepts(capsys):
         derandomize=True, max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
     )
     @given(  # mostly good values beside the one being varied, so a bad one is not hidden behind another
-        kind=st.sampled_from(["vllm", "vllm", "llamacpp", "tgi"]),
+        kind=st.sampled_from(["vllm", "vllm", "llamacpp", "triton"]),
         where=_option_text(),
         file_sd=st.booleans(),
         exporter=st.one_of(st.none(), st.none(), st.just("127.0.0.1:9464"), _option_text()),
