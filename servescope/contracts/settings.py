@@ -30,8 +30,11 @@ from servescope.contracts import knobs, urls
 
 # module -> why it reads a knob itself, where it acts, rather than at an entry (tests/servescope/contracts/
 # test_settings.py holds this list to the tree). The first three are read after the start by design, the fourth is a
-# parent's word to its child; the others are core readers that read their own knob where they act, used by every app
-# (threading a table through each is the next step: their tests set the environment and call them directly).
+# parent's word to its child. The last four are the floors' own limits and host actions, read where they act by every
+# app that reaches them (a run folder opened by the report, a bench or the load generator's summary; a workload file
+# read on the command line, in a worker or in the web UI; the priority group joined by each process): decided, not
+# threaded, since a table handed through every reader of a folder or a file would be a parameter on dozens of
+# functions that only pass it on, for a value no caller ever sets otherwise.
 LISTED_EXCEPTIONS: dict[str, str] = {
     "servescope/contracts/thresholds.py": "the trust rules (warm-up, host noise, outliers, the check's tolerance, "
     "CPU priority's weight) are read when a rule is applied: a report re-judges an old run by the knobs as they are "
