@@ -13,12 +13,13 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gevent
 from gevent.event import Event
 
 from loadgen import client as llm
-from loadgen import distributed, options, trials
+from loadgen import options, trials
 from loadgen.annotations import PhaseAnnotator
 from loadgen.commands import USAGE_ERRORS, Plan, UsageError, build_parser, prepare
 from loadgen.client_metrics import ClientMetrics
@@ -39,6 +40,9 @@ from servescope.contracts.runfolder import RunFolder
 from servescope.contracts.settings import KnobTable
 from servescope.prometheus.sampler import Sampler
 from servescope.contracts.urls import redact
+
+if TYPE_CHECKING:
+    from loadgen import distributed
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -236,6 +240,8 @@ class HeadlessRun:
         self.load = LoadRun(self.plan.phases, self.recorder, folder=self.folder, started_at=self.started_at)
         self.environment.servescope_run = self.load
         if self.run_plan.workers:
+            from loadgen import distributed  # --workers only: a run in this process never loads the coordinator
+
             try:
                 self.fleet = distributed.Fleet(
                     self.environment,
@@ -257,6 +263,8 @@ class HeadlessRun:
         closed. Locust's runner sends each phase's users: in this process, or the master's to its workers."""
         users = RunnerUsers(self.runner)
         if self.fleet is not None:
+            from loadgen import distributed
+
             users = distributed.WorkerUsers(self.fleet.coordinator, users)
         self.status = PhaseDriver(
             self.load,

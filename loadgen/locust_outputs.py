@@ -6,11 +6,19 @@ import csv
 import io
 from pathlib import Path
 
+import locust.html
+from jinja2 import Environment, FileSystemBytecodeCache, FileSystemLoader
 from locust.html import get_html_report
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
+from servescope.contracts import knobs
 from servescope.contracts.runfolder import write_file
 from servescope.contracts.urls import redact
+
+# Locust's report.html is a 950 KB page (its web UI's bundle inlined) that Jinja lexes and compiles on every render:
+# a twentieth of a short run's CPU. Compiled once into SERVESCOPE_CACHE (Jinja's bytecode cache: keyed by the
+# template's path, checked against its source, so a new Locust's page is compiled again), the page is the same.
+TEMPLATE_CACHE = "jinja2"
 
 
 def write_locust_outputs(environment, folder: Path) -> list[Path]:
@@ -28,9 +36,29 @@ def write_locust_outputs(environment, folder: Path) -> list[Path]:
         written.append(write_file(folder / name, text.getvalue()))  # never through a link at the name
     host = environment.host
     environment.host = redact(host) if host else host  # the report prints the host: never credentials
+    render = locust.html.render_template_from
+    locust.html.render_template_from = _render_compiled_once
     try:
         page = get_html_report(environment, show_download_link=False)
     finally:
         environment.host = host
+        locust.html.render_template_from = render
     written.append(write_file(folder / "locust.html", page))
     return written
+
+
+def _render_compiled_once(file, build_path=locust.html.DEFAULT_BUILD_PATH, **kwargs):
+    """locust.html.render_template_from, its template compiled once per Locust version (without a cache folder that
+    can be made, compiled here as Locust does)."""
+    env = Environment(loader=FileSystemLoader(build_path), bytecode_cache=template_cache())
+    return env.get_template(file).render(**kwargs)
+
+
+def template_cache() -> FileSystemBytecodeCache | None:
+    """SERVESCOPE_CACHE/jinja2, this user's alone (0700); None where it cannot be made."""
+    try:
+        directory = knobs.path("SERVESCOPE_CACHE") / TEMPLATE_CACHE
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except (OSError, ValueError):
+        return None
+    return FileSystemBytecodeCache(str(directory))

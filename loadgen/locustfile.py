@@ -21,13 +21,13 @@ from locust.runners import MasterRunner, WorkerRunner
 import functools
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import gevent
 import gevent.pool
 from greenlet import GreenletExit
 
 from loadgen import client as llm
-from loadgen import distributed
 from loadgen import options as option_table
 from servescope.workloads import prompts as prompt_sets
 from loadgen import webui_guard
@@ -46,6 +46,9 @@ from servescope.judgements import slo
 from servescope.contracts.runfolder import RequestRecord, RunFolder
 from servescope.prometheus.sampler import Sampler
 from servescope.contracts.urls import redact
+
+if TYPE_CHECKING:  # a run with workers loads it (the coordinator, a worker's agent); one in this process never does
+    from loadgen import distributed
 
 DISPATCH_CHECK_S = 0.05  # how often the master looks whether the load shape has sent a phase's users
 # A closed-loop user's wait after a refused request, doubling up to the most: an absent engine costs a user at most
@@ -420,9 +423,11 @@ def _conduct(environment, run: LoadRun) -> None:
 
     With workers, loadgen/distributed.py starts each phase on all of them once the shape has sent its users, and
     ends it when every worker's part is over (a timed step by the master's clock)."""
-    coordinator: distributed.Coordinator | None = getattr(environment, "servescope_coordinator", None)
+    coordinator = getattr(environment, "servescope_coordinator", None)  # a distributed.Coordinator, with workers
     users: Users = ShapeUsers(environment, run)
     if coordinator is not None:
+        from loadgen import distributed
+
         users = distributed.WorkerUsers(coordinator, users)
     # The engine's gauges into samples.jsonl, as a headless run has them.
     sampler: Sampler | None = getattr(environment, "servescope_sampler", None)
@@ -451,6 +456,8 @@ def _on_init(environment, runner=None, web_ui=None, **_kwargs) -> None:
         print(f"loadgen: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
     if isinstance(runner, WorkerRunner):
+        from loadgen import distributed
+
         environment.servescope_agent = distributed.WorkerAgent(runner)
         return
     # The form, filled in: Host = the engine's URL, Number of users = the burst size; a phase starts its users at
@@ -474,6 +481,8 @@ def _on_init(environment, runner=None, web_ui=None, **_kwargs) -> None:
                 file=sys.stderr,
             )
     if isinstance(runner, MasterRunner):
+        from loadgen import distributed
+
         environment.servescope_coordinator = distributed.Coordinator(
             runner, print, warn=lambda text: print(f"loadgen: {text}", file=sys.stderr, flush=True)
         )

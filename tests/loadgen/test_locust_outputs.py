@@ -1,0 +1,66 @@
+"""Locust's own outputs in the run folder (loadgen/locust_outputs.py): its report page compiled once, the same page."""
+
+from __future__ import annotations
+
+import json
+
+from tests.harness import run_python
+
+# In a fresh interpreter: Locust must be imported first there (gevent's patching), never inside pytest's process.
+# The page written twice (compiled, then from the cache) beside the one Locust renders itself from the same stats.
+PROBE = """
+import json, sys
+from pathlib import Path
+import locust.html
+from locust import User
+from locust.env import Environment
+from loadgen.locust_outputs import write_locust_outputs
+from servescope.contracts.urls import redact
+
+class Quiet(User):
+    pass
+
+env = Environment(user_classes=[Quiet], host="http://user:secret@127.0.0.1:9")
+env.create_local_runner()
+env.events.request.fire(request_type="chat", name="vllm burst", response_time=12.5, response_length=64,
+                        exception=None, context={})
+out = Path(sys.argv[1])
+pages = []
+for run in ("first", "second"):
+    (out / run).mkdir()
+    write_locust_outputs(env, out / run)
+    pages.append((out / run / "locust.html").read_text())
+env.host = redact(env.host)  # as the run folder's page has it
+own = locust.html.get_html_report(env, show_download_link=False)
+print(json.dumps({
+    "same": pages[0] == pages[1] == own,
+    "secret": any("secret" in page for page in pages),
+    "restored": locust.html.render_template_from.__module__,
+    "size": len(pages[0]),
+}))
+"""
+
+
+def written(tmp_path, cache: str) -> dict:
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = run_python("-c", PROBE, out, env={"SERVESCOPE_CACHE": cache, "SAMPLE_INTERVAL_MS": "0"}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_report_page_compiled_once_is_the_page_locust_renders(tmp_path):
+    cache = tmp_path / "cache"
+    said = written(tmp_path, str(cache))
+    assert said["same"] and not said["secret"] and said["size"] > 1000
+    assert said["restored"] == "locust.html"  # Locust's own renderer back after the page is written
+    compiled = list((cache / "jinja2").iterdir())
+    assert len(compiled) == 1 and compiled[0].stat().st_size > 1000  # the page, compiled once for both runs
+    assert (cache / "jinja2").stat().st_mode & 0o777 == 0o700
+
+
+def test_without_a_cache_folder_the_page_is_compiled_as_locust_does(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    said = written(tmp_path, str(blocked))
+    assert said["same"] and not said["secret"]
