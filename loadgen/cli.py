@@ -22,7 +22,6 @@ from loadgen import client as llm
 from loadgen import options, trials
 from loadgen.annotations import PhaseAnnotator
 from loadgen.commands import USAGE_ERRORS, Plan, UsageError, build_parser, prepare
-from loadgen.client_metrics import ClientMetrics
 from loadgen.isolate import Isolation
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.locustfile import USER_CLASSES
@@ -43,6 +42,7 @@ from servescope.contracts.urls import redact
 
 if TYPE_CHECKING:
     from loadgen import distributed
+    from loadgen.client_metrics import ClientMetrics
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -392,6 +392,8 @@ def _serve_client_metrics(spec: slo.SloSpec, port: int, bind: str) -> ClientMetr
     """The client-side /metrics on `port` (0: none); a port that cannot be had is one line, and the run goes on."""
     if not port:
         return None
+    from loadgen.client_metrics import ClientMetrics  # prometheus_client: only where the metrics are served
+
     metrics = ClientMetrics(spec=spec)
     try:
         metrics.port = metrics.serve(port, addr=bind)

@@ -37,6 +37,7 @@ from urllib.parse import unquote, urlsplit
 import gevent
 from gevent import monkey as gevent_monkey
 from gevent import socket as gevent_socket
+from gevent.hub import Waiter
 from geventhttpclient import HTTPClient
 from geventhttpclient.connectionpool import ConnectionPool
 from geventhttpclient.response import (
@@ -47,7 +48,6 @@ from geventhttpclient.response import (
     HTTPSocketPoolResponse,
     HTTPSocketResponse,
 )
-from greenlet import greenlet
 
 from servescope.contracts.urls import redact
 from servescope.engines.base import OLLAMA_API
@@ -214,7 +214,9 @@ READ_SIZE = 16 * 1024
 # The blocking select.select, also where Locust has monkey-patched it (looked up once, at import).
 _REAL_SELECT = gevent_monkey.get_original("select", "select")
 STAMP_MAX_AGE_S = 60.0  # a kernel stamp older than this when read is taken for a clock step, not a slow reader
-CAUGHT_UP_S = 1e-3  # a read this soon after its bytes arrived keeps up with its stream: the next one waits first
+# A stream's reader greenlet is woken for its first body bytes, then once per this many reads (and at its end): each
+# wake is two greenlet switches, once a token before.
+WAKE_EVERY = 16
 DRAIN_S = 1.0  # after [DONE] / done:true, how long the end of the HTTP body may take before the connection is dropped
 # llhttp's feed, without HTTPResponse's wrapper around it (which only mends a HEAD response's body: never a POST's).
 _PARSER_FEED = HTTPResponseParser.feed
@@ -358,81 +360,134 @@ def _kernel_stamp(ancillary, now: float) -> float:
     return stamp if stamp is not None and now - STAMP_MAX_AGE_S < stamp <= now else now
 
 
-class _Readable:
-    """A stream's reads straight off its cooperative socket's own C socket, the wait for more with the network timeout
-    counted from the last read on one timer per stream. gevent's recvmsg() made, started and closed a Timeout for
-    every wait (a quarter of the Python time per token at 64 streams, by a sampling profile), and every read after
-    one took an exception to learn there was nothing yet. Where gevent's socket lacks the internals, reads go through
-    it as before (`of` answers None)."""
+class _Arrivals:
+    """A stream's reads made in the event loop as its socket becomes readable, each stamped by the kernel; its reader
+    greenlet woken for the first body bytes, then once per WAKE_EVERY reads, at the body's end and on a failure.
 
-    __slots__ = ("_recvmsg", "hub", "watcher", "limit", "deadline", "waiting", "timer", "ahead")
+    Every read is the same read as before (recvmsg() on the socket's own C socket, its kernel stamp, llhttp taking the
+    chunked framing off), made in the watcher's callback instead of after two greenlet switches (the hub to the reader
+    and back) per token, which were a fifth of the client's CPU per token at 64 streams: the stamps are the kernel's,
+    so when the reader parses a read changes none of them. The network timeout is counted from the last read on one
+    timer per stream. Where gevent's socket lacks the internals, reads go through it as before (`of` answers None)."""
 
-    def __init__(self, sock) -> None:
+    __slots__ = (
+        "_recvmsg", "hub", "watcher", "limit", "response", "pieces", "arrived", "failure", "ended", "waiter",
+        "last", "timer", "woken",
+    )  # fmt: skip
+
+    def __init__(self, sock, response=None) -> None:
         self._recvmsg = sock._sock.recvmsg
         self.hub = sock.hub
         self.watcher = sock._read_event
         self.limit: float | None = sock.timeout  # gevent's network timeout (None: none)
-        self.deadline = 0.0
-        self.waiting: greenlet | None = None  # the reader, while it waits
+        self.response = response  # the HTTP response whose body the reads carry (llhttp's parser)
+        self.pieces: list[bytearray] = []  # the body's pieces llhttp handed over from the read being parsed
+        self.arrived: list[tuple[float, bytes]] = []  # (kernel stamp, body bytes) per read, not yet taken
+        self.failure: BaseException | None = None  # what ends the stream, raised in the reader once it took the rest
+        self.ended = False  # no more reads: the body's end, the server's close or a failure
+        self.waiter: Waiter | None = None  # the reader, while it waits
+        self.last = time.perf_counter()  # the last read (the network timeout counts from it)
         self.timer = None
-        self.ahead = False  # the last read took all there was, and soon after it came: wait before the next one
+        self.woken = 0
 
     @classmethod
-    def of(cls, sock) -> _Readable | None:
+    def of(cls, sock, response=None) -> _Arrivals | None:
         try:
-            return cls(sock)
+            return cls(sock, response)
         except AttributeError:
             return None
 
-    def recvmsg(self, bufsize: int, ancbufsize: int):
-        if self.ahead:
-            self.ahead = False
-            self.wait()
-        while True:
-            try:
-                return self._recvmsg(bufsize, ancbufsize)
-            except BlockingIOError:
-                self.wait()
-
-    def read(self, clock: Callable[[], float]) -> tuple[bytes, float]:
-        """One read and its kernel stamp on `clock` (perf_counter)."""
-        data, ancillary, _flags, _addr = self.recvmsg(READ_SIZE, CMSG_SIZE)
-        now = clock()
-        stamp = _kernel_stamp(ancillary, now)
-        # A stream read as its bytes come (a token every few ms, read within CAUGHT_UP_S of its arrival): the next
-        # read would find nothing and pay an exception to learn it. Waiting first costs the stamps nothing (the
-        # kernel's); a reader behind its stream (more waiting, or arrived a while ago) reads at once, as before.
-        self.ahead = len(data) < READ_SIZE and now - stamp < CAUGHT_UP_S
-        return data, stamp
-
-    def wait(self) -> None:
-        """Until the socket is readable; TimeoutError once the network timeout passed with nothing read."""
+    def start(self) -> None:
+        """The parser's body into `pieces`, the socket watched; the timer armed."""
+        self.response._on_body = self.pieces.append
+        self.watcher.start(self._readable)
         if self.limit is not None:
-            self.deadline = time.perf_counter() + self.limit
-            if self.timer is None:
-                self._arm(self.limit)
-        self.waiting = gevent.getcurrent()
+            self._arm(self.limit)
+
+    def take(self) -> list[tuple[float, bytes]]:
+        """What was read and not yet taken, in the order read, waiting for a read if there is none; [] once the stream
+        ended, its failure (if any) raised after everything read before it was taken."""
+        while not self.arrived:
+            if self.ended:
+                failure, self.failure = self.failure, None
+                if failure is not None:
+                    raise failure
+                return []
+            self.waiter = Waiter(self.hub)
+            try:
+                self.waiter.get()
+            except BaseException as exc:  # killed while waiting (Ctrl-C, a phase's end): what was read counts first
+                self.waiter = None
+                self.stop()
+                self.failure = self.failure or exc
+                self.ended = True
+        taken, self.arrived = self.arrived, []
+        return taken
+
+    def _readable(self) -> None:
+        """The watcher's callback, in the event loop: one read, stamped and parsed; never raises."""
         try:
-            self.hub.wait(self.watcher)
-        finally:
-            self.waiting = None
+            data, ancillary, _flags, _addr = self._recvmsg(READ_SIZE, CMSG_SIZE)
+        except BlockingIOError:
+            return  # nothing after all
+        except BaseException as exc:  # noqa: BLE001 - the reader raises it
+            self._end(exc)
+            return
+        now = time.perf_counter()
+        self.last = now
+        stamp = _kernel_stamp(ancillary, now)
+        response = self.response
+        try:
+            _PARSER_FEED(response, data)  # llhttp takes the chunked framing off into `pieces`
+        except HTTPParseError as exc:
+            # the server closed before the body's end: llhttp calls that incomplete
+            self._end(EOFError("connection closed mid-stream") if not data else exc)
+            return
+        except BaseException as exc:  # noqa: BLE001 - the reader raises it
+            self._end(exc)
+            return
+        pieces = self.pieces
+        if pieces:
+            self.arrived.append((stamp, bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)))
+            pieces.clear()
+        if response.message_complete:
+            self._end(None)
+        elif not data:
+            self._end(EOFError("connection closed mid-stream"))
+        elif self.waiter is not None and (not self.woken or len(self.arrived) >= WAKE_EVERY):
+            self._wake()
+
+    def _end(self, failure: BaseException | None) -> None:
+        self.failure = self.failure or failure
+        self.ended = True
+        self.stop()
+        if self.waiter is not None:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        self.woken += 1
+        waiter.switch(None)
 
     def _arm(self, after: float) -> None:
         self.timer = self.hub.loop.timer(after, ref=False)
         self.timer.start(self._expired)
 
     def _expired(self) -> None:
-        """The timer, once per network timeout at most: the stream is timed out only while it waits past its deadline."""
+        """The timer, once per network timeout at most: the stream is timed out once nothing was read for as long."""
         self.timer.close()
-        left = self.deadline - time.perf_counter()
-        reader = self.waiting
-        if left <= 0 and reader is not None:
-            self.timer = None
-            reader.throw(TimeoutError("timed out"))  # as gevent's Timeout does: raised in the reader's hub.wait
+        self.timer = None
+        if self.ended:
+            return
+        left = self.last + self.limit - time.perf_counter()
+        if left <= 0:
+            self._end(TimeoutError("timed out"))  # as gevent's Timeout does
         else:
-            self._arm(max(left, 1e-3) if reader is not None else self.limit)
+            self._arm(max(left, 1e-3))
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """The socket no longer watched, the timer closed (the stream's end, or its reader gone)."""
+        self.watcher.stop()
         if self.timer is not None:
             self.timer.close()
             self.timer = None
@@ -459,7 +514,30 @@ class _GeventResponse:
         if response._body_buffer:  # body bytes that came with the headers: the header read's stamp
             last = self.header_stamp if kernel and self.header_stamp is not None else clock()
             yield last, _take(response._body_buffer)
-        readable = _Readable.of(response._sock) if kernel else None
+        if not response.message_complete and response._sock is not None and kernel:
+            arrivals = _Arrivals.of(response._sock, response)
+            if arrivals is not None:
+                arrivals.start()
+                try:
+                    while True:
+                        try:
+                            taken = arrivals.take()
+                        except BaseException:
+                            response.release()
+                            raise
+                        if not taken:
+                            return
+                        for stamp, block in taken:
+                            # A read's kernel stamp is its last segment's: a later read's may be earlier than the stamp
+                            # of bytes that came with the headers where the kernel gave none (the clock's, taken when
+                            # parsed). Stamps never go back: a negative gap is no measurement (the run-folder reader
+                            # refuses the record).
+                            if stamp > last:
+                                last = stamp
+                            yield last, block
+                finally:
+                    arrivals.stop()
+                    del response._on_body  # the class's again: what close() drains goes to _body_buffer
         # The body's pieces as llhttp hands them over, without a Python call per piece: the parser calls the
         # instance's _on_body, which here is a list's append (its own appends them to _body_buffer in Python).
         pieces: list[bytearray] = []
@@ -470,9 +548,7 @@ class _GeventResponse:
                 if sock is None:
                     raise EOFError("connection closed mid-stream")
                 try:
-                    if readable is not None:
-                        data, stamp = readable.read(clock)
-                    elif kernel:
+                    if kernel:
                         data, ancillary, _flags, _addr = sock.recvmsg(READ_SIZE, CMSG_SIZE)
                         stamp = _kernel_stamp(ancillary, clock())
                     else:
@@ -488,18 +564,13 @@ class _GeventResponse:
                     response.release()
                     raise
                 if pieces:
-                    # A read's kernel stamp is its last segment's: a later read's may be earlier than the stamp of
-                    # bytes that came with the headers where the kernel gave none (the clock's, taken when parsed).
-                    # Stamps never go back: a negative gap is no measurement (the run-folder reader refuses the record).
-                    last = max(stamp, last)
+                    last = max(stamp, last)  # stamps never go back (above)
                     yield last, bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
                     pieces.clear()
                 if not data and not response.message_complete:
                     raise EOFError("connection closed mid-stream")
         finally:
             del response._on_body  # the class's again: what close() drains goes to _body_buffer
-            if readable is not None:
-                readable.close()
 
     def body_text(self) -> str:
         return self.response.read().decode("utf-8", "replace")

@@ -32,7 +32,6 @@ from loadgen import options as option_table
 from servescope.workloads import prompts as prompt_sets
 from loadgen import webui_guard
 from servescope import workloads
-from loadgen.client_metrics import ClientMetrics
 from loadgen.locust_outputs import write_locust_outputs
 from loadgen.manifest import build as build_manifest
 from loadgen.phase_driver import PhaseDriver, Users
@@ -471,6 +470,8 @@ def _on_init(environment, runner=None, web_ui=None, **_kwargs) -> None:
         options.num_users = options.burst_size
     options.spawn_rate = options.num_users
     if options.metrics_port:
+        from loadgen.client_metrics import ClientMetrics  # prometheus_client: only where the metrics are served
+
         metrics = ClientMetrics(spec=spec)
         try:
             metrics.serve(options.metrics_port, addr=settings.bind)

@@ -6,11 +6,13 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from loadgen.client_metrics import ClientMetrics
 from servescope.contracts.runfolder import PHASES, REQUESTS, PhaseRecord, RequestRecord, RunFolder
 from servescope.host import energy, hostnoise
+
+if TYPE_CHECKING:  # prometheus_client: imported only where the metrics are served
+    from loadgen.client_metrics import ClientMetrics
 
 
 class Recorder:

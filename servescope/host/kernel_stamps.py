@@ -29,11 +29,15 @@ def wall_time() -> float:
     return gettime(time.CLOCK_REALTIME) if gettime is not None else time.time()
 
 
+# Read on every socket read of a stream (a token each): bound once here.
+_SOL_SOCKET, _TIMESPEC_SIZE, _UNPACK_TIMESPEC = socket.SOL_SOCKET, TIMESPEC.size, TIMESPEC.unpack_from
+
+
 def kernel_time(ancillary: Iterable[tuple[int, int, bytes]]) -> float | None:
     """The kernel's receive time in a recvmsg() result's ancillary data (its wall clock, epoch seconds); None without one."""
     for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
-            sec, nsec = TIMESPEC.unpack_from(data)
+        if level == _SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC_SIZE:
+            sec, nsec = _UNPACK_TIMESPEC(data)
             return sec + nsec * 1e-9
     return None
 

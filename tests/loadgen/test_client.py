@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from geventhttpclient.response import HTTPResponse
+from geventhttpclient.response import HTTPParseError, HTTPResponse
 
 from bench import requests_transport
 from loadgen import client as llm
@@ -243,6 +243,13 @@ def test_the_installed_geventhttpclient_has_every_internal_the_client_reads():
     llm.check_geventhttpclient()
 
 
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _framed(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
 def test_a_stream_is_read_off_the_socket_below_gevents_wrapper_where_gevent_has_the_internals():
     # Without them the client still works (through gevent's recvmsg) but pays a Timeout per read: say so here.
     from gevent import socket as gevent_socket
@@ -250,51 +257,127 @@ def test_a_stream_is_read_off_the_socket_below_gevents_wrapper_where_gevent_has_
     a, b = gevent_socket.socketpair()
     with a, b:
         a.settimeout(2.0)
-        readable = llm._Readable.of(a)
-        assert readable is not None and readable.limit == 2.0
-        b.sendall(b"x")
-        assert readable.recvmsg(16, 0)[0] == b"x"
-        readable.close()
+        response = HTTPResponse()
+        response.feed(CHUNKED_HEAD)
+        arrivals = llm._Arrivals.of(a, response)
+        assert arrivals is not None and arrivals.limit == 2.0
+        arrivals.start()
+        b.sendall(_framed(b"x"))
+        assert [block for _stamp, block in arrivals.take()] == [b"x"]
+        b.sendall(b"0\r\n\r\n")  # the body's end: nothing more, and the stream ended without a failure
+        assert arrivals.take() == [] and arrivals.ended and response.message_complete
+        arrivals.stop()
 
 
-# Five chunks 200 ms apart: the first read tries at once and finds nothing (one failed try, then the chunk); a reader
-# keeping up then waits before each read (one try per chunk), one behind its stream tries first each time (two).
-@pytest.mark.parametrize(("caught_up_s", "tries"), [(60.0, 1 + 5), (0.0, 2 * 5)])
-def test_a_reader_keeping_up_with_its_stream_waits_before_reading_instead_of_failing_a_read(
-    monkeypatch, caught_up_s, tries
-):
-    # Read as its bytes come, the next read would find nothing: it waits for them first (one try per chunk). A
-    # reader behind its stream (here: every reader, with CAUGHT_UP_S 0) reads at once, and finds nothing yet.
+def test_a_stream_is_read_as_its_bytes_come_and_its_reader_woken_once_per_few_reads(monkeypatch):
+    # Each read is made in the event loop as the socket turns readable (none fails to find bytes), stamped then;
+    # the reader greenlet is woken for the first bytes, then once per WAKE_EVERY reads and at the end: not per read.
     import gevent
     from gevent import socket as gevent_socket
 
-    monkeypatch.setattr(llm, "CAUGHT_UP_S", caught_up_s)
-    chunks = [b"data: %d\n\n" % i for i in range(5)]
+    monkeypatch.setattr(llm, "WAKE_EVERY", 3)
+    chunks = [b"data: %d\n\n" % i for i in range(7)]
     with gevent_socket.create_server(("127.0.0.1", 0)) as listener:
         reader = gevent_socket.create_connection(listener.getsockname())
         writer, _ = listener.accept()
         with reader, writer:
+            reader.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
 
             def send() -> None:
                 for chunk in chunks:
-                    gevent.sleep(0.2)
-                    writer.sendall(chunk)
+                    gevent.sleep(0.05)
+                    writer.sendall(_framed(chunk))
+                writer.sendall(b"0\r\n\r\n")
 
-            sender = gevent.spawn(send)
-            readable = llm._Readable(reader)
-            made = []
-            real = readable._recvmsg
+            response = HTTPResponse()
+            response.feed(CHUNKED_HEAD)
+            arrivals = llm._Arrivals(reader, response)
+            tries, made = [], []
+            real = arrivals._recvmsg
 
             def counted(*args):
-                made.append(1)
-                return real(*args)
+                tries.append(1)
+                result = real(*args)
+                made.append(result[0])
+                return result
 
-            readable._recvmsg = counted
-            got = [readable.read(time.perf_counter)[0] for _ in chunks]
+            arrivals._recvmsg = counted
+            sender = gevent.spawn(send)
+            arrivals.start()
+            got = []
+            while taken := arrivals.take():
+                got += taken
             sender.join()
-            readable.close()
-    assert got == chunks
-    assert len(made) == tries
+            arrivals.stop()
+    assert b"".join(block for _stamp, block in got) == b"".join(chunks)
+    stamps = [stamp for stamp, _block in got]
+    assert stamps == sorted(stamps) and all(stamp <= time.perf_counter() for stamp in stamps)
+    assert len(tries) == len(made) and all(made)  # every read found bytes
+    assert arrivals.woken <= 2 + len(made) // 3  # the first bytes, each third read after, the end
+
+
+def test_a_read_that_fails_or_a_close_ends_the_stream_after_what_was_read_before_it():
+    from gevent import socket as gevent_socket
+
+    a, b = gevent_socket.socketpair()
+    with a, b:
+        response = HTTPResponse()
+        response.feed(CHUNKED_HEAD)
+        arrivals = llm._Arrivals(a, response)
+        arrivals.start()
+        b.sendall(_framed(b"first"))
+        assert [block for _stamp, block in arrivals.take()] == [b"first"]
+        b.sendall(_framed(b"second") + b"zz\r\n")  # a chunk, and framing llhttp refuses in the same read
+        with pytest.raises(HTTPParseError):  # that read's bytes are no measurement (as before this reader)
+            arrivals.take()
+        assert arrivals.ended and arrivals.take() == []
+        arrivals.stop()
+
+    a, b = gevent_socket.socketpair()
+    with a, b:
+        response = HTTPResponse()
+        response.feed(CHUNKED_HEAD)
+        arrivals = llm._Arrivals(a, response)
+        arrivals.start()
+        b.sendall(_framed(b"first"))
+        b.sendall(_framed(b"second"))
+        b.close()  # the server gone before the body's end
+        assert b"".join(block for _stamp, block in arrivals.take()) == b"firstsecond"
+        with pytest.raises(EOFError):
+            arrivals.take()
+        arrivals.stop()
+
+
+def test_a_reader_stopped_while_it_waits_still_takes_every_read_made_before():
+    # Ctrl-C or a phase's end kills the user mid-stream: the reads its reader was not yet woken for are its partial
+    # measurement all the same, then the stop goes on.
+    import gevent
+    from gevent import socket as gevent_socket
+    from greenlet import GreenletExit
+
+    a, b = gevent_socket.socketpair()
+    with a, b:
+        response = HTTPResponse()
+        response.feed(CHUNKED_HEAD)
+        arrivals = llm._Arrivals(a, response)
+        arrivals.start()
+
+        def read() -> tuple[list[bytes], str]:
+            got = []
+            try:
+                while taken := arrivals.take():
+                    got += [block for _stamp, block in taken]
+            except GreenletExit:
+                return got, "stopped"
+            return got, "ended"
+
+        reader = gevent.spawn(read)
+        for data in (b"one", b"two", b"three"):  # the first wakes the reader; the next two are read, not woken for
+            b.sendall(_framed(data))
+            gevent.sleep(0.02)
+        reader.kill()
+        arrivals.stop()
+    assert reader.value == ([b"one", b"two", b"three"], "stopped")
 
 
 def test_a_geventhttpclient_without_an_internal_is_named_in_one_line(monkeypatch):
