@@ -39,9 +39,18 @@ REPO = Path(__file__).resolve().parent.parent
 QUIET_RULE = {"NOISE_GROUP_CPU_CORES": "100", "NOISE_FOREIGN_CPU_CORES": "100", "NOISE_STEAL_SHARE": "1"}
 
 
+# --replay DIR: a kept check's folders (--keep) stand in for every run, and nothing is started or measured: the same
+# measurements judged again by this checkout's model.
+REPLAY: Path | None = None
+
+
 def loadgen(*args: str, results: Path, run_id: str, warmup: bool = False) -> Path:
     """One load generator run. Only the knees warm up (the load generator's own rule): the first one runs on replicas
     just started, and a cold replica's knee is what the whole prediction is made from."""
+    if REPLAY is not None:
+        if not (REPLAY / run_id).is_dir():
+            raise RuntimeError(f"--replay {REPLAY}: no run folder {run_id} (a folder --keep wrote with these options?)")
+        return REPLAY / run_id
     cmd = [sys.executable, "-m", "loadgen", *args, "--results", str(results), "--run-id", run_id]
     cmd += ["--metrics-port", "0", "--quiet"] + ([] if warmup else ["--warmup", "0"])
     done = subprocess.run(cmd, cwd=REPO, env={**os.environ, **QUIET_RULE}, capture_output=True, text=True)
@@ -192,7 +201,7 @@ class Prober:
         alone = probe(urls[0], self.kind, self.tokens, self.duration, self.results, run_id, None)
         if not shared or len(urls) < 2:
             return alone, None
-        busy = Neighbours(urls[1:], self.slots, self.max_tokens)
+        busy = None if REPLAY else Neighbours(urls[1:], self.slots, self.max_tokens)
         return alone, probe(urls[0], self.kind, self.tokens, self.duration, self.results, f"{run_id}-busy", busy)
 
 
@@ -266,6 +275,8 @@ class Neighbours:
                 self.stop.wait(0.5)  # a neighbour that refuses is idle: the busy knee then says less, not wrong
 
     def __enter__(self) -> Neighbours:
+        if REPLAY is not None:  # the neighbours' load is in the kept runs already
+            return self
         for i, url in enumerate(self.urls):
             for j in range(self.streams):
                 t = threading.Thread(target=self._loop, args=(url, 1000 * i + j), daemon=True)
@@ -344,11 +355,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keep", type=Path, default=None, help="write the run folders here and keep them (default: a temp dir)"
     )
+    p.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="judge a kept check (its --keep folder, with the options it ran with) again by this checkout's model: "
+        "nothing is started or measured",
+    )
     return p
 
 
 def check(argv: list[str] | None) -> int:
+    global REPLAY
     args = parser().parse_args(argv)
+    REPLAY = args.replay
     spec = slo.resolve(args.slo, args.attainment)
     kind = args.start or args.kind
     counts = sorted({int(c) for c in args.counts.split(",") if c} or {args.replicas})
@@ -388,8 +409,10 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
     engine_args += ("--tokens", str(args.tokens))
     tokens = ("--max-tokens", str(args.tokens)) + (("--prompts", args.prompts) if args.prompts else ())
     with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp, contextlib.ExitStack() as fleet:
-        results = args.keep or Path(tmp)
-        if args.start:
+        results = REPLAY or args.keep or Path(tmp)
+        if REPLAY is not None:
+            urls = [f"http://replayed-{i + 1}" for i in range(args.replicas)]
+        elif args.start:
             started = fleet.enter_context(
                 Replicas(
                     args.start,
@@ -408,7 +431,11 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
         knee = args.knee
         if knee is None:  # measured on the first replica alone, just before the check: the plan is as good as it
             with contextlib.ExitStack() as one:
-                url = urls[0] if (args.start or args.urls) else one.enter_context(SyntheticProcess(*engine_args)).url
+                url = (
+                    urls[0]
+                    if (args.start or args.urls or REPLAY)
+                    else one.enter_context(SyntheticProcess(*engine_args)).url
+                )
                 knee = loadgen(
                     "knee", "--engine", f"{kind}={url}", "--slo", args.slo, "--slo-attainment", args.attainment,
                     "--duration", str(args.knee_duration), *tokens, results=results, run_id="knee", warmup=True,
@@ -453,7 +480,12 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
                 for n in counts:
                     run_id = f"{policy}-{rate:g}-{n}"
                     before = prober.speeds(urls[:n], sharing is not None, f"{run_id}-before")
-                    with Router(urls[:n], free_port(), policy, results / f"nginx-{policy}-{n}") as router:
+                    routed = (
+                        contextlib.nullcontext("http://replayed-router")
+                        if REPLAY
+                        else Router(urls[:n], free_port(), policy, results / f"nginx-{policy}-{n}")
+                    )
+                    with routed as router:
                         folder = loadgen(
                             "rate", "--engine", f"{kind}={router}", "--rate", f"{rate:g}", "--arrivals", "poisson",
                             "--duration", f"{args.duration:g}", "--slo", args.slo, *tokens,
@@ -471,10 +503,14 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
                         return plan.predict(p, sample, n, spec, policy, 5, args.duration, s)
 
                     knee_p = predicted(profile, sharing)
-                    band = None
-                    if not spread.point:
-                        slow = predicted(*plan.at_speed(profile, sharing, spread, spread.slow)).attainment
-                        band = [slow, predicted(*plan.at_speed(profile, sharing, spread, spread.fast)).attainment]
+                    slow, fast = (
+                        (knee_p, knee_p)
+                        if spread.point
+                        else (
+                            predicted(*plan.at_speed(profile, sharing, spread, e)) for e in (spread.slow, spread.fast)
+                        )
+                    )
+                    band = plan.attainment_band(knee_p, slow, fast)
                     row_p = predicted(*at_row_speed(profile, sharing, row))
                     at_knee_latency.append((knee_p.latency, row.latency))
                     at_row_latency.append((row_p.latency, row.latency))
@@ -531,7 +567,9 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
             f"knee by the speed probed with the others busy: 'busy'); 'diff' is it against 'measured'"
         )
     print(
-        "'band': the row predicted from the slow edge to the fast one of the speed spread the knee measured ('in band': "
+        "'band': the row predicted from the slow edge to the fast one of the speed spread the knee measured, each side "
+        "widened by how far one of the model's repetitions of the row landed from another (servescope/report/plan.py "
+        "attainment_band; a point spread, as a synthetic engine's: that scatter alone) ('in band': "
         "the measured attainment inside it, else how many points outside); 'row speed' is a diagnostic: the row "
         "predicted at the speed measured in the row itself (its median time per token, 'ms/token', and its median "
         "prefill as the engine timed it, where it does); close to 'measured' means the queueing model is right, and the "

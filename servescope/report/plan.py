@@ -60,6 +60,8 @@ class Prediction:
     # TTFT and E2E percentiles (LATENCY_PERCENTILES) of the successful requests, repetitions pooled: {"ttft_s":
     # {"p50": s, ...}, "e2e_s": {...}}; empty where none succeeded
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    # each repetition's good / requests: how far one run of this traffic can land from another at the same speed
+    repetitions: tuple[float, ...] = ()
 
 
 @dataclass
@@ -324,9 +326,14 @@ def predict(
     shapes = replicas.shapes(profile, sharing)
     ttft: list[np.ndarray] = []
     e2e: list[np.ndarray] = []
+    each: list[float] = []
     for seed in range(repeats):
         out = replicas.run(schedule, profile, n, policy, seed, sharing)
+        good_before, requests_before = float(tally.good.sum()), float(tally.requests.sum())
         tally.add(out, window, shapes)
+        added = float(tally.requests.sum()) - requests_before
+        if added:
+            each.append((float(tally.good.sum()) - good_before) / added)
         ttft.append(out.ttft_s[out.ok])
         e2e.append(out.e2e_s[out.ok])
         del out  # a fleet's outcomes: one repetition's at a time
@@ -352,7 +359,25 @@ def predict(
         peak_in_flight=peak,
         beyond=int(tally.beyond.sum()) // repeats,
         latency={"ttft_s": percentiles(np.concatenate(ttft)), "e2e_s": percentiles(np.concatenate(e2e))},
+        repetitions=tuple(each),
     )
+
+
+def attainment_band(knee: Prediction, slow: Prediction, fast: Prediction) -> list[float | None]:
+    """The attainment a run of this traffic should measure, 10th to 90th percentile: the knee speed's prediction,
+    widened below by the slow edge's fall and above by the fast edge's rise, each combined in quadrature with how far
+    one repetition lands from another at that edge (Student's t at 90% over the repetitions' spread: a short traffic's
+    attainment moves with which requests meet a tail or a busy replica, a long one's hardly). None: not predicted."""
+    if knee.attainment is None or slow.attainment is None or fast.attainment is None:
+        return [slow.attainment, fast.attainment]
+
+    def scatter(p: Prediction) -> float:
+        k = len(p.repetitions)
+        return speed.t90(k - 1) * float(np.std(p.repetitions, ddof=1)) if k >= 2 else 0.0
+
+    below = math.hypot(max(knee.attainment - slow.attainment, 0.0), scatter(slow))
+    above = math.hypot(max(fast.attainment - knee.attainment, 0.0), scatter(fast))
+    return [max(0.0, knee.attainment - below), min(1.0, knee.attainment + above)]
 
 
 LATENCY_PERCENTILES = (50, 90, 99)
@@ -606,7 +631,7 @@ def plan(
         return row, tried
     if not spread.point:
         slow, fast = at_edge(spread.slow, shown), at_edge(spread.fast, shown)
-        row.attainment_band = [slow.attainment, fast.attainment]
+        row.attainment_band = attainment_band(at(shown), slow, fast)
         row.latency.update(slow=slow.latency, fast=fast.latency)
     if count is None:
         row.notes.append(

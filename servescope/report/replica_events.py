@@ -88,7 +88,7 @@ def _load_set(lmin, lcnt, size, j, load):
 
 def _least_conn(lmin, lcnt, size, turn):
     """The replica least_conn picks: of those holding the fewest requests, in index order, the turn-th (mod how
-    many): nginx's ties taken in turn."""
+    many): nginx's ties taken in turn (its smooth weighted round robin over equal weights, among the tied)."""
     fewest = lmin[1]
     j = turn % lcnt[1]
     node = 1
@@ -146,6 +146,7 @@ def _run(
     draws,
     replicas,
     round_robin,
+    turn,
     slots,
     per_host,
     shared,
@@ -218,7 +219,6 @@ def _run(
     lcnt = np.zeros(2 * size, np.int64)
     for j in range(replicas):
         _load_set(lmin, lcnt, size, j, 0)
-    turn = 0
     arrival = 0
 
     while True:
@@ -260,7 +260,8 @@ def _run(
                 r = i % replicas
             else:
                 r = _least_conn(lmin, lcnt, size, turn)
-                turn += 1
+                if lcnt[1] > 1:  # nginx's turn moves on a tie only: one replica holding the fewest is no one's turn
+                    turn += 1
             out_rep[i] = r
             first = r - r % per_host
             touched_lo, touched_hi = first, min(first + per_host, replicas)

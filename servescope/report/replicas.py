@@ -5,7 +5,8 @@ What it assumes (the README's plan section says the same):
   each load level, the TTFT and time per output token (TPOT) distributions of one replica with that many
   requests in flight (closed loop: the users; open loop: the mean in flight, sum of E2E over the wall).
 - An arriving request is routed at once (no queue in the router): round robin, or least connections
-  (nginx's `least_conn`: the replica with the fewest requests, waiting ones included, ties taken in turn).
+  (nginx's `least_conn`: the replica with the fewest requests, waiting ones included, ties taken in turn; the turn
+  moves on each tie, from a start each repetition of the model takes in turn, since a router's turn is not known).
 - Where the replica's batch slots are known (the run recorded the engine's setting, or --slots), a request
   beyond them waits in the replica's queue, first come first served, until one frees; its TTFT is that wait
   plus the TTFT drawn at admission. Without them, every request is admitted at once, and the queueing
@@ -274,6 +275,7 @@ def run(
         u,
         int(replicas),
         policy == ROUND_ROBIN,
+        seed,  # the router's turn among tied replicas when the traffic starts: not known, so each repetition its own
         -1 if profile.slots is None else int(profile.slots),
         sharing.per_host if sharing else 1,
         sharing is not None,

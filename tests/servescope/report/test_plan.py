@@ -84,6 +84,48 @@ def test_least_connections_sends_to_the_idle_replica_where_round_robin_does_not(
     assert lc[2].replica in (0, 1) and lc[0].replica != lc[1].replica
 
 
+def test_least_connections_takes_ties_in_turn_moving_on_a_tie_only_from_a_turn_each_repetition_starts_at():
+    # Nothing ends within the second: both idle (a tie), then one busy (no tie), then both busy (a tie again).
+    slow = profile([level(1, tpot=1.0), level(2, tpot=1.0)], tokens=3)
+    arrivals = [Arrival(0.0), Arrival(0.05), Arrival(0.1)]
+    first = replicas.simulate(arrivals, slow, 2, replicas.LEAST_CONN, seed=0)
+    other = replicas.simulate(arrivals, slow, 2, replicas.LEAST_CONN, seed=1)
+    # nginx's turn moved once (the first tie), not per arrival: the third goes to the replica the first did not
+    assert [o.replica for o in first] == [0, 1, 1]
+    assert [o.replica for o in other] == [1, 0, 0]  # the router's starting turn is not known: another repetition's
+
+
+def _predicted(attainment, repetitions=()):
+    return plan.Prediction(1, attainment, True, [True], 0.0, 0.0, 0.0, 0, {}, tuple(repetitions))
+
+
+def test_the_band_is_the_speed_edges_widened_by_how_far_one_repetition_lands_from_another():
+    knee = _predicted(0.95, (0.95, 0.95, 0.95))
+    # Repetitions that agree: the band is the speed edges'
+    assert plan.attainment_band(knee, _predicted(0.90, (0.9, 0.9)), _predicted(0.97, (0.97, 0.97))) == pytest.approx(
+        [0.90, 0.97]
+    )
+    # Repetitions that scatter widen each side in quadrature with the edge's own move (Student's t over them)
+    slow, fast = _predicted(0.90, (0.88, 0.92)), _predicted(0.97, (0.94, 1.0))
+    scatter = speed.t90(1) * float(np.std([0.88, 0.92], ddof=1))
+    low, high = plan.attainment_band(knee, slow, fast)
+    assert low == pytest.approx(0.95 - np.hypot(0.05, scatter))
+    assert high == 1.0  # never past 100%
+    # A point spread (the knee's prediction at both edges): the band is the repetitions' scatter alone
+    point = _predicted(0.82, (0.80, 0.84))
+    low, high = plan.attainment_band(point, point, point)
+    assert low < 0.82 < high and high - 0.82 == pytest.approx(0.82 - low)
+    assert plan.attainment_band(knee, _predicted(None), fast) == [None, 0.97]  # unknown: said as unknown
+
+
+def test_a_prediction_keeps_each_repetitions_attainment():
+    spec = slo.parse("ttft<=0.5", 0.9)
+    one_slot = profile([level(1)], slots=1, knee=1)
+    found = plan.predict(one_slot, traffic.poisson(4, 30), 1, spec, replicas.LEAST_CONN, 4, 30)
+    assert len(found.repetitions) == 4 and all(0 <= a <= 1 for a in found.repetitions)
+    assert float(np.mean(found.repetitions)) == pytest.approx(found.attainment)  # the same requests in each
+
+
 def test_a_load_above_the_highest_measured_level_is_a_failure_not_an_extrapolation():
     out = replicas.simulate([Arrival(0.0), Arrival(0.01)], profile([level(1)]), 1)
     assert out[0].ok and not out[1].ok and out[1].error == replicas.BEYOND

@@ -75,7 +75,7 @@ def test_the_compiled_loop_gives_what_its_python_source_gives():
     tokens = np.where(schedule.output_tokens > 0, schedule.output_tokens, profile.output_tokens)
     compiled = replicas.run(schedule, profile, n, policy, 21)
     own = replicas._pack(profile)
-    args = (schedule.at, tokens, replicas.draws(21, len(arrivals)), n, policy == replicas.ROUND_ROBIN)
+    args = (schedule.at, tokens, replicas.draws(21, len(arrivals)), n, policy == replicas.ROUND_ROBIN, 21)
     interpreted = replica_events._run(*args, -1 if profile.slots is None else profile.slots, 1, False, *own, *own)
     np.testing.assert_array_equal(compiled.replica, interpreted[0])
     np.testing.assert_array_equal(compiled.e2e_s, interpreted[2])

@@ -83,7 +83,7 @@ def test_the_model_always_ends_with_an_outcome_for_every_arrival(profile, arriva
         schedule = replicas.Schedule.of(arrivals)
         tokens = np.where(schedule.output_tokens > 0, schedule.output_tokens, profile.output_tokens)
         py = replica_events._run(
-            schedule.at, tokens, replicas.draws(seed, len(arrivals)), n, policy == replicas.ROUND_ROBIN,
+            schedule.at, tokens, replicas.draws(seed, len(arrivals)), n, policy == replicas.ROUND_ROBIN, seed,
             -1 if profile.slots is None else profile.slots, sharing.per_host if sharing else 1, sharing is not None,
             *own, *other,
         )  # fmt: skip
