@@ -506,6 +506,9 @@ class _GeventResponse:
         self.kernel_stamps = kernel_stamps
         self.header_stamp = header_stamp  # the kernel's stamp of the read that completed the headers
         self.sent = sent  # (time.time(), perf_counter) as the request went to the socket, where the transport saw it
+        # A stop (GreenletExit, Ctrl-C) that reached the reader while reads it had not taken were buffered: the stream's
+        # end may be among them, and its reader then never asks again; close() raises it, so the stop goes on.
+        self.pending_stop: BaseException | None = None
 
     def blocks(self, clock: Callable[[], float]) -> Iterator[tuple[float, bytes]]:
         response = self.response
@@ -538,6 +541,8 @@ class _GeventResponse:
                 finally:
                     arrivals.stop()
                     del response._on_body  # the class's again: what close() drains goes to _body_buffer
+                    if arrivals.failure is not None and not isinstance(arrivals.failure, Exception):
+                        self.pending_stop = arrivals.failure
         # The body's pieces as llhttp hands them over, without a Python call per piece: the parser calls the
         # instance's _on_body, which here is a list's append (its own appends them to _body_buffer in Python).
         pieces: list[bytearray] = []
@@ -577,7 +582,8 @@ class _GeventResponse:
 
     def close(self, complete: bool = False) -> None:
         response = self.response
-        if complete and not response.message_complete and response._sock is not None:
+        stop, self.pending_stop = self.pending_stop, None
+        if complete and stop is None and not response.message_complete and response._sock is not None:
             # The API's end came before the HTTP body's end (the terminating chunk is its own write): read it so the
             # connection goes back to the pool instead of the next request paying a TCP handshake.
             with gevent.Timeout(DRAIN_S, False):
@@ -596,6 +602,8 @@ class _GeventResponse:
             response._sock = response._pool = None
             pool.release_socket(sock)  # closes it and frees the pool slot
         response.release()
+        if stop is not None:
+            raise stop
 
 
 def _take(buffer: bytearray) -> bytes:

@@ -163,12 +163,14 @@ class LLMUser(User):
         except GreenletExit as exc:  # the runner stopped us mid-stream (Ctrl-C, phase end): keep what we have
             interrupted = exc
             m = holder[0] if holder else llm.Measurement(started_at=time.time(), t_send=time.perf_counter())
-            m.fail(
-                llm.StreamError(
-                    llm.ErrorKind.INTERRUPTED, f"interrupted after {len(m.content_times)} content chunks (run stopped)"
+            if not (m.finished and m.error is None):  # a stream whose end had come is whole: only the stop goes on
+                m.fail(
+                    llm.StreamError(
+                        llm.ErrorKind.INTERRUPTED,
+                        f"interrupted after {len(m.content_times)} content chunks (run stopped)",
+                    )
                 )
-            )
-            m.t_end = time.perf_counter()
+                m.t_end = time.perf_counter()
             if m.usage_tokens is None and m.content_times:
                 m.tokens_source = "chunks"
         phase.source.end(turn, m)

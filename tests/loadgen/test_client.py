@@ -380,6 +380,41 @@ def test_a_reader_stopped_while_it_waits_still_takes_every_read_made_before():
     assert reader.value == ([b"one", b"two", b"three"], "stopped")
 
 
+def _ends_then_holds_the_connection(server, conn, request, index) -> bool:
+    """An SSE answer whose role chunk, one content chunk and [DONE] come in three writes, then no terminating chunk."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for delta in ('{"role": "assistant", "content": ""}', '{"content": "a"}'):
+        event = f'data: {{"choices": [{{"index": 0, "delta": {delta}}}]}}\n\n'.encode()
+        conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+        time.sleep(0.05)
+    conn.sendall(b"%x\r\n%s\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
+    server._stop.wait(60)
+    return False
+
+
+def test_a_stop_that_comes_while_the_streams_end_waits_unread_is_not_swallowed():
+    # The reader is woken for the first bytes and then every few reads: the content chunk and [DONE] are read while it
+    # waits. A stop then hands it those reads first; it sees [DONE] and never asks again, so the stop must come from
+    # closing the response, or the user would go on sending after its phase ended.
+    import gevent
+    from greenlet import GreenletExit
+
+    from tests.doubles.hostile_http import Hostile
+
+    with Hostile({"/v1/chat/completions": _ends_then_holds_the_connection}) as s:
+        t = llm.make_transport("geventhttpclient", s.url, timeout=5.0)
+        holder: list[llm.Measurement] = []
+        try:
+            payload = llm.chat_payload("openai", "synthetic/model", "hi", 4, 0.0, True)
+            user = gevent.spawn(llm.stream_chat, t, "/v1/chat/completions", "openai", payload, into=holder)
+            gevent.sleep(0.5)
+            user.kill()
+        finally:
+            t.close()
+    assert isinstance(user.value, GreenletExit)  # the stop went on
+    assert holder and holder[0].finished and holder[0].error is None and len(holder[0].content_times) == 1
+
+
 def test_a_geventhttpclient_without_an_internal_is_named_in_one_line(monkeypatch):
     from geventhttpclient.connectionpool import ConnectionPool
 
