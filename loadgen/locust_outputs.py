@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import stat
 from pathlib import Path
 
 import locust.html
@@ -50,15 +52,25 @@ def write_locust_outputs(environment, folder: Path) -> list[Path]:
 def _render_compiled_once(file, build_path=locust.html.DEFAULT_BUILD_PATH, **kwargs):
     """locust.html.render_template_from, its template compiled once per Locust version (without a cache folder that
     can be made, compiled here as Locust does)."""
-    env = Environment(loader=FileSystemLoader(build_path), bytecode_cache=template_cache())
-    return env.get_template(file).render(**kwargs)
+    cache = template_cache()
+    if cache is not None:
+        try:
+            env = Environment(loader=FileSystemLoader(build_path), bytecode_cache=cache)
+            return env.get_template(file).render(**kwargs)
+        except OSError:  # a cache folder that cannot be read or written costs the cache, never the page
+            pass
+    return Environment(loader=FileSystemLoader(build_path)).get_template(file).render(**kwargs)
 
 
 def template_cache() -> FileSystemBytecodeCache | None:
-    """SERVESCOPE_CACHE/jinja2, this user's alone (0700); None where it cannot be made."""
+    """SERVESCOPE_CACHE/jinja2, this user's alone (0700); None where it cannot be made, or is another user's or open
+    to others: its files are compiled code this process loads, so only a folder no one else can write is trusted."""
     try:
         directory = knobs.path("SERVESCOPE_CACHE") / TEMPLATE_CACHE
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = directory.lstat()
     except (OSError, ValueError):
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         return None
     return FileSystemBytecodeCache(str(directory))

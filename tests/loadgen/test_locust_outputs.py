@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from tests.harness import run_python
 
@@ -64,3 +65,19 @@ def test_without_a_cache_folder_the_page_is_compiled_as_locust_does(tmp_path):
     blocked.write_text("not a folder")
     said = written(tmp_path, str(blocked))
     assert said["same"] and not said["secret"]
+
+
+def test_a_cache_folder_open_to_others_or_unwritable_costs_the_cache_never_the_page(tmp_path):
+    # Its files are compiled code the run loads: a folder others may write is not used; one this user cannot write
+    # (made by sudo, a read-only home) is not either, and the page is compiled as Locust does.
+    shared = tmp_path / "shared"
+    (shared / "jinja2").mkdir(parents=True)
+    (shared / "jinja2").chmod(0o777)
+    said = written(tmp_path, str(shared))
+    assert said["same"] and list((shared / "jinja2").iterdir()) == []
+    if os.getuid() != 0:  # root writes through any mode: the case needs another user
+        locked = tmp_path / "locked"
+        (locked / "jinja2").mkdir(parents=True)
+        (locked / "jinja2").chmod(0o500)
+        (tmp_path / "out").rename(tmp_path / "out-before")
+        assert written(tmp_path, str(locked))["same"]
