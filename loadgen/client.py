@@ -214,9 +214,13 @@ READ_SIZE = 16 * 1024
 # The blocking select.select, also where Locust has monkey-patched it (looked up once, at import).
 _REAL_SELECT = gevent_monkey.get_original("select", "select")
 STAMP_MAX_AGE_S = 60.0  # a kernel stamp older than this when read is taken for a clock step, not a slow reader
-# A stream's reader greenlet is woken for its first body bytes, then once per this many reads (and at its end): each
-# wake is two greenlet switches, once a token before.
+# A stream's reader greenlet is woken for its first two reads with body bytes (an OpenAI stream's first is often the
+# role chunk alone: Locust's live TTFT event waits for the first content), then once per this many reads, and for a
+# read that holds the API's end (a server may hold the HTTP body's own end back): each wake is two greenlet switches,
+# once a token before.
 WAKE_EVERY = 16
+FIRST_WAKES = 2
+END_MARKERS = (b"data: [DONE]", b'"done":true', b'"done": true')  # OpenAI's SSE end, Ollama's final object
 DRAIN_S = 1.0  # after [DONE] / done:true, how long the end of the HTTP body may take before the connection is dropped
 # llhttp's feed, without HTTPResponse's wrapper around it (which only mends a HEAD response's body: never a POST's).
 _PARSER_FEED = HTTPResponseParser.feed
@@ -362,7 +366,8 @@ def _kernel_stamp(ancillary, now: float) -> float:
 
 class _Arrivals:
     """A stream's reads made in the event loop as its socket becomes readable, each stamped by the kernel; its reader
-    greenlet woken for the first body bytes, then once per WAKE_EVERY reads, at the body's end and on a failure.
+    greenlet woken for the first FIRST_WAKES reads with body bytes, then once per WAKE_EVERY reads, for the API's end,
+    at the body's end and on a failure.
 
     Every read is the same read as before (recvmsg() on the socket's own C socket, its kernel stamp, llhttp taking the
     chunked framing off), made in the watcher's callback instead of after two greenlet switches (the hub to the reader
@@ -447,15 +452,18 @@ class _Arrivals:
             self._end(exc)
             return
         pieces = self.pieces
+        body = b""
         if pieces:
-            self.arrived.append((stamp, bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)))
+            body = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+            self.arrived.append((stamp, body))
             pieces.clear()
         if response.message_complete:
             self._end(None)
         elif not data:
             self._end(EOFError("connection closed mid-stream"))
-        elif self.waiter is not None and (not self.woken or len(self.arrived) >= WAKE_EVERY):
-            self._wake()
+        elif self.waiter is not None and body:
+            if self.woken < FIRST_WAKES or len(self.arrived) >= WAKE_EVERY or any(e in body for e in END_MARKERS):
+                self._wake()
 
     def _end(self, failure: BaseException | None) -> None:
         self.failure = self.failure or failure

@@ -163,7 +163,7 @@ class LLMUser(User):
         except GreenletExit as exc:  # the runner stopped us mid-stream (Ctrl-C, phase end): keep what we have
             interrupted = exc
             m = holder[0] if holder else llm.Measurement(started_at=time.time(), t_send=time.perf_counter())
-            if not (m.finished and m.error is None):  # a stream whose end had come is whole: only the stop goes on
+            if not m.finished and m.error is None:  # a stream that had ended (whole, or with its error) keeps it
                 m.fail(
                     llm.StreamError(
                         llm.ErrorKind.INTERRUPTED,

@@ -380,28 +380,51 @@ def test_a_reader_stopped_while_it_waits_still_takes_every_read_made_before():
     assert reader.value == ([b"one", b"two", b"three"], "stopped")
 
 
-def _ends_then_holds_the_connection(server, conn, request, index) -> bool:
-    """An SSE answer whose role chunk, one content chunk and [DONE] come in three writes, then no terminating chunk."""
-    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-    for delta in ('{"role": "assistant", "content": ""}', '{"content": "a"}'):
-        event = f'data: {{"choices": [{{"index": 0, "delta": {delta}}}]}}\n\n'.encode()
-        conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
-        time.sleep(0.05)
-    conn.sendall(b"%x\r\n%s\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
-    server._stop.wait(60)
-    return False
+def _sse(delta_or_event: str) -> bytes:
+    event = f"data: {delta_or_event}\n\n".encode()
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def _holds_after(*events: str):
+    """An SSE answer of these events, one write each, then neither the HTTP body's end nor a close for a minute."""
+
+    def handle(server, conn, request, index) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for event in events:
+            conn.sendall(_sse(event))
+            time.sleep(0.05)
+        server._stop.wait(60)
+        return False
+
+    return handle
+
+
+ROLE = '{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}'
+CONTENT = '{"choices": [{"index": 0, "delta": {"content": "a"}}]}'
+
+
+def test_a_stream_whose_server_holds_the_body_open_after_done_ends_at_done():
+    # The reader is woken for a read holding [DONE], not only every few reads or at the HTTP body's end: the request
+    # ends there (and its connection is dropped after DRAIN_S), not at the network timeout.
+    from tests.doubles.hostile_http import Hostile
+
+    with Hostile({"/v1/chat/completions": _holds_after(ROLE, CONTENT, CONTENT, "[DONE]")}) as s:
+        m = chat(s.url, "geventhttpclient", timeout=30.0)
+    assert m.ok and m.finished and len(m.content_times) == 2, m.error
+    assert m.elapsed_s < 20  # DRAIN_S after [DONE], where the timeout is 30 s
 
 
 def test_a_stop_that_comes_while_the_streams_end_waits_unread_is_not_swallowed():
-    # The reader is woken for the first bytes and then every few reads: the content chunk and [DONE] are read while it
-    # waits. A stop then hands it those reads first; it sees [DONE] and never asks again, so the stop must come from
-    # closing the response, or the user would go on sending after its phase ended.
+    # The reader is woken for its first reads and then every few: content and an engine's error event read while it
+    # waits stay in its buffer. A stop then hands it those reads first; the error ends the stream and the reader never asks
+    # again, so the stop must come from closing the response, or the user would go on sending after its phase ended.
     import gevent
     from greenlet import GreenletExit
 
     from tests.doubles.hostile_http import Hostile
 
-    with Hostile({"/v1/chat/completions": _ends_then_holds_the_connection}) as s:
+    error = '{"error": {"message": "engine went away", "code": 500}}'
+    with Hostile({"/v1/chat/completions": _holds_after(ROLE, CONTENT, CONTENT, CONTENT, CONTENT, error)}) as s:
         t = llm.make_transport("geventhttpclient", s.url, timeout=5.0)
         holder: list[llm.Measurement] = []
         try:
@@ -412,7 +435,7 @@ def test_a_stop_that_comes_while_the_streams_end_waits_unread_is_not_swallowed()
         finally:
             t.close()
     assert isinstance(user.value, GreenletExit)  # the stop went on
-    assert holder and holder[0].finished and holder[0].error is None and len(holder[0].content_times) == 1
+    assert holder and "engine went away" in (holder[0].error or "") and len(holder[0].content_times) == 4
 
 
 def test_a_geventhttpclient_without_an_internal_is_named_in_one_line(monkeypatch):
