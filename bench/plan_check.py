@@ -201,7 +201,7 @@ class Prober:
         alone = probe(urls[0], self.kind, self.tokens, self.duration, self.results, run_id, None)
         if not shared or len(urls) < 2:
             return alone, None
-        busy = None if REPLAY else Neighbours(urls[1:], self.slots, self.max_tokens)
+        busy = Neighbours(urls[1:], self.slots, self.max_tokens)  # nothing started when replaying (its __enter__)
         return alone, probe(urls[0], self.kind, self.tokens, self.duration, self.results, f"{run_id}-busy", busy)
 
 
@@ -455,7 +455,8 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
                 )  # fmt: skip
             sharing = Sharing(len(urls), plan.profile_of(busy_knee, args.slots))
             print(
-                f"knee of one replica, its {len(urls) - 1} neighbour(s) busy ({busy.sent} requests): "
+                f"knee of one replica, its {len(urls) - 1} neighbour(s) busy "
+                f"({'replayed' if REPLAY else f'{busy.sent} requests'}): "
                 f"{sharing.busy.knee} users, {numbers.milliseconds(knee_speed(sharing.busy), missing='-', unit=' ms')} a token at its lowest level; the "
                 f"{len(urls)} replicas share this machine"
             )

@@ -366,14 +366,16 @@ def predict(
 def attainment_band(knee: Prediction, slow: Prediction, fast: Prediction) -> list[float | None]:
     """The attainment a run of this traffic should measure, 10th to 90th percentile: the knee speed's prediction,
     widened below by the slow edge's fall and above by the fast edge's rise, each combined in quadrature with how far
-    one repetition lands from another at that edge (Student's t at 90% over the repetitions' spread: a short traffic's
-    attainment moves with which requests meet a tail or a busy replica, a long one's hardly). None: not predicted."""
+    one repetition lands from another at that edge (Student's t at 90% over the repetitions' spread, for one more run
+    about their mean: a short traffic's attainment moves with which requests meet a tail or a busy replica, a long
+    one's hardly). None: not predicted."""
     if knee.attainment is None or slow.attainment is None or fast.attainment is None:
         return [slow.attainment, fast.attainment]
 
     def scatter(p: Prediction) -> float:
+        # one more run about the mean of k: sqrt(1 + 1/k), as speed.band takes a later run about the knee's k
         k = len(p.repetitions)
-        return speed.t90(k - 1) * float(np.std(p.repetitions, ddof=1)) if k >= 2 else 0.0
+        return speed.t90(k - 1) * float(np.std(p.repetitions, ddof=1)) * math.sqrt(1 + 1 / k) if k >= 2 else 0.0
 
     below = math.hypot(max(knee.attainment - slow.attainment, 0.0), scatter(slow))
     above = math.hypot(max(fast.attainment - knee.attainment, 0.0), scatter(fast))

@@ -88,7 +88,8 @@ def _load_set(lmin, lcnt, size, j, load):
 
 def _least_conn(lmin, lcnt, size, turn):
     """The replica least_conn picks: of those holding the fewest requests, in index order, the turn-th (mod how
-    many): nginx's ties taken in turn (its smooth weighted round robin over equal weights, among the tied)."""
+    many): nginx's ties taken in turn. nginx keeps a weight per peer (smooth weighted round robin over the tied
+    ones); one turn for all is the same for two replicas and an approximation for more."""
     fewest = lmin[1]
     j = turn % lcnt[1]
     node = 1
