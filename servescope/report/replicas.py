@@ -275,7 +275,7 @@ def run(
         u,
         int(replicas),
         policy == ROUND_ROBIN,
-        int(seed),  # the router's turn among tied replicas when the traffic starts: not known, so each repetition its own
+        int(seed),  # the router's turn among tied replicas at the start is not known: each repetition its own
         -1 if profile.slots is None else int(profile.slots),
         sharing.per_host if sharing else 1,
         sharing is not None,
