@@ -246,6 +246,13 @@ def test_the_installed_geventhttpclient_has_every_internal_the_client_reads():
 CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
+def _chunked_reader(sock) -> llm._Arrivals:
+    """A stream's reader over `sock`, its response past the headers of a chunked body."""
+    response = HTTPResponse()
+    response.feed(CHUNKED_HEAD)
+    return llm._Arrivals(sock, response)
+
+
 def _framed(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
@@ -289,9 +296,7 @@ def test_a_stream_is_read_as_its_bytes_come_and_its_reader_woken_once_per_few_re
                     writer.sendall(_framed(chunk))
                 writer.sendall(b"0\r\n\r\n")
 
-            response = HTTPResponse()
-            response.feed(CHUNKED_HEAD)
-            arrivals = llm._Arrivals(reader, response)
+            arrivals = _chunked_reader(reader)
             tries, made = [], []
             real = arrivals._recvmsg
 
@@ -321,9 +326,7 @@ def test_a_read_that_fails_or_a_close_ends_the_stream_after_what_was_read_before
 
     a, b = gevent_socket.socketpair()
     with a, b:
-        response = HTTPResponse()
-        response.feed(CHUNKED_HEAD)
-        arrivals = llm._Arrivals(a, response)
+        arrivals = _chunked_reader(a)
         arrivals.start()
         b.sendall(_framed(b"first"))
         assert [block for _stamp, block in arrivals.take()] == [b"first"]
@@ -335,9 +338,7 @@ def test_a_read_that_fails_or_a_close_ends_the_stream_after_what_was_read_before
 
     a, b = gevent_socket.socketpair()
     with a, b:
-        response = HTTPResponse()
-        response.feed(CHUNKED_HEAD)
-        arrivals = llm._Arrivals(a, response)
+        arrivals = _chunked_reader(a)
         arrivals.start()
         b.sendall(_framed(b"first"))
         b.sendall(_framed(b"second"))
@@ -357,9 +358,7 @@ def test_a_reader_stopped_while_it_waits_still_takes_every_read_made_before():
 
     a, b = gevent_socket.socketpair()
     with a, b:
-        response = HTTPResponse()
-        response.feed(CHUNKED_HEAD)
-        arrivals = llm._Arrivals(a, response)
+        arrivals = _chunked_reader(a)
         arrivals.start()
 
         def read() -> tuple[list[bytes], str]:
