@@ -11,7 +11,6 @@ import math
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import requests
 
 from servescope.contracts.settings import KnobTable, PlanSettings
 from servescope.host import cpu_priority
+from servescope.host.ports import free_port
 from servescope.judgements import slo
 from servescope.report import load, plan, speed, traffic, workloads
 from servescope.report.replicas import Arrival, Sharing
@@ -296,12 +296,6 @@ WORDS = "cat dog river stone light paper window garden music cloud bread train m
 def smallest(counts: dict[int, bool]) -> int | None:
     """The fewest replicas that met the SLOs, among the counts tried (None: none did)."""
     return min((n for n, ok in counts.items() if ok), default=None)
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,18 +22,11 @@ except ImportError:  # pragma: no cover - Windows
 
 from bench.chunk_clock import StreamTimer
 from servescope.host import children, probe
+from servescope.host.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 GOAL_P50_MS = 1.0
 GOAL_P99_MS = 5.0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:

@@ -86,7 +86,7 @@ def webui(args: argparse.Namespace, extra: list[str]) -> int:
         )
         return 0
     if held:
-        from loadgen.side_exporter import free_port
+        from servescope.host.ports import free_port
 
         free = free_port(args.bind)
         print(f"loadgen: port {args.port} is in use ({held}): the web UI takes port {free}", flush=True)

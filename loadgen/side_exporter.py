@@ -11,7 +11,6 @@ generator never imports the exporter (the architecture rule): it is a separate p
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from servescope.contracts import knobs, series
 from servescope.contracts.settings import KnobTable
 from servescope.engines.base import BATCH_SLOTS
 from servescope.host import bounded_http, children
+from servescope.host.ports import free_port
 from servescope.prometheus.exposition import parse_exposition
 
 HOST = "127.0.0.1"
@@ -32,13 +32,6 @@ PAGE_TIMEOUT_S = 5.0  # one read of its page, all of it
 
 class ExporterError(RuntimeError):
     """The exporter could not be started or cannot read the engine: one line."""
-
-
-def free_port(host: str = HOST) -> int:
-    """A port the kernel says is free on `host` right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class SideExporter:

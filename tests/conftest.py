@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from servescope.host import ports
 from servescope.stack import provision
 
 # A suite started in the background by a non-interactive shell (`make test &`) inherits SIGINT ignored, and so would
@@ -94,10 +94,11 @@ def no_cpu_priority(monkeypatch):
 
 
 def free_port() -> int:
-    """A port the kernel says is free on loopback right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free right now, from this xdist worker's own share of the listening range."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker) if worker.isdigit() else 0
+    return ports.free_port(share=(index % count, count))
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> requests.Response:
