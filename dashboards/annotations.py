@@ -59,16 +59,19 @@ def post_phase(
         return False
     tags = [*PHASE_TAGS, *(tag for tag in (engine, scenario, phase) if tag)]
     body = text or " · ".join(part for part in (engine, scenario, phase) if part)
+    # Grafana's HTTP API, POST /api/annotations (a region: time and timeEnd in epoch milliseconds). Plain requests:
+    # the grafana-client package would bring niquests, whose urllib3-future replaces urllib3 in the environment
+    # and made every run's start-up heavier (issue 44).
+    auth = None if isinstance(credential, str) else credential
+    headers = {"Authorization": f"Bearer {credential}"} if isinstance(credential, str) else {}
+    payload = {"time": int(started_at * 1000), "timeEnd": int(ended_at * 1000), "tags": tags, "text": body}
     try:
-        from grafana_client import GrafanaApi
+        import requests
 
-        api = GrafanaApi.from_url(url, credential=credential, timeout=timeout)
-        api.annotations.add_annotation(
-            time_from=int(started_at * 1000),
-            time_to=int(ended_at * 1000),
-            tags=tags,
-            text=body,
-        )
+        response = requests.post(f"{url}/api/annotations", json=payload, headers=headers, auth=auth, timeout=timeout)
+        if response.status_code >= 400:
+            message = response.text.strip() or response.reason
+            raise RuntimeError(f"HTTP {response.status_code}: {message}")
     except Exception as exc:  # noqa: BLE001 -- Grafana is optional: any failure is one log line, never a crash
         reason = " ".join(str(exc).split())[:160] or type(exc).__name__
         log.info("grafana annotation skipped for phase %s: %s unreachable or refused (%s)", phase, url, reason)

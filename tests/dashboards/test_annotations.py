@@ -1,4 +1,4 @@
-"""Load-phase annotations: posted through grafana-client to a Grafana API stand-in; a silent one-line no-op otherwise."""
+"""Load-phase annotations: posted to a stand-in for Grafana's HTTP API; a silent one-line no-op otherwise."""
 
 from __future__ import annotations
 
