@@ -280,10 +280,20 @@ def test_nothing_relayed_is_not_observed_and_every_answer_says_it_came_through_t
 def test_client_disconnect_cancels_the_upstream_request():
     with OllamaSimulator(token_delay=0.05, load_delay=0.0) as sim, ExporterThread(sim.url) as exporter:
         assert exporter.value(series.ENGINE_UP) == 1.0  # a scrape: the proxy knows Ollama's models
-        resp = requests.post(f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=400), stream=True, timeout=10)
-        next(resp.iter_lines())
-        resp.raw._fp.fp.raw._sock.shutdown(socket.SHUT_RDWR)  # hang up mid-stream, like a killed client
-        resp.close()
+        # A raw socket, so the hang-up is ours to make (no HTTP library's internals reached into).
+        body = json.dumps(chat_body(num_predict=400)).encode()
+        head = (
+            f"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1:{exporter.proxy_port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", exporter.proxy_port), timeout=10) as sock:
+            sock.sendall(head.encode() + body)
+            received = b""
+            while b'"message"' not in received:  # the first streamed line: the request is running upstream
+                chunk = sock.recv(4096)
+                assert chunk, received
+                received += chunk
+            sock.shutdown(socket.SHUT_RDWR)  # hang up mid-stream, like a killed client
         assert wait_until(lambda: sim.stats["cancelled"] == 1), sim.stats
         assert sim.stats["running"] == 0 and sim.stats["completed"] == 0
         assert wait_until(
