@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bench.loadgen_accuracy import content_aligned, loadgen_burst, run_measured
+from bench.loadgen_accuracy import compile_tree, content_aligned, loadgen_burst, run_measured
 from tests.doubles.synthetic_openai import SyntheticProcess
 
 
@@ -136,3 +136,13 @@ def test_the_closing_table_holds_servescope_against_each_peer_on_medians_from_on
         "this tree against servescope@before: x1.25 tokens per client CPU-second at 64, x0.67 4-request run CPU" in text
     )
     assert "servescope@before" not in "".join(line for line in text.splitlines() if "met:" in line)
+
+
+def test_a_measured_tree_is_compiled_as_make_install_leaves_it_and_its_venv_is_not(tmp_path):
+    (tmp_path / "loadgen").mkdir()
+    (tmp_path / "loadgen" / "cli.py").write_text("X = 1\n")
+    (tmp_path / ".venv" / "lib").mkdir(parents=True)
+    (tmp_path / ".venv" / "lib" / "site.py").write_text("Y = 2\n")
+    compile_tree(tmp_path)
+    assert list((tmp_path / "loadgen" / "__pycache__").glob("cli.*.pyc"))
+    assert not (tmp_path / ".venv" / "lib" / "__pycache__").exists()
