@@ -220,7 +220,10 @@ STAMP_MAX_AGE_S = 60.0  # a kernel stamp older than this when read is taken for 
 # once a token before.
 WAKE_EVERY = 16
 FIRST_WAKES = 2
-END_MARKERS = (b"data: [DONE]", b'"done":true', b'"done": true')  # OpenAI's SSE end, Ollama's final object
+SSE_DONE = b"[DONE]"  # an OpenAI stream's last event's data
+# A read holding one of these may hold the API's end: OpenAI's SSE end (with or without the space after "data:"),
+# Ollama's final object. A hint for the wake only (content quoting it costs one wake); the parsers decide.
+END_MARKERS = (SSE_DONE, b'"done":true', b'"done": true')
 DRAIN_S = 1.0  # after [DONE] / done:true, how long the end of the HTTP body may take before the connection is dropped
 # llhttp's feed, without HTTPResponse's wrapper around it (which only mends a HEAD response's body: never a POST's).
 _PARSER_FEED = HTTPResponseParser.feed
@@ -789,7 +792,7 @@ def _read_sse(response: StreamResponse, m: Measurement, on_first, clock) -> None
             if not line.startswith(b"data:"):
                 continue  # blank separators, comments (":"), event:/id: fields
             data = line[5:].strip()
-            if data == b"[DONE]":
+            if data == SSE_DONE:
                 m.finished = True
                 return
             event = _event(data, len(content_times))

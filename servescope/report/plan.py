@@ -373,9 +373,8 @@ def attainment_band(knee: Prediction, slow: Prediction, fast: Prediction) -> lis
         return [slow.attainment, fast.attainment]
 
     def scatter(p: Prediction) -> float:
-        # one more run about the mean of k: sqrt(1 + 1/k), as speed.band takes a later run about the knee's k
         k = len(p.repetitions)
-        return speed.t90(k - 1) * float(np.std(p.repetitions, ddof=1)) * math.sqrt(1 + 1 / k) if k >= 2 else 0.0
+        return speed.next_run_half_width(float(np.std(p.repetitions, ddof=1)), k - 1, k) if k >= 2 else 0.0
 
     below = math.hypot(max(knee.attainment - slow.attainment, 0.0), scatter(slow))
     above = math.hypot(max(fast.attainment - knee.attainment, 0.0), scatter(fast))

@@ -192,6 +192,12 @@ def t90(df: int) -> float:
     return Z90
 
 
+def next_run_half_width(sd: float, df: int, k: float) -> float:
+    """How far one more run lands from the mean of k measurements, at the 10th or 90th percentile: Student's t for
+    `df` degrees of freedom times their spread, widened by sqrt(1 + 1/k) for the mean's own error."""
+    return t90(df) * sd * math.sqrt(1 + 1 / k)
+
+
 def band(ratios: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
     """The 10th and 90th percentiles of a later measurement's speed ratio, from (level, ratio) pairs: the log ratios'
     spread within their levels, pooled (N - L degrees of freedom), times t and sqrt(1 + 1/k) (module docstring);
@@ -206,7 +212,7 @@ def band(ratios: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
         return None
     squares = sum(float(np.sum((np.asarray(logs) - np.mean(logs)) ** 2)) for logs in repeated)
     sd = math.sqrt(squares / (n - levels))
-    half = t90(n - levels) * sd * math.sqrt(1 + levels / n)  # k = n / levels measurements a level
+    half = next_run_half_width(sd, n - levels, n / levels)  # k = n / levels measurements a level
     return math.exp(-half), math.exp(half)
 
 
