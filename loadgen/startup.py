@@ -7,6 +7,10 @@
   frame and, the first time, walks the thousand modules loaded to find their files. With Locust's debug logging
   off nobody reads that line, and Locust's own fallback (the line without the caller) is taken instead
   (`stop_without_naming_the_caller`).
+- Locust's HttpSession keeps one TLS context, made with the system's root certificates at import (to spare each
+  https request loading them). No `python -m loadgen` user has an HttpSession (the requests go through
+  loadgen/client.py), so the certificates, 0.03 CPU s, are loaded the first time the context is asked anything
+  (`certificates_loaded_on_use`).
 - Locust imports its web UI (Flask, Werkzeug and their extensions) whatever it runs. `python -m loadgen` never makes one:
   `make webui` execs Locust's own main, which imports it as usual. So here `locust.web` is a stand-in whose WebUI
   refuses to be made (`without_the_web_ui`).
@@ -66,6 +70,69 @@ def stop_without_naming_the_caller() -> None:
 
     if not isinstance(locust.runners.inspect, _CallerUnnamed):
         locust.runners.inspect = _CallerUnnamed(inspect, locust.runners.logger)
+
+
+class _ContextOnUse:
+    """A TLS context made, and the certificate locations asked of it loaded, the first time anything else is asked of
+    it: then it is that context (every attribute and method is the real one's)."""
+
+    def __init__(self, make):
+        self._make, self._locations, self._context = make, [], None
+
+    def load_verify_locations(self, *args, **kwargs):
+        if self._context is None:
+            self._locations.append((args, kwargs))
+            return None
+        return self._context.load_verify_locations(*args, **kwargs)
+
+    def _real(self):
+        if self._context is None:
+            context = self._make()
+            for args, kwargs in self._locations:
+                context.load_verify_locations(*args, **kwargs)
+            self._context = context
+        return self._context
+
+    def __getattr__(self, name: str):
+        return getattr(self._real(), name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in ("_make", "_locations", "_context"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._real(), name, value)  # urllib3 sets verify_mode, check_hostname, ... on its context
+
+
+class _BeforeLocustClients:
+    """An import hook that finds nothing: asked for locust.clients (after Locust's gevent patching, before the module
+    runs), it makes urllib3's TLS contexts load their certificates on use, and steps aside."""
+
+    def __init__(self):
+        self.real = None
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "locust.clients" and self.real is None:
+            import urllib3.util
+
+            self.real = real = urllib3.util.create_urllib3_context
+            urllib3.util.create_urllib3_context = lambda *a, **k: _ContextOnUse(lambda: real(*a, **k))
+        return None
+
+
+@contextlib.contextmanager
+def certificates_loaded_on_use() -> Iterator[None]:
+    """TLS contexts locust.clients makes at import, while the block runs (Locust's import), load their certificates
+    when first used, not when made. urllib3 is imported only once gevent has patched ssl (as Locust orders it)."""
+    hook = _BeforeLocustClients()
+    sys.meta_path.insert(0, hook)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(hook)
+        if hook.real is not None:
+            import urllib3.util
+
+            urllib3.util.create_urllib3_context = hook.real
 
 
 class _NoWebUI:

@@ -39,6 +39,19 @@ from servescope.contracts import runcontract
 from servescope.contracts.runcontract import MAX_ENGINE_NUMBER, NOT_JSON, NOT_OBJECT, TORN, Field, Skips
 from servescope.text import numbers
 
+def engine():
+    """DuckDB as this reader uses it: connect, execute, fetch, cursors and its errors, loaded by whoever reads (not by
+    every importer: the load generator imports this module).
+    duckdb 2's package is its C extension (`_duckdb`) with a relational API in Python built around it at import, which
+    no reader here uses and which is most of the import's cost (0.07 CPU s of a 4-request run's 0.6, docs/pieces.md).
+    The extension itself is taken where it is there; any other layout, the package as usual."""
+    try:
+        import _duckdb as duckdb
+    except ImportError:
+        import duckdb
+    return duckdb
+
+
 # Each file of a run folder, the view of its accepted lines (the table of all of them: <view>_lines), its fields.
 VIEWS = {runcontract.REQUESTS: "requests", runcontract.PHASES: "phases", runcontract.SAMPLES: "samples"}
 SPECS = {
@@ -418,7 +431,7 @@ def _ingest_clean(
     one after the other (docs/pieces.md), and a file the scan finds unclean is not parsed twice. A file with a send
     order (order) is read without keeping the file's order and numbered after (_number_sql): kept under the build's
     memory limit, the order held the read to one thread."""
-    import duckdb
+    duckdb = engine()
 
     scan_sql, read_sql = _clean_sql(table, path, spec, limits, order)
     try:
@@ -486,7 +499,7 @@ def _ingest(con, view: str, path: Path | None, limits: tuple[float, ...]) -> str
         for statement in _ingest_sql(table, path, spec, None, limits, order):
             con.execute(statement)
         return None
-    except __import__("duckdb").InvalidInputException:
+    except engine().InvalidInputException:
         # A line that is not UTF-8 text (or is past the line size) fails the parallel scan: read again, one
         # thread, with the scan setting such lines aside (and counting them).
         con.execute(f"DROP TABLE IF EXISTS {table}")
@@ -504,7 +517,7 @@ _BUILDING = "building"  # the index being built, attached under this name as the
 
 def _open_index(partial: Path, config: dict) -> object:
     """A connection whose default database is a new index file at partial, its row groups INDEX_ROW_GROUP_ROWS."""
-    import duckdb
+    duckdb = engine()
 
     con = duckdb.connect(":memory:", config=config)
     try:
@@ -588,7 +601,7 @@ def _stamps(folder: Path) -> dict[str, str]:
 
 def _fingerprint() -> str:
     """The reading rules and the engine that applied them: an index made under others is made again."""
-    import duckdb
+    duckdb = engine()
 
     text = [_INDEX_FORMAT, duckdb.__version__]
     for view, spec in SPECS.items():
@@ -676,7 +689,7 @@ def _attach(con, index: Path) -> tuple[dict[str, str] | None, str | None]:
         return None, _why(exc)
     if not stat.S_ISREG(mode):
         return None, "not a regular file"  # a FIFO would hold the reader forever
-    import duckdb
+    duckdb = engine()
 
     problem = None
     try:
@@ -764,7 +777,7 @@ class RunData:
         self._config = {"memory_limit": memory_limit, "temp_directory": str(Path(self._tmp) / "spill")}
         if size < ONE_THREAD_BYTES:
             self._config["threads"] = 1  # a few hundred records: a second thread costs more than it parses
-        import duckdb  # loaded by whoever reads, not by every importer (the load generator imports this module)
+        duckdb = engine()
 
         index, meta = self.folder / runcontract.INDEX, None
         if runcontract.REQUESTS in files and _wants_index(self.folder):
@@ -818,7 +831,7 @@ class RunData:
         """Read every file of the run into a new index beside them (written under a temporary name, renamed when
         complete: a reader never sees half of one), sealed with the modification time it records. False, and nothing
         left behind, where the folder refuses it (one line unless `quiet`: the caller says it)."""
-        import duckdb
+        duckdb = engine()
 
         partial = index.with_name(f".{index.name}.{os.getpid()}.{threading.get_ident()}.partial")
         # Whole, even seconds: a time every file system keeps exactly (FAT's is two seconds).

@@ -114,10 +114,7 @@ def columns(run: Run, where: str, params: list, **exprs: str) -> dict[str, np.nd
     NULL numbers read as NaN."""
     sql = f"SELECT {', '.join(f'{e} AS {k}' for k, e in exprs.items())} FROM {PARSED} WHERE {where} ORDER BY {query.ORDER}"
     data = run.con.execute(sql, params).fetchnumpy()
-    return {
-        k: v.astype(float).filled(np.nan) if isinstance(v, np.ma.MaskedArray) and v.dtype.kind in "iuf" else v
-        for k, v in data.items()
-    }
+    return {k: query.plain(v) for k, v in data.items()}
 
 
 def _answered(run: Run, instance: str, having: str | None = None, **exprs: str) -> dict[str, np.ndarray]:

@@ -220,7 +220,7 @@ def request_outcomes(run: Run, spec: slo.SloSpec, where: str, params: list) -> d
     ).fetchnumpy()
     out = {}
     for k, v in rows.items():
-        out[k] = np.asarray(v.astype(float).filled(np.nan) if isinstance(v, np.ma.MaskedArray) else v, dtype=float)
+        out[k] = np.asarray(query.plain(v), dtype=float)
     return out
 
 

@@ -87,3 +87,38 @@ def test_the_web_ui_stand_in_is_not_put_in_after_locust_is_imported():
         "print(sys.modules['locust.web'].__file__.endswith('web.py'))\n"
     )
     assert in_a_fresh_interpreter(probe).split() == ["True"]
+
+
+def test_locusts_tls_context_loads_its_certificates_when_first_used_and_is_then_the_same():
+    # In a fresh interpreter: Locust imported inside the block (after gevent's patching, as `python -m loadgen` does).
+    probe = (
+        "import sys\n"
+        "from loadgen import startup\n"
+        "with startup.entry_points_scanned_once(), startup.certificates_loaded_on_use():\n"
+        "    import locust.clients\n"
+        "import ssl, urllib3.util\n"
+        "from requests.utils import DEFAULT_CA_BUNDLE_PATH, extract_zipped_paths\n"
+        "made = locust.clients._preloaded_ssl_context\n"
+        "print(made._context is None, urllib3.util.create_urllib3_context.__module__)\n"
+        "usual = urllib3.util.create_urllib3_context()\n"
+        "usual.load_verify_locations(extract_zipped_paths(DEFAULT_CA_BUNDLE_PATH))\n"
+        "print(made.cert_store_stats() == usual.cert_store_stats(), made.cert_store_stats()['x509_ca'] > 0)\n"
+        "made.check_hostname = False\n"
+        "made.verify_mode = ssl.CERT_NONE\n"
+        "print(made._context.verify_mode == ssl.CERT_NONE, isinstance(made._context, ssl.SSLContext))\n"
+        "print(made.wrap_socket.__self__ is made._context, 'locust.clients' in sys.modules)\n"
+    )
+    assert in_a_fresh_interpreter(probe).split() == ["True", "urllib3.util.ssl_"] + ["True"] * 6
+
+
+def test_the_certificates_hook_leaves_nothing_behind_where_locust_is_already_imported():
+    probe = (
+        "import locust, sys, urllib3.util\n"
+        "from loadgen import startup\n"
+        "real, hooks = urllib3.util.create_urllib3_context, list(sys.meta_path)\n"
+        "with startup.certificates_loaded_on_use():\n"
+        "    import locust.clients\n"
+        "print(urllib3.util.create_urllib3_context is real, sys.meta_path == hooks,\n"
+        "      type(locust.clients._preloaded_ssl_context).__name__)\n"
+    )
+    assert in_a_fresh_interpreter(probe).split() == ["True", "True", "SSLContext"]

@@ -288,7 +288,7 @@ def test_a_report_on_a_folder_with_fifos_for_records_is_one_line(tmp_path):
 
 
 def test_a_runs_index_is_built_under_a_smaller_memory_limit_unless_large_or_the_caller_says(run, monkeypatch):
-    import duckdb
+    duckdb = runreader.engine()  # the module the reader connects through
 
     limits: dict[str, str] = {}
     real, real_open = duckdb.connect, runreader._open_index
