@@ -70,7 +70,7 @@ class Measured:
     # own queueing would otherwise swamp the model's error near saturation).
     sample: traffic.Traffic
     # The row's speed, to set beside its knee's (near saturation a few percent of speed moves attainment by many
-    # points): the median time per output token, and the median prefill as the engine timed it (None where it
+    # points): its pace (speed.pace) of time per output token, and of prefill as the engine timed it (None where it
     # does not time each request). The row's TTFT cannot say it: it holds the row's queueing.
     tpot_s: float | None
     prefill_ms: float | None
@@ -98,8 +98,8 @@ def measured(folder: Path, spec: slo.SloSpec, duration_s: float) -> Measured:
         good / len(records) if records else None,
         meets,
         traffic.Traffic(folder.name, arrivals, duration_s),
-        float(statistics.median(tpots)) if tpots else None,
-        float(statistics.median(prefill)) if prefill else None,
+        speed.pace(tpots),
+        speed.pace(prefill),
         {"ttft_s": plan.percentiles(ttft), "e2e_s": plan.percentiles(e2e)},
     )
 
@@ -134,14 +134,13 @@ def outside(band: list[float], measured_share: float) -> float:
 
 
 def knee_speed(profile) -> float | None:
-    """The median time per output token at the knee's lowest level (one request in flight when it is 1)."""
-    values = profile.levels[0].tpot_s
-    return float(statistics.median(values)) if len(values) else None
+    """The pace (speed.pace) of time per output token at the knee's lowest level (one request in flight when it is 1)."""
+    return speed.pace(profile.levels[0].tpot_s)
 
 
 @dataclass(frozen=True)
 class Speed:
-    """One replica's medians with one request in flight: prefill (TTFT) and time per output token."""
+    """One replica's pace (speed.pace) with one request in flight: prefill (TTFT) and time per output token."""
 
     ttft_s: float
     tpot_s: float
@@ -150,7 +149,7 @@ class Speed:
     def of_level(level) -> Speed | None:
         if not len(level.ttft_s) or not len(level.tpot_s):
             return None
-        return Speed(float(statistics.median(level.ttft_s)), float(statistics.median(level.tpot_s)))
+        return Speed(speed.pace(level.ttft_s), speed.pace(level.tpot_s))
 
     @staticmethod
     def mean(speeds: list[Speed | None]) -> Speed | None:
@@ -180,7 +179,7 @@ def probe(
     tpots = [t for t in map(slo.tpot, ok) if t is not None]
     if not ok or not tpots:
         return None
-    return Speed(float(statistics.median(r.ttft_s for r in ok)), float(statistics.median(tpots)))
+    return Speed(speed.pace(r.ttft_s for r in ok), speed.pace(tpots))
 
 
 @dataclass(frozen=True)
@@ -228,7 +227,7 @@ def at_row_speed(profile, sharing: Sharing | None, row: Measured):
     """The knee and its busy twin at the row's own speed: a diagnostic, not a prediction. It was measured in the
     row it predicts, and it separates the queueing model's error from the error of the speed it was given.
 
-    Decode by the row's median time per token against the lowest level's; prefill by the engine's own prefill
+    Decode by the row's time per token against the lowest level's, each its pace (speed.pace); prefill by the engine's own prefill
     timing against the lowest level's where the engine times each request, else by the decode ratio (on a shared
     machine prefill and decode slow by different amounts: docs/plan.md has a measured case)."""
 
@@ -566,8 +565,8 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
         "widened by how far one of the model's repetitions of the row landed from another (servescope/report/plan.py "
         "attainment_band; a point spread, as a synthetic engine's: that scatter alone) ('in band': "
         "the measured attainment inside it, else how many points outside); 'row speed' is a diagnostic: the row "
-        "predicted at the speed measured in the row itself (its median time per token, 'ms/token', and its median "
-        "prefill as the engine timed it, where it does); close to 'measured' means the queueing model is right, and the "
+        "predicted at the speed measured in the row itself (its mean time per token, 'ms/token', and its mean "
+        "prefill as the engine timed it, where it does: a queue's pace, speed.pace); close to 'measured' means the queueing model is right, and the "
         "miss is in the speed it was given"
     )
     print(band_widths(bands, spread))

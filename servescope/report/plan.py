@@ -225,7 +225,7 @@ def _level(concurrency: float, records: list[RequestRecord]) -> Level:
     shape = np.sort(np.concatenate(ratios)) if ratios else np.zeros(0)
     if len(shape) > ITL_SHAPE_POINTS:
         shape = shape[np.linspace(0, len(shape) - 1, ITL_SHAPE_POINTS).round().astype(np.int64)]
-    return Level(concurrency, ttft, tpot, failed, len(records), float(np.median(prefill)) if prefill else None, shape)
+    return Level(concurrency, ttft, tpot, failed, len(records), speed.pace(prefill), shape)
 
 
 def _with_gap_shapes(levels: list[Level]) -> list[Level]:

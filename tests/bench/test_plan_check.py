@@ -103,3 +103,10 @@ def test_a_row_outside_the_band_says_by_how_many_points_and_which_side():
     assert plan_check.outside([0.8, 0.9], 0.75) == pytest.approx(-5.0)
     assert plan_check.outside([0.8, 0.9], 0.93) == pytest.approx(3.0)
     assert plan_check.outside([0.8, 0.9], 0.85) == 0.0
+
+
+def test_a_speed_is_the_pace_of_its_level_so_a_slow_tail_moves_it():
+    level = Level(1.0, np.array([0.1, 0.1, 0.1, 0.5]), np.array([0.02, 0.02, 0.02, 0.06]), 0.0, 4)
+    pace = Speed.of_level(level)
+    assert pace.ttft_s == pytest.approx(0.2) and pace.tpot_s == pytest.approx(0.03)
+    assert plan_check.knee_speed(Profile("t", "llamacpp", (level,), None, 1, 11, None)) == pytest.approx(0.03)

@@ -249,3 +249,17 @@ def test_a_later_runs_speed_falls_in_the_band_as_often_as_its_percentiles_say(le
 def test_the_t_table_falls_towards_the_normal_as_the_measurements_grow():
     values = [speed.t90(df) for df in (1, 2, 3, 5, 10, 15, 20, 30, 100)]
     assert values == sorted(values, reverse=True) and values[0] == pytest.approx(3.078) and values[-1] == speed.Z90
+
+
+def test_the_pace_a_profile_is_scaled_to_is_the_mean_of_the_known_times():
+    # A queue's capacity is one over its mean service time: a slow tail counts, where a median would leave it out.
+    assert speed.pace([1.0, 1.0, 1.0, 5.0]) == pytest.approx(2.0)
+    assert speed.pace([1.0, None, float("nan"), 3.0]) == pytest.approx(2.0)
+    assert speed.pace([]) is None and speed.pace([None, float("inf")]) is None
+
+
+def test_a_levels_engine_prefill_is_its_pace(tmp_path):
+    # Engine-timed prefill 80 ms at every measurement of level 1 but one, 20% slower: the mean, not the median.
+    measured = ((1, [(0.10, 0.020, 1.0), (0.10, 0.020, 1.0), (0.10, 0.020, 1.0), (0.12, 0.020, 1.0)]),)
+    profile = plan.profile_of(varying_knee(tmp_path, measured, engine_prefill=True))
+    assert profile.levels[0].prefill_ms == pytest.approx(80 * 1.05)
