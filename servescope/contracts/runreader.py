@@ -39,6 +39,7 @@ from servescope.contracts import runcontract
 from servescope.contracts.runcontract import MAX_ENGINE_NUMBER, NOT_JSON, NOT_OBJECT, TORN, Field, Skips
 from servescope.text import numbers
 
+
 def engine():
     """DuckDB as this reader uses it: connect, execute, fetch, cursors and its errors, loaded by whoever reads (not by
     every importer: the load generator imports this module).
