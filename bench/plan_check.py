@@ -134,7 +134,8 @@ def outside(band: list[float], measured_share: float) -> float:
 
 
 def knee_speed(profile) -> float | None:
-    """The pace (speed.pace) of time per output token at the knee's lowest level (one request in flight when it is 1)."""
+    """The pace (speed.pace) of time per output token at the knee's lowest level (one request in flight when it
+    is 1)."""
     return speed.pace(profile.levels[0].tpot_s)
 
 
@@ -227,9 +228,9 @@ def at_row_speed(profile, sharing: Sharing | None, row: Measured):
     """The knee and its busy twin at the row's own speed: a diagnostic, not a prediction. It was measured in the
     row it predicts, and it separates the queueing model's error from the error of the speed it was given.
 
-    Decode by the row's time per token against the lowest level's, each its pace (speed.pace); prefill by the engine's own prefill
-    timing against the lowest level's where the engine times each request, else by the decode ratio (on a shared
-    machine prefill and decode slow by different amounts: docs/plan.md has a measured case)."""
+    Decode by the row's time per token against the lowest level's, each its pace (speed.pace); prefill by the
+    engine's own prefill timing against the lowest level's where the engine times each request, else by the decode
+    ratio (on a shared machine prefill and decode slow by different amounts: docs/plan.md has a measured case)."""
 
     def at_row(p):
         low = p.levels[0]
@@ -566,8 +567,8 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
         "attainment_band; a point spread, as a synthetic engine's: that scatter alone) ('in band': "
         "the measured attainment inside it, else how many points outside); 'row speed' is a diagnostic: the row "
         "predicted at the speed measured in the row itself (its mean time per token, 'ms/token', and its mean "
-        "prefill as the engine timed it, where it does: a queue's pace, speed.pace); close to 'measured' means the queueing model is right, and the "
-        "miss is in the speed it was given"
+        "prefill as the engine timed it, where it does: a queue's pace, speed.pace); close to 'measured' means the "
+        "queueing model is right, and the miss is in the speed it was given"
     )
     print(band_widths(bands, spread))
     print("\n".join(mape_table(at_knee_latency, at_row_latency)))

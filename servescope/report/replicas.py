@@ -68,7 +68,7 @@ class Level:
     tpot_s: np.ndarray  # sorted, successful requests of more than one token (empty: decode takes no time)
     failed_share: float
     requests: int
-    prefill_ms: float | None = None  # the engine's own prefill timing, its pace (speed.pace), where it times each
+    prefill_ms: float | None = None  # the engine's own prefill timing's pace (speed.pace), where it times each request
     itl_shape: np.ndarray = field(default_factory=_empty)  # sorted: each measured gap over its request's TPOT
 
     def ttft(self, u: float) -> float:

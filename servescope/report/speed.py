@@ -146,13 +146,17 @@ def pace(values: Iterable[float | None]) -> float | None:
     over three quiet 180-s checks, the rows' E2E p50 error at their own speed was 1.4 / 3.1 / 6.9% with medians and
     1.4 / 1.9 / 3.5% with means: docs/plan.md). The spread between measurements (`measurements`) stays a ratio of
     medians: there a stall in one measurement is noise, not pace."""
-    known = [float(v) for v in values if v is not None and math.isfinite(v)]
+    known = _known(values)
     return float(np.mean(known)) if known else None
 
 
 def _median(values: Iterable[float | None]) -> float | None:
-    known = [v for v in values if v is not None and math.isfinite(v)]
+    known = _known(values)
     return float(np.median(known)) if known else None
+
+
+def _known(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
 def _prefill_s(record: RequestRecord, engine_timed: bool) -> float | None:
