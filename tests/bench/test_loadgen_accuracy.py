@@ -27,9 +27,11 @@ def test_vllm_bench_stamps_are_read_under_our_definitions():
 
 
 def test_capacity_window_counts_what_the_server_streamed_to_the_client_and_the_clients_cpu():
-    # The window needs a counter sample before the first request and one after the last stream while the client still
-    # runs: the client waits half a second at each end, so a sampler slowed by a busy host (a parallel test pass) still
-    # lands one there. Slack for the sampler, not a bound on anything measured.
+    # The client's CPU is read from /proc, in clock ticks (10 ms): three 500-token streams took under 10 ms of CPU on a
+    # busy host (seen: cpu_s 0.0 over a 0.07 s window, a hog beside the parallel pass). So between its first and last
+    # request the client spends 50 ms of CPU of its own, which the window must count. The window also needs a counter
+    # sample before the first request and one after the last stream while the client runs: it waits half a second at
+    # each end (slack for a sampler slowed by a busy host, not a bound on anything measured).
     client = (
         "import sys, time, requests\n"
         "time.sleep(0.5)\n"
@@ -37,6 +39,10 @@ def test_capacity_window_counts_what_the_server_streamed_to_the_client_and_the_c
         "    r = requests.post(sys.argv[1] + '/v1/chat/completions', json={'model': 'm', 'stream': True, 'max_tokens': 500,"
         " 'messages': [{'role': 'user', 'content': 'x'}]})\n"
         "    assert b'[DONE]' in r.content\n"
+        "    if i == 0:\n"
+        "        spent = time.process_time()\n"
+        "        while time.process_time() - spent < 0.05:\n"
+        "            pass\n"
         "time.sleep(0.5)\n"
         "print('client done')\n"
     )
