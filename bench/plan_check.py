@@ -25,7 +25,7 @@ import requests
 from servescope.contracts.settings import KnobTable, PlanSettings
 from servescope.host import cpu_priority
 from servescope.host.ports import free_port
-from servescope.judgements import slo
+from servescope.judgements import pace, slo
 from servescope.report import load, plan, speed, traffic, workloads
 from servescope.report.replicas import Arrival, Sharing
 from servescope.stack.errors import StackError
@@ -70,7 +70,7 @@ class Measured:
     # own queueing would otherwise swamp the model's error near saturation).
     sample: traffic.Traffic
     # The row's speed, to set beside its knee's (near saturation a few percent of speed moves attainment by many
-    # points): its pace (speed.pace) of time per output token, and of prefill as the engine timed it (None where it
+    # points): its pace (pace.pace) of time per output token, and of prefill as the engine timed it (None where it
     # does not time each request). The row's TTFT cannot say it: it holds the row's queueing.
     tpot_s: float | None
     prefill_ms: float | None
@@ -98,8 +98,8 @@ def measured(folder: Path, spec: slo.SloSpec, duration_s: float) -> Measured:
         good / len(records) if records else None,
         meets,
         traffic.Traffic(folder.name, arrivals, duration_s),
-        speed.pace(tpots),
-        speed.pace(prefill),
+        pace.pace(tpots),
+        pace.pace(prefill),
         {"ttft_s": plan.percentiles(ttft), "e2e_s": plan.percentiles(e2e)},
     )
 
@@ -134,14 +134,14 @@ def outside(band: list[float], measured_share: float) -> float:
 
 
 def knee_speed(profile) -> float | None:
-    """The pace (speed.pace) of time per output token at the knee's lowest level (one request in flight when it
+    """The pace (pace.pace) of time per output token at the knee's lowest level (one request in flight when it
     is 1)."""
-    return speed.pace(profile.levels[0].tpot_s)
+    return pace.pace(profile.levels[0].tpot_s)
 
 
 @dataclass(frozen=True)
 class Speed:
-    """One replica's pace (speed.pace) with one request in flight: prefill (TTFT) and time per output token."""
+    """One replica's pace (pace.pace) with one request in flight: prefill (TTFT) and time per output token."""
 
     ttft_s: float
     tpot_s: float
@@ -150,7 +150,7 @@ class Speed:
     def of_level(level) -> Speed | None:
         if not len(level.ttft_s) or not len(level.tpot_s):
             return None
-        return Speed(speed.pace(level.ttft_s), speed.pace(level.tpot_s))
+        return Speed(pace.pace(level.ttft_s), pace.pace(level.tpot_s))
 
     @staticmethod
     def mean(speeds: list[Speed | None]) -> Speed | None:
@@ -180,7 +180,7 @@ def probe(
     tpots = [t for t in map(slo.tpot, ok) if t is not None]
     if not ok or not tpots:
         return None
-    return Speed(speed.pace(r.ttft_s for r in ok), speed.pace(tpots))
+    return Speed(pace.pace(r.ttft_s for r in ok), pace.pace(tpots))
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ def at_row_speed(profile, sharing: Sharing | None, row: Measured):
     """The knee and its busy twin at the row's own speed: a diagnostic, not a prediction. It was measured in the
     row it predicts, and it separates the queueing model's error from the error of the speed it was given.
 
-    Decode by the row's time per token against the lowest level's, each its pace (speed.pace); prefill by the
+    Decode by the row's time per token against the lowest level's, each its pace (pace.pace); prefill by the
     engine's own prefill timing against the lowest level's where the engine times each request, else by the decode
     ratio (on a shared machine prefill and decode slow by different amounts: docs/plan.md has a measured case)."""
 
@@ -567,7 +567,7 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
         "attainment_band; a point spread, as a synthetic engine's: that scatter alone) ('in band': "
         "the measured attainment inside it, else how many points outside); 'row speed' is a diagnostic: the row "
         "predicted at the speed measured in the row itself (its mean time per token, 'ms/token', and its mean "
-        "prefill as the engine timed it, where it does: a queue's pace, speed.pace); close to 'measured' means the "
+        "prefill as the engine timed it, where it does: a queue's pace, pace.pace); close to 'measured' means the "
         "queueing model is right, and the miss is in the speed it was given"
     )
     print(band_widths(bands, spread))

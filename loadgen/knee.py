@@ -11,7 +11,9 @@ one load phase per measurement, each as long as a sweep level (--duration / --re
             its verdict is settled already (per-request SLO terms, no errors, and the attainment's 95%
             Wilson interval clear of the objective: more requests could not flip it); a level's verdict
             pools all its measurements, so a repeat that flips it moves the boundary and the bisection
-            goes on (--knee-probes bounds the whole search)
+            goes on (--knee-probes bounds the whole search); and a boundary load whose measurements
+            disagree in pace (time per output token more than pace.AGREE apart, servescope/judgements/pace.py)
+            once more, so the plan can leave out a transient the others outvote
 
 A measurement the host noise rule flags (another program took the CPU while it ran) is a
 measurement of the machine as it was: a level's verdict pools its quiet measurements where it
@@ -57,7 +59,7 @@ from servescope.contracts.runfolder import (
     write_file,
 )
 from servescope.host import hostnoise, probe
-from servescope.judgements import arrivals, binding, knee_answer, prefix_reuse, slo
+from servescope.judgements import arrivals, binding, knee_answer, pace, prefix_reuse, slo
 from servescope.text import numbers, words
 
 CONCURRENCY, RATE = KNEE_CONCURRENCY, KNEE_RATE
@@ -361,12 +363,17 @@ class KneeSearch:
         knee, fail = self.boundary()
         if fail is None:
             top = max(self.levels())
-            return self._grow(top) if top < self.max_load else self._confirm(top)
+            return self._grow(top) if top < self.max_load else self._settle(top)
         if knee is None:
-            return self._shrink(fail) if fail > self.min_load else self._confirm(fail)
+            return self._shrink(fail) if fail > self.min_load else self._settle(fail)
         if not self._resolved(knee, fail):
             return self._middle(knee, fail)
-        return self._confirm(knee, fail)
+        return self._settle(knee, fail)
+
+    def _settle(self, *levels: float) -> float | None:
+        """The boundary level still owed a measurement: for its verdict (_confirm), else for its pace (_pace_owed)."""
+        level = self._confirm(*levels)
+        return level if level is not None else self._pace_owed(*levels)
 
     def _busy_only(self, level: float) -> bool:
         """Every measurement the search concludes from at this level was taken on a busy host."""
@@ -381,6 +388,26 @@ class KneeSearch:
                 continue  # more measurements could not flip it (its attainment's 95% interval is clear of the objective)
             busy_failure = self._busy_only(level) and not verdict.meets
             if len(self.trusted(level)) < (max(self.repeats, 2) if busy_failure else self.repeats):
+                return level
+        return None
+
+    def paces(self, level: float) -> list[float | None]:
+        """Each trusted measurement's pace at this level (pace.of_records), in the order measured."""
+        return [pace.of_records(self._records.get(p.phase, [])) for p in self.trusted(level)]
+
+    def _pace_owed(self, *levels: float) -> float | None:
+        """A boundary level whose measurements disagree in pace (no two within pace.AGREE): measured once more, so a
+        transient in one of them is outvoted where the plan models the replica (servescope/judgements/pace.py). At
+        most one beyond max(--knee-repeats, 2): an engine whose speed keeps moving is measured as it is, and the
+        plan's speed spread carries it."""
+        for level in levels:
+            paces = self.paces(level)
+            if len(paces) <= max(self.repeats, 2) and pace.owed(paces):
+                shown = ", ".join(numbers.milliseconds(p, missing="-") for p in paces)
+                self.say(
+                    f"knee: {level:g} {UNITS[self.over]}: its measurements disagree in pace ({shown} ms a token, more "
+                    f"than {pace.AGREE:.0%} apart): measuring it once more"
+                )
                 return level
         return None
 
@@ -533,6 +560,7 @@ class KneeSearch:
                     "trusted": p.phase in used,
                     "noisy": list(p.noisy),
                     "reuse": asdict(p.reuse) if p.reuse else None,
+                    "pace_s": pace.of_records(self._records.get(p.phase, [])),
                 }
                 for p in self.probes
             ],

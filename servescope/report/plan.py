@@ -18,7 +18,7 @@ from servescope.contracts import routing as routing_policies
 from servescope.contracts.runfolder import KNEE, KNEE_CONCURRENCY, RequestRecord, new_run_id
 from servescope.contracts.settings import PlanSettings, ReportSettings, SloKnobs
 from servescope.engines.base import BATCH_SLOTS
-from servescope.judgements import slo
+from servescope.judgements import pace, slo
 from servescope.report import energy, load, replicas, speed, traffic, workloads
 from servescope.report.replicas import Level, Profile
 from servescope.text import numbers
@@ -121,15 +121,25 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
         measured: dict[float, list[tuple[str, list[RequestRecord], dict | None]]] = {}
         phases = {p.phase: p for p in run.phases_of(instance)}
         for probe in summary["probes"]:
-            if not probe.get("trusted") or probe["phase"] not in phases:
-                continue
-            records = run.requests_of(instance, probe["phase"], gaps=True)
-            level = float(probe["level"])
-            by_level.setdefault(level, []).extend(records)
-            ph = phases[probe["phase"]]
-            measured.setdefault(level, []).append((ph.phase, records, ph.noise))
-            walls[level] = walls.get(level, 0.0) + max(ph.ended_at - ph.started_at, 1e-9)
-            energy_by_level.setdefault(level, []).append(energy.of_record(ph))
+            if probe.get("trusted") and probe["phase"] in phases:
+                ph = phases[probe["phase"]]
+                records = run.requests_of(instance, ph.phase, gaps=True)
+                measured.setdefault(float(probe["level"]), []).append((ph.phase, records, ph.noise))
+        outvoted = []
+        for level, found in measured.items():
+            paces = [pace.of_records(records) for _, records, _ in found]
+            out = pace.outvoted(paces)
+            for i, (phase, records, _) in enumerate(found):
+                if i in out:  # a transient the level's other measurements outvote: in the spread, not the replica
+                    others = ", ".join(numbers.milliseconds(p, missing="-") for j, p in enumerate(paces) if j != i)
+                    outvoted.append(
+                        f"{phase} ({numbers.milliseconds(paces[i])} ms a token; the level's others {others})"
+                    )
+                    continue
+                ph = phases[phase]
+                by_level.setdefault(level, []).extend(records)
+                walls[level] = walls.get(level, 0.0) + max(ph.ended_at - ph.started_at, 1e-9)
+                energy_by_level.setdefault(level, []).append(energy.of_record(ph))
         levels = []
         for level, records in sorted(by_level.items()):
             busy = sum(r.e2e_s or 0.0 for r in records)
@@ -184,6 +194,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
             joules_per_good_token=joules,
             energy_reason=energy_reason,
             speed=spread,
+            outvoted=tuple(outvoted),
         )
     except ValueError as exc:
         raise PlanError(f"{path}: {exc}") from None
@@ -225,7 +236,7 @@ def _level(concurrency: float, records: list[RequestRecord]) -> Level:
     shape = np.sort(np.concatenate(ratios)) if ratios else np.zeros(0)
     if len(shape) > ITL_SHAPE_POINTS:
         shape = shape[np.linspace(0, len(shape) - 1, ITL_SHAPE_POINTS).round().astype(np.int64)]
-    return Level(concurrency, ttft, tpot, failed, len(records), speed.pace(prefill), shape)
+    return Level(concurrency, ttft, tpot, failed, len(records), pace.pace(prefill), shape)
 
 
 def _with_gap_shapes(levels: list[Level]) -> list[Level]:
@@ -603,6 +614,11 @@ def plan(
     if profile.prompt_tokens:
         notes.append(f"knee measured {profile.prompt_tokens}-token prompts, {profile.output_tokens} tokens out")
     notes.append(spread.describe())
+    if profile.outvoted:
+        notes.append(
+            f"left out of the modelled replica, in the spread only: {'; '.join(profile.outvoted)} (its pace disagreed "
+            f"with its level's other measurements, which agreed: a transient, servescope/judgements/pace.py)"
+        )
     shown = count or at_knee  # the count the row's figures are at: the recommended one, else the knee speed's
     last = at(max_replicas if shown is None else shown)
     row = PlanRow(

@@ -68,7 +68,7 @@ class Level:
     tpot_s: np.ndarray  # sorted, successful requests of more than one token (empty: decode takes no time)
     failed_share: float
     requests: int
-    prefill_ms: float | None = None  # the engine's own prefill timing's pace (speed.pace), where it times each request
+    prefill_ms: float | None = None  # the engine's own prefill timing's pace (pace.pace), where it times each request
     itl_shape: np.ndarray = field(default_factory=_empty)  # sorted: each measured gap over its request's TPOT
 
     def ttft(self, u: float) -> float:
@@ -105,6 +105,9 @@ class Profile:
     energy_reason: str = "not measured"
     # How its knee saw its speed move (servescope/report/speed.py), for the plan's band; None: not read from a knee
     speed: Spread | None = None
+    # Measurements of the knee left out of `levels`, as text: a pace its level's other measurements outvoted
+    # (servescope/judgements/pace.py); `speed` still counts them
+    outvoted: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.levels:

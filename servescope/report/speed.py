@@ -28,6 +28,7 @@ import numpy as np
 from servescope.contracts.runfolder import RequestRecord
 from servescope.host import hostnoise
 from servescope.judgements import slo
+from servescope.judgements.pace import known_values
 from servescope.report import workloads
 
 LOW_PCT, HIGH_PCT = 10, 90  # the band's fast and slow edges: percentiles of a later measurement's speed
@@ -139,24 +140,9 @@ def _both(factor: float) -> Edge:
     return Edge(factor, factor)
 
 
-def pace(values: Iterable[float | None]) -> float | None:
-    """The pace a set of requests' times says an engine runs at, to scale a measured profile to: their mean (None
-    where none is known). A queue's capacity is one over its mean service time, so a speed that sets a prediction's
-    queueing is a mean: a median leaves out the slow tail that a busy replica's queue still waits through (replayed
-    over three quiet 180-s checks, the rows' E2E p50 error at their own speed was 1.4 / 3.1 / 6.9% with medians and
-    1.4 / 1.9 / 3.5% with means: docs/plan.md). The spread between measurements (`measurements`) stays a ratio of
-    medians: there a stall in one measurement is noise, not pace."""
-    known = _known(values)
-    return float(np.mean(known)) if known else None
-
-
 def _median(values: Iterable[float | None]) -> float | None:
-    known = _known(values)
+    known = known_values(values)
     return float(np.median(known)) if known else None
-
-
-def _known(values: Iterable[float | None]) -> list[float]:
-    return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
 def _prefill_s(record: RequestRecord, engine_timed: bool) -> float | None:
@@ -168,7 +154,8 @@ def _prefill_s(record: RequestRecord, engine_timed: bool) -> float | None:
 
 def measurements(level: float, phases: Sequence[tuple[str, list[RequestRecord], dict | None]]) -> list[Measurement]:
     """Each measurement of one level (phase name, its records, its host noise) against the level pooled: [] for a
-    level measured once, or whose requests all failed."""
+    level measured once, or whose requests all failed. A ratio of medians, where a profile is scaled to a mean
+    (pace.pace): between measurements a stall in one of them is noise, not pace."""
     if len(phases) < 2:
         return []
     ok = [[r for r in records if r.ok] for _, records, _ in phases]

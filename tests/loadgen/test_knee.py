@@ -316,9 +316,12 @@ def test_a_quiet_measurement_outweighs_a_noisy_one_of_the_same_level(tmp_path, m
     assert "note: 1 measurement on a busy host outweighed by a quiet one of the same level" in search.lines()
 
 
-def searched(tmp_path, monkeypatch, noisy: tuple[str, ...], **changes) -> tuple[list[float], dict, list[str]]:
+def searched(
+    tmp_path, monkeypatch, noisy: tuple[str, ...], e2e=lambda phase: 1.0, **changes
+) -> tuple[list[float], dict, list[str]]:
     """A whole knee search over a stand-in engine that meets `ttft_p95<=0.5` up to 2 users and misses it above,
-    every measurement's host noise `noisy`: the levels measured, knee.json, the search's lines."""
+    every measurement's host noise `noisy`, each request's E2E `e2e(phase name)` (4 tokens: its time per token a
+    third of E2E - TTFT): the levels measured, knee.json, the search's lines."""
     from argparse import Namespace
 
     from loadgen import knee as knee_module
@@ -344,7 +347,7 @@ def searched(tmp_path, monkeypatch, noisy: tuple[str, ...], **changes) -> tuple[
     while phase is not None:
         levels.append(phase.level)
         for i in range(10):
-            r = rec(ttft=0.1 if phase.level <= 2 else 2.0, started=100.0 + i)
+            r = rec(ttft=0.1 if phase.level <= 2 else 2.0, e2e=e2e(phase.name), started=100.0 + i)
             r.phase = phase.name
             folder.append_request(r)
         phase = search.after(phase, folder)
@@ -357,6 +360,32 @@ def test_a_search_on_a_host_busy_throughout_concludes_from_its_noisy_measurement
     assert levels == [1, 2, 4, 3, 3]  # the first failing level once more (a transient's?), then concluded from
     assert (result["status"], result["knee"], result["first_failing"]) == ("found", 2, 3)
     assert any(line.startswith("note: 5 measurements taken on a busy host and concluded from") for line in lines)
+
+
+def test_a_boundary_level_whose_measurements_disagree_in_pace_is_measured_once_more(tmp_path, monkeypatch):
+    # The knee's (2 users) second measurement runs 20% slower a token: a third says which of the two was the transient.
+    levels, result, lines = searched(
+        tmp_path, monkeypatch, (), knee_repeats=2, e2e=lambda phase: 1.18 if phase == "knee-c2-2" else 1.0
+    )
+    assert levels.count(2) == 3 and levels[-1] == 2
+    paces = {p["phase"]: p["pace_s"] for p in result["probes"]}
+    assert paces["knee-c2-1"] == pytest.approx(0.3) and paces["knee-c2-2"] == pytest.approx(0.36)
+    assert paces["knee-c2-3"] == pytest.approx(0.3)
+    assert (result["knee"], result["first_failing"]) == (2, 3)
+
+
+def test_measurements_within_a_twentieth_in_pace_are_not_measured_again(tmp_path, monkeypatch):
+    levels, _, _ = searched(tmp_path, monkeypatch, (), knee_repeats=2, e2e=lambda p: 1.036 if p == "knee-c2-2" else 1.0)
+    assert levels.count(2) == 2  # 4% slower a token: within pace.AGREE
+
+
+def test_a_level_whose_pace_keeps_moving_is_measured_once_more_only(tmp_path, monkeypatch):
+    # Each measurement of 2 users 10% slower a token than the one before: no two agree, and the search still ends.
+    levels, result, _ = searched(
+        tmp_path, monkeypatch, (), knee_repeats=2, e2e=lambda phase: 0.1 + 0.9 * 1.1 ** int(phase.rsplit("-", 1)[1])
+    )
+    assert levels.count(2) == 3
+    assert result["status"] == "found"
 
 
 def test_a_search_stopped_by_its_budget_says_how_many_measurements_would_settle_it(tmp_path, monkeypatch):

@@ -251,15 +251,33 @@ def test_the_t_table_falls_towards_the_normal_as_the_measurements_grow():
     assert values == sorted(values, reverse=True) and values[0] == pytest.approx(3.078) and values[-1] == speed.Z90
 
 
-def test_the_pace_a_profile_is_scaled_to_is_the_mean_of_the_known_times():
-    # A queue's capacity is one over its mean service time: a slow tail counts, where a median would leave it out.
-    assert speed.pace([1.0, 1.0, 1.0, 5.0]) == pytest.approx(2.0)
-    assert speed.pace([1.0, None, float("nan"), 3.0]) == pytest.approx(2.0)
-    assert speed.pace([]) is None and speed.pace([None, float("inf")]) is None
-
-
 def test_a_levels_engine_prefill_is_its_pace(tmp_path):
     # Engine-timed prefill 80 ms at every measurement of level 1 but one, 20% slower: the mean, not the median.
     measured = ((1, [(0.10, 0.020, 1.0), (0.10, 0.020, 1.0), (0.10, 0.020, 1.0), (0.12, 0.020, 1.0)]),)
     profile = plan.profile_of(varying_knee(tmp_path, measured, engine_prefill=True))
     assert profile.levels[0].prefill_ms == pytest.approx(80 * 1.05)
+
+
+def test_a_measurement_its_levels_others_outvote_in_pace_is_left_out_of_the_replica_not_the_spread(tmp_path, capsys):
+    # Level 2 measured three times: the second 20% slower a token, the other two alike. The replica is modelled from
+    # the two that agree; the spread still counts all three; the plan's notes name the one left out.
+    measured = (
+        (1, [(0.10, 0.020, 1.0)]),
+        (2, [(0.12, 0.020, 1.0), (0.144, 0.024, 1.0), (0.12, 0.0201, 1.0)]),
+    )
+    profile = plan.profile_of(varying_knee(tmp_path, measured))
+    two = profile.levels[1]
+    assert two.requests == 40 and float(two.tpot_s.max()) == pytest.approx(0.0201)
+    assert len(profile.speed.measurements) == 3
+    assert profile.outvoted == ("knee-c2-2 (24.0 ms a token; the level's others 20.0, 20.1)",)
+    row, _ = plan.plan(profile, traffic.constant(0.5, 60), slo.parse("ttft<=0.5"), replicas.LEAST_CONN, 1, 60, 4, None)
+    assert any(
+        note.startswith("left out of the modelled replica, in the spread only: knee-c2-2 (24.0 ms")
+        for note in row.notes
+    )
+
+
+def test_two_measurements_that_disagree_are_both_kept(tmp_path):
+    # Without a third to say which one was the transient, neither is left out.
+    profile = plan.profile_of(varying_knee(tmp_path))
+    assert profile.outvoted == () and profile.levels[1].requests == 40
