@@ -123,3 +123,10 @@ def test_the_ratio_bootstrap_sees_goodput_rise_and_not_when_the_sides_are_alike(
     same = bootstrap_ratio_delta(worse, ([0.0, 1.0, 1.0, 1.0] * 10, [0.2] * 40, 3.0))
     assert same["delta"] == pytest.approx(0) and same["ci_low"] < 0 < same["ci_high"]
     assert bootstrap_ratio_delta(([], [], 1.0), worse)["delta"] is None
+
+
+def test_the_median_ci_of_one_value_is_that_value_without_drawing(monkeypatch):
+    # A run of one repetition (every short run's table row): each resample would be the value itself.
+    monkeypatch.setattr(stats.np.random, "default_rng", lambda *a, **k: pytest.fail("drew resamples of one value"))
+    assert stats.bootstrap_median_ci([0.25]) == (0.25, 0.25, 0.25)
+    assert stats.bootstrap_median_ci([None, 0.25, float("nan")]) == (0.25, 0.25, 0.25)
