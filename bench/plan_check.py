@@ -463,6 +463,7 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
         heads += ["in band", "diff", "requests", "ms/token", *(["probed", "busy"] if probing else []), "row speed"]
         print(" ".join(f"{h:<12}" if i == 0 else f"{h:>9}" for i, h in enumerate(heads)))
         at_knee_latency: list[tuple[dict, dict]] = []  # (predicted, measured) latency, one a row
+        at_probe_latency: list[tuple[dict, dict]] = []  # the same at the speed probed just before the row
         at_row_latency: list[tuple[dict, dict]] = []
         in_band: list[bool | None] = []
         bands: list[list[float | None] | None] = []
@@ -508,6 +509,9 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
                     band = plan.attainment_band(knee_p, slow, fast)
                     row_p = predicted(*at_row_speed(profile, sharing, row))
                     at_knee_latency.append((knee_p.latency, row.latency))
+                    if probing:  # what a user who probes the engine when using the plan gets: no probe after the row
+                        probe_p = predicted(*at_speed(profile, sharing, knee_at, before[0], before[1]))
+                        at_probe_latency.append((probe_p.latency, row.latency))
                     at_row_latency.append((row_p.latency, row.latency))
                     in_band.append(inside(band, row.attained))
                     bands.append(band)
@@ -571,7 +575,7 @@ def _check(args, spec: slo.SloSpec, kind: str, counts: list[int]) -> int:
         "queueing model is right, and the miss is in the speed it was given"
     )
     print(band_widths(bands, spread))
-    print("\n".join(mape_table(at_knee_latency, at_row_latency)))
+    print("\n".join(mape_table(at_knee_latency, at_row_latency, at_probe_latency)))
     return judge(in_band, counts_ok, at_knee_latency, at_row_latency)
 
 
@@ -628,12 +632,20 @@ def band_widths(bands: list[list[float | None] | None], spread: speed.Spread) ->
     )
 
 
-def mape_table(at_knee_latency: list[tuple[dict, dict]], at_row_latency: list[tuple[dict, dict]]) -> list[str]:
+def mape_table(
+    at_knee_latency: list[tuple[dict, dict]],
+    at_row_latency: list[tuple[dict, dict]],
+    at_probe_latency: list[tuple[dict, dict]] | None = None,
+) -> list[str]:
     """The latency error over the rows, in the simulator comparisons' form: MAPE per percentile, at the knee's speed
-    (the prediction a user gets) and at the row's own (the queueing model's error alone)."""
+    (the prediction a user gets), at the speed probed just before each row where the check probes (what a user who
+    probes the engine when using the plan gets) and at the row's own (the queueing model's error alone)."""
     heads = [f"{'TTFT' if m == 'ttft_s' else 'E2E'} {q}" for m, q in LATENCIES]
     lines = [f"{f'latency MAPE, {len(at_knee_latency)} rows':<27}" + " ".join(f"{h:>9}" for h in heads)]
-    for name, rows in (("at the knee's speed", at_knee_latency), ("at the row's speed", at_row_latency)):
+    named = [("at the knee's speed", at_knee_latency)]
+    named += [("at the speed probed before", at_probe_latency)] if at_probe_latency else []
+    named += [("at the row's speed", at_row_latency)]
+    for name, rows in named:
         values = [mape(latency_pairs(rows, m, q)) for m, q in LATENCIES]
         lines.append(f"{name:<27}" + " ".join(f"{numbers.percent_figure(v, 1, '-'):>9}" for v in values))
     return lines
