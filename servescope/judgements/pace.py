@@ -21,7 +21,7 @@ from servescope.judgements import slo
 
 # Two measurements of one load agree on pace when the slower is at most this much slower. Why a twentieth: in four
 # quiet checks measurements that caught no transient were 0.4-4.0% apart (time per token) and those that caught one
-# 8.8-9.0%; and near saturation 4% of speed moved the plan's attainment 9-17 points (issue 41), so a smaller gap is
+# 8.8-9.0% (a fifth, pass H, 6-12%: a drift, no two agreeing, nothing outvoted); and near saturation 4% of speed moved the plan's attainment 9-17 points (issue 41), so a smaller gap is
 # noise the band carries and a larger one a measurement the plan should not pool.
 AGREE = 0.05
 
