@@ -392,8 +392,12 @@ class KneeSearch:
         return None
 
     def paces(self, level: float) -> list[float | None]:
-        """Each trusted measurement's pace at this level (pace.of_records), in the order measured."""
-        return [pace.of_records(self._records.get(p.phase, [])) for p in self.trusted(level)]
+        """Each trusted measurement's pace at this level, in the order measured."""
+        return [self._pace(p) for p in self.trusted(level)]
+
+    def _pace(self, probe: Probe) -> float | None:
+        """One measurement's pace (pace.of_records): its requests' mean time per output token."""
+        return pace.of_records(self._records.get(probe.phase, []))
 
     def _pace_owed(self, *levels: float) -> float | None:
         """A boundary level whose measurements disagree in pace (no two within pace.AGREE): measured once more, so a
@@ -560,7 +564,7 @@ class KneeSearch:
                     "trusted": p.phase in used,
                     "noisy": list(p.noisy),
                     "reuse": asdict(p.reuse) if p.reuse else None,
-                    "pace_s": pace.of_records(self._records.get(p.phase, [])),
+                    "pace_s": self._pace(p),
                 }
                 for p in self.probes
             ],

@@ -21,8 +21,9 @@ from servescope.judgements import slo
 
 # Two measurements of one load agree on pace when the slower is at most this much slower. Why a twentieth: in four
 # quiet checks measurements that caught no transient were 0.4-4.0% apart (time per token) and those that caught one
-# 8.8-9.0% (a fifth, pass H, 6-12%: a drift, no two agreeing, nothing outvoted); and near saturation 4% of speed moved the plan's attainment 9-17 points (issue 41), so a smaller gap is
-# noise the band carries and a larger one a measurement the plan should not pool.
+# 8.8-9.0% (a fifth, pass H, 6-12%: a drift, no two agreeing, nothing outvoted); and near saturation 4% of speed moved
+# the plan's attainment 9-17 points (issue 41), so a smaller gap is noise the band carries and a larger one a
+# measurement the plan should not pool.
 AGREE = 0.05
 
 
@@ -57,17 +58,22 @@ def outvoted(paces: Sequence[float | None]) -> set[int]:
     a transient the rest outvote. Empty where nothing stands out (fewer than three known, or no two agree: then the
     engine's speed moved and every measurement is as good as another). A pace that is not a time (None, 0 or less)
     is neither compared nor outvoted."""
-    known = [i for i, p in enumerate(paces) if _comparable(p)]
-    agrees = {i: {j for j in known if j != i and agree(paces[i], paces[j])} for i in known}
+    agrees = _agreements(paces)
     if not any(agrees.values()):
         return set()
-    return {i for i in known if not agrees[i]}
+    return {i for i, others in agrees.items() if not others}
 
 
 def owed(paces: Sequence[float | None]) -> bool:
     """One more measurement is owed: at least two paces are times (above 0) and no two of them agree."""
-    known = [p for p in paces if _comparable(p)]
-    return len(known) >= 2 and not any(agree(a, b) for i, a in enumerate(known) for b in known[i + 1 :])
+    agrees = _agreements(paces)
+    return len(agrees) >= 2 and not any(agrees.values())
+
+
+def _agreements(paces: Sequence[float | None]) -> dict[int, set[int]]:
+    """For each pace that is a time, the indices of the other paces it agrees with."""
+    known = [i for i, p in enumerate(paces) if _comparable(p)]
+    return {i: {j for j in known if j != i and agree(paces[i], paces[j])} for i in known}
 
 
 def _comparable(value: float | None) -> bool:
