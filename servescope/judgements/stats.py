@@ -313,9 +313,9 @@ def bootstrap_median_ci(
     if len(data) == 1:  # every resample is that one value: no draws (and numpy.random, 0.015 CPU-s, left unloaded)
         return float(data[0]), float(data[0]), float(data[0])
     rng = np.random.default_rng(seed)
-    medians = np.median(data[rng.integers(0, len(data), size=(resamples, len(data)))], axis=1).tolist()
+    medians = resampled_medians(data, rng.integers(0, len(data), size=(resamples, len(data)))).tolist()
     alpha = (1.0 - confidence) / 2.0
-    return float(np.median(data)), percentile(medians, 100.0 * alpha), percentile(medians, 100.0 * (1.0 - alpha))
+    return median(data), percentile(medians, 100.0 * alpha), percentile(medians, 100.0 * (1.0 - alpha))
 
 
 def bootstrap_ratio_delta(

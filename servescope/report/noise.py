@@ -20,6 +20,7 @@ import numpy as np
 from servescope.contracts.runfolder import PhaseRecord, base_phase
 from servescope.contracts.thresholds import NoiseRule
 from servescope.host import hostnoise
+from servescope.judgements import stats
 from servescope.report import gauges, query
 from servescope.report.crosscheck import PARSED, REQUEST_TIME
 from servescope.report.load import Run
@@ -113,7 +114,7 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
         for instance, phase, n in counts:
             by_base.setdefault((instance, base_phase(phase)), []).append(times[start : start + n])
             start += n
-        medians = {key: float(np.median(np.concatenate(parts))) for key, parts in by_base.items()}
+        medians = {key: stats.median(np.concatenate(parts)) for key, parts in by_base.items()}
         _judge(run, rule, out, medians, latest)
     finally:
         run.con.execute("DROP TABLE IF EXISTS request_times")

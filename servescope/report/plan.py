@@ -18,7 +18,7 @@ from servescope.contracts import routing as routing_policies
 from servescope.contracts.runfolder import KNEE, KNEE_CONCURRENCY, RequestRecord, new_run_id
 from servescope.contracts.settings import PlanSettings, ReportSettings, SloKnobs
 from servescope.engines.base import BATCH_SLOTS
-from servescope.judgements import pace, slo
+from servescope.judgements import pace, slo, stats
 from servescope.report import energy, load, replicas, speed, traffic, workloads
 from servescope.report.replicas import Level, Profile
 from servescope.text import numbers
@@ -148,7 +148,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
                 levels.append(_level(in_flight, records))
         levels = _with_gap_shapes(sorted(levels, key=lambda lv: lv.concurrency))
         ok = [r for recs in by_level.values() for r in recs if r.ok]
-        out_tokens = int(np.median([r.output_tokens for r in ok if r.output_tokens])) if ok else 0
+        out_tokens = int(stats.median([r.output_tokens for r in ok if r.output_tokens]) or 0) if ok else 0
         prompt = [r.prompt_tokens for r in ok if r.prompt_tokens]
         info = run.engines.get(instance)
         knee_level = summary.get("knee") if summary.get("knee") in by_level else None
@@ -190,7 +190,7 @@ def profile_of(path: Path, slots: int | None = None) -> Profile:
             knee=float(knee) if isinstance(knee, (int, float)) and closed_loop else None,
             slots=slots,
             output_tokens=max(out_tokens, 1),
-            prompt_tokens=int(np.median(prompt)) if prompt else None,
+            prompt_tokens=int(stats.median(prompt)) if prompt else None,
             joules_per_good_token=joules,
             energy_reason=energy_reason,
             speed=spread,

@@ -27,7 +27,7 @@ import numpy as np
 
 from servescope.contracts.runfolder import RequestRecord
 from servescope.host import hostnoise
-from servescope.judgements import slo
+from servescope.judgements import slo, stats
 from servescope.judgements.pace import known_values
 from servescope.report import workloads
 
@@ -142,7 +142,7 @@ def _both(factor: float) -> Edge:
 
 def _median(values: Iterable[float | None]) -> float | None:
     known = known_values(values)
-    return float(np.median(known)) if known else None
+    return stats.median(known) if known else None
 
 
 def _prefill_s(record: RequestRecord, engine_timed: bool) -> float | None:

@@ -640,3 +640,18 @@ def test_cpu_priority_on_where_it_is_not_allowed_stops_the_run_before_its_folder
         "(CPU_PRIORITY=auto measures without it)"
     ]
     assert not (tmp_path / "r").exists()
+
+
+def test_a_short_runs_whole_process_leaves_numpy_ma_and_numpy_random_unloaded(server, tmp_path):
+    """A 4-request run is made by the dozen (quick, the knee, tune): its summary's medians are found by partitioning
+    (servescope.judgements.stats.median), so numpy.ma (np.median's NaN check) and numpy.random are never imported."""
+    proc = run_python(
+        "-X", "importtime", "-m", "loadgen", "burst", "--engine", f"vllm={server.url}", "--burst-size", "4",
+        "--warmup", "0", "--results", str(tmp_path), "--run-id", "short", "--metrics-port", "0", "--quiet",
+        env=WITHOUT_SAMPLER, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "sequential-vs-burst table" in proc.stdout  # the summary ran, so what it imports is counted
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert {"numpy", "_duckdb"} <= imported  # the lines were read: the summary's engine is there
+    assert not {"numpy.ma", "numpy.random"} & imported
