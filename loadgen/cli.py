@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return quick(argv[1:])
     if argv[:1] == ["webui"]:
-        known, extra = build_parser().parse_known_args(argv)
+        known, extra = build_parser(argv=argv).parse_known_args(argv)
         return webui(known, extra)
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv=argv).parse_args(argv)
     try:
         llm.check_geventhttpclient()
         return run_headless(RunPlan.from_args(args))  # the namespace ends here

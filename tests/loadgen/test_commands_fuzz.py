@@ -10,6 +10,7 @@ bounded users and queues.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 
@@ -163,3 +164,23 @@ def check_accepted(args, plan) -> None:
             assert math.isfinite(phase.schedule.rate) and phase.schedule.rate > 0
         else:
             pytest.fail(f"unexpected phase {phase!r}")
+
+
+@functools.cache
+def _whole_parser():
+    return build_parser()  # built under the test's knobs, as the one built for the command is (PARSER: at import)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(argv=command_lines())
+def test_the_parser_built_for_the_named_command_reads_it_as_the_whole_parser_does(argv):
+    """A run builds only its own command's options (build_parser(argv=...)): the same values, the same refusals."""
+    outcomes = []
+    for parser in (_whole_parser(), build_parser(argv=argv)):
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                outcomes.append(vars(parser.parse_args(argv)))
+        except SystemExit as exit_:
+            outcomes.append((exit_.code, stderr.getvalue()))
+    assert outcomes[0] == outcomes[1], argv
