@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+import types
 
 import psutil
 import pytest
@@ -190,3 +191,23 @@ def test_the_engine_under_test_is_found_by_its_port_or_its_record():
 )
 def test_shares_read_as_the_issue_writes_them(cores, text):
     assert numbers.cores(cores) == text
+
+
+def test_a_port_found_listening_a_moment_ago_is_answered_without_another_scan(monkeypatch):
+    """A run asks for each engine's port a moment apart: one scan answers; a port it did not find is scanned for."""
+    listen = psutil.CONN_LISTEN
+    conns = [
+        types.SimpleNamespace(status=listen, laddr=types.SimpleNamespace(port=8009), pid=11),
+        types.SimpleNamespace(status="ESTABLISHED", laddr=types.SimpleNamespace(port=8081), pid=12),
+    ]
+    scans = []
+    monkeypatch.setattr(psutil, "net_connections", lambda kind: scans.append(kind) or list(conns))
+    monkeypatch.setattr(hostnoise, "_last_scan", (-hostnoise.LISTENERS_FRESH_S, {}))
+    assert hostnoise.listeners(8009) == {11} and len(scans) == 1
+    assert hostnoise.listeners(8009) == {11} and len(scans) == 1  # found a moment ago: no scan
+    conns.append(types.SimpleNamespace(status=listen, laddr=types.SimpleNamespace(port=8081), pid=13))
+    assert hostnoise.listeners(8081) == {13} and len(scans) == 2  # not listening at the last scan: scanned again
+    conns[0].pid = 14  # the engine restarted; the last scan is then older than the window
+    at, found = hostnoise._last_scan
+    hostnoise._last_scan = (at - hostnoise.LISTENERS_FRESH_S - 0.1, found)
+    assert hostnoise.listeners(8009) == {14} and len(scans) == 3
