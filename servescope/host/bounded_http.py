@@ -204,6 +204,7 @@ class Origin:
             self._literal = True
         except ValueError:
             self._literal = False
+        self._numeric: list | None = None  # a literal host's addresses, once asked for
 
     def _fail(self, url: str, reason: str, *, timed_out: bool = False, unreachable: bool = False) -> ServiceError:
         return self.error(f"GET {url}: {reason}", reason=reason, timed_out=timed_out, unreachable=unreachable)
@@ -371,7 +372,14 @@ class Origin:
 
     def _addresses(self, deadline: float, url: str) -> list:
         if self._literal:
-            return socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+            # An address needs no lookup and its answer never changes: asked once. Under gevent each getaddrinfo is
+            # a round trip through its thread pool, and the sampler connects ten times a second to an exporter
+            # that may not be up (a third of each refused read's CPU).
+            if self._numeric is None:
+                self._numeric = socket.getaddrinfo(
+                    self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+                )
+            return self._numeric
         # getaddrinfo cannot be interrupted: it runs in a thread of its own, waited on until the
         # deadline only, and shared by the readers that come while it is still resolving.
         with self._lock:

@@ -242,3 +242,19 @@ def test_a_redirect_on_an_ipv6_origin_stays_on_it():
     with server:
         assert bounded_http.get(f"http://[::1]:{port}/old", 5).body == b"ok"
     assert server.paths() == ["/old", "/new"]
+
+
+def test_a_literal_address_is_looked_up_once_and_a_name_at_every_new_connection(monkeypatch):
+    """The sampler connects ten times a second to an exporter that may not be up: an address needs no lookup, and
+    under gevent each one is a round trip through its thread pool. A name is looked up again (a container moves)."""
+    real, asked = socket.getaddrinfo, []
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: asked.append(host) or real(host, *a, **k))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # bound, not listening: every connection is refused
+        port = held.getsockname()[1]
+        for host in ("127.0.0.1", "localhost"):
+            origin = Origin(f"http://{host}:{port}")
+            for _ in range(3):
+                with pytest.raises(ServiceError):
+                    origin.get("/metrics", time.monotonic() + 5)
+    assert asked == ["127.0.0.1", "localhost", "localhost", "localhost"]
