@@ -30,7 +30,7 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 # What a run can take: no wait, pause, timeout or replay in it may be longer (a trace spans at most this, too).
@@ -45,6 +45,13 @@ INDEX = "records.duckdb"
 INDEX_SEAL = INDEX + ".seal"
 SCHEMA_VERSION = 1
 FOLDER_MODE = 0o700  # a run folder: only its owner lists or reads it (README, Security defaults)
+
+
+def record_json(record: Any, **extra: Any) -> str:
+    """A record's fields (and `extra`) as one compact JSON line. Not asdict(): it deep-copies every list and dict one
+    item at a time (a request's itl_s of thousands of floats; a sample's values ten times a second), and json writes
+    them as they are."""
+    return json.dumps({**{f.name: getattr(record, f.name) for f in fields(record)}, **extra}, separators=(",", ":"))
 
 
 @dataclass
@@ -85,8 +92,7 @@ class RequestRecord:
     worker: int | None = None  # the load generator worker process that sent it (--workers, Locust workers); None: one
 
     def to_json(self) -> str:
-        # Not asdict(): it deep-copies itl_s one float at a time, slow for a record of thousands of tokens.
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, separators=(",", ":"))
+        return record_json(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
@@ -136,9 +142,7 @@ class PhaseRecord:
         return self.ended_at - self.started_at
 
     def to_json(self) -> str:
-        data = asdict(self)
-        data["wall_s"] = self.wall_s
-        return json.dumps(data, separators=(",", ":"))
+        return record_json(self, wall_s=self.wall_s)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PhaseRecord:
@@ -394,7 +398,7 @@ class SampleRecord:
     missing: str | None = None  # why this read has no values (exporter unreachable, engine not answering)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return record_json(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SampleRecord:
