@@ -13,16 +13,14 @@ from servescope.contracts.runfolder import RunFolder, read_samples
 from servescope.host import hostnoise
 from servescope.judgements import prefix_reuse
 from servescope.report import load as report_load
+from servescope.report import run_slo
 from servescope.report import table as report_table
 
 
 def print_summary(folder: RunFolder, out: TextIO) -> None:
     """One source with `report --table-only`: the same reader, the same table, the same refusals."""
-    # the report's SLO limits: the run's index, made by this first reading, counts them
-    from servescope.report import goodput
-
-    try:
-        run = report_load.load(folder.path, goodput.manifest_gap_limits)
+    try:  # the report's SLO gap limits: a run's index, made by this first reading, counts them for the report
+        run = report_load.load(folder.path, run_slo.manifest_gap_limits)
     except report_load.RunError:
         return
     others = [p for p in run.phases if not (report_table.is_sequential(p) or report_table.is_burst(p))]

@@ -15,7 +15,7 @@ from servescope.contracts import thresholds
 from servescope.contracts.runfolder import PHASES, PhaseRecord, write_file
 from servescope.contracts.settings import ReportSettings
 from servescope.judgements import slo, stats
-from servescope.report import compare, goodput, latency, load, noise
+from servescope.report import compare, goodput, latency, load, noise, run_slo
 from servescope.report.load import Run
 from servescope.text import numbers
 
@@ -475,7 +475,7 @@ def main(argv: list[str]) -> int:
             raise CheckError(f"the candidate is the baseline ({cand_path}): give --run")
         specs = []
         for path in (base_path, cand_path):
-            run = load.load(path, lambda manifest: goodput.manifest_gap_limits(manifest, args.slo, knob))
+            run = load.load(path, lambda manifest: run_slo.manifest_gap_limits(manifest, args.slo, knob))
             runs.append(run)
             if not run.request_count:
                 raise CheckError(f"{path}: no requests recorded")

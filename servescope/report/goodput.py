@@ -21,6 +21,7 @@ from servescope.judgements.percentile import numpy_percentile_of
 from servescope.report import energy, latency, query, schedule
 from servescope.report.load import Run, knee_of
 from servescope.report.render import Bullets, Paragraph, Section, Table
+from servescope.report.run_slo import is_flag, spec_of_manifest
 from servescope.text import numbers, words
 
 
@@ -45,54 +46,6 @@ class PhaseGoodput:
 def spec_of(run: Run, override: str | None = None, strict: bool = False, knob: SloKnobs | None = None) -> slo.SloSpec:
     """spec_of_manifest of the run's manifest."""
     return spec_of_manifest(run.manifest, override, strict, knob)
-
-
-def gap_limits(spec: slo.SloSpec) -> tuple[float, ...]:
-    """The ITL limits whose per-request counts the spec's percentile terms need: counted while the run is read."""
-    return tuple(t.limit_s for t in spec.terms if _is_flag(t))
-
-
-def manifest_gap_limits(
-    manifest: dict[str, Any], override: str | None = None, knob: SloKnobs | None = None
-) -> tuple[float, ...]:
-    """gap_limits of the spec a report of this run judges by, for the reader to count while it reads (a bad --slo:
-    none; the goodput section says why)."""
-    try:
-        return gap_limits(spec_of_manifest(manifest, override, knob=knob))
-    except slo.SloError:
-        return ()
-
-
-def spec_of_manifest(
-    manifest: dict[str, Any], override: str | None = None, strict: bool = False, knob: SloKnobs | None = None
-) -> slo.SloSpec:
-    """The spec asked for, else the one the run recorded, else the knobs' (`knob`, as the report's entry read them;
-    servescope/judgements/slo.resolve). The run folder's SLO record enters the report here.
-
-    A manifest is the run's word, not the user's: one whose SLO cannot be read costs the run its own
-    SLO (the knobs' is used), never the report; a bad --slo given here is the user's, and said so.
-    strict (a gate: `report check`): a recorded SLO that cannot be read is an SloError naming it, never the knobs'
-    in its place (a run recorded with `banana` passed every gate judged by another SLO).
-    """
-    flags = manifest.get("flags")
-    flags = flags if isinstance(flags, dict) else {}
-    text, share = flags.get("slo"), flags.get("slo_attainment")
-    text = text if isinstance(text, str) and text.strip() else None
-    share = share if isinstance(share, (int, float, str)) and not isinstance(share, bool) and share != "" else None
-    if override:
-        return slo.resolve(override, share, knob)
-    try:
-        return slo.resolve(text, share, knob)
-    except slo.SloError as exc:
-        if strict:
-            raise slo.SloError(f"the SLO its manifest records ({_shown(text)}) cannot be read: {exc}") from None
-        return slo.resolve(knob=knob)
-
-
-def _shown(text: Any) -> str:
-    """A manifest's value in one short line: its repr, cut."""
-    shown = repr(text)
-    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def build(run: Run, spec: slo.SloSpec) -> list[PhaseGoodput]:
@@ -168,14 +121,10 @@ def _itl_percentile_looked_up(term: slo.Term) -> str:
     return f"{stats.numpy_lerp_sql(a, b, f'({h} - floor({h}))')} <= {limit}"
 
 
-def _is_flag(term: slo.Term) -> bool:
-    return term.metric == "itl" and term.percentile is not None
-
-
 def _meets(term: slo.Term, value: str) -> str:
     """SQL: slo.Term.request_meets on a computed value (none: a miss for TTFT/E2E, nothing to miss for ITL/TPOT)."""
     missing = "TRUE" if term.metric in ("itl", "tpot") else "FALSE"
-    if _is_flag(term):
+    if is_flag(term):
         return f"coalesce({value}, {missing})"
     return f"coalesce({value} <= {term.limit_s!r}::DOUBLE, {missing})"
 
@@ -187,7 +136,7 @@ def _values(run: Run, terms, where: str, carry: str = "") -> str:
     An ITL percentile term's value needs the gap list only where the count leaves it undecided (a request or so in
     a thousand): those requests' lists are looked up by seq (u<i>), so the lists of the others are never read (the
     whole phase's lists were most of the goodput section's time on a long run)."""
-    flags = [i for i, t in enumerate(terms) if _is_flag(t)]
+    flags = [i for i, t in enumerate(terms) if is_flag(t)]
     counts = "".join(f", {_gaps_within(terms[i], run.db.limits)} AS c{i}" for i in flags)
     inner = f"SELECT *{counts} FROM requests WHERE {where}"
     values = ", ".join(f"{term_value(t, i)} AS v{i}" for i, t in enumerate(terms))
@@ -237,9 +186,9 @@ def evaluate(run: Run, spec: slo.SloSpec, instance: str, phase: str, wall_s: flo
         f"coalesce(sum(coalesce(output_tokens, 0)) FILTER (WHERE {good}), 0), count(*) FILTER (WHERE {meeting}), "
         + ", ".join(f"count(*) FILTER (WHERE ok AND NOT {m})" for m in meets)
         + ", "
-        + ", ".join("NULL" if _is_flag(t) else f"max(v{i}) FILTER (WHERE ok)" for i, t in enumerate(terms))
+        + ", ".join("NULL" if is_flag(t) else f"max(v{i}) FILTER (WHERE ok)" for i, t in enumerate(terms))
         + ", coalesce(sum(itl_s_n) FILTER (WHERE ok), 0), "
-        + ", ".join(f"coalesce(sum(c{i}) FILTER (WHERE ok), 0)" if _is_flag(t) else "NULL" for i, t in enumerate(terms))
+        + ", ".join(f"coalesce(sum(c{i}) FILTER (WHERE ok), 0)" if is_flag(t) else "NULL" for i, t in enumerate(terms))
         + f" FROM {_values(run, terms, where)}",
         params,
     ).fetchone()

@@ -230,7 +230,7 @@ LISTED_EDGES = {
     ("servescope.command", "servescope.report.cli"): "the reading verbs",
     ("servescope.command", "servescope.stack.cli"): "the stack's verbs",
     # a run's terminal summary and compare's extra passes read the folder as the report does
-    ("loadgen.summary", "servescope.report.goodput"): "the knee's goodput lines",
+    ("loadgen.summary", "servescope.report.run_slo"): "the SLO gap limits the report counts as it reads",
     ("loadgen.summary", "servescope.report.load"): "the run folder as the report loads it",
     ("loadgen.summary", "servescope.report.table"): "the reference table, the same rows",
     ("loadgen.trials", "servescope.report.load"): "compare judges its passes as the report will",

@@ -29,7 +29,7 @@ SLO_ENTRIES = {
     "loadgen/options.py:slo_spec": "--slo's argparse type: a spec that cannot be used is the flag's one line",
     "loadgen/runplan.py:spec_of": "a run's SLOs, read with its options (RunPlan.spec; Locust's init for its /metrics)",
     "loadgen/quick.py:Settings.of": "quick's command line, with quick's own defaults",
-    "servescope/report/goodput.py:spec_of_manifest": "a run folder's recorded SLOs, and the report's --slo over them",
+    "servescope/report/run_slo.py:spec_of_manifest": "a run folder's recorded SLOs, and the report's --slo over them",
     "servescope/report/plan.py:_spec": "the plan command's --slo over its knee runs' recorded SLOs",
     "servescope/report/plan.py:_recorded_spec": "a knee run folder's recorded SLOs, read with its knee.json",
     "servescope/stack/tune.py:Tuner.knee": "a knee run's knee.json, read once the run ends",

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from servescope.contracts import thresholds
 from servescope.contracts.runfolder import PhaseRecord, RunFolder
 from servescope.judgements import slo
-from servescope.report import goodput
+from servescope.report import goodput, run_slo
 from servescope.report.load import Run, load
 from tests.servescope.judgements.test_slo import rec
 
@@ -26,7 +26,7 @@ def run_with(flags, records=(), counted: bool = False) -> Run:
     for r in records:
         folder.append_request(r)
     folder.write_manifest({"run_id": "r", "flags": flags, "engines": {"vllm": {"kind": "vllm"}}})
-    limits_of = (lambda manifest: goodput.gap_limits(goodput.spec_of_manifest(manifest))) if counted else None
+    limits_of = (lambda manifest: run_slo.gap_limits(run_slo.spec_of_manifest(manifest))) if counted else None
     run = load(folder.path, limits_of)
     shutil.rmtree(folder.path.parent)  # the engine holds what it read
     return run
@@ -95,7 +95,7 @@ def test_the_engine_judges_a_phase_as_servescope_slo_does(ok_ttft_e2e_itl_tokens
         records.append(r)
     spec = slo.parse(text)
     run = run_with({"slo": text}, records, counted)
-    assert run.db.limits == (goodput.gap_limits(spec) if counted else ())
+    assert run.db.limits == (run_slo.gap_limits(spec) if counted else ())
     assert goodput.evaluate(run, spec, "vllm", "p", 4.0) == slo.evaluate(spec, records, 4.0)
 
 
