@@ -206,7 +206,8 @@ _last_scan: tuple[float, dict[int, set[int]]] = (-LISTENERS_FRESH_S, {})
 
 
 def listeners(port: int) -> set[int]:
-    """Pids with a TCP socket listening on `port` on this host (empty when unknown or not permitted)."""
+    """Pids with a TCP socket listening on `port` on this host (empty when unknown or not permitted), as the last scan
+    found them if it found the port listening less than LISTENERS_FRESH_S ago."""
     global _last_scan
     at, listening = _last_scan
     if port in listening and time.monotonic() - at <= LISTENERS_FRESH_S:
