@@ -141,8 +141,7 @@ def _both(factor: float) -> Edge:
 
 
 def _median(values: Iterable[float | None]) -> float | None:
-    known = known_values(values)
-    return stats.median(known) if known else None
+    return stats.median(known_values(values))  # none known: None
 
 
 def _prefill_s(record: RequestRecord, engine_timed: bool) -> float | None:
