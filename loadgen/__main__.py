@@ -21,7 +21,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from loadgen import startup  # noqa: E402 - imports nothing of gevent's or Locust's
 
 startup.without_the_web_ui()
-with startup.entry_points_scanned_once(), startup.certificates_loaded_on_use():  # one plugin scan; no TLS until used
+# One plugin scan; no TLS context and no ZeroMQ until used.
+with startup.entry_points_scanned_once(), startup.certificates_loaded_on_use(), startup.rpc_loaded_on_use():
     from loadgen.cli import main  # noqa: E402, I001 - Locust first (gevent monkey-patching)
 startup.stop_without_naming_the_caller()
 

@@ -11,6 +11,9 @@
   https request loading them). No `python -m loadgen` user has an HttpSession (the requests go through
   loadgen/client.py), so the certificates, 0.03 CPU s, are loaded the first time the context is asked anything
   (`certificates_loaded_on_use`).
+- Locust's runners import its master-worker messaging (ZeroMQ through locust.rpc.zmqrpc, msgpack through its
+  message format) whatever they run; only a master or a worker (`--workers`) sends a message. Those two modules are
+  loaded when first used, not when imported: the real modules, their bodies run then (`rpc_loaded_on_use`).
 - Locust imports its web UI (Flask, Werkzeug and their extensions) whatever it runs. `python -m loadgen` never makes one:
   `make webui` execs Locust's own main, which imports it as usual. So here `locust.web` is a stand-in whose WebUI
   refuses to be made (`without_the_web_ui`).
@@ -21,7 +24,9 @@ Together they were about a fifth of a 4-request run's CPU; bench/loadgen_accurac
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import logging
 import sys
 import types
@@ -133,6 +138,39 @@ def certificates_loaded_on_use() -> Iterator[None]:
             import urllib3.util
 
             urllib3.util.create_urllib3_context = hook.real
+
+
+RPC_MODULES = frozenset({"locust.rpc.zmqrpc", "msgpack"})  # Locust's messaging, and the encoding of its messages
+
+
+class _LoadedOnUse:
+    """An import hook: asked for one of `names` (not yet imported), it finds it as the path finder does and gives it a
+    lazy loader (importlib.util.LazyLoader): the module is made at once, its body runs at its first attribute read."""
+
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.names:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
+
+
+@contextlib.contextmanager
+def rpc_loaded_on_use() -> Iterator[None]:
+    """Locust's messaging modules (RPC_MODULES), imported while the block runs (Locust's import), loaded when a master
+    or a worker first uses them (0.02-0.04 CPU s of a 4-request run that never does). Only a first import can be
+    lazy (a second `import` statement loads the module, in this Python): each is imported once, by locust.rpc, and
+    read from there after."""
+    hook = _LoadedOnUse(RPC_MODULES)
+    sys.meta_path.insert(0, hook)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(hook)
 
 
 class _NoWebUI:

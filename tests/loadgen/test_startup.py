@@ -122,3 +122,22 @@ def test_the_certificates_hook_leaves_nothing_behind_where_locust_is_already_imp
         "      type(locust.clients._preloaded_ssl_context).__name__)\n"
     )
     assert in_a_fresh_interpreter(probe).split() == ["True", "True", "SSLContext"]
+
+
+def test_locusts_messaging_module_is_imported_lazily_and_loads_whole_when_a_master_uses_it():
+    # In a fresh interpreter: Locust imported inside the block, as `python -m loadgen` does.
+    probe = (
+        "import sys\n"
+        "from loadgen import startup\n"
+        "hooks = list(sys.meta_path)\n"
+        "with startup.entry_points_scanned_once(), startup.rpc_loaded_on_use():\n"
+        "    import locust.env, locust.runners\n"
+        "lazy = sorted(n for n in startup.RPC_MODULES if type(sys.modules[n]).__name__ == '_LazyModule')\n"
+        "print(sys.meta_path == hooks, 'zmq' in sys.modules, lazy == sorted(startup.RPC_MODULES))\n"
+        "server = locust.runners.rpc.Server('127.0.0.1', 0)\n"
+        "message = locust.rpc.Message('ping', {'n': 1}, 'me')\n"
+        "print('zmq' in sys.modules, server.port > 0, locust.rpc.Message.unserialize(message.serialize()).data)\n"
+        "print(locust.runners.rpc is sys.modules['locust.rpc.zmqrpc'], type(sys.modules['msgpack']).__name__)\n"
+        "server.close(linger=0)\n"
+    )
+    assert in_a_fresh_interpreter(probe).split() == ["True", "False", "True", "True", "True", "{'n':", "1}", "True", "module"]
