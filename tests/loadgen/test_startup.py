@@ -140,4 +140,4 @@ def test_locusts_messaging_module_is_imported_lazily_and_loads_whole_when_a_mast
         "print(locust.runners.rpc is sys.modules['locust.rpc.zmqrpc'], type(sys.modules['msgpack']).__name__)\n"
         "server.close(linger=0)\n"
     )
-    assert in_a_fresh_interpreter(probe).split() == ["True", "False", "True", "True", "True", "{'n':", "1}", "True", "module"]
+    assert in_a_fresh_interpreter(probe).splitlines() == ["True False True", "True True {'n': 1}", "True module"]
