@@ -14,9 +14,9 @@ if sys.argv[1:2] == ["quick"]:
 # collection while it is built, and frozen after, so no later one walks it again (a collection's pause inside a run
 # grows with the objects it walks; the imports' own collections were a tenth of a short run's CPU).
 gc.disable()
-# numpy (the end-of-run summary reads the folder with it) starts OpenBLAS's thread pool, one thread per core that
-# spins after each call: a tenth of a short run's CPU, taken from the engine beside it. The load generator does no
-# linear algebra worth a second thread; a value the user set stands.
+# numpy (a long run's end-of-run summary computes on arrays with it) starts OpenBLAS's thread pool, one thread per
+# core that spins after each call: a tenth of a short run's CPU, taken from the engine beside it. The load generator
+# does no linear algebra worth a second thread; a value the user set stands.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from loadgen import startup  # noqa: E402 - imports nothing of gevent's or Locust's
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-import numpy as np
+from servescope.judgements.numpy_on_use import numpy as np
 
 QUANTILES = (50, 90, 95, 99)
 PERCENTILE_METHOD = "linear interpolation between closest ranks (numpy's default, Hyndman-Fan type 7)"
@@ -16,6 +16,9 @@ CONFIDENCE = 0.95
 # minutes. Above this size each side is subsampled once (seeded) first, which only widens the CI (its width goes as
 # 1 / sqrt(samples)): conservative, and quick at that size.
 BOOTSTRAP_MAX_SAMPLES = 10_000
+# A list this short is sorted as Python floats, not made an array: as quick, and numpy is not imported for it (the
+# summary of a short run: servescope/judgements/numpy_on_use.py). Same ranks either way, so the same median.
+SORTED_IN_PYTHON = 512
 
 
 def rank_of(n: int, q: float) -> tuple[int, int, float]:
@@ -79,14 +82,18 @@ def summary_ranks(n: int, quantiles: tuple[float, ...] = QUANTILES) -> set[int]:
 
 
 def median(values: Sequence[float] | np.ndarray) -> float | None:
-    """statistics.median on any sequence or array: the middle value, or the mean of the two middle values."""
-    data = np.asarray(values, dtype=float)
-    n = len(data)
+    """statistics.median on any sequence or array: the middle value, or the mean of the two middle values (None read
+    as NaN, NaN ranked last, as numpy ranks them)."""
+    n = len(values)
     if not n:
         return None
     mid = n // 2
-    part = np.partition(data, [mid - 1, mid] if n > 1 else [mid])
-    return float(part[mid]) if n % 2 else (float(part[mid - 1]) + float(part[mid])) / 2
+    if isinstance(values, (list, tuple)) and n <= SORTED_IN_PYTHON:
+        floats = [math.nan if v is None else float(v) for v in values]
+        ranked = sorted(v for v in floats if v == v) + [v for v in floats if v != v]
+    else:
+        ranked = np.partition(np.asarray(values, dtype=float), [mid - 1, mid] if n > 1 else [mid])
+    return float(ranked[mid]) if n % 2 else (float(ranked[mid - 1]) + float(ranked[mid])) / 2
 
 
 def box_stats(values: np.ndarray, whis: tuple[float, float]) -> dict:
@@ -307,11 +314,12 @@ def bootstrap_median_ci(
     With n values every resampled median is one of them or the mean of two, so the CI never leaves
     [min, max]; with 3 repetitions it is close to that range: a wide CI says "repeat more", not "certain".
     """
-    data = np.asarray([float(v) for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if not len(data):
+    known = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not known:
         return None, None, None
-    if len(data) == 1:  # every resample is that one value: no draws (and numpy.random, 0.015 CPU-s, left unloaded)
-        return float(data[0]), float(data[0]), float(data[0])
+    if len(known) == 1:  # every resample is that one value: no draws (and numpy, 0.05 CPU-s, left unloaded)
+        return known[0], known[0], known[0]
+    data = np.asarray(known, dtype=float)
     rng = np.random.default_rng(seed)
     medians = resampled_medians(data, rng.integers(0, len(data), size=(resamples, len(data)))).tolist()
     alpha = (1.0 - confidence) / 2.0

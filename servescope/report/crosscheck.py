@@ -8,10 +8,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
-
 from servescope import engines
 from servescope.engines.base import DURATIONS, HISTOGRAMS, TIMINGS, RequestTimings
+from servescope.judgements.numpy_on_use import numpy as np
 from servescope.report import query
 from servescope.report.gauges import PAD_S, Prometheus, PrometheusError
 from servescope.report.load import Run

@@ -15,12 +15,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from servescope.contracts.runfolder import PhaseRecord, base_phase
 from servescope.contracts.thresholds import NoiseRule
 from servescope.host import hostnoise
 from servescope.judgements import stats
+from servescope.judgements.numpy_on_use import numpy as np
 from servescope.report import gauges, query
 from servescope.report.crosscheck import PARSED, REQUEST_TIME
 from servescope.report.load import Run
@@ -98,7 +97,7 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
         latest[key] = max(latest.get(key, 0), p.attempt)
     # Each successful request's time (REQUEST_TIME), by engine and phase, computed once into a temporary table; a
     # phase's median is over its repetitions. Fetched as one array sorted by phase and cut by the phases' counts: a
-    # long run's million times never become Python floats.
+    # long run's million times never become Python floats (a short run's few do: no array, stats.SORTED_IN_PYTHON).
     run.con.execute(
         f"CREATE OR REPLACE TEMP TABLE request_times AS SELECT * FROM (SELECT instance, phase, prompt_id, seq, "
         f"{REQUEST_TIME} AS t FROM {PARSED} WHERE ok) WHERE t IS NOT NULL"
@@ -107,18 +106,28 @@ def assess(run: Run, rule: NoiseRule | None = None) -> Assessment:
         counts = run.con.execute(
             "SELECT instance, phase, count(*) FROM request_times GROUP BY ALL ORDER BY ALL"
         ).fetchall()
-        times = run.con.execute("SELECT t FROM request_times ORDER BY instance, phase").fetchnumpy()["t"]
-        times = np.asarray(times, dtype=float)
-        by_base: dict[tuple[str, str], list[np.ndarray]] = {}
+        rows = run.con.execute("SELECT t FROM request_times ORDER BY instance, phase")
+        if sum(n for _, _, n in counts) <= stats.SORTED_IN_PYTHON:
+            times = [t for (t,) in rows.fetchall()]
+        else:
+            times = np.asarray(rows.fetchnumpy()["t"], dtype=float)
+        by_base: dict[tuple[str, str], list] = {}
         start = 0
         for instance, phase, n in counts:
             by_base.setdefault((instance, base_phase(phase)), []).append(times[start : start + n])
             start += n
-        medians = {key: stats.median(np.concatenate(parts)) for key, parts in by_base.items()}
+        medians = {key: stats.median(_joined(parts)) for key, parts in by_base.items()}
         _judge(run, rule, out, medians, latest)
     finally:
         run.con.execute("DROP TABLE IF EXISTS request_times")
     return out
+
+
+def _joined(parts: list) -> list | np.ndarray:
+    """The phases' times of one base phase as one sequence: a list of lists joined, an array's slices concatenated."""
+    if isinstance(parts[0], list):
+        return [t for part in parts for t in part]
+    return np.concatenate(parts)
 
 
 def _judge(run: Run, rule: NoiseRule, out: Assessment, medians: dict, latest: dict) -> None:

@@ -17,10 +17,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
 from servescope.contracts import runreader
 from servescope.judgements import stats
+from servescope.judgements.numpy_on_use import numpy as np
 
 # The report's order of requests: as sent, ties by arrival within a burst (the reader numbers them so: runreader.SEQ).
 ORDER = runreader.SEQ

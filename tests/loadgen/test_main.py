@@ -23,8 +23,8 @@ def test_the_entry_freezes_what_its_imports_built_and_leaves_collection_on():
 
 
 def test_the_entry_keeps_numpys_blas_to_one_thread_unless_the_user_chose():
-    # OpenBLAS starts a spinning thread per core when numpy loads (the summary's reader needs numpy): on a 2-core host
-    # beside an engine that was a tenth of a short run's CPU, for no linear algebra.
+    # OpenBLAS starts a spinning thread per core when numpy loads (a long run's summary computes on arrays): on a
+    # 2-core host beside an engine that was a tenth of a short run's CPU, for no linear algebra.
     probe = (
         "import os, runpy, sys\n"
         "import loadgen.cli\n"

@@ -130,3 +130,31 @@ def test_the_median_ci_of_one_value_is_that_value_without_drawing(monkeypatch):
     monkeypatch.setattr(stats.np.random, "default_rng", lambda *a, **k: pytest.fail("drew resamples of one value"))
     assert stats.bootstrap_median_ci([0.25]) == (0.25, 0.25, 0.25)
     assert stats.bootstrap_median_ci([None, 0.25, float("nan")]) == (0.25, 0.25, 0.25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True, width=64).filter(lambda v: v != 0.0),  # no signed zeros
+            st.integers(-(10**6), 10**6),
+            st.none(),
+            st.sampled_from([0.25, 0.5, 3.0]),  # ties
+        ),
+        max_size=stats.SORTED_IN_PYTHON,
+    )
+)
+def test_a_short_lists_median_sorted_in_python_is_the_arrays(values):
+    """A list up to SORTED_IN_PYTHON long is sorted as Python floats; an array is partitioned by numpy: the same ranks
+    (None read as NaN, NaN last, as numpy puts it), so the same median, to the bit."""
+    by_list, by_array = stats.median(values), stats.median(np.asarray(values, dtype=float))
+    if by_array is None or np.isnan(by_array):
+        assert by_list is by_array or np.isnan(by_list)
+    else:
+        assert by_list == by_array and np.float64(by_list).tobytes() == np.float64(by_array).tobytes()
+
+
+def test_a_long_list_and_a_tuple_take_the_same_median():
+    long = [float(v % 997) for v in range(stats.SORTED_IN_PYTHON * 3 + 1)]
+    assert stats.median(long) == stats.median(tuple(long)) == stats.median(np.asarray(long)) == np.median(long) == 384.0
+    assert stats.median([]) is None and stats.median(()) is None and stats.median([2, 1]) == 1.5

@@ -321,3 +321,18 @@ def test_the_knees_summary_line_says_one_user_not_one_users():
     )
     rate = {"unit": "req/s", "status": "fails at the lowest load", "knee": None, "first_failing": 1, "binding": {}}
     assert summary._knee_line(rate) == "Knee: none: the SLOs fail at 1 req/s"
+
+
+@pytest.mark.parametrize("as_array", [False, True])
+def test_outliers_and_medians_are_the_same_from_a_list_or_an_array(tmp_path, monkeypatch, as_array):
+    """A short run's request times are read as Python floats, a long run's as one array (stats.SORTED_IN_PYTHON):
+    the same medians either way, so the same phases flagged, against the same median."""
+    slow = {("llamacpp", "sequential#2", 0): 25.9, ("vllm", "burst-1", 1): 0.31}
+    run = write(tmp_path, three_reps(), request_times=slow)
+    if as_array:
+        monkeypatch.setattr(noise.stats, "SORTED_IN_PYTHON", 0)
+    assessment = noise.assess(run)
+    assert [(t.instance, t.phase) for t in assessment.flagged()] == [("llamacpp", "sequential#2")]
+    assert assessment.of("llamacpp", "sequential#2").flags == [
+        "outlier request: p0 25.900s against the phase's median 0.300s (more than 3x)"
+    ]
