@@ -16,8 +16,8 @@ CONFIDENCE = 0.95
 # minutes. Above this size each side is subsampled once (seeded) first, which only widens the CI (its width goes as
 # 1 / sqrt(samples)): conservative, and quick at that size.
 BOOTSTRAP_MAX_SAMPLES = 10_000
-# A list this short is sorted as Python floats, not made an array: as quick, and numpy is not imported for it (the
-# summary of a short run: servescope/judgements/numpy_on_use.py). Same ranks either way, so the same median.
+# A list this short is sorted as Python floats, not made an array: quick at this size, and numpy is not imported
+# for it (a short run's summary: servescope/judgements/numpy_on_use.py). Same ranks either way, so the same median.
 SORTED_IN_PYTHON = 512
 
 
