@@ -84,6 +84,14 @@ def run_python(
         raise CliTimeout(argv, timeout, _text(exc.stdout), _text(exc.stderr)) from None
 
 
+def in_a_fresh_interpreter(probe: str, env: Mapping[str, str] | None = None) -> str:
+    """What a `python -c` probe prints, run where nothing is imported yet (pytest's process has numpy, Locust and
+    gevent's patching in it); a probe that fails fails the test with its stderr."""
+    out = run_python("-c", probe, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def spawn_cli(
     module: str,
     *args: object,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tests.harness import run_python
+from tests.harness import in_a_fresh_interpreter
 
 
 def test_the_entry_freezes_what_its_imports_built_and_leaves_collection_on():
@@ -15,9 +15,7 @@ def test_the_entry_freezes_what_its_imports_built_and_leaves_collection_on():
         "sys.argv = ['loadgen', 'burst']\n"
         "runpy.run_module('loadgen', run_name='__main__')\n"
     )
-    out = run_python("-c", probe, timeout=60)
-    assert out.returncode == 0, out.stderr
-    frozen, enabled = out.stdout.split()
+    frozen, enabled = in_a_fresh_interpreter(probe).split()
     assert int(frozen) > 10_000  # Locust's and gevent's objects among them
     assert enabled == "True"
 
@@ -33,8 +31,5 @@ def test_the_entry_keeps_numpys_blas_to_one_thread_unless_the_user_chose():
         "runpy.run_module('loadgen', run_name='__main__')\n"
     )
     env_without = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    out = run_python("-c", probe, timeout=60, env=env_without)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1"]
-    chosen = run_python("-c", probe, timeout=60, env={**env_without, "OPENBLAS_NUM_THREADS": "4"})
-    assert chosen.stdout.split() == ["4"]
+    assert in_a_fresh_interpreter(probe, env=env_without).split() == ["1"]
+    assert in_a_fresh_interpreter(probe, env={**env_without, "OPENBLAS_NUM_THREADS": "4"}).split() == ["4"]

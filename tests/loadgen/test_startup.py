@@ -5,14 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 
 from loadgen import startup
-from tests.harness import run_python
-
-
-def in_a_fresh_interpreter(probe: str) -> str:
-    """The probe's output, run where Locust is imported first (gevent's patching), never inside pytest's process."""
-    out = run_python("-c", probe, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+from tests.harness import in_a_fresh_interpreter
 
 
 def test_entry_points_scanned_once_give_what_every_scan_gives_and_the_real_function_back(monkeypatch):

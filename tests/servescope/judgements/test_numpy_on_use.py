@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from tests.harness import run_python
+from tests.harness import in_a_fresh_interpreter
 
 
 def test_numpy_is_imported_at_the_first_name_read_and_its_names_are_numpys():
-    # In a fresh interpreter: pytest's process has numpy loaded already.
     probe = (
         "import sys\n"
         "from servescope.judgements import stats\n"
@@ -19,9 +18,7 @@ def test_numpy_is_imported_at_the_first_name_read_and_its_names_are_numpys():
         "print(np.random.default_rng is numpy.random.default_rng, np.__version__ == numpy.__version__)\n"
         "print(stats.median(a), stats.median(list(range(1, 2000))))\n"
     )
-    out = run_python("-c", probe, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == [
+    assert in_a_fresh_interpreter(probe).splitlines() == [
         "False 2.5 (0.5, 0.5, 0.5)",  # a short list's median and one value's interval: no array, no numpy
         "False",
         "True True True True",  # the first name read imported numpy; the names are numpy's own, then plain lookups
