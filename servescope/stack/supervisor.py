@@ -127,7 +127,7 @@ def start(
         out.close()
     try:
         ps = psutil.Process(proc.pid)
-        create_time, cmdline = ps.create_time(), ps.cmdline()
+        create_time, cmdline = ps.create_time(), _exec_cmdline(ps) or list(service.cmd)
     except psutil.NoSuchProcess:
         create_time, cmdline = None, list(service.cmd)
     record = Record(
@@ -144,6 +144,20 @@ def start(
     )
     record.save(directory)
     return proc, record
+
+
+EXEC_ARGS_S = 2.0  # the longest a just-started child's command line is waited for (a busy host's exec)
+
+
+def _exec_cmdline(ps: psutil.Process) -> list[str]:
+    """A just-started child's command line as the kernel shows it (a script's: its interpreter's, then the script).
+    Popen returns once the exec is past its point of no return, before the new program's arguments are in place:
+    meanwhile the kernel shows an empty command line (seen on a busy host; the record then matched any command line
+    and the engine's flags read as absent). Empty after EXEC_ARGS_S: [] (the caller records the command it ran)."""
+    deadline = time.monotonic() + EXEC_ARGS_S
+    while not (cmdline := ps.cmdline()) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return cmdline
 
 
 def last_log_line(log: str | None):

@@ -63,6 +63,27 @@ def test_start_records_identity_and_stop_kills_the_whole_group(dirs):
             proc.kill()
 
 
+def test_a_child_caught_inside_its_exec_is_recorded_with_its_own_command_line(dirs, monkeypatch):
+    """Popen returns before the exec has put the new program's arguments in place: the kernel shows an empty command
+    line for that moment (as a busy host made it, three times in a day). The record waits for the real one."""
+    pids, logs = dirs
+    real_cmdline, reads = psutil.Process.cmdline, []
+
+    def inside_exec_at_first(self):
+        reads.append(self.pid)
+        return [] if len(reads) < 3 else real_cmdline(self)
+
+    monkeypatch.setattr(psutil.Process, "cmdline", inside_exec_at_first)
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)", "--max-num-seqs", "2"]
+    proc, record = supervisor.start(service("vllm", cmd), pids, logs)
+    try:
+        assert record.cmdline == cmd and len(reads) == 3
+        assert supervisor.records(pids)["vllm"].cmdline == cmd
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
 def test_a_reused_pid_is_never_killed(dirs):
     pids, _ = dirs
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
