@@ -162,7 +162,7 @@ class _LoadedOnUse:
 @contextlib.contextmanager
 def rpc_loaded_on_use() -> Iterator[None]:
     """Locust's messaging modules (RPC_MODULES), imported while the block runs (Locust's import), loaded when a master
-    or a worker first uses them (0.02-0.04 CPU s of a 4-request run that never does). Only a first import can be
+    or a worker first uses them (0.01-0.03 CPU s of a 4-request run that never does). Only a first import can be
     lazy (a second `import` statement loads the module, in this Python): each is imported once, by locust.rpc, and
     read from there after."""
     hook = _LoadedOnUse(RPC_MODULES)
