@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from servescope.contracts.thresholds import NoiseRule
-from servescope.host import hostnoise, pidrecords
+from servescope.host import hostnoise, listening, pidrecords
 from servescope.text import numbers
 from tests.doubles.synthetic_openai import SyntheticProcess
 from tests.paths import REPO
@@ -195,19 +195,34 @@ def test_shares_read_as_the_issue_writes_them(cores, text):
 
 def test_a_port_found_listening_a_moment_ago_is_answered_without_another_scan(monkeypatch):
     """A run asks for each engine's port a moment apart: one scan answers; a port it did not find is scanned for."""
+    found = {8009: {11}}
+    scans = []
+    monkeypatch.setattr(listening, "listening", lambda: scans.append(1) or {p: set(s) for p, s in found.items()})
+    monkeypatch.setattr(hostnoise, "_last_scan", (-hostnoise.LISTENERS_FRESH_S, {}))
+    assert hostnoise.listeners(8009) == {11} and len(scans) == 1
+    assert hostnoise.listeners(8009) == {11} and len(scans) == 1  # found a moment ago: no scan
+    found[8081] = {13}
+    assert hostnoise.listeners(8081) == {13} and len(scans) == 2  # not listening at the last scan: scanned again
+    found[8009] = {14}  # the engine restarted; the last scan is then older than the window
+    at, by_port = hostnoise._last_scan
+    hostnoise._last_scan = (at - hostnoise.LISTENERS_FRESH_S - 0.1, by_port)
+    assert hostnoise.listeners(8009) == {14} and len(scans) == 3
+
+
+def test_where_netlink_is_refused_the_listeners_come_from_psutil(monkeypatch):
+    """A sandbox without the kernel's socket diagnostics: psutil's reading of /proc/net/tcp answers instead."""
     listen = psutil.CONN_LISTEN
     conns = [
         types.SimpleNamespace(status=listen, laddr=types.SimpleNamespace(port=8009), pid=11),
         types.SimpleNamespace(status="ESTABLISHED", laddr=types.SimpleNamespace(port=8081), pid=12),
     ]
-    scans = []
-    monkeypatch.setattr(psutil, "net_connections", lambda kind: scans.append(kind) or list(conns))
+
+    def refused():
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(listening, "listening", refused)
+    monkeypatch.setattr(psutil, "net_connections", lambda kind: list(conns))
     monkeypatch.setattr(hostnoise, "_last_scan", (-hostnoise.LISTENERS_FRESH_S, {}))
-    assert hostnoise.listeners(8009) == {11} and len(scans) == 1
-    assert hostnoise.listeners(8009) == {11} and len(scans) == 1  # found a moment ago: no scan
-    conns.append(types.SimpleNamespace(status=listen, laddr=types.SimpleNamespace(port=8081), pid=13))
-    assert hostnoise.listeners(8081) == {13} and len(scans) == 2  # not listening at the last scan: scanned again
-    conns[0].pid = 14  # the engine restarted; the last scan is then older than the window
-    at, found = hostnoise._last_scan
-    hostnoise._last_scan = (at - hostnoise.LISTENERS_FRESH_S - 0.1, found)
-    assert hostnoise.listeners(8009) == {14} and len(scans) == 3
+    assert hostnoise.listeners(8009) == {11}
+    monkeypatch.setattr(hostnoise, "_last_scan", (-hostnoise.LISTENERS_FRESH_S, {}))
+    assert hostnoise.listeners(8081) == set()  # connected, not listening
