@@ -81,3 +81,31 @@ def test_a_cache_folder_open_to_others_or_unwritable_costs_the_cache_never_the_p
         (locked / "jinja2").chmod(0o500)
         (tmp_path / "out").rename(tmp_path / "out-before")
         assert written(tmp_path, str(locked))["same"]
+
+
+# A template of our own through the same cache: its code is used while the file's path, size and modification time
+# are the same (the source is not read: changed bytes under the same stamp still render the stored code), and compiled
+# again from the new source when the file changes.
+CACHE_PROBE = """
+import json, os, sys
+from pathlib import Path
+from loadgen.locust_outputs import compiled, template_cache
+
+page = Path(sys.argv[1]) / "page.html"
+page.write_text("Hello {{ name }}!")
+stamp = page.stat().st_mtime_ns
+said = [compiled(template_cache(), page).render(name="first")]
+page.write_text("Bye!! {{ name }}!")  # the same size
+os.utime(page, ns=(stamp, stamp))
+said.append(compiled(template_cache(), page).render(name="second"))
+os.utime(page, ns=(stamp + 10**9, stamp + 10**9))
+said.append(compiled(template_cache(), page).render(name="third"))
+print(json.dumps(said))
+"""
+
+
+def test_the_compiled_page_is_kept_for_the_same_file_and_compiled_again_when_it_changes(tmp_path):
+    proc = run_python("-c", CACHE_PROBE, tmp_path, env={"SERVESCOPE_CACHE": str(tmp_path / "cache")}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["Hello first!", "Hello second!", "Bye!! third!"]
+    assert len(list((tmp_path / "cache" / "jinja2").iterdir())) == 2  # one per stamp of the file
