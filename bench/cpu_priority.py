@@ -36,6 +36,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 @dataclass
 class Trial:
+    """One repetition's fixed work beside the hog, protected or not: its wall time and the cores each party got."""
+
     protected: bool
     wall_s: float  # the fixed work, from "go" to the last child's end
     standin_cores: float  # the stand-in's CPU seconds (its children's) / wall

@@ -43,6 +43,8 @@ GOAL_PCT = 1.0
 
 @dataclass
 class Trial:
+    """One loadgen run of the same load, sampling on or off: output tokens/s and what the sampling cost."""
+
     sampling: bool
     tokens_per_s: float
     samples: int = 0
@@ -52,6 +54,8 @@ class Trial:
 
 @dataclass
 class EngineResult:
+    """One engine's trials in ABBA order, sampling on and off: what the summary compares."""
+
     kind: str
     url: str
     trials: list[Trial] = field(default_factory=list)

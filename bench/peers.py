@@ -31,6 +31,8 @@ class Stamps:
 
 @dataclass(frozen=True)
 class Peer:
+    """A load tester in its own venv: the command that sends the bench's traffic, and its stamps read back."""
+
     name: str  # as the table prints it
     venv: str  # its venv under SERVESCOPE_CACHE
     requirement: str  # what `make peers` installs into it: the version the bench's figures were measured with

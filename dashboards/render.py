@@ -35,6 +35,8 @@ class RenderError(Exception):
 
 @dataclass
 class Series:
+    """One line of a panel: its legend and the points its query_range returned."""
+
     legend: str
     times: list[float]
     values: list[float]
@@ -42,6 +44,8 @@ class Series:
 
 @dataclass
 class PanelData:
+    """One panel's data as its queries returned it: the series to draw, or the errors to print instead."""
+
     title: str
     unit: str
     kind: str  # timeseries or stat

@@ -82,6 +82,8 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Instance:
+    """One engine instance the exporter reads: its kind, name and URL, its timeout and its API key."""
+
     kind: str
     name: str
     url: str
@@ -93,6 +95,8 @@ class Instance:
 
 @dataclass(frozen=True)
 class Config:
+    """The exporter's checked configuration: where it listens, the instances, processes and containers it watches."""
+
     listen_address: str = "127.0.0.1"
     port: int = 9464
     timeout: float = DEFAULT_TIMEOUT

@@ -41,6 +41,8 @@ MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Usual:
+    """One port discovery asks at: whose port it is, in words, and the knob or default that puts a server there."""
+
     port: int
     what: str  # whose port it is, in words
     source: str  # the knob that sets it, or whose default it is

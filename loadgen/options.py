@@ -116,6 +116,8 @@ def run_id(text: str) -> str:
 
 @dataclass(frozen=True)
 class Option:
+    """One load generator option, declared once for `python -m loadgen`, Locust's parser and the web UI."""
+
     flag: str
     help: str
     knob: str | None = None  # the default's one source, and the environment variable Locust reads

@@ -41,6 +41,8 @@ class Settings:
 
 @dataclass
 class Work:
+    """One request a phase hands to a user: its prompt and phase, and its arrival index or scheduled send time."""
+
     prompt: Prompt
     phase_name: str  # for bursts the round: burst-1, burst-2, ...
     arrival_index: int | None = None

@@ -20,6 +20,8 @@ class TargetError(ValueError):
 
 @dataclass
 class Target:
+    """One engine to load: its kind, instance name, URL and chat API, and what it reported about itself."""
+
     kind: str  # engine kind: vllm, llamacpp, ollama (the `engine` label)
     instance: str  # kind, or kind:name when several of one kind run
     url: str  # base URL the chat path is appended to (may end in /v1 for Ollama's OpenAI API)

@@ -64,6 +64,8 @@ def _dashboards(argv: list[str]) -> int:
 
 @dataclass(frozen=True)
 class Verb:
+    """One `servescope` verb: its help group and line, and the package's entry point its arguments are handed to."""
+
     name: str
     group: str
     help: str

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Registration:
+    """One engine kind's registration line: its adapter's name, its knobs' prefix and its default port."""
+
     name: str  # the kind's name, and its adapter: servescope/engines/<name>.py, whose EngineKind is named <knobs>
     knobs: str  # its knobs' prefix: <knobs>_PORT, <knobs>_URL and, with api_key, <knobs>_API_KEY
     port: str  # <knobs>_PORT's default: where the stack starts it, or where the load generator looks for it

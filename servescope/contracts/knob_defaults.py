@@ -13,6 +13,8 @@ from servescope.contracts.engine_kinds import REGISTERED
 
 @dataclass(frozen=True)
 class Knob:
+    """One knob: its name, its default, and the help written above it in .env.example."""
+
     name: str
     default: str
     help: str = ""  # the comment above it in .env.example, line breaks kept
@@ -21,6 +23,8 @@ class Knob:
 
 @dataclass(frozen=True)
 class Group:
+    """One titled group of knobs, as .env.example and docs/knobs.md list them."""
+
     title: str
     knobs: tuple[Knob, ...]
     note: str = ""  # said of the whole group, under its title

@@ -56,6 +56,8 @@ def record_json(record: Any, **extra: Any) -> str:
 
 @dataclass
 class RequestRecord:
+    """One measured request as the client saw it: a line of requests.jsonl."""
+
     engine: str  # engine kind label: vllm, llamacpp, ollama
     instance: str  # configured instance name (several of one kind may run)
     scenario: str  # sequential, burst, ramp, rate, sweep
@@ -387,6 +389,8 @@ KNEE_CONCURRENCY, KNEE_RATE = "concurrency", "rate"
 
 @dataclass
 class SampleRecord:
+    """One read of an engine's gauges and counters while a phase ran: a line of samples.jsonl."""
+
     t: float  # epoch seconds (the clock of RequestRecord.started_at): the middle of the read
     read_s: float  # how long the read took; the engine was read somewhere inside [t - read_s/2, t + read_s/2]
     interval_s: float  # the sampling interval asked for

@@ -53,6 +53,8 @@ ENGINE, LOADGEN, OBSERVER, OTHER_ENGINE, PROCESS = "engine", "loadgen", "observe
 
 @dataclass(frozen=True)
 class Proc:
+    """One process of the kernel's process table: its pid, parent, program name and CPU seconds so far."""
+
     pid: int
     ppid: int
     comm: str

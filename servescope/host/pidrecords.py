@@ -35,6 +35,8 @@ def native_pid_dir() -> Path:
 
 @dataclass(frozen=True)
 class LiveRecord:
+    """One pid record whose process still runs: the service's name, pid, URL and how the stack started it."""
+
     name: str  # vllm, llamacpp, ollama, exporter, prometheus, locust
     pid: int
     url: str  # where the service listens (the engines' URL; for Ollama its own port, not the proxy's)

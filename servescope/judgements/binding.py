@@ -84,6 +84,8 @@ class Level:
 
 @dataclass
 class Binding:
+    """The resource that ran out at one load level, with the numbers it was read from."""
+
     resource: str  # one of RESOURCES
     evidence: str  # the numbers it was read from, in words
     samples: int = 0  # readable samples of the level

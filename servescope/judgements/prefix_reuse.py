@@ -19,6 +19,8 @@ from servescope.contracts.runfolder import RequestRecord, SampleRecord
 
 @dataclass(frozen=True)
 class Reuse:
+    """One phase's prefix-cache reuse: the engine counters' share, the requests' own share, and how many said."""
+
     server: float | None  # cached / prompt tokens by the engine's counters over the phase; None: not reported
     prompt_tokens: float | None  # the counters' prompt tokens over the phase
     per_request: float | None  # the requests' own cached / prompt tokens; None: no request said

@@ -47,6 +47,8 @@ class SloError(ValueError):
 
 @dataclass(frozen=True)
 class Term:
+    """One term of an SLO spec: a metric, its limit in seconds and its percentile (None: every request on its own)."""
+
     metric: str  # ttft, itl, tpot, e2e
     limit_s: float
     percentile: float | None = None  # None: every request on its own
@@ -78,6 +80,8 @@ class Term:
 
 @dataclass(frozen=True)
 class SloSpec:
+    """A parsed SLO spec: its terms, and the share of good requests a phase with per-request terms needs."""
+
     terms: tuple[Term, ...]
     objective: float = thresholds.SLO_ATTAINMENT  # share of good requests a phase with per-request terms needs
 
@@ -201,6 +205,8 @@ def good_slices(
 
 @dataclass
 class TermResult:
+    """One SLO term judged over a phase: the share meeting it, the value observed, and whether it holds."""
+
     term: str
     met_share: float | None  # requests (ITL: gaps) meeting the limit, failures counted as misses
     observed: float | None  # the percentile itself over successful requests (percentile terms), else the worst
@@ -210,6 +216,8 @@ class TermResult:
 
 @dataclass
 class SloResult:
+    """One phase judged against an SLO spec: attainment, goodput, whether it meets, and the term missed most."""
+
     spec: str
     requests: int
     ok: int

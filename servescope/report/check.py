@@ -100,6 +100,8 @@ class Gate:
 
 @dataclass
 class Check:
+    """The regression gate's answer: a candidate run against a baseline, gate by gate, with what was not compared."""
+
     baseline: str
     candidate: str
     slo: str

@@ -25,6 +25,8 @@ METHOD = (
 
 @dataclass
 class Delta:
+    """One metric's median change from a baseline to the current run in one scenario, with its bootstrap CI."""
+
     current: str  # "<run>/<instance>"
     baseline: str
     scenario: str

@@ -30,6 +30,8 @@ COMPONENT_HELP = {
 
 @dataclass
 class CrossCheck:
+    """One engine instance's engine-side timings beside the client's: its requests' queue, compute and transport."""
+
     instance: str
     engine: str
     available: bool

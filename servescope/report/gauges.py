@@ -38,6 +38,8 @@ class PhaseCoverage:
 
 @dataclass
 class EngineGauges:
+    """One engine instance's lever gauges over the run: series, peaks per run and phase, KV arithmetic, coverage."""
+
     instance: str
     engine: str
     source: str = "prometheus"  # "samples" (the run's own, samples.jsonl) or "prometheus" (query_range)
@@ -84,6 +86,8 @@ class Fleet:
 
 @dataclass
 class GaugeReport:
+    """The gauges of a run's engines, and where they came from (own samples or Prometheus) or why there are none."""
+
     available: bool
     reason: str  # why there is no data (one line), or where the data came from
     url: str

@@ -27,6 +27,8 @@ from servescope.text import numbers, words
 
 @dataclass
 class PhaseGoodput:
+    """One phase of one engine instance judged against the SLOs, with the machine's energy while it ran."""
+
     instance: str
     engine: str
     phase: str

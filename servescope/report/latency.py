@@ -30,6 +30,8 @@ FAILURE_POLICY = (
 
 @dataclass
 class LatencyGroup:
+    """One row of the latency tables: an engine's scenario or load level, its percentiles and its failures."""
+
     instance: str
     engine: str
     scenario: str

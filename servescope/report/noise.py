@@ -28,6 +28,8 @@ from servescope.text import words
 
 @dataclass
 class PhaseTrust:
+    """How far one phase record can be trusted: its host noise, outlier flags, and whether a retry superseded it."""
+
     instance: str
     phase: str  # the record's (unique) name
     base: str  # the same phase across repetitions and attempts
@@ -55,6 +57,8 @@ class PhaseTrust:
 
 @dataclass
 class Assessment:
+    """Every phase's trust under one noise rule, by (instance, phase): which records the report may use."""
+
     rule: NoiseRule
     phases: dict[tuple[str, str], PhaseTrust] = field(default_factory=dict)
 

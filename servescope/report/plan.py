@@ -49,6 +49,8 @@ ITL_SHAPE_POINTS = 4096  # a level's measured gap shape, kept as this many evenl
 
 @dataclass
 class Prediction:
+    """The replica model's forecast for a traffic on N replicas: attainment, windows met, in-flight load, latency."""
+
     replicas: int
     attainment: float | None  # good / requests over the whole traffic, repetitions pooled
     meets: bool  # every window meets the SLOs
@@ -66,6 +68,8 @@ class Prediction:
 
 @dataclass
 class PlanRow:
+    """One row of the plan: the replicas one engine setting needs for the traffic, its attainment band and its cost."""
+
     label: str
     engine: str
     knee: float | None

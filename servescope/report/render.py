@@ -16,16 +16,22 @@ from servescope.contracts.runfolder import write_file
 
 @dataclass
 class Paragraph:
+    """A paragraph of text in a report section."""
+
     text: str
 
 
 @dataclass
 class Bullets:
+    """A bulleted list in a report section."""
+
     items: list[str]
 
 
 @dataclass
 class Table:
+    """A table in a report section: headers, rows of cell text, and an optional caption."""
+
     headers: list[str]
     rows: list[list[str]]
     caption: str = ""
@@ -33,17 +39,23 @@ class Table:
 
 @dataclass
 class Figure:
+    """A PNG in a report section, with its caption."""
+
     path: Path
     caption: str
 
 
 @dataclass
 class Preformatted:
+    """Text a report section shows as is, in a fixed-width block."""
+
     text: str
 
 
 @dataclass
 class Section:
+    """One titled section of a report: its blocks in order, and its number in the report's outline."""
+
     title: str
     blocks: list[Any] = field(default_factory=list)
     number: int | None = (
@@ -57,6 +69,8 @@ class Section:
 
 @dataclass
 class Document:
+    """A whole report: title, subtitle and sections, written as report.md, report.html and report.json."""
+
     title: str
     subtitle: str
     sections: list[Section]

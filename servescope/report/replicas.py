@@ -168,6 +168,8 @@ class Sharing:
 
 @dataclass(frozen=True, slots=True)  # slots: a fleet's traffic is millions of these
 class Arrival:
+    """One request of a traffic: when it arrives, and the output length it asks for."""
+
     at: float  # seconds from the traffic's start
     output_tokens: int | None = None  # None: the profile's
 

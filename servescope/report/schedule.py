@@ -30,6 +30,8 @@ LAG = "CASE WHEN scheduled_at IS NULL THEN 0.0 ELSE greatest(0.0, started_at - s
 
 @dataclass
 class ScheduleCheck:
+    """One open-loop phase's schedule lag, and its TTFT and E2E counted from the send and from the schedule."""
+
     instance: str
     engine: str
     phase: str

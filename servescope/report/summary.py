@@ -28,6 +28,8 @@ LISTED = 3  # phases named in a flag's line; the rest counted ("and 2 more")
 
 @dataclass
 class EngineSummary:
+    """One engine instance's lines in the report's first section, and the SLO terms below its floor."""
+
     instance: str
     title: str
     lines: list[str] = field(default_factory=list)

@@ -26,6 +26,8 @@ TABLE_SCENARIOS = ("sequential", "burst")
 
 @dataclass
 class SweepLevel:
+    """One concurrency level of a sweep: its throughput, failures, and TTFT and E2E summaries."""
+
     concurrency: int
     phases: list[str]
     requests: int
@@ -40,6 +42,8 @@ class SweepLevel:
 
 @dataclass
 class Sweep:
+    """One engine instance's levels of one scenario (a sweep, a ramp) in order, and the knee read from them."""
+
     instance: str
     engine: str
     scenario: str
@@ -50,6 +54,8 @@ class Sweep:
 
 @dataclass
 class BurstDrain:
+    """One burst of one engine instance: how long its queue took to drain, and TTFT by arrival order."""
+
     instance: str
     engine: str
     phase: str

@@ -35,6 +35,8 @@ MAX_CELLS = 64
 
 @dataclass
 class RequestCell:
+    """One request of a table row: its status and E2E, or why it failed."""
+
     prompt_id: str
     status: int
     ok: bool
@@ -111,6 +113,8 @@ class Repetition:
 
 @dataclass
 class TableRow:
+    """One row of the comparison table: an engine's phase across repetitions, its wall time and scaling factor."""
+
     instance: str
     engine: str
     title: str

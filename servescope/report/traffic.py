@@ -24,6 +24,8 @@ class TrafficError(ValueError):
 
 @dataclass(frozen=True)
 class Traffic:
+    """The arrivals a plan is made for, named as its header says, over the span they cover."""
+
     name: str  # what the plan's header says it was made for
     arrivals: tuple[Arrival, ...]
     duration_s: float  # the span the traffic covers (cost is for this long)

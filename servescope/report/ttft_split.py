@@ -46,6 +46,8 @@ PART_HELP = {
 
 @dataclass
 class RequestSplit:
+    """One request's TTFT and the parts the engine's timings split it into (seconds)."""
+
     phase: str
     prompt_id: str
     arrival_index: int | None
@@ -55,6 +57,8 @@ class RequestSplit:
 
 @dataclass
 class TtftSplit:
+    """One engine instance's TTFT split: per-request parts where the engine gives them, and their means."""
+
     instance: str
     engine: str
     available: bool

@@ -76,6 +76,8 @@ RUNNING, WAITING, KV_USAGE = series.REQUESTS_RUNNING, series.REQUESTS_WAITING, s
 
 @dataclass
 class Verdict:
+    """One engine instance's answer to which knob to move: the lever, its evidence, and what it left out."""
+
     instance: str
     engine: str
     computable: bool
@@ -93,6 +95,8 @@ class Verdict:
 
 @dataclass
 class KvArithmetic:
+    """One engine instance's KV cache arithmetic: capacity in blocks and tokens, and what a burst needs of it."""
+
     instance: str
     block_size_tokens: float | None = None
     blocks: float | None = None

@@ -71,6 +71,8 @@ OLLAMA_COUNTS_EVALUATED = (
 
 @dataclass
 class TurnRow:
+    """One conversation turn of an engine's scenario: its TTFT and its prefix-cache reuse by both sources."""
+
     instance: str
     engine: str
     scenario: str
@@ -89,6 +91,8 @@ class TurnRow:
 
 @dataclass
 class PhaseReuse:
+    """One phase's prefix-cache reuse by both sources, against what its workload asked for."""
+
     instance: str
     phase: str
     prompt_tokens: float | None  # server counters over the phase
@@ -113,6 +117,8 @@ class PhaseReuse:
 
 @dataclass
 class LagRow:
+    """One trace replay phase's lag: how late its sends went out against the trace's times, and both spans."""
+
     instance: str
     phase: str
     requests: int
@@ -124,6 +130,8 @@ class LagRow:
 
 @dataclass
 class LengthRow:
+    """One engine's scenario's output lengths: tokens asked for against produced, and requests that stopped short."""
+
     instance: str
     scenario: str
     ok: int
@@ -136,6 +144,8 @@ class LengthRow:
 
 @dataclass
 class WorkloadReport:
+    """The report's workloads: rows by turn, reuse per phase, replay lag, output lengths, and notes."""
+
     turns: list[TurnRow] = field(default_factory=list)
     reuse: list[PhaseReuse] = field(default_factory=list)
     lag: list[LagRow] = field(default_factory=list)
@@ -193,6 +203,8 @@ def _ollama_counts(records: list[RequestRecord]) -> str:
 
 @dataclass
 class _Interval:
+    """The stretch between two consecutive samples: the prompt and cached tokens the engine's counters added."""
+
     t0: float
     t1: float
     prompt: float  # servescope_prompt_tokens_total counted between the two samples

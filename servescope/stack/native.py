@@ -49,6 +49,8 @@ def hooks(name: str) -> ModuleType:
 
 @dataclass
 class Prepared:
+    """What the native stack's preparation made: the GGUF, each engine's preparations and Prometheus' binary."""
+
     gguf: Path
     engine: dict[str, Any]  # what each engine's preparation made (its hooks' `prepare`), by name
     prometheus_bin: str | None

@@ -22,6 +22,8 @@ from servescope.stack.progress import Step, say, tail
 
 @dataclass(frozen=True)
 class Tool:
+    """One tool the stack or the suite drives: the commands that make it present, the Debian packages bringing them."""
+
     name: str  # how messages and tests name it
     commands: tuple[str, ...]  # every one must be on PATH for the tool to count as present
     packages: tuple[str, ...]  # Debian packages that bring them

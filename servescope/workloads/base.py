@@ -34,6 +34,8 @@ class PromptSetError(ValueError):
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt of a set: its id, its text, and the output length it asks for, if any."""
+
     id: str
     text: str
     max_tokens: int | None = None  # the output length this prompt asks for (a dataset's, a trace's); None: --max-tokens
@@ -45,6 +47,8 @@ class Prompt:
 
 @dataclass(frozen=True)
 class PromptSet:
+    """A named set of prompts, what a phase's requests are drawn from; its hash tells two runs' sets apart."""
+
     name: str
     prompts: tuple[Prompt, ...]
 

@@ -34,6 +34,8 @@ MAX_WORDS = 4_000_000  # the same bound as a synthetic set's: every turn is held
 
 @dataclass(frozen=True)
 class ConversationSet(PromptSet):
+    """A prompt set of multi-turn conversations: each turn is sent with the conversation so far."""
+
     conversations: tuple[Conversation, ...] = ()
     asked_reuse = 1.0  # each turn carries the conversation so far: reusing it is what the workload measures
 

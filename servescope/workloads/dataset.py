@@ -36,6 +36,8 @@ OPTIONS = ("input", "output", "sample", "seed")
 
 @dataclass(frozen=True)
 class DatasetSet(PromptSet):
+    """A prompt set read from a dataset file, with the file, options and record counts it was drawn with."""
+
     details: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def describe(self) -> dict[str, Any]:

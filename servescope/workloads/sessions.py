@@ -22,6 +22,8 @@ from servescope.workloads.turns import Answer, Turn
 
 @dataclass
 class _Session:
+    """One conversation a phase holds open: its history so far, the turn that goes next, and when it may go."""
+
     id: str
     conversation: Conversation
     history: list[dict[str, str]] = field(default_factory=list)

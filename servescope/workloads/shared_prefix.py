@@ -30,6 +30,8 @@ DEFAULTS = (4, 256, 8, 16)  # prefixes, prefix tokens, suffixes per prefix, suff
 
 @dataclass(frozen=True)
 class SharedPrefixSet(PromptSet):
+    """A shared-prefix prompt set: P prefixes each followed by S suffixes, and the reuse a perfect cache gets."""
+
     prefixes: int = 1
     prefix_words: int = 1
     suffixes: int = 1

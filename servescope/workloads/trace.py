@@ -47,12 +47,16 @@ MAX_OFFSET_S = MAX_RUN_S  # a trace longer than a run can last could not be repl
 
 @dataclass(frozen=True)
 class TraceRow:
+    """One request of a trace: its offset from the trace's start and the conversation it belongs to."""
+
     offset_s: float
     conversation: str | None
 
 
 @dataclass(frozen=True)
 class TraceSet(PromptSet):
+    """A trace's requests as a prompt set, each with its offset: replayed open loop by the `replay` scenario."""
+
     rows: tuple[TraceRow, ...] = ()
 
     def canonical(self) -> Any:
