@@ -35,8 +35,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import psutil
-
 from servescope.contracts import knobs
 from servescope.contracts.thresholds import NoiseRule
 from servescope.host import listening, pidrecords
@@ -215,17 +213,7 @@ def listeners(port: int) -> set[int]:
     at, by_port = _last_scan
     if port in by_port and time.monotonic() - at <= LISTENERS_FRESH_S:
         return set(by_port[port])
-    try:
-        by_port = listening.listening()
-    except OSError:  # no netlink here: psutil reads /proc/net/tcp instead (the whole table: slower, the same answer)
-        try:
-            conns = psutil.net_connections(kind="tcp")
-        except (psutil.AccessDenied, OSError):
-            return set()
-        by_port = {}
-        for c in conns:
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.pid:
-                by_port.setdefault(c.laddr.port, set()).add(c.pid)
+    by_port = listening.listening()
     _last_scan = (time.monotonic(), by_port)
     return set(by_port.get(port, ()))
 

@@ -217,10 +217,10 @@ def test_where_netlink_is_refused_the_listeners_come_from_psutil(monkeypatch):
         types.SimpleNamespace(status="ESTABLISHED", laddr=types.SimpleNamespace(port=8081), pid=12),
     ]
 
-    def refused():
+    def refused(proc):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(listening, "listening", refused)
+    monkeypatch.setattr(listening, "_from_sock_diag", refused)
     monkeypatch.setattr(psutil, "net_connections", lambda kind: list(conns))
     monkeypatch.setattr(hostnoise, "_last_scan", (-hostnoise.LISTENERS_FRESH_S, {}))
     assert hostnoise.listeners(8009) == {11}
