@@ -10,10 +10,12 @@ import sys
 from servescope.host import children
 
 # A child that says each signal it gets, ignoring those named in IGNORE, and prints "up" once its handlers are in.
+# The handler writes with os.write, not print: a signal that lands while print("up") is still inside stdout's buffered
+# writer would re-enter it (RuntimeError: reentrant call, exit 1), seen in a Docker container 1 run in 4.
 CHILD = """
-import signal, sys, time
+import os, signal, sys, time
 for name in {ignored!r}:
-    signal.signal(getattr(signal, name), lambda sig, _f: print("got", signal.Signals(sig).name, flush=True))
+    signal.signal(getattr(signal, name), lambda sig, _f: os.write(1, f"got {{signal.Signals(sig).name}}\\n".encode()))
 print("up", flush=True)
 time.sleep(60)
 """
