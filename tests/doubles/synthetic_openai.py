@@ -780,8 +780,15 @@ class SyntheticProcess:
     def stats(self) -> dict:
         return requests.get(f"{self.url}/stats", timeout=10).json()
 
-    def streams(self) -> list[dict]:
-        return requests.get(f"{self.url}/stats/streams", timeout=30).json()["streams"]
+    def streams(self, at_least: int = 0) -> list[dict]:
+        """The streams filed so far, waiting (up to 30 s) for `at_least` of them: a stream is filed after its last
+        write, so its client may be done first."""
+        deadline = time.monotonic() + 30
+        while True:
+            streams = requests.get(f"{self.url}/stats/streams", timeout=30).json()["streams"]
+            if len(streams) >= at_least or time.monotonic() > deadline:
+                return streams
+            time.sleep(0.02)
 
     def counters(self) -> dict:
         return self.session.get(f"{self.url}/stats/counters", timeout=10).json()

@@ -294,8 +294,9 @@ def test_client_disconnect_cancels_the_upstream_request():
                 assert chunk, received
                 received += chunk
             sock.shutdown(socket.SHUT_RDWR)  # hang up mid-stream, like a killed client
-        assert wait_until(lambda: sim.stats["cancelled"] == 1), sim.stats
-        assert sim.stats["running"] == 0 and sim.stats["completed"] == 0
+        # One wait for both: the simulator counts the cancel before it releases the slot.
+        assert wait_until(lambda: sim.stats["cancelled"] == 1 and sim.stats["running"] == 0), sim.stats
+        assert sim.stats["completed"] == 0
         assert wait_until(
             lambda: exporter.value(series.PROXY_REQUESTS, model=MODEL, outcome="client_disconnect") == 1.0
         )
@@ -309,15 +310,17 @@ def test_queue_full_is_counted_as_rejected():
     ):
         assert exporter.value(series.ENGINE_UP) == 1.0  # a scrape: the proxy knows Ollama's models
         statuses: list[int] = []
+        # The first runs 2 s (40 tokens, 0.05 s each): the third must reach Ollama while it still runs and the second
+        # waits, where 0.4 s left a busy host little time for it.
         threads = [
             threading.Thread(
-                target=lambda: statuses.append(
+                target=lambda tokens=tokens: statuses.append(
                     requests.post(
-                        f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=8), timeout=20
+                        f"{exporter.proxy_url}/api/chat", json=chat_body(num_predict=tokens), timeout=20
                     ).status_code
                 )
             )
-            for _ in range(3)
+            for tokens in (40, 8, 8)
         ]
         for sent, thread in enumerate(threads, start=1):
             thread.start()

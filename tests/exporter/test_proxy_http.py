@@ -979,12 +979,13 @@ def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connec
 ):
     """The idle timer is armed once per connection and checks on firing: a response going out, or a request every
     so often, is not idleness."""
-    monkeypatch.setattr(relay_module, "KEEPALIVE_TIMEOUT", 0.3)
+    # Every idle gap is 0.2 s against a 1 s timeout: a busy host may stall the client 0.8 s before it looks idle.
+    monkeypatch.setattr(relay_module, "KEEPALIVE_TIMEOUT", 1.0)
 
     def respond(upstream, conn, request, index):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
         for _ in range(1 if request.target == "/quick" else 8):
-            time.sleep(0.1)  # the stimulus, not an ordering: a stream paced past the keep-alive timeout
+            time.sleep(0.2)  # the stimulus, not an ordering: a stream paced past the keep-alive timeout
             conn.sendall(b"3\r\n{}\n\r\n")
         conn.sendall(b"0\r\n\r\n")
         return True
@@ -995,8 +996,8 @@ def test_a_stream_longer_than_the_keepalive_timeout_is_not_cut_and_a_busy_connec
         client(exporter, timeout=3) as (sock, reader),
     ):
         sock.sendall(request_bytes("POST", "/api/generate", b"{}"))
-        assert read_response(reader).body == b"{}\n" * 8  # 0.8 s of stream against a 0.3 s timeout
-        for _ in range(4):  # 4 x (0.2 s idle + 0.1 s response): past the timeout in all, never idle for that long
+        assert read_response(reader).body == b"{}\n" * 8  # 1.6 s of stream against a 1 s timeout
+        for _ in range(3):  # 3 x (0.2 s idle + 0.2 s response): past the timeout in all, never idle for that long
             time.sleep(0.2)  # the stimulus: idle gaps shorter than the timeout
             sock.sendall(request_bytes("POST", "/quick", b"{}"))
             assert read_response(reader).body == b"{}\n"

@@ -65,7 +65,8 @@ def test_a_slow_engine_costs_the_deadline_and_no_more(script):
     with RawUpstream(script) as engine:
         elapsed, result = timed_get(engine.url, 0.5)
     assert isinstance(result, UpstreamError) and "timed out" in str(result), result
-    assert elapsed < 0.5 + 0.5, f"a fetch with a 0.5 s budget took {elapsed:.2f} s"
+    # 2 s of slack for a busy host; read to their end, these scripts last 3.3 s (slow-chunks) to 12 s (slow-body).
+    assert elapsed < 0.5 + 2, f"a fetch with a 0.5 s budget took {elapsed:.2f} s"
 
 
 def test_a_connect_that_never_completes_costs_the_deadline_and_no_more():
@@ -83,7 +84,7 @@ def test_a_connect_that_never_completes_costs_the_deadline_and_no_more():
     finally:
         for sock in (*fillers, listener):
             sock.close()
-    assert isinstance(result, UpstreamError) and elapsed < 1.0, (elapsed, result)
+    assert isinstance(result, UpstreamError) and elapsed < 0.5 + 2, (elapsed, result)  # else SYN retries: minutes
 
 
 # --- strict framing -----------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -384,14 +385,17 @@ def _sse(delta_or_event: str) -> bytes:
     return b"%x\r\n%s\r\n" % (len(event), event)
 
 
-def _holds_after(*events: str):
-    """An SSE answer of these events, one write each, then neither the HTTP body's end nor a close for a minute."""
+def _holds_after(*events: str, sent: threading.Event | None = None):
+    """An SSE answer of these events, one write each, then neither the HTTP body's end nor a close for a minute;
+    `sent` is set once the last event is written."""
 
     def handle(server, conn, request, index) -> bool:
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         for event in events:
             conn.sendall(_sse(event))
             time.sleep(0.05)
+        if sent is not None:
+            sent.set()
         server._stop.wait(60)
         return False
 
@@ -423,13 +427,22 @@ def test_a_stop_that_comes_while_the_streams_end_waits_unread_is_not_swallowed()
     from tests.doubles.hostile_http import Hostile
 
     error = '{"error": {"message": "engine went away", "code": 500}}'
-    with Hostile({"/v1/chat/completions": _holds_after(ROLE, CONTENT, CONTENT, CONTENT, CONTENT, error)}) as s:
+    sent = threading.Event()
+    with Hostile(
+        {"/v1/chat/completions": _holds_after(ROLE, CONTENT, CONTENT, CONTENT, CONTENT, error, sent=sent)}
+    ) as s:
         t = llm.make_transport("geventhttpclient", s.url, timeout=5.0)
         holder: list[llm.Measurement] = []
         try:
             payload = llm.chat_payload("openai", "synthetic/model", "hi", 4, 0.0, True)
             user = gevent.spawn(llm.stream_chat, t, "/v1/chat/completions", "openai", payload, into=holder)
-            gevent.sleep(0.5)
+            # The stop comes once the server wrote its last event (an ordering, not a time: a busy host may hold its
+            # thread past any fixed sleep), and two turns of the event loop later, in which the client read it.
+            deadline = time.monotonic() + 10
+            while not sent.is_set() and time.monotonic() < deadline:
+                gevent.sleep(0.01)
+            gevent.sleep(0.05)
+            gevent.sleep(0.05)
             user.kill()
         finally:
             t.close()

@@ -77,7 +77,7 @@ def test_chunk_stamp_is_when_the_bytes_arrived_not_when_the_client_got_round_to_
             llm.chat_payload("openai", "m", "busy reader", 2, 0.0, False),
             on_first_content=lambda _m: real_sleep(0.25),
         )
-        stream = server.streams()[-1]
+        (stream,) = server.streams(at_least=1)
     finally:
         transport.close()
         server.stop()
@@ -155,7 +155,7 @@ def test_a_burst_after_connect_sends_each_request_right_after_its_stamp():
         gevent.sleep(0.05)
         gate.set()
         gevent.joinall(greenlets, timeout=60)
-        streams = {s["prompt"]: s for s in server.streams()}
+        streams = {s["prompt"]: s for s in server.streams(at_least=users)}
     finally:
         for transport in transports:
             transport.close()

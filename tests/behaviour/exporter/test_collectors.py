@@ -628,14 +628,15 @@ def test_fanout_reads_instances_concurrently():
     engines = [vllm_engine().start() for _ in range(3)]
     try:
         for engine in engines:
-            engine.delay["/metrics"] = 0.6
+            engine.delay["/metrics"] = 1.0
         fanout = FanoutCollector([VllmCollector(f"v{i}", Upstream(e.url), timeout=5) for i, e in enumerate(engines)])
         started = time.monotonic()
         families = list(fanout.collect())
         elapsed = time.monotonic() - started
         up = next(f for f in families if f.name == series.ENGINE_UP)
         assert [s.value for s in up.samples] == [1.0, 1.0, 1.0]
-        assert elapsed < 1.5, f"three 0.6 s engines took {elapsed:.2f}s: read one after another"
+        # Under the 3 s of one after another, with a second of slack for a busy host.
+        assert elapsed < 2.0, f"three 1 s engines took {elapsed:.2f}s: read one after another"
         fanout.close()
     finally:
         for engine in engines:

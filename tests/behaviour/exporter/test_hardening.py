@@ -62,7 +62,8 @@ def test_concurrent_scrapes_of_a_dripping_engine_each_stay_within_the_budget():
                     scraper.start()
                 for scraper in scrapers:
                     scraper.join(30)
-            assert len(took) == 12 and max(took) < budget + 0.5, took
+            # A second of slack for a busy host: under the 2 s four scrapes queued behind each other would take.
+            assert len(took) == 12 and max(took) < budget + 1, took
             assert all('servescope_engine_up{engine="vllm",instance="vllm"} 0.0' in body for body in bodies)
 
 
