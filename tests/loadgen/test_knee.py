@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from servescope.contracts import thresholds
 from servescope.judgements import binding
 from servescope.report import cli as report_cli
 from tests.conftest import free_port, unavailable
@@ -96,7 +97,9 @@ def test_an_engine_that_slows_with_load_on_its_own_busy_core_is_compute_bound(tm
     assert result["status"] == "found" and 3 <= result["knee"] <= 5 and result["first_failing"] == result["knee"] + 1
     b = result["binding"]
     assert b["resource"] == binding.COMPUTE and b["peak_waiting"] == 0, b["evidence"]
-    assert b["growth"] >= 1.25 and b["engine_allowed_cores"] == 1 and b["engine_cores"] >= 0.8
+    # Near all of the core it could have: other programs may take part of it (two CPU hogs here: 0.73 of 1 used).
+    assert b["growth"] >= 1.25 and b["engine_allowed_cores"] == 1
+    assert b["engine_cores"] >= thresholds.ENGINE_CPU_NEAR * b["engine_available_cores"], b["evidence"]
     assert result["knob"] is None and "no serving knob" in b["advice"]
 
 
