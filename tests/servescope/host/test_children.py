@@ -20,6 +20,10 @@ print("up", flush=True)
 time.sleep(60)
 """
 
+# A second between signals: the child's handler must have run (and said so) before the next signal comes, and a busy
+# host may leave a woken process unscheduled for a good part of 0.2 s.
+STEP_S = 1.0
+
 
 def _child(*ignored: str) -> subprocess.Popen:
     proc = subprocess.Popen(
@@ -37,11 +41,6 @@ def test_a_child_ends_on_sigint_its_own_ctrl_c():
     proc = _child()
     children.stop(proc)
     assert proc.returncode != 0 and proc.returncode != -signal.SIGTERM  # Python's KeyboardInterrupt: exit 1
-
-
-# A second between signals: the child's handler must have run (and said so) before the next signal comes, and a busy
-# host may leave a woken process unscheduled for a good part of 0.2 s.
-STEP_S = 1.0
 
 
 def test_a_child_that_ignores_sigint_gets_sigterm_after_the_timeout():
