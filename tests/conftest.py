@@ -101,6 +101,16 @@ def free_port() -> int:
     return ports.free_port(share=(index % count, count))
 
 
+def wait_until(predicate, timeout: float = 5.0) -> bool:
+    """Whether `predicate()` came true within `timeout` s, asked every 20 ms: an ordering waited on, not slept through."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> requests.Response:
     """Poll url until it answers 200; fail early if the process behind it exits."""
     deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ from exporter.config import Config, Instance
 from exporter.proxy import OllamaTail
 from exporter.server import build, run
 from servescope.contracts import series
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.recorded_engine import fixture
 
@@ -70,15 +70,6 @@ class ExporterThread:
 
     def value(self, name: str, **labels) -> float | None:
         return self.exporter.registry.get_sample_value(name, {**LABELS, **labels})
-
-
-def wait_until(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture

@@ -22,8 +22,9 @@ import requests
 import exporter.relay as relay_module
 from exporter.proxy import OllamaProxy
 from exporter.relay import MAX_REQUEST_BYTES
+from tests.conftest import wait_until
 from tests.doubles.ollama_simulator import OllamaSimulator
-from tests.exporter.test_proxy import ExporterThread, chat_body, wait_until
+from tests.exporter.test_proxy import ExporterThread, chat_body
 
 try:
     import uvloop

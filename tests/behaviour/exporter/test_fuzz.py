@@ -27,8 +27,9 @@ from exporter.server import Collected
 from exporter.upstream import Upstream, UpstreamError
 from exporter.vllm import VllmCollector
 from servescope.contracts import series
+from tests.conftest import wait_until
 from tests.doubles.recorded_engine import RecordedEngine, fixture
-from tests.exporter.test_proxy import ExporterThread, wait_until
+from tests.exporter.test_proxy import ExporterThread
 from tests.exporter.test_proxy_http import RawUpstream, read_response
 
 pytestmark = pytest.mark.timeout(300)

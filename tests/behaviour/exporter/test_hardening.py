@@ -16,10 +16,10 @@ from exporter.bounds import MAX_MODELS
 from exporter.config import Config, Instance
 from exporter.server import build
 from servescope.contracts import series
-from tests.conftest import free_port, stop_process, wait_http
+from tests.conftest import free_port, stop_process, wait_http, wait_until
 from tests.doubles.ollama_simulator import OllamaSimulator
 from tests.doubles.recorded_engine import RecordedEngine
-from tests.exporter.test_proxy import MODEL, ExporterThread, chat_body, wait_until
+from tests.exporter.test_proxy import MODEL, ExporterThread, chat_body
 from tests.exporter.test_proxy_http import RawUpstream
 from tests.exporter.test_upstream import PAGE
 from tests.harness import spawn_cli

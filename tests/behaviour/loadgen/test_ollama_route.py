@@ -14,9 +14,9 @@ from servescope import engines
 from servescope.contracts import series
 from servescope.contracts.runfolder import RunFolder, read_samples
 from servescope.contracts.settings import KnobTable
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until
 from tests.doubles.ollama_simulator import OllamaSimulator
-from tests.exporter.test_proxy import MODEL, ExporterThread, wait_until
+from tests.exporter.test_proxy import MODEL, ExporterThread
 from tests.harness import run_cli
 
 

@@ -26,7 +26,7 @@ from servescope.prometheus.sampler import (
     prometheus_samples,
     source_kind,
 )
-from tests.conftest import free_port, serve_in_thread
+from tests.conftest import free_port, serve_in_thread, wait_until
 from tests.doubles.synthetic_openai import SyntheticServer
 from tests.exporter.test_proxy import ExporterThread
 
@@ -75,12 +75,7 @@ def burst(url: str, size: int, max_tokens: int = 20) -> list[dict]:
 
 
 def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    assert wait_until(predicate, timeout), f"timed out waiting for {what}"
 
 
 @pytest.fixture

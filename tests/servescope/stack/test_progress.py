@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 
 from servescope.stack import llamacpp
 from servescope.stack.progress import Step, StepTimes, remaining_from_rate
+from tests.conftest import wait_until
 
 
 def run_step(times: StepTimes, key: str = "llama.cpp build", **kwargs) -> list[str]:
@@ -73,9 +73,6 @@ def test_heartbeats_carry_the_builds_progress_and_its_remaining_time(tmp_path):
     with step:
         step.started -= 120  # as if two minutes had passed: 40 % in 120 s leaves about 180 s at that rate
         # The beat thread is already running: a beat may come before the line above; the first after it is the one.
-        deadline = time.monotonic() + 10
-        while not any(line.startswith("…") and "about 3m0" in line for line in lines):
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.02)
+        assert wait_until(lambda: any(line.startswith("…") and "about 3m0" in line for line in lines), 10), lines
     beat = next(line for line in lines if line.startswith("…") and "about 3m0" in line)
     assert "[40%]" in beat and "left at its rate so far" in beat

@@ -13,7 +13,7 @@ import pytest
 from servescope.stack import supervisor
 from servescope.stack.errors import ServiceExited, StackError
 from servescope.stack.supervisor import Record, Service
-from tests.conftest import free_port, wait_http
+from tests.conftest import free_port, wait_http, wait_until
 
 # A parent that spawns a child in its own group and sleeps: what vLLM's API server + engine core look like.
 PARENT_WITH_CHILD = (
@@ -130,10 +130,11 @@ def test_wait_ready_times_out_with_the_last_log_lines(dirs):
     cmd = [sys.executable, "-c", "print('still compiling', flush=True); import time; time.sleep(30)"]
     proc, record = supervisor.start(service("vllm", cmd, port=free_port()), pids, logs)
     try:
-        deadline = time.monotonic() + 30  # the line is in the log first: a busy host may take 0.5 s to start Python
-        while "still compiling" not in (logs / "vllm.log").read_text():
-            assert time.monotonic() < deadline and proc.poll() is None, "the child never wrote its line"
-            time.sleep(0.05)
+
+        def written() -> bool:  # the line is in the log first: a busy host may take 0.5 s to start Python
+            return "still compiling" in (logs / "vllm.log").read_text()
+
+        assert wait_until(lambda: written() or proc.poll() is not None, 30) and written(), "the child never wrote it"
         with pytest.raises(StackError) as err:
             supervisor.wait_ready(record, proc, timeout=0.5, poll=0.05)
         assert "not ready" in str(err.value) and "still compiling" in str(err.value)
